@@ -1,0 +1,26 @@
+// LOOM_NCCL_CHECK: turns a failed NCCL call into loom::Error naming the call,
+// NCCL's error string, its last detailed message, and the place (link loom::nccl).
+#pragma once
+
+#include <nccl.h>
+
+#include "loom/core/error.hpp"
+
+namespace loom::detail {
+
+[[noreturn]] inline void nccl_failed(ncclResult_t code, const char* call, std::source_location where) {
+    const char* detail = ncclGetLastError(nullptr);
+    throw Error(concat_one_line(call, " failed: ", ncclGetErrorString(code),
+                                (detail != nullptr && *detail != '\0') ? " - " : "",
+                                detail != nullptr ? detail : ""),
+                where);
+}
+
+}  // namespace loom::detail
+
+#define LOOM_NCCL_CHECK(call)                                                                \
+    do {                                                                                     \
+        const ncclResult_t loom_nccl_status_ = (call);                                       \
+        if (loom_nccl_status_ != ncclSuccess) [[unlikely]]                                   \
+            ::loom::detail::nccl_failed(loom_nccl_status_, #call, std::source_location::current()); \
+    } while (false)

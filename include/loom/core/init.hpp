@@ -1,0 +1,51 @@
+// Parameter initialisation from the counter-based RNG: element k of a Param
+// is a pure function of (seed, the Param's path, k), so a rank holding any
+// shard of a Param writes exactly the values the serial run writes there.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "loom/core/error.hpp"
+#include "loom/core/param.hpp"
+#include "loom/core/rng.hpp"
+#include "loom/core/tensor.hpp"
+
+namespace loom {
+
+// The RNG stream a Param at `path` draws its initial values from.
+[[nodiscard]] constexpr RngStream init_stream(std::uint64_t seed, std::string_view path) {
+    return RngStream{seed, stream_id(path)};
+}
+
+// Writes elements [first, first + out.size()) of the flattened Param `p`'s
+// initial values (drawn for the Param at `path` under `seed`) into `out`.
+inline void initialize_shard(const Param& p, std::string_view path, std::uint64_t seed, std::span<float> out,
+                             std::int64_t first = 0) {
+    LOOM_CHECK(first >= 0 && first + static_cast<std::int64_t>(out.size()) <= p.numel(), "shard [", first, ", ",
+               first + static_cast<std::int64_t>(out.size()), ") is outside Param ", path, " of ", p.numel(),
+               " elements");
+    const RngStream rng = init_stream(seed, path);
+    const auto offset = static_cast<std::uint64_t>(first);
+    switch (p.init.kind) {
+        case Init::Kind::zeros:
+            for (float& v : out) v = 0.0f;
+            return;
+        case Init::Kind::ones:
+            for (float& v : out) v = 1.0f;
+            return;
+        case Init::Kind::normal: rng.fill_normal(out, offset, p.init.a, p.init.b); return;
+        case Init::Kind::uniform: rng.fill_uniform(out, offset, p.init.a, p.init.b); return;
+    }
+    LOOM_FAIL("Param ", path, " has an unknown initialiser kind ", static_cast<int>(p.init.kind));
+}
+
+// Initialises the whole of `p` into `value` (f32, host, p.numel() elements).
+inline void initialize(const Param& p, std::string_view path, std::uint64_t seed, const Tensor& value) {
+    LOOM_CHECK(value.numel() == p.numel(), "Param ", path, " ", p, " cannot be initialised into ", value,
+               " of ", value.numel(), " elements");
+    initialize_shard(p, path, seed, value.span<float>(), 0);
+}
+
+}  // namespace loom

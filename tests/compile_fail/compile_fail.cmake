@@ -1,0 +1,21 @@
+# Compile-failure tests: each source must NOT compile, and the compiler's
+# output must contain loom's sentence (so a failure for another reason, or a
+# success, fails the test).
+#   loom_compile_fail(<name> <source> <regex>)
+function(loom_compile_fail name source regex)
+  string(MAKE_C_IDENTIFIER "compile_fail_${name}" target)
+  add_library(${target} OBJECT EXCLUDE_FROM_ALL "${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/${source}")
+  target_link_libraries(${target} PRIVATE loom::loom)
+  add_test(NAME "compile-fail: ${name}"
+           COMMAND "${CMAKE_COMMAND}" --build "${CMAKE_BINARY_DIR}" --target ${target})
+  set_tests_properties("compile-fail: ${name}" PROPERTIES
+    WILL_FAIL FALSE
+    PASS_REGULAR_EXPRESSION "${regex}"
+    RESOURCE_LOCK ${LOOM_BUILD_TREE_LOCK})
+endfunction()
+
+set(loom_reflect_sentence "loom cannot reflect this layer type")
+loom_compile_fail("reflecting a layer with a base class" reflect_base_class.cpp "${loom_reflect_sentence}")
+loom_compile_fail("reflecting a layer with a user constructor" reflect_user_constructor.cpp "${loom_reflect_sentence}")
+loom_compile_fail("reflecting a layer with virtual functions" reflect_virtual.cpp "${loom_reflect_sentence}")
+loom_compile_fail("dtype_of an unsupported element type" dtype_of_unsupported.cpp "dtype_of<T> is only defined for float, loom::bf16, loom::f16")
