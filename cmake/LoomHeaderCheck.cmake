@@ -8,7 +8,7 @@
 include_guard(GLOBAL)
 
 function(loom_add_header_check target)
-  set(gen_dir "${CMAKE_CURRENT_BINARY_DIR}/${target}")
+  set(gen_dir "${CMAKE_CURRENT_BINARY_DIR}/${target}_sources")
   set(groups host mpi cuda nccl cu)
   foreach(group IN LISTS groups)
     set(sources_${group} "")

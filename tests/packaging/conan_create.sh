@@ -7,14 +7,15 @@ set -euo pipefail
 source_dir=$1
 work_dir=$2
 with_mpi=${3:-OFF}
-if ! command -v conan >/dev/null 2>&1; then
-  echo "SKIPPED: the conan client is not installed (pip install conan)"
+conan=${4:-conan}
+if [ -z "$conan" ] || [[ "$conan" == *NOTFOUND ]] || ! command -v "$conan" >/dev/null 2>&1; then
+  echo "SKIPPED: the conan client is not installed (scripts/deps.sh installs it)"
   exit 77
 fi
 rm -rf "$work_dir"
 mkdir -p "$work_dir"
 export CONAN_HOME="$work_dir/conan-home"
-conan profile detect --exist-ok >/dev/null
+"$conan" profile detect --exist-ok >/dev/null
 profile="$source_dir/conan/profiles/loom-debian12"
 # test_package builds in the source tree's test_package/build; keep the
 # checkout clean by packaging a copy.
@@ -22,8 +23,8 @@ cp -r "$source_dir/conanfile.py" "$source_dir/test_package" "$source_dir/include
       "$source_dir/CMakeLists.txt" "$source_dir/LICENSE" "$source_dir/conan" "$work_dir/"
 rm -rf "$work_dir/test_package/build"
 cd "$work_dir"
-conan create . -pr:h "conan/profiles/loom-debian12" --no-remote
+"$conan" create . -pr:h "conan/profiles/loom-debian12" --no-remote
 if [ "$with_mpi" = "ON" ] || [ "$with_mpi" = "TRUE" ]; then
-  conan create . -pr:h "conan/profiles/loom-debian12" --no-remote -o "loom/*:with_mpi=True"
+  "$conan" create . -pr:h "conan/profiles/loom-debian12" --no-remote -o "loom/*:with_mpi=True"
 fi
 echo "conan create passed offline"

@@ -1,0 +1,17 @@
+# The README's two set-up commands are the ones the project really runs: the
+# test command is .ci/run's last line, and both name files that exist.
+file(READ "${SOURCE_DIR}/README.md" readme)
+file(STRINGS "${SOURCE_DIR}/.ci/run" ci_lines)
+list(GET ci_lines -1 ci_command)
+string(FIND "${readme}" "${ci_command}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "README.md does not contain .ci/run's command verbatim:\n  ${ci_command}")
+endif()
+string(REGEX MATCH "\\./scripts/deps\\.sh && cmake --preset release && cmake --build --preset release --target ([a-z_]+) && \\./build/release/examples/([a-z_]+)" run_command "${readme}")
+if(NOT run_command)
+  message(FATAL_ERROR "README.md lacks the run command (deps, configure, build the example, run it)")
+endif()
+if(NOT CMAKE_MATCH_1 STREQUAL CMAKE_MATCH_2 OR NOT EXISTS "${SOURCE_DIR}/examples/${CMAKE_MATCH_1}.cpp")
+  message(FATAL_ERROR "README.md's run command builds '${CMAKE_MATCH_1}' but runs '${CMAKE_MATCH_2}', or examples/${CMAKE_MATCH_1}.cpp is missing")
+endif()
+message(STATUS "README commands match .ci/run and examples/${CMAKE_MATCH_1}.cpp")
