@@ -95,7 +95,8 @@ int main(int argc, char** argv) try {
         if (path.starts_with("2.") && !path.starts_with("2.0.")) return;  // blocks > 0 repeat block 0
         std::cout << "  " << path << ": " << p.shape << ", " << p.init << "\n";
     });
-    if (layers > 1) std::printf("  (blocks 2.1 .. 2.%d repeat block 2.0)\n", layers - 1);
+    if (layers == 2) std::printf("  (block 2.1 repeats block 2.0)\n");
+    if (layers > 2) std::printf("  (blocks 2.1 .. 2.%d repeat block 2.0)\n", layers - 1);
     const std::int64_t total = loom::reflect::parameter_numel(gpt);
     std::printf("%zu Params, %lld scalars\n", loom::reflect::param_count(gpt), static_cast<long long>(total));
 
@@ -138,13 +139,21 @@ int main(int argc, char** argv) try {
                 same ? "matches" : "DOES NOT match");
 
     // 5. What bf16 and f16 storage would cost in accuracy for these weights.
+    //    f16 has 10 mantissa bits but a narrow range: weights below its
+    //    smallest normal (2^-14) lose relative precision as subnormals.
+    constexpr double f16_min_normal = 6.103515625e-05;
     double worst_bf16 = 0, worst_f16 = 0;
+    std::int64_t f16_subnormal = 0, nonzero = 0;
     for (float w : std::span<const float>(arena.data<float>(), static_cast<std::size_t>(total))) {
         if (w == 0.0f) continue;
+        ++nonzero;
         worst_bf16 = std::max(worst_bf16, std::abs(double(float(loom::bf16(w))) - w) / std::abs(w));
-        worst_f16 = std::max(worst_f16, std::abs(double(float(loom::f16(w))) - w) / std::abs(w));
+        if (std::abs(w) < f16_min_normal) ++f16_subnormal;
+        else worst_f16 = std::max(worst_f16, std::abs(double(float(loom::f16(w))) - w) / std::abs(w));
     }
-    std::printf("worst relative rounding error of the weights: bf16 %.2e, f16 %.2e\n", worst_bf16, worst_f16);
+    std::printf("worst relative rounding error of the weights: bf16 %.2e, f16 %.2e (normal range; %lld of %lld "
+                "weights fall below f16's smallest normal)\n",
+                worst_bf16, worst_f16, static_cast<long long>(f16_subnormal), static_cast<long long>(nonzero));
     return same ? 0 : 1;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "model_inspect: %s\n", e.what());
