@@ -122,15 +122,9 @@ int main(int argc, char** argv) try {
     for (int r = 0; r < ranks; ++r) {
         threads.emplace_back([&, r] {
             const std::int64_t begin = total * r / ranks, end = total * (r + 1) / ranks;
-            std::int64_t base = 0;
-            loom::reflect::visit_params(gpt, [&](const Param& p, std::string_view path) {
-                const std::int64_t lo = std::max(begin, base), hi = std::min(end, base + p.numel());
-                if (lo < hi)
-                    loom::initialize_shard(p, path, seed,
-                                           std::span<float>(sharded.data() + lo, static_cast<std::size_t>(hi - lo)),
-                                           lo - base);
-                base += p.numel();
-            });
+            loom::initialize_range(gpt, seed,
+                                   std::span<float>(sharded.data() + begin, static_cast<std::size_t>(end - begin)),
+                                   begin);
         });
     }
     for (auto& t : threads) t.join();

@@ -55,16 +55,10 @@ TEST_CASE("sharded initialisation on N threads equals the serial initialisation"
             threads.emplace_back([&, r] {
                 const std::int64_t total = static_cast<std::int64_t>(serial.size());
                 const std::int64_t begin = total * r / ranks, end = total * (r + 1) / ranks;
-                std::int64_t base = 0;
-                Net local{std::vector<Mlp>(3)};
-                loom::reflect::visit_params(local, [&](const Param& p, std::string_view path) {
-                    const std::int64_t lo = std::max(begin, base), hi = std::min(end, base + p.numel());
-                    if (lo < hi)
-                        loom::initialize_shard(p, path, seed,
-                                               std::span<float>(gathered.data() + lo, static_cast<std::size_t>(hi - lo)),
-                                               lo - base);
-                    base += p.numel();
-                });
+                const Net local{std::vector<Mlp>(3)};
+                loom::initialize_range(local, seed,
+                                       std::span<float>(gathered.data() + begin, static_cast<std::size_t>(end - begin)),
+                                       begin);
             });
         }
         for (auto& t : threads) t.join();
@@ -94,6 +88,10 @@ TEST_CASE("initialisers draw what they say", "[init]") {
 }
 
 TEST_CASE("initialisation errors name the Param and the bad range", "[init][errors]") {
+    const Net net{std::vector<Mlp>(1)};
+    std::vector<float> too_many(10);
+    CHECK_THROWS_WITH(loom::initialize_range(net, 1, too_many, 2125),
+                      Catch::StartsWith("range [2125, 2135) is outside the model's 2128 parameter elements"));
     const Param p{Shape{4, 4}, Init::normal(1.0f)};
     std::vector<float> out(8);
     CHECK_THROWS_WITH(loom::initialize_shard(p, "0.1", 1, out, 10),

@@ -3,12 +3,14 @@
 // shard of a Param writes exactly the values the serial run writes there.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
 
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
+#include "loom/core/reflect.hpp"
 #include "loom/core/rng.hpp"
 #include "loom/core/tensor.hpp"
 
@@ -46,6 +48,27 @@ inline void initialize(const Param& p, std::string_view path, std::uint64_t seed
     LOOM_CHECK(value.numel() == p.numel(), "Param ", path, " ", p, " cannot be initialised into ", value,
                " of ", value.numel(), " elements");
     initialize_shard(p, path, seed, value.span<float>(), 0);
+}
+
+// Writes elements [first, first + out.size()) of `model`'s flattened initial
+// parameters, in arena order (visit_params order, each Param's elements
+// row-major) into `out`. The range may cut through Params, as a ZeRO shard
+// or a rank's slice of the arena does; only that range is generated.
+template <class Model>
+void initialize_range(const Model& model, std::uint64_t seed, std::span<float> out, std::int64_t first = 0) {
+    const std::int64_t total = reflect::parameter_numel(model);
+    const std::int64_t last = first + static_cast<std::int64_t>(out.size());
+    LOOM_CHECK(first >= 0 && last <= total, "range [", first, ", ", last, ") is outside the model's ", total,
+               " parameter elements");
+    std::int64_t base = 0;  // arena offset of the current Param
+    reflect::visit_params(model, [&](const Param& p, std::string_view path) {
+        const std::int64_t lo = std::max(first, base), hi = std::min(last, base + p.numel());
+        if (lo < hi)
+            initialize_shard(p, path, seed, out.subspan(static_cast<std::size_t>(lo - first),
+                                                        static_cast<std::size_t>(hi - lo)),
+                             lo - base);
+        base += p.numel();
+    });
 }
 
 }  // namespace loom
