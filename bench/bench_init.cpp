@@ -39,6 +39,15 @@ int main(int argc, char** argv) {
         const std::string_view flag = argv[i];
         if (flag == "--mib") mib = std::strtoull(argv[i + 1], nullptr, 10);
         else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
+        else {
+            std::fprintf(stderr, "bench_init: unknown flag %s; flags are --mib N, --reps R\n", argv[i]);
+            return 2;
+        }
+    }
+    if (mib < 1 || mib > 16384 || reps < 1 || reps > 1000) {
+        std::fprintf(stderr, "bench_init: --mib %zu --reps %d is not valid; use --mib 1..16384 and --reps 1..1000\n",
+                     mib, reps);
+        return 2;
     }
     const std::size_t n = mib * (1 << 20) / sizeof(float);
     std::vector<float> a(n, 1.0f), b(n, 2.0f);

@@ -47,6 +47,11 @@ TEST_CASE("Buffer<Host> of zero elements owns nothing", "[buffer]") {
     CHECK(empty.tensor().empty());
 }
 
+TEST_CASE("Buffer<Host> refuses sizes beyond the address space", "[buffer][errors]") {
+    CHECK_THROWS_WITH(Buffer<Host>(DType::i64, Shape{1LL << 62}),
+                      Catch::StartsWith("a Buffer of [4611686018427387904] i64 elements exceeds the address space"));
+}
+
 TEST_CASE("Buffer<Host> refuses a CUDA device", "[buffer][errors]") {
     CHECK_THROWS_WITH(Buffer<Host>(DType::f32, Shape{4}, loom::cuda_device(0)),
                       Catch::StartsWith("a Buffer<host> cannot live on cuda:0"));

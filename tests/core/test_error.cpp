@@ -35,10 +35,17 @@ TEST_CASE("LOOM_CHECK does not evaluate its message when the condition holds", "
 TEST_CASE("loom::Error keeps messages to one line", "[error]") {
     try {
         LOOM_FAIL("first line\nsecond line\r\nthird");
+        FAIL("LOOM_FAIL did not throw");
     } catch (const loom::Error& e) {
         CHECK(e.message() == "first line second line  third");
         CHECK(std::string(e.what()).find('\n') == std::string::npos);
     }
+}
+
+TEST_CASE("loom::Error built directly is one line too", "[error]") {
+    const loom::Error e("two\nlines");
+    CHECK(e.message() == "two lines");
+    CHECK(std::string(e.what()).find('\n') == std::string::npos);
 }
 
 TEST_CASE("loom::Error records where it was constructed", "[error]") {

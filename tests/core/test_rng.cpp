@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 #include <type_traits>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -288,7 +289,11 @@ TEST_CASE("bad fill arguments fail with a one-line message naming the value", "[
     std::vector<std::uint8_t> m(4);
     CHECK_THROWS_WITH(s.fill_uniform(f, 0, 2.0f, 1.0f),
                       Catch::Contains("lo <= hi") && Catch::Contains("lo = 2") && Catch::Contains("hi = 1"));
-    CHECK_THROWS_WITH(s.fill_normal(f, 0, 0.0f, -1.0f), Catch::Contains("stddev >= 0, got -1"));
+    CHECK_THROWS_WITH(s.fill_normal(f, 0, 0.0f, -1.0f), Catch::Contains("stddev >= 0, got mean = 0, stddev = -1"));
+    CHECK_THROWS_WITH(s.fill_normal(f, 0, std::numeric_limits<float>::quiet_NaN(), 1.0f),
+                      Catch::Contains("got mean = nan"));
+    CHECK_THROWS_WITH(s.fill_uniform(f, 0, 0.0f, std::numeric_limits<float>::infinity()),
+                      Catch::Contains("finite lo <= hi, got lo = 0, hi = inf"));
     CHECK_THROWS_WITH(s.fill_bernoulli(m, 0, 1.5f), Catch::Contains("in [0, 1], got 1.5"));
     // The end index offset + size must fit in 64 bits.
     CHECK_THROWS_WITH(s.fill_normal(f, ~std::uint64_t{0} - 2, 0.0f, 1.0f),

@@ -35,6 +35,9 @@ TEST_CASE("Shape rejects bad extents with the value and the valid range", "[tens
     CHECK_THROWS_WITH(Shape({2, -1}), Catch::StartsWith("dimension 1 of [2, -1] is negative; sizes must be >= 0"));
     CHECK_THROWS_WITH(Shape({1, 1, 1, 1, 1, 1, 1}),
                       Catch::StartsWith("a tensor has at most 6 dimensions, got 7"));
+    CHECK_THROWS_WITH(Shape({1LL << 40, 1LL << 30}),
+                      Catch::StartsWith("shape [1099511627776, 1073741824] has more than 2^63 - 1 elements"));
+    CHECK_THROWS_WITH(Shape{}.dim(0), Catch::StartsWith("dimension 0 of a scalar (shape []) does not exist"));
     CHECK_THROWS_WITH(Shape({2, 3}).dim(2),
                       Catch::StartsWith("dimension 2 is out of range for [2, 3] of rank 2; valid are -2..1"));
 }
@@ -73,6 +76,7 @@ TEST_CASE("Tensor slice and reshape are views with the right strides", "[tensor]
     const Tensor flat = t.reshape(Shape{12});
     CHECK(flat.data<float>()[11] == 11.0f);
     CHECK(t.slice(0, 2, 2).numel() == 0);
+    CHECK(t.slice(1, 1, 1).is_contiguous());  // an empty view is contiguous, as in PyTorch
 }
 
 TEST_CASE("Tensor shape errors name both shapes", "[tensor][errors]") {

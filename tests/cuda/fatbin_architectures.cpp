@@ -20,13 +20,21 @@
 
 namespace {
 
+// True when [offset, offset + length) lies inside `size` bytes, without overflow.
+bool in_range(std::uint64_t offset, std::uint64_t length, std::uint64_t size) {
+    return offset <= size && length <= size - offset;
+}
+
+[[noreturn]] void malformed(const char* what, std::uint64_t offset) {
+    std::fprintf(stderr, "fatbin_architectures: malformed input: %s at offset %llu\n", what,
+                 static_cast<unsigned long long>(offset));
+    std::exit(2);
+}
+
 template <class T>
-T read_at(const std::vector<unsigned char>& bytes, std::size_t offset) {
+T read_at(const std::vector<unsigned char>& bytes, std::uint64_t offset) {
+    if (!in_range(offset, sizeof(T), bytes.size())) malformed("truncated data", offset);
     T value{};
-    if (offset + sizeof(T) > bytes.size()) {
-        std::fprintf(stderr, "fatbin_architectures: truncated data at offset %zu\n", offset);
-        std::exit(2);
-    }
     std::memcpy(&value, bytes.data() + offset, sizeof(T));
     return value;
 }
@@ -45,14 +53,21 @@ int main(int argc, char** argv) {
         return 2;
     }
     const auto header = read_at<Elf64_Ehdr>(file, 0);
-    const auto names = read_at<Elf64_Shdr>(file, header.e_shoff + std::size_t{header.e_shstrndx} * header.e_shentsize);
+    if (header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_shentsize < sizeof(Elf64_Shdr) ||
+        header.e_shstrndx >= header.e_shnum ||
+        !in_range(header.e_shoff, std::uint64_t{header.e_shnum} * header.e_shentsize, file.size()))
+        malformed("ELF header", 0);
+    const auto names = read_at<Elf64_Shdr>(file, header.e_shoff + std::uint64_t{header.e_shstrndx} * header.e_shentsize);
+    if (!in_range(names.sh_offset, names.sh_size, file.size())) malformed("section name table", names.sh_offset);
+    constexpr char wanted[] = ".nv_fatbin";
     std::vector<unsigned char> fatbin;
     for (unsigned i = 0; i < header.e_shnum; ++i) {
-        const auto section = read_at<Elf64_Shdr>(file, header.e_shoff + std::size_t{i} * header.e_shentsize);
-        const char* name = reinterpret_cast<const char*>(file.data() + names.sh_offset + section.sh_name);
-        if (std::strcmp(name, ".nv_fatbin") == 0)
-            fatbin.assign(file.begin() + static_cast<long>(section.sh_offset),
-                          file.begin() + static_cast<long>(section.sh_offset + section.sh_size));
+        const auto section = read_at<Elf64_Shdr>(file, header.e_shoff + std::uint64_t{i} * header.e_shentsize);
+        if (!in_range(section.sh_name, sizeof(wanted), names.sh_size)) continue;
+        if (std::memcmp(file.data() + names.sh_offset + section.sh_name, wanted, sizeof(wanted)) != 0) continue;
+        if (!in_range(section.sh_offset, section.sh_size, file.size())) malformed(".nv_fatbin section", section.sh_offset);
+        fatbin.assign(file.begin() + static_cast<long>(section.sh_offset),
+                      file.begin() + static_cast<long>(section.sh_offset + section.sh_size));
     }
     if (fatbin.empty()) {
         std::fprintf(stderr, "fatbin_architectures: %s has no .nv_fatbin section: no device code\n", argv[1]);
@@ -60,21 +75,27 @@ int main(int argc, char** argv) {
     }
 
     std::set<unsigned> cubins, ptx;
-    std::size_t at = 0;
-    while (at + 16 <= fatbin.size()) {
+    std::uint64_t at = 0;
+    while (in_range(at, 16, fatbin.size())) {
         if (read_at<std::uint32_t>(fatbin, at) != 0xBA55ED50u) {
             at += 8;  // containers are 8-byte aligned; skip padding between them
             continue;
         }
         const auto container_header = read_at<std::uint16_t>(fatbin, at + 6);
         const auto container_size = read_at<std::uint64_t>(fatbin, at + 8);
-        std::size_t entry = at + container_header;
-        const std::size_t end = entry + container_size;
-        while (entry + 32 <= end) {
+        // Every step below advances by at least one header, so the walk ends.
+        if (container_header < 16 || !in_range(at + container_header, container_size, fatbin.size()))
+            malformed("fatbin container", at);
+        std::uint64_t entry = at + container_header;
+        const std::uint64_t end = entry + container_size;
+        while (in_range(entry, 32, end)) {
             const auto kind = read_at<std::uint16_t>(fatbin, entry);
             const auto entry_header = read_at<std::uint32_t>(fatbin, entry + 4);
             const auto payload = read_at<std::uint64_t>(fatbin, entry + 8);
             const auto arch = read_at<std::uint32_t>(fatbin, entry + 28);
+            if (entry_header < 32 || !in_range(entry, std::uint64_t{entry_header}, end) ||
+                !in_range(entry + entry_header, payload, end))
+                malformed("fatbin entry", entry);
             (kind == 2 ? cubins : ptx).insert(arch);
             entry += entry_header + payload;
         }

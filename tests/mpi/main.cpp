@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 
     Catch::Session session;
-    // Only rank 0 reports passes; every rank reports its own failures.
+    // Every rank runs and reports its own failures.
     int result = session.applyCommandLine(argc, argv);
     if (result == 0) result = session.run();
 

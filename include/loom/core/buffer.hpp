@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <ostream>
 #include <utility>
@@ -54,7 +55,10 @@ public:
     Buffer(DType dtype, Shape shape, Device where = Device{D::kind, 0})
         : dtype_(dtype), shape_(shape), device_(where) {
         LOOM_CHECK(where.kind == D::kind, "a Buffer<", D::kind, "> cannot live on ", where);
-        bytes_ = static_cast<std::size_t>(shape.numel()) * size_of(dtype);
+        const auto numel = static_cast<std::size_t>(shape.numel());
+        LOOM_CHECK(numel <= (std::numeric_limits<std::size_t>::max() - 64) / size_of(dtype), "a Buffer of ", shape,
+                   " ", dtype, " elements exceeds the address space");
+        bytes_ = numel * size_of(dtype);
         data_ = Allocator<D>::allocate(bytes_, device_);
     }
 

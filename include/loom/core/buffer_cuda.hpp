@@ -42,7 +42,11 @@ struct Allocator<Cuda> {
         detail::CudaDeviceScope scope(where.index);
         void* p = nullptr;
         LOOM_CUDA_CHECK(cudaMallocAsync(&p, bytes, cudaStreamLegacy));
-        LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy));
+        if (const cudaError_t status = cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy); status != cudaSuccess) {
+            cudaFreeAsync(p, cudaStreamLegacy);  // nothing may leak on the error path
+            detail::cuda_failed(status, "cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy)",
+                                std::source_location::current());
+        }
         return p;
     }
 

@@ -9,7 +9,11 @@
 namespace loom::detail {
 
 [[noreturn]] inline void nccl_failed(ncclResult_t code, const char* call, std::source_location where) {
-    const char* detail = ncclGetLastError(nullptr);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+    const char* detail = ncclGetLastError(nullptr);  // the detailed reason, since NCCL 2.13
+#else
+    const char* detail = nullptr;
+#endif
     throw Error(concat_one_line(call, " failed: ", ncclGetErrorString(code),
                                 (detail != nullptr && *detail != '\0') ? " - " : "",
                                 detail != nullptr ? detail : ""),

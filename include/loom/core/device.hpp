@@ -2,6 +2,7 @@
 // place a tensor's memory lives (kind + ordinal).
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <ostream>
 #include <string>

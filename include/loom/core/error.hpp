@@ -18,13 +18,20 @@ class Error : public std::runtime_error {
 public:
     explicit Error(const std::string& message,
                    std::source_location where = std::source_location::current())
-        : std::runtime_error(with_location(message, where)), message_(message), where_(where) {}
+        : std::runtime_error(with_location(one_line(message), where)), message_(one_line(message)), where_(where) {}
 
     // The message without the location suffix.
     [[nodiscard]] const std::string& message() const noexcept { return message_; }
     [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
 
 private:
+    // Errors are one line, whatever the message carried.
+    static std::string one_line(std::string text) {
+        for (char& c : text)
+            if (c == '\n' || c == '\r') c = ' ';
+        return text;
+    }
+
     static std::string with_location(const std::string& message, const std::source_location& where) {
         std::string file = where.file_name();
         // Trim to the path inside include/ or the project so messages do not
@@ -44,16 +51,12 @@ private:
 
 namespace detail {
 
-// Streams every part into one string; newlines are replaced so the message
-// stays one line even when a part prints several.
+// Streams every part into one string (loom::Error makes it one line).
 template <class... Parts>
 [[nodiscard]] std::string concat_one_line(const Parts&... parts) {
     std::ostringstream out;
     (out << ... << parts);
-    std::string text = std::move(out).str();
-    for (char& c : text)
-        if (c == '\n' || c == '\r') c = ' ';
-    return text;
+    return std::move(out).str();
 }
 
 template <class... Parts>

@@ -25,7 +25,8 @@ namespace loom {
 // initial values (drawn for the Param at `path` under `seed`) into `out`.
 inline void initialize_shard(const Param& p, std::string_view path, std::uint64_t seed, std::span<float> out,
                              std::int64_t first = 0) {
-    LOOM_CHECK(first >= 0 && first + static_cast<std::int64_t>(out.size()) <= p.numel(), "shard [", first, ", ",
+    LOOM_CHECK(first >= 0 && first <= p.numel() && static_cast<std::int64_t>(out.size()) <= p.numel() - first,
+               "shard [", first, ", ",
                first + static_cast<std::int64_t>(out.size()), ") is outside Param ", path, " of ", p.numel(),
                " elements");
     const RngStream rng = init_stream(seed, path);
@@ -57,9 +58,10 @@ inline void initialize(const Param& p, std::string_view path, std::uint64_t seed
 template <class Model>
 void initialize_range(const Model& model, std::uint64_t seed, std::span<float> out, std::int64_t first = 0) {
     const std::int64_t total = reflect::parameter_numel(model);
-    const std::int64_t last = first + static_cast<std::int64_t>(out.size());
-    LOOM_CHECK(first >= 0 && last <= total, "range [", first, ", ", last, ") is outside the model's ", total,
-               " parameter elements");
+    const std::int64_t count = static_cast<std::int64_t>(out.size());
+    LOOM_CHECK(first >= 0 && first <= total && count <= total - first, "range [", first, ", ", first + count,
+               ") is outside the model's ", total, " parameter elements");
+    const std::int64_t last = first + count;
     std::int64_t base = 0;  // arena offset of the current Param
     reflect::visit_params(model, [&](const Param& p, std::string_view path) {
         const std::int64_t lo = std::max(first, base), hi = std::min(last, base + p.numel());

@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
-#if __has_include(<tr2/type_traits>)
+// GCC's std::tr2::direct_bases detects base classes (nvcc's front end accepts
+// it too); clang cannot parse it, and there PFR's own assertion remains.
+#if defined(__GNUC__) && !defined(__clang__) && __has_include(<tr2/type_traits>)
 #include <tr2/type_traits>
 #define LOOM_HAS_DIRECT_BASES 1
 #endif
@@ -34,7 +36,8 @@ template <class T>
 inline constexpr bool is_config_field =
     std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_pointer_v<T> || std::is_same_v<T, std::string> ||
     std::is_same_v<T, std::string_view> || std::is_same_v<T, Extents> || std::is_same_v<T, DType> ||
-    std::is_same_v<T, Device> || std::is_same_v<T, Init> || std::is_same_v<T, Tensor>;
+    std::is_same_v<T, Device> || std::is_same_v<T, Init> || std::is_same_v<T, Tensor> || std::is_same_v<T, bf16> ||
+    std::is_same_v<T, f16>;
 
 namespace reflect {
 

@@ -154,7 +154,8 @@ struct RngStream {
     // out[k] = lo + (hi - lo) * uniform(offset + k). The affine step rounds in
     // float, so hi itself can appear when lo and hi differ greatly in scale.
     void fill_uniform(std::span<float> out, std::uint64_t offset, float lo = 0.0f, float hi = 1.0f) const {
-        LOOM_CHECK(lo <= hi, "fill_uniform needs lo <= hi, got lo = ", lo, ", hi = ", hi);
+        LOOM_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "fill_uniform needs finite lo <= hi, got lo = ",
+                   lo, ", hi = ", hi);
         const float width = hi - lo;
         fill_blocks(out, offset, [&](std::uint64_t b, float (&v)[4]) {
             const PhiloxCounter words = block(b);
@@ -164,7 +165,8 @@ struct RngStream {
 
     // out[k] = mean + stddev * normal(offset + k).
     void fill_normal(std::span<float> out, std::uint64_t offset, float mean = 0.0f, float stddev = 1.0f) const {
-        LOOM_CHECK(stddev >= 0.0f, "fill_normal needs stddev >= 0, got ", stddev);
+        LOOM_CHECK(std::isfinite(mean) && std::isfinite(stddev) && stddev >= 0.0f,
+                   "fill_normal needs a finite mean and a finite stddev >= 0, got mean = ", mean, ", stddev = ", stddev);
         fill_blocks(out, offset, [&](std::uint64_t b, float (&v)[4]) {
             const PhiloxCounter words = block(b);
             detail::box_muller(words.w[0], words.w[1], v[0], v[1]);

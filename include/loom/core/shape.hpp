@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
+#include <limits>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -23,7 +25,7 @@ public:
 
     constexpr Extents() = default;
     Extents(std::initializer_list<std::int64_t> dims) { assign(dims.begin(), dims.end()); }
-    template <class It>
+    template <std::input_iterator It>
     Extents(It first, It last) { assign(first, last); }
 
     [[nodiscard]] constexpr int rank() const noexcept { return rank_; }
@@ -34,6 +36,7 @@ public:
 
     // Dimension `i`, where a negative i counts from the back (-1 is the last).
     [[nodiscard]] std::int64_t dim(int i) const {
+        LOOM_CHECK(rank_ > 0, "dimension ", i, " of a scalar (shape []) does not exist; a scalar has no dimensions");
         const int at = i < 0 ? i + rank_ : i;
         LOOM_CHECK(at >= 0 && at < rank_, "dimension ", i, " is out of range for ", *this,
                    " of rank ", rank_, "; valid are ", -rank_, "..", rank_ - 1);
@@ -67,12 +70,20 @@ public:
 private:
     template <class It>
     void assign(It first, It last) {
-        const auto n = std::distance(first, last);
+        int n = 0;
+        for (; first != last; ++first, ++n)
+            if (n < max_rank) dims_[n] = static_cast<std::int64_t>(*first);
         LOOM_CHECK(n <= max_rank, "a tensor has at most ", max_rank, " dimensions, got ", n);
-        rank_ = static_cast<int>(n);
-        std::copy(first, last, dims_.begin());
-        for (int i = 0; i < rank_; ++i)
+        rank_ = n;
+        // numel() multiplies without checks on the hot path, so every shape
+        // that exists must have a product that fits in 63 bits.
+        std::int64_t product = 1;
+        for (int i = 0; i < rank_; ++i) {
             LOOM_CHECK(dims_[i] >= 0, "dimension ", i, " of ", *this, " is negative; sizes must be >= 0");
+            LOOM_CHECK(dims_[i] == 0 || product <= std::numeric_limits<std::int64_t>::max() / dims_[i], "shape ",
+                       *this, " has more than 2^63 - 1 elements");
+            product *= dims_[i];
+        }
     }
 
     std::array<std::int64_t, max_rank> dims_{};

@@ -56,6 +56,7 @@ public:
     // True when the elements are densely packed in row-major order; extents
     // of 1 may carry any stride, as in PyTorch.
     [[nodiscard]] bool is_contiguous() const noexcept {
+        if (numel() == 0) return true;
         std::int64_t expected = 1;
         for (int i = rank() - 1; i >= 0; --i) {
             if (shape_[i] != 1 && strides_[i] != expected) return false;
