@@ -8,7 +8,7 @@ source_dir=$1
 work_dir=$2
 with_mpi=${3:-OFF}
 conan=${4:-conan}
-if [ -z "$conan" ] || [[ "$conan" == *NOTFOUND ]] || ! command -v "$conan" >/dev/null 2>&1; then
+if [ -z "$conan" ] || [[ "$conan" == *NOTFOUND ]] || ! "$conan" --version >/dev/null 2>&1; then
   echo "SKIPPED: the conan client is not installed (scripts/deps.sh installs it)"
   exit 77
 fi

@@ -55,6 +55,7 @@ public:
     Buffer(DType dtype, Shape shape, Device where = Device{D::kind, 0})
         : dtype_(dtype), shape_(shape), device_(where) {
         LOOM_CHECK(where.kind == D::kind, "a Buffer<", D::kind, "> cannot live on ", where);
+        // The margin leaves room for the host allocator's rounding up to its alignment.
         const auto numel = static_cast<std::size_t>(shape.numel());
         LOOM_CHECK(numel <= (std::numeric_limits<std::size_t>::max() - 64) / size_of(dtype), "a Buffer of ", shape,
                    " ", dtype, " elements exceeds the address space");

@@ -11,13 +11,13 @@
 namespace loom::detail {
 
 [[noreturn]] inline void cuda_failed(cudaError_t code, const char* call, std::source_location where) {
-    throw Error(concat_one_line(call, " failed: ", cudaGetErrorName(code), " (", cudaGetErrorString(code),
+    throw Error(concat(call, " failed: ", cudaGetErrorName(code), " (", cudaGetErrorString(code),
                                 ")"),
                 where);
 }
 
 [[noreturn]] inline void cublas_failed(cublasStatus_t code, const char* call, std::source_location where) {
-    throw Error(concat_one_line(call, " failed: ", cublasGetStatusName(code), " (", cublasGetStatusString(code),
+    throw Error(concat(call, " failed: ", cublasGetStatusName(code), " (", cublasGetStatusString(code),
                                 ")"),
                 where);
 }

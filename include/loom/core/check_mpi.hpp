@@ -15,7 +15,7 @@ namespace loom::detail {
     if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
     int error_class = code;
     MPI_Error_class(code, &error_class);
-    throw Error(concat_one_line(call, " failed: MPI error ", code, " (class ", error_class, "): ",
+    throw Error(concat(call, " failed: MPI error ", code, " (class ", error_class, "): ",
                                 length > 0 ? text : "unknown MPI error"),
                 where);
 }

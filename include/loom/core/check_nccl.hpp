@@ -14,7 +14,7 @@ namespace loom::detail {
 #else
     const char* detail = nullptr;
 #endif
-    throw Error(concat_one_line(call, " failed: ", ncclGetErrorString(code),
+    throw Error(concat(call, " failed: ", ncclGetErrorString(code),
                                 (detail != nullptr && *detail != '\0') ? " - " : "",
                                 detail != nullptr ? detail : ""),
                 where);

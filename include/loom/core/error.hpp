@@ -18,13 +18,17 @@ class Error : public std::runtime_error {
 public:
     explicit Error(const std::string& message,
                    std::source_location where = std::source_location::current())
-        : std::runtime_error(with_location(one_line(message), where)), message_(one_line(message)), where_(where) {}
+        : Error(one_line(message), where, OneLine{}) {}
 
     // The message without the location suffix.
     [[nodiscard]] const std::string& message() const noexcept { return message_; }
     [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
 
 private:
+    struct OneLine {};  // tags a message that one_line() has already cleaned
+    Error(std::string message, std::source_location where, OneLine)
+        : std::runtime_error(with_location(message, where)), message_(std::move(message)), where_(where) {}
+
     // Errors are one line, whatever the message carried.
     static std::string one_line(std::string text) {
         for (char& c : text)
@@ -51,9 +55,9 @@ private:
 
 namespace detail {
 
-// Streams every part into one string (loom::Error makes it one line).
+// Streams every part into one string; loom::Error makes it one line.
 template <class... Parts>
-[[nodiscard]] std::string concat_one_line(const Parts&... parts) {
+[[nodiscard]] std::string concat(const Parts&... parts) {
     std::ostringstream out;
     (out << ... << parts);
     return std::move(out).str();
@@ -61,7 +65,7 @@ template <class... Parts>
 
 template <class... Parts>
 [[noreturn]] void fail(std::source_location where, const Parts&... parts) {
-    throw Error(concat_one_line(parts...), where);
+    throw Error(concat(parts...), where);
 }
 
 }  // namespace detail
