@@ -1,0 +1,33 @@
+# Tests run under mpirun (included from tests/CMakeLists.txt when MPI is found).
+
+# Core facts and the Mpi communicator, one Catch2 binary; every rank runs the
+# same tests and the worst result decides (mpi/main.cpp).
+add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp)
+target_link_libraries(loom_mpi_tests PRIVATE loom::mpi Catch2::Catch2)
+target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
+loom_strict(loom_mpi_tests)
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]")
+foreach(_procs 2 3 4)
+  loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
+endforeach()
+
+# Faults that end the job: one scenario per run. The program verifies what
+# every rank saw and prints the verdict before MpiSession aborts the job, so
+# the exit status says nothing and the output decides; the timeout is the
+# backstop against a hang (each run takes about a second).
+add_executable(loom_mpi_fault_tests mpi/test_mpi_faults.cpp)
+target_link_libraries(loom_mpi_fault_tests PRIVATE loom::mpi)
+loom_strict(loom_mpi_fault_tests)
+function(_loom_mpi_fault_test name procs)
+  loom_add_mpi_test("${name}" ${procs} loom_mpi_fault_tests ${ARGN})
+  set_tests_properties("${name}" PROPERTIES TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "fault test passed" FAIL_REGULAR_EXPRESSION "FAIL:")
+endfunction()
+foreach(_procs 2 3)
+  _loom_mpi_fault_test("mpi: a rank that throws fails the others on ${_procs} processes" ${_procs} throws)
+  _loom_mpi_fault_test("mpi: a rank that never arrives times out on ${_procs} processes" ${_procs} absent)
+endforeach()
+_loom_mpi_fault_test("mpi: a rank that throws fails the others with check_calls on 3 processes" 3 throws check)
+_loom_mpi_fault_test("mpi: a rank that never arrives times out with check_calls on 3 processes" 3 absent check)
+_loom_mpi_fault_test("mpi: ranks waiting on each other time out alike on 3 processes" 3 stuck)
