@@ -101,6 +101,9 @@ public:
     [[nodiscard]] int size() const noexcept { return state_->group->barrier.size(); }
     [[nodiscard]] int world_rank() const { return state_->group->barrier.world_rank(state_->me); }
 
+    // all_reduce results of at least this many bytes bypass the caches.
+    static constexpr std::size_t streaming_bytes = std::size_t{8} << 20;
+
     void all_reduce(const Tensor& send, const Tensor& recv, ReduceOp op) {
         const auto signature = check().all_reduce(send, recv, op);
         run(signature, send.raw(), recv.raw(), [this, signature](auto& slots) {
@@ -114,7 +117,9 @@ public:
                 s.inputs.push_back(slot.value.send);
                 s.outputs.push_back(slot.value.recv);
             }
-            host_reduce(signature.dtype, signature.op, s.inputs, s.outputs, begin, end - begin);
+            // Results larger than the caches are written around them.
+            const bool streaming = static_cast<std::size_t>(signature.count) * size_of(signature.dtype) >= streaming_bytes;
+            host_reduce(signature.dtype, signature.op, s.inputs, s.outputs, begin, end - begin, streaming);
         });
     }
     void all_reduce(const Tensor& buffer, ReduceOp op = ReduceOp::sum) { all_reduce(buffer, buffer, op); }
