@@ -2,21 +2,25 @@
 # header, each including only that header, compiled as part of the build.
 # Host headers compile with the plain C++ compiler against loom::loom alone;
 # backend headers (named *_mpi.hpp, *_cuda.hpp, *_nccl.hpp, *.cuh) against
-# their backend target, and *.cuh with nvcc. A header that forgets an include
+# their backend target, and *.cuh with nvcc (*_nccl.cuh against loom::nccl,
+# the other *.cuh against loom::cuda). A header that forgets an include
 # or defines a non-inline function (caught by including it twice, in two TUs
 # linked together) fails the build.
 include_guard(GLOBAL)
 
 function(loom_add_header_check target)
   set(gen_dir "${CMAKE_CURRENT_BINARY_DIR}/${target}_sources")
-  set(groups host mpi cuda nccl cu)
+  set(groups host mpi cuda nccl cu cunccl)
   foreach(group IN LISTS groups)
     set(sources_${group} "")
   endforeach()
   foreach(header IN LISTS LOOM_ALL_HEADERS)
     string(REGEX REPLACE "^include/" "" include_name "${header}")
     string(MAKE_C_IDENTIFIER "${include_name}" stem)
-    if(header MATCHES "\\.cuh$")
+    if(header MATCHES "_nccl\\.cuh$")
+      set(group cunccl)
+      set(ext cu)
+    elseif(header MATCHES "\\.cuh$")
       set(group cu)
       set(ext cu)
     elseif(header MATCHES "_mpi\\.hpp$")
@@ -61,5 +65,9 @@ function(loom_add_header_check target)
   if(sources_cu AND LOOM_BUILD_CUDA_CODE)
     target_sources(${target} PRIVATE ${sources_cu})
     target_link_libraries(${target} PRIVATE loom::cuda)
+  endif()
+  if(sources_cunccl AND LOOM_BUILD_CUDA_CODE AND TARGET loom::nccl)
+    target_sources(${target} PRIVATE ${sources_cunccl})
+    target_link_libraries(${target} PRIVATE loom::nccl)
   endif()
 endfunction()
