@@ -66,7 +66,7 @@ struct CallSignature {
 
 inline std::ostream& operator<<(std::ostream& out, const CallSignature& s) {
     out << s.kind;
-    if (s.kind == OpKind::barrier) return out;
+    if (s.kind == OpKind::barrier || s.kind == OpKind::split) return out;
     out << " of " << s.count << " x " << s.dtype;
     if (s.kind == OpKind::all_reduce || s.kind == OpKind::reduce_scatter) out << " (" << s.op << ")";
     if (s.kind == OpKind::broadcast) out << " from root " << s.root;
