@@ -1,0 +1,82 @@
+// Token + position embedding, as GPT-2's wte/wpe lookup:
+//   out[b, t, :] = token_table[tokens[b, t], :] + position_table[t, :].
+// Tables are row-major [vocab, C] and [>= T, C]; tokens are [B, T] int32.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/error.hpp"
+#include "loom/kernels/host/elementwise.hpp"
+
+namespace loom::kernels::host {
+
+namespace detail {
+
+inline void check_embedding_sizes(std::int64_t B, std::int64_t T, std::int64_t C) {
+    LOOM_CHECK(B >= 0 && T >= 0 && C >= 0, "embedding: sizes B = ", B, ", T = ", T, ", C = ", C,
+               " must all be >= 0");
+}
+
+LOOM_KERNEL_DISPATCH inline void embedding_forward_rows(const std::int32_t* __restrict tokens,
+                                                        const float* __restrict token_table,
+                                                        const float* __restrict position_table, float* __restrict out,
+                                                        std::int64_t B, std::int64_t T, std::int64_t C) noexcept {
+    for (std::int64_t b = 0; b < B; ++b) {
+        for (std::int64_t t = 0; t < T; ++t) {
+            const float* __restrict token_row = token_table + static_cast<std::int64_t>(tokens[b * T + t]) * C;
+            const float* __restrict position_row = position_table + t * C;
+            float* __restrict out_row = out + (b * T + t) * C;
+            for (std::int64_t c = 0; c < C; ++c) out_row[c] = token_row[c] + position_row[c];
+        }
+    }
+}
+
+LOOM_KERNEL_DISPATCH inline void embedding_backward_rows(const std::int32_t* __restrict tokens,
+                                                         const float* __restrict dout,
+                                                         float* __restrict dtoken_table,
+                                                         float* __restrict dposition_table, std::int64_t B,
+                                                         std::int64_t T, std::int64_t C) noexcept {
+    for (std::int64_t b = 0; b < B; ++b) {
+        for (std::int64_t t = 0; t < T; ++t) {
+            const float* __restrict grad_row = dout + (b * T + t) * C;
+            float* __restrict token_row = dtoken_table + static_cast<std::int64_t>(tokens[b * T + t]) * C;
+            float* __restrict position_row = dposition_table + t * C;
+            for (std::int64_t c = 0; c < C; ++c) {
+                token_row[c] += grad_row[c];
+                position_row[c] += grad_row[c];
+            }
+        }
+    }
+}
+
+}  // namespace detail
+
+// out: [B, T, C], written. Every token is checked before anything is written,
+// so a bad batch leaves `out` as it was; the error names the first bad id and
+// where it sits.
+inline void embedding_forward(const std::int32_t* tokens, const float* token_table, const float* position_table,
+                              float* out, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab) {
+    detail::check_embedding_sizes(B, T, C);
+    LOOM_CHECK(vocab >= 1, "embedding: vocab = ", vocab, " has no tokens; pass vocab >= 1");
+    for (std::int64_t i = 0; i < B * T; ++i) {
+        LOOM_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "embedding: token id ", tokens[i], " at batch ", i / T,
+                   ", position ", i % T, " is outside the vocabulary [0, ", vocab, ")");
+    }
+    detail::embedding_forward_rows(tokens, token_table, position_table, out, B, T, C);
+}
+
+// dtoken_table[tokens[b, t], :] += dout[b, t, :];  dposition_table[t, :] += dout[b, t, :].
+// Accumulated, so a tied output projection can add its gradient to the same
+// table. The tokens are those the forward accepted; only their sign is checked
+// again here (there is no vocab to check against), before any write.
+inline void embedding_backward(const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                               float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) {
+    detail::check_embedding_sizes(B, T, C);
+    for (std::int64_t i = 0; i < B * T; ++i) {
+        LOOM_CHECK(tokens[i] >= 0, "embedding backward: token id ", tokens[i], " at batch ", i / T, ", position ",
+                   i % T, " is negative; token ids are in [0, vocab)");
+    }
+    detail::embedding_backward_rows(tokens, dout, dtoken_table, dposition_table, B, T, C);
+}
+
+}  // namespace loom::kernels::host

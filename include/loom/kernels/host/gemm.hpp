@@ -1,0 +1,134 @@
+// Host GEMM: C = alpha * op(A) * op(B) + beta * C through the CBLAS the build
+// found (OpenBLAS by preference, see cmake/LoomBlas.cmake). Row-major, f32;
+// lda/ldb/ldc are the row strides of the matrices as stored. Also the knobs a
+// trainer needs around it: the BLAS's thread count, and a measurement of this
+// machine's sgemm peak for benchmarks to compare against.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include <cblas.h>
+
+#include "loom/core/error.hpp"
+
+// OpenBLAS's cblas.h includes openblas_config.h, which defines OPENBLAS_VERSION
+// and declares the thread controls: call them directly (a strong reference
+// also works in static links). With another CBLAS header, reach them through
+// weak declarations on ELF: they are non-null exactly when the OpenBLAS
+// library is what got linked (another CBLAS is then simply not configured).
+#if defined(OPENBLAS_VERSION)
+#define LOOM_BLAS_THREADS_DIRECT 1
+#elif defined(__GNUC__) && defined(__ELF__)
+#define LOOM_BLAS_THREADS_WEAK 1
+extern "C" {
+void openblas_set_num_threads(int threads) __attribute__((weak));
+int openblas_get_num_threads(void) __attribute__((weak));
+}
+#endif
+
+namespace loom::kernels::host {
+
+// op(X) = X or X^T, as stored row-major.
+enum class Trans : bool { no, yes };
+
+namespace detail {
+
+[[nodiscard]] inline const char* trans_name(Trans t) { return t == Trans::yes ? "yes" : "no"; }
+
+// CBLAS takes int sizes (LP64 builds); larger ones would wrap silently.
+inline void check_blas_int(const char* what, std::int64_t value) {
+    LOOM_CHECK(value <= INT_MAX, "gemm: ", what, " = ", value, " exceeds the BLAS's int range (at most ", INT_MAX,
+               "); split the product");
+}
+
+}  // namespace detail
+
+// C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C. A is stored [M, K]
+// (ta = no) or [K, M] (ta = yes), B [K, N] or [N, K]; each row stride must
+// cover its stored row. beta = 0 overwrites C (any NaN there included), as BLAS
+// specifies; K = 0 scales C by beta.
+inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
+                 std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+    LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: sizes M = ", M, ", N = ", N, ", K = ", K, " must all be >= 0");
+    const std::int64_t a_cols = ta == Trans::no ? K : M;
+    const std::int64_t b_cols = tb == Trans::no ? N : K;
+    LOOM_CHECK(lda >= std::max<std::int64_t>(1, a_cols), "gemm: lda = ", lda, " is shorter than a stored row of A (",
+               a_cols, " columns with ta = ", detail::trans_name(ta), ", M = ", M, ", K = ", K, "); pass lda >= ",
+               std::max<std::int64_t>(1, a_cols));
+    LOOM_CHECK(ldb >= std::max<std::int64_t>(1, b_cols), "gemm: ldb = ", ldb, " is shorter than a stored row of B (",
+               b_cols, " columns with tb = ", detail::trans_name(tb), ", K = ", K, ", N = ", N, "); pass ldb >= ",
+               std::max<std::int64_t>(1, b_cols));
+    LOOM_CHECK(ldc >= std::max<std::int64_t>(1, N), "gemm: ldc = ", ldc, " is shorter than a row of C (N = ", N,
+               "); pass ldc >= ", std::max<std::int64_t>(1, N));
+    detail::check_blas_int("M", M);
+    detail::check_blas_int("N", N);
+    detail::check_blas_int("K", K);
+    detail::check_blas_int("lda", lda);
+    detail::check_blas_int("ldb", ldb);
+    detail::check_blas_int("ldc", ldc);
+    if (M == 0 || N == 0) return;  // nothing to write; some BLAS builds reject the call outright
+    cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
+                tb == Trans::yes ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C,
+                static_cast<int>(ldc));
+}
+
+// Threads the BLAS may use for one call (OpenBLAS: openblas_set_num_threads;
+// a no-op with another BLAS). Rank threads that each run their own GEMMs want
+// 1 here, so ranks do not oversubscribe the cores between them.
+inline void set_blas_threads(int threads) {
+    LOOM_CHECK(threads >= 1, "set_blas_threads: threads = ", threads, "; pass at least 1");
+#if defined(LOOM_BLAS_THREADS_DIRECT)
+    openblas_set_num_threads(threads);
+#elif defined(LOOM_BLAS_THREADS_WEAK)
+    if (openblas_set_num_threads != nullptr) openblas_set_num_threads(threads);
+#endif
+}
+
+// The BLAS's current thread count: OpenBLAS's own answer, else 1.
+[[nodiscard]] inline int blas_threads() {
+#if defined(LOOM_BLAS_THREADS_DIRECT)
+    return openblas_get_num_threads();
+#elif defined(LOOM_BLAS_THREADS_WEAK)
+    return openblas_get_num_threads != nullptr ? openblas_get_num_threads() : 1;
+#else
+    return 1;
+#endif
+}
+
+// This machine's single-precision GEMM rate right now, in GFLOP/s (2 n^3 flops
+// per n x n x n product), with the BLAS's current thread count: the median of
+// `reps` timed products after one untimed warm-up. For benchmarks, which report
+// their own rate as a fraction of it; the machine's other load counts too,
+// which is the point of measuring instead of quoting a datasheet.
+[[nodiscard]] inline double measure_sgemm_gflops(std::int64_t n = 1024, int reps = 5) {
+    LOOM_CHECK(n >= 1, "measure_sgemm_gflops: n = ", n, "; pass n >= 1");
+    LOOM_CHECK(reps >= 1, "measure_sgemm_gflops: reps = ", reps, "; pass reps >= 1");
+    const auto size = static_cast<std::size_t>(n * n);
+    // Values of order 1 that stay away from subnormals whatever n is.
+    std::vector<float> a(size), b(size), c(size, 0.0f);
+    for (std::size_t i = 0; i < size; ++i) {
+        a[i] = 0.5f + static_cast<float>(i % 7) * 0.125f;
+        b[i] = 1.0f - static_cast<float>(i % 5) * 0.125f;
+    }
+    const float alpha = 1.0f / static_cast<float>(n);
+    gemm(Trans::no, Trans::no, n, n, n, alpha, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+    std::vector<double> seconds(static_cast<std::size_t>(reps));
+    for (double& s : seconds) {
+        const auto start = std::chrono::steady_clock::now();
+        gemm(Trans::no, Trans::no, n, n, n, alpha, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const double median = seconds.size() % 2 == 1
+                               ? seconds[seconds.size() / 2]
+                               : 0.5 * (seconds[seconds.size() / 2 - 1] + seconds[seconds.size() / 2]);
+    const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+    return flops / median * 1e-9;
+}
+
+}  // namespace loom::kernels::host
