@@ -1,0 +1,266 @@
+// AdamW on spans of a flat f32 arena: the update of torch.optim.AdamW, written
+// so a data-parallel or ZeRO rank can update just the slice it owns.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <system_error>
+
+#if defined(__SSE__) || defined(__AVX__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+#include "loom/core/buffer.hpp"
+#include "loom/core/error.hpp"
+
+namespace loom::optim {
+
+struct AdamWConfig {
+    float lr = 3e-4f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 0.01f;
+};
+
+// Throws loom::Error naming the first bad field, its value and the valid range.
+inline void check_config(const AdamWConfig& config) {
+    LOOM_CHECK(std::isfinite(config.lr) && config.lr > 0.0f, "AdamW lr = ", config.lr,
+               " is invalid; it must be finite and > 0");
+    LOOM_CHECK(config.beta1 >= 0.0f && config.beta1 < 1.0f, "AdamW beta1 = ", config.beta1,
+               " is invalid; it must be in [0, 1)");
+    LOOM_CHECK(config.beta2 >= 0.0f && config.beta2 < 1.0f, "AdamW beta2 = ", config.beta2,
+               " is invalid; it must be in [0, 1)");
+    LOOM_CHECK(std::isfinite(config.eps) && config.eps > 0.0f, "AdamW eps = ", config.eps,
+               " is invalid; it must be finite and > 0");
+    LOOM_CHECK(std::isfinite(config.weight_decay) && config.weight_decay >= 0.0f, "AdamW weight_decay = ",
+               config.weight_decay, " is invalid; it must be finite and >= 0");
+}
+
+namespace detail {
+
+// The decimal a float setting was written as, as a double: the shortest
+// decimal that rounds to it (0.999f -> 0.999). PyTorch's settings are Python
+// doubles, so 1 - beta2 there is 1 - 0.999, which rounds to 0.001f; from the
+// float 0.999f (= 0.99899999797...) it would be 0.0010000020f, 2e-6 off.
+// Deriving the per-step scalars from the written decimals makes every one of
+// them equal to PyTorch's.
+[[nodiscard]] inline double as_written(float value) {
+    char text[32];
+    const auto printed = std::to_chars(text, text + sizeof text, value);
+    double written = value;
+    if (printed.ec == std::errc{}) std::from_chars(text, printed.ptr, written);
+    return written;
+}
+
+// The per-step scalars of one AdamW step, computed in double and rounded to
+// float once, the way PyTorch hands Python floats to its f32 kernels.
+struct AdamWScalars {
+    float decay;                  // 1 - lr * weight_decay
+    float beta1, one_minus_beta1;
+    float beta2, one_minus_beta2;
+    float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+    float eps;
+    float neg_step_size;          // -lr / (1 - beta1^t)
+};
+
+[[nodiscard]] inline AdamWScalars adamw_scalars(const AdamWConfig& config, std::int64_t step) {
+    // Bias corrections once per step, in double: std::pow per element would
+    // stop the loop from vectorising, and float pow loses digits for beta2^t.
+    const double lr = as_written(config.lr);
+    const double beta1 = as_written(config.beta1);
+    const double beta2 = as_written(config.beta2);
+    const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+    const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+    return AdamWScalars{
+        .decay = static_cast<float>(1.0 - lr * as_written(config.weight_decay)),
+        .beta1 = config.beta1,
+        .one_minus_beta1 = static_cast<float>(1.0 - beta1),
+        .beta2 = config.beta2,
+        .one_minus_beta2 = static_cast<float>(1.0 - beta2),
+        .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
+        .eps = config.eps,
+        .neg_step_size = static_cast<float>(-(lr / bias_correction1)),
+    };
+}
+
+// Square roots of one block of 16 floats in vector instructions. std::sqrt
+// does not vectorise unless the whole program is built with -fno-math-errno:
+// GCC keeps a libm call for negative inputs (to set errno), and a call is
+// control flow the vectoriser refuses. These instructions compute the same
+// correctly rounded IEEE square root, so the bits equal std::sqrt's.
+inline void sqrt_block16(const float* in, float* out) {
+#if defined(__AVX__)
+    for (int k = 0; k < 16; k += 8) _mm256_storeu_ps(out + k, _mm256_sqrt_ps(_mm256_loadu_ps(in + k)));
+#elif defined(__SSE__)
+    for (int k = 0; k < 16; k += 4) _mm_storeu_ps(out + k, _mm_sqrt_ps(_mm_loadu_ps(in + k)));
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    for (int k = 0; k < 16; k += 4) vst1q_f32(out + k, vsqrtq_f32(vld1q_f32(in + k)));
+#else
+    for (int k = 0; k < 16; ++k) out[k] = std::sqrt(in[k]);
+#endif
+}
+
+inline constexpr std::size_t adamw_block = 16;
+
+// `blocks` blocks of 16 elements, in the order of PyTorch's
+// _single_tensor_adamw: decoupled decay p *= 1 - lr wd;
+// m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g g;
+// p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps), with divisions rather
+// than reciprocal multiplies so the rounding matches PyTorch's.
+// __restrict: the arrays do not overlap (adamw_step checked), so the compiler
+// needs no runtime alias checks. Loops of 16 have a constant trip count, which
+// GCC vectorises even at -O2 (its cheap cost model refuses unknown counts).
+// noinline on purpose: the tail of an arena goes through this same machine
+// code on a zero-padded block, so every element gets the same instructions
+// wherever it sits. Separately inlined copies may be compiled differently
+// (with FMA, GCC contracted p * decay + update in one copy and not in the
+// other), and then a shard's update would not equal the whole arena's bit for
+// bit.
+[[gnu::noinline]] inline void adamw_blocks(float* __restrict params, const float* __restrict grads,
+                                           float* __restrict m, float* __restrict v, std::size_t blocks,
+                                           const AdamWScalars s) {  // by value: in registers
+    for (std::size_t base = 0; base < blocks * adamw_block; base += adamw_block) {
+        float* __restrict p = params + base;
+        const float* __restrict g = grads + base;
+        float* __restrict mb = m + base;
+        float* __restrict vb = v + base;
+        for (std::size_t i = 0; i < adamw_block; ++i) {
+            p[i] *= s.decay;
+            mb[i] = s.beta1 * mb[i] + s.one_minus_beta1 * g[i];
+            vb[i] = s.beta2 * vb[i] + s.one_minus_beta2 * g[i] * g[i];
+        }
+        float root[adamw_block];
+        sqrt_block16(vb, root);
+        // Without this, GCC -O3 unrolls the loop completely before the
+        // vectoriser sees it and then vectorises only part of it.
+#pragma GCC unroll 1
+        for (std::size_t i = 0; i < adamw_block; ++i) {
+            const float denom = root[i] / s.bias_correction2_sqrt + s.eps;
+            p[i] += s.neg_step_size * mb[i] / denom;
+        }
+    }
+}
+
+// The whole update, one pass: full blocks in place, then the last n % 16
+// elements through the same code on a block padded with zeros (g = m = v = 0
+// there, which gives denom = eps and an update of exactly 0).
+inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n,
+                         const AdamWScalars& s) {
+    const std::size_t blocks = n / adamw_block;
+    const std::size_t done = blocks * adamw_block;
+    if (blocks > 0) adamw_blocks(params, grads, m, v, blocks, s);
+    const std::size_t rest = n - done;
+    if (rest == 0) return;
+    alignas(64) float p[adamw_block] = {}, g[adamw_block] = {}, mb[adamw_block] = {}, vb[adamw_block] = {};
+    std::copy_n(params + done, rest, p);
+    std::copy_n(grads + done, rest, g);
+    std::copy_n(m + done, rest, mb);
+    std::copy_n(v + done, rest, vb);
+    adamw_blocks(p, g, mb, vb, 1, s);
+    std::copy_n(p, rest, params + done);
+    std::copy_n(mb, rest, m + done);
+    std::copy_n(vb, rest, v + done);
+}
+
+// Whether two arrays share any element; std::less gives a total order on
+// pointers into different allocations.
+[[nodiscard]] inline bool overlap(const float* a, std::size_t a_size, const float* b, std::size_t b_size) {
+    if (a_size == 0 || b_size == 0) return false;
+    const std::less<const float*> before;
+    return before(a, b + b_size) && before(b, a + a_size);
+}
+
+}  // namespace detail
+
+// One AdamW step on a slice: params, grads, m and v are parallel spans of the
+// same length (any contiguous slice of the arenas, so a shard updates alone and
+// gets exactly the bits the whole-arena update gives those elements). `step`
+// counts from 1 and drives the bias corrections. torch.optim.AdamW semantics
+// (amsgrad off, maximize off). params, m and v must not overlap each other or
+// grads.
+inline void adamw_step(std::span<float> params, std::span<const float> grads, std::span<float> m,
+                       std::span<float> v, std::int64_t step, const AdamWConfig& config) {
+    check_config(config);
+    LOOM_CHECK(step >= 1, "adamw_step: step = ", step, " is invalid; steps count from 1");
+    LOOM_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
+               "adamw_step: params has ", params.size(), " elements, grads ", grads.size(), ", m ", m.size(),
+               ", v ", v.size(), "; all four must have the same size");
+    const std::size_t n = params.size();
+    LOOM_CHECK(!detail::overlap(params.data(), n, grads.data(), n) && !detail::overlap(params.data(), n, m.data(), n) &&
+                   !detail::overlap(params.data(), n, v.data(), n) && !detail::overlap(m.data(), n, v.data(), n) &&
+                   !detail::overlap(m.data(), n, grads.data(), n) && !detail::overlap(v.data(), n, grads.data(), n),
+               "adamw_step: params, grads, m and v overlap in memory; they must be distinct arrays");
+    detail::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, detail::adamw_scalars(config, step));
+}
+
+// AdamW over `n` elements: owns m and v (zero-initialised, 64-byte aligned)
+// and counts steps. For a ZeRO shard, `n` is the shard's size.
+class AdamW {
+public:
+    AdamW(std::int64_t n, AdamWConfig config)
+        : config_(checked(config)), n_(checked_size(n)), m_(DType::f32, Shape{n}), v_(DType::f32, Shape{n}) {}
+
+    // One step: steps() + 1 is the step number the bias corrections use.
+    void step(std::span<float> params, std::span<const float> grads) {
+        LOOM_CHECK(params.size() == size_t_n() && grads.size() == size_t_n(), "AdamW::step: params has ",
+                   params.size(), " elements and grads ", grads.size(), "; this optimizer holds state for ", n_);
+        adamw_step(params, grads, m(), v(), steps_ + 1, config_);
+        ++steps_;  // only after a step that happened, so a refused call changes nothing
+    }
+
+    [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+    [[nodiscard]] std::int64_t size() const noexcept { return n_; }
+    [[nodiscard]] const AdamWConfig& config() const noexcept { return config_; }
+
+    // For learning-rate schedules; the rest of the config is fixed with the state.
+    void set_lr(float lr) {
+        AdamWConfig next = config_;
+        next.lr = lr;
+        config_ = checked(next);
+    }
+
+    // The moments, for checkpoints: write them back, then call restore(steps).
+    [[nodiscard]] std::span<float> m() noexcept { return {static_cast<float*>(m_.raw()), size_t_n()}; }
+    [[nodiscard]] std::span<float> v() noexcept { return {static_cast<float*>(v_.raw()), size_t_n()}; }
+    [[nodiscard]] std::span<const float> m() const noexcept {
+        return {static_cast<const float*>(m_.raw()), size_t_n()};
+    }
+    [[nodiscard]] std::span<const float> v() const noexcept {
+        return {static_cast<const float*>(v_.raw()), size_t_n()};
+    }
+
+    // Sets the step count after m and v were filled from a checkpoint taken
+    // after `steps` steps; the next step() then continues bit for bit.
+    void restore(std::int64_t steps) {
+        LOOM_CHECK(steps >= 0, "AdamW::restore: steps = ", steps, " is invalid; it must be >= 0");
+        steps_ = steps;
+    }
+
+private:
+    // Checked before anything is allocated.
+    static AdamWConfig checked(const AdamWConfig& config) {
+        check_config(config);
+        return config;
+    }
+    static std::int64_t checked_size(std::int64_t n) {
+        LOOM_CHECK(n >= 0, "AdamW: n = ", n, " elements is invalid; it must be >= 0");
+        return n;
+    }
+    [[nodiscard]] std::size_t size_t_n() const noexcept { return static_cast<std::size_t>(n_); }
+
+    AdamWConfig config_;
+    std::int64_t n_ = 0;
+    std::int64_t steps_ = 0;
+    Buffer<Host> m_;
+    Buffer<Host> v_;
+};
+
+}  // namespace loom::optim
