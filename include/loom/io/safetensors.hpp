@@ -1,0 +1,441 @@
+// Checkpoints in the safetensors format (github.com/huggingface/safetensors),
+// so PyTorch, JAX and the Hugging Face tools read loom's weights directly:
+//   u64 little-endian N | N bytes of JSON header, padded with spaces to a
+//   multiple of 8 | the data section, every tensor's bytes back to back.
+// The header maps each tensor name to {"dtype", "shape", "data_offsets"}
+// (offsets relative to the data section) plus an optional "__metadata__"
+// object of strings. A file is checked completely when it is opened, so a
+// damaged checkpoint fails before any weight has been overwritten.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "loom/core/buffer.hpp"
+#include "loom/core/dtype.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/shape.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/io/atomic_file.hpp"
+#include "loom/io/json.hpp"
+
+namespace loom::io {
+
+// The format stores raw little-endian bytes; a big-endian port would have to
+// swap every element on the way in and out.
+static_assert(std::endian::native == std::endian::little,
+              "loom's safetensors code copies raw bytes and needs a little-endian host");
+
+// A tensor and the name it is stored under. Host memory, contiguous.
+struct NamedTensor {
+    std::string name;
+    loom::Tensor tensor;
+};
+
+namespace safetensors {
+
+// The Hugging Face reference implementation refuses headers above 100 MB;
+// so do we, so that a corrupted length cannot ask for gigabytes.
+inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+
+// The format's dtype spellings for the dtypes loom has.
+[[nodiscard]] constexpr std::string_view dtype_name(DType type) {
+    switch (type) {
+        case DType::f32: return "F32";
+        case DType::bf16: return "BF16";
+        case DType::f16: return "F16";
+        case DType::i32: return "I32";
+        case DType::i64: return "I64";
+    }
+    return "?";
+}
+
+[[nodiscard]] constexpr std::optional<DType> parse_dtype_name(std::string_view text) {
+    for (DType type : all_dtypes)
+        if (dtype_name(type) == text) return type;
+    return std::nullopt;
+}
+
+// "F32, BF16, F16, I32, I64", for messages.
+[[nodiscard]] inline std::string valid_dtype_names() {
+    std::string list;
+    for (DType type : all_dtypes) list += (list.empty() ? "" : ", ") + std::string(dtype_name(type));
+    return list;
+}
+
+}  // namespace safetensors
+
+namespace detail {
+
+// 64-byte aligned bytes from the host allocator, so every tensor that starts
+// on a multiple of its element size inside the file is aligned in memory too.
+struct AlignedDelete {
+    std::size_t bytes = 0;
+    void operator()(std::byte* p) const noexcept { Allocator<Host>::deallocate(p, bytes, host_device); }
+};
+using AlignedBytes = std::unique_ptr<std::byte, AlignedDelete>;
+
+[[nodiscard]] inline AlignedBytes allocate_aligned(std::size_t bytes) {
+    return AlignedBytes(static_cast<std::byte*>(Allocator<Host>::allocate(bytes, host_device)), AlignedDelete{bytes});
+}
+
+// "[2, 3]" for a list of extents as the header spells them.
+[[nodiscard]] inline std::string shape_json(const Shape& shape) {
+    std::string out = "[";
+    for (int i = 0; i < shape.rank(); ++i) {
+        if (i) out += ',';
+        out += std::to_string(shape[i]);  // appended separately: GCC 12's -Wrestrict misfires on "," + string
+    }
+    out += ']';
+    return out;
+}
+
+// True when `text` is valid UTF-8 (a JSON string must be, or Python's
+// json.loads rejects the whole header): the parser checks it for us.
+[[nodiscard]] inline bool is_valid_utf8(std::string_view text) {
+    std::string error;
+    return json::parse(json::quote(text), error).has_value();
+}
+
+}  // namespace detail
+
+// Writes `tensors` (in the order given) and `metadata` to `path`, replacing
+// any old file atomically. The header is compact JSON with "__metadata__"
+// first (omitted when empty), then each tensor as
+// {"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}, padded with spaces to a
+// multiple of 8 bytes so that the data section starts 8-byte aligned.
+inline void save_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
+                             const std::map<std::string, std::string>& metadata = {}) {
+    const std::string file = path.string();
+    std::vector<std::string> members;
+    if (!metadata.empty()) {
+        std::string object = "{";
+        for (const auto& [key, value] : metadata) {
+            LOOM_CHECK(detail::is_valid_utf8(key) && detail::is_valid_utf8(value), "checkpoint ", file,
+                       ": metadata entry ", json::quote(key), " is not valid UTF-8; safetensors headers are UTF-8 JSON");
+            object += (object.size() > 1 ? "," : "") + json::quote(key) + ":" + json::quote(value);
+        }
+        members.push_back(json::quote("__metadata__") + ":" + object + "}");
+    }
+
+    std::map<std::string_view, std::size_t> seen;
+    std::uint64_t offset = 0;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const auto& [name, tensor] = tensors[i];
+        LOOM_CHECK(!name.empty(), "checkpoint ", file, ": tensor ", i, " has an empty name");
+        LOOM_CHECK(name != "__metadata__", "checkpoint ", file,
+                   ": a tensor may not be named __metadata__; the format reserves that key");
+        LOOM_CHECK(detail::is_valid_utf8(name), "checkpoint ", file, ": tensor name ", json::quote(name),
+                   " is not valid UTF-8; safetensors headers are UTF-8 JSON");
+        const auto [previous, inserted] = seen.emplace(name, i);
+        LOOM_CHECK(inserted, "checkpoint ", file, ": tensors ", previous->second, " and ", i, " are both named ", name,
+                   "; names must be unique");
+        LOOM_CHECK(tensor.device().kind == DeviceKind::host, "checkpoint ", file, ": tensor ", name, " is ", tensor,
+                   "; copy it to the host before saving");
+        LOOM_CHECK(tensor.is_contiguous(), "checkpoint ", file, ": tensor ", name, " with strides ", tensor.strides(),
+                   " is not contiguous; save a contiguous copy");
+        LOOM_CHECK(tensor.defined(), "checkpoint ", file, ": tensor ", name, " has ", tensor.numel(),
+                   " elements but no data");
+        const std::uint64_t end = offset + tensor.nbytes();
+        members.push_back(json::quote(name) + ":{\"dtype\":\"" + std::string(safetensors::dtype_name(tensor.dtype())) +
+                          "\",\"shape\":" + detail::shape_json(tensor.shape()) + ",\"data_offsets\":[" +
+                          std::to_string(offset) + "," + std::to_string(end) + "]}");
+        offset = end;
+    }
+
+    std::string header = "{";
+    for (std::size_t i = 0; i < members.size(); ++i) header += (i ? "," : "") + members[i];
+    header += "}";
+    header.append((8 - header.size() % 8) % 8, ' ');
+
+    write_file_atomically(path, [&](AtomicFile& out) {
+        std::uint64_t length = header.size();
+        std::byte length_bytes[8];
+        std::memcpy(length_bytes, &length, sizeof length);  // little-endian host, checked above
+        out.write(std::span<const std::byte>(length_bytes));
+        out.write(header);
+        for (const NamedTensor& named : tensors)
+            if (named.tensor.nbytes() > 0)
+                out.write(std::span<const std::byte>(static_cast<const std::byte*>(named.tensor.raw()),
+                                                     named.tensor.nbytes()));
+    });
+}
+
+// A safetensors file read into memory and validated completely up front:
+// header length, JSON, every field, dtype, shape, and that the tensors' byte
+// ranges tile the data section exactly (no gaps, no overlaps, nothing after
+// the last tensor: the spec forbids unindexed bytes so files cannot smuggle
+// data). Every problem is one loom::Error "checkpoint <path>: <what>".
+class SafetensorsFile {
+public:
+    explicit SafetensorsFile(const std::filesystem::path& path) : path_(path), label_("checkpoint " + path.string()) {
+        read_whole_file();
+        parse_and_validate();
+    }
+
+    SafetensorsFile(SafetensorsFile&&) = default;
+    SafetensorsFile& operator=(SafetensorsFile&&) = default;
+
+    [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+    [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+    [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+
+    // Tensor names in the order the header lists them.
+    [[nodiscard]] std::vector<std::string> names() const {
+        std::vector<std::string> result;
+        result.reserve(entries_.size());
+        for (const Entry& entry : entries_) result.push_back(entry.name);
+        return result;
+    }
+
+    [[nodiscard]] bool contains(std::string_view name) const { return index_.find(name) != index_.end(); }
+
+    // A read-only view of the tensor's bytes in this object's memory (valid
+    // while it lives). Do not write through it.
+    [[nodiscard]] Tensor tensor(std::string_view name) const {
+        const Entry& entry = find(name);
+        return Tensor(entry.data, entry.dtype, entry.shape);
+    }
+
+    // Copies tensor `name` into `into` (host, contiguous) after checking that
+    // dtype and shape match exactly; no conversion happens behind the caller's back.
+    void read_into(std::string_view name, const Tensor& into) const {
+        const Entry& entry = find(name);
+        LOOM_CHECK(into.device().kind == DeviceKind::host, label_, ": cannot read tensor ", name, " into ", into,
+                   "; the target must be in host memory");
+        LOOM_CHECK(into.is_contiguous(), label_, ": cannot read tensor ", name, " into a non-contiguous ", into,
+                   " with strides ", into.strides());
+        LOOM_CHECK(into.dtype() == entry.dtype, label_, ": tensor ", name, " holds ", entry.dtype,
+                   " but the model expects ", into.dtype());
+        LOOM_CHECK(into.shape() == entry.shape, label_, ": tensor ", name, " has shape ", entry.shape,
+                   " but the model expects ", into.shape());
+        LOOM_CHECK(into.defined(), label_, ": cannot read tensor ", name, " into ", into, ", which has no memory");
+        if (into.nbytes() > 0) std::memcpy(into.raw(), entry.data, into.nbytes());
+    }
+
+private:
+    struct Entry {
+        std::string name;
+        DType dtype = DType::f32;
+        Shape shape;
+        std::uint64_t begin = 0;  // data_offsets, relative to the data section
+        std::uint64_t end = 0;
+        std::byte* data = nullptr;
+    };
+
+    const Entry& find(std::string_view name) const {
+        const auto found = index_.find(name);
+        if (found != index_.end()) return entries_[found->second];
+        // Name a few tensors that do exist: the usual cause is a renamed
+        // layer or a checkpoint from another model.
+        std::string some;
+        const std::size_t shown = std::min<std::size_t>(entries_.size(), 5);
+        for (std::size_t i = 0; i < shown; ++i) some += (i ? ", " : "") + entries_[i].name;
+        if (entries_.empty()) LOOM_FAIL(label_, " has no tensor ", name, "; it holds no tensors at all");
+        LOOM_FAIL(label_, " has no tensor ", name, "; it holds ", entries_.size(),
+                  entries_.size() == 1 ? " tensor: " : " tensors: ", some,
+                  entries_.size() > shown ? ", ..." : "");
+    }
+
+    void read_whole_file() {
+        const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            const int error = errno;
+            LOOM_FAIL(label_, ": cannot open: ", detail::errno_text(error));
+        }
+        struct Closer {
+            int fd;
+            ~Closer() { ::close(fd); }
+        } closer{fd};
+        struct ::stat status {};
+        if (::fstat(fd, &status) != 0) {
+            const int error = errno;
+            LOOM_FAIL(label_, ": cannot stat: ", detail::errno_text(error));
+        }
+        LOOM_CHECK(S_ISREG(status.st_mode), label_, ": is not a regular file");
+        size_ = static_cast<std::size_t>(status.st_size);
+        LOOM_CHECK(size_ > 0, label_, ": the file is empty; a safetensors file starts with an 8-byte header length");
+        bytes_ = detail::allocate_aligned(size_);
+        std::size_t done = 0;
+        while (done < size_) {
+            const ::ssize_t got = ::read(fd, bytes_.get() + done, size_ - done);
+            if (got < 0) {
+                const int error = errno;
+                if (error == EINTR) continue;
+                LOOM_FAIL(label_, ": cannot read: ", detail::errno_text(error));
+            }
+            LOOM_CHECK(got > 0, label_, ": the file shrank from ", size_, " to ", done, " bytes while being read");
+            done += static_cast<std::size_t>(got);
+        }
+    }
+
+    void parse_and_validate() {
+        LOOM_CHECK(size_ >= 8, label_, ": the file has ", size_,
+                   " bytes, fewer than the 8-byte header length every safetensors file starts with");
+        std::uint64_t header_length = 0;
+        std::memcpy(&header_length, bytes_.get(), sizeof header_length);
+        LOOM_CHECK(header_length <= size_ - 8, label_, ": the header length ", header_length,
+                   " reaches beyond the end of the file (", size_, " bytes, so at most ", size_ - 8, ")");
+        LOOM_CHECK(header_length <= safetensors::max_header_bytes, label_, ": the header length ", header_length,
+                   " exceeds the format's limit of ", safetensors::max_header_bytes, " bytes");
+        const std::string_view header(reinterpret_cast<const char*>(bytes_.get()) + 8,
+                                      static_cast<std::size_t>(header_length));
+        LOOM_CHECK(!header.empty() && header.front() == '{', label_,
+                   ": the header does not start with '{'; this is not a safetensors file");
+
+        std::string why;
+        const std::optional<json::Value> parsed = json::parse(header, why);
+        LOOM_CHECK(parsed.has_value(), label_, ": the header is not valid JSON: ", why, " of the header");
+        LOOM_CHECK(parsed->is_object(), label_, ": the header is ", json::kind_name(parsed->kind), ", not an object");
+
+        const std::uint64_t data_size = size_ - 8 - header_length;
+        std::byte* const data = bytes_.get() + 8 + header_length;
+        for (std::size_t i = 0; i < parsed->keys.size(); ++i) {
+            const std::string& key = parsed->keys[i];
+            if (key == "__metadata__") read_metadata(parsed->items[i]);
+            else entries_.push_back(read_entry(key, parsed->items[i], data_size));
+        }
+        check_coverage(data_size);
+
+        for (std::size_t i = 0; i < entries_.size(); ++i) {
+            Entry& entry = entries_[i];
+            index_.emplace(entry.name, i);
+            entry.data = data + entry.begin;
+            // Like a Buffer of zero elements, an empty tensor points nowhere
+            // (rather than at a possibly misaligned spot between neighbours).
+            if (entry.end == entry.begin) entry.data = nullptr;
+            // The data section starts 8-aligned in a 64-aligned buffer, so a
+            // tensor is aligned unless the writer placed it at an odd offset
+            // (legal: the spec does not require alignment). Typed access to a
+            // misaligned float is undefined, so such a tensor gets its own copy.
+            if (entry.begin % size_of(entry.dtype) != 0 && entry.end > entry.begin) {
+                const auto bytes = static_cast<std::size_t>(entry.end - entry.begin);
+                detail::AlignedBytes copy = detail::allocate_aligned(bytes);
+                std::memcpy(copy.get(), entry.data, bytes);
+                entry.data = copy.get();
+                realigned_.push_back(std::move(copy));
+            }
+        }
+    }
+
+    void read_metadata(const json::Value& value) {
+        LOOM_CHECK(value.is_object(), label_, ": __metadata__ is ", json::kind_name(value.kind),
+                   "; it must be an object of strings");
+        for (std::size_t i = 0; i < value.keys.size(); ++i) {
+            LOOM_CHECK(value.items[i].is_string(), label_, ": __metadata__ entry ", json::quote(value.keys[i]), " is ",
+                       json::kind_name(value.items[i].kind), "; metadata values must be strings");
+            metadata_.emplace(value.keys[i], value.items[i].text);
+        }
+    }
+
+    Entry read_entry(const std::string& name, const json::Value& value, std::uint64_t data_size) const {
+        const std::string what = label_ + ": tensor " + name;
+        LOOM_CHECK(value.is_object(), what, " is described by ", json::kind_name(value.kind),
+                   "; expected an object with dtype, shape and data_offsets");
+        for (const std::string& field : value.keys)
+            LOOM_CHECK(field == "dtype" || field == "shape" || field == "data_offsets", what, " has the unknown field ",
+                       json::quote(field), "; valid fields are dtype, shape and data_offsets");
+        const json::Value* dtype = value.find("dtype");
+        const json::Value* shape = value.find("shape");
+        const json::Value* offsets = value.find("data_offsets");
+        LOOM_CHECK(dtype != nullptr && shape != nullptr && offsets != nullptr, what, " lacks the field ",
+                   dtype == nullptr ? "dtype" : shape == nullptr ? "shape" : "data_offsets");
+
+        Entry entry;
+        entry.name = name;
+        LOOM_CHECK(dtype->is_string(), what, " has a dtype that is ", json::kind_name(dtype->kind), ", not a string");
+        const std::optional<DType> type = safetensors::parse_dtype_name(dtype->text);
+        LOOM_CHECK(type.has_value(), what, " has the dtype ", json::quote(dtype->text),
+                   ", which loom does not support; supported are ", safetensors::valid_dtype_names());
+        entry.dtype = *type;
+
+        LOOM_CHECK(shape->is_array(), what, " has a shape that is ", json::kind_name(shape->kind), ", not an array");
+        LOOM_CHECK(shape->items.size() <= static_cast<std::size_t>(Shape::max_rank), what, " has ",
+                   shape->items.size(), " dimensions; loom tensors have at most ", Shape::max_rank);
+        std::vector<std::int64_t> dims;
+        std::uint64_t numel = 1;
+        for (const json::Value& extent : shape->items) {
+            const std::optional<std::uint64_t> dim = extent.as_uint64();
+            LOOM_CHECK(dim.has_value(), what, " has the shape entry ",
+                       extent.is_number() ? extent.text : std::string(json::kind_name(extent.kind)),
+                       "; extents must be non-negative integers");
+            // Bounded so that no order of the extents overflows Shape's product.
+            LOOM_CHECK(*dim == 0 || numel <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / *dim,
+                       what, " has a shape whose extents multiply past 2^63 - 1");
+            if (*dim != 0) numel *= *dim;
+            dims.push_back(static_cast<std::int64_t>(*dim));
+        }
+        entry.shape = Shape(dims.begin(), dims.end());
+
+        LOOM_CHECK(offsets->is_array() && offsets->items.size() == 2 && offsets->items[0].as_uint64() &&
+                       offsets->items[1].as_uint64(),
+                   what, " has data_offsets that are not two non-negative integers [begin, end]");
+        entry.begin = *offsets->items[0].as_uint64();
+        entry.end = *offsets->items[1].as_uint64();
+        LOOM_CHECK(entry.begin <= entry.end, what, " has data_offsets [", entry.begin, ", ", entry.end,
+                   "] whose begin is after its end");
+        LOOM_CHECK(entry.end <= data_size, what, " has data_offsets [", entry.begin, ", ", entry.end,
+                   "] but the data section has only ", data_size, " bytes");
+        const auto element_count = static_cast<std::uint64_t>(entry.shape.numel());
+        const std::uint64_t element_size = size_of(entry.dtype);
+        LOOM_CHECK(element_count <= std::numeric_limits<std::uint64_t>::max() / element_size &&
+                       entry.end - entry.begin == element_count * element_size,
+                   what, " has data_offsets [", entry.begin, ", ", entry.end, "], ", entry.end - entry.begin,
+                   " bytes, but ", safetensors::dtype_name(entry.dtype), " ", entry.shape, " needs ",
+                   element_count, " x ", element_size, " bytes");
+        return entry;
+    }
+
+    // The byte ranges, sorted, must follow each other from 0 to the end of
+    // the data section without a gap or an overlap.
+    void check_coverage(std::uint64_t data_size) const {
+        std::vector<std::size_t> order(entries_.size());
+        std::iota(order.begin(), order.end(), std::size_t{0});
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+            return std::pair(entries_[a].begin, entries_[a].end) < std::pair(entries_[b].begin, entries_[b].end);
+        });
+        std::uint64_t covered = 0;
+        const Entry* previous = nullptr;
+        for (std::size_t i : order) {
+            const Entry& entry = entries_[i];
+            LOOM_CHECK(entry.begin >= covered, label_, ": tensors ", previous->name, " [", previous->begin, ", ",
+                       previous->end, "] and ", entry.name, " [", entry.begin, ", ", entry.end,
+                       "] overlap; each byte of the data section belongs to exactly one tensor");
+            LOOM_CHECK(entry.begin == covered, label_, ": bytes [", covered, ", ", entry.begin,
+                       ") of the data section belong to no tensor (a hole before ", entry.name, ")");
+            covered = entry.end;
+            previous = &entry;
+        }
+        LOOM_CHECK(covered == data_size, label_, ": the data section has ", data_size, " bytes but the tensors cover only ",
+                   covered, "; bytes after the last tensor are not allowed");
+    }
+
+    std::filesystem::path path_;
+    std::string label_;  // "checkpoint <path>", the start of every message
+    std::size_t size_ = 0;
+    detail::AlignedBytes bytes_;
+    std::vector<detail::AlignedBytes> realigned_;
+    std::vector<Entry> entries_;
+    std::map<std::string, std::size_t, std::less<>> index_;
+    std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace loom::io
