@@ -1,0 +1,66 @@
+// CausalSelfAttention: qkv = Linear(x) [B, T, 3C], blockwise causal attention
+// with online softmax per head (no T x T matrix; blocks above the diagonal
+// are skipped), then an output projection. Input and output are [B, T, C].
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/kernels/host/attention.hpp"
+#include "loom/nn/context.hpp"
+#include "loom/nn/linear.hpp"
+
+namespace loom::nn {
+
+struct CausalSelfAttention {
+    Linear qkv;   // C -> 3C
+    Linear proj;  // C -> C
+    std::int64_t heads = 1;
+
+    // `residual_std` initialises the output projection (GPT-2 scales it by
+    // 1/sqrt(2 * layers) so the residual stream does not grow with depth).
+    [[nodiscard]] static CausalSelfAttention make(std::int64_t width, std::int64_t heads, float std = 0.02f,
+                                                  float residual_std = 0.02f) {
+        LOOM_CHECK(heads >= 1 && width % heads == 0, "CausalSelfAttention: width ", width,
+                   " does not split into ", heads, " heads; use a divisor of the width");
+        return CausalSelfAttention{Linear::make(width, 3 * width, Init::normal(std)),
+                                   Linear::make(width, width, Init::normal(residual_std)), heads};
+    }
+
+    [[nodiscard]] std::int64_t width() const { return proj.out(); }
+
+    struct Saved {
+        Tensor qkv, out, lse;
+    };
+
+    [[nodiscard]] Tensor forward(Context& ctx, const Tensor& x) {
+        LOOM_CHECK(x.rank() == 3 && x.dim(2) == width(), "CausalSelfAttention: input of shape ", x.shape(),
+                   " is not [batch, sequence, ", width(), "]");
+        const std::int64_t B = x.dim(0), T = x.dim(1), D = width() / heads;
+        auto& saved = ctx.saved<Saved>(this);
+        saved.qkv = qkv.forward(ctx, x);
+        saved.out = ctx.alloc(Shape{B, T, width()});
+        saved.lse = ctx.alloc(Shape{B, heads, T});
+        kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B,
+                                         T, heads, D);
+        return proj.forward(ctx, saved.out);
+    }
+
+    [[nodiscard]] Tensor backward_input(Context& ctx, const Tensor& dy) {
+        auto& saved = ctx.saved<Saved>(this);
+        const std::int64_t B = dy.dim(0), T = dy.dim(1), D = width() / heads;
+        Tensor dout = proj.backward_input(ctx, dy);
+        Tensor dqkv = ctx.alloc(saved.qkv.shape());
+        kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout.data<float>(),
+                                          saved.lse.data<float>(), dqkv.data<float>(), B, T, heads, D);
+        return qkv.backward_input(ctx, dqkv);
+    }
+
+    void backward_weight(Context& ctx) {
+        proj.backward_weight(ctx);
+        qkv.backward_weight(ctx);
+    }
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,125 @@
+// Context: the state of one micro-batch in flight. It owns the activation
+// memory (a bump arena, rewound by reset() without freeing, so a steady
+// training loop allocates nothing after its first step), each layer's saved
+// state between forward and backward, and the micro-batch's targets and loss.
+// Pipelines hold several contexts at once; zero-bubble schedules call a
+// layer's backward_weight long after its backward_input, so saved state is
+// found by the layer's address, not by a stack.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <functional>
+#include <typeindex>
+#include <typeinfo>
+#include <unordered_map>
+#include <vector>
+
+#include "loom/core/buffer.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/shape.hpp"
+#include "loom/core/tensor.hpp"
+
+namespace loom::nn {
+
+class Context {
+public:
+    Context() = default;
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+    Context(Context&&) noexcept = default;
+    Context& operator=(Context&&) noexcept = default;
+
+    // Activation memory for this micro-batch, valid until reset(). Not zeroed
+    // after the first step: kernels write every element they produce.
+    [[nodiscard]] Tensor alloc(const Shape& shape, DType dtype = DType::f32) {
+        const std::size_t bytes = (static_cast<std::size_t>(shape.numel()) * size_of(dtype) + 63) / 64 * 64;
+        if (chunks_.empty() || used_ + bytes > chunks_.back().nbytes()) {
+            // A new chunk; reset() later merges all of them into one.
+            chunks_.push_back(chunk(std::max<std::size_t>(bytes, std::size_t{1} << 20)));
+            used_ = 0;
+        }
+        void* at = static_cast<std::byte*>(chunks_.back().raw()) + used_;
+        used_ += bytes;
+        total_ += bytes;
+        return Tensor(at, dtype, shape);
+    }
+
+    // Starts a new micro-batch: all activations are released at once. The
+    // saved-state objects stay (their views are rewritten by the next forward).
+    void reset() {
+        if (chunks_.size() > 1) {
+            // Next time everything fits in one chunk.
+            const std::size_t peak = std::max(total_, capacity());
+            chunks_.clear();
+            chunks_.push_back(chunk(peak));
+        }
+        peak_ = std::max(peak_, total_);
+        used_ = 0;
+        total_ = 0;
+        loss_ = 0;
+    }
+
+    // The state `layer` saves between its forward and backward passes, one
+    // object per (context, layer), default-constructed on first use.
+    // Keyed by (address, state type): a layer and its first member share an
+    // address (CausalSelfAttention and its qkv Linear), never a state type.
+    template <class State>
+    [[nodiscard]] State& saved(const void* layer) {
+        auto& slot = saved_[Key{layer, std::type_index(typeid(State))}];
+        if (!slot) slot = std::make_unique<Holder<State>>();
+        return static_cast<Holder<State>&>(*slot).value;
+    }
+
+    // The targets of this micro-batch (token ids, one per output row), read
+    // by the loss layer.
+    void set_targets(const Tensor& targets) { targets_ = targets; }
+    [[nodiscard]] const Tensor& targets() const noexcept { return targets_; }
+
+    void set_loss(float loss) noexcept { loss_ = loss; }
+    [[nodiscard]] float loss() const noexcept { return loss_; }
+
+    // Bytes of activation memory the largest micro-batch so far needed.
+    [[nodiscard]] std::size_t peak_bytes() const noexcept { return std::max(peak_, total_); }
+
+private:
+    struct HolderBase {
+        virtual ~HolderBase() = default;
+    };
+    template <class State>
+    struct Holder final : HolderBase {
+        State value{};
+    };
+    struct Key {
+        const void* layer;
+        std::type_index type;
+        friend bool operator==(const Key&, const Key&) = default;
+    };
+    struct KeyHash {
+        std::size_t operator()(const Key& k) const noexcept {
+            return std::hash<const void*>()(k.layer) * 31 + k.type.hash_code();
+        }
+    };
+
+    [[nodiscard]] static Buffer<Host> chunk(std::size_t bytes) {
+        return Buffer<Host>(DType::f32, Shape{static_cast<std::int64_t>((bytes + 63) / 64 * 16)});
+    }
+
+    [[nodiscard]] std::size_t capacity() const {
+        std::size_t sum = 0;
+        for (const auto& c : chunks_) sum += c.nbytes();
+        return sum;
+    }
+
+    std::vector<Buffer<Host>> chunks_;
+    std::size_t used_ = 0;   // bytes used in the last chunk
+    std::size_t total_ = 0;  // bytes handed out since reset()
+    std::size_t peak_ = 0;
+    std::unordered_map<Key, std::unique_ptr<HolderBase>, KeyHash> saved_;
+    Tensor targets_;
+    float loss_ = 0;
+};
+
+}  // namespace loom::nn
