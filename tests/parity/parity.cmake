@@ -1,0 +1,31 @@
+# loom's GPT against the PyTorch reference in torch_gpt.py (included from
+# tests/CMakeLists.txt). Debian's python3-torch serves the system interpreter only,
+# so /usr/bin/python3 is used, never a python3 that happens to come first on PATH.
+# Without torch (or without that interpreter) the tests exit 77: reported as skipped.
+find_program(LOOM_SYSTEM_PYTHON python3 PATHS /usr/bin NO_DEFAULT_PATH)
+
+set(_loom_parity_script "${CMAKE_CURRENT_LIST_DIR}/torch_gpt.py")
+if(LOOM_SYSTEM_PYTHON)
+  set(_loom_parity_python "${LOOM_SYSTEM_PYTHON}")
+else()
+  set(_loom_parity_python "")
+endif()
+
+# The script's own check: its safetensors reader/writer and comparator, an f32 run
+# against an f64 one, and corrupted dumps that must be rejected. Needs no C++ target.
+add_test(NAME "parity: torch_gpt.py self-test (reader, writer, f32 vs f64, corrupted dumps fail)"
+         COMMAND sh -c "if [ -z \"$1\" ]; then echo 'SKIPPED: no /usr/bin/python3'; exit 77; fi; exec \"$1\" \"$2\" --self-test"
+                 sh "${_loom_parity_python}" "${_loom_parity_script}")
+set_tests_properties("parity: torch_gpt.py self-test (reader, writer, f32 vs f64, corrupted dumps fail)" PROPERTIES
+  SKIP_RETURN_CODE 77 TIMEOUT 120 PASS_REGULAR_EXPRESSION "self-test passed")
+
+# loom writes its weights, batches, gradients and losses; torch recomputes and compares.
+# The directory is emptied first so that files of an earlier run are never compared.
+if(TARGET loom_gpt_dump)
+  set(_loom_parity_dir "${CMAKE_CURRENT_BINARY_DIR}/parity_dump")
+  add_test(NAME "parity: loom GPT matches PyTorch (loss, gradients, 10 AdamW steps)"
+           COMMAND sh -c "if [ -z \"$3\" ]; then echo 'SKIPPED: no /usr/bin/python3'; exit 77; fi; rm -rf \"$2\" && mkdir -p \"$2\" && \"$1\" --out \"$2\" && exec \"$3\" \"$4\" \"$2\""
+                   sh "$<TARGET_FILE:loom_gpt_dump>" "${_loom_parity_dir}" "${_loom_parity_python}" "${_loom_parity_script}")
+  set_tests_properties("parity: loom GPT matches PyTorch (loss, gradients, 10 AdamW steps)" PROPERTIES
+    SKIP_RETURN_CODE 77 TIMEOUT 300 PASS_REGULAR_EXPRESSION "parity passed")
+endif()
