@@ -27,7 +27,7 @@ namespace {
 // Rank r's gradient: normal numbers from the stream (seed 2024, r).
 std::vector<float> gradient_of(int rank, std::int64_t elements) {
     std::vector<float> g(static_cast<std::size_t>(elements));
-    loom::RngStream(2024, static_cast<std::uint64_t>(rank)).fill_normal(g, 0.0f, 1.0f);
+    loom::RngStream(2024, static_cast<std::uint64_t>(rank)).fill_normal(g, 0, 0.0f, 1.0f);
     return g;
 }
 

@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev                    # CBLAS for host GEMM
   libopenmpi-dev openmpi-bin         # the MPI backend and mpirun
   python3 python3-venv               # the Conan client's virtual environment
+  python3-torch                      # PyTorch parity test and speed comparison (/usr/bin/python3)
 )
 
 missing=()

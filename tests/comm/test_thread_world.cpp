@@ -76,7 +76,7 @@ TEST_CASE("ThreadWorld all_reduce gives every rank the same bits, the rank-order
     const int ranks = 3;
     const std::int64_t count = 100003;
     std::vector<std::vector<float>> inputs(ranks, std::vector<float>(count));
-    for (int r = 0; r < ranks; ++r) loom::RngStream(7, static_cast<std::uint64_t>(r)).fill_normal(inputs[static_cast<std::size_t>(r)], 0.0f, 1.0f);
+    for (int r = 0; r < ranks; ++r) loom::RngStream(7, static_cast<std::uint64_t>(r)).fill_normal(inputs[static_cast<std::size_t>(r)], 0, 0.0f, 1.0f);
     std::vector<float> serial(count);
     for (std::int64_t i = 0; i < count; ++i) {
         float acc = inputs[0][static_cast<std::size_t>(i)];
