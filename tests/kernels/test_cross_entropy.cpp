@@ -3,6 +3,8 @@
 // layer's gradient check), large and confident logits, and bad targets.
 #include <catch2/catch.hpp>
 
+#include "support/message_of.hpp"
+
 #include <loom/core/error.hpp>
 #include <loom/core/rng.hpp>
 #include <loom/kernels/host/cross_entropy.hpp>
@@ -51,14 +53,7 @@ double reference_loss(const std::vector<double>& logits, const std::vector<std::
     return total / rows;
 }
 
-std::string message_of(const std::function<void()>& call) {
-    try {
-        call();
-    } catch (const loom::Error& e) {
-        return e.message();
-    }
-    return "(no error)";
-}
+using loom_test::message_of;
 
 }  // namespace
 

@@ -3,6 +3,8 @@
 // gradient check, with repeated tokens), and bad token ids.
 #include <catch2/catch.hpp>
 
+#include "support/message_of.hpp"
+
 #include <loom/core/error.hpp>
 #include <loom/core/rng.hpp>
 #include <loom/kernels/host/embedding.hpp>
@@ -30,14 +32,7 @@ const std::vector<std::int32_t> batch_tokens{3, 0, 10, 3, 5,   //
                                              7, 3, 3, 1, 10,  //
                                              2, 9, 4, 6, 0};
 
-std::string message_of(const std::function<void()>& call) {
-    try {
-        call();
-    } catch (const loom::Error& e) {
-        return e.message();
-    }
-    return "(no error)";
-}
+using loom_test::message_of;
 
 }  // namespace
 

@@ -3,6 +3,8 @@
 // beta 1 (accumulated); the argument checks; the BLAS thread knob.
 #include <catch2/catch.hpp>
 
+#include "support/message_of.hpp"
+
 #include <loom/core/rng.hpp>
 #include <loom/kernels/host/gemm.hpp>
 
@@ -29,14 +31,7 @@ double op_at(const std::vector<float>& x, std::int64_t ld, Trans t, std::int64_t
     return t == Trans::no ? x[static_cast<std::size_t>(i * ld + j)] : x[static_cast<std::size_t>(j * ld + i)];
 }
 
-std::string message_of(const std::function<void()>& call) {
-    try {
-        call();
-    } catch (const loom::Error& e) {
-        return e.message();
-    }
-    return "(no error)";
-}
+using loom_test::message_of;
 
 }  // namespace
 

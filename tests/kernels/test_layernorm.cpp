@@ -3,6 +3,8 @@
 // gradient check), and the argument checks.
 #include <catch2/catch.hpp>
 
+#include "support/message_of.hpp"
+
 #include <loom/core/error.hpp>
 #include <loom/core/rng.hpp>
 #include <loom/kernels/host/layernorm.hpp>
@@ -90,14 +92,7 @@ void check_close(const std::vector<float>& got, const std::vector<double>& expec
     }
 }
 
-std::string message_of(const std::function<void()>& call) {
-    try {
-        call();
-    } catch (const loom::Error& e) {
-        return e.message();
-    }
-    return "(no error)";
-}
+using loom_test::message_of;
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 // reference and hand-computed numbers), shards, checkpoints, refusals.
 #include <catch2/catch.hpp>
 
+#include "support/message_of.hpp"
+
 #include <loom/core/error.hpp>
 #include <loom/core/rng.hpp>
 #include <loom/optim/adamw.hpp>
@@ -33,15 +35,6 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-    try {
-        f();
-    } catch (const loom::Error& e) {
-        return e.message();
-    }
-    return "no error";
-}
 
 // AdamW settings as a user writes them (and as PyTorch holds them: doubles).
 struct AdamWSettings {
@@ -218,7 +211,7 @@ TEST_CASE("AdamW refuses invalid settings, naming the value and the valid range"
     auto with = [](auto change) {
         AdamWConfig config;
         change(config);
-        return error_of([&] { (void)AdamW(4, config); });
+        return loom_test::message_of([&] { (void)AdamW(4, config); });
     };
     CHECK(with([](AdamWConfig& c) { c.lr = 0.0f; }) == "AdamW lr = 0 is invalid; it must be finite and > 0");
     CHECK(with([](AdamWConfig& c) { c.lr = -1.0f; }) == "AdamW lr = -1 is invalid; it must be finite and > 0");
@@ -233,38 +226,38 @@ TEST_CASE("AdamW refuses invalid settings, naming the value and the valid range"
     CHECK(with([](AdamWConfig& c) { c.eps = 0.0f; }) == "AdamW eps = 0 is invalid; it must be finite and > 0");
     CHECK(with([](AdamWConfig& c) { c.weight_decay = -0.01f; }) ==
           "AdamW weight_decay = -0.01 is invalid; it must be finite and >= 0");
-    CHECK(with([](AdamWConfig&) {}) == "no error");
-    CHECK(error_of([] { AdamW(-1, AdamWConfig{}); }) == "AdamW: n = -1 elements is invalid; it must be >= 0");
+    CHECK(with([](AdamWConfig&) {}) == "(no error)");
+    CHECK(loom_test::message_of([] { AdamW(-1, AdamWConfig{}); }) == "AdamW: n = -1 elements is invalid; it must be >= 0");
 
     AdamW adamw(4, AdamWConfig{});
     adamw.set_lr(1e-3f);
     CHECK(adamw.config().lr == 1e-3f);
-    CHECK(error_of([&] { adamw.set_lr(0.0f); }) == "AdamW lr = 0 is invalid; it must be finite and > 0");
+    CHECK(loom_test::message_of([&] { adamw.set_lr(0.0f); }) == "AdamW lr = 0 is invalid; it must be finite and > 0");
     CHECK(adamw.config().lr == 1e-3f);  // a refused rate leaves the old one
-    CHECK(error_of([&] { adamw.restore(-2); }) == "AdamW::restore: steps = -2 is invalid; it must be >= 0");
+    CHECK(loom_test::message_of([&] { adamw.restore(-2); }) == "AdamW::restore: steps = -2 is invalid; it must be >= 0");
 }
 
 TEST_CASE("AdamW refuses mismatched sizes and overlapping arrays, naming the sizes", "[optim][adamw]") {
     AdamW adamw(8, AdamWConfig{});
     std::vector<float> params(8), grads(7), eight(8);
-    CHECK(error_of([&] { adamw.step(params, grads); }) ==
+    CHECK(loom_test::message_of([&] { adamw.step(params, grads); }) ==
           "AdamW::step: params has 8 elements and grads 7; this optimizer holds state for 8");
     std::vector<float> nine(9);
-    CHECK(error_of([&] { adamw.step(nine, nine); }) ==
+    CHECK(loom_test::message_of([&] { adamw.step(nine, nine); }) ==
           "AdamW::step: params has 9 elements and grads 9; this optimizer holds state for 8");
     CHECK(adamw.steps() == 0);  // refused steps are not counted
 
     std::vector<float> m(8), v(6);
-    CHECK(error_of([&] { loom::optim::adamw_step(params, eight, m, v, 1, AdamWConfig{}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::adamw_step(params, eight, m, v, 1, AdamWConfig{}); }) ==
           "adamw_step: params has 8 elements, grads 8, m 8, v 6; all four must have the same size");
-    CHECK(error_of([&] { loom::optim::adamw_step(params, eight, m, m, 1, AdamWConfig{}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::adamw_step(params, eight, m, m, 1, AdamWConfig{}); }) ==
           "adamw_step: params, grads, m and v overlap in memory; they must be distinct arrays");
     std::vector<float> arena(16);
-    CHECK(error_of([&] {
+    CHECK(loom_test::message_of([&] {
               loom::optim::adamw_step(std::span(arena).subspan(0, 8), eight, std::span(arena).subspan(7, 8), m, 1,
                                       AdamWConfig{});
           }) == "adamw_step: params, grads, m and v overlap in memory; they must be distinct arrays");
-    CHECK(error_of([&] { loom::optim::adamw_step(params, eight, m, eight, 0, AdamWConfig{}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::adamw_step(params, eight, m, eight, 0, AdamWConfig{}); }) ==
           "adamw_step: step = 0 is invalid; steps count from 1");
 }
 
@@ -300,13 +293,13 @@ TEST_CASE("cosine_lr warms up linearly, then decays along a cosine to the floor"
 
 TEST_CASE("cosine_lr refuses invalid arguments, naming the value and the valid range", "[optim][schedule]") {
     using loom::optim::cosine_lr;
-    CHECK(error_of([] { (void)cosine_lr(0, 100, 1e-3f, 10); }) == "cosine_lr: step = 0 is invalid; steps count from 1");
-    CHECK(error_of([] { (void)cosine_lr(1, 0, 1e-3f, 0); }) ==
+    CHECK(loom_test::message_of([] { (void)cosine_lr(0, 100, 1e-3f, 10); }) == "cosine_lr: step = 0 is invalid; steps count from 1");
+    CHECK(loom_test::message_of([] { (void)cosine_lr(1, 0, 1e-3f, 0); }) ==
           "cosine_lr: total = 0 steps is invalid; it must be >= 1");
-    CHECK(error_of([] { (void)cosine_lr(1, 100, 1e-3f, 101); }) ==
+    CHECK(loom_test::message_of([] { (void)cosine_lr(1, 100, 1e-3f, 101); }) ==
           "cosine_lr: warmup = 101 steps is invalid; it must be in [0, 100] (total)");
-    CHECK(error_of([] { (void)cosine_lr(1, 100, 0.0f, 10); }) ==
+    CHECK(loom_test::message_of([] { (void)cosine_lr(1, 100, 0.0f, 10); }) ==
           "cosine_lr: peak = 0 is invalid; it must be finite and > 0");
-    CHECK(error_of([] { (void)cosine_lr(1, 100, 1e-3f, 10, 0.0f); }) ==
+    CHECK(loom_test::message_of([] { (void)cosine_lr(1, 100, 1e-3f, 10, 0.0f); }) ==
           "cosine_lr: floor_fraction = 0 is invalid; it must be in (0, 1]");
 }

@@ -2,6 +2,8 @@
 // and hand-computed numbers), shards, checkpoints, refusals.
 #include <catch2/catch.hpp>
 
+#include "support/message_of.hpp"
+
 #include <loom/core/error.hpp>
 #include <loom/core/rng.hpp>
 #include <loom/optim/sgd.hpp>
@@ -32,15 +34,6 @@ bool sgd_same_bits(std::span<const float> a, std::span<const float> b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-template <class F>
-std::string sgd_error_of(F&& f) {
-    try {
-        f();
-    } catch (const loom::Error& e) {
-        return e.message();
-    }
-    return "no error";
-}
 
 // torch.optim.SGD's update (dampening 0) in double, from the same settings.
 // `scale` holds each parameter's largest magnitude so far: float rounding is
@@ -231,7 +224,7 @@ TEST_CASE("SGD refuses invalid settings, naming the value and the valid range", 
     auto with = [](auto change) {
         SgdConfig config;
         change(config);
-        return sgd_error_of([&] { (void)Sgd(4, config); });
+        return loom_test::message_of([&] { (void)Sgd(4, config); });
     };
     CHECK(with([](SgdConfig& c) { c.lr = 0.0f; }) == "SGD lr = 0 is invalid; it must be finite and > 0");
     CHECK(with([](SgdConfig& c) { c.lr = std::numeric_limits<float>::quiet_NaN(); }) ==
@@ -246,34 +239,34 @@ TEST_CASE("SGD refuses invalid settings, naming the value and the valid range", 
               c.momentum = 0.0f;
               c.nesterov = true;
           }) == "SGD nesterov = true needs momentum > 0, got momentum = 0");
-    CHECK(with([](SgdConfig&) {}) == "no error");
-    CHECK(sgd_error_of([] { Sgd(-3, SgdConfig{}); }) == "Sgd: n = -3 elements is invalid; it must be >= 0");
+    CHECK(with([](SgdConfig&) {}) == "(no error)");
+    CHECK(loom_test::message_of([] { Sgd(-3, SgdConfig{}); }) == "Sgd: n = -3 elements is invalid; it must be >= 0");
 
     Sgd sgd(4, SgdConfig{});
     sgd.set_lr(0.5f);
     CHECK(sgd.config().lr == 0.5f);
-    CHECK(sgd_error_of([&] { sgd.set_lr(-0.5f); }) == "SGD lr = -0.5 is invalid; it must be finite and > 0");
+    CHECK(loom_test::message_of([&] { sgd.set_lr(-0.5f); }) == "SGD lr = -0.5 is invalid; it must be finite and > 0");
     CHECK(sgd.config().lr == 0.5f);
-    CHECK(sgd_error_of([&] { sgd.restore(-1); }) == "Sgd::restore: steps = -1 is invalid; it must be >= 0");
+    CHECK(loom_test::message_of([&] { sgd.restore(-1); }) == "Sgd::restore: steps = -1 is invalid; it must be >= 0");
 }
 
 TEST_CASE("SGD refuses mismatched sizes and overlapping arrays, naming the sizes", "[optim][sgd]") {
     Sgd sgd(8, SgdConfig{});
     std::vector<float> params(8), grads(5), eight(8);
-    CHECK(sgd_error_of([&] { sgd.step(params, grads); }) ==
+    CHECK(loom_test::message_of([&] { sgd.step(params, grads); }) ==
           "Sgd::step: params has 8 elements and grads 5; this optimizer holds state for 8");
     CHECK(sgd.steps() == 0);
 
     std::vector<float> buffer(3);
-    CHECK(sgd_error_of([&] { loom::optim::sgd_step(params, grads, buffer, 1, SgdConfig{}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::sgd_step(params, grads, buffer, 1, SgdConfig{}); }) ==
           "sgd_step: params has 8 elements and grads 5; they must have the same size");
-    CHECK(sgd_error_of([&] { loom::optim::sgd_step(params, eight, buffer, 1, SgdConfig{}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::sgd_step(params, eight, buffer, 1, SgdConfig{}); }) ==
           "sgd_step: params has 8 elements and momentum_buffer 3; with momentum they must have the same size");
-    CHECK(sgd_error_of([&] { loom::optim::sgd_step(params, eight, buffer, 1, SgdConfig{0.1f, 0.0f, 0.0f, false}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::sgd_step(params, eight, buffer, 1, SgdConfig{0.1f, 0.0f, 0.0f, false}); }) ==
           "sgd_step: params has 8 elements and momentum_buffer 3; without momentum the buffer must be empty or the "
           "same size");
-    CHECK(sgd_error_of([&] { loom::optim::sgd_step(params, eight, params, 1, SgdConfig{}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::sgd_step(params, eight, params, 1, SgdConfig{}); }) ==
           "sgd_step: params, grads and momentum_buffer overlap in memory; they must be distinct arrays");
-    CHECK(sgd_error_of([&] { loom::optim::sgd_step(params, eight, eight, 0, SgdConfig{}); }) ==
+    CHECK(loom_test::message_of([&] { loom::optim::sgd_step(params, eight, eight, 0, SgdConfig{}); }) ==
           "sgd_step: step = 0 is invalid; steps count from 1");
 }
