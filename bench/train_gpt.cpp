@@ -59,7 +59,7 @@ double loom_step_seconds(const BenchConfig& config, int steps, int warmup) {
         corpus.batch(1, step, B, T, inputs, targets);
         const auto t0 = std::chrono::steady_clock::now();
         arena.zero_grads();
-        (void)loom::gpt::forward_backward(model, ctx, loom::Tensor::of(inputs.data(), {B, T}),
+        (void)loom::nn::forward_backward(model, ctx, loom::Tensor::of(inputs.data(), {B, T}),
                                           loom::Tensor::of(targets.data(), {B, T}));
         optimizer.step(arena.values(), arena.grads());
         if (step >= warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -142,7 +142,7 @@ int run(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         corpus.batch(flags.seed, step, flags.batch, flags.model.seq, inputs, targets);
         arena.zero_grads();
-        loss = loom::gpt::forward_backward(model, ctx, input_tensor, target_tensor);
+        loss = loom::nn::forward_backward(model, ctx, input_tensor, target_tensor);
         optimizer.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
         optimizer.step(arena.values(), arena.grads());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -124,7 +124,7 @@ TEST_CASE("Embedding and CrossEntropy gradients match finite differences") {
     const auto y = Tensor::of(targets.data(), {2, 6});
     nn::Context ctx;
     arena.zero_grads();
-    loom::gpt::forward_backward(model, ctx, t, y);
+    loom::nn::forward_backward(model, ctx, t, y);
     std::vector<float> analytic(arena.grads().begin(), arena.grads().end());
     double num = 0, den = 0;
     const float h = 1e-2f;
@@ -132,9 +132,9 @@ TEST_CASE("Embedding and CrossEntropy gradients match finite differences") {
         float& v = arena.values()[i];
         const float keep = v;
         v = keep + h;
-        const double up = loom::gpt::evaluate(model, ctx, t, y);
+        const double up = loom::nn::evaluate(model, ctx, t, y);
         v = keep - h;
-        const double down = loom::gpt::evaluate(model, ctx, t, y);
+        const double down = loom::nn::evaluate(model, ctx, t, y);
         v = keep;
         const double d = (up - down) / (2.0 * h);
         num += (d - analytic[i]) * (d - analytic[i]);
@@ -199,12 +199,12 @@ TEST_CASE("The GPT's loss starts near ln(vocab), repeats exactly, and falls unde
     const auto y = Tensor::of(targets.data(), {4, 16});
     nn::Context ctx;
     arena.zero_grads();
-    const float first = loom::gpt::forward_backward(model, ctx, t, y);
+    const float first = loom::nn::forward_backward(model, ctx, t, y);
     CHECK(first == Approx(std::log(64.0)).epsilon(0.05));
     std::vector<float> grads(arena.grads().begin(), arena.grads().end());
     // The same step again (context reused): identical loss, gradients doubled
     // (up to rounding: BLAS may accumulate its product straight onto them).
-    const float again = loom::gpt::forward_backward(model, ctx, t, y);
+    const float again = loom::nn::forward_backward(model, ctx, t, y);
     CHECK(again == first);
     for (std::size_t i = 0; i < grads.size(); i += 97)
         CHECK(arena.grads()[i] == Approx(2 * grads[i]).epsilon(1e-4).margin(1e-9));
@@ -212,7 +212,7 @@ TEST_CASE("The GPT's loss starts near ln(vocab), repeats exactly, and falls unde
     float loss = first;
     for (int step = 0; step < 30; ++step) {
         arena.zero_grads();
-        loss = loom::gpt::forward_backward(model, ctx, t, y);
+        loss = loom::nn::forward_backward(model, ctx, t, y);
         optimizer.step(arena.values(), arena.grads());
     }
     CHECK(loss < 0.5f * first);

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
                 return loom::Tensor::of(v.data() + static_cast<std::size_t>(s) * per_step, {batch, config.seq});
             };
             arena.zero_grads();
-            losses.push_back(loom::gpt::forward_backward(model, ctx, at(tokens), at(targets)));
+            losses.push_back(loom::nn::forward_backward(model, ctx, at(tokens), at(targets)));
             if (s == 0)
                 loom::io::save_safetensors(out / "grads.safetensors", named([](const loom::Param& p) { return p.grad; }),
                                            {{"loss", number(losses[0])}});

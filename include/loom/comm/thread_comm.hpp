@@ -122,7 +122,6 @@ public:
             host_reduce(signature.dtype, signature.op, s.inputs, s.outputs, begin, end - begin, streaming);
         });
     }
-    void all_reduce(const Tensor& buffer, ReduceOp op = ReduceOp::sum) { all_reduce(buffer, buffer, op); }
 
     void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
         const auto signature = check().reduce_scatter(send, recv, op);
@@ -231,8 +230,6 @@ public:
         State& s = *state_;
         std::shared_ptr<detail::ThreadGroup> child;
         int my_index = 0;
-        s.pending_color = color;
-        s.pending_key = key;
         run(CallSignature{OpKind::split}, nullptr, nullptr, [&](auto& slots) {
             std::vector<std::pair<int, int>> members;  // (key, member)
             for (int m = 0; m < size(); ++m)
@@ -250,7 +247,7 @@ public:
             child = slots[static_cast<std::size_t>(leader)].value.child;
             for (std::size_t i = 0; i < members.size(); ++i)
                 if (members[i].second == s.me) my_index = static_cast<int>(i);
-        });
+        }, color, key);
         return ThreadComm(std::move(child), my_index);
     }
 
@@ -261,7 +258,6 @@ private:
         std::shared_ptr<detail::ThreadGroup> group;
         int me = 0;
         std::int64_t calls = 0;
-        int pending_color = 0, pending_key = 0;
         std::vector<const void*> inputs;  // scratch, reused by every call
         std::vector<void*> outputs;
         std::vector<std::byte> staging;
@@ -279,19 +275,20 @@ private:
     [[nodiscard]] ArgumentCheck check() const { return ArgumentCheck{rank(), size(), host_device}; }
 
     // The common frame of every collective: publish, meet, agree, work, meet.
+    // `color` and `key` are published for split only.
     template <class Work>
-    void run(const CallSignature& signature, const void* send, void* recv, Work&& work) {
+    void run(const CallSignature& signature, const void* send, void* recv, Work&& work, int color = 0, int key = 0) {
         State& s = *state_;
         if (s.worker && s.worker->busy() && !s.worker->on_worker_thread()) {
             // Queue behind the async calls already issued, keeping the order.
-            s.worker->submit([&] { run_now(signature, send, recv, work); }).wait();
+            s.worker->submit([&] { run_now(signature, send, recv, work, color, key); }).wait();
             return;
         }
-        run_now(signature, send, recv, work);
+        run_now(signature, send, recv, work, color, key);
     }
 
     template <class Work>
-    void run_now(const CallSignature& signature, const void* send, void* recv, Work& work) {
+    void run_now(const CallSignature& signature, const void* send, void* recv, Work& work, int color, int key) {
         State& s = *state_;
         detail::ThreadGroup& group = *s.group;
         if (group.fault->failed()) group.fault->throw_failure();
@@ -301,8 +298,8 @@ private:
         mine.send = send;
         mine.recv = recv;
         mine.signature = signature;
-        mine.color = s.pending_color;
-        mine.key = s.pending_key;
+        mine.color = color;
+        mine.key = key;
         group.barrier.arrive_and_wait(s.me, signature.kind, call);
         // Every member compares every signature with member 0's, so all of
         // them find the same first mismatch and throw the same sentence.

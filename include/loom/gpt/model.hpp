@@ -107,17 +107,8 @@ struct Model {
     return names;
 }
 
-// One micro-batch: forward to the mean loss, then the whole backward pass;
-// gradients accumulate into the bound Params' grads. tokens and targets are
-// i32 [B, T].
-inline float forward_backward(Model& model, nn::Context& ctx, const Tensor& tokens, const Tensor& targets) {
-    return nn::forward_backward(model, ctx, tokens, targets);
-}
-
-// The loss without gradients.
-inline float evaluate(Model& model, nn::Context& ctx, const Tensor& tokens, const Tensor& targets) {
-    return nn::evaluate(model, ctx, tokens, targets);
-}
+// Training and evaluation use nn::forward_backward / nn::evaluate: the model
+// ends in its loss layer, like any user model.
 
 // Logits [B, T, V] for the given tokens, valid until ctx.reset().
 inline Tensor logits(Model& model, nn::Context& ctx, const Tensor& tokens) {
