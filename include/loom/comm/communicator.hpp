@@ -106,12 +106,20 @@ struct CommOptions {
 // so no buffer is released while a peer may still read it.
 class Request {
 public:
+    struct Timing {
+        std::chrono::steady_clock::time_point started, finished;
+        bool known = false;
+    };
+
     // What a backend implements for one kind of pending operation.
     class Pending {
     public:
         virtual ~Pending() = default;
         virtual bool test() = 0;  // true once complete; throws its failure
         virtual void wait() = 0;  // blocks until complete; throws its failure
+        // When the operation really ran, for traces; backends that cannot tell
+        // (MPI progresses inside its library) leave it unknown.
+        [[nodiscard]] virtual Timing timing() const { return {}; }
     };
 
     Request() = default;
@@ -121,6 +129,7 @@ public:
         if (this != &other) {
             finish_quietly();
             pending_ = std::move(other.pending_);
+            timing_ = other.timing_;
         }
         return *this;
     }
@@ -132,16 +141,21 @@ public:
         if (!pending_) return;
         auto pending = std::move(pending_);
         pending->wait();
+        timing_ = pending->timing();
     }
 
     [[nodiscard]] bool test() {
         if (!pending_) return true;
         if (!pending_->test()) return false;
+        timing_ = pending_->timing();
         pending_.reset();
         return true;
     }
 
     [[nodiscard]] bool done() const noexcept { return !pending_; }
+
+    // After wait() or a true test(): when the operation ran, if the backend knows.
+    [[nodiscard]] const Timing& timing() const noexcept { return timing_; }
 
 private:
     void finish_quietly() noexcept {
@@ -154,6 +168,7 @@ private:
     }
 
     std::unique_ptr<Pending> pending_;
+    Timing timing_;
 };
 
 // The transport interface every policy is written against. Buffers are

@@ -21,6 +21,7 @@ class ThreadWorker {
     struct Job {
         std::function<void()> work;
         std::atomic<bool> done{false};
+        Request::Timing timing;  // written before done is set
         std::exception_ptr error;
     };
 
@@ -41,6 +42,9 @@ class ThreadWorker {
                                      [&] { return job_->done.load(std::memory_order_acquire); });
             }
             if (job_->error) std::rethrow_exception(job_->error);
+        }
+        [[nodiscard]] Request::Timing timing() const override {
+            return job_->done.load(std::memory_order_acquire) ? job_->timing : Request::Timing{};
         }
 
     private:
@@ -102,11 +106,14 @@ private:
                 job = std::move(queue_.front());
                 queue_.pop_front();
             }
+            job->timing.started = std::chrono::steady_clock::now();
             try {
                 job->work();
             } catch (...) {
                 job->error = std::current_exception();
             }
+            job->timing.finished = std::chrono::steady_clock::now();
+            job->timing.known = true;
             job->work = nullptr;  // release what the job captured, here and now
             {
                 std::lock_guard lock(Pending::mutex_of_job());

@@ -1,0 +1,56 @@
+// What a policy is: a small type that names its kind and prints itself.
+// Strategy<Policies...> composes them; each kind may appear once. The kinds of
+// the later policies (pipeline, tensor, sequence, compression, OptEx) are
+// listed here already, so that the rules of composition live in one place.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+enum class PolicyKind : std::uint8_t { data_parallel, zero_shard, pipeline, tensor_parallel, sequence_parallel, compression, optex };
+
+[[nodiscard]] constexpr std::string_view name(PolicyKind kind) {
+    switch (kind) {
+        case PolicyKind::data_parallel: return "DataParallel";
+        case PolicyKind::zero_shard: return "ZeroShard";
+        case PolicyKind::pipeline: return "Pipeline";
+        case PolicyKind::tensor_parallel: return "TensorParallel";
+        case PolicyKind::sequence_parallel: return "SequenceParallel";
+        case PolicyKind::compression: return "GradCompress";
+        case PolicyKind::optex: return "OptEx";
+    }
+    return "?";
+}
+
+// A policy: `static constexpr PolicyKind kind` and `static void describe(std::ostream&)`.
+template <class P>
+concept Policy = requires(std::ostream& out) {
+    { P::kind } -> std::convertible_to<PolicyKind>;
+    P::describe(out);
+};
+
+// "DataParallel<bucket 2 MiB>": a policy's own words.
+template <Policy P>
+[[nodiscard]] std::string describe() {
+    std::ostringstream out;
+    P::describe(out);
+    return out.str();
+}
+
+// "2 MiB", "512 KiB", "100 B": byte counts as people read them.
+[[nodiscard]] inline std::string readable_bytes(std::int64_t bytes) {
+    std::ostringstream out;
+    if (bytes >= (std::int64_t{1} << 30) && bytes % (std::int64_t{1} << 30) == 0) out << (bytes >> 30) << " GiB";
+    else if (bytes >= (std::int64_t{1} << 20)) out << static_cast<double>(bytes) / (1 << 20) << " MiB";
+    else if (bytes >= (std::int64_t{1} << 10)) out << static_cast<double>(bytes) / (1 << 10) << " KiB";
+    else out << bytes << " B";
+    return out.str();
+}
+
+}  // namespace loom

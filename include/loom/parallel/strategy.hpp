@@ -1,0 +1,78 @@
+// Strategy<Policies...>: the compile-time set of policies a model trains with.
+// Mistakes are caught here, as sentences: something that is not a policy, the
+// same kind of policy twice (two bucket sizes, two ZeRO stages). Degrees (how
+// many ranks on each axis) are not part of the type: they come from the mesh
+// at run time, so one binary serves every cluster size.
+//
+//   using S = loom::Strategy<loom::DataParallel<>, loom::ZeroShard<2>>;
+//   std::cout << S{};   // Strategy<DataParallel<bucket 2 MiB>, ZeroShard<2>>
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/policy.hpp"
+#include "loom/parallel/zero_shard.hpp"
+
+namespace loom {
+
+namespace detail {
+
+template <PolicyKind K, class... Ps>
+inline constexpr int count_of_kind = (0 + ... + (Ps::kind == K ? 1 : 0));
+
+template <PolicyKind K, class Fallback, class... Ps>
+struct first_of_kind {
+    using type = Fallback;
+};
+template <PolicyKind K, class Fallback, class P, class... Rest>
+struct first_of_kind<K, Fallback, P, Rest...> {
+    using type = std::conditional_t<P::kind == K, P, typename first_of_kind<K, Fallback, Rest...>::type>;
+};
+
+// Checked one by one so the compiler stops at the first non-policy with this
+// sentence rather than a page of failed constraints.
+template <class P>
+constexpr bool check_is_policy() {
+    static_assert(Policy<P>,
+                  "loom::Strategy<...>: every argument must be a policy such as DataParallel<>, ZeroShard<1|2|3>; "
+                  "this one has no `kind` and `describe`");
+    return Policy<P>;
+}
+
+}  // namespace detail
+
+template <class... Ps>
+struct Strategy {
+    static_assert((detail::check_is_policy<Ps>() && ...));
+    static_assert(detail::count_of_kind<PolicyKind::data_parallel, Ps...> <= 1,
+                  "loom::Strategy<...> lists DataParallel twice; give it once, with all its options");
+    static_assert(detail::count_of_kind<PolicyKind::zero_shard, Ps...> <= 1,
+                  "loom::Strategy<...> lists ZeroShard twice; a model has one ZeRO stage, choose 1, 2 or 3");
+
+    // ZeroShard alone implies data parallelism with the default bucket.
+    using data_parallel_policy = typename detail::first_of_kind<PolicyKind::data_parallel, DataParallel<>, Ps...>::type;
+    using zero_policy = typename detail::first_of_kind<PolicyKind::zero_shard, void, Ps...>::type;
+
+    static constexpr bool data_parallel = detail::count_of_kind<PolicyKind::data_parallel, Ps...> +
+                                              detail::count_of_kind<PolicyKind::zero_shard, Ps...> > 0;
+    static constexpr int zero_stage = [] {
+        if constexpr (std::is_void_v<zero_policy>) return 0;
+        else return zero_policy::stage;
+    }();
+    static constexpr std::int64_t bucket_bytes = data_parallel_policy::bucket_bytes;
+
+    static void describe(std::ostream& out) {
+        out << "Strategy<";
+        const char* separator = "";
+        ((out << separator, Ps::describe(out), separator = ", "), ...);
+        out << ">";
+    }
+    friend std::ostream& operator<<(std::ostream& out, const Strategy&) {
+        describe(out);
+        return out;
+    }
+};
+
+}  // namespace loom

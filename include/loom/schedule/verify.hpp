@@ -1,0 +1,221 @@
+// The static verifier: checks a step program before it ever runs, so a
+// generator's mistake is a message naming the instruction, not a hang or a
+// silently wrong gradient. What it checks (for the programs of data
+// parallelism and ZeRO; pipelines add p2p matching to it):
+//   - every unit runs forward and backward once per micro-batch, in order
+//     (forward u after forward u-1, backward u after backward u+1 and after
+//     the last forward; backward_weight after backward_input);
+//   - every asynchronous instruction is waited exactly once, after it was issued;
+//   - a unit of a sharded (slot) group computes only while its parameters are
+//     gathered and waited for, and its gradients are bound to a slot;
+//   - a slot is not rebound or regathered while an operation on it is pending;
+//   - a group's gradients are reduced only after backward has finished every
+//     unit of the group, and the optimizer runs after every reduction is waited.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/parallel/shard_layout.hpp"
+#include "loom/schedule/program.hpp"
+
+namespace loom::schedule {
+
+namespace detail {
+
+class Verifier {
+public:
+    Verifier(const StepProgram& program, const parallel::ShardLayout& layout, int units)
+        : program_(program), layout_(layout), units_(units) {}
+
+    void run() {
+        const int mbs = program_.micro_batches;
+        forward_done_.assign(static_cast<std::size_t>(mbs), std::vector<int>(static_cast<std::size_t>(units_), 0));
+        input_done_ = forward_done_;
+        weight_done_ = forward_done_;
+        param_slot_.assign(static_cast<std::size_t>(program_.param_slots), Slot{});
+        grad_slot_.assign(static_cast<std::size_t>(program_.grad_slots), Slot{});
+        for (index_ = 0; index_ < static_cast<int>(program_.code.size()); ++index_) step(program_.code[static_cast<std::size_t>(index_)]);
+        index_ = static_cast<int>(program_.code.size());
+        for (const auto& [issued, waited] : async_)
+            check(waited, "instruction #", issued, " (", program_.code[static_cast<std::size_t>(issued)],
+                  ") is never waited for");
+        for (int mb = 0; mb < mbs; ++mb)
+            for (int u = 0; u < units_; ++u)
+                check(forward_done_[mb][u] == 1 && input_done_[mb][u] == 1 && weight_done_[mb][u] == 1, "unit ", u,
+                      " of micro-batch ", mb, " ran forward ", forward_done_[mb][u], " times and backward ",
+                      input_done_[mb][u], "/", weight_done_[mb][u], " times; each must run once");
+        check(optimizer_steps_ == 1, "the optimizer runs ", optimizer_steps_, " times; a step runs it once");
+    }
+
+private:
+    struct Slot {
+        int group = -1;
+        int pending = -1;  // async instruction not yet waited
+    };
+
+    template <class... Args>
+    void check(bool ok, const Args&... args) const {
+        if (!ok)
+            throw Error(loom::detail::concat("step program (", program_.generator, ") is invalid at #", index_, ": ",
+                                             args...));
+    }
+
+    [[nodiscard]] std::pair<int, int> unit_mb(const Instruction& in) const {
+        check(in.unit >= 0 && in.unit < units_, in, " names unit ", in.unit, " but the model has ", units_);
+        check(in.micro_batch >= 0 && in.micro_batch < program_.micro_batches, in, " names micro-batch ", in.micro_batch,
+              " of ", program_.micro_batches);
+        return {in.unit, in.micro_batch};
+    }
+
+    // A unit computes only with its parameters in place (ZeRO-3) and its
+    // gradients bound (ZeRO-2/3).
+    void check_unit_ready(const Instruction& in, int u, bool needs_grads) const {
+        const int g = layout_.group_of_unit(u);
+        if (g < 0) return;
+        if (!param_slot_.empty()) {
+            bool ready = false;
+            for (const auto& s : param_slot_) ready = ready || (s.group == g && s.pending < 0);
+            check(ready, in, " runs while group ", g, "'s parameters are not gathered and waited for");
+        }
+        if (needs_grads && !grad_slot_.empty()) {
+            bool bound = false;
+            for (const auto& s : grad_slot_) bound = bound || (s.group == g && s.pending < 0);
+            check(bound, in, " runs while group ", g, "'s gradients are not bound to a free slot");
+        }
+    }
+
+    Slot& slot_of(std::vector<Slot>& slots, const Instruction& in, const char* what) {
+        check(in.slot >= 0 && in.slot < static_cast<int>(slots.size()), in, " names ", what, " slot ", in.slot,
+              " but the program has ", slots.size());
+        return slots[static_cast<std::size_t>(in.slot)];
+    }
+
+    void step(const Instruction& in) {
+        switch (in.op) {
+            case Op::zero_grads: break;
+            case Op::forward: {
+                const auto [u, mb] = unit_mb(in);
+                check(u == 0 || forward_done_[mb][u - 1] == 1, in, " runs before forward u", u - 1);
+                check(forward_done_[mb][u] == 0, in, " runs twice");
+                check_unit_ready(in, u, false);
+                forward_done_[mb][u] = 1;
+                break;
+            }
+            case Op::backward:
+            case Op::backward_input: {
+                const auto [u, mb] = unit_mb(in);
+                check(forward_done_[mb][units_ - 1] == 1, in, " runs before the forward pass ended");
+                check(u == units_ - 1 || input_done_[mb][u + 1] == 1, in, " runs before the backward of u", u + 1);
+                check(input_done_[mb][u] == 0, in, " runs twice");
+                check_unit_ready(in, u, in.op == Op::backward);
+                input_done_[mb][u] = 1;
+                if (in.op == Op::backward) weight_done_[mb][u] = 1;
+                break;
+            }
+            case Op::backward_weight: {
+                const auto [u, mb] = unit_mb(in);
+                check(input_done_[mb][u] == 1, in, " runs before its backward_input");
+                check(weight_done_[mb][u] == 0, in, " runs twice");
+                check_unit_ready(in, u, true);
+                weight_done_[mb][u] = 1;
+                break;
+            }
+            case Op::gather_params: {
+                check_group(in);
+                if (in.slot >= 0) {
+                    Slot& s = slot_of(param_slot_, in, "parameter");
+                    check(s.group == -1, in, " overwrites slot ", in.slot, " still holding group ", s.group);
+                    s = Slot{in.group, index_};
+                } else {
+                    check(optimizer_steps_ == 1, in, " gathers unsharded parameters before the optimizer updated them");
+                }
+                async_[index_] = false;
+                break;
+            }
+            case Op::release_params: {
+                Slot& s = slot_of(param_slot_, in, "parameter");
+                check(s.group == in.group && s.pending < 0, in, " releases a slot holding group ", s.group,
+                      s.pending >= 0 ? " with its gather still pending" : "");
+                s = Slot{};
+                break;
+            }
+            case Op::bind_grads: {
+                check_group(in);
+                Slot& s = slot_of(grad_slot_, in, "gradient");
+                check(s.pending < 0, in, " rebinds slot ", in.slot, " while its reduction #", s.pending,
+                      " is still pending");
+                s = Slot{in.group, -1};
+                break;
+            }
+            case Op::reduce_grads: {
+                check_group(in);
+                const auto& group = layout_.group(in.group);
+                const int mb = in.micro_batch;
+                check(mb >= 0 && mb < program_.micro_batches, in, " names micro-batch ", mb);
+                for (int u = group.first_unit; u <= group.last_unit; ++u)
+                    check(weight_done_[mb][u] == 1, in, " reduces before the weight gradients of u", u, " exist");
+                if (in.slot >= 0) {
+                    Slot& s = slot_of(grad_slot_, in, "gradient");
+                    check(s.group == in.group && s.pending < 0, in, " reduces slot ", in.slot, " which holds group ", s.group);
+                    s.pending = index_;
+                } else {
+                    check(mb == program_.micro_batches - 1, in,
+                          " reduces arena gradients before the last micro-batch has added its share");
+                }
+                async_[index_] = false;
+                break;
+            }
+            case Op::wait: {
+                const auto it = async_.find(in.target);
+                check(it != async_.end(), in, " waits for #", in.target, ", which is not an earlier asynchronous instruction");
+                check(!it->second, in, " waits for #", in.target, " a second time");
+                it->second = true;
+                for (auto* slots : {&param_slot_, &grad_slot_})
+                    for (auto& s : *slots)
+                        if (s.pending == in.target) {
+                            s.pending = -1;
+                            // A waited reduction frees its gradient slot.
+                            if (slots == &grad_slot_) s.group = -1;
+                        }
+                break;
+            }
+            case Op::optimizer_step:
+                for (const auto& [issued, waited] : async_) {
+                    const auto& target = program_.code[static_cast<std::size_t>(issued)];
+                    check(waited || target.op != Op::reduce_grads, in, " runs before reduction #", issued, " finished");
+                }
+                ++optimizer_steps_;
+                break;
+            case Op::reduce_loss: break;
+        }
+    }
+
+    void check_group(const Instruction& in) const {
+        check(in.group >= 0 && in.group < static_cast<int>(layout_.groups().size()), in, " names group ", in.group,
+              " but the layout has ", layout_.groups().size());
+    }
+
+    const StepProgram& program_;
+    const parallel::ShardLayout& layout_;
+    int units_;
+    int index_ = 0;
+    std::vector<std::vector<int>> forward_done_, input_done_, weight_done_;
+    std::vector<Slot> param_slot_, grad_slot_;
+    std::map<int, bool> async_;  // issued index -> waited
+    int optimizer_steps_ = 0;
+};
+
+}  // namespace detail
+
+// Throws loom::Error naming the first instruction that breaks a rule.
+inline void verify(const StepProgram& program, const parallel::ShardLayout& layout, int units) {
+    detail::Verifier(program, layout, units).run();
+}
+
+}  // namespace loom::schedule

@@ -1,0 +1,124 @@
+// "Parallel equals serial", written once for every transport: a rank of a
+// world of any Communicator trains a small GPT for a few AdamW steps with a
+// data-parallel / ZeRO strategy and compares its losses and final parameters
+// with the serial run of the same seed and global batch, which every rank
+// computes itself. Used by tests/parallel (rank threads) and tests/mpi.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <loom/comm/communicator.hpp>
+#include <loom/comm/mesh.hpp>
+#include <loom/data/corpus.hpp>
+#include <loom/exec/executor.hpp>
+#include <loom/gpt/model.hpp>
+#include <loom/nn/compose.hpp>
+#include <loom/nn/param_arena.hpp>
+#include <loom/optim/adamw.hpp>
+
+namespace loom_test {
+
+struct EquivalenceCase {
+    int dp = 2;
+    int stage = 0;
+    int micro_batches = 1;
+    std::int64_t bucket_bytes = 16 << 10;  // small: several buckets even in a small model
+    int steps = 5;
+};
+
+struct EquivalenceResult {
+    double worst_loss_error = 0;   // max over steps of |loss - serial| / |serial|
+    double worst_param_error = 0;  // max over elements of |p - serial| / max |serial|
+    std::vector<float> losses, serial_losses;
+    std::string describe() const {
+        std::ostringstream out;
+        out << "worst loss error " << worst_loss_error << ", worst parameter error " << worst_param_error;
+        return out.str();
+    }
+};
+
+inline loom::gpt::Config equivalence_model() { return {.layers = 2, .width = 32, .heads = 2, .seq = 16, .vocab = 64}; }
+inline constexpr std::int64_t equivalence_batch = 48;  // divisible by dp x micro-batches for dp 2..4, mb 1 and 4
+inline constexpr std::uint64_t equivalence_seed = 7;
+inline constexpr float equivalence_lr = 2e-3f;
+inline loom::optim::AdamWConfig equivalence_adamw() { return {equivalence_lr, 0.9f, 0.95f, 1e-8f, 0.1f}; }
+
+inline const loom::data::ByteCorpus& equivalence_corpus() {
+    static const auto corpus = loom::data::ByteCorpus::synthetic(1 << 16, equivalence_seed, 64);
+    return corpus;
+}
+
+// The serial run: one rank, the whole batch, plain forward_backward + AdamW.
+struct SerialRun {
+    std::vector<float> losses;
+    std::vector<float> params;  // dense, reflection order
+    std::vector<std::int64_t> tensor_sizes;
+};
+
+inline SerialRun serial_run(int steps) {
+    const auto config = equivalence_model();
+    auto model = loom::gpt::make_model(config);
+    loom::nn::ParamArena arena(model);
+    arena.initialize(model, equivalence_seed);
+    loom::optim::AdamW optimizer(arena.size(), equivalence_adamw());
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(equivalence_batch * config.seq)), targets(inputs.size());
+    loom::nn::Context ctx;
+    SerialRun run;
+    for (int step = 0; step < steps; ++step) {
+        equivalence_corpus().batch(equivalence_seed, step, equivalence_batch, config.seq, inputs, targets);
+        arena.zero_grads();
+        run.losses.push_back(loom::nn::forward_backward(model, ctx,
+                                                        loom::Tensor::of(inputs.data(), {equivalence_batch, config.seq}),
+                                                        loom::Tensor::of(targets.data(), {equivalence_batch, config.seq})));
+        optimizer.step(arena.values(), arena.grads());
+    }
+    run.params.assign(arena.values().begin(), arena.values().end());
+    for (const auto& e : arena.entries()) run.tensor_sizes.push_back(e.param->numel());
+    return run;
+}
+
+// Runs on every rank of `world` (whose size is the dp degree).
+template <loom::comm::Communicator C>
+EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
+    const auto config = equivalence_model();
+    loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}});
+    C& dp = mesh.axis("dp");
+    auto model = loom::gpt::make_model(config);
+    loom::exec::Executor<C> exec(model, dp, loom::exec::ExecutionPlan{c.stage, c.bucket_bytes},
+                                 {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});
+    exec.initialize(equivalence_seed);
+    const std::int64_t rows = equivalence_batch / c.dp;
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * config.seq)), targets(inputs.size());
+    EquivalenceResult result;
+    result.serial_losses = serial.losses;
+    for (int step = 0; step < c.steps; ++step) {
+        equivalence_corpus().rows(equivalence_seed, step, dp.rank() * rows, rows, config.seq, inputs, targets);
+        const float loss = exec.step(loom::Tensor::of(inputs.data(), {rows, config.seq}),
+                                     loom::Tensor::of(targets.data(), {rows, config.seq}), equivalence_lr);
+        result.losses.push_back(loss);
+        const double ref = serial.losses[static_cast<std::size_t>(step)];
+        result.worst_loss_error = std::max(result.worst_loss_error, std::abs(loss - ref) / std::abs(ref));
+    }
+    const auto n = static_cast<std::size_t>(exec.layout().dense_size());
+    std::vector<float> values(n), m(n), v(n);
+    exec.gather_state(values, m, v);
+    // Relative to the model's largest parameter, not element by element: the
+    // attention's key bias has a gradient of exactly zero (softmax does not
+    // change when every score of a row shifts by the same amount), so in both
+    // runs it moves only by AdamW-normalised rounding noise, and its elements
+    // differ by ~1e-6 absolute around values of ~1e-6. Every other element
+    // agrees to ~1e-6 of its own tensor's scale (docs/testing.md).
+    float scale = 0;
+    for (float p : serial.params) scale = std::max(scale, std::abs(p));
+    for (std::size_t k = 0; k < values.size(); ++k)
+        result.worst_param_error =
+            std::max(result.worst_param_error, static_cast<double>(std::abs(values[k] - serial.params[k])) / scale);
+    return result;
+}
+
+}  // namespace loom_test

@@ -1,0 +1,58 @@
+// Data parallelism and ZeRO on rank threads: the equivalence with the serial
+// run for dp 2..4 x stage 0..3 x micro-batches 1 and 4, and the step programs.
+#include <catch2/catch.hpp>
+
+#include <loom/comm/thread_world.hpp>
+
+#include "parallel/equivalence_suite.hpp"
+
+using loom_test::EquivalenceCase;
+
+namespace {
+
+const loom_test::SerialRun& serial() {
+    static const auto run = loom_test::serial_run(5);
+    return run;
+}
+
+void check_equivalence(const EquivalenceCase& c) {
+    loom::comm::ThreadWorld world(c.dp);
+    std::vector<loom_test::EquivalenceResult> results(static_cast<std::size_t>(c.dp));
+    world.run([&](loom::comm::ThreadComm& comm) {
+        results[static_cast<std::size_t>(comm.rank())] = loom_test::run_equivalence(comm, c, serial());
+    });
+    for (int r = 0; r < c.dp; ++r) {
+        const auto& result = results[static_cast<std::size_t>(r)];
+        INFO("dp " << c.dp << ", stage " << c.stage << ", " << c.micro_batches << " micro-batches, rank " << r << ": "
+                   << result.describe());
+        CHECK(result.worst_loss_error <= 1e-5);
+        CHECK(result.worst_param_error <= 1e-5);
+        // Every rank reports the same loss, bit for bit.
+        CHECK(result.losses == results[0].losses);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("data parallel equals serial on rank threads", "[parallel]") {
+    for (int dp : {2, 3, 4})
+        for (int stage : {0, 1, 2, 3})
+            for (int micro_batches : {1, 4}) {
+                DYNAMIC_SECTION("dp " << dp << " stage " << stage << " micro-batches " << micro_batches) {
+                    check_equivalence({.dp = dp, .stage = stage, .micro_batches = micro_batches});
+                }
+            }
+}
+
+TEST_CASE("one data-parallel rank is the serial run bit for bit", "[parallel]") {
+    for (int stage : {0, 1, 2, 3}) {
+        INFO("stage " << stage);
+        const auto& reference = serial();
+        loom::comm::ThreadWorld world(1);
+        world.run([&](loom::comm::ThreadComm& comm) {
+            const auto result = loom_test::run_equivalence(comm, {.dp = 1, .stage = stage}, reference);
+            CHECK(result.losses == reference.losses);
+            CHECK(result.worst_param_error == 0.0);
+        });
+    }
+}
