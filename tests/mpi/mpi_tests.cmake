@@ -2,14 +2,16 @@
 
 # Core facts and the Mpi communicator, one Catch2 binary; every rank runs the
 # same tests and the worst result decides (mpi/main.cpp).
-add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp)
+add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp mpi/test_mpi_parallel.cpp)
 target_link_libraries(loom_mpi_tests PRIVATE loom::mpi Catch2::Catch2)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
+  # The equivalence suite of tests/parallel, written once for every transport.
+  loom_add_mpi_test("mpi: data parallel and ZeRO 0-3 equal serial on ${_procs} processes" ${_procs} loom_mpi_tests "[parallel]")
 endforeach()
 
 # Faults that end the job: one scenario per run. The program verifies what

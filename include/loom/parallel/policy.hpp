@@ -6,6 +6,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <iomanip>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -43,10 +44,14 @@ template <Policy P>
     return out.str();
 }
 
-// "2 MiB", "512 KiB", "100 B": byte counts as people read them.
+// "2 MiB", "1.5 MiB", "512.0 KiB", "100 B": byte counts as people read them (one
+// decimal; whole MiB without one, as in bucket sizes).
 [[nodiscard]] inline std::string readable_bytes(std::int64_t bytes) {
     std::ostringstream out;
-    if (bytes >= (std::int64_t{1} << 30) && bytes % (std::int64_t{1} << 30) == 0) out << (bytes >> 30) << " GiB";
+    out.precision(1);
+    out << std::fixed;
+    if (bytes >= (std::int64_t{1} << 30)) out << static_cast<double>(bytes) / (1 << 30) << " GiB";
+    else if (bytes >= (std::int64_t{1} << 20) && bytes % (std::int64_t{1} << 20) == 0) out << std::setprecision(0) << static_cast<double>(bytes) / (1 << 20) << " MiB";
     else if (bytes >= (std::int64_t{1} << 20)) out << static_cast<double>(bytes) / (1 << 20) << " MiB";
     else if (bytes >= (std::int64_t{1} << 10)) out << static_cast<double>(bytes) / (1 << 10) << " KiB";
     else out << bytes << " B";
