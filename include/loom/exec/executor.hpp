@@ -337,7 +337,8 @@ private:
                 return;
             case Op::bind_grads: {
                 Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
-                std::fill_n(slot.data<float>(), layout_.group(in.group).padded, 0.0f);
+                timed("zero gradient slot " + std::to_string(in.slot), "zero_grads", in.micro_batch,
+                      [&] { std::fill_n(slot.data<float>(), layout_.group(in.group).padded, 0.0f); });
                 bind(in.group, nullptr, slot.data<float>(), false, true);
                 return;
             }
