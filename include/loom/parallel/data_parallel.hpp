@@ -38,7 +38,11 @@ struct is_bucket_bytes<BucketBytes<B>> : std::true_type {};
 template <class... Options>
 constexpr std::int64_t bucket_bytes_of() {
     std::int64_t bytes = default_bucket_bytes;
-    ((bytes = is_bucket_bytes<Options>::value ? Options::value : bytes), ...);
+    (
+        [&] {
+            if constexpr (is_bucket_bytes<Options>::value) bytes = Options::value;
+        }(),
+        ...);
     return bytes;
 }
 }  // namespace detail

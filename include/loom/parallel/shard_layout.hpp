@@ -73,7 +73,8 @@ public:
             dense += group.numel;
             padded += group.padded;
             shard += group.block;
-            for (int u = group.first_unit; u <= group.last_unit; ++u) unit_group_[static_cast<std::size_t>(u)] = static_cast<int>(g);
+            for (int u = group.first_unit; u <= group.last_unit; ++u)
+                if (units[static_cast<std::size_t>(u)].numel > 0) unit_group_[static_cast<std::size_t>(u)] = static_cast<int>(g);
         }
         dense_size_ = dense;
         padded_size_ = padded;

@@ -19,8 +19,16 @@ namespace loom {
 
 namespace detail {
 
+// A non-policy counts as no kind, so that only check_is_policy's sentence
+// reports it.
+template <class P>
+constexpr bool is_of_kind(PolicyKind k) {
+    if constexpr (Policy<P>) return P::kind == k;
+    else return false;
+}
+
 template <PolicyKind K, class... Ps>
-inline constexpr int count_of_kind = (0 + ... + (Ps::kind == K ? 1 : 0));
+inline constexpr int count_of_kind = (0 + ... + (is_of_kind<Ps>(K) ? 1 : 0));
 
 template <PolicyKind K, class Fallback, class... Ps>
 struct first_of_kind {
@@ -28,7 +36,7 @@ struct first_of_kind {
 };
 template <PolicyKind K, class Fallback, class P, class... Rest>
 struct first_of_kind<K, Fallback, P, Rest...> {
-    using type = std::conditional_t<P::kind == K, P, typename first_of_kind<K, Fallback, Rest...>::type>;
+    using type = std::conditional_t<is_of_kind<P>(K), P, typename first_of_kind<K, Fallback, Rest...>::type>;
 };
 
 // Checked one by one so the compiler stops at the first non-policy with this
@@ -65,7 +73,7 @@ struct Strategy {
 
     static void describe(std::ostream& out) {
         out << "Strategy<";
-        const char* separator = "";
+        [[maybe_unused]] const char* separator = "";  // unused by Strategy<>
         ((out << separator, Ps::describe(out), separator = ", "), ...);
         out << ">";
     }

@@ -137,7 +137,7 @@ private:
                 wait_gathered(g);
                 if (const int previous = neighbour_group(g, -1); previous >= 0) gather(previous);  // prefetch
             }
-            if (stage_ >= 2 && last_unit_of_group(u)) bind_grad_slot(g);
+            if (stage_ >= 2 && last_unit_of_group(u)) bind_grad_slot(g, mb);
             program_.emit({.op = Op::backward, .unit = u, .micro_batch = mb});
             if (first_unit_of_group(u)) {
                 if (stage_ >= 2) {
@@ -165,13 +165,13 @@ private:
         }
     }
 
-    void bind_grad_slot(int g) {
+    void bind_grad_slot(int g, int mb) {
         const int s = grads_.next;
         if (grads_.pending[s] >= 0) program_.emit({.op = Op::wait, .target = grads_.pending[s]});
         grads_.pending[s] = -1;
         grads_.group[s] = g;
         grads_.next = 1 - s;
-        program_.emit({.op = Op::bind_grads, .group = g, .slot = s});
+        program_.emit({.op = Op::bind_grads, .micro_batch = mb, .group = g, .slot = s});
     }
 
     const parallel::ShardLayout& layout_;

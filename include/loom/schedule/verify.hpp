@@ -10,7 +10,8 @@
 //     gathered and waited for, and its gradients are bound to a slot;
 //   - a slot is not rebound or regathered while an operation on it is pending;
 //   - a group's gradients are reduced only after backward has finished every
-//     unit of the group, and the optimizer runs after every reduction is waited.
+//     unit of the group, exactly once (per micro-batch from slots, once from
+//     the arena), and the optimizer runs after every reduction is waited.
 #pragma once
 
 #include <cstdint>
@@ -168,6 +169,7 @@ private:
                     check(mb == program_.micro_batches - 1, in,
                           " reduces arena gradients before the last micro-batch has added its share");
                 }
+                ++reductions_[{in.group, mb}];
                 async_[index_] = false;
                 break;
             }
@@ -190,6 +192,18 @@ private:
                     const auto& target = program_.code[static_cast<std::size_t>(issued)];
                     check(waited || target.op != Op::reduce_grads, in, " runs before reduction #", issued, " finished");
                 }
+                // Every group's gradients reduced exactly once: per micro-batch
+                // from slots, once (in the last micro-batch) from the arena.
+                for (int g = 0; g < static_cast<int>(layout_.groups().size()); ++g) {
+                    const bool slots = !grad_slot_.empty();
+                    for (int mb = 0; mb < program_.micro_batches; ++mb) {
+                        const int expected = slots || mb == program_.micro_batches - 1 ? 1 : 0;
+                        const auto it = reductions_.find({g, mb});
+                        const int seen = it == reductions_.end() ? 0 : it->second;
+                        check(seen == expected, in, " runs after group ", g, "'s gradients of micro-batch ", mb,
+                              " were reduced ", seen, " times; expected ", expected);
+                    }
+                }
                 ++optimizer_steps_;
                 break;
             case Op::reduce_loss: break;
@@ -208,6 +222,7 @@ private:
     std::vector<std::vector<int>> forward_done_, input_done_, weight_done_;
     std::vector<Slot> param_slot_, grad_slot_;
     std::map<int, bool> async_;  // issued index -> waited
+    std::map<std::pair<int, int>, int> reductions_;  // (group, micro-batch) -> reduce_grads seen
     int optimizer_steps_ = 0;
 };
 
