@@ -451,3 +451,13 @@ private:
 };
 
 }  // namespace loom::exec
+
+namespace loom {
+
+// What one rank holds for training, by purpose (see exec/memory.hpp).
+template <comm::Communicator C>
+[[nodiscard]] MemoryReport memory_report(const exec::Executor<C>& executor) {
+    return executor.memory_report();
+}
+
+}  // namespace loom
