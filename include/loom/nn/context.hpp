@@ -17,6 +17,10 @@
 #include <unordered_map>
 #include <vector>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
@@ -54,6 +58,12 @@ public:
             // Next time everything fits in one chunk.
             const std::size_t peak = std::max(total_, capacity());
             chunks_.clear();
+#if defined(__GLIBC__)
+            // The small first-step chunks may have come from the heap (glibc
+            // raises its mmap threshold after any large free); give their
+            // pages back, or they stay resident beside the merged chunk.
+            malloc_trim(0);
+#endif
             chunks_.push_back(chunk(peak));
         }
         peak_ = std::max(peak_, total_);
