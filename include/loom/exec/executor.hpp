@@ -368,6 +368,10 @@ private:
             case Op::optimizer_step:
                 timed("optimizer step", "optimizer", -1, [&] { optimizer_step(); });
                 return;
+            case Op::send:
+            case Op::recv:
+                // verify() refuses pipeline instructions in a data-parallel program.
+                LOOM_FAIL("Executor: ", in, " at #", index, " needs a pipeline executor");
             case Op::reduce_loss: {
                 float loss = loss_sum_ / static_cast<float>(micro_batches_);
                 const Tensor t = Tensor::of(&loss, {1});

@@ -33,7 +33,22 @@ enum class Op : std::uint8_t {
     wait,             // target: finish the asynchronous instruction at that index
     optimizer_step,   // the rank's parameters: all of them, or its shard
     reduce_loss,      // the step's loss averaged over the dp axis
+    send,             // peer, payload, micro_batch, chunk: to the rank that holds the next (activation) or previous (gradient) chunk (async)
+    recv,             // peer, payload, micro_batch, chunk: blocks until the matching send arrives
 };
+
+// What a pipeline send/recv carries: the activation leaving a chunk's
+// forward, or the gradient leaving its backward (input gradient).
+enum class Payload : std::uint8_t { none, activation, gradient };
+
+[[nodiscard]] constexpr std::string_view name(Payload p) {
+    switch (p) {
+        case Payload::none: return "none";
+        case Payload::activation: return "activation";
+        case Payload::gradient: return "gradient";
+    }
+    return "?";
+}
 
 [[nodiscard]] constexpr std::string_view name(Op op) {
     switch (op) {
@@ -49,6 +64,8 @@ enum class Op : std::uint8_t {
         case Op::wait: return "wait";
         case Op::optimizer_step: return "optimizer_step";
         case Op::reduce_loss: return "reduce_loss";
+        case Op::send: return "send";
+        case Op::recv: return "recv";
     }
     return "?";
 }
@@ -56,7 +73,9 @@ enum class Op : std::uint8_t {
 // How a reduce_grads reduces: whole gradients on every rank, or each rank's block.
 enum class Reduction : std::uint8_t { none, all_reduce, reduce_scatter };
 
-[[nodiscard]] constexpr bool is_async(Op op) { return op == Op::gather_params || op == Op::reduce_grads; }
+[[nodiscard]] constexpr bool is_async(Op op) {
+    return op == Op::gather_params || op == Op::reduce_grads || op == Op::send;
+}
 [[nodiscard]] constexpr bool is_compute(Op op) {
     return op == Op::forward || op == Op::backward || op == Op::backward_input || op == Op::backward_weight ||
            op == Op::optimizer_step || op == Op::zero_grads;
@@ -70,6 +89,11 @@ struct Instruction {
     int slot = -1;    // -1: the group's place in the arena itself
     int target = -1;  // wait: the instruction it finishes
     Reduction reduction = Reduction::none;
+    // Pipelines: the model chunk (virtual stage) a forward/backward runs or a
+    // send/recv belongs to, the peer rank, and what travels.
+    int chunk = -1;
+    int peer = -1;
+    Payload payload = Payload::none;
 
     friend bool operator==(const Instruction&, const Instruction&) = default;
 
@@ -77,7 +101,10 @@ struct Instruction {
     friend std::ostream& operator<<(std::ostream& out, const Instruction& in) {
         out << name(in.op);
         if (in.op == Op::wait) return out << " #" << in.target;
+        if (in.op == Op::send || in.op == Op::recv)
+            out << " " << name(in.payload) << (in.op == Op::send ? " to rank " : " from rank ") << in.peer;
         if (in.unit >= 0) out << " u" << in.unit;
+        if (in.chunk >= 0) out << " c" << in.chunk;
         if (in.group >= 0) out << " g" << in.group;
         if (in.slot >= 0) out << " slot " << in.slot;
         if (in.micro_batch >= 0) out << " mb" << in.micro_batch;

@@ -207,6 +207,10 @@ private:
                 ++optimizer_steps_;
                 break;
             case Op::reduce_loss: break;
+            case Op::send:
+            case Op::recv:
+                check(false, in, " is a pipeline instruction; a data-parallel program has none");
+                break;
         }
     }
 
