@@ -2,9 +2,9 @@
 // checked without a simulator: exact programs for small cases, then for p in
 // 1..8 and m in 1..32 the counts (each virtual stage and micro-batch computed
 // once, on its rank; sends and recvs pairing up; each send waited once), the
-// order facts each rank must respect, a run of all ranks together (recvs
-// block until their send was issued, sends never block) that must finish,
-// and the promised activation bound, counted in program order.
+// order facts each rank must respect, the static verifier (which also runs
+// all ranks together: recvs block until their send was issued, sends never
+// block), and the promised activation bound, counted in program order.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include <loom/parallel/policy.hpp>
 #include <loom/parallel/strategy.hpp>
 #include <loom/schedule/pipeline.hpp>
+#include <loom/schedule/verify_pipeline.hpp>
 
 #include "support/message_of.hpp"
 
@@ -28,6 +29,7 @@ using loom::schedule::Instruction;
 using loom::schedule::Op;
 using loom::schedule::Payload;
 using loom::schedule::PipelineProgram;
+using loom::schedule::peak_activations;
 using loom_test::message_of;
 
 namespace {
@@ -72,46 +74,6 @@ Message sent(int rank, const Instruction& in) {
     return {rank, in.peer, in.payload, to_stage, in.micro_batch};
 }
 Message received(int rank, const Instruction& in) { return {in.peer, rank, in.payload, in.chunk, in.micro_batch}; }
-
-// All ranks run their programs together: a recv completes once its send was
-// issued, everything else never blocks. Returns "" when every rank reaches
-// its end, else the instructions the ranks are stuck at.
-std::string run_together(const PipelineProgram& program) {
-    const int p = program.stages;
-    std::vector<std::size_t> pc(static_cast<std::size_t>(p), 0);
-    std::set<Message> posted;
-    for (bool moved = true; moved;) {
-        moved = false;
-        for (int r = 0; r < p; ++r) {
-            const auto& code = program.ranks[static_cast<std::size_t>(r)].code;
-            auto& at = pc[static_cast<std::size_t>(r)];
-            for (; at < code.size(); ++at, moved = true) {
-                const Instruction& in = code[at];
-                if (in.op == Op::recv && !posted.contains(received(r, in))) break;
-                if (in.op == Op::send) posted.insert(sent(r, in));
-            }
-        }
-    }
-    std::ostringstream stuck;
-    for (int r = 0; r < p; ++r) {
-        const auto& code = program.ranks[static_cast<std::size_t>(r)].code;
-        if (pc[static_cast<std::size_t>(r)] < code.size())
-            stuck << "rank " << r << " at #" << pc[static_cast<std::size_t>(r)] << " ("
-                  << code[pc[static_cast<std::size_t>(r)]] << ") ";
-    }
-    return stuck.str();
-}
-
-// The most activations rank r holds at once, in program order: a forward
-// adds one; the combined backward, or the weight half when split, frees it.
-int peak_activations(const PipelineProgram& program, int r) {
-    int live = 0, peak = 0;
-    for (const Instruction& in : program.ranks[static_cast<std::size_t>(r)].code) {
-        if (in.op == Op::forward) peak = std::max(peak, ++live);
-        if (in.op == (program.split_backward ? Op::backward_weight : Op::backward)) --live;
-    }
-    return peak;
-}
 
 // The number of forwards rank r runs before its first backward.
 int warmup_of(const PipelineProgram& program, int r) {
@@ -580,10 +542,13 @@ TEST_CASE("on every rank, F before B before W, micro-batches in order per virtua
     }
 }
 
-TEST_CASE("all ranks run their programs to the end: no schedule deadlocks", "[parallel][pipeline]") {
+// The static verifier over every schedule: matching, dependencies, waits, no
+// deadlock (all ranks run together, recvs block until their send was issued)
+// and the activation bound. Its rejections are tested in test_pipeline_verify.cpp.
+TEST_CASE("every generated program passes the pipeline verifier, deadlock check included", "[parallel][pipeline]") {
     for (const PipelineProgram& program : all_programs()) {
         INFO(what(program));
-        CHECK(run_together(program) == "");
+        CHECK(message_of([&] { loom::schedule::verify_pipeline(program); }) == "(no error)");
     }
 }
 
@@ -687,18 +652,4 @@ TEST_CASE("each channel delivers in order: a receiver posts recvs in the order i
             }
         CHECK(sends == recvs);
     }
-}
-
-TEST_CASE("the run-together check of these tests finds a cycle of blocked recvs", "[parallel][pipeline]") {
-    // Both ranks wait for the other's message before sending their own.
-    PipelineProgram program = loom::schedule::one_f_one_b(2, 1);
-    auto& rank0 = program.ranks[0].code;
-    // Rank 0 now waits for the gradient before it sends mb0's activation
-    // (wait targets go stale; the run-together check does not read them).
-    const auto recv_at = std::find_if(rank0.begin(), rank0.end(), [](const Instruction& in) { return in.op == Op::recv; });
-    REQUIRE(recv_at != rank0.end());
-    const Instruction recv = *recv_at;
-    rank0.erase(recv_at);
-    rank0.insert(rank0.begin() + 1, recv);
-    CHECK(run_together(program) == "rank 0 at #1 (recv gradient from rank 1 c0 mb0) rank 1 at #1 (recv activation from rank 0 c1 mb0) ");
 }

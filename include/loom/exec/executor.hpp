@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,7 +54,6 @@ struct ExecutionPlan {
 
     template <class S>
     [[nodiscard]] static ExecutionPlan of() {
-        static_assert(S::data_parallel || true);
         return ExecutionPlan{S::zero_stage, S::bucket_bytes};
     }
 };
@@ -88,6 +86,7 @@ public:
             loom::initialize_range(model, seed, out, first);
         };
         allocate();
+        pending_.resize(program_.code.size());
     }
 
     Executor(Executor&&) noexcept = default;
@@ -134,7 +133,6 @@ public:
         rows_per_micro_batch_ = rows / micro_batches_;
         loss_sum_ = 0;
         for (std::size_t i = 0; i < program_.code.size(); ++i) execute(static_cast<int>(i), program_.code[i]);
-        pending_.clear();
         ++step_count_;
         return loss_;
     }
@@ -186,9 +184,11 @@ public:
         Buffer<Host> padded(DType::f32, Shape{layout_.padded_size()});
         const auto whole = all(padded);
         auto keep_blocks = [&](Buffer<Host>& sharded) {
-            for (const auto& g : layout_.groups())
-                std::copy_n(whole.data() + layout_.block_offset(static_cast<int>(&g - layout_.groups().data()), comm_->rank()),
-                            g.block, sharded.data<float>() + g.shard_offset);
+            for (int gi = 0; gi < static_cast<int>(layout_.groups().size()); ++gi) {
+                const auto& g = layout_.group(gi);
+                std::copy_n(whole.data() + layout_.block_offset(gi, comm_->rank()), g.block,
+                            sharded.data<float>() + g.shard_offset);
+            }
         };
         layout_.from_dense(values, whole);
         if (stage_ == 3) keep_blocks(value_shard_);
@@ -206,6 +206,7 @@ private:
     struct InFlight {
         comm::Request request;
         std::chrono::steady_clock::time_point issued;
+        bool in_flight = false;
     };
 
     [[nodiscard]] static Buffer<Host> floats(std::int64_t n) { return Buffer<Host>(DType::f32, Shape{n}); }
@@ -254,19 +255,21 @@ private:
         return Tensor::of(const_cast<float*>(b.data<float>()) + offset, {n});
     }
 
-    template <class F>
-    void timed(const std::string& name, const char* category, int mb, F&& f) {
+    // Runs f; with tracing on, records it under the name `name_of()` gives,
+    // which is only built then (no string work per instruction otherwise).
+    template <class Name, class F>
+    void timed(Name&& name_of, const char* category, int mb, F&& f) {
         if (!trace_.enabled()) {
             f();
             return;
         }
         const auto t0 = std::chrono::steady_clock::now();
         f();
-        trace_.add(name, category, compute_lane, t0, std::chrono::steady_clock::now(), step_count_, mb);
+        trace_.add(name_of(), category, compute_lane, t0, std::chrono::steady_clock::now(), step_count_, mb);
     }
 
     void issue(int index, comm::Request request) {
-        pending_[index] = InFlight{std::move(request), std::chrono::steady_clock::now()};
+        pending_[static_cast<std::size_t>(index)] = InFlight{std::move(request), std::chrono::steady_clock::now(), true};
     }
 
     [[nodiscard]] std::string describe_comm(const schedule::Instruction& in) const {
@@ -282,14 +285,14 @@ private:
         const int r = comm_->rank();
         switch (in.op) {
             case Op::zero_grads:
-                timed("zero gradients", "zero_grads", -1, [&] {
+                timed([] { return std::string("zero gradients"); }, "zero_grads", -1, [&] {
                     Buffer<Host>& g = stage_ < 2 ? grads_ : grad_shard_;
                     std::fill_n(g.data<float>(), g.numel(), 0.0f);
                 });
                 return;
             case Op::forward: {
                 auto& unit = units_[static_cast<std::size_t>(in.unit)];
-                timed("forward " + unit.name, "forward", in.micro_batch, [&] {
+                timed([&] { return "forward " + unit.name; }, "forward", in.micro_batch, [&] {
                     if (in.unit == 0) {
                         context_.reset();
                         context_.set_targets(rows_of(targets_, in.micro_batch));
@@ -306,7 +309,7 @@ private:
                 auto& unit = units_[static_cast<std::size_t>(in.unit)];
                 const char* category = in.op == Op::backward ? "backward"
                                        : in.op == Op::backward_input ? "backward_input" : "backward_weight";
-                timed(std::string(category) + " " + unit.name, category, in.micro_batch, [&] {
+                timed([&] { return std::string(category) + " " + unit.name; }, category, in.micro_batch, [&] {
                     if (in.op != Op::backward_weight) {
                         if (in.unit + 1 == static_cast<int>(units_.size())) {
                             // Each micro-batch's mean loss counts 1/M of the step's.
@@ -337,7 +340,7 @@ private:
                 return;
             case Op::bind_grads: {
                 Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
-                timed("zero gradient slot " + std::to_string(in.slot), "zero_grads", in.micro_batch,
+                timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
                       [&] { std::fill_n(slot.data<float>(), layout_.group(in.group).padded, 0.0f); });
                 bind(in.group, nullptr, slot.data<float>(), false, true);
                 return;
@@ -366,7 +369,7 @@ private:
                 return;
             }
             case Op::optimizer_step:
-                timed("optimizer step", "optimizer", -1, [&] { optimizer_step(); });
+                timed([] { return std::string("optimizer step"); }, "optimizer", -1, [&] { optimizer_step(); });
                 return;
             case Op::send:
             case Op::recv:
@@ -383,16 +386,18 @@ private:
     }
 
     void finish(int target) {
-        auto it = pending_.find(target);
-        LOOM_CHECK(it != pending_.end(), "Executor: wait for #", target, ", which is not in flight");
+        LOOM_CHECK(target >= 0 && target < static_cast<int>(pending_.size()) &&
+                       pending_[static_cast<std::size_t>(target)].in_flight,
+                   "Executor: wait for #", target, ", which is not in flight");
+        InFlight& flight = pending_[static_cast<std::size_t>(target)];
         const auto& in = program_.code[static_cast<std::size_t>(target)];
         const auto t0 = std::chrono::steady_clock::now();
-        it->second.request.wait();
+        flight.request.wait();
         const auto t1 = std::chrono::steady_clock::now();
         if (trace_.enabled()) {
             const std::string what = describe_comm(in);
-            const auto& timing = it->second.request.timing();
-            const auto start = timing.known ? timing.started : it->second.issued;
+            const auto& timing = flight.request.timing();
+            const auto start = timing.known ? timing.started : flight.issued;
             const auto end = timing.known ? timing.finished : t1;
             trace_.add(what, what.substr(0, what.find(' ')).c_str(), communication_lane, start, end, step_count_,
                        in.micro_batch);
@@ -405,7 +410,7 @@ private:
             kernels::host::accumulate(grad_shard_.data<float>() + g.shard_offset,
                                       slot.data<float>() + comm_->rank() * g.block, g.block);
         }
-        pending_.erase(it);
+        flight.in_flight = false;
     }
 
     void optimizer_step() {
@@ -447,7 +452,7 @@ private:
     std::int64_t step_count_ = 0;
 
     nn::Context context_;
-    std::map<int, InFlight> pending_;
+    std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     Tensor inputs_, targets_, activation_;
     std::int64_t rows_per_micro_batch_ = 0;
     float seed_ = 1.0f;
