@@ -1,13 +1,15 @@
 // "Parallel equals serial", written once for every transport: a rank of a
 // world of any Communicator trains a small GPT for a few AdamW steps with a
-// data-parallel / ZeRO strategy and compares its losses and final parameters
-// with the serial run of the same seed and global batch, which every rank
-// computes itself. Used by tests/parallel (rank threads) and tests/mpi.
+// data-parallel / ZeRO / pipeline strategy and compares its losses and final
+// parameters with the serial run of the same seed and global batch, which
+// every rank computes itself. Used by tests/parallel (rank threads) and
+// tests/mpi. The world is dp x pp ranks.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include <loom/nn/compose.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/parallel/pipeline.hpp>
 
 namespace loom_test {
 
@@ -29,6 +32,18 @@ struct EquivalenceCase {
     int micro_batches = 1;
     std::int64_t bucket_bytes = 16 << 10;  // small: several buckets even in a small model
     int steps = 5;
+    int pp = 1;  // > 1: pipelined with `schedule`
+    loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
+    int layers = 2;  // pipelines need units for stages x chunks virtual stages (layers + 4 units)
+
+    [[nodiscard]] int chunks() const {
+        return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
+    }
+    friend std::ostream& operator<<(std::ostream& out, const EquivalenceCase& c) {
+        out << "dp " << c.dp << " stage " << c.stage << " micro-batches " << c.micro_batches;
+        if (c.pp > 1) out << " pp " << c.pp << " " << loom::name(c.schedule) << " layers " << c.layers;
+        return out;
+    }
 };
 
 struct EquivalenceResult {
@@ -42,8 +57,11 @@ struct EquivalenceResult {
     }
 };
 
-inline loom::gpt::Config equivalence_model() { return {.layers = 2, .width = 32, .heads = 2, .seq = 16, .vocab = 64}; }
-inline constexpr std::int64_t equivalence_batch = 48;  // divisible by dp x micro-batches for dp 2..4, mb 1 and 4
+inline loom::gpt::Config equivalence_model(int layers = 2) {
+    return {.layers = layers, .width = 32, .heads = 2, .seq = 16, .vocab = 64};
+}
+// Divisible by dp x micro-batches for dp 2..4 with mb 1 and 4, and dp 2 with mb 8.
+inline constexpr std::int64_t equivalence_batch = 48;
 inline constexpr std::uint64_t equivalence_seed = 7;
 inline constexpr float equivalence_lr = 2e-3f;
 inline loom::optim::AdamWConfig equivalence_adamw() { return {equivalence_lr, 0.9f, 0.95f, 1e-8f, 0.1f}; }
@@ -60,8 +78,8 @@ struct SerialRun {
     std::vector<std::int64_t> tensor_sizes;
 };
 
-inline SerialRun serial_run(int steps) {
-    const auto config = equivalence_model();
+inline SerialRun serial_run(int steps, int layers = 2) {
+    const auto config = equivalence_model(layers);
     auto model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
     arena.initialize(model, equivalence_seed);
@@ -82,14 +100,15 @@ inline SerialRun serial_run(int steps) {
     return run;
 }
 
-// Runs on every rank of `world` (whose size is the dp degree).
+// Runs on every rank of `world` (whose size is dp x pp).
 template <loom::comm::Communicator C>
 EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
-    const auto config = equivalence_model();
-    loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}});
+    const auto config = equivalence_model(c.layers);
+    loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}});
     C& dp = mesh.axis("dp");
     auto model = loom::gpt::make_model(config);
-    loom::exec::Executor<C> exec(model, dp, loom::exec::ExecutionPlan{c.stage, c.bucket_bytes},
+    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks()};
+    loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});
     exec.initialize(equivalence_seed);
     const std::int64_t rows = equivalence_batch / c.dp;

@@ -11,10 +11,18 @@
 //   auto exec = loom::exec::Executor<ThreadComm>::make<S>(model, mesh.axis("dp"), {.micro_batches = 4});
 //   exec.initialize(seed);
 //   float loss = exec.step(my_inputs, my_targets, lr);
+//
+// With Pipeline<Schedule> in the strategy, make() also takes the pp axis: the
+// units are split into stages x chunks virtual stages (options.partition, or
+// balanced over options.unit_costs), each rank keeps only its own units'
+// parameters and state, and runs its schedule's program with activations and
+// gradients passed to its neighbours by send/recv; every rank of a dp group
+// (same pp rank) calls step() with the same rows.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,6 +36,7 @@
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/memory.hpp"
+#include "loom/exec/micro_batch_pool.hpp"
 #include "loom/exec/trace.hpp"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/nn/context.hpp"
@@ -35,8 +44,12 @@
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
+#include "loom/plan/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
+#include "loom/schedule/pipeline.hpp"
+#include "loom/schedule/pipeline_step.hpp"
 #include "loom/schedule/verify.hpp"
+#include "loom/schedule/verify_pipeline.hpp"
 
 namespace loom::exec {
 
@@ -45,43 +58,96 @@ struct ExecutorOptions {
     optim::AdamWConfig adamw{};
     bool trace = false;                      // record a Trace of every step
     std::vector<std::string> field_names{};  // names of the model's top-level fields, for traces
+    // Pipelines: units per virtual stage (stages x chunks entries, in model
+    // order, summing to the units); empty: balanced over unit_costs (one
+    // per unit; empty: every unit costs the same) by plan::balance.
+    std::vector<int> partition{};
+    std::vector<double> unit_costs{};
 };
 
 // What a Strategy asks of the executor, as run-time values.
 struct ExecutionPlan {
     int zero_stage = 0;
     std::int64_t bucket_bytes = default_bucket_bytes;
+    bool pipelined = false;
+    ScheduleKind schedule = ScheduleKind::one_f_one_b;
+    int chunks = 1;
 
     template <class S>
     [[nodiscard]] static ExecutionPlan of() {
-        return ExecutionPlan{S::zero_stage, S::bucket_bytes};
+        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule, S::chunks};
     }
 };
+
+// The units per virtual stage for `units` units over `virtual_stages`: the
+// given partition, checked, or the min-max balance of the costs.
+[[nodiscard]] inline schedule::StageBounds stage_bounds(int units, int virtual_stages, const ExecutorOptions& options) {
+    std::vector<int> sizes = options.partition;
+    if (sizes.empty()) {
+        std::vector<double> costs = options.unit_costs;
+        if (costs.empty()) costs.assign(static_cast<std::size_t>(units), 1.0);
+        LOOM_CHECK(static_cast<int>(costs.size()) == units, "Executor: ", costs.size(), " unit costs for ", units,
+                   " units; give one per unit");
+        sizes = plan::balance(costs, virtual_stages).layers_per_stage;
+    }
+    LOOM_CHECK(static_cast<int>(sizes.size()) == virtual_stages, "Executor: a partition of ", sizes.size(),
+               " stages for a pipeline of ", virtual_stages, " virtual stages; give one count per virtual stage");
+    int sum = 0;
+    for (int n : sizes) {
+        LOOM_CHECK(n >= 1, "Executor: a stage of ", n, " units in the partition; every stage needs at least 1");
+        sum += n;
+    }
+    LOOM_CHECK(sum == units, "Executor: the partition covers ", sum, " units but the model has ", units,
+               "; the counts must sum to ", units);
+    return schedule::StageBounds::of_sizes(sizes);
+}
 
 template <comm::Communicator C>
 class Executor {
 public:
     template <class Strategy, class Model>
     [[nodiscard]] static Executor make(Model& model, C& dp, const ExecutorOptions& options = {}) {
-        return Executor(model, dp, ExecutionPlan::of<Strategy>(), options);
+        return Executor(model, dp, nullptr, ExecutionPlan::of<Strategy>(), options);
+    }
+    // A pipelined strategy: `pp` is the pipeline axis (its rank is the stage).
+    template <class Strategy, class Model>
+    [[nodiscard]] static Executor make(Model& model, C& dp, C& pp, const ExecutorOptions& options = {}) {
+        return Executor(model, dp, &pp, ExecutionPlan::of<Strategy>(), options);
     }
 
-    // `model` must outlive the executor and not move; its Params are bound to
-    // the executor's storage.
     template <class Model>
     Executor(Model& model, C& dp, const ExecutionPlan& plan, const ExecutorOptions& options)
+        : Executor(model, dp, nullptr, plan, options) {}
+
+    // `model` must outlive the executor and not move; its Params are bound to
+    // the executor's storage. `pp` may be null: a pipeline of one stage.
+    template <class Model>
+    Executor(Model& model, C& dp, C* pp, const ExecutionPlan& plan, const ExecutorOptions& options)
         : comm_(&dp),
+          pp_(pp),
           units_(nn::units_of(model, options.field_names)),
           stage_(plan.zero_stage),
           micro_batches_(options.micro_batches),
           adamw_(options.adamw),
-          layout_(units_, dp.size(), plan.zero_stage == 3 ? parallel::Grouping::per_unit : parallel::Grouping::buckets,
-                  plan.bucket_bytes),
-          program_(schedule::data_parallel_program(layout_, static_cast<int>(units_.size()), plan.zero_stage,
-                                                   options.micro_batches)),
+          pipelined_(check_pipeline(plan, pp)),
+          pipe_(pipelined_ ? schedule::pipeline_program(plan.schedule, pp_size(), micro_batches_, plan.chunks)
+                           : schedule::PipelineProgram{}),
+          stages_(pipelined_ ? exec::stage_bounds(static_cast<int>(units_.size()), pipe_.virtual_stages(), options)
+                             : schedule::StageBounds{{0, static_cast<int>(units_.size())}}),
+          chunk_of_unit_(stages_.chunk_of_unit(pipelined_ ? pipe_.rank_of_chunk : std::vector<int>{0}, pp_rank())),
+          layout_(units_, dp.size(), grouping(plan), plan.bucket_bytes,
+                  pipelined_ ? chunk_of_unit_ : std::vector<int>{}),
+          program_(pipelined_ ? schedule::pipeline_step_program(pipe_, pp_rank(), stages_, layout_, plan.zero_stage)
+                              : schedule::data_parallel_program(layout_, static_cast<int>(units_.size()),
+                                                                plan.zero_stage, options.micro_batches)),
           trace_(options.trace) {
         optim::check_config(options.adamw);
-        schedule::verify(program_, layout_, static_cast<int>(units_.size()));
+        if (pipelined_) {
+            schedule::verify_pipeline(pipe_);
+            schedule::verify(program_, layout_, chunk_of_unit_);
+        } else {
+            schedule::verify(program_, layout_, static_cast<int>(units_.size()));
+        }
         initialize_range_ = [&model](std::uint64_t seed, std::span<float> out, std::int64_t first) {
             loom::initialize_range(model, seed, out, first);
         };
@@ -94,6 +160,12 @@ public:
     Executor& operator=(const Executor&) = delete;
 
     [[nodiscard]] const schedule::StepProgram& program() const noexcept { return program_; }
+    // The pipeline schedule (every rank's chunk-level program; empty unless pipelined).
+    [[nodiscard]] const schedule::PipelineProgram& pipeline() const noexcept { return pipe_; }
+    [[nodiscard]] const schedule::StageBounds& stage_bounds() const noexcept { return stages_; }
+    [[nodiscard]] bool pipelined() const noexcept { return pipelined_; }
+    // Whether this rank holds unit u (every unit, without a pipeline).
+    [[nodiscard]] bool holds_unit(int u) const { return chunk_of_unit_.at(static_cast<std::size_t>(u)) >= 0; }
     [[nodiscard]] const parallel::ShardLayout& layout() const noexcept { return layout_; }
     [[nodiscard]] const std::vector<nn::Unit>& units() const noexcept { return units_; }
     [[nodiscard]] int zero_stage() const noexcept { return stage_; }
@@ -132,6 +204,7 @@ public:
         targets_ = targets;
         rows_per_micro_batch_ = rows / micro_batches_;
         loss_sum_ = 0;
+        pool_.start_step(stages_.stages(), micro_batches_);
         for (std::size_t i = 0; i < program_.code.size(); ++i) execute(static_cast<int>(i), program_.code[i]);
         ++step_count_;
         return loss_;
@@ -143,7 +216,8 @@ public:
         report.parameters = (values_.nbytes() + value_shard_.nbytes());
         report.gradients = (grads_.nbytes() + grad_shard_.nbytes());
         report.optimizer_state = m_.nbytes() + v_.nbytes();
-        report.activations = static_cast<std::int64_t>(context_.peak_bytes());
+        report.activations = pool_.activation_bytes();
+        report.communication_buffers += pool_.parcel_bytes();
         for (const auto& s : grad_slots_) report.communication_buffers += s.nbytes();
         for (const auto& s : param_slots_) report.communication_buffers += s.nbytes();
         return report;
@@ -151,29 +225,17 @@ public:
 
     // Collective: the whole model's parameters and AdamW moments in the serial
     // (dense, reflection) order, on every rank: what a checkpoint holds.
+    // Pipelines: every stage fills in its units and a sum over the pp axis
+    // (of values and zeros, so exact) completes the arrays everywhere.
     void gather_state(std::span<float> values, std::span<float> m, std::span<float> v) {
-        Buffer<Host> padded(DType::f32, Shape{layout_.padded_size()});
-        const auto whole = all(padded);
-        auto gather_into_padded = [&](const Buffer<Host>& sharded) {
-            for (const auto& g : layout_.groups())
-                comm_->all_gather(Tensor::of(sharded.data<float>() + g.shard_offset, {g.block}),
-                                  Tensor::of(whole.data() + g.offset, {g.padded}));
-        };
-        if (stage_ == 3) {
-            gather_into_padded(value_shard_);
-            layout_.to_dense(whole, values);
-        } else {
-            layout_.to_dense(all(values_), values);
-        }
-        if (stage_ == 0) {
-            layout_.to_dense(all(m_), m);
-            layout_.to_dense(all(v_), v);
-        } else {
-            gather_into_padded(m_);
-            layout_.to_dense(whole, m);
-            gather_into_padded(v_);
-            layout_.to_dense(whole, v);
-        }
+        if (pipelined_)
+            for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);
+        gather_held_state(values, m, v);
+        if (pipelined_ && pp_ != nullptr)
+            for (auto dense : {values, m, v}) {
+                const Tensor t = Tensor::of(dense.data(), {static_cast<std::int64_t>(dense.size())});
+                pp_->all_reduce(t, t, comm::ReduceOp::sum);
+            }
     }
 
     // Sets parameters and moments from the dense arrays every rank holds (a
@@ -203,11 +265,55 @@ public:
     }
 
 private:
+    // This rank's units' state into the dense arrays (collective over dp).
+    void gather_held_state(std::span<float> values, std::span<float> m, std::span<float> v) {
+        Buffer<Host> padded(DType::f32, Shape{layout_.padded_size()});
+        const auto whole = all(padded);
+        auto gather_into_padded = [&](const Buffer<Host>& sharded) {
+            for (const auto& g : layout_.groups())
+                comm_->all_gather(Tensor::of(sharded.data<float>() + g.shard_offset, {g.block}),
+                                  Tensor::of(whole.data() + g.offset, {g.padded}));
+        };
+        if (stage_ == 3) {
+            gather_into_padded(value_shard_);
+            layout_.to_dense(whole, values);
+        } else {
+            layout_.to_dense(all(values_), values);
+        }
+        if (stage_ == 0) {
+            layout_.to_dense(all(m_), m);
+            layout_.to_dense(all(v_), v);
+        } else {
+            gather_into_padded(m_);
+            layout_.to_dense(whole, m);
+            gather_into_padded(v_);
+            layout_.to_dense(whole, v);
+        }
+    }
+
     struct InFlight {
         comm::Request request;
+        comm::Request second;  // a send's payload (request is its header)
         std::chrono::steady_clock::time_point issued;
         bool in_flight = false;
+        bool accumulate = false;  // a slot reduction whose block is added to the shard when done
     };
+
+    [[nodiscard]] int pp_size() const { return pp_ != nullptr ? pp_->size() : 1; }
+    [[nodiscard]] int pp_rank() const { return pp_ != nullptr ? pp_->rank() : 0; }
+
+    [[nodiscard]] static bool check_pipeline(const ExecutionPlan& plan, const C* pp) {
+        LOOM_CHECK(plan.pipelined || pp == nullptr || pp->size() == 1, "Executor: a pipeline axis of ", pp->size(),
+                   " ranks for a strategy without Pipeline<...>; add Pipeline<Schedule> or use a pp axis of 1");
+        return plan.pipelined;
+    }
+    // ZeRO-3 gathers per unit; a pipeline at ZeRO 2/3 (ZeroPP) per chunk, once a step.
+    [[nodiscard]] static parallel::Grouping grouping(const ExecutionPlan& plan) {
+        if (plan.zero_stage >= 2 && plan.pipelined) return parallel::Grouping::per_segment;
+        return plan.zero_stage == 3 ? parallel::Grouping::per_unit : parallel::Grouping::buckets;
+    }
+    // DP programs name no chunk: the whole model is chunk 0.
+    [[nodiscard]] static int chunk_of(const schedule::Instruction& in) { return in.chunk < 0 ? 0 : in.chunk; }
 
     [[nodiscard]] static Buffer<Host> floats(std::int64_t n) { return Buffer<Host>(DType::f32, Shape{n}); }
     [[nodiscard]] static std::span<float> all(const Buffer<Host>& b) {
@@ -269,10 +375,13 @@ private:
     }
 
     void issue(int index, comm::Request request) {
-        pending_[static_cast<std::size_t>(index)] = InFlight{std::move(request), std::chrono::steady_clock::now(), true};
+        pending_[static_cast<std::size_t>(index)] = InFlight{std::move(request), {}, std::chrono::steady_clock::now(), true, false};
     }
 
     [[nodiscard]] std::string describe_comm(const schedule::Instruction& in) const {
+        if (in.op == schedule::Op::send)
+            return loom::detail::concat("send ", name(in.payload), " c", in.chunk, " mb", in.micro_batch, " to rank ",
+                                        in.peer);
         const auto& g = layout_.group(in.group);
         std::string what = in.op == schedule::Op::gather_params ? "all_gather"
                            : in.reduction == schedule::Reduction::all_reduce ? "all_reduce"
@@ -289,17 +398,21 @@ private:
                     Buffer<Host>& g = stage_ < 2 ? grads_ : grad_shard_;
                     std::fill_n(g.data<float>(), g.numel(), 0.0f);
                 });
+                reduced_.assign(layout_.groups().size(), false);
                 return;
             case Op::forward: {
                 auto& unit = units_[static_cast<std::size_t>(in.unit)];
-                timed([&] { return "forward " + unit.name; }, "forward", in.micro_batch, [&] {
-                    if (in.unit == 0) {
-                        context_.reset();
-                        context_.set_targets(rows_of(targets_, in.micro_batch));
-                        activation_ = rows_of(inputs_, in.micro_batch);
+                const int v = chunk_of(in), mb = in.micro_batch;
+                timed([&] { return "forward " + unit.name; }, "forward", mb, [&] {
+                    if (in.unit == stages_.first(v)) {
+                        nn::Context& ctx = pool_.open(v, mb);
+                        ctx.set_targets(rows_of(targets_, mb));
+                        activation_ = v == 0 ? rows_of(inputs_, mb) : pool_.inbox(schedule::Payload::activation, v, mb);
                     }
-                    activation_ = unit.forward(context_, activation_);
-                    if (in.unit + 1 == static_cast<int>(units_.size())) loss_sum_ += context_.loss();
+                    nn::Context& ctx = pool_.context(v, mb);
+                    activation_ = unit.forward(ctx, activation_);
+                    if (in.unit + 1 == static_cast<int>(units_.size())) loss_sum_ += ctx.loss();
+                    if (in.unit + 1 == stages_.end(v) && v + 1 < stages_.stages()) hand_on(schedule::Payload::activation, v, v + 1, mb, activation_);
                 });
                 return;
             }
@@ -307,18 +420,25 @@ private:
             case Op::backward_input:
             case Op::backward_weight: {
                 auto& unit = units_[static_cast<std::size_t>(in.unit)];
+                const int v = chunk_of(in), mb = in.micro_batch;
                 const char* category = in.op == Op::backward ? "backward"
                                        : in.op == Op::backward_input ? "backward_input" : "backward_weight";
-                timed([&] { return std::string(category) + " " + unit.name; }, category, in.micro_batch, [&] {
+                timed([&] { return std::string(category) + " " + unit.name; }, category, mb, [&] {
+                    nn::Context& ctx = pool_.context(v, mb);
                     if (in.op != Op::backward_weight) {
                         if (in.unit + 1 == static_cast<int>(units_.size())) {
                             // Each micro-batch's mean loss counts 1/M of the step's.
                             seed_ = 1.0f / static_cast<float>(micro_batches_);
                             activation_ = Tensor::of(&seed_, {1});
+                        } else if (in.unit + 1 == stages_.end(v)) {
+                            activation_ = pool_.inbox(schedule::Payload::gradient, v, mb);
                         }
-                        activation_ = unit.backward_input(context_, activation_);
+                        activation_ = unit.backward_input(ctx, activation_);
+                        if (in.unit == stages_.first(v) && v > 0) hand_on(schedule::Payload::gradient, v, v - 1, mb, activation_);
                     }
-                    if (in.op != Op::backward_input) unit.backward_weight(context_);
+                    if (in.op != Op::backward_input) unit.backward_weight(ctx);
+                    // The chunk's last use of this micro-batch: its memory goes back to the pool.
+                    if (in.unit == stages_.first(v) && in.op != Op::backward_input) pool_.close(v, mb);
                 });
                 return;
             }
@@ -355,12 +475,16 @@ private:
                                                              slice(grads_, layout_.block_offset(in.group, r), g.block),
                                                              comm::ReduceOp::avg));
                 } else {
-                    // The first micro-batch writes the shard; later ones reduce
-                    // in place and are added when waited for.
+                    // The group's first reduction of the step writes the
+                    // shard; later ones reduce in place and are added when
+                    // waited for.
                     const Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
-                    const Tensor out = in.micro_batch == 0 ? slice(grad_shard_, g.shard_offset, g.block)
-                                                           : slice(slot, r * g.block, g.block);
+                    const bool first = !reduced_[static_cast<std::size_t>(in.group)];
+                    reduced_[static_cast<std::size_t>(in.group)] = true;
+                    const Tensor out = first ? slice(grad_shard_, g.shard_offset, g.block)
+                                             : slice(slot, r * g.block, g.block);
                     issue(index, comm_->reduce_scatter_async(slice(slot, 0, g.padded), out, comm::ReduceOp::avg));
+                    pending_[static_cast<std::size_t>(index)].accumulate = !first;
                 }
                 return;
             }
@@ -371,18 +495,89 @@ private:
             case Op::optimizer_step:
                 timed([] { return std::string("optimizer step"); }, "optimizer", -1, [&] { optimizer_step(); });
                 return;
-            case Op::send:
-            case Op::recv:
-                // verify() refuses pipeline instructions in a data-parallel program.
-                LOOM_FAIL("Executor: ", in, " at #", index, " needs a pipeline executor");
+            case Op::send: send(index, in); return;
+            case Op::recv: recv(in); return;
             case Op::reduce_loss: {
+                // Only the rank holding the loss unit has a loss; the pp sum
+                // (of it and zeros) gives it to every stage.
                 float loss = loss_sum_ / static_cast<float>(micro_batches_);
                 const Tensor t = Tensor::of(&loss, {1});
+                if (pipelined_ && pp_ != nullptr) pp_->all_reduce(t, t, comm::ReduceOp::sum);
                 comm_->all_reduce(t, t, comm::ReduceOp::avg);
                 loss_ = loss;
                 return;
             }
         }
+    }
+
+    // Passes what chunk `from` produced for micro-batch mb on to chunk `to`:
+    // into its inbox when it is here (a gradient is copied, since chunk
+    // `from`'s context may close before `to` runs), else to the outbox the
+    // next send reads.
+    void hand_on(schedule::Payload payload, int from, int to, int mb, const Tensor& t) {
+        if (chunk_held(to)) {
+            if (payload == schedule::Payload::activation) {
+                pool_.put_inbox(payload, to, mb, t);
+            } else {
+                const Tensor copy = pool_.inbox_parcel(payload, to, mb, t.dtype(), t.shape());
+                std::memcpy(copy.raw(), t.raw(), t.nbytes());
+                pool_.put_inbox(payload, to, mb, copy);
+            }
+        } else {
+            pool_.put_outbox(payload, from, mb, t);
+        }
+    }
+    [[nodiscard]] bool chunk_held(int v) const {
+        return !pipelined_ || pipe_.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
+    }
+
+    // A message is named by what travels and the chunk that sent it; each
+    // chunk sends its micro-batches in order and its neighbour receives them
+    // in the same order, so (payload, sender chunk) tags match them.
+    [[nodiscard]] static int tag_of(schedule::Payload payload, int sender_chunk, bool body) {
+        return (sender_chunk * 2 + (payload == schedule::Payload::gradient ? 1 : 0)) * 2 + (body ? 1 : 0);
+    }
+    // A header (dtype, rank, dims) goes first, so the receiver needs no
+    // knowledge of the model's shapes.
+    static constexpr int header_longs = 8;
+
+    void send(int index, const schedule::Instruction& in) {
+        const Tensor& t = pool_.outbox(in.payload, in.chunk, in.micro_batch);
+        LOOM_CHECK(t.rank() <= header_longs - 2, "Executor: ", t, " has more than ", header_longs - 2,
+                   " dimensions to send");
+        // One parcel: the header, then the body (64-byte aligned after it).
+        auto* parcel = static_cast<std::byte*>(
+            pool_.outbox_parcel(in.payload, in.chunk, in.micro_batch, header_longs * 8 + static_cast<std::int64_t>(t.nbytes())));
+        const Tensor header(parcel, DType::i64, Shape{header_longs});
+        const Tensor body(parcel + header_longs * 8, t.dtype(), t.shape());
+        auto* h = static_cast<std::int64_t*>(header.raw());
+        std::fill_n(h, header_longs, std::int64_t{0});
+        h[0] = static_cast<std::int64_t>(t.dtype());
+        h[1] = t.rank();
+        for (int d = 0; d < t.rank(); ++d) h[2 + d] = t.dim(d);
+        std::memcpy(body.raw(), t.raw(), t.nbytes());
+        InFlight flight{pp_->send_async(header, in.peer, tag_of(in.payload, in.chunk, false)),
+                        pp_->send_async(body, in.peer, tag_of(in.payload, in.chunk, true)),
+                        std::chrono::steady_clock::now(), true, false};
+        pending_[static_cast<std::size_t>(index)] = std::move(flight);
+    }
+
+    void recv(const schedule::Instruction& in) {
+        const int sender = in.chunk + (in.payload == schedule::Payload::activation ? -1 : 1);
+        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] {
+            std::int64_t h[header_longs] = {};
+            pp_->recv(Tensor::of(h, {header_longs}), in.peer, tag_of(in.payload, sender, false));
+            LOOM_CHECK(h[1] >= 0 && h[1] <= header_longs - 2 && h[0] >= 0 && h[0] <= static_cast<std::int64_t>(DType::i64),
+                       "Executor: ", describe_recv(in), " got a malformed header (dtype ", h[0], ", rank ", h[1], ")");
+            const Tensor body = pool_.inbox_parcel(in.payload, in.chunk, in.micro_batch, static_cast<DType>(h[0]),
+                                                   Shape(h + 2, h + 2 + h[1]));
+            pp_->recv(body, in.peer, tag_of(in.payload, sender, true));
+            pool_.put_inbox(in.payload, in.chunk, in.micro_batch, body);
+        });
+    }
+    [[nodiscard]] static std::string describe_recv(const schedule::Instruction& in) {
+        return loom::detail::concat("recv ", name(in.payload), " c", in.chunk, " mb", in.micro_batch, " from rank ",
+                                    in.peer);
     }
 
     void finish(int target) {
@@ -393,6 +588,7 @@ private:
         const auto& in = program_.code[static_cast<std::size_t>(target)];
         const auto t0 = std::chrono::steady_clock::now();
         flight.request.wait();
+        flight.second.wait();
         const auto t1 = std::chrono::steady_clock::now();
         if (trace_.enabled()) {
             const std::string what = describe_comm(in);
@@ -404,7 +600,7 @@ private:
             if (t1 - t0 >= std::chrono::microseconds(5))
                 trace_.add("wait for " + what, "wait", compute_lane, t0, t1, step_count_, in.micro_batch);
         }
-        if (in.op == schedule::Op::reduce_grads && in.slot >= 0 && in.micro_batch > 0) {
+        if (flight.accumulate) {
             const auto& g = layout_.group(in.group);
             const Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
             kernels::host::accumulate(grad_shard_.data<float>() + g.shard_offset,
@@ -437,10 +633,15 @@ private:
     }
 
     C* comm_;
+    C* pp_;
     std::vector<nn::Unit> units_;
     int stage_;
     int micro_batches_;
     optim::AdamWConfig adamw_;
+    bool pipelined_;
+    schedule::PipelineProgram pipe_;
+    schedule::StageBounds stages_;
+    std::vector<int> chunk_of_unit_;  // -1: a unit held by another stage
     parallel::ShardLayout layout_;
     schedule::StepProgram program_;
     Trace trace_;
@@ -451,8 +652,9 @@ private:
     std::int64_t optimizer_steps_ = 0;
     std::int64_t step_count_ = 0;
 
-    nn::Context context_;
+    MicroBatchPool pool_;
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
+    std::vector<bool> reduced_;      // by group: reduced already this step
     Tensor inputs_, targets_, activation_;
     std::int64_t rows_per_micro_batch_ = 0;
     float seed_ = 1.0f;

@@ -6,12 +6,15 @@
 //
 //   using S = loom::Strategy<loom::DataParallel<>, loom::ZeroShard<2>>;
 //   std::cout << S{};   // Strategy<DataParallel<bucket 2 MiB>, ZeroShard<2>>
+//   using P = loom::Strategy<loom::DataParallel<>, loom::Pipeline<loom::ZeroBubbleH1>, loom::ZeroShard<3>>;  // ZeroPP
 #pragma once
 
 #include <cstdint>
 #include <ostream>
+#include <type_traits>
 
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/policy.hpp"
 #include "loom/parallel/zero_shard.hpp"
 
@@ -58,6 +61,8 @@ struct Strategy {
                   "loom::Strategy<...> lists DataParallel twice; give it once, with all its options");
     static_assert(detail::count_of_kind<PolicyKind::zero_shard, Ps...> <= 1,
                   "loom::Strategy<...> lists ZeroShard twice; a model has one ZeRO stage, choose 1, 2 or 3");
+    static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1,
+                  "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one");
 
     // ZeroShard alone implies data parallelism with the default bucket.
     using data_parallel_policy = typename detail::first_of_kind<PolicyKind::data_parallel, DataParallel<>, Ps...>::type;
@@ -70,6 +75,19 @@ struct Strategy {
         else return zero_policy::stage;
     }();
     static constexpr std::int64_t bucket_bytes = data_parallel_policy::bucket_bytes;
+
+    // Pipeline<S>: the schedule and its chunks per rank; without one, the
+    // model runs whole on every rank (a pipeline of one stage).
+    using pipeline_policy = typename detail::first_of_kind<PolicyKind::pipeline, void, Ps...>::type;
+    static constexpr bool pipelined = !std::is_void_v<pipeline_policy>;
+    static constexpr ScheduleKind schedule = [] {
+        if constexpr (pipelined) return pipeline_policy::schedule_kind;
+        else return ScheduleKind::one_f_one_b;
+    }();
+    static constexpr int chunks = [] {
+        if constexpr (pipelined) return pipeline_policy::chunks;
+        else return 1;
+    }();
 
     static void describe(std::ostream& out) {
         out << "Strategy<";

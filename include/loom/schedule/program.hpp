@@ -119,6 +119,10 @@ struct StepProgram {
     int micro_batches = 1;
     int grad_slots = 0;     // gradient working buffers the program uses (ZeRO-2/3)
     int param_slots = 0;    // gathered-parameter working buffers (ZeRO-3)
+    // A pipeline rank's program (pipeline_step.hpp): it holds only some units,
+    // forwards and backwards name their chunk, and a gradient slot holds its
+    // group for the whole step (reduced once) rather than per micro-batch.
+    bool pipelined = false;
     std::vector<Instruction> code;
 
     // Appends and returns the index, which a later wait names.

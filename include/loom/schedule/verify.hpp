@@ -12,12 +12,21 @@
 //   - a group's gradients are reduced only after backward has finished every
 //     unit of the group, exactly once (per micro-batch from slots, once from
 //     the arena), and the optimizer runs after every reduction is waited.
+// A pipeline rank's program (program.pipelined, checked with the chunk of
+// every unit, -1 for units held elsewhere): only its own units run; a chunk's
+// first forward needs the activation of the unit before it (run here, or
+// received), its last unit's backward the gradient of the unit after it; a
+// send follows the compute that produced what it sends; each group is reduced
+// once per step, after every micro-batch's weight gradients. Matching sends
+// with recvs across ranks and deadlock freedom are verify_pipeline's part.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -31,8 +40,13 @@ namespace detail {
 
 class Verifier {
 public:
-    Verifier(const StepProgram& program, const parallel::ShardLayout& layout, int units)
-        : program_(program), layout_(layout), units_(units) {}
+    Verifier(const StepProgram& program, const parallel::ShardLayout& layout, int units,
+             std::vector<int> chunk_of_unit = {})
+        : program_(program), layout_(layout), units_(units), chunk_of_unit_(std::move(chunk_of_unit)) {
+        if (chunk_of_unit_.empty()) chunk_of_unit_.assign(static_cast<std::size_t>(units), 0);
+        LOOM_CHECK(static_cast<int>(chunk_of_unit_.size()) == units, "verify: ", chunk_of_unit_.size(),
+                   " chunk entries for ", units, " units");
+    }
 
     void run() {
         const int mbs = program_.micro_batches;
@@ -48,7 +62,7 @@ public:
                   ") is never waited for");
         for (int mb = 0; mb < mbs; ++mb)
             for (int u = 0; u < units_; ++u)
-                check(forward_done_[mb][u] == 1 && input_done_[mb][u] == 1 && weight_done_[mb][u] == 1, "unit ", u,
+                check(!held(u) || (forward_done_[mb][u] == 1 && input_done_[mb][u] == 1 && weight_done_[mb][u] == 1), "unit ", u,
                       " of micro-batch ", mb, " ran forward ", forward_done_[mb][u], " times and backward ",
                       input_done_[mb][u], "/", weight_done_[mb][u], " times; each must run once");
         check(optimizer_steps_ == 1, "the optimizer runs ", optimizer_steps_, " times; a step runs it once");
@@ -67,11 +81,37 @@ private:
                                              args...));
     }
 
+    [[nodiscard]] bool held(int u) const { return chunk_of_unit_[static_cast<std::size_t>(u)] >= 0; }
+    [[nodiscard]] int chunk(int u) const { return chunk_of_unit_[static_cast<std::size_t>(u)]; }
+
     [[nodiscard]] std::pair<int, int> unit_mb(const Instruction& in) const {
         check(in.unit >= 0 && in.unit < units_, in, " names unit ", in.unit, " but the model has ", units_);
         check(in.micro_batch >= 0 && in.micro_batch < program_.micro_batches, in, " names micro-batch ", in.micro_batch,
               " of ", program_.micro_batches);
+        check(held(in.unit), in, " runs a unit this rank does not hold");
+        check(!program_.pipelined || in.chunk == chunk(in.unit), in, " names chunk ", in.chunk, " but u", in.unit,
+              " is in chunk ", chunk(in.unit));
         return {in.unit, in.micro_batch};
+    }
+
+    // The activation entering unit u: its predecessor's forward here, or a
+    // recv for u's chunk.
+    [[nodiscard]] bool input_ready(int u, int mb) const {
+        if (u == 0) return true;
+        if (held(u - 1)) return forward_done_[mb][u - 1] == 1;
+        return received_.count({Payload::activation, chunk(u), mb}) > 0;
+    }
+    // The gradient entering unit u's backward: its successor's here, a recv,
+    // or (the model's last unit) the loss itself.
+    [[nodiscard]] bool gradient_ready(int u, int mb) const {
+        if (u == units_ - 1) return true;
+        if (held(u + 1)) return input_done_[mb][u + 1] == 1;
+        return received_.count({Payload::gradient, chunk(u), mb}) > 0;
+    }
+    [[nodiscard]] bool all_weights_done(int u) const {
+        for (int mb = 0; mb < program_.micro_batches; ++mb)
+            if (weight_done_[mb][u] != 1) return false;
+        return true;
     }
 
     // A unit computes only with its parameters in place (ZeRO-3) and its
@@ -102,7 +142,7 @@ private:
             case Op::zero_grads: break;
             case Op::forward: {
                 const auto [u, mb] = unit_mb(in);
-                check(u == 0 || forward_done_[mb][u - 1] == 1, in, " runs before forward u", u - 1);
+                check(input_ready(u, mb), in, " runs before forward u", u - 1, program_.pipelined ? " (or its recv)" : "");
                 check(forward_done_[mb][u] == 0, in, " runs twice");
                 check_unit_ready(in, u, false);
                 forward_done_[mb][u] = 1;
@@ -111,8 +151,10 @@ private:
             case Op::backward:
             case Op::backward_input: {
                 const auto [u, mb] = unit_mb(in);
-                check(forward_done_[mb][units_ - 1] == 1, in, " runs before the forward pass ended");
-                check(u == units_ - 1 || input_done_[mb][u + 1] == 1, in, " runs before the backward of u", u + 1);
+                check(program_.pipelined ? forward_done_[mb][u] == 1 : forward_done_[mb][units_ - 1] == 1, in,
+                      " runs before the forward pass ended");
+                check(gradient_ready(u, mb), in, " runs before the backward of u", u + 1,
+                      program_.pipelined ? " (or its recv)" : "");
                 check(input_done_[mb][u] == 0, in, " runs twice");
                 check_unit_ready(in, u, in.op == Op::backward);
                 input_done_[mb][u] = 1;
@@ -159,8 +201,11 @@ private:
                 const auto& group = layout_.group(in.group);
                 const int mb = in.micro_batch;
                 check(mb >= 0 && mb < program_.micro_batches, in, " names micro-batch ", mb);
+                const bool whole_step = program_.pipelined;
                 for (int u = group.first_unit; u <= group.last_unit; ++u)
-                    check(weight_done_[mb][u] == 1, in, " reduces before the weight gradients of u", u, " exist");
+                    check(whole_step ? all_weights_done(u) : weight_done_[mb][u] == 1, in,
+                          " reduces before the weight gradients of u", u, whole_step ? " of every micro-batch" : "",
+                          " exist");
                 if (in.slot >= 0) {
                     Slot& s = slot_of(grad_slot_, in, "gradient");
                     check(s.group == in.group && s.pending < 0, in, " reduces slot ", in.slot, " which holds group ", s.group);
@@ -169,7 +214,7 @@ private:
                     check(mb == program_.micro_batches - 1, in,
                           " reduces arena gradients before the last micro-batch has added its share");
                 }
-                ++reductions_[{in.group, mb}];
+                ++reductions_[{in.group, program_.pipelined ? 0 : mb}];
                 async_[index_] = false;
                 break;
             }
@@ -196,8 +241,10 @@ private:
                 // from slots, once (in the last micro-batch) from the arena.
                 for (int g = 0; g < static_cast<int>(layout_.groups().size()); ++g) {
                     const bool slots = !grad_slot_.empty();
-                    for (int mb = 0; mb < program_.micro_batches; ++mb) {
-                        const int expected = slots || mb == program_.micro_batches - 1 ? 1 : 0;
+                    // A pipeline reduces each group once a step (counted under micro-batch 0).
+                    const int reduced_mbs = program_.pipelined ? 1 : program_.micro_batches;
+                    for (int mb = 0; mb < reduced_mbs; ++mb) {
+                        const int expected = slots || program_.pipelined || mb == program_.micro_batches - 1 ? 1 : 0;
                         const auto it = reductions_.find({g, mb});
                         const int seen = it == reductions_.end() ? 0 : it->second;
                         check(seen == expected, in, " runs after group ", g, "'s gradients of micro-batch ", mb,
@@ -208,9 +255,27 @@ private:
                 break;
             case Op::reduce_loss: break;
             case Op::send:
-            case Op::recv:
-                check(false, in, " is a pipeline instruction; a data-parallel program has none");
+            case Op::recv: {
+                check(program_.pipelined, in, " is a pipeline instruction; a data-parallel program has none");
+                const int mb = in.micro_batch;
+                check(mb >= 0 && mb < program_.micro_batches && in.chunk >= 0, in, " names micro-batch ", mb,
+                      " and chunk ", in.chunk);
+                const auto first = std::find(chunk_of_unit_.begin(), chunk_of_unit_.end(), in.chunk);
+                check(first != chunk_of_unit_.end(), in, " names chunk ", in.chunk, ", which this rank does not hold");
+                const int lo = static_cast<int>(first - chunk_of_unit_.begin());
+                const int hi = static_cast<int>(std::find_if(first, chunk_of_unit_.end(),
+                                                             [&](int c) { return c != in.chunk; }) -
+                                                chunk_of_unit_.begin()) - 1;
+                if (in.op == Op::recv) {
+                    check(received_.insert({in.payload, in.chunk, mb}).second, in, " receives twice");
+                } else {
+                    check(in.payload == Payload::activation ? forward_done_[mb][hi] == 1 : input_done_[mb][lo] == 1,
+                          in, " sends before the ", in.payload == Payload::activation ? "forward" : "backward",
+                          " that produces it");
+                    async_[index_] = false;
+                }
                 break;
+            }
         }
     }
 
@@ -222,6 +287,8 @@ private:
     const StepProgram& program_;
     const parallel::ShardLayout& layout_;
     int units_;
+    std::vector<int> chunk_of_unit_;
+    std::set<std::tuple<Payload, int, int>> received_;  // (payload, chunk, micro-batch)
     int index_ = 0;
     std::vector<std::vector<int>> forward_done_, input_done_, weight_done_;
     std::vector<Slot> param_slot_, grad_slot_;
@@ -235,6 +302,13 @@ private:
 // Throws loom::Error naming the first instruction that breaks a rule.
 inline void verify(const StepProgram& program, const parallel::ShardLayout& layout, int units) {
     detail::Verifier(program, layout, units).run();
+}
+
+// A pipeline rank's program: chunk_of_unit[u] is the virtual stage holding
+// unit u on this rank, -1 where another rank holds it.
+inline void verify(const StepProgram& program, const parallel::ShardLayout& layout,
+                   const std::vector<int>& chunk_of_unit) {
+    detail::Verifier(program, layout, static_cast<int>(chunk_of_unit.size()), chunk_of_unit).run();
 }
 
 }  // namespace loom::schedule
