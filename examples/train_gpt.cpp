@@ -1,11 +1,14 @@
 // train_gpt: trains loom's reference GPT byte by byte, on a text file or on a
-// built-in synthetic corpus: on one core, on --dp N rank threads of this
-// process, or on the processes of `mpirun -np N train_gpt` (found from the
-// launcher's environment), with ZeRO stage --zero S and --micro-batches M.
+// built-in synthetic corpus: on one core, on --dp N x --pp P rank threads of
+// this process, or on the processes of `mpirun -np N train_gpt` (found from
+// the launcher's environment), with ZeRO stage --zero S, --micro-batches M
+// and, with --pp, a pipeline schedule (--schedule) over a partition of the
+// layers that is measured (a short profiling pass) or given (--partition).
 //
 //   train_gpt [--data FILE] [--layers 4] [--width 256] [--heads 4] [--seq 128] [--batch 8]
 //             [--vocab 256] [--steps 200] [--until N] [--lr 1e-3] [--seed 1] [--threads 1]
-//             [--dp 1] [--zero 0] [--micro-batches 1] [--trace FILE.json]
+//             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b]
+//             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
 //
@@ -28,6 +31,9 @@
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/plan/partition.hpp>
+#include <loom/plan/profile.hpp>
+#include <loom/schedule/pipeline.hpp>
 #include <loom/optim/schedule.hpp>
 #include <loom/parallel/strategy.hpp>
 #include <loom/train/metrics.hpp>
@@ -63,14 +69,25 @@ struct Flags {
     int dp = 0;                    // 0: 1 on threads, the world size under MPI
     int zero = 0;
     int micro_batches = 1;
+    int pp = 1;
+    loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
+    std::string schedule_text;     // as given, for messages; empty: not given
+    int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
+    std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
     std::string data, metrics, save, resume, trace;
+
+    [[nodiscard]] int chunks_per_rank() const {
+        if (chunks > 0) return chunks;
+        return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
+    }
     std::int64_t sample = 0;
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
     throw loom::Error("train_gpt: " + what +
                       " (flags: --data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X "
-                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --trace FILE --metrics FILE "
+                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --schedule "
+                      "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
                       "--save FILE --resume FILE --sample N)");
 }
 
@@ -103,6 +120,17 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--dp") f.dp = static_cast<int>(parse_int(flag, value, 1, 4096));
         else if (flag == "--zero") f.zero = static_cast<int>(parse_int(flag, value, 0, 3));
         else if (flag == "--micro-batches") f.micro_batches = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
+        else if (flag == "--pp") f.pp = static_cast<int>(parse_int(flag, value, 1, 1024));
+        else if (flag == "--chunks") f.chunks = static_cast<int>(parse_int(flag, value, 2, 4));
+        else if (flag == "--partition") f.partition = value;
+        else if (flag == "--schedule") {
+            f.schedule_text = value;
+            try {
+                f.schedule = loom::parse_schedule(value);
+            } catch (const loom::Error& e) {
+                usage_error(std::string("--schedule: ") + e.message());
+            }
+        }
         else if (flag == "--sample") f.sample = parse_int(flag, value, 0, 1 << 20);
         else if (flag == "--metrics") f.metrics = value;
         else if (flag == "--save") f.save = value;
@@ -118,51 +146,155 @@ Flags parse(int argc, char** argv) {
         }
     }
     f.model.validate();
+    if (f.pp == 1 && !f.schedule_text.empty())
+        usage_error("--schedule " + f.schedule_text + " needs a pipeline; add --pp 2 or more");
+    if (f.pp == 1 && !f.partition.empty()) usage_error("--partition " + f.partition + " needs a pipeline; add --pp 2 or more");
+    if (f.chunks > 0 && f.schedule != loom::ScheduleKind::interleaved)
+        usage_error("--chunks " + std::to_string(f.chunks) + " is for --schedule interleaved; " +
+                    std::string(loom::name(f.schedule)) + " runs " + (f.schedule == loom::ScheduleKind::zero_bubble_v ? "2" : "1") +
+                    " chunk(s) per rank");
     if (f.until < 0) f.until = f.steps;
     if (f.until > f.steps) usage_error("--until " + std::to_string(f.until) + " is past --steps " + std::to_string(f.steps));
     return f;
 }
 
-// The strategy --zero names, as the compile-time type a user would write.
-template <int Stage>
-using ZeroStrategy = std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>>,
-                                        loom::Strategy<loom::DataParallel<>, loom::ZeroShard<Stage == 0 ? 1 : Stage>>>;
+// The strategy the flags name, as the compile-time type a user would write:
+// Strategy<DataParallel<>[, Pipeline<Schedule>][, ZeroShard<S>]>.
+template <int Stage, class... Pipeline>
+using StrategyOf = std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline...>,
+                                      loom::Strategy<loom::DataParallel<>, Pipeline..., loom::ZeroShard<Stage == 0 ? 1 : Stage>>>;
 
-template <int Stage>
-std::pair<loom::exec::ExecutionPlan, std::string> plan_for() {
-    std::ostringstream name;
-    name << ZeroStrategy<Stage>{};
-    return {loom::exec::ExecutionPlan::of<ZeroStrategy<Stage>>(), name.str()};
+template <class... Pipeline>
+std::pair<loom::exec::ExecutionPlan, std::string> plan_for(int zero) {
+    const auto of = [](auto strategy) {
+        std::ostringstream name;
+        name << strategy;
+        return std::pair{loom::exec::ExecutionPlan::of<decltype(strategy)>(), name.str()};
+    };
+    switch (zero) {
+        case 1: return of(StrategyOf<1, Pipeline...>{});
+        case 2: return of(StrategyOf<2, Pipeline...>{});
+        case 3: return of(StrategyOf<3, Pipeline...>{});
+        default: return of(StrategyOf<0, Pipeline...>{});
+    }
 }
 
-std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(int zero) {
-    switch (zero) {
-        case 1: return plan_for<1>();
-        case 2: return plan_for<2>();
-        case 3: return plan_for<3>();
-        default: return plan_for<0>();
+std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(const Flags& flags) {
+    if (flags.pp == 1) return plan_for<>(flags.zero);
+    switch (flags.schedule) {
+        case loom::ScheduleKind::gpipe: return plan_for<loom::Pipeline<loom::GPipe>>(flags.zero);
+        case loom::ScheduleKind::one_f_one_b: return plan_for<loom::Pipeline<loom::OneFOneB>>(flags.zero);
+        case loom::ScheduleKind::zero_bubble_h1: return plan_for<loom::Pipeline<loom::ZeroBubbleH1>>(flags.zero);
+        case loom::ScheduleKind::zero_bubble_v: return plan_for<loom::Pipeline<loom::ZeroBubbleV>>(flags.zero);
+        case loom::ScheduleKind::interleaved:
+            switch (flags.chunks_per_rank()) {
+                case 3: return plan_for<loom::Pipeline<loom::Interleaved<3>>>(flags.zero);
+                case 4: return plan_for<loom::Pipeline<loom::Interleaved<4>>>(flags.zero);
+                default: return plan_for<loom::Pipeline<loom::Interleaved<2>>>(flags.zero);
+            }
     }
+    usage_error("unknown schedule");
 }
 
 // Everything a run checks before it builds anything, the same on every rank.
 void check_degrees(const Flags& flags, int world, int dp) {
-    if (world % dp != 0)
-        usage_error("--dp " + std::to_string(dp) + " does not divide the world size " + std::to_string(world) +
-                    "; use a divisor of " + std::to_string(world));
-    if (dp != world)
-        usage_error("--dp " + std::to_string(dp) + " leaves " + std::to_string(world - dp) + " of the " +
-                    std::to_string(world) + " ranks without work; data parallelism alone needs --dp " +
-                    std::to_string(world));
+    const int pp = flags.pp;
+    const std::string degrees = pp == 1 ? "--dp " + std::to_string(dp)
+                                        : "--dp " + std::to_string(dp) + " x --pp " + std::to_string(pp);
+    if (world % (dp * pp) != 0)
+        usage_error(degrees + " = " + std::to_string(dp * pp) + " does not divide the world size " +
+                    std::to_string(world) + "; use degrees whose product divides " + std::to_string(world));
+    if (dp * pp != world)
+        usage_error(degrees + " leaves " + std::to_string(world - dp * pp) + " of the " + std::to_string(world) +
+                    " ranks without work; the degrees must multiply to " + std::to_string(world));
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
     if (flags.batch % split != 0)
         usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp) +
                     " x --micro-batches " + std::to_string(flags.micro_batches) + " = " + std::to_string(split) +
                     "; every rank needs the same whole number of sequences per micro-batch");
+    if (pp == 1) return;
+    const int chunks = flags.chunks_per_rank(), stages = pp * chunks;
+    const auto layers = static_cast<int>(flags.model.layers);
+    const std::string stage_words =
+        chunks == 1 ? "--pp " + std::to_string(pp) : "--pp " + std::to_string(pp) + " x " + std::to_string(chunks) + " chunks";
+    if (stages > layers)
+        usage_error(stage_words + " = " + std::to_string(stages) + " stages but the model has " + std::to_string(layers) +
+                    " layers (--layers); every stage needs at least one layer: use --pp <= " +
+                    std::to_string(layers / chunks) + (chunks > 1 ? ", fewer --chunks" : "") + " or more --layers");
+    if (flags.partition.empty() && flags.schedule == loom::ScheduleKind::interleaved && layers % stages != 0)
+        usage_error("--schedule interleaved with " + std::to_string(chunks) + " chunks per rank needs the " +
+                    std::to_string(layers) + " layers to split evenly into " + std::to_string(stages) +
+                    " chunks (--layers divisible by --pp x --chunks); use --chunks dividing the " +
+                    (layers % pp == 0 ? std::to_string(layers / pp) + " " : "") +
+                    "layers per stage, other --layers, or --partition");
+    try {
+        if (!flags.partition.empty())
+            (void)loom::plan::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : stage_words + " is " + std::to_string(stages));
+        // The schedule's own rules (interleaving needs micro-batches in multiples of --pp).
+        (void)loom::schedule::pipeline_program(flags.schedule, pp, flags.micro_batches, chunks);
+    } catch (const loom::Error& e) {
+        usage_error(e.message());
+    }
+}
+
+// Units per virtual stage: the GPT's units are embed, blocks[0..L-1], ln_f,
+// head, loss; stages split the blocks, the first stage also runs embed and
+// the last ln_f, head and loss. Without --partition the blocks are balanced
+// over the measured unit times, embed's time counted with the first block and
+// the final layers' with the last.
+std::vector<int> gpt_partition(const Flags& flags, const std::vector<double>& unit_seconds) {
+    const auto layers = static_cast<int>(flags.model.layers);
+    const int stages = flags.pp * flags.chunks_per_rank();
+    std::vector<int> blocks;
+    if (!flags.partition.empty()) {
+        blocks = loom::plan::parse_partition(flags.partition, layers, stages);
+    } else {
+        std::vector<double> cost(unit_seconds.begin() + 1, unit_seconds.begin() + 1 + layers);
+        cost.front() += unit_seconds.front();
+        for (std::size_t u = static_cast<std::size_t>(layers) + 1; u < unit_seconds.size(); ++u) cost.back() += unit_seconds[u];
+        if (flags.schedule == loom::ScheduleKind::interleaved) blocks.assign(static_cast<std::size_t>(stages), layers / stages);
+        else blocks = loom::plan::balance(cost, stages).layers_per_stage;
+    }
+    blocks.front() += 1;  // embed
+    blocks.back() += 3;   // ln_f, head, loss
+    return blocks;
+}
+
+// The short profiling pass: world rank 0 times every unit on one micro-batch
+// and sends the times to all, so every rank cuts the model the same way.
+template <loom::comm::Communicator C>
+std::vector<double> profiled_unit_seconds(C& world, const Flags& flags, const loom::data::ByteCorpus& corpus,
+                                          std::int64_t rows) {
+    std::vector<double> seconds(static_cast<std::size_t>(flags.model.layers + 4), 0.0);
+    if (world.rank() == 0) {
+        loom::gpt::Model probe = loom::gpt::make_model(flags.model);
+        std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * flags.model.seq)), targets(inputs.size());
+        corpus.rows(flags.seed, 0, 0, rows, flags.model.seq, inputs, targets);
+        seconds = loom::plan::profile_units(probe, flags.seed, loom::Tensor::of(inputs.data(), {rows, flags.model.seq}),
+                                            loom::Tensor::of(targets.data(), {rows, flags.model.seq}));
+    }
+    // Sent as 8-byte words (there is no f64 dtype): a broadcast copies bits.
+    world.broadcast(loom::Tensor(seconds.data(), loom::DType::i64, loom::Shape{static_cast<std::int64_t>(seconds.size())}), 0);
+    return seconds;
+}
+
+// "embed+blocks[0..3] | blocks[4..7]+ln_f+head+loss": who runs what.
+std::string describe_stages(const std::vector<int>& units_per_stage, std::int64_t layers) {
+    std::ostringstream out;
+    int first = 0;
+    for (std::size_t s = 0; s < units_per_stage.size(); ++s) {
+        const int last = first + units_per_stage[s] - 1;
+        const int b0 = std::max(first, 1) - 1, b1 = std::min<int>(last, static_cast<int>(layers)) - 1;
+        out << (s ? " | " : "") << (first == 0 ? "embed+" : "") << "blocks[" << b0 << ".." << b1 << "]"
+            << (last > layers ? "+ln_f+head+loss" : "");
+        first = last + 1;
+    }
+    return out.str();
 }
 
 template <loom::comm::Communicator C>
 void train(C& world, const Flags& flags, const char* transport) {
-    const int dp_size = flags.dp > 0 ? flags.dp : world.size();
+    const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / flags.pp);
     check_degrees(flags, world.size(), dp_size);
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
@@ -176,15 +308,22 @@ void train(C& world, const Flags& flags, const char* transport) {
         corpus.batch(flags.seed, 0, 1, flags.model.seq, probe, probe_targets);
     }
 
-    loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}});
+    loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}, {"pp", flags.pp}});
     C& dp = mesh.axis("dp");
+    const std::int64_t rows = flags.batch / dp_size;
+    std::vector<int> partition;
+    if (flags.pp > 1)
+        partition = gpt_partition(flags, flags.partition.empty()
+                                             ? profiled_unit_seconds(world, flags, corpus, rows / flags.micro_batches)
+                                             : std::vector<double>{});
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
-    const auto [plan, strategy] = strategy_for(flags.zero);
-    loom::exec::Executor<C> exec(model, dp, plan,
+    const auto [plan, strategy] = strategy_for(flags);
+    loom::exec::Executor<C> exec(model, dp, flags.pp > 1 ? &mesh.axis("pp") : nullptr, plan,
                                  {.micro_batches = flags.micro_batches,
                                   .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f},
                                   .trace = !flags.trace.empty(),
-                                  .field_names = {"embed", "blocks", "ln_f", "head", "loss"}});
+                                  .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
+                                  .partition = partition});
     const auto parameters = exec.layout().dense_size();
     std::int64_t first_step = 0;
     if (!flags.resume.empty()) {
@@ -203,17 +342,21 @@ void train(C& world, const Flags& flags, const char* transport) {
         std::printf("%s, %lld parameters, batch %lld x %lld tokens, %s\n", config.str().c_str(),
                     static_cast<long long>(parameters), static_cast<long long>(flags.batch),
                     static_cast<long long>(flags.model.seq), corpus.describe().c_str());
-        std::printf("%s on %d %s, %d micro-batch%s, %d BLAS thread%s per rank\n", strategy.c_str(), dp_size, transport,
+        std::printf("%s on %d %s%s, %d micro-batch%s, %d BLAS thread%s per rank\n", strategy.c_str(), world.size(),
+                    transport,
+                    flags.pp == 1 ? "" : (" (dp " + std::to_string(dp_size) + " x pp " + std::to_string(flags.pp) + ")").c_str(),
                     flags.micro_batches, flags.micro_batches == 1 ? "" : "es", flags.threads, flags.threads == 1 ? "" : "s");
+        if (flags.pp > 1)
+            std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
+                        describe_stages(partition, flags.model.layers).c_str());
         const unsigned cores = std::thread::hardware_concurrency();
         if (cores > 0 && std::string_view(transport) == "rank threads" &&
-            static_cast<unsigned>(dp_size * flags.threads) > cores)
-            std::printf("note: %d ranks x %d BLAS threads oversubscribe the %u cores; expect lower speed\n", dp_size,
+            static_cast<unsigned>(world.size() * flags.threads) > cores)
+            std::printf("note: %d ranks x %d BLAS threads oversubscribe the %u cores; expect lower speed\n", world.size(),
                         flags.threads, cores);
         if (first_step > 0) std::printf("resumed from %s at step %lld\n", flags.resume.c_str(), static_cast<long long>(first_step));
     }
 
-    const std::int64_t rows = flags.batch / dp_size;
     const std::int64_t tokens_per_step = flags.batch * flags.model.seq;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * flags.model.seq)), targets(inputs.size());
     const auto input_tensor = loom::Tensor::of(inputs.data(), {rows, flags.model.seq});
@@ -242,15 +385,15 @@ void train(C& world, const Flags& flags, const char* transport) {
     if (progress) progress->finish();
     if (lead && last > first_step)
         std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(last));
-    if (lead && dp_size > 1) {
+    if (lead && world.size() > 1) {
         std::ostringstream report;
         report << exec.memory_report();
         std::printf("memory per rank: %s\n", report.str().c_str());
     }
 
     if (!flags.trace.empty()) {
-        loom::exec::write_trace(dp, exec.trace(), flags.trace);
-        if (lead) std::printf("trace of %d ranks written to %s (open in ui.perfetto.dev)\n", dp_size, flags.trace.c_str());
+        loom::exec::write_trace(world, exec.trace(), flags.trace);
+        if (lead) std::printf("trace of %d ranks written to %s (open in ui.perfetto.dev)\n", world.size(), flags.trace.c_str());
     }
     if (!flags.save.empty() || flags.sample > 0) {
         // The whole model on every rank (a collective), in the serial layout.
@@ -296,7 +439,7 @@ int run(int argc, char** argv) {
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
     }
-    const int ranks = flags.dp > 0 ? flags.dp : 1;
+    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp;
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });

@@ -6,13 +6,15 @@ add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_co
 target_link_libraries(loom_mpi_tests PRIVATE loom::mpi Catch2::Catch2)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
   # The equivalence suite of tests/parallel, written once for every transport.
   loom_add_mpi_test("mpi: data parallel and ZeRO 0-3 equal serial on ${_procs} processes" ${_procs} loom_mpi_tests "[parallel]")
 endforeach()
+loom_add_mpi_test("mpi: every pipeline schedule, alone and with dp 2 x ZeRO 0-3, equals serial on 4 processes" 4
+                  loom_mpi_tests "[pipeline]")
 
 # Faults that end the job: one scenario per run. The program verifies what
 # every rank saw and prints the verdict before MpiSession aborts the job, so

@@ -1,6 +1,7 @@
 // Data parallelism and ZeRO under mpirun: the equivalence suite of
 // tests/parallel (the same body the rank-thread tests run), with dp = the
-// number of processes, every ZeRO stage, 1 and 4 micro-batches.
+// number of processes, every ZeRO stage, 1 and 4 micro-batches; and the
+// pipeline suite on 4 processes.
 #include <catch2/catch.hpp>
 
 #include <loom/comm/communicator_mpi.hpp>
@@ -19,4 +20,31 @@ TEST_CASE("data parallel equals serial under MPI", "[parallel]") {
             CHECK(result.worst_loss_error <= 1e-5);
             CHECK(result.worst_param_error <= 1e-5);
         }
+}
+
+// Pipelines on 4 processes: pp 4 alone for every schedule and 1, 4 and 8
+// micro-batches, and dp 2 x pp 2 at every ZeRO stage, as on rank threads.
+TEST_CASE("pipelines equal serial under MPI", "[pipeline]") {
+    constexpr int layers = 4;  // 8 units: enough for 4 stages x 2 chunks
+    static const auto serial = loom_test::serial_run(3, layers);
+    auto world = loom::comm::Mpi::world();
+    REQUIRE(world.size() == 4);
+    using loom::ScheduleKind;
+    std::vector<loom_test::EquivalenceCase> cases;
+    for (ScheduleKind schedule : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                                  ScheduleKind::zero_bubble_h1, ScheduleKind::zero_bubble_v}) {
+        for (int micro_batches : {1, 4, 8})
+            if (schedule != ScheduleKind::interleaved || micro_batches % 4 == 0)
+                cases.push_back({.dp = 1, .micro_batches = micro_batches, .steps = 3, .pp = 4, .schedule = schedule,
+                                 .layers = layers});
+        for (int stage : {0, 1, 2, 3})
+            cases.push_back({.dp = 2, .stage = stage, .micro_batches = 4, .steps = 3, .pp = 2, .schedule = schedule,
+                             .layers = layers});
+    }
+    for (const auto& c : cases) {
+        const auto result = loom_test::run_equivalence(world, c, serial);
+        INFO(c << ", rank " << world.rank() << ": " << result.describe());
+        CHECK(result.worst_loss_error <= 1e-5);
+        CHECK(result.worst_param_error <= 1e-5);
+    }
 }

@@ -123,7 +123,11 @@ inline void check_layers_and_stages(std::size_t layers, std::size_t stages) {
 }
 
 // "3,3,2" -> {3, 3, 2}, checked against the layer count and the stages.
-[[nodiscard]] inline std::vector<int> parse_partition(std::string_view text, int layers, int stages) {
+// `stages_are` says where the stage count comes from in messages ("--pp is
+// 3" by default; "--pp 2 x 2 chunks is 4" for interleaving).
+[[nodiscard]] inline std::vector<int> parse_partition(std::string_view text, int layers, int stages,
+                                                      std::string stages_are = {}) {
+    if (stages_are.empty()) stages_are = "--pp is " + std::to_string(stages);
     std::vector<int> sizes;
     std::string item;
     std::istringstream in{std::string(text)};
