@@ -202,7 +202,7 @@ void check_degrees(const Flags& flags, int world, int dp) {
     const std::string degrees = pp == 1 ? "--dp " + std::to_string(dp)
                                         : "--dp " + std::to_string(dp) + " x --pp " + std::to_string(pp);
     if (world % (dp * pp) != 0)
-        usage_error(degrees + " = " + std::to_string(dp * pp) + " does not divide the world size " +
+        usage_error(degrees + (pp == 1 ? "" : " = " + std::to_string(dp * pp)) + " does not divide the world size " +
                     std::to_string(world) + "; use degrees whose product divides " + std::to_string(world));
     if (dp * pp != world)
         usage_error(degrees + " leaves " + std::to_string(world - dp * pp) + " of the " + std::to_string(world) +
