@@ -2,10 +2,13 @@
 // saved layer state) for every (chunk, micro-batch) between its forward and
 // its last backward, and the tensors that cross a chunk boundary.
 //
-// Contexts come from a pool: one is opened when a chunk's forward starts a
-// micro-batch and returned after the chunk's last backward (or W) of it, so
-// the pool grows to the schedule's activations in flight (1F1B: p on the
-// first rank, GPipe: m) and a steady loop allocates nothing.
+// Contexts come from a pool per chunk: one is opened when a chunk's forward
+// starts a micro-batch and returned after the chunk's last backward (or W)
+// of it, so the pool grows to the schedule's activations in flight (1F1B: p
+// on the first rank, GPipe: m) and a steady loop allocates nothing. Per
+// chunk, because chunks differ in size (the last holds the logits): a
+// context that served a small chunk and then a large one would outgrow its
+// arena and re-allocate (and page-fault) every step.
 //
 // Boundary tensors are keyed by (payload, chunk, micro-batch):
 //   inbox:  what chunk v consumes: its input activation (received, or the
@@ -39,6 +42,7 @@ public:
         micro_batches_ = micro_batches;
         const auto n = static_cast<std::size_t>(2 * chunks * micro_batches);
         open_.assign(static_cast<std::size_t>(chunks * micro_batches), -1);
+        if (free_.size() < static_cast<std::size_t>(chunks)) free_.resize(static_cast<std::size_t>(chunks));
         inbox_.assign(n, Tensor{});
         outbox_.assign(n, Tensor{});
         if (inbox_parcels_.size() < n) inbox_parcels_.resize(n);
@@ -49,12 +53,13 @@ public:
     nn::Context& open(int chunk, int mb) {
         int& at = open_[at_of(chunk, mb)];
         LOOM_CHECK(at < 0, "Executor: chunk ", chunk, " micro-batch ", mb, " started twice in one step");
-        if (free_.empty()) {
+        auto& free = free_[static_cast<std::size_t>(chunk)];
+        if (free.empty()) {
             contexts_.push_back(std::make_unique<nn::Context>());
-            free_.push_back(static_cast<int>(contexts_.size()) - 1);
+            free.push_back(static_cast<int>(contexts_.size()) - 1);
         }
-        at = free_.back();
-        free_.pop_back();
+        at = free.back();
+        free.pop_back();
         nn::Context& ctx = *contexts_[static_cast<std::size_t>(at)];
         ctx.reset();
         return ctx;
@@ -69,7 +74,7 @@ public:
     // Its last backward is done: the context goes back to the pool.
     void close(int chunk, int mb) {
         int& at = open_[at_of(chunk, mb)];
-        if (at >= 0) free_.push_back(at);
+        if (at >= 0) free_[static_cast<std::size_t>(chunk)].push_back(at);
         at = -1;
     }
 
@@ -130,7 +135,7 @@ private:
 
     int chunks_ = 0, micro_batches_ = 0;
     std::vector<std::unique_ptr<nn::Context>> contexts_;
-    std::vector<int> free_;
+    std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight
     std::vector<Tensor> inbox_, outbox_;
     std::vector<Buffer<Host>> inbox_parcels_, outbox_parcels_;
