@@ -37,7 +37,10 @@ namespace loom::exec {
 class MicroBatchPool {
 public:
     // Sizes the tables for a step; contexts and parcels are kept from before.
+    // Contexts a failed step left open go back to their pools.
     void start_step(int chunks, int micro_batches) {
+        for (std::size_t at = 0; at < open_.size(); ++at)
+            if (open_[at] >= 0) free_[at / static_cast<std::size_t>(micro_batches_)].push_back(open_[at]);
         chunks_ = chunks;
         micro_batches_ = micro_batches;
         const auto n = static_cast<std::size_t>(2 * chunks * micro_batches);
@@ -120,7 +123,8 @@ public:
 private:
     [[nodiscard]] std::size_t at_of(int chunk, int mb) const {
         LOOM_CHECK(chunk >= 0 && chunk < chunks_ && mb >= 0 && mb < micro_batches_, "Executor: chunk ", chunk,
-                   " micro-batch ", mb, " is outside ", chunks_, " chunks x ", micro_batches_, " micro-batches");
+                   " micro-batch ", mb, " is outside the step's ", chunks_, " chunk(s) x ", micro_batches_,
+                   " micro-batch(es)");
         return static_cast<std::size_t>(chunk * micro_batches_ + mb);
     }
     [[nodiscard]] std::size_t key(schedule::Payload p, int chunk, int mb) const {

@@ -113,6 +113,7 @@ private:
             for (int v : order_) {
                 Chunk& c = chunks_[static_cast<std::size_t>(v)];
                 for (int u = stages_.first(v); u < stages_.end(v) && c.group < 0; ++u) c.group = layout_.group_of_unit(u);
+                if (c.group >= 0) gather_order_.push_back(v);
             }
     }
 
@@ -125,7 +126,7 @@ private:
         switch (in.op) {
             case Op::zero_grads:
                 out_.emit(in);
-                if (zero_ == 3 && !order_.empty()) gather(order_.front());
+                if (zero_ == 3 && !gather_order_.empty()) gather(gather_order_.front());
                 return;
             case Op::send: remap_[static_cast<std::size_t>(i)] = out_.emit(in); return;
             case Op::recv: out_.emit(in); return;
@@ -160,8 +161,8 @@ private:
             out_.emit({.op = Op::wait, .target = c.gather});
             c.gather = -1;
             // Prefetch: the next chunk's gather runs while this one computes.
-            const auto at = std::find(order_.begin(), order_.end(), v);
-            if (at + 1 != order_.end()) gather(*(at + 1));
+            const auto at = std::find(gather_order_.begin(), gather_order_.end(), v);
+            if (at + 1 != gather_order_.end()) gather(*(at + 1));
         }
         if (zero_ >= 2 && i == c.first_grad && c.group >= 0)
             out_.emit({.op = Op::bind_grads, .micro_batch = in.micro_batch, .group = c.group, .slot = c.slot});
@@ -194,9 +195,10 @@ private:
     int zero_;
     StepProgram out_;
     std::vector<Chunk> chunks_;
-    std::vector<int> order_;       // this rank's chunks by first use
-    std::vector<int> remap_;       // schedule index -> index here (sends)
-    std::vector<int> reductions_;  // waited before the optimizer
+    std::vector<int> order_;         // this rank's chunks by first use
+    std::vector<int> gather_order_;  // those with parameters: the chain of ZeRO-3 gathers
+    std::vector<int> remap_;         // schedule index -> index here (sends)
+    std::vector<int> reductions_;    // waited before the optimizer
 };
 
 }  // namespace detail
