@@ -653,3 +653,51 @@ TEST_CASE("each channel delivers in order: a receiver posts recvs in the order i
         CHECK(sends == recvs);
     }
 }
+
+namespace {
+
+using loom::schedule::compute_table;
+using loom::schedule::detail::PipeAction;
+
+// Compile-time shapes give compile-time tables: 1F1B's last rank alternates
+// from the start, GPipe's runs every forward first, ZB-V's rows hold 3 m x 2
+// chunk computes.
+static_assert(compute_table<ScheduleKind::one_f_one_b, 4, 8>[3][0] == PipeAction{Op::forward, 3, 0});
+static_assert(compute_table<ScheduleKind::one_f_one_b, 4, 8>[3][1] == PipeAction{Op::backward, 3, 0});
+static_assert(compute_table<ScheduleKind::one_f_one_b, 4, 8>[0][3] == PipeAction{Op::forward, 0, 3});
+static_assert(compute_table<ScheduleKind::gpipe, 2, 3>[1][3] == PipeAction{Op::backward, 1, 0});
+static_assert(compute_table<ScheduleKind::zero_bubble_v, 4, 8>[0].size() == 48);
+static_assert(compute_table<ScheduleKind::interleaved, 4, 8, 3>[0].size() == 48);
+
+// The compute of a generated program, in order, without p2p and bookkeeping.
+std::vector<PipeAction> computes_of(const loom::schedule::StepProgram& program) {
+    std::vector<PipeAction> out;
+    for (const Instruction& in : program.code)
+        if (in.op == Op::forward || in.op == Op::backward || in.op == Op::backward_input ||
+            in.op == Op::backward_weight)
+            out.push_back({in.op, in.chunk, in.micro_batch});
+    return out;
+}
+
+template <ScheduleKind Kind, int P, int M>
+void check_table_is_the_generator() {
+    const auto& table = compute_table<Kind, P, M>;
+    const auto program = loom::schedule::pipeline_program(Kind, P, M, loom::schedule::default_chunks(Kind));
+    for (int r = 0; r < P; ++r) {
+        INFO(loom::name(Kind) << " p " << P << " m " << M << " rank " << r);
+        const auto& row = table[static_cast<std::size_t>(r)];
+        CHECK(computes_of(program.ranks[static_cast<std::size_t>(r)]) == std::vector<PipeAction>(row.begin(), row.end()));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("compile-time schedule tables are the generators' compute orders", "[parallel][pipeline]") {
+    check_table_is_the_generator<ScheduleKind::gpipe, 4, 8>();
+    check_table_is_the_generator<ScheduleKind::one_f_one_b, 4, 8>();
+    check_table_is_the_generator<ScheduleKind::interleaved, 4, 8>();
+    check_table_is_the_generator<ScheduleKind::zero_bubble_h1, 4, 8>();
+    check_table_is_the_generator<ScheduleKind::zero_bubble_v, 4, 8>();
+    check_table_is_the_generator<ScheduleKind::zero_bubble_v, 4, 3>();  // fewer micro-batches than the V is written for
+    check_table_is_the_generator<ScheduleKind::one_f_one_b, 8, 2>();
+}

@@ -32,7 +32,14 @@ struct PipeAction {
     Op op = Op::forward;
     int stage = 0;
     int micro_batch = 0;
+
+    friend constexpr bool operator==(const PipeAction&, const PipeAction&) = default;
 };
+
+// Every rank's compute order: order[r] is rank r's. The *_order functions
+// that make one are constexpr, so a schedule of compile-time shape is a
+// compile-time table (compute_table in pipeline.hpp).
+using ComputeOrder = std::vector<std::vector<PipeAction>>;
 
 // What a generator decided: the schedule's facts and each rank's compute order.
 struct PipelinePlan {
@@ -43,7 +50,7 @@ struct PipelinePlan {
     bool split_backward = false;
     int activation_bound = 0;
     std::vector<int> rank_of_chunk;
-    std::vector<std::vector<PipeAction>> actions;  // actions[r]: rank r's compute order
+    ComputeOrder actions;  // actions[r]: rank r's compute order
 };
 
 // Virtual stage c*p + r on rank r: Megatron's interleaving (and plain pipelines, c = 0).

@@ -38,12 +38,8 @@
 
 namespace loom::schedule {
 
-[[nodiscard]] inline PipelineProgram zero_bubble_h1(int stages, int micro_batches) {
-    const int p = stages, m = micro_batches;
-    detail::check_shape("ZB-H1", p, m);
-    detail::PipelinePlan plan{.schedule = "ZB-H1", .stages = p, .micro_batches = m, .chunks = 1,
-                              .split_backward = true, .activation_bound = std::min(p, m),
-                              .rank_of_chunk = detail::looped_ranks(p, 1), .actions = {}};
+[[nodiscard]] constexpr detail::ComputeOrder zero_bubble_h1_order(int p, int m) {
+    detail::ComputeOrder order;
     for (int r = 0; r < p; ++r) {
         std::vector<detail::PipeAction> a;
         const int warmup = std::min(p - r - 1, m);
@@ -61,9 +57,17 @@ namespace loom::schedule {
             w();  // k >= next_w always: at most one W per B so far
         }
         while (next_w < m) w();
-        plan.actions.push_back(std::move(a));
+        order.push_back(std::move(a));
     }
-    return detail::lower(std::move(plan));
+    return order;
+}
+
+[[nodiscard]] inline PipelineProgram zero_bubble_h1(int stages, int micro_batches) {
+    const int p = stages, m = micro_batches;
+    detail::check_shape("ZB-H1", p, m);
+    return detail::lower({.schedule = "ZB-H1", .stages = p, .micro_batches = m, .chunks = 1, .split_backward = true,
+                          .activation_bound = std::min(p, m), .rank_of_chunk = detail::looped_ranks(p, 1),
+                          .actions = zero_bubble_h1_order(p, m)});
 }
 
 // Rank s holds virtual stages s and 2p-1-s.
@@ -73,12 +77,9 @@ namespace loom::schedule {
     return rank_of;
 }
 
-[[nodiscard]] inline PipelineProgram zero_bubble_v(int stages, int micro_batches) {
-    detail::check_shape("ZB-V", stages, micro_batches);
-    const int p = stages, m = std::max(micro_batches, 2 * p - 1);  // m: the micro-batches the order is written for
-    detail::PipelinePlan plan{.schedule = "ZB-V", .stages = p, .micro_batches = micro_batches, .chunks = 2,
-                              .split_backward = true, .activation_bound = 2 * std::min(p, micro_batches),
-                              .rank_of_chunk = v_shape_ranks(p), .actions = {}};
+[[nodiscard]] constexpr detail::ComputeOrder zero_bubble_v_order(int p, int micro_batches) {
+    const int m = std::max(micro_batches, 2 * p - 1);  // m: the micro-batches the order is written for
+    detail::ComputeOrder order;
     for (int r = 0; r < p; ++r) {
         std::vector<detail::PipeAction> a;
         const int down = r, up = 2 * p - 1 - r;  // the chunk on the way down, and on the way back up
@@ -123,9 +124,17 @@ namespace loom::schedule {
         LOOM_CHECK(f0 == m && f1 == m && b0 == m && b1 == m, "ZB-V: rank ", r, " scheduled ", f0, "/", f1,
                    " forwards and ", b0, "/", b1, " backwards of ", m, " micro-batches");
         std::erase_if(a, [&](const detail::PipeAction& x) { return x.micro_batch >= micro_batches; });
-        plan.actions.push_back(std::move(a));
+        order.push_back(std::move(a));
     }
-    return detail::lower(std::move(plan));
+    return order;
+}
+
+[[nodiscard]] inline PipelineProgram zero_bubble_v(int stages, int micro_batches) {
+    detail::check_shape("ZB-V", stages, micro_batches);
+    const int p = stages;
+    return detail::lower({.schedule = "ZB-V", .stages = p, .micro_batches = micro_batches, .chunks = 2,
+                          .split_backward = true, .activation_bound = 2 * std::min(p, micro_batches),
+                          .rank_of_chunk = v_shape_ranks(p), .actions = zero_bubble_v_order(p, micro_batches)});
 }
 
 }  // namespace loom::schedule
