@@ -219,7 +219,7 @@ void check_degrees(const Flags& flags, int world, int dp) {
         chunks == 1 ? "--pp " + std::to_string(pp) : "--pp " + std::to_string(pp) + " x " + std::to_string(chunks) + " chunks";
     if (stages > layers)
         usage_error(stage_words + " = " + std::to_string(stages) + " stages but the model has " + std::to_string(layers) +
-                    " layers (--layers); every stage needs at least one layer: use --pp <= " +
+                    (layers == 1 ? " layer" : " layers") + " (--layers); every stage needs at least one layer: use --pp <= " +
                     std::to_string(layers / chunks) + (chunks > 1 ? ", fewer --chunks" : "") + " or more --layers");
     if (flags.partition.empty() && flags.schedule == loom::ScheduleKind::interleaved && layers % stages != 0)
         usage_error("--schedule interleaved with " + std::to_string(chunks) + " chunks per rank needs the " +
