@@ -11,8 +11,10 @@
 // by the oldest pending W, and the held-back Ws finish the step, filling the
 // time rank r would otherwise wait for the ranks before it. Holding back r
 // Ws on a rank with p-r-1 warm-up forwards keeps every rank at exactly
-// min(p, m) live activations: 1F1B's bound. With F = B = W = 1 and free p2p
-// a step takes 3m + p - 1 (1F1B: 3m + 3(p-1)), the paper's (p-1)(F+B-W) bubble.
+// min(p, m) live activations: 1F1B's bound. With F = B = W = 1, free p2p
+// and m >= p a step takes 3m + p - 1 (1F1B: 3m + 3(p-1)), the paper's
+// (p-1)(F+B-W) bubble; with fewer micro-batches than stages the held-back Ws
+// cannot fill the warm-up and it takes longer (p = 8, m = 4: 23, not 19).
 //
 // ZB-V (two chunks per rank in a V: rank s holds virtual stages s and
 // 2p-1-s, so the turn at the bottom stays on rank p-1): the paper's
