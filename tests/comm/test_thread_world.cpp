@@ -215,3 +215,25 @@ TEST_CASE("ThreadWorld: a send and recv that disagree fail both sides with both 
                             "send/recv mismatch: world rank 0 sent 8 x f32 with tag 0, world rank 1 expected 6 x f32"));
     CHECK(seen[0] == seen[1]);
 }
+
+TEST_CASE("ThreadWorld: a send knows when it was posted and when the receiver copied it") {
+    loom::comm::ThreadWorld world(2);
+    world.run([](loom::comm::ThreadComm& comm) {
+        std::vector<float> data(64, static_cast<float>(comm.rank()));
+        const auto t = loom::Tensor::of(data.data(), {64});
+        if (comm.rank() == 0) {
+            const auto before = std::chrono::steady_clock::now();
+            loom::comm::Request sent = comm.send_async(t, 1, 7);
+            sent.wait();
+            const auto after = std::chrono::steady_clock::now();
+            REQUIRE(sent.timing().known);
+            CHECK(sent.timing().started >= before);
+            CHECK(sent.timing().finished >= sent.timing().started);
+            CHECK(sent.timing().finished <= after);
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the copy happens after this
+            comm.recv(t, 0, 7);
+            CHECK(data[0] == 0.0f);
+        }
+    });
+}

@@ -196,6 +196,7 @@ public:
         message->data = buffer.raw();
         message->dtype = buffer.dtype();
         message->count = buffer.numel();
+        message->posted = std::chrono::steady_clock::now();
         group.mailboxes[static_cast<std::size_t>(peer)].post(message);
         group.fault->notify();
         return Request(std::make_unique<SendPending>(state_->group, std::move(message), state_->me, peer));
@@ -341,6 +342,11 @@ private:
                                     group_->fault->fail(detail::never_received(group_->barrier, me_, peer_, message_->tag),
                                                         group_->barrier.world_rank(me_));
                                 });
+        }
+        // From posting to the receiver's copy: when the message really travelled.
+        [[nodiscard]] Request::Timing timing() const override {
+            if (!message_->done.load(std::memory_order_acquire)) return {};
+            return {message_->posted, message_->copied, true};
         }
 
     private:

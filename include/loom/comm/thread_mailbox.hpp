@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <list>
@@ -28,6 +29,9 @@ struct PostedMessage {
     DType dtype = DType::f32;
     std::int64_t count = 0;
     std::atomic<bool> done{false};
+    // For traces: posted by the sender, copied by the receiver (written
+    // before `done` is released, read after it is acquired).
+    std::chrono::steady_clock::time_point posted, copied;
 };
 
 // The messages waiting for one receiving member.
@@ -71,6 +75,7 @@ inline void deliver(FaultState& fault, const GroupBarrier& group, PostedMessage&
         fault.throw_failure();
     }
     if (buffer.nbytes() != 0) std::memcpy(buffer.raw(), message.data, buffer.nbytes());
+    message.copied = std::chrono::steady_clock::now();
     message.done.store(true, std::memory_order_release);
     fault.notify();
 }

@@ -593,8 +593,10 @@ private:
         if (trace_.enabled()) {
             const std::string what = describe_comm(in);
             const auto& timing = flight.request.timing();
+            // A send is its header, then its body: it ends when the body arrived.
+            const auto& last = flight.second.timing().known ? flight.second.timing() : timing;
             const auto start = timing.known ? timing.started : flight.issued;
-            const auto end = timing.known ? timing.finished : t1;
+            const auto end = last.known ? last.finished : t1;
             trace_.add(what, what.substr(0, what.find(' ')).c_str(), communication_lane, start, end, step_count_,
                        in.micro_batch);
             if (t1 - t0 >= std::chrono::microseconds(5))
