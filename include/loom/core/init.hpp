@@ -30,18 +30,21 @@ inline void initialize_shard(const Param& p, std::string_view path, std::uint64_
                first + static_cast<std::int64_t>(out.size()), ") is outside Param ", path, " of ", p.numel(),
                " elements");
     const RngStream rng = init_stream(seed, path);
-    const auto offset = static_cast<std::uint64_t>(first);
-    switch (p.init.kind) {
-        case Init::Kind::zeros:
-            for (float& v : out) v = 0.0f;
-            return;
-        case Init::Kind::ones:
-            for (float& v : out) v = 1.0f;
-            return;
-        case Init::Kind::normal: rng.fill_normal(out, offset, p.init.a, p.init.b); return;
-        case Init::Kind::uniform: rng.fill_uniform(out, offset, p.init.a, p.init.b); return;
+    // A tensor-parallel shard draws the whole tensor's values at its elements'
+    // places there, one contiguous run at a time.
+    for (std::int64_t k = first, end = first + static_cast<std::int64_t>(out.size()); k < end;) {
+        const std::int64_t run = std::min(end - k, p.contiguous_from(k));
+        const auto part = out.subspan(static_cast<std::size_t>(k - first), static_cast<std::size_t>(run));
+        const auto offset = static_cast<std::uint64_t>(p.full_index(k));
+        switch (p.init.kind) {
+            case Init::Kind::zeros: std::fill(part.begin(), part.end(), 0.0f); break;
+            case Init::Kind::ones: std::fill(part.begin(), part.end(), 1.0f); break;
+            case Init::Kind::normal: rng.fill_normal(part, offset, p.init.a, p.init.b); break;
+            case Init::Kind::uniform: rng.fill_uniform(part, offset, p.init.a, p.init.b); break;
+            default: LOOM_FAIL("Param ", path, " has an unknown initialiser kind ", static_cast<int>(p.init.kind));
+        }
+        k += run;
     }
-    LOOM_FAIL("Param ", path, " has an unknown initialiser kind ", static_cast<int>(p.init.kind));
 }
 
 // Initialises the whole of `p` into `value` (f32, host, p.numel() elements).

@@ -39,19 +39,55 @@ struct Init {
     }
 };
 
+// Where a tensor-parallel shard sits in its whole tensor: the Param holds
+// `shape`, which is `full` cut to [start, start + shape[dim]) along `dim`.
+// dim < 0: the Param is whole. Initial values and checkpoints are those of
+// the whole tensor, so a shard is a view into the serial run's parameter.
+struct ParamSlice {
+    Shape full{};
+    int dim = -1;
+    std::int64_t start = 0;
+
+    [[nodiscard]] bool sliced() const noexcept { return dim >= 0; }
+    friend constexpr bool operator==(const ParamSlice&, const ParamSlice&) = default;
+};
+
 struct Param {
     Shape shape;
     Init init = Init::zeros();
     DType dtype = DType::f32;
     Tensor value{};  // bound by the parameter arena; empty until then
     Tensor grad{};
+    ParamSlice slice{};  // a tensor-parallel shard of a larger tensor, when sliced
 
     [[nodiscard]] std::int64_t numel() const noexcept { return shape.numel(); }
     [[nodiscard]] bool bound() const noexcept { return value.raw() != nullptr || numel() == 0; }
 
-    // Prints "Param(f32, [768, 3072], normal(mean=0, std=0.02))".
+    // The whole tensor this Param is (a shard of).
+    [[nodiscard]] const Shape& full_shape() const noexcept { return slice.sliced() ? slice.full : shape; }
+    // Element k of this Param (row-major) is element full_index(k) of the whole tensor.
+    [[nodiscard]] std::int64_t full_index(std::int64_t k) const noexcept {
+        if (!slice.sliced()) return k;
+        std::int64_t inner = 1;
+        for (int d = slice.dim + 1; d < shape.rank(); ++d) inner *= shape[d];
+        const std::int64_t local_run = shape[slice.dim] * inner, full_run = slice.full[slice.dim] * inner;
+        return (k / local_run) * full_run + slice.start * inner + k % local_run;
+    }
+    // Elements from k on that are also consecutive in the whole tensor.
+    [[nodiscard]] std::int64_t contiguous_from(std::int64_t k) const noexcept {
+        if (!slice.sliced()) return numel() - k;
+        std::int64_t inner = 1;
+        for (int d = slice.dim + 1; d < shape.rank(); ++d) inner *= shape[d];
+        const std::int64_t local_run = shape[slice.dim] * inner;
+        return local_run - k % local_run;
+    }
+
+    // Prints "Param(f32, [768, 3072], normal(mean=0, std=0.02))", and for a
+    // shard "Param(f32, [768, 768] of [768, 3072] from 768 along dim 1, ...)".
     friend std::ostream& operator<<(std::ostream& out, const Param& p) {
-        return out << "Param(" << p.dtype << ", " << p.shape << ", " << p.init << ')';
+        out << "Param(" << p.dtype << ", " << p.shape;
+        if (p.slice.sliced()) out << " of " << p.slice.full << " from " << p.slice.start << " along dim " << p.slice.dim;
+        return out << ", " << p.init << ')';
     }
 };
 

@@ -28,6 +28,8 @@
 
 namespace loom::nn {
 
+class TensorGroup;
+
 class Context {
 public:
     Context() = default;
@@ -88,6 +90,11 @@ public:
     void set_targets(const Tensor& targets) { targets_ = targets; }
     [[nodiscard]] const Tensor& targets() const noexcept { return targets_; }
 
+    // The tensor-parallel group sharded layers talk to (nn/tensor_group.hpp);
+    // null when the model runs whole. Set by the executor, kept across reset().
+    void set_tensor_group(const TensorGroup* group) noexcept { tensor_group_ = group; }
+    [[nodiscard]] const TensorGroup* tensor_group() const noexcept { return tensor_group_; }
+
     void set_loss(float loss) noexcept { loss_ = loss; }
     [[nodiscard]] float loss() const noexcept { return loss_; }
 
@@ -130,6 +137,7 @@ private:
     std::unordered_map<Key, std::unique_ptr<HolderBase>, KeyHash> saved_;
     Tensor targets_;
     float loss_ = 0;
+    const TensorGroup* tensor_group_ = nullptr;
 };
 
 }  // namespace loom::nn

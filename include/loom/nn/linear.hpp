@@ -1,6 +1,13 @@
 // Linear: y = x W^T + b over the last dimension (PyTorch's layout: W is
 // [out, in]), any leading dimensions being rows. Three GEMMs per step, each a
 // single cblas_sgemm over all rows of the micro-batch.
+//
+// Tensor parallelism (Megatron 1D, parallel/tensor_parallel.hpp cuts the
+// Params): `split` says which half of a column -> row pair this layer is.
+// Columns: the input is whole on every tp rank and the output is this rank's
+// slice of the features; the input gradient is summed over the group (f).
+// Rows: the input is this rank's slice, the partial outputs are summed over
+// the group before the (whole, replicated) bias is added (g).
 #pragma once
 
 #include <cstdint>
@@ -11,17 +18,19 @@
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
 
 struct Linear {
-    Param weight;  // [out, in]
-    Param bias;    // [out]; [0] when the layer has no bias
+    Param weight;  // [out, in]; a tp shard: [out/t, in] (columns) or [out, in/t] (rows)
+    Param bias;    // [out]; [0] when the layer has no bias; [out/t] when split by columns
+    Split split = Split::none;
 
     [[nodiscard]] static Linear make(std::int64_t in, std::int64_t out, Init init = Init::normal(0.02f),
                                      bool with_bias = true) {
         LOOM_CHECK(in >= 1 && out >= 1, "Linear: ", in, " inputs and ", out, " outputs; both must be at least 1");
-        return Linear{Param{Shape{out, in}, init}, Param{Shape{with_bias ? out : 0}, Init::zeros()}};
+        return Linear{Param{Shape{out, in}, init}, Param{Shape{with_bias ? out : 0}, Init::zeros()}, Split::none};
     }
 
     [[nodiscard]] std::int64_t in() const { return weight.shape.dim(1); }
@@ -41,6 +50,21 @@ struct Linear {
         shape[shape.rank() - 1] = out();
         Tensor y = ctx.alloc(shape);
         float beta = 0.0f;
+        if (split == Split::rows) {
+            // g: the partial products are summed over the group, then the bias added once.
+            using kernels::host::Trans;
+            kernels::host::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x.data<float>(), in(),
+                                weight.value.data<float>(), in(), 0.0f, y.data<float>(), out());
+            group(ctx).all_reduce_sum(y);
+            if (has_bias()) {
+                float* py = y.data<float>();
+                const float* pb = bias.value.data<float>();
+                for (std::int64_t r = 0; r < rows; ++r)
+                    for (std::int64_t j = 0; j < out(); ++j) py[r * out() + j] += pb[j];
+            }
+            ctx.saved<Saved>(this).x = x;
+            return y;
+        }
         if (has_bias()) {
             // Bias rows first, then the GEMM accumulates onto them (beta = 1).
             float* py = y.data<float>();
@@ -64,7 +88,16 @@ struct Linear {
         using kernels::host::Trans;
         kernels::host::gemm(Trans::no, Trans::no, rows, in(), out(), 1.0f, dy.data<float>(), out(),
                             weight.value.data<float>(), in(), 0.0f, dx.data<float>(), in());
+        // f: each rank's slice of the features contributed to the whole input's gradient.
+        if (split == Split::columns) group(ctx).all_reduce_sum(dx);
         return dx;
+    }
+
+    [[nodiscard]] const TensorGroup& group(const Context& ctx) const {
+        const TensorGroup* g = ctx.tensor_group();
+        LOOM_CHECK(g != nullptr, "Linear: split by ", split == Split::columns ? "columns" : "rows",
+                   " but the context has no tensor-parallel group; run it through an executor with a tp axis");
+        return *g;
     }
 
     void backward_weight(Context& ctx) {

@@ -61,6 +61,8 @@ struct Strategy {
                   "loom::Strategy<...> lists DataParallel twice; give it once, with all its options");
     static_assert(detail::count_of_kind<PolicyKind::zero_shard, Ps...> <= 1,
                   "loom::Strategy<...> lists ZeroShard twice; a model has one ZeRO stage, choose 1, 2 or 3");
+    static_assert(detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> <= 1,
+                  "loom::Strategy<...> lists TensorParallel twice; a model has one tensor-parallel axis");
     static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1,
                   "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one");
 

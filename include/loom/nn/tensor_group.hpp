@@ -1,0 +1,48 @@
+// TensorGroup: the ranks that share one layer's work under tensor
+// parallelism (the tp axis), as a layer sees them. A sharded layer needs only
+// two collectives, in place: Megatron's conjugate operators f (identity
+// forward, all-reduce of the input gradient backward, before a
+// column-parallel Linear) and g (all-reduce of the output forward, identity
+// backward, after a row-parallel one), plus an all-gather for layers that
+// must see a whole tensor. Layers reach the group through their Context,
+// which the executor points at its tp communicator; without one a layer runs
+// whole. Type-erased so that nn/ does not depend on a communicator type.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+
+namespace loom::nn {
+
+// How a Linear is cut over the tp axis (Megatron 1D).
+//   columns: W's output rows split; input whole, output a slice (f before it)
+//   rows:    W's input columns split; input a slice, output summed (g after it)
+enum class Split : std::uint8_t { none, columns, rows };
+
+class TensorGroup {
+public:
+    virtual ~TensorGroup() = default;
+    [[nodiscard]] virtual int rank() const = 0;
+    [[nodiscard]] virtual int size() const = 0;
+    virtual void all_reduce_sum(const Tensor& t) const = 0;                       // in place
+    virtual void all_gather(const Tensor& local, const Tensor& whole) const = 0;  // rank r's block at r
+};
+
+// Any Communicator as a TensorGroup; `comm` must outlive it.
+template <comm::Communicator C>
+class TensorGroupOf final : public TensorGroup {
+public:
+    explicit TensorGroupOf(C& comm) : comm_(&comm) {}
+    [[nodiscard]] int rank() const override { return comm_->rank(); }
+    [[nodiscard]] int size() const override { return comm_->size(); }
+    void all_reduce_sum(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::sum); }
+    void all_gather(const Tensor& local, const Tensor& whole) const override { comm_->all_gather(local, whole); }
+
+private:
+    C* comm_;
+};
+
+}  // namespace loom::nn

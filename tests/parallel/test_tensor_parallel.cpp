@@ -1,0 +1,153 @@
+// Tensor parallelism, Megatron 1D, layer by layer: a Param cut over the tp
+// axis initialises to exactly the serial values at its place in the whole
+// tensor, and a column -> GELU -> row MLP sharded over 2 and 4 rank threads
+// computes the unsharded MLP's output, input gradient and (sliced) weight
+// gradients, with the f/g operators as its only communication.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <loom/comm/thread_world.hpp>
+#include <loom/core/init.hpp>
+#include <loom/core/rng.hpp>
+#include <loom/nn/compose.hpp>
+#include <loom/nn/gelu.hpp>
+#include <loom/nn/linear.hpp>
+#include <loom/nn/param_arena.hpp>
+#include <loom/parallel/strategy.hpp>
+#include <loom/parallel/tensor_parallel.hpp>
+
+#include "support/message_of.hpp"
+
+namespace nn = loom::nn;
+using loom::Param;
+using loom::Shape;
+using loom::Tensor;
+
+namespace {
+
+struct Mlp {
+    nn::Linear fc;
+    nn::Gelu act;
+    nn::Linear proj;
+};
+
+Mlp make_mlp() { return {nn::Linear::make(8, 16, loom::Init::normal(0.3f)), {}, nn::Linear::make(16, 8, loom::Init::normal(0.3f))}; }
+
+constexpr std::uint64_t seed = 11;
+
+// Element [i, j] of a row-major [rows, cols] array.
+float at(const float* p, std::int64_t cols, std::int64_t i, std::int64_t j) { return p[i * cols + j]; }
+
+}  // namespace
+
+TEST_CASE("tp::split_param keeps a shard's place in the whole tensor and its serial values", "[parallel][tp]") {
+    for (int dim : {0, 1})
+        for (int degree : {1, 2, 3}) {
+            const Param whole{Shape{6, 9}, loom::Init::normal(1.0f)};
+            std::vector<float> serial(54);
+            loom::initialize_shard(whole, "w", seed, serial);
+            for (int rank = 0; rank < degree; ++rank) {
+                if (whole.shape[dim] % degree != 0) continue;
+                Param shard = whole;
+                loom::tp::split_param(shard, dim, rank, degree, "w");
+                INFO("dim " << dim << ", rank " << rank << " of " << degree << ": " << shard);
+                std::vector<float> mine(static_cast<std::size_t>(shard.numel()));
+                loom::initialize_shard(shard, "w", seed, mine);
+                const std::int64_t cols = shard.shape[1];
+                for (std::int64_t i = 0; i < shard.shape[0]; ++i)
+                    for (std::int64_t j = 0; j < cols; ++j) {
+                        const std::int64_t gi = dim == 0 ? i + shard.slice.start : i;
+                        const std::int64_t gj = dim == 1 ? j + shard.slice.start : j;
+                        REQUIRE(shard.full_index(i * cols + j) == gi * 9 + gj);
+                        REQUIRE(mine[static_cast<std::size_t>(i * cols + j)] == at(serial.data(), 9, gi, gj));
+                    }
+                // Any sub-range of the shard (as a ZeRO block cuts it) draws the same values.
+                std::vector<float> part(5);
+                loom::initialize_shard(shard, "w", seed, part, 2);
+                for (std::size_t k = 0; k < part.size(); ++k) CHECK(part[k] == mine[k + 2]);
+            }
+        }
+}
+
+TEST_CASE("tp::split_param and tp::shard refuse what does not divide, in one line", "[parallel][tp]") {
+    Param p{Shape{6, 9}, loom::Init::normal(1.0f)};
+    CHECK(loom_test::message_of([&] { loom::tp::split_param(p, 1, 0, 2, "Linear 9 -> 6 (rows) weight"); }) ==
+          "Linear 9 -> 6 (rows) weight: tp degree 2 does not divide dimension 1 of [6, 9] (9); use a degree that "
+          "divides 9");
+    auto layer = nn::Linear::make(10, 12);
+    CHECK(loom_test::message_of([&] { loom::tp::shard(layer, nn::Split::rows, 1, 4); }) ==
+          "Linear 10 -> 12 (rows) weight: tp degree 4 does not divide dimension 1 of [12, 10] (10); use a degree "
+          "that divides 10");
+    auto twice = nn::Linear::make(8, 8);
+    loom::tp::shard(twice, nn::Split::columns, 0, 2);
+    CHECK(loom_test::message_of([&] { loom::tp::shard(twice, nn::Split::columns, 0, 2); })
+              .starts_with("Linear 8 -> 4 (columns) weight is already a shard"));
+}
+
+TEST_CASE("a column -> GELU -> row MLP over the tp axis equals the whole MLP, forward and backward", "[parallel][tp]") {
+    constexpr std::int64_t rows = 6, width = 8, hidden = 16;
+    // The whole MLP: output, input gradient and weight gradients.
+    Mlp whole = make_mlp();
+    nn::ParamArena whole_arena(whole);
+    whole_arena.initialize(whole, seed);
+    std::vector<float> x(rows * width), dy(rows * width);
+    const loom::RngStream data{5, 1};
+    data.fill_normal(x, 0);
+    data.fill_normal(dy, 1000);
+    nn::Context whole_ctx;
+    const Tensor y_whole = nn::forward(whole, whole_ctx, Tensor::of(x.data(), {rows, width}));
+    whole_arena.zero_grads();
+    const Tensor dx_whole = nn::backward(whole, whole_ctx, Tensor::of(dy.data(), {rows, width}));
+
+    for (int degree : {2, 4}) {
+        loom::comm::ThreadWorld(degree).run([&](loom::comm::ThreadComm& comm) {
+            const int r = comm.rank();
+            Mlp mine = make_mlp();
+            loom::tp::shard(mine.fc, nn::Split::columns, r, degree);
+            loom::tp::shard(mine.proj, nn::Split::rows, r, degree);
+            nn::ParamArena arena(mine);
+            arena.initialize(mine, seed);
+            const nn::TensorGroupOf<loom::comm::ThreadComm> group(comm);
+            nn::Context ctx;
+            ctx.set_tensor_group(&group);
+            const Tensor y = nn::forward(mine, ctx, Tensor::of(x.data(), {rows, width}));
+            arena.zero_grads();
+            const Tensor dx = nn::backward(mine, ctx, Tensor::of(dy.data(), {rows, width}));
+            INFO("tp " << degree << ", rank " << r);
+            for (std::int64_t k = 0; k < rows * width; ++k) {
+                REQUIRE(y.data<float>()[k] == Approx(y_whole.data<float>()[k]).margin(1e-5));
+                REQUIRE(dx.data<float>()[k] == Approx(dx_whole.data<float>()[k]).margin(1e-5));
+            }
+            // Weight gradients: this rank's slice of the whole layer's.
+            const std::int64_t slice = hidden / degree;
+            for (std::int64_t i = 0; i < slice; ++i)
+                for (std::int64_t j = 0; j < width; ++j)
+                    REQUIRE(at(mine.fc.weight.grad.data<float>(), width, i, j) ==
+                            Approx(at(whole.fc.weight.grad.data<float>(), width, r * slice + i, j)).margin(1e-5));
+            for (std::int64_t i = 0; i < slice; ++i)
+                REQUIRE(mine.fc.bias.grad.data<float>()[i] == Approx(whole.fc.bias.grad.data<float>()[r * slice + i]).margin(1e-5));
+            for (std::int64_t i = 0; i < width; ++i)
+                for (std::int64_t j = 0; j < slice; ++j)
+                    REQUIRE(at(mine.proj.weight.grad.data<float>(), slice, i, j) ==
+                            Approx(at(whole.proj.weight.grad.data<float>(), hidden, i, r * slice + j)).margin(1e-5));
+            // The row layer's bias is whole on every rank, with the whole gradient.
+            for (std::int64_t i = 0; i < width; ++i)
+                REQUIRE(mine.proj.bias.grad.data<float>()[i] == Approx(whole.proj.bias.grad.data<float>()[i]).margin(1e-5));
+        });
+    }
+}
+
+TEST_CASE("a split Linear without a tensor-parallel group says what is missing", "[parallel][tp]") {
+    auto layer = nn::Linear::make(4, 4);
+    loom::tp::shard(layer, nn::Split::rows, 0, 2);
+    nn::ParamArena arena(layer);
+    std::vector<float> x(8, 1.0f);
+    nn::Context ctx;
+    CHECK(loom_test::message_of([&] { (void)layer.forward(ctx, Tensor::of(x.data(), {4, 2})); }) ==
+          "Linear: split by rows but the context has no tensor-parallel group; run it through an executor with a tp "
+          "axis");
+    static_assert(loom::Strategy<loom::DataParallel<>, loom::TensorParallel>::data_parallel);
+}
