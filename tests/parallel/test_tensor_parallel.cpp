@@ -151,3 +151,73 @@ TEST_CASE("a split Linear without a tensor-parallel group says what is missing",
           "axis");
     static_assert(loom::Strategy<loom::DataParallel<>, loom::TensorParallel>::data_parallel);
 }
+
+TEST_CASE("a Param cut in groups (q, k, v) keeps each block's slice in place", "[parallel][tp]") {
+    const Param whole{Shape{12, 5}, loom::Init::normal(1.0f)};  // 3 blocks of 4 rows
+    std::vector<float> serial(60);
+    loom::initialize_shard(whole, "qkv", seed, serial);
+    for (int rank = 0; rank < 2; ++rank) {
+        Param shard = whole;
+        loom::tp::split_param(shard, 0, rank, 2, "qkv", 3);
+        REQUIRE(shard.shape == Shape{6, 5});
+        std::vector<float> mine(30);
+        loom::initialize_shard(shard, "qkv", seed, mine);
+        for (std::int64_t i = 0; i < 6; ++i) {
+            const std::int64_t block = i / 2, row = block * 4 + rank * 2 + i % 2;  // rows of this rank in each block
+            for (std::int64_t j = 0; j < 5; ++j) {
+                REQUIRE(shard.full_index(i * 5 + j) == row * 5 + j);
+                REQUIRE(mine[static_cast<std::size_t>(i * 5 + j)] == serial[static_cast<std::size_t>(row * 5 + j)]);
+            }
+        }
+    }
+    Param odd = whole;
+    CHECK(loom_test::message_of([&] { loom::tp::split_param(odd, 0, 0, 3, "qkv", 3); }) ==
+          "qkv: tp degree 3 does not divide dimension 0 of [12, 5] (3 blocks of 4); use a degree that divides 4");
+}
+
+TEST_CASE("attention with its heads split over the tp axis equals the whole attention", "[parallel][tp]") {
+    constexpr std::int64_t B = 2, T = 5, C = 16, heads = 4;
+    auto make = [] { return nn::CausalSelfAttention::make(C, heads, 0.3f, 0.3f); };
+    nn::CausalSelfAttention whole = make();
+    nn::ParamArena whole_arena(whole);
+    whole_arena.initialize(whole, seed);
+    std::vector<float> x(B * T * C), dy(B * T * C);
+    const loom::RngStream data{6, 2};
+    data.fill_normal(x, 0);
+    data.fill_normal(dy, 5000);
+    nn::Context whole_ctx;
+    const Tensor y_whole = nn::forward(whole, whole_ctx, Tensor::of(x.data(), {B, T, C}));
+    whole_arena.zero_grads();
+    const Tensor dx_whole = nn::backward(whole, whole_ctx, Tensor::of(dy.data(), {B, T, C}));
+    for (int degree : {2, 4}) {
+        loom::comm::ThreadWorld(degree).run([&](loom::comm::ThreadComm& comm) {
+            const int r = comm.rank();
+            nn::CausalSelfAttention mine = make();
+            loom::tp::shard(mine, r, degree);
+            REQUIRE(mine.local_heads() == heads / degree);
+            nn::ParamArena arena(mine);
+            arena.initialize(mine, seed);
+            const nn::TensorGroupOf<loom::comm::ThreadComm> group(comm);
+            nn::Context ctx;
+            ctx.set_tensor_group(&group);
+            const Tensor y = nn::forward(mine, ctx, Tensor::of(x.data(), {B, T, C}));
+            arena.zero_grads();
+            const Tensor dx = nn::backward(mine, ctx, Tensor::of(dy.data(), {B, T, C}));
+            INFO("tp " << degree << ", rank " << r);
+            for (std::int64_t k = 0; k < B * T * C; ++k) {
+                REQUIRE(y.data<float>()[k] == Approx(y_whole.data<float>()[k]).margin(1e-5));
+                REQUIRE(dx.data<float>()[k] == Approx(dx_whole.data<float>()[k]).margin(1e-5));
+            }
+            // qkv's weight gradient: this rank's rows of q, k and v.
+            const auto& p = mine.qkv.weight;
+            for (std::int64_t k = 0; k < p.numel(); ++k)
+                REQUIRE(p.grad.data<float>()[k] == Approx(whole.qkv.weight.grad.data<float>()[p.full_index(k)]).margin(1e-5));
+            const auto& q = mine.proj.weight;
+            for (std::int64_t k = 0; k < q.numel(); ++k)
+                REQUIRE(q.grad.data<float>()[k] == Approx(whole.proj.weight.grad.data<float>()[q.full_index(k)]).margin(1e-5));
+        });
+    }
+    nn::CausalSelfAttention three = make();
+    CHECK(loom_test::message_of([&] { loom::tp::shard(three, 0, 3); }) ==
+          "CausalSelfAttention: tp degree 3 does not divide the 4 heads; use a degree that divides 4");
+}

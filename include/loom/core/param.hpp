@@ -39,14 +39,16 @@ struct Init {
     }
 };
 
-// Where a tensor-parallel shard sits in its whole tensor: the Param holds
-// `shape`, which is `full` cut to [start, start + shape[dim]) along `dim`.
-// dim < 0: the Param is whole. Initial values and checkpoints are those of
-// the whole tensor, so a shard is a view into the serial run's parameter.
+// Where a tensor-parallel shard sits in its whole tensor: dimension `dim` of
+// `full` is `groups` equal blocks (1; 3 for an attention's q, k, v), and the
+// Param holds [start, start + shape[dim] / groups) of each block, in block
+// order. dim < 0: the Param is whole. Initial values and checkpoints are the
+// whole tensor's, so a shard is a view into the serial run's parameter.
 struct ParamSlice {
     Shape full{};
     int dim = -1;
     std::int64_t start = 0;
+    std::int64_t groups = 1;
 
     [[nodiscard]] bool sliced() const noexcept { return dim >= 0; }
     friend constexpr bool operator==(const ParamSlice&, const ParamSlice&) = default;
@@ -68,26 +70,39 @@ struct Param {
     // Element k of this Param (row-major) is element full_index(k) of the whole tensor.
     [[nodiscard]] std::int64_t full_index(std::int64_t k) const noexcept {
         if (!slice.sliced()) return k;
-        std::int64_t inner = 1;
-        for (int d = slice.dim + 1; d < shape.rank(); ++d) inner *= shape[d];
-        const std::int64_t local_run = shape[slice.dim] * inner, full_run = slice.full[slice.dim] * inner;
-        return (k / local_run) * full_run + slice.start * inner + k % local_run;
+        const Run r = run_of(k);
+        const std::int64_t a = r.along / r.per_group, within = r.along % r.per_group;
+        const std::int64_t full_along = a * (slice.full[slice.dim] / slice.groups) + slice.start + within;
+        return r.outer * slice.full[slice.dim] * r.inner + full_along * r.inner + r.element;
     }
     // Elements from k on that are also consecutive in the whole tensor.
     [[nodiscard]] std::int64_t contiguous_from(std::int64_t k) const noexcept {
         if (!slice.sliced()) return numel() - k;
-        std::int64_t inner = 1;
-        for (int d = slice.dim + 1; d < shape.rank(); ++d) inner *= shape[d];
-        const std::int64_t local_run = shape[slice.dim] * inner;
-        return local_run - k % local_run;
+        const Run r = run_of(k);
+        return (r.per_group - r.along % r.per_group) * r.inner - r.element;
     }
 
     // Prints "Param(f32, [768, 3072], normal(mean=0, std=0.02))", and for a
     // shard "Param(f32, [768, 768] of [768, 3072] from 768 along dim 1, ...)".
     friend std::ostream& operator<<(std::ostream& out, const Param& p) {
         out << "Param(" << p.dtype << ", " << p.shape;
-        if (p.slice.sliced()) out << " of " << p.slice.full << " from " << p.slice.start << " along dim " << p.slice.dim;
+        if (p.slice.sliced()) {
+            out << " of " << p.slice.full << " from " << p.slice.start << " along dim " << p.slice.dim;
+            if (p.slice.groups > 1) out << " in each of " << p.slice.groups << " blocks";
+        }
         return out << ", " << p.init << ')';
+    }
+
+private:  // functions only: Param stays an aggregate
+    // Element k's coordinates around the sliced dimension.
+    struct Run {
+        std::int64_t outer, along, element, inner, per_group;
+    };
+    [[nodiscard]] Run run_of(std::int64_t k) const noexcept {
+        std::int64_t inner = 1;
+        for (int d = slice.dim + 1; d < shape.rank(); ++d) inner *= shape[d];
+        const std::int64_t local = shape[slice.dim];
+        return {k / (local * inner), (k / inner) % local, k % inner, inner, local / slice.groups};
     }
 };
 

@@ -29,6 +29,11 @@ struct CausalSelfAttention {
     }
 
     [[nodiscard]] std::int64_t width() const { return proj.out(); }
+    // The heads this rank computes: all of them, or heads / t when the layer
+    // is a tensor-parallel shard (tp::shard cuts qkv into q, k, v of its heads).
+    [[nodiscard]] std::int64_t head_dim() const { return width() / heads; }
+    [[nodiscard]] std::int64_t local_width() const { return qkv.out() / 3; }
+    [[nodiscard]] std::int64_t local_heads() const { return local_width() / head_dim(); }
 
     struct Saved {
         Tensor qkv, out, lse;
@@ -37,23 +42,23 @@ struct CausalSelfAttention {
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& x) {
         LOOM_CHECK(x.rank() == 3 && x.dim(2) == width(), "CausalSelfAttention: input of shape ", x.shape(),
                    " is not [batch, sequence, ", width(), "]");
-        const std::int64_t B = x.dim(0), T = x.dim(1), D = width() / heads;
+        const std::int64_t B = x.dim(0), T = x.dim(1), D = head_dim(), H = local_heads();
         auto& saved = ctx.saved<Saved>(this);
         saved.qkv = qkv.forward(ctx, x);
-        saved.out = ctx.alloc(Shape{B, T, width()});
-        saved.lse = ctx.alloc(Shape{B, heads, T});
+        saved.out = ctx.alloc(Shape{B, T, local_width()});
+        saved.lse = ctx.alloc(Shape{B, H, T});
         kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B,
-                                         T, heads, D);
+                                         T, H, D);
         return proj.forward(ctx, saved.out);
     }
 
     [[nodiscard]] Tensor backward_input(Context& ctx, const Tensor& dy) {
         auto& saved = ctx.saved<Saved>(this);
-        const std::int64_t B = dy.dim(0), T = dy.dim(1), D = width() / heads;
+        const std::int64_t B = dy.dim(0), T = dy.dim(1), D = head_dim(), H = local_heads();
         Tensor dout = proj.backward_input(ctx, dy);
         Tensor dqkv = ctx.alloc(saved.qkv.shape());
         kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout.data<float>(),
-                                          saved.lse.data<float>(), dqkv.data<float>(), B, T, heads, D);
+                                          saved.lse.data<float>(), dqkv.data<float>(), B, T, H, D);
         return qkv.backward_input(ctx, dqkv);
     }
 

@@ -6,6 +6,7 @@
 //
 //   tp::shard(mlp.fc, nn::Split::columns, rank, t);   // W [4C/t, C], b [4C/t]
 //   tp::shard(mlp.proj, nn::Split::rows, rank, t);    // W [C, 4C/t], b [C] whole
+//   tp::shard(block.attn, rank, t);                    // heads/t heads per rank
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
+#include "loom/nn/attention.hpp"
 #include "loom/nn/linear.hpp"
 #include "loom/nn/tensor_group.hpp"
 #include "loom/parallel/policy.hpp"
@@ -27,29 +29,44 @@ struct TensorParallel {
 
 namespace tp {
 
-// Cuts `p` to rank `rank`'s 1/degree along `dim`; `what` names it in errors
-// ("Linear 3072 x 768 weight").
-inline void split_param(Param& p, int dim, int rank, int degree, std::string_view what) {
+// Cuts `p` to rank `rank`'s 1/degree along `dim`, which is `groups` equal
+// blocks cut alike (3 for q, k, v); `what` names it in errors.
+inline void split_param(Param& p, int dim, int rank, int degree, std::string_view what, std::int64_t groups = 1) {
     LOOM_CHECK(!p.slice.sliced(), what, " is already a shard (", p, "); cut a Param once");
     LOOM_CHECK(degree >= 1 && rank >= 0 && rank < degree, what, ": rank ", rank, " of a tp degree ", degree);
     LOOM_CHECK(dim >= 0 && dim < p.shape.rank(), what, ": dimension ", dim, " of ", p.shape, " does not exist");
     const std::int64_t n = p.shape[dim];
-    LOOM_CHECK(n % degree == 0, what, ": tp degree ", degree, " does not divide dimension ", dim, " of ", p.shape,
-               " (", n, "); use a degree that divides ", n);
+    LOOM_CHECK(groups >= 1 && n % groups == 0, what, ": dimension ", dim, " of ", p.shape, " is not ", groups,
+               " equal blocks");
+    const std::int64_t block = n / groups;
+    LOOM_CHECK(block % degree == 0, what, ": tp degree ", degree, " does not divide dimension ", dim, " of ",
+               p.shape, groups > 1 ? loom::detail::concat(" (", groups, " blocks of ", block, ")")
+                                   : loom::detail::concat(" (", n, ")"),
+               "; use a degree that divides ", block);
     if (degree == 1) return;
-    p.slice = ParamSlice{p.shape, dim, rank * (n / degree)};
+    p.slice = ParamSlice{p.shape, dim, rank * (block / degree), groups};
     p.shape[dim] = n / degree;
 }
 
-// Makes `layer` rank `rank`'s shard of a column- or row-parallel Linear.
-inline void shard(nn::Linear& layer, nn::Split split, int rank, int degree) {
+// Makes `layer` rank `rank`'s shard of a column- or row-parallel Linear;
+// `groups` > 1 cuts each of that many output blocks alike (columns only).
+inline void shard(nn::Linear& layer, nn::Split split, int rank, int degree, std::int64_t groups = 1) {
     LOOM_CHECK(split != nn::Split::none, "tp::shard: Linear ", layer.out(), " x ", layer.in(),
                " needs Split::columns or Split::rows");
     const bool columns = split == nn::Split::columns;
     const auto what = loom::detail::concat("Linear ", layer.in(), " -> ", layer.out(), columns ? " (columns)" : " (rows)");
-    split_param(layer.weight, columns ? 0 : 1, rank, degree, what + " weight");
-    if (columns && layer.has_bias()) split_param(layer.bias, 0, rank, degree, what + " bias");
+    split_param(layer.weight, columns ? 0 : 1, rank, degree, what + " weight", columns ? groups : 1);
+    if (columns && layer.has_bias()) split_param(layer.bias, 0, rank, degree, what + " bias", groups);
     layer.split = degree == 1 ? nn::Split::none : split;
+}
+
+// Attention with its heads split: q, k and v of this rank's heads (qkv by
+// columns, in three blocks), the output projection by rows.
+inline void shard(nn::CausalSelfAttention& layer, int rank, int degree) {
+    LOOM_CHECK(degree >= 1 && layer.heads % degree == 0, "CausalSelfAttention: tp degree ", degree,
+               " does not divide the ", layer.heads, " heads; use a degree that divides ", layer.heads);
+    shard(layer.qkv, nn::Split::columns, rank, degree, 3);
+    shard(layer.proj, nn::Split::rows, rank, degree);
 }
 
 }  // namespace tp
