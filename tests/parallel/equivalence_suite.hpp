@@ -35,6 +35,8 @@ struct EquivalenceCase {
     int pp = 1;  // > 1: pipelined with `schedule`
     loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
     int layers = 2;  // pipelines need units for stages x chunks virtual stages (layers + 4 units)
+    int tp = 1;      // > 1: tensor parallel (Megatron 1D)
+    int heads = 2;   // tp must divide them
 
     [[nodiscard]] int chunks() const {
         return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
@@ -42,6 +44,7 @@ struct EquivalenceCase {
     friend std::ostream& operator<<(std::ostream& out, const EquivalenceCase& c) {
         out << "dp " << c.dp << " stage " << c.stage << " micro-batches " << c.micro_batches;
         if (c.pp > 1) out << " pp " << c.pp << " " << loom::name(c.schedule) << " layers " << c.layers;
+        if (c.tp > 1) out << " tp " << c.tp << " heads " << c.heads;
         return out;
     }
 };
@@ -57,8 +60,8 @@ struct EquivalenceResult {
     }
 };
 
-inline loom::gpt::Config equivalence_model(int layers = 2) {
-    return {.layers = layers, .width = 32, .heads = 2, .seq = 16, .vocab = 64};
+inline loom::gpt::Config equivalence_model(int layers = 2, int heads = 2) {
+    return {.layers = layers, .width = 32, .heads = heads, .seq = 16, .vocab = 64};
 }
 // Divisible by dp x micro-batches for dp 2..4 with mb 1 and 4, and dp 2 with mb 8.
 inline constexpr std::int64_t equivalence_batch = 48;
@@ -78,8 +81,8 @@ struct SerialRun {
     std::vector<std::int64_t> tensor_sizes;
 };
 
-inline SerialRun serial_run(int steps, int layers = 2) {
-    const auto config = equivalence_model(layers);
+inline SerialRun serial_run(int steps, int layers = 2, int heads = 2) {
+    const auto config = equivalence_model(layers, heads);
     auto model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
     arena.initialize(model, equivalence_seed);
@@ -100,15 +103,16 @@ inline SerialRun serial_run(int steps, int layers = 2) {
     return run;
 }
 
-// Runs on every rank of `world` (whose size is dp x pp).
+// Runs on every rank of `world` (whose size is dp x pp x tp).
 template <loom::comm::Communicator C>
 EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
-    const auto config = equivalence_model(c.layers);
-    loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}});
+    const auto config = equivalence_model(c.layers, c.heads);
+    loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
     C& dp = mesh.axis("dp");
     auto model = loom::gpt::make_model(config);
-    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks()};
-    loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr, plan,
+    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1};
+    loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr,
+                                 c.tp > 1 ? &mesh.axis("tp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});
     exec.initialize(equivalence_seed);
     const std::int64_t rows = equivalence_batch / c.dp;
@@ -123,7 +127,7 @@ EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const Seri
         const double ref = serial.losses[static_cast<std::size_t>(step)];
         result.worst_loss_error = std::max(result.worst_loss_error, std::abs(loss - ref) / std::abs(ref));
     }
-    const auto n = static_cast<std::size_t>(exec.layout().dense_size());
+    const auto n = static_cast<std::size_t>(exec.parameter_count());
     std::vector<float> values(n), m(n), v(n);
     exec.gather_state(values, m, v);
     // Relative to the model's largest parameter, not element by element: the

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include <loom/comm/thread_world.hpp>
@@ -14,6 +15,8 @@
 #include <loom/core/rng.hpp>
 #include <loom/nn/compose.hpp>
 #include <loom/nn/gelu.hpp>
+#include <loom/nn/layernorm.hpp>
+#include <loom/nn/residual.hpp>
 #include <loom/nn/linear.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/parallel/strategy.hpp>
@@ -220,4 +223,39 @@ TEST_CASE("attention with its heads split over the tp axis equals the whole atte
     nn::CausalSelfAttention three = make();
     CHECK(loom_test::message_of([&] { loom::tp::shard(three, 0, 3); }) ==
           "CausalSelfAttention: tp degree 3 does not divide the 4 heads; use a degree that divides 4");
+}
+
+namespace {
+
+// A user's block written with loom's layers, cut by the same walk as the GPT.
+struct UserBlock {
+    nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> attention;
+    nn::Residual<nn::LayerNorm, nn::Linear, nn::Gelu, nn::Linear> mlp;
+    nn::Linear lone;  // no partner: stays whole
+};
+
+}  // namespace
+
+TEST_CASE("tp::shard_model finds the column -> row pairs and the attentions of any model", "[parallel][tp]") {
+    auto make = [] {
+        return UserBlock{{{nn::LayerNorm::make(8), nn::CausalSelfAttention::make(8, 4)}},
+                         {{nn::LayerNorm::make(8), nn::Linear::make(8, 32), nn::Gelu{}, nn::Linear::make(32, 8)}},
+                         nn::Linear::make(8, 8)};
+    };
+    UserBlock block = make();
+    const auto summary = loom::tp::shard_model(block, 1, 2);
+    CHECK(summary.linear_pairs == 1);
+    CHECK(summary.attentions == 1);
+    CHECK(std::get<1>(block.mlp.layers).split == nn::Split::columns);
+    CHECK(std::get<1>(block.mlp.layers).weight.shape == Shape{16, 8});
+    CHECK(std::get<3>(block.mlp.layers).split == nn::Split::rows);
+    CHECK(std::get<3>(block.mlp.layers).weight.shape == Shape{8, 16});
+    CHECK(std::get<1>(block.attention.layers).local_heads() == 2);
+    CHECK(block.lone.split == nn::Split::none);
+    CHECK(block.lone.weight.shape == Shape{8, 8});
+    // Degree 1 cuts nothing.
+    UserBlock whole = make();
+    loom::tp::shard_model(whole, 0, 1);
+    CHECK(std::get<1>(whole.mlp.layers).split == nn::Split::none);
+    CHECK(std::get<1>(whole.mlp.layers).weight.shape == Shape{32, 8});
 }

@@ -36,14 +36,18 @@
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/memory.hpp"
+#include "loom/comm/mesh.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
+#include "loom/exec/tensor_shards.hpp"
 #include "loom/exec/trace.hpp"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/tensor_group.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
 #include "loom/schedule/pipeline.hpp"
@@ -72,10 +76,11 @@ struct ExecutionPlan {
     bool pipelined = false;
     ScheduleKind schedule = ScheduleKind::one_f_one_b;
     int chunks = 1;
+    bool tensor_parallel = false;
 
     template <class S>
     [[nodiscard]] static ExecutionPlan of() {
-        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule, S::chunks};
+        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule, S::chunks, S::tensor_parallel};
     }
 };
 
@@ -115,16 +120,31 @@ public:
         return Executor(model, dp, &pp, ExecutionPlan::of<Strategy>(), options);
     }
 
+    // Every axis of `mesh` the strategy uses: dp always, pp with a Pipeline,
+    // tp with TensorParallel (an axis the mesh lacks counts as size 1).
+    template <class Strategy, class Model>
+    [[nodiscard]] static Executor make(Model& model, comm::Mesh<C>& mesh, const ExecutorOptions& options = {}) {
+        return Executor(model, mesh.axis("dp"), mesh.has("pp") ? &mesh.axis("pp") : nullptr,
+                        mesh.has("tp") ? &mesh.axis("tp") : nullptr, ExecutionPlan::of<Strategy>(), options);
+    }
+
     template <class Model>
     Executor(Model& model, C& dp, const ExecutionPlan& plan, const ExecutorOptions& options)
-        : Executor(model, dp, nullptr, plan, options) {}
-
-    // `model` must outlive the executor and not move; its Params are bound to
-    // the executor's storage. `pp` may be null: a pipeline of one stage.
+        : Executor(model, dp, nullptr, nullptr, plan, options) {}
     template <class Model>
     Executor(Model& model, C& dp, C* pp, const ExecutionPlan& plan, const ExecutorOptions& options)
+        : Executor(model, dp, pp, nullptr, plan, options) {}
+
+    // `model` must outlive the executor and not move; its Params are bound to
+    // the executor's storage. `pp` may be null: a pipeline of one stage;
+    // `tp` may be null: no tensor parallelism. With a tp axis, the model is
+    // cut here (tp::shard_model) before anything is laid out.
+    template <class Model>
+    Executor(Model& model, C& dp, C* pp, C* tp, const ExecutionPlan& plan, const ExecutorOptions& options)
         : comm_(&dp),
           pp_(pp),
+          tp_(check_tensor_parallel(plan, tp) ? tp : nullptr),
+          shards_(cut_model(model, tp_)),
           units_(nn::units_of(model, options.field_names)),
           stage_(plan.zero_stage),
           micro_batches_(options.micro_batches),
@@ -153,6 +173,10 @@ public:
         };
         allocate();
         pending_.resize(program_.code.size());
+        if (tp_ != nullptr) {
+            tp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*tp_);
+            pool_.set_tensor_group(tp_group_.get());
+        }
     }
 
     Executor(Executor&&) noexcept = default;
@@ -164,6 +188,9 @@ public:
     [[nodiscard]] const schedule::PipelineProgram& pipeline() const noexcept { return pipe_; }
     [[nodiscard]] const schedule::StageBounds& stage_bounds() const noexcept { return stages_; }
     [[nodiscard]] bool pipelined() const noexcept { return pipelined_; }
+    // Elements of the whole model (what gather_state and load_state exchange);
+    // layout().dense_size() is this rank's, smaller when tp cuts the model.
+    [[nodiscard]] std::int64_t parameter_count() const noexcept { return shards_.whole_size(); }
     // Whether this rank holds unit u (every unit, without a pipeline).
     [[nodiscard]] bool holds_unit(int u) const { return chunk_of_unit_.at(static_cast<std::size_t>(u)) >= 0; }
     [[nodiscard]] const parallel::ShardLayout& layout() const noexcept { return layout_; }
@@ -226,8 +253,42 @@ public:
     // Collective: the whole model's parameters and AdamW moments in the serial
     // (dense, reflection) order, on every rank: what a checkpoint holds.
     // Pipelines: every stage fills in its units and a sum over the pp axis
-    // (of values and zeros, so exact) completes the arrays everywhere.
+    // (of values and zeros, so exact) completes the arrays everywhere. Tensor
+    // parallelism: each tp rank's cut arrays are put back together whole.
     void gather_state(std::span<float> values, std::span<float> m, std::span<float> v) {
+        if (tp_ == nullptr) {
+            gather_local_state(values, m, v);
+            return;
+        }
+        const auto n = static_cast<std::size_t>(shards_.local_size());
+        std::vector<float> lv(n), lm(n), lvv(n);
+        gather_local_state(lv, lm, lvv);
+        shards_.to_whole(*tp_, lv, values);
+        shards_.to_whole(*tp_, lm, m);
+        shards_.to_whole(*tp_, lvv, v);
+    }
+
+    // Sets parameters and moments from the dense arrays every rank holds (a
+    // checkpoint), keeping what this rank owns; the next step continues the
+    // one after `optimizer_steps`.
+    void load_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
+                    std::int64_t optimizer_steps) {
+        if (tp_ != nullptr) {
+            const auto n = static_cast<std::size_t>(shards_.local_size());
+            std::vector<float> lv(n), lm(n), lvv(n);
+            shards_.to_local(values, lv);
+            shards_.to_local(m, lm);
+            shards_.to_local(v, lvv);
+            load_local_state(lv, lm, lvv, optimizer_steps);
+            return;
+        }
+        load_local_state(values, m, v, optimizer_steps);
+    }
+
+private:
+    // This rank's (tp-cut) state in its local dense order, on every rank of
+    // its tp position: collective over dp and pp.
+    void gather_local_state(std::span<float> values, std::span<float> m, std::span<float> v) {
         if (pipelined_)
             for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);
         gather_held_state(values, m, v);
@@ -238,11 +299,8 @@ public:
             }
     }
 
-    // Sets parameters and moments from the dense arrays every rank holds (a
-    // checkpoint), keeping what this rank owns; the next step continues the
-    // one after `optimizer_steps`.
-    void load_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
-                    std::int64_t optimizer_steps) {
+    void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
+                          std::int64_t optimizer_steps) {
         Buffer<Host> padded(DType::f32, Shape{layout_.padded_size()});
         const auto whole = all(padded);
         auto keep_blocks = [&](Buffer<Host>& sharded) {
@@ -264,7 +322,6 @@ public:
         optimizer_steps_ = optimizer_steps;
     }
 
-private:
     // This rank's units' state into the dense arrays (collective over dp).
     void gather_held_state(std::span<float> values, std::span<float> m, std::span<float> v) {
         Buffer<Host> padded(DType::f32, Shape{layout_.padded_size()});
@@ -298,6 +355,18 @@ private:
         bool in_flight = false;
         bool accumulate = false;  // a slot reduction whose block is added to the shard when done
     };
+
+    [[nodiscard]] static bool check_tensor_parallel(const ExecutionPlan& plan, const C* tp) {
+        LOOM_CHECK(plan.tensor_parallel || tp == nullptr || tp->size() == 1, "Executor: a tensor-parallel axis of ",
+                   tp->size(), " ranks for a strategy without TensorParallel; add TensorParallel or use a tp axis of 1");
+        return plan.tensor_parallel && tp != nullptr && tp->size() > 1;
+    }
+    // Cuts the model for this tp rank (before its units and layout exist).
+    template <class Model>
+    [[nodiscard]] static TensorShards cut_model(Model& model, const C* tp) {
+        if (tp != nullptr) tp::shard_model(model, tp->rank(), tp->size());
+        return TensorShards(model, tp != nullptr ? tp->size() : 1);
+    }
 
     [[nodiscard]] int pp_size() const { return pp_ != nullptr ? pp_->size() : 1; }
     [[nodiscard]] int pp_rank() const { return pp_ != nullptr ? pp_->rank() : 0; }
@@ -636,6 +705,8 @@ private:
 
     C* comm_;
     C* pp_;
+    C* tp_;
+    TensorShards shards_;
     std::vector<nn::Unit> units_;
     int stage_;
     int micro_batches_;
@@ -654,6 +725,7 @@ private:
     std::int64_t optimizer_steps_ = 0;
     std::int64_t step_count_ = 0;
 
+    std::unique_ptr<nn::TensorGroupOf<C>> tp_group_;  // what sharded layers talk to
     MicroBatchPool pool_;
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step

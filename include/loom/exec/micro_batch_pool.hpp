@@ -30,6 +30,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/tensor_group.hpp"
 #include "loom/schedule/program.hpp"
 
 namespace loom::exec {
@@ -52,6 +53,12 @@ public:
         if (outbox_parcels_.size() < n) outbox_parcels_.resize(n);
     }
 
+    // Every context's tensor-parallel group (null: the model runs whole).
+    void set_tensor_group(const nn::TensorGroup* group) {
+        group_ = group;
+        for (auto& c : contexts_) c->set_tensor_group(group);
+    }
+
     // A fresh context for (chunk, mb): its forward starts.
     nn::Context& open(int chunk, int mb) {
         int& at = open_[at_of(chunk, mb)];
@@ -59,6 +66,7 @@ public:
         auto& free = free_[static_cast<std::size_t>(chunk)];
         if (free.empty()) {
             contexts_.push_back(std::make_unique<nn::Context>());
+            contexts_.back()->set_tensor_group(group_);
             free.push_back(static_cast<int>(contexts_.size()) - 1);
         }
         at = free.back();
@@ -138,6 +146,7 @@ private:
     }
 
     int chunks_ = 0, micro_batches_ = 0;
+    const nn::TensorGroup* group_ = nullptr;
     std::vector<std::unique_ptr<nn::Context>> contexts_;
     std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight

@@ -3,18 +3,32 @@
 // one-element tensor (also in ctx.loss()). Fused log-softmax: only one
 // log-sum-exp per row is kept for backward. Its backward_input takes dloss
 // (a one-element tensor, 1 to start backpropagation) and returns dlogits.
+//
+// Vocabulary-parallel (vocab_start >= 0, set by tp::shard_vocab_head): the
+// logits are this tp rank's slice [vocab_start, vocab_start + V) of a
+// vocabulary of V * t classes, from a head Linear split by columns, so no
+// rank ever holds a whole row. The forward reduces three numbers per row over
+// the group (the max, the sum of exponentials, the target's logit) and every
+// rank gets the same loss; the backward is local, as softmax - onehot on this
+// slice, and the head's f sums the input gradient.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
 
 struct CrossEntropy {
+    std::int64_t vocab_start = -1;  // the first class of this rank's logits; -1: the logits are whole
+
+    [[nodiscard]] bool vocab_parallel() const noexcept { return vocab_start >= 0; }
+
     struct Saved {
         Tensor logits, logsumexp;
     };
@@ -28,8 +42,10 @@ struct CrossEntropy {
         auto& saved = ctx.saved<Saved>(this);
         saved.logits = logits;
         saved.logsumexp = ctx.alloc(Shape{rows});
-        const float loss = kernels::host::cross_entropy_forward(logits.data<float>(), targets.data<std::int32_t>(),
-                                                                saved.logsumexp.data<float>(), rows, V);
+        const float loss = vocab_parallel() ? forward_vocab_parallel(ctx, logits, targets, saved.logsumexp)
+                                            : kernels::host::cross_entropy_forward(
+                                                  logits.data<float>(), targets.data<std::int32_t>(),
+                                                  saved.logsumexp.data<float>(), rows, V);
         ctx.set_loss(loss);
         Tensor out = ctx.alloc(Shape{1});
         *out.data<float>() = loss;
@@ -40,10 +56,55 @@ struct CrossEntropy {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t V = saved.logits.dim(-1), rows = saved.logits.numel() / V;
         Tensor dlogits = ctx.alloc(saved.logits.shape());
+        if (vocab_parallel()) {
+            kernels::host::cross_entropy_slice_backward(
+                saved.logits.data<float>(), ctx.targets().data<std::int32_t>(), saved.logsumexp.data<float>(),
+                *dloss.data<float>(), dlogits.data<float>(), rows, V, vocab_start, V * group(ctx).size());
+            return dlogits;
+        }
         kernels::host::cross_entropy_backward(saved.logits.data<float>(), ctx.targets().data<std::int32_t>(),
                                               saved.logsumexp.data<float>(), *dloss.data<float>(), dlogits.data<float>(),
                                               rows, V);
         return dlogits;
+    }
+
+private:  // functions only: CrossEntropy stays an aggregate
+    [[nodiscard]] const TensorGroup& group(const Context& ctx) const {
+        const TensorGroup* g = ctx.tensor_group();
+        LOOM_CHECK(g != nullptr, "CrossEntropy: vocabulary-parallel from class ", vocab_start,
+                   " but the context has no tensor-parallel group; run it through an executor with a tp axis");
+        return *g;
+    }
+
+    // logsumexp = max + log(sum e^(x - max)) over the whole row, from each
+    // rank's slice: the max first (so every rank exponentiates against the
+    // same one and nothing overflows), then the sums and the target's logit in
+    // one all-reduce. Every rank then holds the same row statistics, so the
+    // same loss, summed in double as the whole kernel does.
+    [[nodiscard]] float forward_vocab_parallel(Context& ctx, const Tensor& logits, const Tensor& targets,
+                                               const Tensor& logsumexp) const {
+        const TensorGroup& g = group(ctx);
+        const std::int64_t V = logits.dim(-1), rows = logits.numel() / V, classes = V * g.size();
+        LOOM_CHECK(vocab_start == g.rank() * V, "CrossEntropy: logits of classes [", vocab_start, ", ",
+                   vocab_start + V, ") are not tp rank ", g.rank(), "'s slice of the ", classes,
+                   " classes; shard the head and the loss with the group's rank (classes [", g.rank() * V, ", ",
+                   (g.rank() + 1) * V, "))");
+        const float* x = logits.data<float>();
+        const std::int32_t* t = targets.data<std::int32_t>();
+        float* lse = logsumexp.data<float>();
+        kernels::host::cross_entropy_slice_max(x, t, lse, rows, V, classes);  // lse holds the max until below
+        g.all_reduce_max(logsumexp);
+        Tensor sums = ctx.alloc(Shape{2, rows});
+        kernels::host::cross_entropy_slice_sums(x, t, lse, sums.data<float>(), rows, V, vocab_start);
+        g.all_reduce_sum(sums);
+        const float* sum = sums.data<float>();
+        const float* target_logit = sum + rows;
+        double loss_sum = 0.0;
+        for (std::int64_t r = 0; r < rows; ++r) {
+            lse[r] += std::log(sum[r]);
+            loss_sum += static_cast<double>(lse[r]) - static_cast<double>(target_logit[r]);
+        }
+        return static_cast<float>(loss_sum / static_cast<double>(rows));
     }
 };
 

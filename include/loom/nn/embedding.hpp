@@ -1,6 +1,14 @@
 // Embedding: token ids [B, T] (i32) -> token vectors + learned position
 // vectors, [B, T, C]. The first layer of a language model: its input has no
 // gradient, so backward_input returns an empty tensor.
+//
+// Tensor parallelism (vocabulary-parallel, parallel/tensor_parallel_vocab.hpp
+// cuts the table): a token table that is a shard by rows holds tokens
+// [start, start + V/t) of the vocabulary. Each rank looks up only its own
+// tokens (zeros for the rest) and the group sums the partial outputs, so no
+// rank holds the whole table; exactly one rank contributed each token's row,
+// so the sum is the whole layer's row bit for bit. The position table stays
+// whole and replicated: it is added after the sum, by every rank alike.
 #pragma once
 
 #include <cstdint>
@@ -10,12 +18,13 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/embedding.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
 
 struct Embedding {
-    Param token;     // [vocab, C]
-    Param position;  // [max sequence, C]
+    Param token;     // [vocab, C]; a tp shard: [vocab/t, C], rows from token.slice.start
+    Param position;  // [max sequence, C]; whole on every tp rank
 
     [[nodiscard]] static Embedding make(std::int64_t vocab, std::int64_t max_sequence, std::int64_t width,
                                         float std = 0.02f) {
@@ -25,9 +34,12 @@ struct Embedding {
                          Param{Shape{max_sequence, width}, Init::normal(std)}};
     }
 
+    // The rows this layer holds: the whole vocabulary, or its shard's.
     [[nodiscard]] std::int64_t vocab() const { return token.shape.dim(0); }
     [[nodiscard]] std::int64_t max_sequence() const { return position.shape.dim(0); }
     [[nodiscard]] std::int64_t width() const { return token.shape.dim(1); }
+    // The token table is this rank's rows of a vocabulary split over the tp group.
+    [[nodiscard]] bool vocab_parallel() const { return token.slice.sliced(); }
 
     struct Saved {
         Tensor tokens, dy;
@@ -41,6 +53,10 @@ struct Embedding {
                    " positions the model has");
         ctx.saved<Saved>(this).tokens = tokens;
         Tensor y = ctx.alloc(Shape{B, T, width()});
+        if (vocab_parallel()) {
+            forward_vocab_parallel(ctx, tokens, y);
+            return y;
+        }
         kernels::host::embedding_forward(tokens.data<std::int32_t>(), token.value.data<float>(),
                                          position.value.data<float>(), y.data<float>(), B, T, width(), vocab());
         return y;
@@ -53,9 +69,70 @@ struct Embedding {
 
     void backward_weight(Context& ctx) {
         auto& saved = ctx.saved<Saved>(this);
+        if (vocab_parallel()) {
+            backward_weight_vocab_parallel(saved);
+            return;
+        }
         kernels::host::embedding_backward(saved.tokens.data<std::int32_t>(), saved.dy.data<float>(),
                                           token.grad.data<float>(), position.grad.data<float>(), saved.tokens.dim(0),
                                           saved.tokens.dim(1), width());
+    }
+
+private:  // functions only: Embedding stays an aggregate
+    // This rank's tokens: [start, start + vocab()) of the whole vocabulary.
+    [[nodiscard]] std::int64_t vocab_start() const { return token.slice.start; }
+
+    void forward_vocab_parallel(const Context& ctx, const Tensor& tokens, const Tensor& y) const {
+        const TensorGroup* group = ctx.tensor_group();
+        LOOM_CHECK(group != nullptr, "Embedding: its token table is a vocabulary shard but the context has no "
+                                     "tensor-parallel group; run it through an executor with a tp axis");
+        const std::int64_t rows = tokens.numel(), T = tokens.dim(1), C = width();
+        const std::int64_t whole_vocab = token.slice.full[0], start = vocab_start(), stop = start + vocab();
+        const std::int32_t* ids = tokens.data<std::int32_t>();
+        // Every rank checks the whole batch, so a bad id throws on all of them
+        // before any collective and none is left waiting in the all-reduce.
+        for (std::int64_t i = 0; i < rows; ++i) {
+            LOOM_CHECK(ids[i] >= 0 && ids[i] < whole_vocab, "embedding: token id ", ids[i], " at batch ", i / T,
+                       ", position ", i % T, " is outside the vocabulary [0, ", whole_vocab, ")");
+        }
+        const float* table = token.value.data<float>();
+        float* out = y.data<float>();
+        for (std::int64_t i = 0; i < rows; ++i) {
+            float* row = out + i * C;
+            if (ids[i] >= start && ids[i] < stop) {
+                const float* mine = table + (ids[i] - start) * C;
+                for (std::int64_t c = 0; c < C; ++c) row[c] = mine[c];
+            } else {
+                for (std::int64_t c = 0; c < C; ++c) row[c] = 0.0f;
+            }
+        }
+        group->all_reduce_sum(y);
+        const float* pos = position.value.data<float>();
+        for (std::int64_t i = 0; i < rows; ++i) {
+            float* row = out + i * C;
+            const float* p = pos + (i % T) * C;
+            for (std::int64_t c = 0; c < C; ++c) row[c] += p[c];
+        }
+    }
+
+    // dy is whole and the same on every rank (the layers after this one are
+    // replicated, or all-reduce their input gradient): each rank keeps its own
+    // tokens' rows, and the whole position gradient, as the unsplit layer does.
+    void backward_weight_vocab_parallel(const Saved& saved) {
+        const std::int64_t rows = saved.tokens.numel(), T = saved.tokens.dim(1), C = width();
+        const std::int64_t start = vocab_start(), stop = start + vocab();
+        const std::int32_t* ids = saved.tokens.data<std::int32_t>();
+        const float* dy = saved.dy.data<float>();
+        float* dtoken = token.grad.data<float>();
+        float* dposition = position.grad.data<float>();
+        for (std::int64_t i = 0; i < rows; ++i) {
+            const float* g = dy + i * C;
+            float* p = dposition + (i % T) * C;
+            for (std::int64_t c = 0; c < C; ++c) p[c] += g[c];
+            if (ids[i] < start || ids[i] >= stop) continue;
+            float* t = dtoken + (ids[i] - start) * C;
+            for (std::int64_t c = 0; c < C; ++c) t[c] += g[c];
+        }
     }
 };
 

@@ -4,7 +4,8 @@
 // forward, all-reduce of the input gradient backward, before a
 // column-parallel Linear) and g (all-reduce of the output forward, identity
 // backward, after a row-parallel one), plus an all-gather for layers that
-// must see a whole tensor. Layers reach the group through their Context,
+// must see a whole tensor and an all-reduce-max for a softmax over a
+// vocabulary split across the group (its per-row maximum). Layers reach the group through their Context,
 // which the executor points at its tp communicator; without one a layer runs
 // whole. Type-erased so that nn/ does not depend on a communicator type.
 #pragma once
@@ -28,6 +29,7 @@ public:
     [[nodiscard]] virtual int rank() const = 0;
     [[nodiscard]] virtual int size() const = 0;
     virtual void all_reduce_sum(const Tensor& t) const = 0;                       // in place
+    virtual void all_reduce_max(const Tensor& t) const = 0;                       // in place
     virtual void all_gather(const Tensor& local, const Tensor& whole) const = 0;  // rank r's block at r
 };
 
@@ -39,6 +41,7 @@ public:
     [[nodiscard]] int rank() const override { return comm_->rank(); }
     [[nodiscard]] int size() const override { return comm_->size(); }
     void all_reduce_sum(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::sum); }
+    void all_reduce_max(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::max); }
     void all_gather(const Tensor& local, const Tensor& whole) const override { comm_->all_gather(local, whole); }
 
 private:

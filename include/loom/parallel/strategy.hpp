@@ -78,6 +78,8 @@ struct Strategy {
     }();
     static constexpr std::int64_t bucket_bytes = data_parallel_policy::bucket_bytes;
 
+    static constexpr bool tensor_parallel = detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> > 0;
+
     // Pipeline<S>: the schedule and its chunks per rank; without one, the
     // model runs whole on every rank (a pipeline of one stage).
     using pipeline_policy = typename detail::first_of_kind<PolicyKind::pipeline, void, Ps...>::type;

@@ -1,0 +1,102 @@
+// TensorShards: how a tensor-parallel rank's parameters map onto the whole
+// model's, for checkpoints. The executor's arrays are in the rank's own
+// (local) order: its Params with their cut shapes, in reflection order. A
+// checkpoint is the whole model in the serial order. Each Param is either
+// whole on every tp rank (LayerNorm, a row-split Linear's bias), copied as
+// is, or a shard (Param::slice): the tp ranks' shards are all-gathered and
+// each element put back at its place in the whole tensor.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/buffer.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/param.hpp"
+#include "loom/core/reflect.hpp"
+#include "loom/core/tensor.hpp"
+
+namespace loom::exec {
+
+class TensorShards {
+public:
+    TensorShards() = default;
+
+    // `degree`: the tp axis size the model was cut for (1: nothing is cut).
+    template <class Model>
+    TensorShards(const Model& model, int degree) : degree_(degree) {
+        std::int64_t local = 0, whole = 0;
+        reflect::visit_params(model, [&](const Param& p, std::string_view) {
+            entries_.push_back({p, local, whole});
+            local += p.numel();
+            whole += p.full_shape().numel();
+        });
+        local_size_ = local;
+        whole_size_ = whole;
+    }
+
+    [[nodiscard]] std::int64_t local_size() const noexcept { return local_size_; }
+    [[nodiscard]] std::int64_t whole_size() const noexcept { return whole_size_; }
+    [[nodiscard]] bool cut() const noexcept { return local_size_ != whole_size_ || degree_ > 1; }
+
+    // Collective over `tp`: the whole model from every rank's local arrays.
+    template <comm::Communicator C>
+    void to_whole(C& tp, std::span<const float> local, std::span<float> whole) const {
+        check(local.size(), whole.size());
+        LOOM_CHECK(tp.size() == degree_, "TensorShards: a tp axis of ", tp.size(), " ranks for a model cut ", degree_,
+                   " ways");
+        Buffer<Host> gathered;
+        for (const Entry& e : entries_) {
+            const std::int64_t n = e.param.numel();
+            if (!e.param.slice.sliced()) {
+                std::copy_n(local.begin() + e.local, n, whole.begin() + e.whole);
+                continue;
+            }
+            if (gathered.numel() < n * degree_) gathered = Buffer<Host>(DType::f32, Shape{n * degree_});
+            tp.all_gather(Tensor::of(const_cast<float*>(local.data()) + e.local, {n}),
+                          Tensor::of(gathered.data<float>(), {n * degree_}));
+            for (int q = 0; q < degree_; ++q) {
+                const Param theirs = shard_of(e.param, q);
+                const float* block = gathered.data<float>() + q * n;
+                for (std::int64_t k = 0; k < n; ++k) whole[static_cast<std::size_t>(e.whole + theirs.full_index(k))] = block[k];
+            }
+        }
+    }
+
+    // This rank's local arrays from the whole model (no communication).
+    void to_local(std::span<const float> whole, std::span<float> local) const {
+        check(local.size(), whole.size());
+        for (const Entry& e : entries_)
+            for (std::int64_t k = 0; k < e.param.numel(); ++k)
+                local[static_cast<std::size_t>(e.local + k)] = whole[static_cast<std::size_t>(e.whole + e.param.full_index(k))];
+    }
+
+private:
+    struct Entry {
+        Param param;  // shape and slice only (a copy; the values are not used)
+        std::int64_t local, whole;
+    };
+
+    // Rank q's shard: the same cut, q's start.
+    [[nodiscard]] Param shard_of(const Param& mine, int q) const {
+        Param theirs{mine.shape, mine.init, mine.dtype, {}, {}, mine.slice};
+        const std::int64_t per_rank = mine.shape[mine.slice.dim] / mine.slice.groups;
+        theirs.slice.start = q * per_rank;
+        return theirs;
+    }
+
+    void check(std::size_t local, std::size_t whole) const {
+        LOOM_CHECK(static_cast<std::int64_t>(local) == local_size_ && static_cast<std::int64_t>(whole) == whole_size_,
+                   "TensorShards: arrays of ", local, " (local) and ", whole, " (whole) elements; this rank has ",
+                   local_size_, " and the model ", whole_size_);
+    }
+
+    int degree_ = 1;
+    std::vector<Entry> entries_;
+    std::int64_t local_size_ = 0, whole_size_ = 0;
+};
+
+}  // namespace loom::exec
