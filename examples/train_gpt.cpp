@@ -1,5 +1,5 @@
 // train_gpt: trains loom's reference GPT byte by byte, on a text file or on a
-// built-in synthetic corpus: on one core, on --dp N x --pp P rank threads of
+// built-in synthetic corpus: on one core, on --dp N x --pp P x --tp T rank threads of
 // this process, or on the processes of `mpirun -np N train_gpt` (found from
 // the launcher's environment), with ZeRO stage --zero S, --micro-batches M
 // and, with --pp, a pipeline schedule (--schedule) over a partition of the
@@ -7,7 +7,7 @@
 //
 //   train_gpt [--data FILE] [--layers 4] [--width 256] [--heads 4] [--seq 128] [--batch 8]
 //             [--vocab 256] [--steps 200] [--until N] [--lr 1e-3] [--seed 1] [--threads 1]
-//             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b]
+//             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b] [--tp 1]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
@@ -70,6 +70,7 @@ struct Flags {
     int zero = 0;
     int micro_batches = 1;
     int pp = 1;
+    int tp = 1;                    // tensor parallel (Megatron 1D)
     loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
     std::string schedule_text;     // as given, for messages; empty: not given
     int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
@@ -86,7 +87,7 @@ struct Flags {
 [[noreturn]] void usage_error(const std::string& what) {
     throw loom::Error("train_gpt: " + what +
                       " (flags: --data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X "
-                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --schedule "
+                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --schedule "
                       "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
                       "--save FILE --resume FILE --sample N)");
 }
@@ -121,6 +122,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--zero") f.zero = static_cast<int>(parse_int(flag, value, 0, 3));
         else if (flag == "--micro-batches") f.micro_batches = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
         else if (flag == "--pp") f.pp = static_cast<int>(parse_int(flag, value, 1, 1024));
+        else if (flag == "--tp") f.tp = static_cast<int>(parse_int(flag, value, 1, 1024));
         else if (flag == "--chunks") f.chunks = static_cast<int>(parse_int(flag, value, 2, 4));
         else if (flag == "--partition") f.partition = value;
         else if (flag == "--schedule") {
@@ -159,12 +161,17 @@ Flags parse(int argc, char** argv) {
 }
 
 // The strategy the flags name, as the compile-time type a user would write:
-// Strategy<DataParallel<>[, Pipeline<Schedule>][, ZeroShard<S>]>.
-template <int Stage, class... Pipeline>
-using StrategyOf = std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline...>,
-                                      loom::Strategy<loom::DataParallel<>, Pipeline..., loom::ZeroShard<Stage == 0 ? 1 : Stage>>>;
+// Strategy<DataParallel<>[, Pipeline<Schedule>][, TensorParallel][, ZeroShard<S>]>.
+template <int Stage, bool Tensor, class... Pipeline>
+using StrategyOf = std::conditional_t<
+    Tensor,
+    std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline..., loom::TensorParallel>,
+                       loom::Strategy<loom::DataParallel<>, Pipeline..., loom::TensorParallel,
+                                      loom::ZeroShard<Stage == 0 ? 1 : Stage>>>,
+    std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline...>,
+                       loom::Strategy<loom::DataParallel<>, Pipeline..., loom::ZeroShard<Stage == 0 ? 1 : Stage>>>>;
 
-template <class... Pipeline>
+template <bool Tensor, class... Pipeline>
 std::pair<loom::exec::ExecutionPlan, std::string> plan_for(int zero) {
     const auto of = [](auto strategy) {
         std::ostringstream name;
@@ -172,41 +179,67 @@ std::pair<loom::exec::ExecutionPlan, std::string> plan_for(int zero) {
         return std::pair{loom::exec::ExecutionPlan::of<decltype(strategy)>(), name.str()};
     };
     switch (zero) {
-        case 1: return of(StrategyOf<1, Pipeline...>{});
-        case 2: return of(StrategyOf<2, Pipeline...>{});
-        case 3: return of(StrategyOf<3, Pipeline...>{});
-        default: return of(StrategyOf<0, Pipeline...>{});
+        case 1: return of(StrategyOf<1, Tensor, Pipeline...>{});
+        case 2: return of(StrategyOf<2, Tensor, Pipeline...>{});
+        case 3: return of(StrategyOf<3, Tensor, Pipeline...>{});
+        default: return of(StrategyOf<0, Tensor, Pipeline...>{});
     }
 }
 
-std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(const Flags& flags) {
-    if (flags.pp == 1) return plan_for<>(flags.zero);
+template <bool Tensor>
+std::pair<loom::exec::ExecutionPlan, std::string> strategy_with(const Flags& flags) {
+    if (flags.pp == 1) return plan_for<Tensor>(flags.zero);
     switch (flags.schedule) {
-        case loom::ScheduleKind::gpipe: return plan_for<loom::Pipeline<loom::GPipe>>(flags.zero);
-        case loom::ScheduleKind::one_f_one_b: return plan_for<loom::Pipeline<loom::OneFOneB>>(flags.zero);
-        case loom::ScheduleKind::zero_bubble_h1: return plan_for<loom::Pipeline<loom::ZeroBubbleH1>>(flags.zero);
-        case loom::ScheduleKind::zero_bubble_v: return plan_for<loom::Pipeline<loom::ZeroBubbleV>>(flags.zero);
+        case loom::ScheduleKind::gpipe: return plan_for<Tensor, loom::Pipeline<loom::GPipe>>(flags.zero);
+        case loom::ScheduleKind::one_f_one_b: return plan_for<Tensor, loom::Pipeline<loom::OneFOneB>>(flags.zero);
+        case loom::ScheduleKind::zero_bubble_h1: return plan_for<Tensor, loom::Pipeline<loom::ZeroBubbleH1>>(flags.zero);
+        case loom::ScheduleKind::zero_bubble_v: return plan_for<Tensor, loom::Pipeline<loom::ZeroBubbleV>>(flags.zero);
         case loom::ScheduleKind::interleaved:
             switch (flags.chunks_per_rank()) {
-                case 3: return plan_for<loom::Pipeline<loom::Interleaved<3>>>(flags.zero);
-                case 4: return plan_for<loom::Pipeline<loom::Interleaved<4>>>(flags.zero);
-                default: return plan_for<loom::Pipeline<loom::Interleaved<2>>>(flags.zero);
+                case 3: return plan_for<Tensor, loom::Pipeline<loom::Interleaved<3>>>(flags.zero);
+                case 4: return plan_for<Tensor, loom::Pipeline<loom::Interleaved<4>>>(flags.zero);
+                default: return plan_for<Tensor, loom::Pipeline<loom::Interleaved<2>>>(flags.zero);
             }
     }
     usage_error("unknown schedule");
 }
 
+std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(const Flags& flags) {
+    return flags.tp > 1 ? strategy_with<true>(flags) : strategy_with<false>(flags);
+}
+
 // Everything a run checks before it builds anything, the same on every rank.
+// "1, 2 or 4": the divisors of n, as a sentence.
+std::string divisors_of(std::int64_t n) {
+    std::vector<std::int64_t> d;
+    for (std::int64_t k = 1; k <= n; ++k)
+        if (n % k == 0) d.push_back(k);
+    std::string out;
+    for (std::size_t i = 0; i < d.size(); ++i)
+        out += (i == 0 ? "" : i + 1 == d.size() ? " or " : ", ") + std::to_string(d[i]);
+    return out;
+}
+
 void check_degrees(const Flags& flags, int world, int dp) {
-    const int pp = flags.pp;
-    const std::string degrees = pp == 1 ? "--dp " + std::to_string(dp)
-                                        : "--dp " + std::to_string(dp) + " x --pp " + std::to_string(pp);
-    if (world % (dp * pp) != 0)
-        usage_error(degrees + (pp == 1 ? "" : " = " + std::to_string(dp * pp)) + " does not divide the world size " +
-                    std::to_string(world) + "; use degrees whose product divides " + std::to_string(world));
-    if (dp * pp != world)
-        usage_error(degrees + " leaves " + std::to_string(world - dp * pp) + " of the " + std::to_string(world) +
+    const int pp = flags.pp, tp = flags.tp, product = dp * pp * tp;
+    std::string degrees = "--dp " + std::to_string(dp);
+    if (pp > 1) degrees += " x --pp " + std::to_string(pp);
+    if (tp > 1) degrees += " x --tp " + std::to_string(tp);
+    if (world % product != 0)
+        usage_error(degrees + (product == dp ? "" : " = " + std::to_string(product)) +
+                    " does not divide the world size " + std::to_string(world) + "; use degrees whose product divides " +
+                    std::to_string(world));
+    if (product != world)
+        usage_error(degrees + " leaves " + std::to_string(world - product) + " of the " + std::to_string(world) +
                     " ranks without work; the degrees must multiply to " + std::to_string(world));
+    // Megatron 1D cuts attention by heads and the MLP's 4C hidden features.
+    const std::int64_t heads = flags.model.heads, hidden = 4 * flags.model.width;
+    if (heads % tp != 0)
+        usage_error("--tp " + std::to_string(tp) + " does not divide the " + std::to_string(heads) +
+                    " attention heads (--heads); use " + divisors_of(heads));
+    if (hidden % tp != 0)
+        usage_error("--tp " + std::to_string(tp) + " does not divide the MLP's " + std::to_string(hidden) +
+                    " hidden features (4 x --width); use a divisor of " + std::to_string(hidden));
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
     if (flags.batch % split != 0)
         usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp) +
@@ -294,7 +327,7 @@ std::string describe_stages(const std::vector<int>& units_per_stage, std::int64_
 
 template <loom::comm::Communicator C>
 void train(C& world, const Flags& flags, const char* transport) {
-    const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / flags.pp);
+    const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / (flags.pp * flags.tp));
     check_degrees(flags, world.size(), dp_size);
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
@@ -308,7 +341,7 @@ void train(C& world, const Flags& flags, const char* transport) {
         corpus.batch(flags.seed, 0, 1, flags.model.seq, probe, probe_targets);
     }
 
-    loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}, {"pp", flags.pp}});
+    loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}, {"pp", flags.pp}, {"tp", flags.tp}});
     C& dp = mesh.axis("dp");
     const std::int64_t rows = flags.batch / dp_size;
     std::vector<int> partition;
@@ -318,13 +351,14 @@ void train(C& world, const Flags& flags, const char* transport) {
                                              : std::vector<double>{});
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
     const auto [plan, strategy] = strategy_for(flags);
-    loom::exec::Executor<C> exec(model, dp, flags.pp > 1 ? &mesh.axis("pp") : nullptr, plan,
+    loom::exec::Executor<C> exec(model, dp, flags.pp > 1 ? &mesh.axis("pp") : nullptr,
+                                 flags.tp > 1 ? &mesh.axis("tp") : nullptr, plan,
                                  {.micro_batches = flags.micro_batches,
                                   .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f},
                                   .trace = !flags.trace.empty(),
                                   .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
                                   .partition = partition});
-    const auto parameters = exec.layout().dense_size();
+    const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds
     std::int64_t first_step = 0;
     if (!flags.resume.empty()) {
         // Every rank reads the whole checkpoint and keeps what it owns.
@@ -344,7 +378,10 @@ void train(C& world, const Flags& flags, const char* transport) {
                     static_cast<long long>(flags.model.seq), corpus.describe().c_str());
         std::printf("%s on %d %s%s, %d micro-batch%s, %d BLAS thread%s per rank\n", strategy.c_str(), world.size(),
                     transport,
-                    flags.pp == 1 ? "" : (" (dp " + std::to_string(dp_size) + " x pp " + std::to_string(flags.pp) + ")").c_str(),
+                    flags.pp == 1 && flags.tp == 1
+                        ? ""
+                        : (" (dp " + std::to_string(dp_size) + " x pp " + std::to_string(flags.pp) + " x tp " +
+                           std::to_string(flags.tp) + ")").c_str(),
                     flags.micro_batches, flags.micro_batches == 1 ? "" : "es", flags.threads, flags.threads == 1 ? "" : "s");
         if (flags.pp > 1)
             std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
@@ -439,7 +476,7 @@ int run(int argc, char** argv) {
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
     }
-    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp;
+    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp;
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });

@@ -1,8 +1,9 @@
-# Pipelines end to end: train_gpt with every schedule (and pp 2 x dp 2 at
-# ZeRO 3, the ZeroPP combination) reaches the serial run's final loss to the
-# printed digits; a pipelined checkpoint loads into the serial run bit for bit
-# (the re-saved file is identical); --trace records every rank's F/B/W and
-# p2p. Args: TRAIN_GPT (the binary), WORK_DIR.
+# Pipelines and tensor parallelism end to end: train_gpt with every schedule
+# (and pp 2 x dp 2 at ZeRO 3, the ZeroPP combination), tp 2 alone, with dp
+# and ZeRO 3, and dp x pp x tp reaches the serial run's final loss to the
+# printed digits; pipelined and tensor-parallel checkpoints load into the
+# serial run bit for bit (the re-saved file is identical); --trace records
+# every rank's F/B/W and p2p. Args: TRAIN_GPT (the binary), WORK_DIR.
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 set(model --layers 4 --width 32 --heads 2 --seq 16 --batch 8 --steps 6 --seed 5)
@@ -24,7 +25,10 @@ foreach(flags
     "--pp 2 --schedule zb --micro-batches 4"
     "--pp 2 --schedule zbv --micro-batches 2"
     "--pp 4 --schedule 1f1b --micro-batches 8 --partition 1,1,1,1"
-    "--pp 2 --dp 2 --zero 3 --schedule zb --micro-batches 2")
+    "--pp 2 --dp 2 --zero 3 --schedule zb --micro-batches 2"
+    "--tp 2"
+    "--tp 2 --dp 2 --zero 3"
+    "--tp 2 --pp 2 --dp 2 --schedule zb --micro-batches 2")
   separate_arguments(flags)
   run(${flags})
   final_loss(piped)
@@ -37,6 +41,14 @@ endforeach()
 run(--pp 2 --dp 2 --zero 3 --schedule zbv --micro-batches 2 --until 3 --save "${WORK_DIR}/piped.safetensors")
 run(--until 3 --resume "${WORK_DIR}/piped.safetensors" --save "${WORK_DIR}/serial.safetensors")
 run(--pp 2 --schedule 1f1b --until 3 --resume "${WORK_DIR}/piped.safetensors" --save "${WORK_DIR}/piped_again.safetensors")
+# And one from tensor-parallel ranks, put back together whole.
+run(--tp 2 --dp 2 --zero 3 --until 3 --save "${WORK_DIR}/tp.safetensors")
+run(--until 3 --resume "${WORK_DIR}/tp.safetensors" --save "${WORK_DIR}/tp_serial.safetensors")
+execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/tp.safetensors" "${WORK_DIR}/tp_serial.safetensors"
+                RESULT_VARIABLE tp_differ)
+if(NOT tp_differ EQUAL 0)
+  message(FATAL_ERROR "tp_serial.safetensors differs from the tensor-parallel checkpoint it loaded")
+endif()
 foreach(copy serial piped_again)
   execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/piped.safetensors" "${WORK_DIR}/${copy}.safetensors"
                   RESULT_VARIABLE differ)

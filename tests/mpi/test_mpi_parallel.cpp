@@ -48,3 +48,27 @@ TEST_CASE("pipelines equal serial under MPI", "[pipeline]") {
         CHECK(result.worst_param_error <= 1e-5);
     }
 }
+
+// Tensor parallelism under MPI: tp 4 and tp 2 x dp 2 at ZeRO 3 on 4
+// processes, and 3D (dp 2 x pp 2 x tp 2) on 8.
+TEST_CASE("tensor parallelism and 3D parallelism equal serial under MPI", "[tensor]") {
+    constexpr int layers = 4, heads = 4;
+    static const auto serial = loom_test::serial_run(3, layers, heads);
+    auto world = loom::comm::Mpi::world();
+    std::vector<loom_test::EquivalenceCase> cases;
+    if (world.size() == 4) {
+        cases.push_back({.dp = 1, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 4, .heads = heads});
+        cases.push_back({.dp = 2, .stage = 3, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 2, .heads = heads});
+    } else {
+        REQUIRE(world.size() == 8);
+        for (int stage : {0, 3})
+            cases.push_back({.dp = 2, .stage = stage, .micro_batches = 4, .steps = 3, .pp = 2,
+                             .schedule = loom::ScheduleKind::one_f_one_b, .layers = layers, .tp = 2, .heads = heads});
+    }
+    for (const auto& c : cases) {
+        const auto result = loom_test::run_equivalence(world, c, serial);
+        INFO(c << ", rank " << world.rank() << ": " << result.describe());
+        CHECK(result.worst_loss_error <= 1e-5);
+        CHECK(result.worst_param_error <= 1e-5);
+    }
+}
