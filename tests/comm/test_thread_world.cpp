@@ -217,23 +217,28 @@ TEST_CASE("ThreadWorld: a send and recv that disagree fail both sides with both 
 }
 
 TEST_CASE("ThreadWorld: a send knows when it was posted and when the receiver copied it") {
-    loom::comm::ThreadWorld world(2);
-    world.run([](loom::comm::ThreadComm& comm) {
+    // Checked on the main thread afterwards: Catch2's assertions are not thread-safe.
+    loom::comm::Request::Timing timing;
+    std::chrono::steady_clock::time_point before, after;
+    float received = -1;
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
         std::vector<float> data(64, static_cast<float>(comm.rank()));
         const auto t = loom::Tensor::of(data.data(), {64});
         if (comm.rank() == 0) {
-            const auto before = std::chrono::steady_clock::now();
+            before = std::chrono::steady_clock::now();
             loom::comm::Request sent = comm.send_async(t, 1, 7);
             sent.wait();
-            const auto after = std::chrono::steady_clock::now();
-            REQUIRE(sent.timing().known);
-            CHECK(sent.timing().started >= before);
-            CHECK(sent.timing().finished >= sent.timing().started);
-            CHECK(sent.timing().finished <= after);
+            after = std::chrono::steady_clock::now();
+            timing = sent.timing();
         } else {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the copy happens after this
             comm.recv(t, 0, 7);
-            CHECK(data[0] == 0.0f);
+            received = data[0];
         }
     });
+    REQUIRE(timing.known);
+    CHECK(timing.started >= before);
+    CHECK(timing.finished >= timing.started);
+    CHECK(timing.finished <= after);
+    CHECK(received == 0.0f);
 }

@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <loom/comm/thread_world.hpp>
@@ -43,6 +45,27 @@ constexpr std::uint64_t seed = 11;
 
 // Element [i, j] of a row-major [rows, cols] array.
 float at(const float* p, std::int64_t cols, std::int64_t i, std::int64_t j) { return p[i * cols + j]; }
+
+// Catch2's assertions are not thread-safe: each rank thread notes its first
+// mismatch here, and the main thread checks every rank's afterwards.
+struct Mismatch {
+    std::string first;
+    void near(const char* what, std::int64_t k, float got, float want) {
+        if (!first.empty() || std::abs(got - want) <= 1e-5f + 1e-5f * std::abs(want)) return;
+        first = loom::detail::concat(what, "[", k, "] = ", got, ", the whole layer's ", want);
+    }
+};
+
+template <class Body>
+void on_ranks(int degree, Body body) {
+    std::vector<Mismatch> found(static_cast<std::size_t>(degree));
+    loom::comm::ThreadWorld(degree).run(
+        [&](loom::comm::ThreadComm& comm) { body(comm, found[static_cast<std::size_t>(comm.rank())]); });
+    for (int r = 0; r < degree; ++r) {
+        INFO("tp " << degree << ", rank " << r);
+        CHECK(found[static_cast<std::size_t>(r)].first == "");
+    }
+}
 
 }  // namespace
 
@@ -91,7 +114,7 @@ TEST_CASE("tp::split_param and tp::shard refuse what does not divide, in one lin
 }
 
 TEST_CASE("a column -> GELU -> row MLP over the tp axis equals the whole MLP, forward and backward", "[parallel][tp]") {
-    constexpr std::int64_t rows = 6, width = 8, hidden = 16;
+    constexpr std::int64_t rows = 6, width = 8;
     // The whole MLP: output, input gradient and weight gradients.
     Mlp whole = make_mlp();
     nn::ParamArena whole_arena(whole);
@@ -106,7 +129,7 @@ TEST_CASE("a column -> GELU -> row MLP over the tp axis equals the whole MLP, fo
     const Tensor dx_whole = nn::backward(whole, whole_ctx, Tensor::of(dy.data(), {rows, width}));
 
     for (int degree : {2, 4}) {
-        loom::comm::ThreadWorld(degree).run([&](loom::comm::ThreadComm& comm) {
+        on_ranks(degree, [&](loom::comm::ThreadComm& comm, Mismatch& found) {
             const int r = comm.rank();
             Mlp mine = make_mlp();
             loom::tp::shard(mine.fc, nn::Split::columns, r, degree);
@@ -119,26 +142,20 @@ TEST_CASE("a column -> GELU -> row MLP over the tp axis equals the whole MLP, fo
             const Tensor y = nn::forward(mine, ctx, Tensor::of(x.data(), {rows, width}));
             arena.zero_grads();
             const Tensor dx = nn::backward(mine, ctx, Tensor::of(dy.data(), {rows, width}));
-            INFO("tp " << degree << ", rank " << r);
             for (std::int64_t k = 0; k < rows * width; ++k) {
-                REQUIRE(y.data<float>()[k] == Approx(y_whole.data<float>()[k]).margin(1e-5));
-                REQUIRE(dx.data<float>()[k] == Approx(dx_whole.data<float>()[k]).margin(1e-5));
+                found.near("y", k, y.data<float>()[k], y_whole.data<float>()[k]);
+                found.near("dx", k, dx.data<float>()[k], dx_whole.data<float>()[k]);
             }
-            // Weight gradients: this rank's slice of the whole layer's.
-            const std::int64_t slice = hidden / degree;
-            for (std::int64_t i = 0; i < slice; ++i)
-                for (std::int64_t j = 0; j < width; ++j)
-                    REQUIRE(at(mine.fc.weight.grad.data<float>(), width, i, j) ==
-                            Approx(at(whole.fc.weight.grad.data<float>(), width, r * slice + i, j)).margin(1e-5));
-            for (std::int64_t i = 0; i < slice; ++i)
-                REQUIRE(mine.fc.bias.grad.data<float>()[i] == Approx(whole.fc.bias.grad.data<float>()[r * slice + i]).margin(1e-5));
-            for (std::int64_t i = 0; i < width; ++i)
-                for (std::int64_t j = 0; j < slice; ++j)
-                    REQUIRE(at(mine.proj.weight.grad.data<float>(), slice, i, j) ==
-                            Approx(at(whole.proj.weight.grad.data<float>(), hidden, i, r * slice + j)).margin(1e-5));
-            // The row layer's bias is whole on every rank, with the whole gradient.
-            for (std::int64_t i = 0; i < width; ++i)
-                REQUIRE(mine.proj.bias.grad.data<float>()[i] == Approx(whole.proj.bias.grad.data<float>()[i]).margin(1e-5));
+            // Weight gradients: this rank's slice of the whole layer's (the
+            // row layer's bias is whole on every rank, with the whole gradient).
+            for (const auto& [part_ptr, whole_ptr] : {std::pair{&mine.fc.weight, &whole.fc.weight}, std::pair{&mine.fc.bias, &whole.fc.bias},
+                                     std::pair{&mine.proj.weight, &whole.proj.weight},
+                                     std::pair{&mine.proj.bias, &whole.proj.bias}}) {
+                const Param& part = *part_ptr;
+                for (std::int64_t k = 0; k < part.numel(); ++k)
+                    found.near("gradient", k, part.grad.data<float>()[k],
+                               whole_ptr->grad.data<float>()[part.full_index(k)]);
+            }
         });
     }
 }
@@ -193,11 +210,11 @@ TEST_CASE("attention with its heads split over the tp axis equals the whole atte
     whole_arena.zero_grads();
     const Tensor dx_whole = nn::backward(whole, whole_ctx, Tensor::of(dy.data(), {B, T, C}));
     for (int degree : {2, 4}) {
-        loom::comm::ThreadWorld(degree).run([&](loom::comm::ThreadComm& comm) {
+        on_ranks(degree, [&](loom::comm::ThreadComm& comm, Mismatch& found) {
             const int r = comm.rank();
             nn::CausalSelfAttention mine = make();
             loom::tp::shard(mine, r, degree);
-            REQUIRE(mine.local_heads() == heads / degree);
+            if (mine.local_heads() != heads / degree) found.first = "wrong local heads";
             nn::ParamArena arena(mine);
             arena.initialize(mine, seed);
             const nn::TensorGroupOf<loom::comm::ThreadComm> group(comm);
@@ -206,18 +223,18 @@ TEST_CASE("attention with its heads split over the tp axis equals the whole atte
             const Tensor y = nn::forward(mine, ctx, Tensor::of(x.data(), {B, T, C}));
             arena.zero_grads();
             const Tensor dx = nn::backward(mine, ctx, Tensor::of(dy.data(), {B, T, C}));
-            INFO("tp " << degree << ", rank " << r);
             for (std::int64_t k = 0; k < B * T * C; ++k) {
-                REQUIRE(y.data<float>()[k] == Approx(y_whole.data<float>()[k]).margin(1e-5));
-                REQUIRE(dx.data<float>()[k] == Approx(dx_whole.data<float>()[k]).margin(1e-5));
+                found.near("y", k, y.data<float>()[k], y_whole.data<float>()[k]);
+                found.near("dx", k, dx.data<float>()[k], dx_whole.data<float>()[k]);
             }
-            // qkv's weight gradient: this rank's rows of q, k and v.
-            const auto& p = mine.qkv.weight;
-            for (std::int64_t k = 0; k < p.numel(); ++k)
-                REQUIRE(p.grad.data<float>()[k] == Approx(whole.qkv.weight.grad.data<float>()[p.full_index(k)]).margin(1e-5));
-            const auto& q = mine.proj.weight;
-            for (std::int64_t k = 0; k < q.numel(); ++k)
-                REQUIRE(q.grad.data<float>()[k] == Approx(whole.proj.weight.grad.data<float>()[q.full_index(k)]).margin(1e-5));
+            // qkv's weight gradient: this rank's rows of q, k and v; the projection's columns.
+            for (const auto& [part_ptr, whole_ptr] : {std::pair{&mine.qkv.weight, &whole.qkv.weight},
+                                     std::pair{&mine.proj.weight, &whole.proj.weight}}) {
+                const Param& part = *part_ptr;
+                for (std::int64_t k = 0; k < part.numel(); ++k)
+                    found.near("gradient", k, part.grad.data<float>()[k],
+                               whole_ptr->grad.data<float>()[part.full_index(k)]);
+            }
         });
     }
     nn::CausalSelfAttention three = make();
