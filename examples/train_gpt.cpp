@@ -240,6 +240,10 @@ void check_degrees(const Flags& flags, int world, int dp) {
     if (hidden % tp != 0)
         usage_error("--tp " + std::to_string(tp) + " does not divide the MLP's " + std::to_string(hidden) +
                     " hidden features (4 x --width); use a divisor of " + std::to_string(hidden));
+    // The embedding's token table and the head's logits are cut by vocabulary.
+    if (flags.model.vocab % tp != 0)
+        usage_error("--tp " + std::to_string(tp) + " does not divide the vocabulary of " +
+                    std::to_string(flags.model.vocab) + " tokens (--vocab); use " + divisors_of(flags.model.vocab));
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
     if (flags.batch % split != 0)
         usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp) +

@@ -15,6 +15,7 @@
 #include <loom/comm/thread_world.hpp>
 #include <loom/core/init.hpp>
 #include <loom/core/rng.hpp>
+#include <loom/gpt/model.hpp>
 #include <loom/nn/compose.hpp>
 #include <loom/nn/gelu.hpp>
 #include <loom/nn/layernorm.hpp>
@@ -23,6 +24,7 @@
 #include <loom/nn/param_arena.hpp>
 #include <loom/parallel/strategy.hpp>
 #include <loom/parallel/tensor_parallel.hpp>
+#include <loom/parallel/tensor_parallel_model.hpp>
 
 #include "support/message_of.hpp"
 
@@ -263,6 +265,8 @@ TEST_CASE("tp::shard_model finds the column -> row pairs and the attentions of a
     const auto summary = loom::tp::shard_model(block, 1, 2);
     CHECK(summary.linear_pairs == 1);
     CHECK(summary.attentions == 1);
+    CHECK(summary.embeddings == 0);
+    CHECK(summary.vocab_heads == 0);
     CHECK(std::get<1>(block.mlp.layers).split == nn::Split::columns);
     CHECK(std::get<1>(block.mlp.layers).weight.shape == Shape{16, 8});
     CHECK(std::get<3>(block.mlp.layers).split == nn::Split::rows);
@@ -275,4 +279,18 @@ TEST_CASE("tp::shard_model finds the column -> row pairs and the attentions of a
     loom::tp::shard_model(whole, 0, 1);
     CHECK(std::get<1>(whole.mlp.layers).split == nn::Split::none);
     CHECK(std::get<1>(whole.mlp.layers).weight.shape == Shape{32, 8});
+}
+
+TEST_CASE("tp::shard_model cuts the GPT's MLPs, attentions and both vocabulary ends", "[parallel][tp]") {
+    auto model = loom::gpt::make_model({.layers = 3, .width = 32, .heads = 4, .seq = 8, .vocab = 64});
+    const auto summary = loom::tp::shard_model(model, 1, 4);
+    CHECK(summary.linear_pairs == 3);
+    CHECK(summary.attentions == 3);
+    CHECK(summary.embeddings == 1);
+    CHECK(summary.vocab_heads == 1);
+    CHECK(model.embed.token.shape == Shape{16, 32});
+    CHECK(model.embed.token.slice.start == 16);
+    CHECK(model.head.weight.shape == Shape{16, 32});
+    CHECK(model.loss.vocab_start == 16);
+    CHECK(model.ln_f.gain.shape == Shape{32});  // whole on every rank
 }

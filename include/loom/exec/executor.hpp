@@ -47,7 +47,7 @@
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
-#include "loom/parallel/tensor_parallel.hpp"
+#include "loom/parallel/tensor_parallel_model.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
 #include "loom/schedule/pipeline.hpp"

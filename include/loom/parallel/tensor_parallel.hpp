@@ -12,13 +12,10 @@
 #include <cstdint>
 #include <ostream>
 #include <string_view>
-#include <type_traits>
 
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
-#include "loom/core/reflect.hpp"
 #include "loom/nn/attention.hpp"
-#include "loom/nn/gelu.hpp"
 #include "loom/nn/linear.hpp"
 #include "loom/nn/tensor_group.hpp"
 #include "loom/parallel/policy.hpp"
@@ -70,93 +67,6 @@ inline void shard(nn::CausalSelfAttention& layer, int rank, int degree) {
                " does not divide the ", layer.heads, " heads; use a degree that divides ", layer.heads);
     shard(layer.qkv, nn::Split::columns, rank, degree, 3);
     shard(layer.proj, nn::Split::rows, rank, degree);
-}
-
-
-// Layers that act on each feature alone, so a column-split Linear's slice of
-// the features can pass through them to the row-split Linear that follows.
-// Specialise to true for your own elementwise layers.
-template <class L>
-inline constexpr bool keeps_features_sharded = std::is_same_v<L, nn::Gelu>;
-
-namespace detail {
-
-// One chain of layers (a composite's fields in order): a Linear, then only
-// elementwise layers, then a Linear make a column -> row pair; attention
-// splits its heads; anything else runs whole and ends a pending pair.
-class ShardWalker {
-public:
-    ShardWalker(int rank, int degree) : rank_(rank), degree_(degree) {}
-
-    // A composite's fields form their own chain; a pair never crosses into
-    // or out of it.
-    template <class L>
-    void chain(L& composite) {
-        pending_ = nullptr;
-        reflect::for_each_field(composite, [&](auto& field, std::size_t) { visit(field); });
-        pending_ = nullptr;
-    }
-
-    template <class F>
-    void visit(F& field) {
-        using T = std::remove_cvref_t<F>;
-        if constexpr (reflect::ParamField<T> || reflect::is_config<T>()) {
-            // not a layer
-        } else if constexpr (std::is_same_v<T, nn::Linear>) {
-            if (pending_ != nullptr) {
-                shard(*pending_, nn::Split::columns, rank_, degree_);
-                shard(field, nn::Split::rows, rank_, degree_);
-                ++pairs_;
-                pending_ = nullptr;
-            } else {
-                pending_ = &field;
-            }
-        } else if constexpr (keeps_features_sharded<T>) {
-            // the pair, if any, goes on through it
-        } else if constexpr (std::is_same_v<T, nn::CausalSelfAttention>) {
-            pending_ = nullptr;
-            shard(field, rank_, degree_);
-            ++attentions_;
-        } else if constexpr (reflect::LayerSequence<T>) {
-            pending_ = nullptr;
-            for (auto& element : field) visit(element);
-        } else if constexpr (reflect::has_custom_fields<T> || reflect::pfr_reflectable<T>) {
-            pending_ = nullptr;
-            chain(field);
-        } else {
-            pending_ = nullptr;  // an opaque layer: runs whole on every rank
-        }
-    }
-
-    [[nodiscard]] int pairs() const noexcept { return pairs_; }
-    [[nodiscard]] int attentions() const noexcept { return attentions_; }
-
-private:
-    int rank_, degree_;
-    nn::Linear* pending_ = nullptr;
-    int pairs_ = 0, attentions_ = 0;
-};
-
-}  // namespace detail
-
-// What shard_model cut.
-struct ShardSummary {
-    int linear_pairs = 0;  // column -> row pairs (MLPs)
-    int attentions = 0;    // attention layers with their heads split
-};
-
-// Makes `model` tp rank `rank`'s shard of itself over `degree` ranks: every
-// column -> (elementwise) -> row pair of Linears and every attention, found
-// by walking the model's own structure, so a user block written with loom's
-// layers is cut the same way as the GPT. Layers outside those patterns
-// (LayerNorm, a lone Linear) stay whole on every rank. Call before the
-// model's Params are bound (the executor does).
-template <class Model>
-ShardSummary shard_model(Model& model, int rank, int degree) {
-    LOOM_CHECK(degree >= 1 && rank >= 0 && rank < degree, "tp::shard_model: rank ", rank, " of a tp degree ", degree);
-    detail::ShardWalker walker(rank, degree);
-    walker.visit(model);
-    return {walker.pairs(), walker.attentions()};
 }
 
 }  // namespace tp
