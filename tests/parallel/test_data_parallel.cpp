@@ -4,7 +4,7 @@
 
 #include <loom/comm/thread_world.hpp>
 
-#include "parallel/equivalence_suite.hpp"
+#include "parallel/equivalence_on_threads.hpp"
 
 using loom_test::EquivalenceCase;
 
@@ -15,22 +15,7 @@ const loom_test::SerialRun& serial() {
     return run;
 }
 
-void check_equivalence(const EquivalenceCase& c) {
-    loom::comm::ThreadWorld world(c.dp);
-    std::vector<loom_test::EquivalenceResult> results(static_cast<std::size_t>(c.dp));
-    world.run([&](loom::comm::ThreadComm& comm) {
-        results[static_cast<std::size_t>(comm.rank())] = loom_test::run_equivalence(comm, c, serial());
-    });
-    for (int r = 0; r < c.dp; ++r) {
-        const auto& result = results[static_cast<std::size_t>(r)];
-        INFO("dp " << c.dp << ", stage " << c.stage << ", " << c.micro_batches << " micro-batches, rank " << r << ": "
-                   << result.describe());
-        CHECK(result.worst_loss_error <= 1e-5);
-        CHECK(result.worst_param_error <= 1e-5);
-        // Every rank reports the same loss, bit for bit.
-        CHECK(result.losses == results[0].losses);
-    }
-}
+void check_equivalence(const EquivalenceCase& c) { loom_test::check_equivalence_on_threads(c, serial()); }
 
 }  // namespace
 

@@ -5,7 +5,7 @@
 
 #include <loom/comm/thread_world.hpp>
 
-#include "parallel/equivalence_suite.hpp"
+#include "parallel/equivalence_on_threads.hpp"
 
 using loom::ScheduleKind;
 using loom_test::EquivalenceCase;
@@ -20,21 +20,7 @@ const loom_test::SerialRun& serial() {
     return run;
 }
 
-void check_equivalence(const EquivalenceCase& c) {
-    const int ranks = c.dp * c.pp;
-    loom::comm::ThreadWorld world(ranks);
-    std::vector<loom_test::EquivalenceResult> results(static_cast<std::size_t>(ranks));
-    world.run([&](loom::comm::ThreadComm& comm) {
-        results[static_cast<std::size_t>(comm.rank())] = loom_test::run_equivalence(comm, c, serial());
-    });
-    for (int r = 0; r < ranks; ++r) {
-        const auto& result = results[static_cast<std::size_t>(r)];
-        INFO(c << ", rank " << r << ": " << result.describe());
-        CHECK(result.worst_loss_error <= 1e-5);
-        CHECK(result.worst_param_error <= 1e-5);
-        CHECK(result.losses == results[0].losses);
-    }
-}
+void check_equivalence(const EquivalenceCase& c) { loom_test::check_equivalence_on_threads(c, serial()); }
 
 constexpr ScheduleKind all_schedules[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
                                           ScheduleKind::zero_bubble_h1, ScheduleKind::zero_bubble_v};

@@ -6,7 +6,7 @@
 
 #include <loom/comm/thread_world.hpp>
 
-#include "parallel/equivalence_suite.hpp"
+#include "parallel/equivalence_on_threads.hpp"
 
 using loom_test::EquivalenceCase;
 
@@ -19,21 +19,7 @@ const loom_test::SerialRun& serial() {
     return run;
 }
 
-void check_equivalence(const EquivalenceCase& c) {
-    const int ranks = c.dp * c.pp * c.tp;
-    loom::comm::ThreadWorld world(ranks);
-    std::vector<loom_test::EquivalenceResult> results(static_cast<std::size_t>(ranks));
-    world.run([&](loom::comm::ThreadComm& comm) {
-        results[static_cast<std::size_t>(comm.rank())] = loom_test::run_equivalence(comm, c, serial());
-    });
-    for (int r = 0; r < ranks; ++r) {
-        const auto& result = results[static_cast<std::size_t>(r)];
-        INFO(c << ", rank " << r << ": " << result.describe());
-        CHECK(result.worst_loss_error <= 1e-5);
-        CHECK(result.worst_param_error <= 1e-5);
-        CHECK(result.losses == results[0].losses);
-    }
-}
+void check_equivalence(const EquivalenceCase& c) { loom_test::check_equivalence_on_threads(c, serial()); }
 
 }  // namespace
 

@@ -1,0 +1,32 @@
+// The equivalence suite on rank threads: runs one case on dp x pp x tp
+// ThreadWorld ranks, then checks every rank's result on the main thread
+// (Catch2's assertions are not thread-safe): losses and final parameters
+// within 1e-5 of the serial run, and every rank's losses bit-identical.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include <loom/comm/thread_world.hpp>
+
+#include "parallel/equivalence_suite.hpp"
+
+namespace loom_test {
+
+inline void check_equivalence_on_threads(const EquivalenceCase& c, const SerialRun& serial) {
+    const int ranks = c.dp * c.pp * c.tp;
+    std::vector<EquivalenceResult> results(static_cast<std::size_t>(ranks));
+    loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
+        results[static_cast<std::size_t>(comm.rank())] = run_equivalence(comm, c, serial);
+    });
+    for (int r = 0; r < ranks; ++r) {
+        const auto& result = results[static_cast<std::size_t>(r)];
+        INFO(c << ", rank " << r << ": " << result.describe());
+        CHECK(result.worst_loss_error <= 1e-5);
+        CHECK(result.worst_param_error <= 1e-5);
+        CHECK(result.losses == results[0].losses);  // every rank reports the same loss, bit for bit
+    }
+}
+
+}  // namespace loom_test
