@@ -32,9 +32,12 @@
 // different levels (FMA contraction), never between ranks on one machine.
 // GCC 12 cannot unwind out of a target_clones function (a throw there calls
 // std::terminate), so dispatched functions must not throw: the public kernels
-// check their arguments and then call a dispatched loop in `detail`.
+// check their arguments and then call a dispatched loop in `detail`. Under
+// ThreadSanitizer the ifunc resolvers would run instrumented code before the
+// sanitizer starts (a crash at load), so a -fsanitize=thread build gets the
+// baseline loops.
 #if !defined(LOOM_NO_CPU_DISPATCH) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
-    defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__)
+    defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && !defined(__SANITIZE_THREAD__)
 #define LOOM_KERNEL_DISPATCH __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
 #define LOOM_KERNEL_DISPATCH
