@@ -35,9 +35,11 @@
 #include "loom/core/error.hpp"
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/exec/execution_plan.hpp"
 #include "loom/exec/memory.hpp"
 #include "loom/comm/mesh.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
+#include "loom/exec/stage_messages.hpp"
 #include "loom/exec/tensor_shards.hpp"
 #include "loom/exec/trace.hpp"
 #include "loom/kernels/host/elementwise.hpp"
@@ -56,56 +58,6 @@
 #include "loom/schedule/verify_pipeline.hpp"
 
 namespace loom::exec {
-
-struct ExecutorOptions {
-    int micro_batches = 1;
-    optim::AdamWConfig adamw{};
-    bool trace = false;                      // record a Trace of every step
-    std::vector<std::string> field_names{};  // names of the model's top-level fields, for traces
-    // Pipelines: units per virtual stage (stages x chunks entries, in model
-    // order, summing to the units); empty: balanced over unit_costs (one
-    // per unit; empty: every unit costs the same) by plan::balance.
-    std::vector<int> partition{};
-    std::vector<double> unit_costs{};
-};
-
-// What a Strategy asks of the executor, as run-time values.
-struct ExecutionPlan {
-    int zero_stage = 0;
-    std::int64_t bucket_bytes = default_bucket_bytes;
-    bool pipelined = false;
-    ScheduleKind schedule = ScheduleKind::one_f_one_b;
-    int chunks = 1;
-    bool tensor_parallel = false;
-
-    template <class S>
-    [[nodiscard]] static ExecutionPlan of() {
-        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule, S::chunks, S::tensor_parallel};
-    }
-};
-
-// The units per virtual stage for `units` units over `virtual_stages`: the
-// given partition, checked, or the min-max balance of the costs.
-[[nodiscard]] inline schedule::StageBounds stage_bounds(int units, int virtual_stages, const ExecutorOptions& options) {
-    std::vector<int> sizes = options.partition;
-    if (sizes.empty()) {
-        std::vector<double> costs = options.unit_costs;
-        if (costs.empty()) costs.assign(static_cast<std::size_t>(units), 1.0);
-        LOOM_CHECK(static_cast<int>(costs.size()) == units, "Executor: ", costs.size(), " unit costs for ", units,
-                   " units; give one per unit");
-        sizes = plan::balance(costs, virtual_stages).layers_per_stage;
-    }
-    LOOM_CHECK(static_cast<int>(sizes.size()) == virtual_stages, "Executor: a partition of ", sizes.size(),
-               " stages for a pipeline of ", virtual_stages, " virtual stages; give one count per virtual stage");
-    int sum = 0;
-    for (int n : sizes) {
-        LOOM_CHECK(n >= 1, "Executor: a stage of ", n, " units in the partition; every stage needs at least 1");
-        sum += n;
-    }
-    LOOM_CHECK(sum == units, "Executor: the partition covers ", sum, " units but the model has ", units,
-               "; the counts must sum to ", units);
-    return schedule::StageBounds::of_sizes(sizes);
-}
 
 template <comm::Communicator C>
 class Executor {
@@ -600,53 +552,14 @@ private:
         return !pipelined_ || pipe_.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
     }
 
-    // A message is named by what travels and the chunk that sent it; each
-    // chunk sends its micro-batches in order and its neighbour receives them
-    // in the same order, so (payload, sender chunk) tags match them.
-    [[nodiscard]] static int tag_of(schedule::Payload payload, int sender_chunk, bool body) {
-        return (sender_chunk * 2 + (payload == schedule::Payload::gradient ? 1 : 0)) * 2 + (body ? 1 : 0);
-    }
-    // A header (dtype, rank, dims) goes first, so the receiver needs no
-    // knowledge of the model's shapes.
-    static constexpr int header_longs = 8;
-
     void send(int index, const schedule::Instruction& in) {
-        const Tensor& t = pool_.outbox(in.payload, in.chunk, in.micro_batch);
-        LOOM_CHECK(t.rank() <= header_longs - 2, "Executor: ", t, " has more than ", header_longs - 2,
-                   " dimensions to send");
-        // One parcel: the header, then the body (64-byte aligned after it).
-        auto* parcel = static_cast<std::byte*>(
-            pool_.outbox_parcel(in.payload, in.chunk, in.micro_batch, header_longs * 8 + static_cast<std::int64_t>(t.nbytes())));
-        const Tensor header(parcel, DType::i64, Shape{header_longs});
-        const Tensor body(parcel + header_longs * 8, t.dtype(), t.shape());
-        auto* h = static_cast<std::int64_t*>(header.raw());
-        std::fill_n(h, header_longs, std::int64_t{0});
-        h[0] = static_cast<std::int64_t>(t.dtype());
-        h[1] = t.rank();
-        for (int d = 0; d < t.rank(); ++d) h[2 + d] = t.dim(d);
-        std::memcpy(body.raw(), t.raw(), t.nbytes());
-        InFlight flight{pp_->send_async(header, in.peer, tag_of(in.payload, in.chunk, false)),
-                        pp_->send_async(body, in.peer, tag_of(in.payload, in.chunk, true)),
-                        std::chrono::steady_clock::now(), true, false};
-        pending_[static_cast<std::size_t>(index)] = std::move(flight);
+        auto [header, body] = send_stage_tensor(*pp_, pool_, in);
+        pending_[static_cast<std::size_t>(index)] =
+            InFlight{std::move(header), std::move(body), std::chrono::steady_clock::now(), true, false};
     }
 
     void recv(const schedule::Instruction& in) {
-        const int sender = in.chunk + (in.payload == schedule::Payload::activation ? -1 : 1);
-        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] {
-            std::int64_t h[header_longs] = {};
-            pp_->recv(Tensor::of(h, {header_longs}), in.peer, tag_of(in.payload, sender, false));
-            LOOM_CHECK(h[1] >= 0 && h[1] <= header_longs - 2 && h[0] >= 0 && h[0] <= static_cast<std::int64_t>(DType::i64),
-                       "Executor: ", describe_recv(in), " got a malformed header (dtype ", h[0], ", rank ", h[1], ")");
-            const Tensor body = pool_.inbox_parcel(in.payload, in.chunk, in.micro_batch, static_cast<DType>(h[0]),
-                                                   Shape(h + 2, h + 2 + h[1]));
-            pp_->recv(body, in.peer, tag_of(in.payload, sender, true));
-            pool_.put_inbox(in.payload, in.chunk, in.micro_batch, body);
-        });
-    }
-    [[nodiscard]] static std::string describe_recv(const schedule::Instruction& in) {
-        return loom::detail::concat("recv ", name(in.payload), " c", in.chunk, " mb", in.micro_batch, " from rank ",
-                                    in.peer);
+        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] { recv_stage_tensor(*pp_, pool_, in); });
     }
 
     void finish(int target) {

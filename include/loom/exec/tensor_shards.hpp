@@ -40,7 +40,6 @@ public:
 
     [[nodiscard]] std::int64_t local_size() const noexcept { return local_size_; }
     [[nodiscard]] std::int64_t whole_size() const noexcept { return whole_size_; }
-    [[nodiscard]] bool cut() const noexcept { return local_size_ != whole_size_ || degree_ > 1; }
 
     // Collective over `tp`: the whole model from every rank's local arrays.
     template <comm::Communicator C>

@@ -63,7 +63,7 @@ class PipelineStepGenerator {
 public:
     PipelineStepGenerator(const PipelineProgram& pipe, int rank, const StageBounds& stages,
                           const parallel::ShardLayout& layout, int zero_stage)
-        : pipe_(pipe), source_(pipe.ranks.at(static_cast<std::size_t>(rank))), stages_(stages), layout_(layout),
+        : source_(pipe.ranks.at(static_cast<std::size_t>(rank))), stages_(stages), layout_(layout),
           zero_(zero_stage) {}
 
     StepProgram run() {
@@ -188,7 +188,6 @@ private:
             out_.emit({.op = Op::release_params, .group = c.group, .slot = c.slot});
     }
 
-    const PipelineProgram& pipe_;
     const StepProgram& source_;
     const StageBounds& stages_;
     const parallel::ShardLayout& layout_;

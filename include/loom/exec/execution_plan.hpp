@@ -1,0 +1,70 @@
+// What the executor is asked to run: ExecutorOptions (micro-batches, AdamW,
+// tracing, the pipeline partition) and ExecutionPlan (a Strategy's facts as
+// run-time values, so one executor serves every strategy), and how a
+// partition becomes the units of each virtual stage.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/optim/adamw.hpp"
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/pipeline.hpp"
+#include "loom/plan/partition.hpp"
+#include "loom/schedule/pipeline_step.hpp"
+
+namespace loom::exec {
+
+struct ExecutorOptions {
+    int micro_batches = 1;
+    optim::AdamWConfig adamw{};
+    bool trace = false;                      // record a Trace of every step
+    std::vector<std::string> field_names{};  // names of the model's top-level fields, for traces
+    // Pipelines: units per virtual stage (stages x chunks entries, in model
+    // order, summing to the units); empty: balanced over unit_costs (one
+    // per unit; empty: every unit costs the same) by plan::balance.
+    std::vector<int> partition{};
+    std::vector<double> unit_costs{};
+};
+
+// What a Strategy asks of the executor, as run-time values.
+struct ExecutionPlan {
+    int zero_stage = 0;
+    std::int64_t bucket_bytes = default_bucket_bytes;
+    bool pipelined = false;
+    ScheduleKind schedule = ScheduleKind::one_f_one_b;
+    int chunks = 1;
+    bool tensor_parallel = false;
+
+    template <class S>
+    [[nodiscard]] static ExecutionPlan of() {
+        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule, S::chunks, S::tensor_parallel};
+    }
+};
+
+// The units per virtual stage for `units` units over `virtual_stages`: the
+// given partition, checked, or the min-max balance of the costs.
+[[nodiscard]] inline schedule::StageBounds stage_bounds(int units, int virtual_stages, const ExecutorOptions& options) {
+    std::vector<int> sizes = options.partition;
+    if (sizes.empty()) {
+        std::vector<double> costs = options.unit_costs;
+        if (costs.empty()) costs.assign(static_cast<std::size_t>(units), 1.0);
+        LOOM_CHECK(static_cast<int>(costs.size()) == units, "Executor: ", costs.size(), " unit costs for ", units,
+                   " units; give one per unit");
+        sizes = plan::balance(costs, virtual_stages).layers_per_stage;
+    }
+    LOOM_CHECK(static_cast<int>(sizes.size()) == virtual_stages, "Executor: a partition of ", sizes.size(),
+               " stages for a pipeline of ", virtual_stages, " virtual stages; give one count per virtual stage");
+    int sum = 0;
+    for (int n : sizes) {
+        LOOM_CHECK(n >= 1, "Executor: a stage of ", n, " units in the partition; every stage needs at least 1");
+        sum += n;
+    }
+    LOOM_CHECK(sum == units, "Executor: the partition covers ", sum, " units but the model has ", units,
+               "; the counts must sum to ", units);
+    return schedule::StageBounds::of_sizes(sizes);
+}
+
+}  // namespace loom::exec

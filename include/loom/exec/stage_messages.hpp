@@ -1,0 +1,75 @@
+// How a pipeline stage's activation or gradient travels to its neighbour:
+// a 64-byte header (dtype, rank, dims) and then the tensor, so the receiver
+// needs no knowledge of the model's shapes. A message is named by what
+// travels and the chunk that sent it: each chunk sends its micro-batches in
+// order and its neighbour receives them in the same order, so (payload,
+// sender chunk) tags match them whatever else crosses the same link.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/exec/micro_batch_pool.hpp"
+#include "loom/schedule/program.hpp"
+
+namespace loom::exec {
+
+inline constexpr int stage_header_longs = 8;
+
+[[nodiscard]] inline int stage_tag(schedule::Payload payload, int sender_chunk, bool body) {
+    return (sender_chunk * 2 + (payload == schedule::Payload::gradient ? 1 : 0)) * 2 + (body ? 1 : 0);
+}
+
+[[nodiscard]] inline std::string describe_recv(const schedule::Instruction& in) {
+    return loom::detail::concat("recv ", name(in.payload), " c", in.chunk, " mb", in.micro_batch, " from rank ",
+                                in.peer);
+}
+
+struct SentStageTensor {
+    comm::Request header, body;
+};
+
+// Copies the outbox tensor of `in` into its parcel (it must outlive the
+// chunk's context: the send is waited at the end of the step) and sends it.
+template <comm::Communicator C>
+[[nodiscard]] SentStageTensor send_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in) {
+    constexpr int longs = stage_header_longs;
+    const Tensor& t = pool.outbox(in.payload, in.chunk, in.micro_batch);
+    LOOM_CHECK(t.rank() <= longs - 2, "Executor: ", t, " has more than ", longs - 2, " dimensions to send");
+    // One parcel: the header, then the body (64-byte aligned after it).
+    auto* parcel = static_cast<std::byte*>(
+        pool.outbox_parcel(in.payload, in.chunk, in.micro_batch, longs * 8 + static_cast<std::int64_t>(t.nbytes())));
+    const Tensor header(parcel, DType::i64, Shape{longs});
+    const Tensor body(parcel + longs * 8, t.dtype(), t.shape());
+    auto* h = static_cast<std::int64_t*>(header.raw());
+    std::fill_n(h, longs, std::int64_t{0});
+    h[0] = static_cast<std::int64_t>(t.dtype());
+    h[1] = t.rank();
+    for (int d = 0; d < t.rank(); ++d) h[2 + d] = t.dim(d);
+    std::memcpy(body.raw(), t.raw(), t.nbytes());
+    return {pp.send_async(header, in.peer, stage_tag(in.payload, in.chunk, false)),
+            pp.send_async(body, in.peer, stage_tag(in.payload, in.chunk, true))};
+}
+
+// Blocks until the tensor `in` names has arrived, into the chunk's inbox.
+template <comm::Communicator C>
+void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in) {
+    constexpr int longs = stage_header_longs;
+    const int sender = in.chunk + (in.payload == schedule::Payload::activation ? -1 : 1);
+    std::int64_t h[longs] = {};
+    pp.recv(Tensor::of(h, {longs}), in.peer, stage_tag(in.payload, sender, false));
+    LOOM_CHECK(h[1] >= 0 && h[1] <= longs - 2 && h[0] >= 0 && h[0] <= static_cast<std::int64_t>(DType::i64),
+               "Executor: ", describe_recv(in), " got a malformed header (dtype ", h[0], ", rank ", h[1], ")");
+    const Tensor body =
+        pool.inbox_parcel(in.payload, in.chunk, in.micro_batch, static_cast<DType>(h[0]), Shape(h + 2, h + 2 + h[1]));
+    pp.recv(body, in.peer, stage_tag(in.payload, sender, true));
+    pool.put_inbox(in.payload, in.chunk, in.micro_batch, body);
+}
+
+}  // namespace loom::exec
