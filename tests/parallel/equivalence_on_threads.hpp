@@ -14,7 +14,9 @@
 
 namespace loom_test {
 
-inline void check_equivalence_on_threads(const EquivalenceCase& c, const SerialRun& serial) {
+// `param_tolerance`: 1e-5 unless a case documents why it needs more.
+inline void check_equivalence_on_threads(const EquivalenceCase& c, const SerialRun& serial,
+                                         double param_tolerance = 1e-5) {
     const int ranks = c.dp * c.pp * c.tp;
     std::vector<EquivalenceResult> results(static_cast<std::size_t>(ranks));
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
@@ -24,7 +26,7 @@ inline void check_equivalence_on_threads(const EquivalenceCase& c, const SerialR
         const auto& result = results[static_cast<std::size_t>(r)];
         INFO(c << ", rank " << r << ": " << result.describe());
         CHECK(result.worst_loss_error <= 1e-5);
-        CHECK(result.worst_param_error <= 1e-5);
+        CHECK(result.worst_param_error <= param_tolerance);
         CHECK(result.losses == results[0].losses);  // every rank reports the same loss, bit for bit
     }
 }

@@ -35,8 +35,10 @@ struct EquivalenceCase {
     int pp = 1;  // > 1: pipelined with `schedule`
     loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
     int layers = 2;  // pipelines need units for stages x chunks virtual stages (layers + 4 units)
-    int tp = 1;      // > 1: tensor parallel (Megatron 1D)
-    int heads = 2;   // tp must divide them
+    int tp = 1;      // > 1: tensor parallel (Megatron 1D, or Optimus 2D with grid)
+    int heads = 2;   // tp (2D: its side q) must divide them
+    bool grid = false;  // Optimus 2D: tp = q x q
+    std::int64_t width = 32, vocab = 64;  // 2D: q must divide both
 
     [[nodiscard]] int chunks() const {
         return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
@@ -44,7 +46,8 @@ struct EquivalenceCase {
     friend std::ostream& operator<<(std::ostream& out, const EquivalenceCase& c) {
         out << "dp " << c.dp << " stage " << c.stage << " micro-batches " << c.micro_batches;
         if (c.pp > 1) out << " pp " << c.pp << " " << loom::name(c.schedule) << " layers " << c.layers;
-        if (c.tp > 1) out << " tp " << c.tp << " heads " << c.heads;
+        if (c.tp > 1) out << " tp " << c.tp << (c.grid ? " (2D)" : "") << " heads " << c.heads;
+        if (c.width != 32 || c.vocab != 64) out << " width " << c.width << " vocab " << c.vocab;
         return out;
     }
 };
@@ -60,8 +63,9 @@ struct EquivalenceResult {
     }
 };
 
-inline loom::gpt::Config equivalence_model(int layers = 2, int heads = 2) {
-    return {.layers = layers, .width = 32, .heads = heads, .seq = 16, .vocab = 64};
+inline loom::gpt::Config equivalence_model(int layers = 2, int heads = 2, std::int64_t width = 32,
+                                           std::int64_t vocab = 64) {
+    return {.layers = layers, .width = width, .heads = heads, .seq = 16, .vocab = vocab};
 }
 // Divisible by dp x micro-batches for dp 2..4 with mb 1 and 4, and dp 2 with mb 8.
 inline constexpr std::int64_t equivalence_batch = 48;
@@ -81,8 +85,9 @@ struct SerialRun {
     std::vector<std::int64_t> tensor_sizes;
 };
 
-inline SerialRun serial_run(int steps, int layers = 2, int heads = 2) {
-    const auto config = equivalence_model(layers, heads);
+inline SerialRun serial_run(int steps, int layers = 2, int heads = 2, std::int64_t width = 32,
+                            std::int64_t vocab = 64) {
+    const auto config = equivalence_model(layers, heads, width, vocab);
     auto model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
     arena.initialize(model, equivalence_seed);
@@ -106,11 +111,11 @@ inline SerialRun serial_run(int steps, int layers = 2, int heads = 2) {
 // Runs on every rank of `world` (whose size is dp x pp x tp).
 template <loom::comm::Communicator C>
 EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
-    const auto config = equivalence_model(c.layers, c.heads);
+    const auto config = equivalence_model(c.layers, c.heads, c.width, c.vocab);
     loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
     C& dp = mesh.axis("dp");
     auto model = loom::gpt::make_model(config);
-    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1};
+    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid};
     loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  c.tp > 1 ? &mesh.axis("tp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});

@@ -65,13 +65,13 @@ std::vector<double> run(Product product, int q, std::int64_t m, std::int64_t k, 
         const Tensor out = Tensor::of(mine.data(), {m * n});
         if (product == Product::ab) {
             auto ab = block_of(a, M, K, q, i, j), bb = block_of(b, K, N, q, i, j);
-            loom::tp::summa_ab(grid, Tensor::of(ab.data(), {m * k}), Tensor::of(bb.data(), {k * n}), out, m, k, n);
+            loom::nn::summa_ab(grid.view(), Tensor::of(ab.data(), {m * k}), Tensor::of(bb.data(), {k * n}), out, m, k, n);
         } else if (product == Product::abt) {
             auto ab = block_of(a, M, K, q, i, j), bb = block_of(b, N, K, q, i, j);
-            loom::tp::summa_abt(grid, Tensor::of(ab.data(), {m * k}), Tensor::of(bb.data(), {n * k}), out, m, k, n);
+            loom::nn::summa_abt(grid.view(), Tensor::of(ab.data(), {m * k}), Tensor::of(bb.data(), {n * k}), out, m, k, n);
         } else {
             auto ab = block_of(a, K, M, q, i, j), bb = block_of(b, K, N, q, i, j);
-            loom::tp::summa_atb(grid, Tensor::of(ab.data(), {k * m}), Tensor::of(bb.data(), {k * n}), out, m, k, n);
+            loom::nn::summa_atb(grid.view(), Tensor::of(ab.data(), {k * m}), Tensor::of(bb.data(), {k * n}), out, m, k, n);
         }
         const auto want = block_of(c, M, N, q, i, j);
         double& w = worst[static_cast<std::size_t>(tp.rank())];

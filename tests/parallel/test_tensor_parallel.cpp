@@ -87,8 +87,8 @@ TEST_CASE("tp::split_param keeps a shard's place in the whole tensor and its ser
                 const std::int64_t cols = shard.shape[1];
                 for (std::int64_t i = 0; i < shard.shape[0]; ++i)
                     for (std::int64_t j = 0; j < cols; ++j) {
-                        const std::int64_t gi = dim == 0 ? i + shard.slice.start : i;
-                        const std::int64_t gj = dim == 1 ? j + shard.slice.start : j;
+                        const std::int64_t gi = dim == 0 ? i + shard.slice.start() : i;
+                        const std::int64_t gj = dim == 1 ? j + shard.slice.start() : j;
                         REQUIRE(shard.full_index(i * cols + j) == gi * 9 + gj);
                         REQUIRE(mine[static_cast<std::size_t>(i * cols + j)] == at(serial.data(), 9, gi, gj));
                     }
@@ -289,7 +289,7 @@ TEST_CASE("tp::shard_model cuts the GPT's MLPs, attentions and both vocabulary e
     CHECK(summary.embeddings == 1);
     CHECK(summary.vocab_heads == 1);
     CHECK(model.embed.token.shape == Shape{16, 32});
-    CHECK(model.embed.token.slice.start == 16);
+    CHECK(model.embed.token.slice.start() == 16);
     CHECK(model.head.weight.shape == Shape{16, 32});
     CHECK(model.loss.vocab_start == 16);
     CHECK(model.ln_f.gain.shape == Shape{32});  // whole on every rank

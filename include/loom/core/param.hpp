@@ -3,6 +3,8 @@
 // one's value and gradient to a slice of one contiguous allocation per rank.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <ostream>
 
@@ -39,18 +41,40 @@ struct Init {
     }
 };
 
-// Where a tensor-parallel shard sits in its whole tensor: dimension `dim` of
-// `full` is `groups` equal blocks (1; 3 for an attention's q, k, v), and the
-// Param holds [start, start + shape[dim] / groups) of each block, in block
-// order. dim < 0: the Param is whole. Initial values and checkpoints are the
-// whole tensor's, so a shard is a view into the serial run's parameter.
-struct ParamSlice {
-    Shape full{};
+// Which coordinate of its tp rank a cut follows: the rank itself (Megatron
+// 1D), or its row or column on an Optimus q x q grid (rank = row * q + column).
+enum class CutAxis : std::uint8_t { rank, grid_row, grid_column };
+
+// One cut of a shard: dimension `dim` of the whole tensor is `groups` equal
+// blocks (1; 3 for an attention's q, k, v) and the shard holds
+// [start, start + its extent / groups) of each, in block order.
+struct ParamCut {
     int dim = -1;
     std::int64_t start = 0;
     std::int64_t groups = 1;
+    CutAxis axis = CutAxis::rank;
 
-    [[nodiscard]] bool sliced() const noexcept { return dim >= 0; }
+    friend constexpr bool operator==(const ParamCut&, const ParamCut&) = default;
+};
+
+// Where a tensor-parallel shard sits in its whole tensor `full`: up to two
+// cuts (1D tp cuts one dimension, 2D tp a matrix's two), cuts[0] first. No
+// cuts: the Param is whole. Initial values and checkpoints are the whole
+// tensor's, so a shard is a view into the serial run's parameter.
+struct ParamSlice {
+    Shape full{};
+    std::array<ParamCut, 2> cuts{};
+
+    [[nodiscard]] bool sliced() const noexcept { return cuts[0].dim >= 0; }
+    [[nodiscard]] int count() const noexcept { return (cuts[0].dim >= 0) + (cuts[1].dim >= 0); }
+    // The cut along `dim`, or null when that dimension is whole.
+    [[nodiscard]] const ParamCut* along(int dim) const noexcept {
+        for (const ParamCut& c : cuts)
+            if (c.dim >= 0 && c.dim == dim) return &c;
+        return nullptr;
+    }
+    // The first cut's start (1D shards have only that one).
+    [[nodiscard]] std::int64_t start() const noexcept { return cuts[0].start; }
     friend constexpr bool operator==(const ParamSlice&, const ParamSlice&) = default;
 };
 
@@ -70,16 +94,25 @@ struct Param {
     // Element k of this Param (row-major) is element full_index(k) of the whole tensor.
     [[nodiscard]] std::int64_t full_index(std::int64_t k) const noexcept {
         if (!slice.sliced()) return k;
-        const Run r = run_of(k);
-        const std::int64_t a = r.along / r.per_group, within = r.along % r.per_group;
-        const std::int64_t full_along = a * (slice.full[slice.dim] / slice.groups) + slice.start + within;
-        return r.outer * slice.full[slice.dim] * r.inner + full_along * r.inner + r.element;
+        std::int64_t whole = 0, stride = 1;
+        for (int d = shape.rank() - 1; d >= 0; --d) {
+            const std::int64_t local = shape[d], along = k % local;
+            k /= local;
+            whole += full_along(d, along) * stride;
+            stride *= slice.full[d];
+        }
+        return whole;
     }
-    // Elements from k on that are also consecutive in the whole tensor.
+    // Elements from k on that are also consecutive in the whole tensor: up to
+    // the end of the current run of the innermost cut dimension.
     [[nodiscard]] std::int64_t contiguous_from(std::int64_t k) const noexcept {
         if (!slice.sliced()) return numel() - k;
-        const Run r = run_of(k);
-        return (r.per_group - r.along % r.per_group) * r.inner - r.element;
+        const int dim = std::max(slice.cuts[0].dim, slice.cuts[1].dim);
+        std::int64_t inner = 1;
+        for (int d = dim + 1; d < shape.rank(); ++d) inner *= shape[d];
+        const std::int64_t per_group = shape[dim] / slice.along(dim)->groups;
+        const std::int64_t along = (k / inner) % shape[dim];
+        return (per_group - along % per_group) * inner - k % inner;
     }
 
     // Prints "Param(f32, [768, 3072], normal(mean=0, std=0.02))", and for a
@@ -87,22 +120,23 @@ struct Param {
     friend std::ostream& operator<<(std::ostream& out, const Param& p) {
         out << "Param(" << p.dtype << ", " << p.shape;
         if (p.slice.sliced()) {
-            out << " of " << p.slice.full << " from " << p.slice.start << " along dim " << p.slice.dim;
-            if (p.slice.groups > 1) out << " in each of " << p.slice.groups << " blocks";
+            out << " of " << p.slice.full;
+            for (const ParamCut& c : p.slice.cuts) {
+                if (c.dim < 0) continue;
+                out << (&c == &p.slice.cuts[0] ? " from " : ", from ") << c.start << " along dim " << c.dim;
+                if (c.groups > 1) out << " in each of " << c.groups << " blocks";
+            }
         }
         return out << ", " << p.init << ')';
     }
 
 private:  // functions only: Param stays an aggregate
-    // Element k's coordinates around the sliced dimension.
-    struct Run {
-        std::int64_t outer, along, element, inner, per_group;
-    };
-    [[nodiscard]] Run run_of(std::int64_t k) const noexcept {
-        std::int64_t inner = 1;
-        for (int d = slice.dim + 1; d < shape.rank(); ++d) inner *= shape[d];
-        const std::int64_t local = shape[slice.dim];
-        return {k / (local * inner), (k / inner) % local, k % inner, inner, local / slice.groups};
+    // Where local index `along` of dimension d lies in the whole tensor.
+    [[nodiscard]] std::int64_t full_along(int d, std::int64_t along) const noexcept {
+        const ParamCut* c = slice.along(d);
+        if (c == nullptr) return along;
+        const std::int64_t per_group = shape[d] / c->groups;
+        return along / per_group * (slice.full[d] / c->groups) + c->start + along % per_group;
     }
 };
 

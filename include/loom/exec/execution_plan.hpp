@@ -37,10 +37,12 @@ struct ExecutionPlan {
     ScheduleKind schedule = ScheduleKind::one_f_one_b;
     int chunks = 1;
     bool tensor_parallel = false;
+    bool tensor_grid = false;  // Optimus2D: the tp axis is a q x q grid
 
     template <class S>
     [[nodiscard]] static ExecutionPlan of() {
-        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule, S::chunks, S::tensor_parallel};
+        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule,
+                             S::chunks,     S::tensor_parallel, S::tensor_grid};
     }
 };
 

@@ -49,6 +49,8 @@
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
+#include "loom/parallel/optimus2d.hpp"
+#include "loom/parallel/summa.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
@@ -96,7 +98,7 @@ public:
         : comm_(&dp),
           pp_(pp),
           tp_(check_tensor_parallel(plan, tp) ? tp : nullptr),
-          shards_(cut_model(model, tp_)),
+          shards_(cut_model(model, tp_, plan.tensor_grid)),
           units_(nn::units_of(model, options.field_names)),
           stage_(plan.zero_stage),
           micro_batches_(options.micro_batches),
@@ -128,6 +130,10 @@ public:
         if (tp_ != nullptr) {
             tp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*tp_);
             pool_.set_tensor_group(tp_group_.get());
+            if (plan.tensor_grid) {
+                grid_ = std::make_unique<Grid>(*tp_);
+                pool_.set_tensor_grid(&grid_->view);
+            }
         }
     }
 
@@ -315,10 +321,19 @@ private:
     }
     // Cuts the model for this tp rank (before its units and layout exist).
     template <class Model>
-    [[nodiscard]] static TensorShards cut_model(Model& model, const C* tp) {
-        if (tp != nullptr) tp::shard_model(model, tp->rank(), tp->size());
+    [[nodiscard]] static TensorShards cut_model(Model& model, const C* tp, bool grid) {
+        if (tp != nullptr && grid) tp::shard_model_grid(model, tp->rank(), tp->size());
+        else if (tp != nullptr) tp::shard_model(model, tp->rank(), tp->size());
         return TensorShards(model, tp != nullptr ? tp->size() : 1);
     }
+
+    // The Optimus 2D grid and the view of it the contexts point at (heap:
+    // the executor moves, the contexts keep the address).
+    struct Grid {
+        tp::Grid2D<C> comms;
+        nn::TensorGrid view;
+        explicit Grid(C& tp) : comms(tp), view(comms.view()) {}
+    };
 
     [[nodiscard]] int pp_size() const { return pp_ != nullptr ? pp_->size() : 1; }
     [[nodiscard]] int pp_rank() const { return pp_ != nullptr ? pp_->rank() : 0; }
@@ -639,6 +654,7 @@ private:
     std::int64_t step_count_ = 0;
 
     std::unique_ptr<nn::TensorGroupOf<C>> tp_group_;  // what sharded layers talk to
+    std::unique_ptr<Grid> grid_;                      // Optimus2D only
     MicroBatchPool pool_;
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step

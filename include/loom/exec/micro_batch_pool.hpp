@@ -59,6 +59,12 @@ public:
         for (auto& c : contexts_) c->set_tensor_group(group);
     }
 
+    // Every context's Optimus 2D grid (null: the tp axis, if any, is 1D).
+    void set_tensor_grid(const nn::TensorGrid* grid) {
+        grid_ = grid;
+        for (auto& c : contexts_) c->set_tensor_grid(grid);
+    }
+
     // A fresh context for (chunk, mb): its forward starts.
     nn::Context& open(int chunk, int mb) {
         int& at = open_[at_of(chunk, mb)];
@@ -67,6 +73,7 @@ public:
         if (free.empty()) {
             contexts_.push_back(std::make_unique<nn::Context>());
             contexts_.back()->set_tensor_group(group_);
+            contexts_.back()->set_tensor_grid(grid_);
             free.push_back(static_cast<int>(contexts_.size()) - 1);
         }
         at = free.back();
@@ -147,6 +154,7 @@ private:
 
     int chunks_ = 0, micro_batches_ = 0;
     const nn::TensorGroup* group_ = nullptr;
+    const nn::TensorGrid* grid_ = nullptr;
     std::vector<std::unique_ptr<nn::Context>> contexts_;
     std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight

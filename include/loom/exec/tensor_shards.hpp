@@ -79,11 +79,17 @@ private:
         std::int64_t local, whole;
     };
 
-    // Rank q's shard: the same cut, q's start.
+    // Rank q's shard: the same cuts, at q's coordinates (its rank, or its
+    // row and column on a square grid of degree_ ranks).
     [[nodiscard]] Param shard_of(const Param& mine, int q) const {
         Param theirs{mine.shape, mine.init, mine.dtype, {}, {}, mine.slice};
-        const std::int64_t per_rank = mine.shape[mine.slice.dim] / mine.slice.groups;
-        theirs.slice.start = q * per_rank;
+        int side = 1;
+        while (side * side < degree_) ++side;
+        for (ParamCut& c : theirs.slice.cuts) {
+            if (c.dim < 0) continue;
+            const int at = c.axis == CutAxis::rank ? q : c.axis == CutAxis::grid_row ? q / side : q % side;
+            c.start = at * (mine.shape[c.dim] / c.groups);
+        }
         return theirs;
     }
 

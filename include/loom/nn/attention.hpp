@@ -28,9 +28,13 @@ struct CausalSelfAttention {
                                    Linear::make(width, width, Init::normal(residual_std)), heads};
     }
 
-    [[nodiscard]] std::int64_t width() const { return proj.out(); }
+    // The whole model's width, and the features of the input this rank holds
+    // (all of them, or a 2D grid column's).
+    [[nodiscard]] std::int64_t width() const { return proj.weight.full_shape().dim(0); }
+    [[nodiscard]] std::int64_t input_width() const { return qkv.in(); }
     // The heads this rank computes: all of them, or heads / t when the layer
-    // is a tensor-parallel shard (tp::shard cuts qkv into q, k, v of its heads).
+    // is a tensor-parallel shard (tp::shard cuts qkv into q, k, v of its heads;
+    // on a 2D grid the SUMMA product hands rank (i, j) the heads of column j).
     [[nodiscard]] std::int64_t head_dim() const { return width() / heads; }
     [[nodiscard]] std::int64_t local_width() const { return qkv.out() / 3; }
     [[nodiscard]] std::int64_t local_heads() const { return local_width() / head_dim(); }
@@ -40,8 +44,8 @@ struct CausalSelfAttention {
     };
 
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& x) {
-        LOOM_CHECK(x.rank() == 3 && x.dim(2) == width(), "CausalSelfAttention: input of shape ", x.shape(),
-                   " is not [batch, sequence, ", width(), "]");
+        LOOM_CHECK(x.rank() == 3 && x.dim(2) == input_width(), "CausalSelfAttention: input of shape ", x.shape(),
+                   " is not [batch, sequence, ", input_width(), "]");
         const std::int64_t B = x.dim(0), T = x.dim(1), D = head_dim(), H = local_heads();
         auto& saved = ctx.saved<Saved>(this);
         saved.qkv = qkv.forward(ctx, x);

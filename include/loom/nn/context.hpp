@@ -29,6 +29,7 @@
 namespace loom::nn {
 
 class TensorGroup;
+struct TensorGrid;
 
 class Context {
 public:
@@ -95,6 +96,11 @@ public:
     void set_tensor_group(const TensorGroup* group) noexcept { tensor_group_ = group; }
     [[nodiscard]] const TensorGroup* tensor_group() const noexcept { return tensor_group_; }
 
+    // The Optimus 2D grid (nn/summa.hpp) that layers cut by Split::grid use;
+    // null unless the tp axis is a 2D grid. Set by the executor.
+    void set_tensor_grid(const TensorGrid* grid) noexcept { tensor_grid_ = grid; }
+    [[nodiscard]] const TensorGrid* tensor_grid() const noexcept { return tensor_grid_; }
+
     void set_loss(float loss) noexcept { loss_ = loss; }
     [[nodiscard]] float loss() const noexcept { return loss_; }
 
@@ -138,6 +144,7 @@ private:
     Tensor targets_;
     float loss_ = 0;
     const TensorGroup* tensor_group_ = nullptr;
+    const TensorGrid* tensor_grid_ = nullptr;
 };
 
 }  // namespace loom::nn

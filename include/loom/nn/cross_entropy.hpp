@@ -11,6 +11,12 @@
 // the group (the max, the sum of exponentials, the target's logit) and every
 // rank gets the same loss; the backward is local, as softmax - onehot on this
 // slice, and the head's f sums the input gradient.
+//
+// Optimus 2D (grid, set by tp::shard_grid_head): rank (i, j) holds rows i
+// and classes j of the logits, from a head Linear cut in 2D. The row
+// statistics are reduced over the grid row as above, with the rows' targets
+// taken from the whole micro-batch's; the loss, a mean over rows i, is
+// averaged over the grid column, so every rank reports the whole loss.
 #pragma once
 
 #include <cmath>
@@ -20,14 +26,16 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/summa.hpp"
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
 
 struct CrossEntropy {
     std::int64_t vocab_start = -1;  // the first class of this rank's logits; -1: the logits are whole
+    bool grid = false;              // rows and classes cut over an Optimus 2D grid
 
-    [[nodiscard]] bool vocab_parallel() const noexcept { return vocab_start >= 0; }
+    [[nodiscard]] bool vocab_parallel() const noexcept { return vocab_start >= 0 || grid; }
 
     struct Saved {
         Tensor logits, logsumexp;
@@ -35,17 +43,23 @@ struct CrossEntropy {
 
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& logits) {
         const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
-        const Tensor& targets = ctx.targets();
-        LOOM_CHECK(targets.dtype() == DType::i32 && targets.numel() == rows, "CrossEntropy: ", rows,
-                   " rows of logits need as many i32 targets; the context has ", targets.numel(), " x ",
-                   targets.dtype(), " (call ctx.set_targets)");
+        const Tensor targets = local_targets(ctx, rows);
         auto& saved = ctx.saved<Saved>(this);
         saved.logits = logits;
         saved.logsumexp = ctx.alloc(Shape{rows});
-        const float loss = vocab_parallel() ? forward_vocab_parallel(ctx, logits, targets, saved.logsumexp)
-                                            : kernels::host::cross_entropy_forward(
-                                                  logits.data<float>(), targets.data<std::int32_t>(),
-                                                  saved.logsumexp.data<float>(), rows, V);
+        float loss = vocab_parallel() ? forward_vocab_parallel(ctx, logits, targets, saved.logsumexp)
+                                      : kernels::host::cross_entropy_forward(
+                                            logits.data<float>(), targets.data<std::int32_t>(),
+                                            saved.logsumexp.data<float>(), rows, V);
+        if (grid) {
+            // Each grid row's mean over its rows; the rows blocks are equal, so
+            // the whole mean is their average.
+            const TensorGrid& g = grid_of(ctx, "CrossEntropy");
+            Tensor mean = ctx.alloc(Shape{1});
+            *mean.data<float>() = loss;
+            g.column->all_reduce_sum(mean);
+            loss = *mean.data<float>() / static_cast<float>(g.q);
+        }
         ctx.set_loss(loss);
         Tensor out = ctx.alloc(Shape{1});
         *out.data<float>() = loss;
@@ -56,20 +70,42 @@ struct CrossEntropy {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t V = saved.logits.dim(-1), rows = saved.logits.numel() / V;
         Tensor dlogits = ctx.alloc(saved.logits.shape());
+        const Tensor targets = local_targets(ctx, rows);
         if (vocab_parallel()) {
+            // On a grid this rank's rows are 1/q of the mean.
+            const float scale = grid ? 1.0f / static_cast<float>(grid_of(ctx, "CrossEntropy").q) : 1.0f;
             kernels::host::cross_entropy_slice_backward(
-                saved.logits.data<float>(), ctx.targets().data<std::int32_t>(), saved.logsumexp.data<float>(),
-                *dloss.data<float>(), dlogits.data<float>(), rows, V, vocab_start, V * group(ctx).size());
+                saved.logits.data<float>(), targets.data<std::int32_t>(), saved.logsumexp.data<float>(),
+                *dloss.data<float>() * scale, dlogits.data<float>(), rows, V, first_class(ctx, V), V * group(ctx).size());
             return dlogits;
         }
-        kernels::host::cross_entropy_backward(saved.logits.data<float>(), ctx.targets().data<std::int32_t>(),
+        kernels::host::cross_entropy_backward(saved.logits.data<float>(), targets.data<std::int32_t>(),
                                               saved.logsumexp.data<float>(), *dloss.data<float>(), dlogits.data<float>(),
                                               rows, V);
         return dlogits;
     }
 
 private:  // functions only: CrossEntropy stays an aggregate
+    // The targets of this rank's rows: all of the context's, or on a grid
+    // the block of grid row i.
+    [[nodiscard]] Tensor local_targets(const Context& ctx, std::int64_t rows) const {
+        const Tensor& targets = ctx.targets();
+        const std::int64_t blocks = grid ? grid_of(ctx, "CrossEntropy").q : 1;
+        LOOM_CHECK(targets.dtype() == DType::i32 && targets.numel() == rows * blocks, "CrossEntropy: ", rows * blocks,
+                   " rows of logits need as many i32 targets; the context has ", targets.numel(), " x ",
+                   targets.dtype(), " (call ctx.set_targets)");
+        if (!grid) return targets;
+        return Tensor(targets.data<std::int32_t>() + grid_of(ctx, "CrossEntropy").i * rows, DType::i32, Shape{rows});
+    }
+
+    // This rank's first class: on a grid, column j holds classes block j.
+    [[nodiscard]] std::int64_t first_class(const Context& ctx, std::int64_t V) const {
+        return grid ? grid_of(ctx, "CrossEntropy").j * V : vocab_start;
+    }
+
+    // The ranks that share each row's classes: the tp group, or the grid row.
     [[nodiscard]] const TensorGroup& group(const Context& ctx) const {
+        if (grid) return *grid_of(ctx, "CrossEntropy").row;
         const TensorGroup* g = ctx.tensor_group();
         LOOM_CHECK(g != nullptr, "CrossEntropy: vocabulary-parallel from class ", vocab_start,
                    " but the context has no tensor-parallel group; run it through an executor with a tp axis");
@@ -85,7 +121,8 @@ private:  // functions only: CrossEntropy stays an aggregate
                                                const Tensor& logsumexp) const {
         const TensorGroup& g = group(ctx);
         const std::int64_t V = logits.dim(-1), rows = logits.numel() / V, classes = V * g.size();
-        LOOM_CHECK(vocab_start == g.rank() * V, "CrossEntropy: logits of classes [", vocab_start, ", ",
+        const std::int64_t start = first_class(ctx, V);
+        LOOM_CHECK(grid || vocab_start == g.rank() * V, "CrossEntropy: logits of classes [", vocab_start, ", ",
                    vocab_start + V, ") are not tp rank ", g.rank(), "'s slice of the ", classes,
                    " classes; shard the head and the loss with the group's rank (classes [", g.rank() * V, ", ",
                    (g.rank() + 1) * V, "))");
@@ -95,7 +132,7 @@ private:  // functions only: CrossEntropy stays an aggregate
         kernels::host::cross_entropy_slice_max(x, t, lse, rows, V, classes);  // lse holds the max until below
         g.all_reduce_max(logsumexp);
         Tensor sums = ctx.alloc(Shape{2, rows});
-        kernels::host::cross_entropy_slice_sums(x, t, lse, sums.data<float>(), rows, V, vocab_start);
+        kernels::host::cross_entropy_slice_sums(x, t, lse, sums.data<float>(), rows, V, start);
         g.all_reduce_sum(sums);
         const float* sum = sums.data<float>();
         const float* target_logit = sum + rows;

@@ -9,15 +9,26 @@
 // rank holds the whole table; exactly one rank contributed each token's row,
 // so the sum is the whole layer's row bit for bit. The position table stays
 // whole and replicated: it is added after the sum, by every rank alike.
+//
+// Optimus 2D (parallel/optimus2d.hpp cuts both tables): rank (i, j) holds
+// tokens block i and features block j of the token table, features j of the
+// position table, and its output is the activations' block (sequences i,
+// features j). Each rank looks up the whole batch's tokens in its rows, and a
+// reduce-scatter over the grid column sums the partial lookups and hands grid
+// row i its sequences. Backward all-gathers the output gradient over the
+// column, so each rank finds every use of its tokens.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/embedding.hpp"
+#include "loom/core/buffer.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/summa.hpp"
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
@@ -40,6 +51,8 @@ struct Embedding {
     [[nodiscard]] std::int64_t width() const { return token.shape.dim(1); }
     // The token table is this rank's rows of a vocabulary split over the tp group.
     [[nodiscard]] bool vocab_parallel() const { return token.slice.sliced(); }
+    // The token table is cut by rows and features over an Optimus 2D grid.
+    [[nodiscard]] bool grid() const { return token.slice.along(1) != nullptr; }
 
     struct Saved {
         Tensor tokens, dy;
@@ -52,6 +65,7 @@ struct Embedding {
         LOOM_CHECK(T <= max_sequence(), "Embedding: sequence of ", T, " tokens is longer than the ", max_sequence(),
                    " positions the model has");
         ctx.saved<Saved>(this).tokens = tokens;
+        if (grid()) return forward_grid(ctx, tokens);
         Tensor y = ctx.alloc(Shape{B, T, width()});
         if (vocab_parallel()) {
             forward_vocab_parallel(ctx, tokens, y);
@@ -69,6 +83,10 @@ struct Embedding {
 
     void backward_weight(Context& ctx) {
         auto& saved = ctx.saved<Saved>(this);
+        if (grid()) {
+            backward_weight_grid(grid_of(ctx, "Embedding"), saved);
+            return;
+        }
         if (vocab_parallel()) {
             backward_weight_vocab_parallel(saved);
             return;
@@ -80,39 +98,68 @@ struct Embedding {
 
 private:  // functions only: Embedding stays an aggregate
     // This rank's tokens: [start, start + vocab()) of the whole vocabulary.
-    [[nodiscard]] std::int64_t vocab_start() const { return token.slice.start; }
+    [[nodiscard]] std::int64_t vocab_start() const { return token.slice.along(0)->start; }
 
     void forward_vocab_parallel(const Context& ctx, const Tensor& tokens, const Tensor& y) const {
         const TensorGroup* group = ctx.tensor_group();
         LOOM_CHECK(group != nullptr, "Embedding: its token table is a vocabulary shard but the context has no "
                                      "tensor-parallel group; run it through an executor with a tp axis");
+        look_up_own_tokens(tokens, y.data<float>());
+        group->all_reduce_sum(y);
+        add_positions(y.data<float>(), tokens.numel(), tokens.dim(1));
+    }
+
+    // Rows of `out` ([tokens, C]) are this rank's token rows for the ids it
+    // holds, zeros for the rest. Every rank checks the whole batch, so a bad
+    // id throws on all of them before any collective and none is left waiting.
+    void look_up_own_tokens(const Tensor& tokens, float* out) const {
         const std::int64_t rows = tokens.numel(), T = tokens.dim(1), C = width();
-        const std::int64_t whole_vocab = token.slice.full[0], start = vocab_start(), stop = start + vocab();
+        const std::int64_t whole_vocab = token.full_shape()[0], start = vocab_start(), stop = start + vocab();
         const std::int32_t* ids = tokens.data<std::int32_t>();
-        // Every rank checks the whole batch, so a bad id throws on all of them
-        // before any collective and none is left waiting in the all-reduce.
         for (std::int64_t i = 0; i < rows; ++i) {
             LOOM_CHECK(ids[i] >= 0 && ids[i] < whole_vocab, "embedding: token id ", ids[i], " at batch ", i / T,
                        ", position ", i % T, " is outside the vocabulary [0, ", whole_vocab, ")");
         }
         const float* table = token.value.data<float>();
-        float* out = y.data<float>();
         for (std::int64_t i = 0; i < rows; ++i) {
             float* row = out + i * C;
-            if (ids[i] >= start && ids[i] < stop) {
-                const float* mine = table + (ids[i] - start) * C;
-                for (std::int64_t c = 0; c < C; ++c) row[c] = mine[c];
-            } else {
-                for (std::int64_t c = 0; c < C; ++c) row[c] = 0.0f;
-            }
+            if (ids[i] >= start && ids[i] < stop) std::copy_n(table + (ids[i] - start) * C, C, row);
+            else std::fill_n(row, C, 0.0f);
         }
-        group->all_reduce_sum(y);
+    }
+
+    // Adds position (row % T) to each of `rows` rows of [rows, C].
+    void add_positions(float* out, std::int64_t rows, std::int64_t T) const {
+        const std::int64_t C = width();
         const float* pos = position.value.data<float>();
         for (std::int64_t i = 0; i < rows; ++i) {
             float* row = out + i * C;
             const float* p = pos + (i % T) * C;
             for (std::int64_t c = 0; c < C; ++c) row[c] += p[c];
         }
+    }
+
+    [[nodiscard]] Tensor forward_grid(Context& ctx, const Tensor& tokens) const {
+        const TensorGrid& g = grid_of(ctx, "Embedding");
+        const std::int64_t B = tokens.dim(0), T = tokens.dim(1), C = width();
+        LOOM_CHECK(B % g.q == 0, "Embedding: a batch of ", B, " sequences does not split over the ", g.q,
+                   " rows of the Optimus 2D grid; use a batch that is a multiple of ", g.q);
+        Buffer<Host> partial(DType::f32, Shape{B * T * C});
+        look_up_own_tokens(tokens, partial.data<float>());
+        Tensor y = ctx.alloc(Shape{B / g.q, T, C});
+        g.column->reduce_scatter_sum(Tensor::of(partial.data<float>(), {B * T * C}), y);
+        add_positions(y.data<float>(), B / g.q * T, T);
+        return y;
+    }
+
+    // The output gradient of every sequence (gathered down the grid column):
+    // this rank's tokens take their rows, and the position gradient sums all
+    // sequences in order, as the whole layer does, on every rank alike.
+    void backward_weight_grid(const TensorGrid& g, const Saved& saved) {
+        const std::int64_t rows = saved.tokens.numel(), C = width();
+        Buffer<Host> whole(DType::f32, Shape{rows * C});
+        g.column->all_gather(saved.dy, Tensor::of(whole.data<float>(), {rows * C}));
+        backward_weight_vocab_parallel(Saved{saved.tokens, Tensor::of(whole.data<float>(), {rows * C})});
     }
 
     // dy is whole and the same on every rank (the layers after this one are

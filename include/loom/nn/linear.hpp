@@ -8,16 +8,26 @@
 // slice of the features; the input gradient is summed over the group (f).
 // Rows: the input is this rank's slice, the partial outputs are summed over
 // the group before the (whole, replicated) bias is added (g).
+//
+// Optimus 2D (Split::grid, parallel/optimus2d.hpp cuts the Params): rank
+// (i, j) of a q x q grid holds W's block (i, j) (output rows i, input
+// columns j), the activations' block (rows i, features j), and the bias's
+// features j. The three GEMMs become SUMMA's A B^T, A B and A^T B
+// (nn/summa.hpp); the bias gradient, partial over the rows, is summed over
+// the grid column.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/summa.hpp"
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
@@ -50,18 +60,19 @@ struct Linear {
         shape[shape.rank() - 1] = out();
         Tensor y = ctx.alloc(shape);
         float beta = 0.0f;
+        if (split == Split::grid) {
+            summa_abt(grid_of(ctx, "Linear"), x, weight.value, y, rows, in(), out());
+            if (has_bias()) add_bias(y, rows);
+            ctx.saved<Saved>(this).x = x;
+            return y;
+        }
         if (split == Split::rows) {
             // g: the partial products are summed over the group, then the bias added once.
             using kernels::host::Trans;
             kernels::host::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x.data<float>(), in(),
                                 weight.value.data<float>(), in(), 0.0f, y.data<float>(), out());
             group(ctx).all_reduce_sum(y);
-            if (has_bias()) {
-                float* py = y.data<float>();
-                const float* pb = bias.value.data<float>();
-                for (std::int64_t r = 0; r < rows; ++r)
-                    for (std::int64_t j = 0; j < out(); ++j) py[r * out() + j] += pb[j];
-            }
+            if (has_bias()) add_bias(y, rows);
             ctx.saved<Saved>(this).x = x;
             return y;
         }
@@ -85,6 +96,10 @@ struct Linear {
         saved.dy = dy;
         const std::int64_t rows = dy.numel() / out();
         Tensor dx = ctx.alloc(saved.x.shape());
+        if (split == Split::grid) {
+            summa_ab(grid_of(ctx, "Linear"), dy, weight.value, dx, rows, out(), in());
+            return dx;
+        }
         using kernels::host::Trans;
         kernels::host::gemm(Trans::no, Trans::no, rows, in(), out(), 1.0f, dy.data<float>(), out(),
                             weight.value.data<float>(), in(), 0.0f, dx.data<float>(), in());
@@ -103,10 +118,34 @@ struct Linear {
     void backward_weight(Context& ctx) {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t rows = saved.dy.numel() / out();
+        if (split == Split::grid) {
+            backward_weight_grid(grid_of(ctx, "Linear"), saved, rows);
+            return;
+        }
         using kernels::host::Trans;
         kernels::host::gemm(Trans::yes, Trans::no, out(), in(), rows, 1.0f, saved.dy.data<float>(), out(),
                             saved.x.data<float>(), in(), 1.0f, weight.grad.data<float>(), in());
         if (has_bias()) kernels::host::bias_grad(saved.dy.data<float>(), bias.grad.data<float>(), rows, out());
+    }
+
+private:  // functions only: Linear stays an aggregate
+    void add_bias(const Tensor& y, std::int64_t rows) const {
+        kernels::host::add_bias(y.data<float>(), bias.value.data<float>(), rows, out());
+    }
+
+    // dW(i,j) = sum over l of dY(l,i)^T X(l,j); this micro-batch's share is
+    // added to the gradient. The bias's rows are summed down the grid column.
+    void backward_weight_grid(const TensorGrid& g, const Saved& saved, std::int64_t rows) {
+        Buffer<Host> dw(DType::f32, Shape{out() * in()});
+        const Tensor dw_block = Tensor::of(dw.data<float>(), {out() * in()});
+        summa_atb(g, saved.dy, saved.x, dw_block, out(), rows, in());
+        kernels::host::accumulate(weight.grad.data<float>(), dw.data<float>(), out() * in());
+        if (!has_bias()) return;
+        Buffer<Host> db(DType::f32, Shape{out()});
+        std::fill_n(db.data<float>(), out(), 0.0f);
+        kernels::host::bias_grad(saved.dy.data<float>(), db.data<float>(), rows, out());
+        g.column->all_reduce_sum(Tensor::of(db.data<float>(), {out()}));
+        kernels::host::accumulate(bias.grad.data<float>(), db.data<float>(), out());
     }
 };
 

@@ -5,9 +5,10 @@
 // column-parallel Linear) and g (all-reduce of the output forward, identity
 // backward, after a row-parallel one), plus an all-gather for layers that
 // must see a whole tensor and an all-reduce-max for a softmax over a
-// vocabulary split across the group (its per-row maximum). Layers reach the group through their Context,
-// which the executor points at its tp communicator; without one a layer runs
-// whole. Type-erased so that nn/ does not depend on a communicator type.
+// vocabulary split across the group (its per-row maximum). Optimus 2D adds a
+// reduce-scatter and broadcasts, on the rows and columns of its grid
+// (nn/summa.hpp). Layers reach the group through their Context, which the
+// executor points at its tp communicator; without one a layer runs whole. Type-erased so that nn/ does not depend on a communicator type.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +19,11 @@
 
 namespace loom::nn {
 
-// How a Linear is cut over the tp axis (Megatron 1D).
+// How a Linear is cut over the tp axis.
 //   columns: W's output rows split; input whole, output a slice (f before it)
 //   rows:    W's input columns split; input a slice, output summed (g after it)
-enum class Split : std::uint8_t { none, columns, rows };
+//   grid:    Optimus 2D: W, input and output all in q x q blocks (SUMMA)
+enum class Split : std::uint8_t { none, columns, rows, grid };
 
 class TensorGroup {
 public:
@@ -31,6 +33,10 @@ public:
     virtual void all_reduce_sum(const Tensor& t) const = 0;                       // in place
     virtual void all_reduce_max(const Tensor& t) const = 0;                       // in place
     virtual void all_gather(const Tensor& local, const Tensor& whole) const = 0;  // rank r's block at r
+    // Rank r gets the sum of every rank's block r of `whole` (size() blocks).
+    virtual void reduce_scatter_sum(const Tensor& whole, const Tensor& local) const = 0;
+    virtual void broadcast(const Tensor& t, int root) const = 0;
+    [[nodiscard]] virtual comm::Request broadcast_async(const Tensor& t, int root) const = 0;
 };
 
 // Any Communicator as a TensorGroup; `comm` must outlive it.
@@ -43,6 +49,13 @@ public:
     void all_reduce_sum(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::sum); }
     void all_reduce_max(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::max); }
     void all_gather(const Tensor& local, const Tensor& whole) const override { comm_->all_gather(local, whole); }
+    void reduce_scatter_sum(const Tensor& whole, const Tensor& local) const override {
+        comm_->reduce_scatter(whole, local, comm::ReduceOp::sum);
+    }
+    void broadcast(const Tensor& t, int root) const override { comm_->broadcast(t, root); }
+    [[nodiscard]] comm::Request broadcast_async(const Tensor& t, int root) const override {
+        return comm_->broadcast_async(t, root);
+    }
 
 private:
     C* comm_;

@@ -62,7 +62,8 @@ struct Strategy {
     static_assert(detail::count_of_kind<PolicyKind::zero_shard, Ps...> <= 1,
                   "loom::Strategy<...> lists ZeroShard twice; a model has one ZeRO stage, choose 1, 2 or 3");
     static_assert(detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> <= 1,
-                  "loom::Strategy<...> lists TensorParallel twice; a model has one tensor-parallel axis");
+                  "loom::Strategy<...> lists TensorParallel or Optimus2D twice; a model has one tensor-parallel "
+                  "axis, cut in 1D (TensorParallel) or 2D (Optimus2D)");
     static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1,
                   "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one");
 
@@ -79,6 +80,12 @@ struct Strategy {
     static constexpr std::int64_t bucket_bytes = data_parallel_policy::bucket_bytes;
 
     static constexpr bool tensor_parallel = detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> > 0;
+    // Optimus2D: the tp axis is a q x q grid.
+    using tensor_policy = typename detail::first_of_kind<PolicyKind::tensor_parallel, void, Ps...>::type;
+    static constexpr bool tensor_grid = [] {
+        if constexpr (std::is_void_v<tensor_policy>) return false;
+        else return requires { tensor_policy::grid; } && tensor_policy::grid;
+    }();
 
     // Pipeline<S>: the schedule and its chunks per rank; without one, the
     // model runs whole on every rank (a pipeline of one stage).

@@ -24,15 +24,20 @@ namespace loom {
 
 struct TensorParallel {
     static constexpr PolicyKind kind = PolicyKind::tensor_parallel;
+    static constexpr bool grid = false;
     static void describe(std::ostream& out) { out << "TensorParallel"; }
 };
 
 namespace tp {
 
-// Cuts `p` to rank `rank`'s 1/degree along `dim`, which is `groups` equal
-// blocks cut alike (3 for q, k, v); `what` names it in errors.
-inline void split_param(Param& p, int dim, int rank, int degree, std::string_view what, std::int64_t groups = 1) {
-    LOOM_CHECK(!p.slice.sliced(), what, " is already a shard (", p, "); cut a Param once");
+// Cuts `p` to coordinate `rank`'s 1/degree along `dim`, which is `groups`
+// equal blocks cut alike (3 for q, k, v); `what` names it in errors. A Param
+// takes at most two cuts, on different dimensions (2D tp cuts a matrix by its
+// grid row and its grid column); `axis` says which coordinate `rank` is.
+inline void split_param(Param& p, int dim, int rank, int degree, std::string_view what, std::int64_t groups = 1,
+                        CutAxis axis = CutAxis::rank) {
+    LOOM_CHECK(p.slice.count() < 2 && p.slice.along(dim) == nullptr, what, " is already a shard (", p,
+               "); cut each dimension of a Param once, and at most two");
     LOOM_CHECK(degree >= 1 && rank >= 0 && rank < degree, what, ": rank ", rank, " of a tp degree ", degree);
     LOOM_CHECK(dim >= 0 && dim < p.shape.rank(), what, ": dimension ", dim, " of ", p.shape, " does not exist");
     const std::int64_t n = p.shape[dim];
@@ -44,7 +49,8 @@ inline void split_param(Param& p, int dim, int rank, int degree, std::string_vie
                                    : loom::detail::concat(" (", n, ")"),
                "; use a degree that divides ", block);
     if (degree == 1) return;
-    p.slice = ParamSlice{p.shape, dim, rank * (block / degree), groups};
+    if (!p.slice.sliced()) p.slice.full = p.shape;
+    p.slice.cuts[p.slice.count()] = ParamCut{dim, rank * (block / degree), groups, axis};
     p.shape[dim] = n / degree;
 }
 

@@ -41,7 +41,7 @@ inline void shard_vocab_head(nn::Linear& head, nn::CrossEntropy& loss, int rank,
     LOOM_CHECK(!loss.vocab_parallel(), "CrossEntropy: already vocabulary-parallel from class ", loss.vocab_start,
                "; shard a loss once");
     shard(head, nn::Split::columns, rank, degree);
-    loss.vocab_start = head.split == nn::Split::columns ? head.weight.slice.start : -1;
+    loss.vocab_start = head.split == nn::Split::columns ? head.weight.slice.start() : -1;
 }
 
 }  // namespace loom::tp
