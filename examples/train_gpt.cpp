@@ -8,7 +8,7 @@
 //   train_gpt [--data FILE] [--layers 4] [--width 256] [--heads 4] [--seq 128] [--batch 8]
 //             [--vocab 256] [--steps 200] [--until N] [--lr 1e-3] [--seed 1] [--threads 1]
 //             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b] [--tp 1]
-//             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
+//             [--tp-mode 1d|2d] [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
 //
@@ -35,6 +35,7 @@
 #include <loom/plan/profile.hpp>
 #include <loom/schedule/pipeline.hpp>
 #include <loom/optim/schedule.hpp>
+#include <loom/parallel/optimus2d.hpp>
 #include <loom/parallel/strategy.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/progress.hpp>
@@ -70,7 +71,8 @@ struct Flags {
     int zero = 0;
     int micro_batches = 1;
     int pp = 1;
-    int tp = 1;                    // tensor parallel (Megatron 1D)
+    int tp = 1;                    // tensor parallel: Megatron 1D, or Optimus 2D (tp = q x q)
+    bool tp_grid = false;          // --tp-mode 2d
     loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
     std::string schedule_text;     // as given, for messages; empty: not given
     int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
@@ -87,7 +89,7 @@ struct Flags {
 [[noreturn]] void usage_error(const std::string& what) {
     throw loom::Error("train_gpt: " + what +
                       " (flags: --data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X "
-                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --schedule "
+                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --schedule "
                       "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
                       "--save FILE --resume FILE --sample N)");
 }
@@ -123,6 +125,11 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--micro-batches") f.micro_batches = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
         else if (flag == "--pp") f.pp = static_cast<int>(parse_int(flag, value, 1, 1024));
         else if (flag == "--tp") f.tp = static_cast<int>(parse_int(flag, value, 1, 1024));
+        else if (flag == "--tp-mode") {
+            if (std::string_view(value) != "1d" && std::string_view(value) != "2d")
+                usage_error("--tp-mode " + std::string(value) + " is not 1d (Megatron) or 2d (Optimus)");
+            f.tp_grid = std::string_view(value) == "2d";
+        }
         else if (flag == "--chunks") f.chunks = static_cast<int>(parse_int(flag, value, 2, 4));
         else if (flag == "--partition") f.partition = value;
         else if (flag == "--schedule") {
@@ -161,17 +168,21 @@ Flags parse(int argc, char** argv) {
 }
 
 // The strategy the flags name, as the compile-time type a user would write:
-// Strategy<DataParallel<>[, Pipeline<Schedule>][, TensorParallel][, ZeroShard<S>]>.
-template <int Stage, bool Tensor, class... Pipeline>
+// Strategy<DataParallel<>[, Pipeline<Schedule>][, TensorParallel | Optimus2D][, ZeroShard<S>]>.
+// Tensor: 0 none, 1 Megatron 1D, 2 Optimus 2D.
+template <int Tensor>
+using TensorPolicyOf = std::conditional_t<Tensor == 2, loom::Optimus2D, loom::TensorParallel>;
+
+template <int Stage, int Tensor, class... Pipeline>
 using StrategyOf = std::conditional_t<
-    Tensor,
-    std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline..., loom::TensorParallel>,
-                       loom::Strategy<loom::DataParallel<>, Pipeline..., loom::TensorParallel,
+    Tensor != 0,
+    std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline..., TensorPolicyOf<Tensor>>,
+                       loom::Strategy<loom::DataParallel<>, Pipeline..., TensorPolicyOf<Tensor>,
                                       loom::ZeroShard<Stage == 0 ? 1 : Stage>>>,
     std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline...>,
                        loom::Strategy<loom::DataParallel<>, Pipeline..., loom::ZeroShard<Stage == 0 ? 1 : Stage>>>>;
 
-template <bool Tensor, class... Pipeline>
+template <int Tensor, class... Pipeline>
 std::pair<loom::exec::ExecutionPlan, std::string> plan_for(int zero) {
     const auto of = [](auto strategy) {
         std::ostringstream name;
@@ -186,7 +197,7 @@ std::pair<loom::exec::ExecutionPlan, std::string> plan_for(int zero) {
     }
 }
 
-template <bool Tensor>
+template <int Tensor>
 std::pair<loom::exec::ExecutionPlan, std::string> strategy_with(const Flags& flags) {
     if (flags.pp == 1) return plan_for<Tensor>(flags.zero);
     switch (flags.schedule) {
@@ -205,7 +216,8 @@ std::pair<loom::exec::ExecutionPlan, std::string> strategy_with(const Flags& fla
 }
 
 std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(const Flags& flags) {
-    return flags.tp > 1 ? strategy_with<true>(flags) : strategy_with<false>(flags);
+    if (flags.tp == 1) return strategy_with<0>(flags);
+    return flags.tp_grid ? strategy_with<2>(flags) : strategy_with<1>(flags);
 }
 
 // Everything a run checks before it builds anything, the same on every rank.
@@ -220,6 +232,52 @@ std::string divisors_of(std::int64_t n) {
     return out;
 }
 
+// Megatron 1D cuts attention by heads, the MLP's 4C hidden features, and the
+// embedding's token table and the head's logits by vocabulary.
+void check_tensor_parallel(const Flags& flags) {
+    const int tp = flags.tp;
+    const std::int64_t heads = flags.model.heads, hidden = 4 * flags.model.width;
+    if (heads % tp != 0)
+        usage_error("--tp " + std::to_string(tp) + " does not divide the " + std::to_string(heads) +
+                    " attention heads (--heads); use " + divisors_of(heads));
+    if (hidden % tp != 0)
+        usage_error("--tp " + std::to_string(tp) + " does not divide the MLP's " + std::to_string(hidden) +
+                    " hidden features (4 x --width); use a divisor of " + std::to_string(hidden));
+    if (flags.model.vocab % tp != 0)
+        usage_error("--tp " + std::to_string(tp) + " does not divide the vocabulary of " +
+                    std::to_string(flags.model.vocab) + " tokens (--vocab); use " + divisors_of(flags.model.vocab));
+}
+
+// Optimus 2D: tp = q x q, and q cuts the heads (and so the width and every
+// matrix), the vocabulary, and each micro-batch's sequences.
+void check_grid(const Flags& flags, int dp) {
+    const int tp = flags.tp;
+    int q = 1;
+    while ((q + 1) * (q + 1) <= tp) ++q;
+    if (q * q != tp)
+        usage_error("--tp " + std::to_string(tp) + " with --tp-mode 2d is not a square grid; use " +
+                    std::to_string(q * q) + " or " + std::to_string((q + 1) * (q + 1)) + " (q x q)");
+    const std::string grid = "--tp " + std::to_string(tp) + " (2D, q = " + std::to_string(q) + ")";
+    const auto squares_dividing = [](std::int64_t n) {  // "1, 4 or 16" for n = 4
+        std::vector<std::int64_t> squares;
+        for (std::int64_t k = 1; k <= n; ++k)
+            if (n % k == 0) squares.push_back(k * k);
+        std::string out;
+        for (std::size_t i = 0; i < squares.size(); ++i)
+            out += (i == 0 ? "" : i + 1 == squares.size() ? " or " : ", ") + std::to_string(squares[i]);
+        return out;
+    };
+    const auto need = [&](std::int64_t n, const std::string& what) {
+        if (n % q != 0)
+            usage_error(grid + ": q does not divide the " + std::to_string(n) + " " + what + "; use --tp " +
+                        squares_dividing(n) + " with --tp-mode 2d");
+    };
+    need(flags.model.heads, "attention heads (--heads)");  // and so the width, which the heads divide
+    need(flags.model.vocab, "tokens of the vocabulary (--vocab)");
+    const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
+    if (flags.batch % split == 0) need(flags.batch / split, "sequences of each rank's micro-batch (--batch / (--dp x --micro-batches))");
+}
+
 void check_degrees(const Flags& flags, int world, int dp) {
     const int pp = flags.pp, tp = flags.tp, product = dp * pp * tp;
     std::string degrees = "--dp " + std::to_string(dp);
@@ -232,18 +290,8 @@ void check_degrees(const Flags& flags, int world, int dp) {
     if (product != world)
         usage_error(degrees + " leaves " + std::to_string(world - product) + " of the " + std::to_string(world) +
                     " ranks without work; the degrees must multiply to " + std::to_string(world));
-    // Megatron 1D cuts attention by heads and the MLP's 4C hidden features.
-    const std::int64_t heads = flags.model.heads, hidden = 4 * flags.model.width;
-    if (heads % tp != 0)
-        usage_error("--tp " + std::to_string(tp) + " does not divide the " + std::to_string(heads) +
-                    " attention heads (--heads); use " + divisors_of(heads));
-    if (hidden % tp != 0)
-        usage_error("--tp " + std::to_string(tp) + " does not divide the MLP's " + std::to_string(hidden) +
-                    " hidden features (4 x --width); use a divisor of " + std::to_string(hidden));
-    // The embedding's token table and the head's logits are cut by vocabulary.
-    if (flags.model.vocab % tp != 0)
-        usage_error("--tp " + std::to_string(tp) + " does not divide the vocabulary of " +
-                    std::to_string(flags.model.vocab) + " tokens (--vocab); use " + divisors_of(flags.model.vocab));
+    if (flags.tp_grid) check_grid(flags, dp);
+    else check_tensor_parallel(flags);
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
     if (flags.batch % split != 0)
         usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp) +

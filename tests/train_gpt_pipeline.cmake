@@ -1,6 +1,7 @@
 # Pipelines and tensor parallelism end to end: train_gpt with every schedule
 # (and pp 2 x dp 2 at ZeRO 3, the ZeroPP combination), tp 2 alone, with dp
-# and ZeRO 3, and dp x pp x tp reaches the serial run's final loss to the
+# and ZeRO 3, and dp x pp x tp, in 1D and in Optimus 2D (tp 4 as a 2 x 2
+# grid, with dp and ZeRO 2, under a pipeline), reaches the serial run's final loss to the
 # printed digits; pipelined and tensor-parallel checkpoints load into the
 # serial run bit for bit (the re-saved file is identical); --trace records
 # every rank's F/B/W and p2p. Args: TRAIN_GPT (the binary), WORK_DIR.
@@ -28,7 +29,10 @@ foreach(flags
     "--pp 2 --dp 2 --zero 3 --schedule zb --micro-batches 2"
     "--tp 2"
     "--tp 2 --dp 2 --zero 3"
-    "--tp 2 --pp 2 --dp 2 --schedule zb --micro-batches 2")
+    "--tp 2 --pp 2 --dp 2 --schedule zb --micro-batches 2"
+    "--tp 4 --tp-mode 2d"
+    "--tp 4 --tp-mode 2d --dp 2 --zero 2"
+    "--tp 4 --tp-mode 2d --pp 2 --schedule 1f1b --micro-batches 2")
   separate_arguments(flags)
   run(${flags})
   final_loss(piped)
@@ -49,6 +53,17 @@ execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/tp.safe
 if(NOT tp_differ EQUAL 0)
   message(FATAL_ERROR "tp_serial.safetensors differs from the tensor-parallel checkpoint it loaded")
 endif()
+# And one from a 2D grid: whole in the serial layout, and loadable by a grid again.
+run(--tp 4 --tp-mode 2d --until 3 --save "${WORK_DIR}/grid.safetensors")
+run(--until 3 --resume "${WORK_DIR}/grid.safetensors" --save "${WORK_DIR}/grid_serial.safetensors")
+run(--tp 4 --tp-mode 2d --until 3 --resume "${WORK_DIR}/grid_serial.safetensors" --save "${WORK_DIR}/grid_again.safetensors")
+foreach(copy grid_serial grid_again)
+  execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/grid.safetensors" "${WORK_DIR}/${copy}.safetensors"
+                  RESULT_VARIABLE grid_differ)
+  if(NOT grid_differ EQUAL 0)
+    message(FATAL_ERROR "${copy}.safetensors differs from the Optimus 2D checkpoint it loaded")
+  endif()
+endforeach()
 foreach(copy serial piped_again)
   execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/piped.safetensors" "${WORK_DIR}/${copy}.safetensors"
                   RESULT_VARIABLE differ)

@@ -15,9 +15,9 @@ foreach(_procs 2 3 4)
 endforeach()
 loom_add_mpi_test("mpi: every pipeline schedule, alone and with dp 2 x ZeRO 0-3, equals serial on 4 processes" 4
                   loom_mpi_tests "[pipeline]")
-loom_add_mpi_test("mpi: tensor parallelism (tp 4, tp 2 x dp 2 at ZeRO 3) equals serial on 4 processes" 4
+loom_add_mpi_test("mpi: tensor parallelism (tp 4 in 1D and 2D, tp 2 x dp 2 at ZeRO 3) equals serial on 4 processes" 4
                   loom_mpi_tests "[tensor]")
-loom_add_mpi_test("mpi: 3D parallelism dp 2 x pp 2 x tp 2 equals serial on 8 processes" 8 loom_mpi_tests "[tensor]")
+loom_add_mpi_test("mpi: 3D parallelism dp 2 x pp 2 x tp 2, and dp 2 x tp 4 in 2D, equals serial on 8 processes" 8 loom_mpi_tests "[tensor]")
 
 # Faults that end the job: one scenario per run. The program verifies what
 # every rank saw and prints the verdict before MpiSession aborts the job, so

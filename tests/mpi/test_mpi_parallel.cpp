@@ -49,8 +49,9 @@ TEST_CASE("pipelines equal serial under MPI", "[pipeline]") {
     }
 }
 
-// Tensor parallelism under MPI: tp 4 and tp 2 x dp 2 at ZeRO 3 on 4
-// processes, and 3D (dp 2 x pp 2 x tp 2) on 8.
+// Tensor parallelism under MPI: tp 4 (1D and Optimus 2D) and tp 2 x dp 2 at
+// ZeRO 3 on 4 processes, and 3D (dp 2 x pp 2 x tp 2, and dp 2 x tp 4 in 2D)
+// on 8.
 TEST_CASE("tensor parallelism and 3D parallelism equal serial under MPI", "[tensor]") {
     constexpr int layers = 4, heads = 4;
     static const auto serial = loom_test::serial_run(3, layers, heads);
@@ -59,11 +60,15 @@ TEST_CASE("tensor parallelism and 3D parallelism equal serial under MPI", "[tens
     if (world.size() == 4) {
         cases.push_back({.dp = 1, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 4, .heads = heads});
         cases.push_back({.dp = 2, .stage = 3, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 2, .heads = heads});
+        cases.push_back({.dp = 1, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 4, .heads = heads,
+                         .grid = true});
     } else {
         REQUIRE(world.size() == 8);
         for (int stage : {0, 3})
             cases.push_back({.dp = 2, .stage = stage, .micro_batches = 4, .steps = 3, .pp = 2,
                              .schedule = loom::ScheduleKind::one_f_one_b, .layers = layers, .tp = 2, .heads = heads});
+        cases.push_back({.dp = 2, .stage = 2, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 4,
+                         .heads = heads, .grid = true});
     }
     for (const auto& c : cases) {
         const auto result = loom_test::run_equivalence(world, c, serial);
