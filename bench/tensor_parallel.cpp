@@ -6,13 +6,26 @@
 //
 // For each 1D tp degree t (ranks are threads of this process):
 //   - parameter bytes per rank from loom::memory_report(), beside the formula
-//     L (12C^2 + 7C)/t + 6LC + (VC + V)/t + VC/t + TC + 2C floats: every
-//     block's qkv, projection and MLP cut 1/t, the row layers' biases and the
-//     LayerNorms whole; the token table and the head cut by vocabulary, the
+//     L (12C^2 + 7C)/t + 6LC + 2VC/t + TC + 2C floats: every block's qkv,
+//     projection and MLP cut 1/t, the row layers' biases and the LayerNorms
+//     whole; the token table and the head (no bias) cut by vocabulary, the
 //     position table and the last LayerNorm whole;
-//   - activation bytes per rank (the micro-batch context's peak), t = 1
-//     beside: attention and MLP interiors shrink by 1/t, the residual stream
-//     and the LayerNorms stay whole ("partly replicated");
+//   - activation bytes per rank (the micro-batch context's peak: every
+//     ctx.alloc of one micro-batch's forward and backward, each rounded up to
+//     64 bytes), beside the formula, M = B T rows:
+//     4 [L (12 M C + 24 M C/t + M H/t + 4 M) + 4 M C + 2 M V/t + 3 M + 2 M [t > 1]] + 64:
+//     per block 12 [M, C] tensors whole (the LayerNorms' outputs, the row
+//     layers' outputs and the residual sums, forward; the column layers' and
+//     the LayerNorms' input gradients and the residual sums, backward), 24
+//     M C/t of attention and MLP interiors (qkv, attention output, fc, GELU
+//     forward; their gradients backward), the attention's log-sum-exp
+//     (M H/t) and the LayerNorms' mean and rstd (4 M); outside the blocks the
+//     embedding, the last LayerNorm's output and input gradient and the
+//     head's input gradient (4 M C), the logits and their gradient (2 M V/t),
+//     the last LayerNorm's and the loss's row statistics (3 M), the loss's
+//     all-reduced sums when t > 1 (2 M) and the loss itself (one 64-byte
+//     block). Interiors shrink by 1/t; the residual stream and the
+//     LayerNorms stay whole ("partly replicated");
 //   - bytes on the tp axis per step, counted by comm::Counted, beside the
 //     formula: per micro-batch 4 all-reduces of B T C floats per block (g
 //     twice forward, f twice backward), one for the embedding (g) and one for
@@ -25,8 +38,12 @@
 //   - parameters (12 L C^2 + 2 V C) / q^2 + (13 L C + T C + 2 C) / q floats:
 //     every matrix (and the token table) in q^2 blocks, every vector cut q
 //     ways and held by each grid row;
-//   - activations: every [B, T, C] tensor is a q^2 block, so 1/q^2 of t = 1
-//     beside it (the per-row LayerNorm and loss statistics are 1/q);
+//   - activations: every [B, T, C] tensor (and the interiors, log-sum-exp
+//     and logits) is a q^2 block, the row statistics 1/q:
+//     4 [L (36 M C + M H) / q^2 + 8 L M / q + (4 M C + 2 M V) / q^2 + 7 M / q] + 128:
+//     the 1D terms at t = 1 cut q^2 ways, each LayerNorm's mean and rstd
+//     plus its backward's two row sums (4 M / q per LayerNorm), and the
+//     loss's all-reduced mean (a second 64-byte block);
 //   - payload per step (bytes passed to the row and column groups' ops):
 //     each Linear K -> N moves 3 (M N + N K) / q floats (SUMMA's broadcasts
 //     and reduce-scatters, forward and both backward products) plus its bias
@@ -37,6 +54,7 @@
 // A speed claim is not made here: on 2 cores, t ranks share the cores.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -136,6 +154,52 @@ std::vector<int> parse_list(const std::string& text) {
     return out;
 }
 
+// Bytes of one Context::alloc of `floats` f32 elements: rounded up to 64.
+double alloc_bytes(double floats) { return std::ceil(floats * 4 / 64) * 64; }
+
+// The activation bytes of one micro-batch on one rank: the sum of every
+// ctx.alloc in its forward and backward (layers in include/loom/nn). `rows`
+// and `width` are this rank's block of the residual stream ([rows, width]),
+// `inner` its share of the C features inside attention and the MLP, `heads`
+// and `vocab` its heads and classes; `grid`: LayerNorms and the loss are
+// cut over an Optimus 2D grid; `vocab_split`: the loss reduces row sums.
+double activation_bytes(double rows, double width, double inner, double heads, double vocab, bool grid,
+                        bool vocab_split) {
+    const double L = static_cast<double>(config.layers), m = rows;
+    // LayerNorm: mean, rstd, output; input gradient; on a grid, its backward's row sums.
+    const double layernorm = 2 * alloc_bytes(m) + 2 * alloc_bytes(m * width) + (grid ? alloc_bytes(2 * m) : 0);
+    const double attention = 2 * alloc_bytes(3 * m * inner)  // qkv; its gradient
+                             + 2 * alloc_bytes(m * inner)    // attention output; its gradient (proj's dx)
+                             + alloc_bytes(m * heads)        // log-sum-exp [B, H, T]
+                             + 2 * alloc_bytes(m * width);   // proj's output; qkv's input gradient
+    const double mlp = 4 * alloc_bytes(4 * m * inner)        // fc and GELU outputs; their gradients
+                       + 2 * alloc_bytes(m * width);         // proj's output; fc's input gradient
+    const double residual = 2 * alloc_bytes(m * width);      // x + f(x); dy + df
+    const double block = 2 * layernorm + attention + mlp + 2 * residual;
+    const double head = alloc_bytes(m * vocab) + alloc_bytes(m * width);  // logits; input gradient
+    const double loss = alloc_bytes(m)                                    // log-sum-exp
+                        + (vocab_split ? alloc_bytes(2 * m) : 0)          // row sums, all-reduced
+                        + (grid ? alloc_bytes(1) : 0)                     // the mean over the grid column
+                        + alloc_bytes(1)                                  // the loss
+                        + alloc_bytes(m * vocab);                         // dlogits
+    return alloc_bytes(m * width) + L * block + layernorm + head + loss;  // embedding first
+}
+
+// Megatron 1D, degree t: rows and the residual stream whole, interiors,
+// heads and vocabulary cut t ways.
+double activation_bytes_1d(int t) {
+    const double td = t, M = static_cast<double>(batch * config.seq), C = static_cast<double>(config.width);
+    return activation_bytes(M, C, C / td, static_cast<double>(config.heads) / td,
+                            static_cast<double>(config.vocab) / td, false, t > 1);
+}
+
+// Optimus 2D, q x q: rows, features, heads and vocabulary all cut q ways.
+double activation_bytes_2d(int q) {
+    const double qd = q, M = static_cast<double>(batch * config.seq), C = static_cast<double>(config.width);
+    return activation_bytes(M / qd, C / qd, C / qd, static_cast<double>(config.heads) / qd,
+                            static_cast<double>(config.vocab) / qd, true, true);
+}
+
 }  // namespace
 
 template <class S>
@@ -154,20 +218,20 @@ std::pair<Result, Result> counted_and_shaped(int t, int steps, double gbit) {
 }
 
 void print_header() {
-    std::printf("%3s %14s %14s %7s %14s %8s %8s %14s %14s %7s %14s %8s %10s %10s\n", "t", "params B/rank", "formula",
-                "ratio", "activations B", "x t=1", "expect", "tp payload B", "formula", "ratio", "tp wire B",
-                "wire/pl", "step ms", "shaped ms");
+    std::printf("%3s %14s %14s %7s %14s %8s %14s %9s %14s %14s %7s %14s %8s %10s %10s\n", "t", "params B/rank",
+                "formula", "ratio", "activations B", "x t=1", "act formula", "act ratio", "tp payload B", "formula",
+                "ratio", "tp wire B", "wire/pl", "step ms", "shaped ms");
 }
 
 void print_row(int t, const Result& counted, const Result& shaped, double params, double activations_t1,
-               double activation_share, double payload) {
-    const std::string expect = activation_share > 0 ? std::to_string(activation_share).substr(0, 5) : "-";
-    std::printf("%3d %14lld %14.0f %7.4f %14lld %8.3f %8s %14lld %14.0f %7.4f %14.0f %8.4f %10.1f %10.1f\n", t,
-                static_cast<long long>(counted.parameter_bytes), params * 4,
+               double activations, double payload) {
+    std::printf("%3d %14lld %14.0f %7.4f %14lld %8.3f %14.0f %9.4f %14lld %14.0f %7.4f %14.0f %8.4f %10.1f %10.1f\n",
+                t, static_cast<long long>(counted.parameter_bytes), params * 4,
                 static_cast<double>(counted.parameter_bytes) / (params * 4),
                 static_cast<long long>(counted.activation_bytes),
                 activations_t1 > 0 ? static_cast<double>(counted.activation_bytes) / activations_t1 : 0.0,
-                expect.c_str(), static_cast<long long>(counted.tp_payload_bytes), payload,
+                activations, static_cast<double>(counted.activation_bytes) / activations,
+                static_cast<long long>(counted.tp_payload_bytes), payload,
                 payload > 0 ? static_cast<double>(counted.tp_payload_bytes) / payload : 1.0, counted.tp_wire_bytes,
                 counted.tp_payload_bytes > 0 ? counted.tp_wire_bytes / static_cast<double>(counted.tp_payload_bytes)
                                              : 0.0,
@@ -220,13 +284,13 @@ int main(int argc, char** argv) {
     for (int t : degrees) {
         const auto [counted, shaped] = counted_and_shaped<OneD>(t, steps, gbit);
         const double td = t;
-        const double params = L * (12 * C * C + 7 * C) / td + 6 * L * C + (V * C + V) / td + V * C / td + T * C + 2 * C;
+        const double params = L * (12 * C * C + 7 * C) / td + 6 * L * C + 2 * V * C / td + T * C + 2 * C;
         const double payload = t == 1 ? 0 : 4 * (4 * L + 2) * B * T * C + 12 * B * T;
         if (t == 1) activations_t1 = static_cast<double>(counted.activation_bytes);
-        print_row(t, counted, shaped, params, activations_t1, 0, payload);
+        print_row(t, counted, shaped, params, activations_t1, activation_bytes_1d(t), payload);
     }
     if (!grids.empty()) {
-        std::printf("Optimus 2D (Optimus2D), t = q x q; expect: activations 1/q^2 of t = 1\n");
+        std::printf("Optimus 2D (Optimus2D), t = q x q\n");
         print_header();
     }
     for (int t : grids) {
@@ -236,7 +300,7 @@ int main(int argc, char** argv) {
         const double payload =
             (L * (27 * M * C + 36 * C * C + 8 * M + 13 * C) + 3 * M * V + 3 * V * C + 2 * M * C + 7 * M + 2 * C) / q +
             1;
-        print_row(t, counted, shaped, params, activations_t1, 1 / (q * q), payload * 4);
+        print_row(t, counted, shaped, params, activations_t1, activation_bytes_2d(static_cast<int>(q)), payload * 4);
     }
     std::printf("wire/pl: bytes this rank put on the wire over the payload (ring all-reduce: 2(t-1)/t); shaped: every "
                 "tp link %.0f Gbit/s, 5 us latency\n", gbit);

@@ -48,29 +48,23 @@ run(--pp 2 --schedule 1f1b --until 3 --resume "${WORK_DIR}/piped.safetensors" --
 # And one from tensor-parallel ranks, put back together whole.
 run(--tp 2 --dp 2 --zero 3 --until 3 --save "${WORK_DIR}/tp.safetensors")
 run(--until 3 --resume "${WORK_DIR}/tp.safetensors" --save "${WORK_DIR}/tp_serial.safetensors")
-execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/tp.safetensors" "${WORK_DIR}/tp_serial.safetensors"
-                RESULT_VARIABLE tp_differ)
-if(NOT tp_differ EQUAL 0)
-  message(FATAL_ERROR "tp_serial.safetensors differs from the tensor-parallel checkpoint it loaded")
-endif()
 # And one from a 2D grid: whole in the serial layout, and loadable by a grid again.
 run(--tp 4 --tp-mode 2d --until 3 --save "${WORK_DIR}/grid.safetensors")
 run(--until 3 --resume "${WORK_DIR}/grid.safetensors" --save "${WORK_DIR}/grid_serial.safetensors")
 run(--tp 4 --tp-mode 2d --until 3 --resume "${WORK_DIR}/grid_serial.safetensors" --save "${WORK_DIR}/grid_again.safetensors")
-foreach(copy grid_serial grid_again)
-  execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/grid.safetensors" "${WORK_DIR}/${copy}.safetensors"
-                  RESULT_VARIABLE grid_differ)
-  if(NOT grid_differ EQUAL 0)
-    message(FATAL_ERROR "${copy}.safetensors differs from the Optimus 2D checkpoint it loaded")
-  endif()
-endforeach()
-foreach(copy serial piped_again)
-  execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/piped.safetensors" "${WORK_DIR}/${copy}.safetensors"
-                  RESULT_VARIABLE differ)
-  if(NOT differ EQUAL 0)
-    message(FATAL_ERROR "${copy}.safetensors differs from the pipelined checkpoint it loaded")
-  endif()
-endforeach()
+# Each copy re-saved from a checkpoint it loaded is byte for byte that checkpoint.
+function(same_as original what)
+  foreach(copy ${ARGN})
+    execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${WORK_DIR}/${original}.safetensors"
+                            "${WORK_DIR}/${copy}.safetensors" RESULT_VARIABLE differ)
+    if(NOT differ EQUAL 0)
+      message(FATAL_ERROR "${copy}.safetensors differs from the ${what} checkpoint it loaded")
+    endif()
+  endforeach()
+endfunction()
+same_as(tp "tensor-parallel" tp_serial)
+same_as(grid "Optimus 2D" grid_serial grid_again)
+same_as(piped "pipelined" serial piped_again)
 
 # The trace shows each rank's forward, B, W and the p2p between stages.
 run(--pp 2 --schedule zb --micro-batches 2 --steps 2 --trace "${WORK_DIR}/trace.json")

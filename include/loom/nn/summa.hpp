@@ -94,24 +94,44 @@ inline void summa_ab(const TensorGrid& grid, const Tensor& a, const Tensor& b, c
     }
 }
 
+namespace detail {
+
+// The transposed products' common shape: for each target coordinate t, the
+// owner of t along `along` broadcasts its block (`own`, of `elements`), and
+// `multiply(block, partial_t)` writes this rank's contribution to output
+// block t (m x n); `reduce` then sums every rank's partials, and rank t of
+// it keeps block t in c. The next broadcast is in flight during each GEMM.
+template <class Multiply>
+void broadcast_multiply_reduce(const TensorGrid& grid, const TensorGroup& along, int mine, const Tensor& own,
+                               std::int64_t elements, const TensorGroup& reduce, std::int64_t m, std::int64_t n,
+                               const Tensor& c, Multiply multiply) {
+    const DoubleBuffer incoming(elements);
+    Buffer<Host> partial(DType::f32, Shape{grid.q * m * n});
+    const auto block_of = [&](int target) { return mine == target ? own : incoming.slot(target); };
+    comm::Request in_flight = along.broadcast_async(block_of(0), 0);
+    for (int target = 0; target < grid.q; ++target) {
+        in_flight.wait();
+        if (target + 1 < grid.q) in_flight = along.broadcast_async(block_of(target + 1), target + 1);
+        const Tensor block = block_of(target);
+        multiply(block.data<float>(), partial.data<float>() + target * m * n);
+    }
+    reduce.reduce_scatter_sum(Tensor::of(partial.data<float>(), {grid.q * m * n}), c);
+}
+
+}  // namespace detail
+
 // c (m x n) = sum over l of a(i,l) (m x k) b(j,l)^T (b blocks n x k).
 inline void summa_abt(const TensorGrid& grid, const Tensor& a, const Tensor& b, const Tensor& c, std::int64_t m,
                       std::int64_t k, std::int64_t n) {
     detail::check_block(a, m, k, "A");
     detail::check_block(b, n, k, "B");
     detail::check_block(c, m, n, "C");
-    const detail::DoubleBuffer b_in(n * k);
-    Buffer<Host> partial(DType::f32, Shape{grid.q * m * n});
-    const auto b_at = [&](int target) { return grid.i == target ? b : b_in.slot(target); };
-    comm::Request in_flight = grid.column->broadcast_async(b_at(0), 0);
-    for (int target = 0; target < grid.q; ++target) {
-        in_flight.wait();
-        if (target + 1 < grid.q) in_flight = grid.column->broadcast_async(b_at(target + 1), target + 1);
-        using kernels::host::Trans;
-        kernels::host::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data<float>(), k, b_at(target).data<float>(), k,
-                            0.0f, partial.data<float>() + target * m * n, n);
-    }
-    grid.row->reduce_scatter_sum(Tensor::of(partial.data<float>(), {grid.q * m * n}), c);
+    detail::broadcast_multiply_reduce(grid, *grid.column, grid.i, b, n * k, *grid.row, m, n, c,
+                                      [&](const float* b_block, float* out) {
+                                          using kernels::host::Trans;
+                                          kernels::host::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data<float>(),
+                                                              k, b_block, k, 0.0f, out, n);
+                                      });
 }
 
 // c (m x n) = sum over l of a(l,i)^T b(l,j) (a blocks k x m, b blocks k x n).
@@ -120,18 +140,12 @@ inline void summa_atb(const TensorGrid& grid, const Tensor& a, const Tensor& b, 
     detail::check_block(a, k, m, "A");
     detail::check_block(b, k, n, "B");
     detail::check_block(c, m, n, "C");
-    const detail::DoubleBuffer a_in(k * m);
-    Buffer<Host> partial(DType::f32, Shape{grid.q * m * n});
-    const auto a_at = [&](int target) { return grid.j == target ? a : a_in.slot(target); };
-    comm::Request in_flight = grid.row->broadcast_async(a_at(0), 0);
-    for (int target = 0; target < grid.q; ++target) {
-        in_flight.wait();
-        if (target + 1 < grid.q) in_flight = grid.row->broadcast_async(a_at(target + 1), target + 1);
-        using kernels::host::Trans;
-        kernels::host::gemm(Trans::yes, Trans::no, m, n, k, 1.0f, a_at(target).data<float>(), m, b.data<float>(), n,
-                            0.0f, partial.data<float>() + target * m * n, n);
-    }
-    grid.column->reduce_scatter_sum(Tensor::of(partial.data<float>(), {grid.q * m * n}), c);
+    detail::broadcast_multiply_reduce(grid, *grid.row, grid.j, a, k * m, *grid.column, m, n, c,
+                                      [&](const float* a_block, float* out) {
+                                          using kernels::host::Trans;
+                                          kernels::host::gemm(Trans::yes, Trans::no, m, n, k, 1.0f, a_block, m,
+                                                              b.data<float>(), n, 0.0f, out, n);
+                                      });
 }
 
 }  // namespace loom::nn

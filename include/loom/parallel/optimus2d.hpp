@@ -35,6 +35,7 @@
 #include "loom/nn/layernorm.hpp"
 #include "loom/nn/linear.hpp"
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/summa.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
 
@@ -47,20 +48,6 @@ struct Optimus2D {
 };
 
 namespace tp {
-
-// Rank (i, j) of a q x q grid.
-struct GridPosition {
-    int i = 0, j = 0, q = 1;
-
-    [[nodiscard]] static GridPosition of(int rank, int ranks) {
-        int q = 1;
-        while ((q + 1) * (q + 1) <= ranks) ++q;
-        LOOM_CHECK(q * q == ranks, "Optimus 2D: a tp axis of ", ranks, " ranks is not a square grid; use ", q * q,
-                   " or ", (q + 1) * (q + 1), " ranks (q x q)");
-        LOOM_CHECK(rank >= 0 && rank < ranks, "Optimus 2D: rank ", rank, " of a tp axis of ", ranks);
-        return {rank / q, rank % q, q};
-    }
-};
 
 // Makes `layer` grid rank `at`'s block of a Linear; `groups` > 1 cuts each
 // of that many output blocks alike (q, k, v).

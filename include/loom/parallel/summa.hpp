@@ -1,7 +1,7 @@
-// Grid2D: the q x q grid of Optimus 2D tensor parallelism over a tp
-// communicator, split into row and column communicators, and the
-// type-erased nn::TensorGrid view that layers and the SUMMA products
-// (nn/summa.hpp) use.
+// The q x q grid of Optimus 2D tensor parallelism: GridPosition, a tp
+// rank's row and column, and Grid2D, a tp communicator split into row and
+// column communicators with the type-erased nn::TensorGrid view that layers
+// and the SUMMA products (nn/summa.hpp) use.
 #pragma once
 
 #include "loom/comm/communicator.hpp"
@@ -10,6 +10,20 @@
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::tp {
+
+// Rank (i, j) of a q x q grid: tp rank r sits at row r / q, column r % q.
+struct GridPosition {
+    int i = 0, j = 0, q = 1;
+
+    [[nodiscard]] static GridPosition of(int rank, int ranks) {
+        int q = 1;
+        while ((q + 1) * (q + 1) <= ranks) ++q;
+        LOOM_CHECK(q * q == ranks, "Optimus 2D: a tp axis of ", ranks, " ranks is not a square grid; use ", q * q,
+                   " or ", (q + 1) * (q + 1), " ranks (q x q)");
+        LOOM_CHECK(rank >= 0 && rank < ranks, "Optimus 2D: rank ", rank, " of a tp axis of ", ranks);
+        return {rank / q, rank % q, q};
+    }
+};
 
 // Rank r of the tp axis sits at row r / q, column r % q; `row` holds the
 // ranks of its row (ordered by column), `column` those of its column
@@ -27,13 +41,7 @@ struct Grid2D {
     Grid2D& operator=(const Grid2D&) = delete;
 
     // q for q^2 ranks; one line naming the size and the nearest squares otherwise.
-    [[nodiscard]] static int side_of(int ranks) {
-        int side = 1;
-        while ((side + 1) * (side + 1) <= ranks) ++side;
-        LOOM_CHECK(side * side == ranks, "Optimus 2D: a tp axis of ", ranks, " ranks is not a square grid; use ",
-                   side * side, " or ", (side + 1) * (side + 1), " ranks (q x q)");
-        return side;
-    }
+    [[nodiscard]] static int side_of(int ranks) { return GridPosition::of(0, ranks).q; }
 
     [[nodiscard]] nn::TensorGrid view() const { return {q, i, j, &row_group_, &column_group_}; }
 
