@@ -1,7 +1,7 @@
 # Pipelines and tensor parallelism end to end: train_gpt with every schedule
 # (and pp 2 x dp 2 at ZeRO 3, the ZeroPP combination), tp 2 alone, with dp
 # and ZeRO 3, and dp x pp x tp, in 1D and in Optimus 2D (tp 4 as a 2 x 2
-# grid, with dp and ZeRO 2, under a pipeline), reaches the serial run's final loss to the
+# grid, with dp and ZeRO 2, under 1F1B and ZB-V), reaches the serial run's final loss to the
 # printed digits; pipelined and tensor-parallel checkpoints load into the
 # serial run bit for bit (the re-saved file is identical); --trace records
 # every rank's F/B/W and p2p. Args: TRAIN_GPT (the binary), WORK_DIR.
@@ -32,7 +32,8 @@ foreach(flags
     "--tp 2 --pp 2 --dp 2 --schedule zb --micro-batches 2"
     "--tp 4 --tp-mode 2d"
     "--tp 4 --tp-mode 2d --dp 2 --zero 2"
-    "--tp 4 --tp-mode 2d --pp 2 --schedule 1f1b --micro-batches 2")
+    "--tp 4 --tp-mode 2d --pp 2 --schedule 1f1b --micro-batches 2"
+    "--tp 4 --tp-mode 2d --pp 2 --schedule zbv --micro-batches 2")
   separate_arguments(flags)
   run(${flags})
   final_loss(piped)

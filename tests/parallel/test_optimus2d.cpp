@@ -13,15 +13,17 @@
 #include <string>
 #include <vector>
 
+#include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/core/init.hpp>
 #include <loom/core/rng.hpp>
+#include <loom/exec/executor.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/nn/compose.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/parallel/optimus2d.hpp>
 #include <loom/parallel/strategy.hpp>
-#include <loom/parallel/summa.hpp>
+#include <loom/parallel/grid2d.hpp>
 
 #include "support/message_of.hpp"
 
@@ -340,6 +342,20 @@ TEST_CASE("Optimus 2D refuses what does not fit its grid, in one line", "[parall
     WithOpaque odd{nn::Linear::make(4, 4), {}};
     CHECK(loom_test::message_of([&] { (void)loom::tp::shard_model_grid(odd, 0, 4); }).find("has no 2D form") !=
           std::string::npos);
+    // A user layer that computes itself, with a Param the walk would leave
+    // whole while its forward saw a block: refused, not run wrong.
+    struct RowScale {
+        Param gain{Shape{4}, loom::Init::ones()};
+        [[nodiscard]] Tensor forward(nn::Context&, const Tensor& x) { return x; }
+        [[nodiscard]] Tensor backward_input(nn::Context&, const Tensor& dy) { return dy; }
+    };
+    struct WithLeaf {
+        nn::Linear fc;
+        RowScale scale;
+    };
+    WithLeaf leaf{nn::Linear::make(4, 4), {}};
+    CHECK(loom_test::message_of([&] { (void)loom::tp::shard_model_grid(leaf, 0, 4); }).find("has no 2D form") !=
+          std::string::npos);
     std::ostringstream strategy;
     strategy << loom::Strategy<loom::DataParallel<>, loom::Optimus2D>{};
     CHECK(strategy.str().find("Optimus2D") != std::string::npos);
@@ -365,4 +381,59 @@ TEST_CASE("an Optimus 2D embedding refuses a batch the grid rows cannot split", 
     for (const auto& m : messages)
         CHECK(m == "Embedding: a batch of 3 sequences does not split over the 2 rows of the Optimus 2D grid; use a "
                    "batch that is a multiple of 2");
+}
+
+TEST_CASE("Optimus 2D layers without a grid, and a bad target on one grid row, fail in one line on every rank",
+          "[parallel][tp][2d]") {
+    auto lone = nn::Linear::make(4, 4);
+    loom::tp::shard_grid(lone, GridPosition::of(0, 4));
+    nn::Context no_grid;
+    std::vector<float> x(2 * 2, 1.0f);
+    CHECK(loom_test::message_of([&] { (void)lone.forward(no_grid, Tensor::of(x.data(), {2, 2})); }) ==
+          "Linear: cut for an Optimus 2D grid but the context has no grid; run it through an executor whose strategy "
+          "has Optimus2D");
+
+    // Row 5 (of grid row 1's block) names a class that does not exist: every
+    // rank of both grid rows refuses it, before any collective.
+    constexpr std::int64_t B = 4, T = 2, C = 4, V = 6;
+    std::vector<std::int32_t> targets(B * T, 1);
+    targets[5] = 99;
+    std::vector<std::string> messages(4);
+    loom::comm::ThreadWorld(4).run([&](ThreadComm& comm) {
+        loom::tp::Grid2D<ThreadComm> grid(comm);
+        const nn::TensorGrid view = grid.view();
+        struct Head {
+            nn::Linear head;
+            nn::CrossEntropy loss;
+        } mine{nn::Linear::make(C, V, loom::Init::normal(0.5f), false), {}};
+        loom::tp::shard_model_grid(mine, comm.rank(), 4);
+        nn::ParamArena arena(mine);
+        arena.initialize(mine, seed);
+        nn::Context ctx;
+        ctx.set_tensor_grid(&view);
+        ctx.set_targets(Tensor::of(targets.data(), {B, T}));
+        std::vector<float> x_mine(B / 2 * T * C / 2, 0.5f);
+        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of(
+            [&] { (void)nn::forward(mine, ctx, Tensor::of(x_mine.data(), {B / 2, T, C / 2})); });
+    });
+    for (const auto& m : messages) CHECK(m == "cross_entropy: target 99 at row 5 is outside the classes [0, 6)");
+}
+
+TEST_CASE("the executor refuses micro-batches the Optimus 2D grid rows cannot split, on every rank",
+          "[parallel][tp][2d]") {
+    std::vector<std::string> messages(4);
+    loom::comm::ThreadWorld(4).run([&](ThreadComm& comm) {
+        loom::comm::Mesh<ThreadComm> mesh(comm, {{"dp", 1}, {"tp", 4}});
+        auto model = loom::gpt::make_model(grid_model(2));
+        auto exec = loom::exec::Executor<ThreadComm>::make<loom::Strategy<loom::DataParallel<>, loom::Optimus2D>>(
+            model, mesh, {.micro_batches = 2});
+        exec.initialize(seed);
+        std::vector<std::int32_t> tokens(6 * 8, 1);
+        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] {
+            (void)exec.step(Tensor::of(tokens.data(), {6, 8}), Tensor::of(tokens.data(), {6, 8}), 1e-3f);
+        });
+    });
+    for (const auto& m : messages)
+        CHECK(m == "Executor::step: micro-batches of 3 sequences do not split over the 2 rows of the Optimus 2D "
+                   "grid; use rows per micro-batch that are a multiple of 2");
 }

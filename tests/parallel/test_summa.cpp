@@ -11,7 +11,7 @@
 #include <loom/comm/thread_world.hpp>
 #include <loom/core/rng.hpp>
 #include <loom/kernels/host/gemm.hpp>
-#include <loom/parallel/summa.hpp>
+#include <loom/parallel/grid2d.hpp>
 
 #include "support/message_of.hpp"
 

@@ -111,8 +111,15 @@ TEST_CASE("tp::split_param and tp::shard refuse what does not divide, in one lin
           "that divides 10");
     auto twice = nn::Linear::make(8, 8);
     loom::tp::shard(twice, nn::Split::columns, 0, 2);
-    CHECK(loom_test::message_of([&] { loom::tp::shard(twice, nn::Split::columns, 0, 2); })
-              .starts_with("Linear 8 -> 4 (columns) weight is already a shard"));
+    CHECK(loom_test::message_of([&] { loom::tp::shard(twice, nn::Split::rows, 1, 2); }) ==
+          "tp::shard: Linear 8 -> 4 is already cut (its split is not none); cut a layer once");
+    // A Param takes a second cut only as a grid's (row, then column), never a second 1D one.
+    Param cut = twice.weight;
+    CHECK(loom_test::message_of([&] { loom::tp::split_param(cut, 1, 1, 2, "w"); })
+              .starts_with("w is already a shard (Param(f32, [4, 8] of [8, 8] from 0 along dim 0"));
+    auto grid = nn::Linear::make(8, 8);
+    CHECK(loom_test::message_of([&] { loom::tp::shard(grid, nn::Split::grid, 0, 2); }) ==
+          "tp::shard: Linear 8 x 8 needs Split::columns or Split::rows (a 2D grid cuts with tp::shard_grid)");
 }
 
 TEST_CASE("a column -> GELU -> row MLP over the tp axis equals the whole MLP, forward and backward", "[parallel][tp]") {
@@ -246,11 +253,26 @@ TEST_CASE("attention with its heads split over the tp axis equals the whole atte
 
 namespace {
 
+// A layer of the user's own that computes itself with two Linears inside:
+// the walk cannot know how its forward uses them, so it runs whole.
+struct OwnMlp {
+    nn::Linear up;
+    nn::Gelu act;
+    nn::Linear down;
+    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& x) {
+        return down.forward(ctx, act.forward(ctx, up.forward(ctx, x)));
+    }
+    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dy) {
+        return up.backward_input(ctx, act.backward_input(ctx, down.backward_input(ctx, dy)));
+    }
+};
+
 // A user's block written with loom's layers, cut by the same walk as the GPT.
 struct UserBlock {
     nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> attention;
     nn::Residual<nn::LayerNorm, nn::Linear, nn::Gelu, nn::Linear> mlp;
     nn::Linear lone;  // no partner: stays whole
+    OwnMlp own;       // computes itself: stays whole
 };
 
 }  // namespace
@@ -259,7 +281,8 @@ TEST_CASE("tp::shard_model finds the column -> row pairs and the attentions of a
     auto make = [] {
         return UserBlock{{{nn::LayerNorm::make(8), nn::CausalSelfAttention::make(8, 4)}},
                          {{nn::LayerNorm::make(8), nn::Linear::make(8, 32), nn::Gelu{}, nn::Linear::make(32, 8)}},
-                         nn::Linear::make(8, 8)};
+                         nn::Linear::make(8, 8),
+                         {nn::Linear::make(8, 16), {}, nn::Linear::make(16, 8)}};
     };
     UserBlock block = make();
     const auto summary = loom::tp::shard_model(block, 1, 2);
@@ -274,6 +297,8 @@ TEST_CASE("tp::shard_model finds the column -> row pairs and the attentions of a
     CHECK(std::get<1>(block.attention.layers).local_heads() == 2);
     CHECK(block.lone.split == nn::Split::none);
     CHECK(block.lone.weight.shape == Shape{8, 8});
+    CHECK(block.own.up.split == nn::Split::none);
+    CHECK(block.own.down.weight.shape == Shape{8, 16});
     // Degree 1 cuts nothing.
     UserBlock whole = make();
     loom::tp::shard_model(whole, 0, 1);

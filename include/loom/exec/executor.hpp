@@ -50,7 +50,7 @@
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
 #include "loom/parallel/optimus2d.hpp"
-#include "loom/parallel/summa.hpp"
+#include "loom/parallel/grid2d.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
@@ -183,6 +183,12 @@ public:
         const std::int64_t rows = inputs.dim(0);
         LOOM_CHECK(rows % micro_batches_ == 0, "Executor::step: ", rows, " rows on this rank do not split into ",
                    micro_batches_, " micro-batches; the rows per rank must be a multiple of the micro-batches");
+        // Optimus 2D cuts each micro-batch's sequences over the grid rows; checked
+        // here, on every rank, not in the first stage's embedding alone.
+        LOOM_CHECK(grid_ == nullptr || (rows / micro_batches_) % grid_->view.q == 0, "Executor::step: micro-batches of ",
+                   rows / micro_batches_, " sequences do not split over the ", grid_ ? grid_->view.q : 1,
+                   " rows of the Optimus 2D grid; use rows per micro-batch that are a multiple of ",
+                   grid_ ? grid_->view.q : 1);
         adamw_.lr = lr;
         optim::check_config(adamw_);
         inputs_ = inputs;

@@ -43,7 +43,7 @@ struct CrossEntropy {
 
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& logits) {
         const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
-        const Tensor targets = local_targets(ctx, rows);
+        const Tensor targets = local_targets(ctx, rows, V);
         auto& saved = ctx.saved<Saved>(this);
         saved.logits = logits;
         saved.logsumexp = ctx.alloc(Shape{rows});
@@ -70,7 +70,7 @@ struct CrossEntropy {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t V = saved.logits.dim(-1), rows = saved.logits.numel() / V;
         Tensor dlogits = ctx.alloc(saved.logits.shape());
-        const Tensor targets = local_targets(ctx, rows);
+        const Tensor targets = local_targets(ctx, rows, V);
         if (vocab_parallel()) {
             // On a grid this rank's rows are 1/q of the mean.
             const float scale = grid ? 1.0f / static_cast<float>(grid_of(ctx, "CrossEntropy").q) : 1.0f;
@@ -88,13 +88,16 @@ struct CrossEntropy {
 private:  // functions only: CrossEntropy stays an aggregate
     // The targets of this rank's rows: all of the context's, or on a grid
     // the block of grid row i.
-    [[nodiscard]] Tensor local_targets(const Context& ctx, std::int64_t rows) const {
+    [[nodiscard]] Tensor local_targets(const Context& ctx, std::int64_t rows, std::int64_t V) const {
         const Tensor& targets = ctx.targets();
         const std::int64_t blocks = grid ? grid_of(ctx, "CrossEntropy").q : 1;
         LOOM_CHECK(targets.dtype() == DType::i32 && targets.numel() == rows * blocks, "CrossEntropy: ", rows * blocks,
                    " rows of logits need as many i32 targets; the context has ", targets.numel(), " x ",
                    targets.dtype(), " (call ctx.set_targets)");
         if (!grid) return targets;
+        // Every rank checks every row's target (named by its whole row), so a
+        // bad one throws on all of them before any collective.
+        kernels::host::detail::check_cross_entropy(targets.data<std::int32_t>(), rows * blocks, V * blocks);
         return Tensor(targets.data<std::int32_t>() + grid_of(ctx, "CrossEntropy").i * rows, DType::i32, Shape{rows});
     }
 

@@ -22,11 +22,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/embedding.hpp"
-#include "loom/core/buffer.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
 #include "loom/nn/tensor_group.hpp"

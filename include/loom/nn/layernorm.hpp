@@ -12,12 +12,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/layernorm.hpp"
-#include "loom/core/buffer.hpp"
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/host/layernorm.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
 

@@ -16,7 +16,7 @@
 // The broadcasts are double-buffered: step l + 1's blocks are in flight while
 // step l's GEMM runs. Blocks are row-major f32; A(i,j) is [m, k] for A of
 // [q m, q k], and so on. Layers reach the grid through their Context; the
-// executor builds it from its tp communicator (parallel/summa.hpp).
+// executor builds it from its tp communicator (parallel/grid2d.hpp).
 #pragma once
 
 #include <algorithm>

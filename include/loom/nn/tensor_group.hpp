@@ -8,7 +8,8 @@
 // vocabulary split across the group (its per-row maximum). Optimus 2D adds a
 // reduce-scatter and broadcasts, on the rows and columns of its grid
 // (nn/summa.hpp). Layers reach the group through their Context, which the
-// executor points at its tp communicator; without one a layer runs whole. Type-erased so that nn/ does not depend on a communicator type.
+// executor points at its tp communicator; without one a layer runs whole.
+// Type-erased so that nn/ does not depend on a communicator type.
 #pragma once
 
 #include <cstdint>

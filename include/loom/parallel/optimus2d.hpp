@@ -30,12 +30,13 @@
 #include "loom/core/param.hpp"
 #include "loom/core/reflect.hpp"
 #include "loom/nn/attention.hpp"
+#include "loom/nn/compose.hpp"
 #include "loom/nn/cross_entropy.hpp"
 #include "loom/nn/embedding.hpp"
 #include "loom/nn/layernorm.hpp"
 #include "loom/nn/linear.hpp"
 #include "loom/parallel/policy.hpp"
-#include "loom/parallel/summa.hpp"
+#include "loom/parallel/grid2d.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
 
@@ -83,7 +84,8 @@ inline void shard_grid(nn::Embedding& layer, GridPosition at) {
 }
 
 inline void shard_grid(nn::CrossEntropy& loss, GridPosition at) {
-    LOOM_CHECK(!loss.vocab_parallel(), "CrossEntropy: already vocabulary-parallel; shard a loss once");
+    LOOM_CHECK(!loss.vocab_parallel(), "CrossEntropy: already vocabulary-parallel (from class ", loss.vocab_start,
+               ", grid ", loss.grid, "); shard a loss once");
     loss.grid = at.q > 1;
 }
 
@@ -108,9 +110,14 @@ public:
             // elementwise: any block of the activations will do
         } else if constexpr (reflect::LayerSequence<T>) {
             for (auto& element : field) visit(element);
-        } else if constexpr (reflect::has_custom_fields<T> || reflect::pfr_reflectable<T>) {
+        } else if constexpr ((!nn::Leaf<T> || is_residual<T>) &&
+                             (reflect::has_custom_fields<T> || reflect::pfr_reflectable<T>)) {
+            // a composite: its fields run in order (Residual adds its input)
             reflect::for_each_field(field, [&](auto& member, std::size_t) { visit(member); });
         } else {
+            // A layer that computes itself (its forward sees a block of the
+            // activations) and is none of the above: it could mix sequences
+            // or features, so it cannot run on a block.
             LOOM_FAIL("Optimus 2D: layer ", typeid(T).name(), " has no 2D form; every activation is cut in q x q "
                       "blocks, so a model's layers must be loom's Linear, LayerNorm, CausalSelfAttention, Embedding, "
                       "CrossEntropy, elementwise (tp::keeps_features_sharded), or composites of them");

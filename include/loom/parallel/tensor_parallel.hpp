@@ -36,8 +36,12 @@ namespace tp {
 // grid row and its grid column); `axis` says which coordinate `rank` is.
 inline void split_param(Param& p, int dim, int rank, int degree, std::string_view what, std::int64_t groups = 1,
                         CutAxis axis = CutAxis::rank) {
-    LOOM_CHECK(p.slice.count() < 2 && p.slice.along(dim) == nullptr, what, " is already a shard (", p,
-               "); cut each dimension of a Param once, and at most two");
+    // A second cut is a grid's: one by row, one by column. 1D cuts a Param once.
+    const bool second_grid_cut = p.slice.count() == 1 && p.slice.along(dim) == nullptr &&
+                                 axis != CutAxis::rank && p.slice.cuts[0].axis != CutAxis::rank &&
+                                 axis != p.slice.cuts[0].axis;
+    LOOM_CHECK(!p.slice.sliced() || second_grid_cut, what, " is already a shard (", p,
+               "); cut a Param once (twice on a 2D grid: once by its row, once by its column)");
     LOOM_CHECK(degree >= 1 && rank >= 0 && rank < degree, what, ": rank ", rank, " of a tp degree ", degree);
     LOOM_CHECK(dim >= 0 && dim < p.shape.rank(), what, ": dimension ", dim, " of ", p.shape, " does not exist");
     const std::int64_t n = p.shape[dim];
@@ -57,8 +61,10 @@ inline void split_param(Param& p, int dim, int rank, int degree, std::string_vie
 // Makes `layer` rank `rank`'s shard of a column- or row-parallel Linear;
 // `groups` > 1 cuts each of that many output blocks alike (columns only).
 inline void shard(nn::Linear& layer, nn::Split split, int rank, int degree, std::int64_t groups = 1) {
-    LOOM_CHECK(split != nn::Split::none, "tp::shard: Linear ", layer.out(), " x ", layer.in(),
-               " needs Split::columns or Split::rows");
+    LOOM_CHECK(split == nn::Split::columns || split == nn::Split::rows, "tp::shard: Linear ", layer.out(), " x ",
+               layer.in(), " needs Split::columns or Split::rows (a 2D grid cuts with tp::shard_grid)");
+    LOOM_CHECK(layer.split == nn::Split::none, "tp::shard: Linear ", layer.in(), " -> ", layer.out(),
+               " is already cut (its split is not none); cut a layer once");
     const bool columns = split == nn::Split::columns;
     const auto what = loom::detail::concat("Linear ", layer.in(), " -> ", layer.out(), columns ? " (columns)" : " (rows)");
     split_param(layer.weight, columns ? 0 : 1, rank, degree, what + " weight", columns ? groups : 1);

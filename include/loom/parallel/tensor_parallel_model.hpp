@@ -8,20 +8,31 @@
 #include "loom/core/error.hpp"
 #include "loom/core/reflect.hpp"
 #include "loom/nn/attention.hpp"
+#include "loom/nn/compose.hpp"
 #include "loom/nn/cross_entropy.hpp"
 #include "loom/nn/embedding.hpp"
 #include "loom/nn/gelu.hpp"
 #include "loom/nn/linear.hpp"
+#include "loom/nn/residual.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 #include "loom/parallel/tensor_parallel_vocab.hpp"
 
 namespace loom::tp {
 
-// Layers that act on each feature alone, so a column-split Linear's slice of
-// the features can pass through them to the row-split Linear that follows.
-// Specialise to true for your own elementwise layers.
+// Layers that act on each element alone, so a column-split Linear's slice of
+// the features can pass through them to the row-split Linear that follows
+// (1D), and a q x q block of sequences and features can pass through them
+// (Optimus 2D): no mixing of features, nor of sequences. Specialise to true
+// for your own elementwise layers.
 template <class L>
 inline constexpr bool keeps_features_sharded = std::is_same_v<L, nn::Gelu>;
+
+// nn::Residual computes itself but runs its fields in order and adds its
+// input: the walkers go through it as through a composite.
+template <class L>
+inline constexpr bool is_residual = false;
+template <class... Layers>
+inline constexpr bool is_residual<nn::Residual<Layers...>> = true;
 
 namespace detail {
 
@@ -77,6 +88,10 @@ public:
         } else if constexpr (reflect::LayerSequence<T>) {
             pending_ = nullptr;
             for (auto& element : field) visit(element);
+        } else if constexpr (nn::Leaf<T> && !is_residual<T>) {
+            // A layer that computes itself in its own way: its Linears may not
+            // run as a chain, so it runs whole on every rank, inputs and all.
+            pending_ = nullptr;
         } else if constexpr (reflect::has_custom_fields<T> || reflect::pfr_reflectable<T>) {
             pending_ = nullptr;
             chain(field);

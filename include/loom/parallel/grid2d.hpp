@@ -20,7 +20,8 @@ struct GridPosition {
         while ((q + 1) * (q + 1) <= ranks) ++q;
         LOOM_CHECK(q * q == ranks, "Optimus 2D: a tp axis of ", ranks, " ranks is not a square grid; use ", q * q,
                    " or ", (q + 1) * (q + 1), " ranks (q x q)");
-        LOOM_CHECK(rank >= 0 && rank < ranks, "Optimus 2D: rank ", rank, " of a tp axis of ", ranks);
+        LOOM_CHECK(rank >= 0 && rank < ranks, "Optimus 2D: rank ", rank, " is not in the tp axis's ranks [0, ", ranks,
+                   ")");
         return {rank / q, rank % q, q};
     }
 };
