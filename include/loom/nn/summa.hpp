@@ -68,6 +68,18 @@ private:
     Buffer<Host> storage_;
 };
 
+// Runs consume(l) for l = 0 .. q-1, each after the broadcasts post(l) issued
+// (an array of Requests) are done, with post(l + 1)'s in flight meanwhile.
+template <class Post, class Consume>
+void pipelined_broadcasts(int q, Post post, Consume consume) {
+    auto in_flight = post(0);
+    for (int l = 0; l < q; ++l) {
+        for (auto& r : in_flight) r.wait();
+        if (l + 1 < q) in_flight = post(l + 1);
+        consume(l);
+    }
+}
+
 }  // namespace detail
 
 // c (m x n) = sum over l of a(i,l) (m x k) b(l,j) (k x n); c is overwritten.
@@ -84,14 +96,11 @@ inline void summa_ab(const TensorGrid& grid, const Tensor& a, const Tensor& b, c
                                             grid.column->broadcast_async(b_at(l), l)};
     };
     std::fill_n(c.data<float>(), m * n, 0.0f);
-    auto in_flight = post(0);
-    for (int l = 0; l < grid.q; ++l) {
-        for (auto& r : in_flight) r.wait();
-        if (l + 1 < grid.q) in_flight = post(l + 1);
+    detail::pipelined_broadcasts(grid.q, post, [&](int l) {
         using kernels::host::Trans;
         kernels::host::gemm(Trans::no, Trans::no, m, n, k, 1.0f, a_at(l).data<float>(), k, b_at(l).data<float>(), n,
                             1.0f, c.data<float>(), n);
-    }
+    });
 }
 
 namespace detail {
@@ -108,13 +117,13 @@ void broadcast_multiply_reduce(const TensorGrid& grid, const TensorGroup& along,
     const DoubleBuffer incoming(elements);
     Buffer<Host> partial(DType::f32, Shape{grid.q * m * n});
     const auto block_of = [&](int target) { return mine == target ? own : incoming.slot(target); };
-    comm::Request in_flight = along.broadcast_async(block_of(0), 0);
-    for (int target = 0; target < grid.q; ++target) {
-        in_flight.wait();
-        if (target + 1 < grid.q) in_flight = along.broadcast_async(block_of(target + 1), target + 1);
-        const Tensor block = block_of(target);
-        multiply(block.data<float>(), partial.data<float>() + target * m * n);
-    }
+    pipelined_broadcasts(
+        grid.q,
+        [&](int target) { return std::array<comm::Request, 1>{along.broadcast_async(block_of(target), target)}; },
+        [&](int target) {
+            const Tensor block = block_of(target);
+            multiply(block.data<float>(), partial.data<float>() + target * m * n);
+        });
     reduce.reduce_scatter_sum(Tensor::of(partial.data<float>(), {grid.q * m * n}), c);
 }
 
