@@ -38,6 +38,9 @@ struct EquivalenceCase {
     int tp = 1;      // > 1: tensor parallel (Megatron 1D, or Optimus 2D with grid)
     int heads = 2;   // tp (2D: its side q) must divide them
     bool grid = false;  // Optimus 2D: tp = q x q
+    int sp = 1;         // > 1: sequence parallel (each sequence split over sp ranks)
+    loom::nn::SequenceAttention sp_attention = loom::nn::SequenceAttention::ring;
+    bool zigzag = true;
     std::int64_t width = 32, vocab = 64;  // 2D: q must divide both
 
     [[nodiscard]] int chunks() const {
@@ -48,6 +51,9 @@ struct EquivalenceCase {
         if (c.pp > 1) out << " pp " << c.pp << " " << loom::name(c.schedule) << " layers " << c.layers;
         if (c.tp > 1) out << " tp " << c.tp << (c.grid ? " (2D)" : "") << " heads " << c.heads;
         if (c.width != 32 || c.vocab != 64) out << " width " << c.width << " vocab " << c.vocab;
+        if (c.sp > 1)
+            out << " sp " << c.sp << (c.sp_attention == loom::nn::SequenceAttention::ring ? " ring" : " ulysses")
+                << (c.zigzag ? "" : " contiguous");
         return out;
     }
 };
@@ -56,6 +62,7 @@ struct EquivalenceResult {
     double worst_loss_error = 0;   // max over steps of |loss - serial| / |serial|
     double worst_param_error = 0;  // max over elements of |p - serial| / max |serial|
     std::vector<float> losses, serial_losses;
+    std::int64_t tokens_per_sequence = 0;  // what this rank's model saw of each sequence
     std::string describe() const {
         std::ostringstream out;
         out << "worst loss error " << worst_loss_error << ", worst parameter error " << worst_param_error;
@@ -108,16 +115,17 @@ inline SerialRun serial_run(int steps, int layers = 2, int heads = 2, std::int64
     return run;
 }
 
-// Runs on every rank of `world` (whose size is dp x pp x tp).
+// Runs on every rank of `world` (whose size is dp x pp x tp x sp).
 template <loom::comm::Communicator C>
 EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
     const auto config = equivalence_model(c.layers, c.heads, c.width, c.vocab);
-    loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
-    C& dp = mesh.axis("dp");
+    loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}, {"sp", c.sp}});
+    // Sequence parallel ranks reduce their gradients with the data-parallel ones.
+    C& dp = c.sp > 1 ? mesh.combined({"dp", "sp"}) : mesh.axis("dp");
     auto model = loom::gpt::make_model(config);
-    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid};
+    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid, c.sp > 1, c.sp_attention, c.zigzag};
     loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr,
-                                 c.tp > 1 ? &mesh.axis("tp") : nullptr, plan,
+                                 c.tp > 1 ? &mesh.axis("tp") : nullptr, c.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});
     exec.initialize(equivalence_seed);
     const std::int64_t rows = equivalence_batch / c.dp;
@@ -125,13 +133,15 @@ EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const Seri
     EquivalenceResult result;
     result.serial_losses = serial.losses;
     for (int step = 0; step < c.steps; ++step) {
-        equivalence_corpus().rows(equivalence_seed, step, dp.rank() * rows, rows, config.seq, inputs, targets);
+        equivalence_corpus().rows(equivalence_seed, step, mesh.coordinate("dp") * rows, rows, config.seq, inputs,
+                                  targets);
         const float loss = exec.step(loom::Tensor::of(inputs.data(), {rows, config.seq}),
                                      loom::Tensor::of(targets.data(), {rows, config.seq}), equivalence_lr);
         result.losses.push_back(loss);
         const double ref = serial.losses[static_cast<std::size_t>(step)];
         result.worst_loss_error = std::max(result.worst_loss_error, std::abs(loss - ref) / std::abs(ref));
     }
+    result.tokens_per_sequence = exec.tokens_per_sequence();
     const auto n = static_cast<std::size_t>(exec.parameter_count());
     std::vector<float> values(n), m(n), v(n);
     exec.gather_state(values, m, v);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -101,6 +102,26 @@ public:
         return false;
     }
 
+    // The group of ranks that differ from this one only along the named axes
+    // (together): combined({"dp", "sp"}) reduces gradients over data and
+    // sequence parallelism at once. Collective over the world the first time
+    // for a given list (every rank must ask in the same order); kept after.
+    [[nodiscard]] C& combined(const std::vector<std::string>& names) {
+        std::string key;
+        for (const auto& name : names) key += name + ",";
+        for (auto& [k, group] : combined_)
+            if (k == key) return group;
+        std::vector<bool> inside(axes_.size(), false);
+        for (const auto& name : names) inside[index(name)] = true;
+        int color = 0, order = 0;
+        for (std::size_t j = 0; j < axes_.size(); ++j) {
+            if (inside[j]) order = order * axes_[j].size + coordinates_[j];
+            else color = color * axes_[j].size + coordinates_[j];
+        }
+        combined_.emplace_back(key, world_->split(color, order));
+        return combined_.back().second;
+    }
+
     // The world rank at the given coordinates (axes not named: this rank's).
     [[nodiscard]] int world_rank(const std::vector<std::pair<std::string, int>>& at) const {
         std::vector<int> coordinates = coordinates_;
@@ -138,6 +159,7 @@ private:
     std::vector<MeshAxis> axes_;
     std::vector<int> coordinates_;
     std::vector<C> groups_;
+    std::deque<std::pair<std::string, C>> combined_;  // a deque: references stay valid
 };
 
 }  // namespace loom::comm

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/nn/sequence_layout.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/pipeline.hpp"
@@ -38,11 +39,16 @@ struct ExecutionPlan {
     int chunks = 1;
     bool tensor_parallel = false;
     bool tensor_grid = false;  // Optimus2D: the tp axis is a q x q grid
+    bool sequence_parallel = false;
+    nn::SequenceAttention sequence_attention = nn::SequenceAttention::ring;
+    bool sequence_zigzag = true;
 
     template <class S>
     [[nodiscard]] static ExecutionPlan of() {
-        return ExecutionPlan{S::zero_stage, S::bucket_bytes, S::pipelined, S::schedule,
-                             S::chunks,     S::tensor_parallel, S::tensor_grid};
+        return ExecutionPlan{S::zero_stage,        S::bucket_bytes,       S::pipelined,
+                             S::schedule,          S::chunks,             S::tensor_parallel,
+                             S::tensor_grid,       S::sequence_parallel,  S::sequence_attention,
+                             S::sequence_zigzag};
     }
 };
 

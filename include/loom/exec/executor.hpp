@@ -75,11 +75,14 @@ public:
     }
 
     // Every axis of `mesh` the strategy uses: dp always, pp with a Pipeline,
-    // tp with TensorParallel (an axis the mesh lacks counts as size 1).
+    // tp with TensorParallel, sp with SequenceParallel (an axis the mesh lacks
+    // counts as size 1). With an sp axis, gradients are reduced over dp x sp.
     template <class Strategy, class Model>
     [[nodiscard]] static Executor make(Model& model, comm::Mesh<C>& mesh, const ExecutorOptions& options = {}) {
-        return Executor(model, mesh.axis("dp"), mesh.has("pp") ? &mesh.axis("pp") : nullptr,
-                        mesh.has("tp") ? &mesh.axis("tp") : nullptr, ExecutionPlan::of<Strategy>(), options);
+        const bool sp = mesh.has("sp") && mesh.size("sp") > 1;
+        return Executor(model, sp ? mesh.combined({"dp", "sp"}) : mesh.axis("dp"),
+                        mesh.has("pp") ? &mesh.axis("pp") : nullptr, mesh.has("tp") ? &mesh.axis("tp") : nullptr,
+                        sp ? &mesh.axis("sp") : nullptr, ExecutionPlan::of<Strategy>(), options);
     }
 
     template <class Model>
@@ -95,9 +98,18 @@ public:
     // cut here (tp::shard_model) before anything is laid out.
     template <class Model>
     Executor(Model& model, C& dp, C* pp, C* tp, const ExecutionPlan& plan, const ExecutorOptions& options)
+        : Executor(model, dp, pp, tp, nullptr, plan, options) {}
+
+    // `sp` may be null: each rank holds whole sequences. With an sp axis,
+    // `dp` must be the dp x sp group (gradients are partial over tokens), and
+    // each rank's step() gets its data-parallel replica's whole sequences; the
+    // executor keeps this rank's positions of them (nn/sequence_layout.hpp).
+    template <class Model>
+    Executor(Model& model, C& dp, C* pp, C* tp, C* sp, const ExecutionPlan& plan, const ExecutorOptions& options)
         : comm_(&dp),
           pp_(pp),
           tp_(check_tensor_parallel(plan, tp) ? tp : nullptr),
+          sp_(check_sequence_parallel(plan, sp, tp_) ? sp : nullptr),
           shards_(cut_model(model, tp_, plan.tensor_grid)),
           units_(nn::units_of(model, options.field_names)),
           stage_(plan.zero_stage),
@@ -134,6 +146,11 @@ public:
                 grid_ = std::make_unique<Grid>(*tp_);
                 pool_.set_tensor_grid(&grid_->view);
             }
+        }
+        if (sp_ != nullptr) {
+            sp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*sp_);
+            sequence_ = nn::SequenceParallelism{sp_group_.get(), plan.sequence_zigzag, plan.sequence_attention};
+            pool_.set_sequence_parallelism(sequence_);
         }
     }
 
@@ -193,6 +210,7 @@ public:
         optim::check_config(adamw_);
         inputs_ = inputs;
         targets_ = targets;
+        if (sp_ != nullptr) keep_local_positions();
         rows_per_micro_batch_ = rows / micro_batches_;
         loss_sum_ = 0;
         pool_.start_step(stages_.stages(), micro_batches_);
@@ -200,6 +218,10 @@ public:
         ++step_count_;
         return loss_;
     }
+
+    // Tokens of each sequence this rank's model saw in the last step: the
+    // whole sequence, or under sequence parallelism its positions of it.
+    [[nodiscard]] std::int64_t tokens_per_sequence() const { return inputs_.rank() == 2 ? inputs_.dim(1) : 0; }
 
     [[nodiscard]] MemoryReport memory_report() const {
         MemoryReport report;
@@ -319,6 +341,36 @@ private:
         bool in_flight = false;
         bool accumulate = false;  // a slot reduction whose block is added to the shard when done
     };
+
+    [[nodiscard]] static bool check_sequence_parallel(const ExecutionPlan& plan, const C* sp, const C* tp) {
+        LOOM_CHECK(plan.sequence_parallel || sp == nullptr || sp->size() == 1, "Executor: a sequence-parallel axis "
+                   "of ", sp->size(), " ranks for a strategy without SequenceParallel; add SequenceParallel or use an "
+                   "sp axis of 1");
+        const bool on = plan.sequence_parallel && sp != nullptr && sp->size() > 1;
+        LOOM_CHECK(!on || !plan.tensor_grid || tp == nullptr, "Executor: SequenceParallel with Optimus2D is not "
+                   "supported; use TensorParallel (1D) with an sp axis");
+        return on;
+    }
+
+    // Sequence parallelism: inputs_ and targets_ become this rank's positions
+    // of every sequence, in its layout's order.
+    void keep_local_positions() {
+        const std::int64_t rows = inputs_.dim(0), T = inputs_.dim(1);
+        const nn::SequenceLayout layout = sequence_.layout();
+        const std::int64_t local = layout.local_tokens(T);
+        local_inputs_.resize(static_cast<std::size_t>(rows * local));
+        local_targets_.resize(local_inputs_.size());
+        const auto runs = layout.runs(T);
+        for (std::int64_t r = 0; r < rows; ++r)
+            for (const nn::SequenceRun& run : runs)
+                for (std::int64_t t = 0; t < run.length; ++t) {
+                    const auto at = static_cast<std::size_t>(r * local + run.local + t);
+                    local_inputs_[at] = inputs_.data<std::int32_t>()[r * T + run.position + t];
+                    local_targets_[at] = targets_.data<std::int32_t>()[r * T + run.position + t];
+                }
+        inputs_ = Tensor::of(local_inputs_.data(), {rows, local});
+        targets_ = Tensor::of(local_targets_.data(), {rows, local});
+    }
 
     [[nodiscard]] static bool check_tensor_parallel(const ExecutionPlan& plan, const C* tp) {
         LOOM_CHECK(plan.tensor_parallel || tp == nullptr || tp->size() == 1, "Executor: a tensor-parallel axis of ",
@@ -640,6 +692,7 @@ private:
     C* comm_;
     C* pp_;
     C* tp_;
+    C* sp_;  // sequence parallel axis; null without one
     TensorShards shards_;
     std::vector<nn::Unit> units_;
     int stage_;
@@ -661,6 +714,9 @@ private:
 
     std::unique_ptr<nn::TensorGroupOf<C>> tp_group_;  // what sharded layers talk to
     std::unique_ptr<Grid> grid_;                      // Optimus2D only
+    std::unique_ptr<nn::TensorGroupOf<C>> sp_group_;  // ring attention's neighbours
+    nn::SequenceParallelism sequence_{};
+    std::vector<std::int32_t> local_inputs_, local_targets_;  // this rank's positions of the step's sequences
     MicroBatchPool pool_;
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step

@@ -65,6 +65,12 @@ public:
         for (auto& c : contexts_) c->set_tensor_grid(grid);
     }
 
+    // Every context's sequence parallelism (inactive: whole sequences).
+    void set_sequence_parallelism(const nn::SequenceParallelism& sp) {
+        sequence_ = sp;
+        for (auto& c : contexts_) c->set_sequence_parallelism(sp);
+    }
+
     // A fresh context for (chunk, mb): its forward starts.
     nn::Context& open(int chunk, int mb) {
         int& at = open_[at_of(chunk, mb)];
@@ -74,6 +80,7 @@ public:
             contexts_.push_back(std::make_unique<nn::Context>());
             contexts_.back()->set_tensor_group(group_);
             contexts_.back()->set_tensor_grid(grid_);
+            contexts_.back()->set_sequence_parallelism(sequence_);
             free.push_back(static_cast<int>(contexts_.size()) - 1);
         }
         at = free.back();
@@ -155,6 +162,7 @@ private:
     int chunks_ = 0, micro_batches_ = 0;
     const nn::TensorGroup* group_ = nullptr;
     const nn::TensorGrid* grid_ = nullptr;
+    nn::SequenceParallelism sequence_{};
     std::vector<std::unique_ptr<nn::Context>> contexts_;
     std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight

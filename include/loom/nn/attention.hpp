@@ -10,6 +10,7 @@
 #include "loom/kernels/host/attention.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/linear.hpp"
+#include "loom/nn/ring_attention.hpp"
 
 namespace loom::nn {
 
@@ -50,6 +51,14 @@ struct CausalSelfAttention {
         auto& saved = ctx.saved<Saved>(this);
         saved.qkv = qkv.forward(ctx, x);
         saved.out = ctx.alloc(Shape{B, T, local_width()});
+        if (ctx.sequence().active()) {
+            // Sequence parallel: this rank's T tokens are some positions of
+            // each sequence; attention reaches the others across the sp axis.
+            const SequenceParallelism& sp = ctx.sequence();
+            ring_attention_forward(ctx, *sp.group, sp.layout(), /*causal=*/true, saved.qkv, {B, T, H, D}, saved.out,
+                                   ctx.saved<RingSaved>(this));
+            return proj.forward(ctx, saved.out);
+        }
         saved.lse = ctx.alloc(Shape{B, H, T});
         kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B,
                                          T, H, D);
@@ -61,6 +70,12 @@ struct CausalSelfAttention {
         const std::int64_t B = dy.dim(0), T = dy.dim(1), D = head_dim(), H = local_heads();
         Tensor dout = proj.backward_input(ctx, dy);
         Tensor dqkv = ctx.alloc(saved.qkv.shape());
+        if (ctx.sequence().active()) {
+            const SequenceParallelism& sp = ctx.sequence();
+            ring_attention_backward(ctx, *sp.group, sp.layout(), /*causal=*/true, ctx.saved<RingSaved>(this), dout,
+                                    {B, T, H, D}, dqkv);
+            return qkv.backward_input(ctx, dqkv);
+        }
         kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout.data<float>(),
                                           saved.lse.data<float>(), dqkv.data<float>(), B, T, H, D);
         return qkv.backward_input(ctx, dqkv);

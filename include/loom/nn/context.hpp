@@ -25,10 +25,10 @@
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/nn/sequence_layout.hpp"
 
 namespace loom::nn {
 
-class TensorGroup;
 struct TensorGrid;
 
 class Context {
@@ -101,6 +101,12 @@ public:
     void set_tensor_grid(const TensorGrid* grid) noexcept { tensor_grid_ = grid; }
     [[nodiscard]] const TensorGrid* tensor_grid() const noexcept { return tensor_grid_; }
 
+    // Sequence parallelism (nn/sequence_layout.hpp): this rank holds some
+    // positions of every sequence; the embedding, attention and the data path
+    // follow the layout. Inactive unless the executor has an sp axis.
+    void set_sequence_parallelism(const SequenceParallelism& sp) noexcept { sequence_ = sp; }
+    [[nodiscard]] const SequenceParallelism& sequence() const noexcept { return sequence_; }
+
     void set_loss(float loss) noexcept { loss_ = loss; }
     [[nodiscard]] float loss() const noexcept { return loss_; }
 
@@ -145,6 +151,7 @@ private:
     float loss_ = 0;
     const TensorGroup* tensor_group_ = nullptr;
     const TensorGrid* tensor_grid_ = nullptr;
+    SequenceParallelism sequence_{};
 };
 
 }  // namespace loom::nn

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
@@ -62,13 +63,18 @@ struct Embedding {
         LOOM_CHECK(tokens.rank() == 2 && tokens.dtype() == DType::i32, "Embedding: tokens must be i32 [batch, sequence], got ",
                    tokens.dtype(), " ", tokens.shape());
         const std::int64_t B = tokens.dim(0), T = tokens.dim(1);
-        LOOM_CHECK(T <= max_sequence(), "Embedding: sequence of ", T, " tokens is longer than the ", max_sequence(),
-                   " positions the model has");
+        const std::int64_t whole_T = T * ctx.sequence().layout().ranks;  // sp: this rank holds T of each sequence
+        LOOM_CHECK(whole_T <= max_sequence(), "Embedding: sequence of ", whole_T, " tokens is longer than the ",
+                   max_sequence(), " positions the model has");
         ctx.saved<Saved>(this).tokens = tokens;
-        if (grid()) return forward_grid(ctx, tokens);
+        if (grid()) {
+            LOOM_CHECK(!ctx.sequence().active(), "Embedding: Optimus 2D with sequence parallelism is not supported; "
+                                                 "use TensorParallel (1D) with an sp axis");
+            return forward_grid(ctx, tokens);
+        }
         Tensor y = ctx.alloc(Shape{B, T, width()});
-        if (vocab_parallel()) {
-            forward_vocab_parallel(ctx, tokens, y);
+        if (vocab_parallel() || ctx.sequence().active()) {
+            forward_by_rows(ctx, tokens, y);
             return y;
         }
         kernels::host::embedding_forward(tokens.data<std::int32_t>(), token.value.data<float>(),
@@ -87,8 +93,8 @@ struct Embedding {
             backward_weight_grid(grid_of(ctx, "Embedding"), saved);
             return;
         }
-        if (vocab_parallel()) {
-            backward_weight_vocab_parallel(saved);
+        if (vocab_parallel() || ctx.sequence().active()) {
+            backward_weight_by_rows(saved, positions_of(ctx.sequence(), saved.tokens.dim(1)));
             return;
         }
         kernels::host::embedding_backward(saved.tokens.data<std::int32_t>(), saved.dy.data<float>(),
@@ -98,15 +104,31 @@ struct Embedding {
 
 private:  // functions only: Embedding stays an aggregate
     // This rank's tokens: [start, start + vocab()) of the whole vocabulary.
-    [[nodiscard]] std::int64_t vocab_start() const { return token.slice.along(0)->start; }
+    [[nodiscard]] std::int64_t vocab_start() const {
+        return token.slice.along(0) != nullptr ? token.slice.along(0)->start : 0;
+    }
 
-    void forward_vocab_parallel(const Context& ctx, const Tensor& tokens, const Tensor& y) const {
-        const TensorGroup* group = ctx.tensor_group();
-        LOOM_CHECK(group != nullptr, "Embedding: its token table is a vocabulary shard but the context has no "
-                                     "tensor-parallel group; run it through an executor with a tp axis");
+    // Row by row: a vocabulary shard's rows (zeros for others' tokens, then
+    // summed over the tp group), and positions from the sequence layout (sp
+    // ranks hold runs of positions, not 0..T-1).
+    void forward_by_rows(const Context& ctx, const Tensor& tokens, const Tensor& y) const {
         look_up_own_tokens(tokens, y.data<float>());
-        group->all_reduce_sum(y);
-        add_positions(y.data<float>(), tokens.numel(), tokens.dim(1));
+        if (vocab_parallel()) {
+            const TensorGroup* group = ctx.tensor_group();
+            LOOM_CHECK(group != nullptr, "Embedding: its token table is a vocabulary shard but the context has no "
+                                         "tensor-parallel group; run it through an executor with a tp axis");
+            group->all_reduce_sum(y);
+        }
+        add_positions(y.data<float>(), tokens.numel(), positions_of(ctx.sequence(), tokens.dim(1)));
+    }
+
+    // The position of each of a sequence's T local tokens.
+    [[nodiscard]] static std::vector<std::int64_t> positions_of(const SequenceParallelism& sp, std::int64_t T) {
+        std::vector<std::int64_t> positions(static_cast<std::size_t>(T));
+        const SequenceLayout layout = sp.layout();
+        for (std::int64_t t = 0; t < T; ++t)
+            positions[static_cast<std::size_t>(t)] = sp.active() ? layout.position(t, T * layout.ranks) : t;
+        return positions;
     }
 
     // Rows of `out` ([tokens, C]) are this rank's token rows for the ids it
@@ -128,13 +150,14 @@ private:  // functions only: Embedding stays an aggregate
         }
     }
 
-    // Adds position (row % T) to each of `rows` rows of [rows, C].
-    void add_positions(float* out, std::int64_t rows, std::int64_t T) const {
-        const std::int64_t C = width();
+    // Adds to each of `rows` rows of [rows, C] its position: positions[row % T]
+    // for sequences of T = positions.size() local tokens.
+    void add_positions(float* out, std::int64_t rows, const std::vector<std::int64_t>& positions) const {
+        const std::int64_t C = width(), T = static_cast<std::int64_t>(positions.size());
         const float* pos = position.value.data<float>();
         for (std::int64_t i = 0; i < rows; ++i) {
             float* row = out + i * C;
-            const float* p = pos + (i % T) * C;
+            const float* p = pos + positions[static_cast<std::size_t>(i % T)] * C;
             for (std::int64_t c = 0; c < C; ++c) row[c] += p[c];
         }
     }
@@ -148,7 +171,7 @@ private:  // functions only: Embedding stays an aggregate
         look_up_own_tokens(tokens, partial.data<float>());
         Tensor y = ctx.alloc(Shape{B / g.q, T, C});
         g.column->reduce_scatter_sum(Tensor::of(partial.data<float>(), {B * T * C}), y);
-        add_positions(y.data<float>(), B / g.q * T, T);
+        add_positions(y.data<float>(), B / g.q * T, positions_of(ctx.sequence(), T));
         return y;
     }
 
@@ -159,13 +182,15 @@ private:  // functions only: Embedding stays an aggregate
         const std::int64_t rows = saved.tokens.numel(), C = width();
         Buffer<Host> whole(DType::f32, Shape{rows * C});
         g.column->all_gather(saved.dy, Tensor::of(whole.data<float>(), {rows * C}));
-        backward_weight_vocab_parallel(Saved{saved.tokens, Tensor::of(whole.data<float>(), {rows * C})});
+        backward_weight_by_rows(Saved{saved.tokens, Tensor::of(whole.data<float>(), {rows * C})},
+                                positions_of(SequenceParallelism{}, saved.tokens.dim(1)));
     }
 
-    // dy is whole and the same on every rank (the layers after this one are
-    // replicated, or all-reduce their input gradient): each rank keeps its own
-    // tokens' rows, and the whole position gradient, as the unsplit layer does.
-    void backward_weight_vocab_parallel(const Saved& saved) {
+    // Under tp, dy is whole and the same on every rank (the layers after this
+    // one are replicated, or all-reduce their input gradient): each rank keeps
+    // its own tokens' rows, and the whole position gradient, as the unsplit
+    // layer does. Under sp, the rows are this rank's positions.
+    void backward_weight_by_rows(const Saved& saved, const std::vector<std::int64_t>& positions) {
         const std::int64_t rows = saved.tokens.numel(), T = saved.tokens.dim(1), C = width();
         const std::int64_t start = vocab_start(), stop = start + vocab();
         const std::int32_t* ids = saved.tokens.data<std::int32_t>();
@@ -174,7 +199,7 @@ private:  // functions only: Embedding stays an aggregate
         float* dposition = position.grad.data<float>();
         for (std::int64_t i = 0; i < rows; ++i) {
             const float* g = dy + i * C;
-            float* p = dposition + (i % T) * C;
+            float* p = dposition + positions[static_cast<std::size_t>(i % T)] * C;
             for (std::int64_t c = 0; c < C; ++c) p[c] += g[c];
             if (ids[i] < start || ids[i] >= stop) continue;
             float* t = dtoken + (ids[i] - start) * C;

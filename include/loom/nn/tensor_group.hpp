@@ -7,7 +7,8 @@
 // must see a whole tensor and an all-reduce-max for a softmax over a
 // vocabulary split across the group (its per-row maximum). Optimus 2D adds a
 // reduce-scatter and broadcasts, on the rows and columns of its grid
-// (nn/summa.hpp). Layers reach the group through their Context, which the
+// (nn/summa.hpp); sequence parallelism point-to-point and all-to-all on the
+// sp axis (nn/ring_attention.hpp). Layers reach the group through their Context, which the
 // executor points at its tp communicator; without one a layer runs whole.
 // Type-erased so that nn/ does not depend on a communicator type.
 #pragma once
@@ -38,6 +39,11 @@ public:
     virtual void reduce_scatter_sum(const Tensor& whole, const Tensor& local) const = 0;
     virtual void broadcast(const Tensor& t, int root) const = 0;
     [[nodiscard]] virtual comm::Request broadcast_async(const Tensor& t, int root) const = 0;
+    // Sequence parallelism: ring attention passes blocks to a neighbour,
+    // Ulysses exchanges one block with every rank (block r of send to rank r).
+    [[nodiscard]] virtual comm::Request send_async(const Tensor& t, int peer, int tag) const = 0;
+    [[nodiscard]] virtual comm::Request recv_async(const Tensor& t, int peer, int tag) const = 0;
+    virtual void all_to_all(const Tensor& send, const Tensor& recv) const = 0;
 };
 
 // Any Communicator as a TensorGroup; `comm` must outlive it.
@@ -57,6 +63,13 @@ public:
     [[nodiscard]] comm::Request broadcast_async(const Tensor& t, int root) const override {
         return comm_->broadcast_async(t, root);
     }
+    [[nodiscard]] comm::Request send_async(const Tensor& t, int peer, int tag) const override {
+        return comm_->send_async(t, peer, tag);
+    }
+    [[nodiscard]] comm::Request recv_async(const Tensor& t, int peer, int tag) const override {
+        return comm_->recv_async(t, peer, tag);
+    }
+    void all_to_all(const Tensor& send, const Tensor& recv) const override { comm_->all_to_all(send, recv); }
 
 private:
     C* comm_;

@@ -16,6 +16,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/sequence_parallel.hpp"
 #include "loom/parallel/zero_shard.hpp"
 
 namespace loom {
@@ -64,6 +65,8 @@ struct Strategy {
     static_assert(detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> <= 1,
                   "loom::Strategy<...> lists TensorParallel or Optimus2D twice; a model has one tensor-parallel "
                   "axis, cut in 1D (TensorParallel) or 2D (Optimus2D)");
+    static_assert(detail::count_of_kind<PolicyKind::sequence_parallel, Ps...> <= 1,
+                  "loom::Strategy<...> lists SequenceParallel twice; a model has one sp axis, with one attention");
     static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1,
                   "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one");
 
@@ -85,6 +88,18 @@ struct Strategy {
     static constexpr bool tensor_grid = [] {
         if constexpr (std::is_void_v<tensor_policy>) return false;
         else return requires { tensor_policy::grid; } && tensor_policy::grid;
+    }();
+
+    // SequenceParallel<Attention, Layout>: every sequence split over the sp axis.
+    using sequence_policy = typename detail::first_of_kind<PolicyKind::sequence_parallel, void, Ps...>::type;
+    static constexpr bool sequence_parallel = !std::is_void_v<sequence_policy>;
+    static constexpr nn::SequenceAttention sequence_attention = [] {
+        if constexpr (sequence_parallel) return sequence_policy::attention;
+        else return nn::SequenceAttention::ring;
+    }();
+    static constexpr bool sequence_zigzag = [] {
+        if constexpr (sequence_parallel) return sequence_policy::zigzag;
+        else return true;
     }();
 
     // Pipeline<S>: the schedule and its chunks per rank; without one, the

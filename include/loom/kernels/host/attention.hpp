@@ -159,35 +159,60 @@ inline void check_shape(const char* who, std::int64_t B, std::int64_t T, std::in
                " exceeds the BLAS's int range (at most ", INT_MAX, ")");
 }
 
-// One head of one sequence: rows of q, k, v are `ld` floats apart in qkv.
+// One head of one sequence: rows of q are `ld_q` floats apart, rows of k and v
+// `ld_kv` (both 3C inside one qkv tensor; ring attention's key/value blocks
+// arrive in their own buffers).
 struct HeadQkv {
     const float* q;
     const float* k;
     const float* v;
-    std::int64_t ld;
+    std::int64_t ld_q;
+    std::int64_t ld_kv;
 };
 
-template <std::int64_t QueryBlock = query_block, std::int64_t KeyBlock = key_block>
-void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse, std::int64_t T, std::int64_t D,
-                  float scale) {
+// The first query of the block [i0, i0 + n) that sees key `key` under the mask:
+// all of them without the causal mask.
+template <bool Causal>
+[[nodiscard]] std::int64_t first_query_seeing(std::int64_t key, std::int64_t i0, std::int64_t n_queries) {
+    if constexpr (Causal)
+        return first_seeing_query(key, i0, n_queries);
+    else
+        return 0;
+}
+
+// Where the keys seen by the query block [i0, block_end) end: Causal means
+// queries and keys are the same positions (query i sees keys 0..i), otherwise
+// every query sees all Tk keys.
+template <bool Causal>
+[[nodiscard]] std::int64_t key_end(std::int64_t block_end, std::int64_t Tk) {
+    return Causal ? block_end : Tk;
+}
+
+// Tq queries against Tk keys (Tq == Tk when Causal); out is normalised over
+// these keys alone and lse is their log-sum-exp. Tk >= 1: key 0 is seen by
+// every query, so every running max starts on the first key tile.
+template <bool Causal, std::int64_t QueryBlock = query_block, std::int64_t KeyBlock = key_block>
+void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse, std::int64_t Tq, std::int64_t Tk,
+                  std::int64_t D, float scale) {
     alignas(64) float tile[KeyBlock * QueryBlock];  // S^T, then P^T, of one tile
     alignas(64) float max_so_far[QueryBlock];
     alignas(64) float sum_so_far[QueryBlock];
     alignas(64) float tile_max[QueryBlock];
-    for (std::int64_t i0 = 0; i0 < T; i0 += QueryBlock) {
-        const std::int64_t n_queries = std::min(QueryBlock, T - i0);
-        // Keys at or past causal_end are seen by no query of the block: their tiles are never formed.
-        const std::int64_t causal_end = i0 + n_queries;
+    for (std::int64_t i0 = 0; i0 < Tq; i0 += QueryBlock) {
+        const std::int64_t n_queries = std::min(QueryBlock, Tq - i0);
+        // Keys at or past keys_seen are seen by no query of the block: their tiles are never formed.
+        const std::int64_t keys_seen = key_end<Causal>(i0 + n_queries, Tk);
         float* out_block = out + i0 * ld_out;
-        for (std::int64_t j0 = 0; j0 < causal_end; j0 += KeyBlock) {
-            const std::int64_t n_keys = std::min(KeyBlock, causal_end - j0);
+        for (std::int64_t j0 = 0; j0 < keys_seen; j0 += KeyBlock) {
+            const std::int64_t n_keys = std::min(KeyBlock, keys_seen - j0);
             const bool first = j0 == 0;  // key 0 is seen by every query, so every running max starts here
-            gemm_nt(n_keys, n_queries, D, scale, in.k + j0 * in.ld, in.ld, in.q + i0 * in.ld, in.ld, 0.0f, tile,
-                    n_queries);
+            gemm_nt(n_keys, n_queries, D, scale, in.k + j0 * in.ld_kv, in.ld_kv, in.q + i0 * in.ld_q, in.ld_q, 0.0f,
+                    tile, n_queries);
             for (std::int64_t r = 0; r < n_queries; ++r)
                 tile_max[r] = first ? -std::numeric_limits<float>::infinity() : max_so_far[r];
             for (std::int64_t c = 0; c < n_keys; ++c)
-                running_max(tile_max, tile + c * n_queries, first_seeing_query(j0 + c, i0, n_queries), n_queries);
+                running_max(tile_max, tile + c * n_queries, first_query_seeing<Causal>(j0 + c, i0, n_queries),
+                            n_queries);
             // Online softmax: what earlier tiles summed against the old max is
             // moved to the new one (a factor of 1 for rows whose max held).
             if (first) {
@@ -201,14 +226,14 @@ void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse
             }
             for (std::int64_t c = 0; c < n_keys; ++c) {
                 float* row = tile + c * n_queries;
-                const std::int64_t begin = first_seeing_query(j0 + c, i0, n_queries);
+                const std::int64_t begin = first_query_seeing<Causal>(j0 + c, i0, n_queries);
                 if (begin > 0) fill_zero(row, begin);  // only on the diagonal; GCC makes it a memset call
                 exp_shifted_accumulate(row, tile_max, sum_so_far, begin, n_queries);
             }
             std::copy(tile_max, tile_max + n_queries, max_so_far);
             // out_block (+)= P V, unnormalised.
-            gemm_tn(n_queries, D, n_keys, 1.0f, tile, n_queries, in.v + j0 * in.ld, in.ld, first ? 0.0f : 1.0f,
-                    out_block, ld_out);
+            gemm_tn(n_queries, D, n_keys, 1.0f, tile, n_queries, in.v + j0 * in.ld_kv, in.ld_kv,
+                    first ? 0.0f : 1.0f, out_block, ld_out);
         }
         for (std::int64_t r = 0; r < n_queries; ++r) {
             scale_row(out_block + r * ld_out, D, 1.0f / sum_so_far[r]);
@@ -217,63 +242,71 @@ void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse
     }
 }
 
-// Gradients of one head; dq, dk, dv share the row stride of qkv. Each is
-// written, not accumulated: dQ rows by their first key tile (beta = 0), dK and
-// dV rows zeroed by the query block that first reaches them, just before use.
+// Gradients of one head; dq has the row stride of q, dk and dv that of k and v.
+// Overwritten unless `accumulate`: dQ rows by their first key tile (beta = 0),
+// dK and dV rows zeroed by the query block that first reaches them, just before
+// use. With `accumulate` every product adds (ring attention sums the gradients
+// of one chunk over the blocks it meets).
 struct HeadGrad {
     float* dq;
     float* dk;
     float* dv;
 };
 
-template <std::int64_t QueryBlock = query_block, std::int64_t KeyBlock = key_block>
+// out, dout and lse are the queries' final ones (merged over every key block
+// they see), so P = exp(S - lse) is this block's share of the whole softmax.
+template <bool Causal, std::int64_t QueryBlock = query_block, std::int64_t KeyBlock = key_block>
 void backward_head(const HeadQkv& in, const float* out, const float* dout, std::int64_t ld_out, const float* lse,
-                   const HeadGrad& grad, std::int64_t T, std::int64_t D, float scale) {
+                   const HeadGrad& grad, std::int64_t Tq, std::int64_t Tk, std::int64_t D, float scale,
+                   bool accumulate) {
     alignas(64) float probs[KeyBlock * QueryBlock];     // P^T of one tile
     alignas(64) float dscores[KeyBlock * QueryBlock];   // dP^T, then dS^T
     alignas(64) float out_dot_dout[QueryBlock];         // FlashAttention-2's D_i = rowsum(dO_i * O_i)
-    for (std::int64_t i0 = 0; i0 < T; i0 += QueryBlock) {
-        const std::int64_t n_queries = std::min(QueryBlock, T - i0);
-        const std::int64_t causal_end = i0 + n_queries;
-        const float* q_block = in.q + i0 * in.ld;
+    std::int64_t keys_reached = 0;  // dK and dV rows below this are written already
+    for (std::int64_t i0 = 0; i0 < Tq; i0 += QueryBlock) {
+        const std::int64_t n_queries = std::min(QueryBlock, Tq - i0);
+        const std::int64_t keys_seen = key_end<Causal>(i0 + n_queries, Tk);
+        const float* q_block = in.q + i0 * in.ld_q;
         const float* dout_block = dout + i0 * ld_out;
         const float* lse_block = lse + i0;
         for (std::int64_t r = 0; r < n_queries; ++r)
             out_dot_dout[r] = dot(out + (i0 + r) * ld_out, dout + (i0 + r) * ld_out, D);
-        // Keys [i0, causal_end) get their first gradient from this block:
-        // earlier blocks' tiles ended before i0.
-        for (std::int64_t t = i0; t < causal_end; ++t) {
-            fill_zero(grad.dk + t * in.ld, D);
-            fill_zero(grad.dv + t * in.ld, D);
-        }
-        for (std::int64_t j0 = 0; j0 < causal_end; j0 += KeyBlock) {
-            const std::int64_t n_keys = std::min(KeyBlock, causal_end - j0);
-            const float* k_block = in.k + j0 * in.ld;
-            const float* v_block = in.v + j0 * in.ld;
+        // Keys [keys_reached, keys_seen) get their first gradient from this
+        // block (causal: [i0, i0 + n_queries), earlier blocks' tiles ended before i0).
+        if (!accumulate)
+            for (std::int64_t t = keys_reached; t < keys_seen; ++t) {
+                fill_zero(grad.dk + t * in.ld_kv, D);
+                fill_zero(grad.dv + t * in.ld_kv, D);
+            }
+        keys_reached = std::max(keys_reached, keys_seen);
+        for (std::int64_t j0 = 0; j0 < keys_seen; j0 += KeyBlock) {
+            const std::int64_t n_keys = std::min(KeyBlock, keys_seen - j0);
+            const float* k_block = in.k + j0 * in.ld_kv;
+            const float* v_block = in.v + j0 * in.ld_kv;
             // P^T = exp(scale * K Q^T - lse), zero where masked.
-            gemm_nt(n_keys, n_queries, D, scale, k_block, in.ld, q_block, in.ld, 0.0f, probs, n_queries);
+            gemm_nt(n_keys, n_queries, D, scale, k_block, in.ld_kv, q_block, in.ld_q, 0.0f, probs, n_queries);
             for (std::int64_t c = 0; c < n_keys; ++c) {
                 float* row = probs + c * n_queries;
-                const std::int64_t begin = first_seeing_query(j0 + c, i0, n_queries);
+                const std::int64_t begin = first_query_seeing<Causal>(j0 + c, i0, n_queries);
                 if (begin > 0) fill_zero(row, begin);
                 exp_shifted(row, lse_block, begin, n_queries);
             }
             // dV_j += P^T dO_i
-            gemm_nn(n_keys, D, n_queries, 1.0f, probs, n_queries, dout_block, ld_out, 1.0f, grad.dv + j0 * in.ld,
-                    in.ld);
+            gemm_nn(n_keys, D, n_queries, 1.0f, probs, n_queries, dout_block, ld_out, 1.0f,
+                    grad.dv + j0 * in.ld_kv, in.ld_kv);
             // dP^T = V_j dO_i^T, then dS^T = P^T * (dP^T - D_i) in place
             // (masked entries have P = 0, so dS = 0 there).
-            gemm_nt(n_keys, n_queries, D, 1.0f, v_block, in.ld, dout_block, ld_out, 0.0f, dscores, n_queries);
+            gemm_nt(n_keys, n_queries, D, 1.0f, v_block, in.ld_kv, dout_block, ld_out, 0.0f, dscores, n_queries);
             for (std::int64_t c = 0; c < n_keys; ++c) {
                 const float* p = probs + c * n_queries;
                 float* ds = dscores + c * n_queries;
                 for (std::int64_t r = 0; r < n_queries; ++r) ds[r] = p[r] * (ds[r] - out_dot_dout[r]);
             }
             // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
-            gemm_tn(n_queries, D, n_keys, scale, dscores, n_queries, k_block, in.ld, j0 == 0 ? 0.0f : 1.0f,
-                    grad.dq + i0 * in.ld, in.ld);
-            gemm_nn(n_keys, D, n_queries, scale, dscores, n_queries, q_block, in.ld, 1.0f, grad.dk + j0 * in.ld,
-                    in.ld);
+            gemm_tn(n_queries, D, n_keys, scale, dscores, n_queries, k_block, in.ld_kv,
+                    accumulate || j0 > 0 ? 1.0f : 0.0f, grad.dq + i0 * in.ld_q, in.ld_q);
+            gemm_nn(n_keys, D, n_queries, scale, dscores, n_queries, q_block, in.ld_q, 1.0f,
+                    grad.dk + j0 * in.ld_kv, in.ld_kv);
         }
     }
 }
@@ -299,8 +332,9 @@ inline void attention_forward(const float* qkv, float* out, float* lse, std::int
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < H; ++h) {
             const float* row0 = qkv + b * T * 3 * C + h * D;
-            const attention_detail::HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C};
-            attention_detail::forward_head(in, out + b * T * C + h * D, C, lse + (b * H + h) * T, T, D, scale);
+            const attention_detail::HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
+            attention_detail::forward_head<true>(in, out + b * T * C + h * D, C, lse + (b * H + h) * T, T, T, D,
+                                                 scale);
         }
 }
 
@@ -320,11 +354,11 @@ inline void attention_backward(const float* qkv, const float* out, const float* 
         for (std::int64_t h = 0; h < H; ++h) {
             const float* row0 = qkv + b * T * 3 * C + h * D;
             float* grad0 = dqkv + b * T * 3 * C + h * D;
-            const attention_detail::HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C};
+            const attention_detail::HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
             const attention_detail::HeadGrad grad{grad0, grad0 + C, grad0 + 2 * C};
             const std::int64_t offset = b * T * C + h * D;
-            attention_detail::backward_head(in, out + offset, dout + offset, C, lse + (b * H + h) * T, grad, T, D,
-                                            scale);
+            attention_detail::backward_head<true>(in, out + offset, dout + offset, C, lse + (b * H + h) * T, grad, T,
+                                                  T, D, scale, /*accumulate=*/false);
         }
 }
 

@@ -1,0 +1,153 @@
+// Ring attention against whole-sequence attention: on sp = 2, 3, 4 and 8
+// rank threads, in the zigzag and contiguous layouts, causal and not, each
+// rank's output and its q, k, v gradients at its positions equal the single
+// rank's (kernels/host/attention.hpp for causal, the block kernel over the
+// whole sequence for non-causal); and the layout's one-line errors.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/comm/thread_world.hpp>
+#include <loom/core/rng.hpp>
+#include <loom/kernels/host/attention.hpp>
+#include <loom/kernels/host/attention_blocks.hpp>
+#include <loom/nn/ring_attention.hpp>
+
+#include "support/message_of.hpp"
+
+namespace nn = loom::nn;
+using loom::Tensor;
+using loom::comm::ThreadComm;
+
+namespace {
+
+struct Whole {
+    std::vector<float> qkv, dout, out, dqkv;
+};
+
+// The single-rank reference for B sequences of T tokens, H heads of D.
+Whole whole_attention(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D, bool causal) {
+    const std::int64_t C = H * D;
+    Whole w;
+    w.qkv.resize(static_cast<std::size_t>(B * T * 3 * C));
+    w.dout.resize(static_cast<std::size_t>(B * T * C));
+    loom::RngStream{21, 1}.fill_normal(w.qkv, 0);
+    loom::RngStream{21, 2}.fill_normal(w.dout, 0);
+    w.out.assign(w.dout.size(), 0.0f);
+    w.dqkv.assign(w.qkv.size(), 0.0f);
+    std::vector<float> lse(static_cast<std::size_t>(B * H * T));
+    if (causal) {
+        loom::kernels::host::attention_forward(w.qkv.data(), w.out.data(), lse.data(), B, T, H, D);
+        loom::kernels::host::attention_backward(w.qkv.data(), w.out.data(), w.dout.data(), lse.data(), w.dqkv.data(), B,
+                                                T, H, D);
+    } else {
+        using loom::kernels::host::BlockMask;
+        const float* q = w.qkv.data();
+        loom::kernels::host::attention_block_forward(q, 3 * C, q + C, q + 2 * C, 3 * C, w.out.data(), lse.data(), B, T,
+                                                     T, H, D, BlockMask::full);
+        float* d = w.dqkv.data();
+        loom::kernels::host::attention_block_backward(q, 3 * C, q + C, q + 2 * C, 3 * C, w.out.data(), w.dout.data(),
+                                                      lse.data(), d, d + C, d + 2 * C, B, T, T, H, D, BlockMask::full);
+    }
+    return w;
+}
+
+// Rows of every sequence of `whole` ([B, T, width]) at the layout's positions.
+std::vector<float> local_rows(const std::vector<float>& whole, std::int64_t B, std::int64_t T, std::int64_t width,
+                              const nn::SequenceLayout& layout) {
+    std::vector<float> out;
+    const std::int64_t local = layout.local_tokens(T);
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < local; ++t) {
+            const auto* row = whole.data() + (b * T + layout.position(t, T)) * width;
+            out.insert(out.end(), row, row + width);
+        }
+    return out;
+}
+
+// The largest |got - want| over max |want|.
+double relative_error(const float* got, const std::vector<float>& want) {
+    double worst = 0, scale = 0;
+    for (std::size_t k = 0; k < want.size(); ++k) {
+        worst = std::max(worst, static_cast<double>(std::abs(got[k] - want[k])));
+        scale = std::max(scale, static_cast<double>(std::abs(want[k])));
+    }
+    return worst / scale;
+}
+
+struct RankResult {
+    double out_error = 0, grad_error = 0;
+    std::string failure;
+};
+
+void check_ring(int sp, bool zigzag, bool causal, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
+    const Whole w = whole_attention(B, T, H, D, causal);
+    const std::int64_t C = H * D;
+    std::vector<RankResult> results(static_cast<std::size_t>(sp));
+    loom::comm::ThreadWorld(sp).run([&](ThreadComm& comm) {
+        auto& result = results[static_cast<std::size_t>(comm.rank())];
+        result.failure = loom_test::message_of([&] {
+            const nn::TensorGroupOf<ThreadComm> group(comm);
+            const nn::SequenceLayout layout{sp, comm.rank(), zigzag};
+            const std::int64_t local = layout.local_tokens(T);
+            auto qkv = local_rows(w.qkv, B, T, 3 * C, layout), dout = local_rows(w.dout, B, T, C, layout);
+            std::vector<float> out(static_cast<std::size_t>(B * local * C)), dqkv(qkv.size());
+            nn::Context ctx;
+            nn::RingSaved saved;
+            const nn::RingShape shape{B, local, H, D};
+            nn::ring_attention_forward(ctx, group, layout, causal, Tensor::of(qkv.data(), {B, local, 3 * C}), shape,
+                                       Tensor::of(out.data(), {B, local, C}), saved);
+            nn::ring_attention_backward(ctx, group, layout, causal, saved, Tensor::of(dout.data(), {B, local, C}),
+                                        shape, Tensor::of(dqkv.data(), {B, local, 3 * C}));
+            result.out_error = relative_error(out.data(), local_rows(w.out, B, T, C, layout));
+            result.grad_error = relative_error(dqkv.data(), local_rows(w.dqkv, B, T, 3 * C, layout));
+        });
+    });
+    for (int r = 0; r < sp; ++r) {
+        const auto& result = results[static_cast<std::size_t>(r)];
+        INFO("sp " << sp << (zigzag ? " zigzag" : " contiguous") << (causal ? " causal" : " non-causal") << ", T "
+                   << T << ", rank " << r << ": out " << result.out_error << ", dqkv " << result.grad_error);
+        CHECK(result.failure == "(no error)");
+        CHECK(result.out_error <= 1e-5);
+        CHECK(result.grad_error <= 1e-5);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("ring attention equals whole-sequence attention, forward and backward", "[parallel][sp]") {
+    for (int sp : {2, 3, 4, 8})
+        for (bool zigzag : {true, false})
+            for (bool causal : {true, false}) {
+                // T: two tokens per chunk at sp 8, and chunks across the 32-row tiles at sp 2.
+                const std::int64_t T = sp == 2 ? 136 : 2 * sp * (sp == 8 ? 2 : 6);
+                DYNAMIC_SECTION("sp " << sp << (zigzag ? " zigzag" : " contiguous")
+                                      << (causal ? " causal" : " non-causal")) {
+                    check_ring(sp, zigzag, causal, 2, T, 2, 8);
+                }
+            }
+}
+
+TEST_CASE("the sequence layouts place chunks as documented, and refuse what does not split", "[parallel][sp]") {
+    const nn::SequenceLayout zigzag{4, 1, true};
+    const auto runs = zigzag.runs(16);
+    CHECK(runs[0].position == 2);
+    CHECK(runs[0].chunk == 1);
+    CHECK(runs[1].position == 12);
+    CHECK(runs[1].chunk == 6);
+    CHECK(zigzag.local_tokens(16) == 4);
+    CHECK(zigzag.position(3, 16) == 13);
+    const nn::SequenceLayout contiguous{4, 3, false};
+    CHECK(contiguous.runs(16)[0].position == 12);
+    CHECK(contiguous.local_tokens(16) == 4);
+    CHECK(loom_test::message_of([&] { (void)zigzag.local_tokens(20); }) ==
+          "sequence parallelism: a sequence of 20 tokens does not split into the 8 chunks of the zigzag layout over "
+          "4 sp ranks (2 x sp); use a sequence length that is a multiple of 8");
+    CHECK(loom_test::message_of([&] { (void)contiguous.local_tokens(18); }) ==
+          "sequence parallelism: a sequence of 18 tokens does not split into the 4 chunks of 4 sp ranks; use a "
+          "sequence length that is a multiple of 4");
+}
