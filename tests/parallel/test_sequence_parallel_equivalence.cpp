@@ -31,6 +31,18 @@ TEST_CASE("ring attention sequence parallelism equals serial on rank threads", "
         }
 }
 
+TEST_CASE("Ulysses sequence parallelism equals serial on rank threads", "[parallel][sp]") {
+    for (int sp : {2, 4})  // the 4 heads split over 2 and 4 ranks
+        for (bool zigzag : {true, false}) {
+            const EquivalenceCase c{.dp = 1, .micro_batches = 2, .steps = 3, .layers = sp_layers, .heads = sp_heads,
+                                    .sp = sp, .sp_attention = loom::nn::SequenceAttention::ulysses, .zigzag = zigzag};
+            DYNAMIC_SECTION(c) { check_equivalence(c); }
+        }
+    const EquivalenceCase c{.dp = 2, .stage = 2, .micro_batches = 2, .steps = 3, .layers = sp_layers, .tp = 2,
+                            .heads = sp_heads, .sp = 2, .sp_attention = loom::nn::SequenceAttention::ulysses};
+    DYNAMIC_SECTION(c) { check_equivalence(c); }
+}
+
 TEST_CASE("sequence parallelism with dp 2 and ZeRO, with tp 2, and under a pipeline, equals serial",
           "[parallel][sp]") {
     for (int stage : {0, 1, 3}) {

@@ -11,6 +11,7 @@
 #include "loom/nn/context.hpp"
 #include "loom/nn/linear.hpp"
 #include "loom/nn/ring_attention.hpp"
+#include "loom/nn/ulysses_attention.hpp"
 
 namespace loom::nn {
 
@@ -55,8 +56,12 @@ struct CausalSelfAttention {
             // Sequence parallel: this rank's T tokens are some positions of
             // each sequence; attention reaches the others across the sp axis.
             const SequenceParallelism& sp = ctx.sequence();
-            ring_attention_forward(ctx, *sp.group, sp.layout(), /*causal=*/true, saved.qkv, {B, T, H, D}, saved.out,
-                                   ctx.saved<RingSaved>(this));
+            if (sp.attention == SequenceAttention::ulysses)
+                ulysses_attention_forward(ctx, *sp.group, sp.layout(), saved.qkv, B, T, H, D, saved.out,
+                                          ctx.saved<UlyssesSaved>(this));
+            else
+                ring_attention_forward(ctx, *sp.group, sp.layout(), /*causal=*/true, saved.qkv, {B, T, H, D},
+                                       saved.out, ctx.saved<RingSaved>(this));
             return proj.forward(ctx, saved.out);
         }
         saved.lse = ctx.alloc(Shape{B, H, T});
@@ -72,8 +77,12 @@ struct CausalSelfAttention {
         Tensor dqkv = ctx.alloc(saved.qkv.shape());
         if (ctx.sequence().active()) {
             const SequenceParallelism& sp = ctx.sequence();
-            ring_attention_backward(ctx, *sp.group, sp.layout(), /*causal=*/true, ctx.saved<RingSaved>(this), dout,
-                                    {B, T, H, D}, dqkv);
+            if (sp.attention == SequenceAttention::ulysses)
+                ulysses_attention_backward(ctx, *sp.group, sp.layout(), ctx.saved<UlyssesSaved>(this), dout, B, T, H,
+                                           D, dqkv);
+            else
+                ring_attention_backward(ctx, *sp.group, sp.layout(), /*causal=*/true, ctx.saved<RingSaved>(this),
+                                        dout, {B, T, H, D}, dqkv);
             return qkv.backward_input(ctx, dqkv);
         }
         kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout.data<float>(),

@@ -1,8 +1,8 @@
-// Ring attention against whole-sequence attention: on sp = 2, 3, 4 and 8
-// rank threads, in the zigzag and contiguous layouts, causal and not, each
-// rank's output and its q, k, v gradients at its positions equal the single
-// rank's (kernels/host/attention.hpp for causal, the block kernel over the
-// whole sequence for non-causal); and the layout's one-line errors.
+// Ring and Ulysses attention against whole-sequence attention: on sp = 2, 3,
+// 4 and 8 rank threads, in the zigzag and contiguous layouts (ring: causal
+// and not), each rank's output and its q, k, v gradients at its positions
+// equal the single rank's (kernels/host/attention.hpp for causal, the block
+// kernel over the whole sequence for non-causal); and the one-line errors.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include <loom/kernels/host/attention.hpp>
 #include <loom/kernels/host/attention_blocks.hpp>
 #include <loom/nn/ring_attention.hpp>
+#include <loom/nn/ulysses_attention.hpp>
 
 #include "support/message_of.hpp"
 
@@ -84,7 +85,8 @@ struct RankResult {
     std::string failure;
 };
 
-void check_ring(int sp, bool zigzag, bool causal, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
+void check_sp_attention(int sp, bool zigzag, bool causal, bool ulysses, std::int64_t B, std::int64_t T,
+                        std::int64_t H, std::int64_t D) {
     const Whole w = whole_attention(B, T, H, D, causal);
     const std::int64_t C = H * D;
     std::vector<RankResult> results(static_cast<std::size_t>(sp));
@@ -97,19 +99,25 @@ void check_ring(int sp, bool zigzag, bool causal, std::int64_t B, std::int64_t T
             auto qkv = local_rows(w.qkv, B, T, 3 * C, layout), dout = local_rows(w.dout, B, T, C, layout);
             std::vector<float> out(static_cast<std::size_t>(B * local * C)), dqkv(qkv.size());
             nn::Context ctx;
-            nn::RingSaved saved;
-            const nn::RingShape shape{B, local, H, D};
-            nn::ring_attention_forward(ctx, group, layout, causal, Tensor::of(qkv.data(), {B, local, 3 * C}), shape,
-                                       Tensor::of(out.data(), {B, local, C}), saved);
-            nn::ring_attention_backward(ctx, group, layout, causal, saved, Tensor::of(dout.data(), {B, local, C}),
-                                        shape, Tensor::of(dqkv.data(), {B, local, 3 * C}));
+            const Tensor qkv_t = Tensor::of(qkv.data(), {B, local, 3 * C}), out_t = Tensor::of(out.data(), {B, local, C});
+            const Tensor dout_t = Tensor::of(dout.data(), {B, local, C}), dqkv_t = Tensor::of(dqkv.data(), {B, local, 3 * C});
+            if (ulysses) {
+                nn::UlyssesSaved saved;
+                nn::ulysses_attention_forward(ctx, group, layout, qkv_t, B, local, H, D, out_t, saved);
+                nn::ulysses_attention_backward(ctx, group, layout, saved, dout_t, B, local, H, D, dqkv_t);
+            } else {
+                nn::RingSaved saved;
+                const nn::RingShape shape{B, local, H, D};
+                nn::ring_attention_forward(ctx, group, layout, causal, qkv_t, shape, out_t, saved);
+                nn::ring_attention_backward(ctx, group, layout, causal, saved, dout_t, shape, dqkv_t);
+            }
             result.out_error = relative_error(out.data(), local_rows(w.out, B, T, C, layout));
             result.grad_error = relative_error(dqkv.data(), local_rows(w.dqkv, B, T, 3 * C, layout));
         });
     });
     for (int r = 0; r < sp; ++r) {
         const auto& result = results[static_cast<std::size_t>(r)];
-        INFO("sp " << sp << (zigzag ? " zigzag" : " contiguous") << (causal ? " causal" : " non-causal") << ", T "
+        INFO((ulysses ? "Ulysses" : "ring") << " sp " << sp << (zigzag ? " zigzag" : " contiguous") << (causal ? " causal" : " non-causal") << ", T "
                    << T << ", rank " << r << ": out " << result.out_error << ", dqkv " << result.grad_error);
         CHECK(result.failure == "(no error)");
         CHECK(result.out_error <= 1e-5);
@@ -127,9 +135,25 @@ TEST_CASE("ring attention equals whole-sequence attention, forward and backward"
                 const std::int64_t T = sp == 2 ? 136 : 2 * sp * (sp == 8 ? 2 : 6);
                 DYNAMIC_SECTION("sp " << sp << (zigzag ? " zigzag" : " contiguous")
                                       << (causal ? " causal" : " non-causal")) {
-                    check_ring(sp, zigzag, causal, 2, T, 2, 8);
+                    check_sp_attention(sp, zigzag, causal, /*ulysses=*/false, 2, T, 2, 8);
                 }
             }
+}
+
+TEST_CASE("Ulysses attention equals whole-sequence attention, forward and backward", "[parallel][sp]") {
+    for (int sp : {2, 3, 4, 8})
+        for (bool zigzag : {true, false}) {
+            const std::int64_t T = 2 * sp * 5;  // chunks of 5, across no tile boundary
+            DYNAMIC_SECTION("sp " << sp << (zigzag ? " zigzag" : " contiguous")) {
+                check_sp_attention(sp, zigzag, /*causal=*/true, /*ulysses=*/true, 2, T, 24, 4);  // 24 heads: any sp
+            }
+        }
+}
+
+TEST_CASE("Ulysses refuses heads that do not split over the sp ranks, in one line", "[parallel][sp]") {
+    CHECK(loom_test::message_of([] { loom::nn::check_ulysses_heads(6, 4); }) ==
+          "Ulysses: the 6 attention heads (on this rank) do not split over the 4 sp ranks; use an sp degree that "
+          "divides 6 or RingAttention");
 }
 
 TEST_CASE("the sequence layouts place chunks as documented, and refuse what does not split", "[parallel][sp]") {
