@@ -8,7 +8,8 @@
 //   train_gpt [--data FILE] [--layers 4] [--width 256] [--heads 4] [--seq 128] [--batch 8]
 //             [--vocab 256] [--steps 200] [--until N] [--lr 1e-3] [--seed 1] [--threads 1]
 //             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b] [--tp 1]
-//             [--tp-mode 1d|2d] [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
+//             [--tp-mode 1d|2d] [--sp 1] [--sp-mode ring|ulysses] [--sp-layout zigzag|contiguous]
+//             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
 //
@@ -73,6 +74,9 @@ struct Flags {
     int pp = 1;
     int tp = 1;                    // tensor parallel: Megatron 1D, or Optimus 2D (tp = q x q)
     bool tp_grid = false;          // --tp-mode 2d
+    int sp = 1;                    // sequence parallel: each sequence split over sp ranks
+    bool sp_ulysses = false;       // --sp-mode ulysses (default ring)
+    bool sp_contiguous = false;    // --sp-layout contiguous (default zigzag)
     loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
     std::string schedule_text;     // as given, for messages; empty: not given
     int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
@@ -89,7 +93,8 @@ struct Flags {
 [[noreturn]] void usage_error(const std::string& what) {
     throw loom::Error("train_gpt: " + what +
                       " (flags: --data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X "
-                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --schedule "
+                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --sp N --sp-mode ring|ulysses --sp-layout "
+                      "zigzag|contiguous --schedule "
                       "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
                       "--save FILE --resume FILE --sample N)");
 }
@@ -125,6 +130,16 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--micro-batches") f.micro_batches = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
         else if (flag == "--pp") f.pp = static_cast<int>(parse_int(flag, value, 1, 1024));
         else if (flag == "--tp") f.tp = static_cast<int>(parse_int(flag, value, 1, 1024));
+        else if (flag == "--sp") f.sp = static_cast<int>(parse_int(flag, value, 1, 1024));
+        else if (flag == "--sp-mode") {
+            if (std::string_view(value) != "ring" && std::string_view(value) != "ulysses")
+                usage_error("--sp-mode " + std::string(value) + " is not ring (RingAttention) or ulysses (Ulysses)");
+            f.sp_ulysses = std::string_view(value) == "ulysses";
+        } else if (flag == "--sp-layout") {
+            if (std::string_view(value) != "zigzag" && std::string_view(value) != "contiguous")
+                usage_error("--sp-layout " + std::string(value) + " is not zigzag or contiguous");
+            f.sp_contiguous = std::string_view(value) == "contiguous";
+        }
         else if (flag == "--tp-mode") {
             if (std::string_view(value) != "1d" && std::string_view(value) != "2d")
                 usage_error("--tp-mode " + std::string(value) + " is not 1d (Megatron) or 2d (Optimus)");
@@ -168,21 +183,33 @@ Flags parse(int argc, char** argv) {
 }
 
 // The strategy the flags name, as the compile-time type a user would write:
-// Strategy<DataParallel<>[, Pipeline<Schedule>][, TensorParallel | Optimus2D][, ZeroShard<S>]>.
-// Tensor: 0 none, 1 Megatron 1D, 2 Optimus 2D.
+// Strategy<DataParallel<>[, Pipeline<Schedule>][, TensorParallel | Optimus2D]
+//          [, SequenceParallel<RingAttention | Ulysses[, Contiguous]>][, ZeroShard<S>]>.
+// Tensor: 0 none, 1 Megatron 1D, 2 Optimus 2D. Sequence: 0 none, 1 ring,
+// 2 ring contiguous, 3 Ulysses, 4 Ulysses contiguous.
 template <int Tensor>
 using TensorPolicyOf = std::conditional_t<Tensor == 2, loom::Optimus2D, loom::TensorParallel>;
+template <int Sequence>
+using SequencePolicyOf = loom::SequenceParallel<std::conditional_t<(Sequence >= 3), loom::Ulysses, loom::RingAttention>,
+                                                std::conditional_t<Sequence % 2 == 0, loom::Contiguous, loom::Zigzag>>;
 
-template <int Stage, int Tensor, class... Pipeline>
-using StrategyOf = std::conditional_t<
-    Tensor != 0,
-    std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline..., TensorPolicyOf<Tensor>>,
-                       loom::Strategy<loom::DataParallel<>, Pipeline..., TensorPolicyOf<Tensor>,
-                                      loom::ZeroShard<Stage == 0 ? 1 : Stage>>>,
-    std::conditional_t<Stage == 0, loom::Strategy<loom::DataParallel<>, Pipeline...>,
-                       loom::Strategy<loom::DataParallel<>, Pipeline..., loom::ZeroShard<Stage == 0 ? 1 : Stage>>>>;
+// Policies in order; with_if appends one when a flag asks for it.
+template <class... Ps>
+struct PolicyList {
+    using strategy = loom::Strategy<Ps...>;
+    template <class P>
+    using with = PolicyList<Ps..., P>;
+};
+template <class List, bool Add, class P>
+using with_if = std::conditional_t<Add, typename List::template with<P>, List>;
 
-template <int Tensor, class... Pipeline>
+template <int Stage, int Tensor, int Sequence, class... Pipeline>
+using StrategyOf = typename with_if<
+    with_if<with_if<PolicyList<loom::DataParallel<>, Pipeline...>, Tensor != 0, TensorPolicyOf<Tensor>>, Sequence != 0,
+            SequencePolicyOf<Sequence>>,
+    Stage != 0, loom::ZeroShard<Stage == 0 ? 1 : Stage>>::strategy;
+
+template <int Tensor, int Sequence, class... Pipeline>
 std::pair<loom::exec::ExecutionPlan, std::string> plan_for(int zero) {
     const auto of = [](auto strategy) {
         std::ostringstream name;
@@ -190,34 +217,49 @@ std::pair<loom::exec::ExecutionPlan, std::string> plan_for(int zero) {
         return std::pair{loom::exec::ExecutionPlan::of<decltype(strategy)>(), name.str()};
     };
     switch (zero) {
-        case 1: return of(StrategyOf<1, Tensor, Pipeline...>{});
-        case 2: return of(StrategyOf<2, Tensor, Pipeline...>{});
-        case 3: return of(StrategyOf<3, Tensor, Pipeline...>{});
-        default: return of(StrategyOf<0, Tensor, Pipeline...>{});
+        case 1: return of(StrategyOf<1, Tensor, Sequence, Pipeline...>{});
+        case 2: return of(StrategyOf<2, Tensor, Sequence, Pipeline...>{});
+        case 3: return of(StrategyOf<3, Tensor, Sequence, Pipeline...>{});
+        default: return of(StrategyOf<0, Tensor, Sequence, Pipeline...>{});
     }
 }
 
-template <int Tensor>
+template <int Tensor, int Sequence>
 std::pair<loom::exec::ExecutionPlan, std::string> strategy_with(const Flags& flags) {
-    if (flags.pp == 1) return plan_for<Tensor>(flags.zero);
+    if (flags.pp == 1) return plan_for<Tensor, Sequence>(flags.zero);
     switch (flags.schedule) {
-        case loom::ScheduleKind::gpipe: return plan_for<Tensor, loom::Pipeline<loom::GPipe>>(flags.zero);
-        case loom::ScheduleKind::one_f_one_b: return plan_for<Tensor, loom::Pipeline<loom::OneFOneB>>(flags.zero);
-        case loom::ScheduleKind::zero_bubble_h1: return plan_for<Tensor, loom::Pipeline<loom::ZeroBubbleH1>>(flags.zero);
-        case loom::ScheduleKind::zero_bubble_v: return plan_for<Tensor, loom::Pipeline<loom::ZeroBubbleV>>(flags.zero);
+        case loom::ScheduleKind::gpipe: return plan_for<Tensor, Sequence, loom::Pipeline<loom::GPipe>>(flags.zero);
+        case loom::ScheduleKind::one_f_one_b:
+            return plan_for<Tensor, Sequence, loom::Pipeline<loom::OneFOneB>>(flags.zero);
+        case loom::ScheduleKind::zero_bubble_h1:
+            return plan_for<Tensor, Sequence, loom::Pipeline<loom::ZeroBubbleH1>>(flags.zero);
+        case loom::ScheduleKind::zero_bubble_v:
+            return plan_for<Tensor, Sequence, loom::Pipeline<loom::ZeroBubbleV>>(flags.zero);
         case loom::ScheduleKind::interleaved:
             switch (flags.chunks_per_rank()) {
-                case 3: return plan_for<Tensor, loom::Pipeline<loom::Interleaved<3>>>(flags.zero);
-                case 4: return plan_for<Tensor, loom::Pipeline<loom::Interleaved<4>>>(flags.zero);
-                default: return plan_for<Tensor, loom::Pipeline<loom::Interleaved<2>>>(flags.zero);
+                case 3: return plan_for<Tensor, Sequence, loom::Pipeline<loom::Interleaved<3>>>(flags.zero);
+                case 4: return plan_for<Tensor, Sequence, loom::Pipeline<loom::Interleaved<4>>>(flags.zero);
+                default: return plan_for<Tensor, Sequence, loom::Pipeline<loom::Interleaved<2>>>(flags.zero);
             }
     }
     usage_error("unknown schedule");
 }
 
+template <int Tensor>
+std::pair<loom::exec::ExecutionPlan, std::string> strategy_with_tensor(const Flags& flags) {
+    if (flags.sp == 1) return strategy_with<Tensor, 0>(flags);
+    const int mode = (flags.sp_ulysses ? 3 : 1) + (flags.sp_contiguous ? 1 : 0);
+    switch (mode) {
+        case 2: return strategy_with<Tensor, 2>(flags);
+        case 3: return strategy_with<Tensor, 3>(flags);
+        case 4: return strategy_with<Tensor, 4>(flags);
+        default: return strategy_with<Tensor, 1>(flags);
+    }
+}
+
 std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(const Flags& flags) {
-    if (flags.tp == 1) return strategy_with<0>(flags);
-    return flags.tp_grid ? strategy_with<2>(flags) : strategy_with<1>(flags);
+    if (flags.tp == 1) return strategy_with_tensor<0>(flags);
+    return flags.tp_grid ? strategy_with_tensor<2>(flags) : strategy_with_tensor<1>(flags);
 }
 
 // Everything a run checks before it builds anything, the same on every rank.
@@ -278,11 +320,30 @@ void check_grid(const Flags& flags, int dp) {
     if (flags.batch % split == 0) need(flags.batch / split, "sequences of each rank's micro-batch (--batch / (--dp x --micro-batches))");
 }
 
+// Sequence parallelism cuts every sequence into chunks (2 per rank in the
+// zigzag layout); Ulysses also gives each sp rank heads/sp of its heads.
+void check_sequence_parallel(const Flags& flags) {
+    if (flags.tp_grid && flags.tp > 1)
+        usage_error("--sp with --tp-mode 2d is not supported; use --tp-mode 1d (Megatron) with --sp");
+    const int sp = flags.sp, chunks = flags.sp_contiguous ? sp : 2 * sp;
+    if (flags.model.seq % chunks != 0)
+        usage_error("--seq " + std::to_string(flags.model.seq) + " does not split into the " + std::to_string(chunks) +
+                    " chunks of --sp " + std::to_string(sp) +
+                    (flags.sp_contiguous ? "" : " in the zigzag layout (2 x --sp)") +
+                    "; use a --seq that is a multiple of " + std::to_string(chunks));
+    const std::int64_t heads = flags.model.heads / flags.tp;
+    if (flags.sp_ulysses && heads % sp != 0)
+        usage_error("--sp " + std::to_string(sp) + " with --sp-mode ulysses does not divide the " +
+                    std::to_string(heads) + " attention heads" + (flags.tp > 1 ? " per --tp rank" : "") + "; use " +
+                    divisors_of(heads) + ", or --sp-mode ring");
+}
+
 void check_degrees(const Flags& flags, int world, int dp) {
-    const int pp = flags.pp, tp = flags.tp, product = dp * pp * tp;
+    const int pp = flags.pp, tp = flags.tp, sp = flags.sp, product = dp * pp * tp * sp;
     std::string degrees = "--dp " + std::to_string(dp);
     if (pp > 1) degrees += " x --pp " + std::to_string(pp);
     if (tp > 1) degrees += " x --tp " + std::to_string(tp);
+    if (sp > 1) degrees += " x --sp " + std::to_string(sp);
     if (world % product != 0)
         usage_error(degrees + (product == dp ? "" : " = " + std::to_string(product)) +
                     " does not divide the world size " + std::to_string(world) + "; use degrees whose product divides " +
@@ -292,6 +353,7 @@ void check_degrees(const Flags& flags, int world, int dp) {
                     " ranks without work; the degrees must multiply to " + std::to_string(world));
     if (flags.tp_grid) check_grid(flags, dp);
     else check_tensor_parallel(flags);
+    if (sp > 1) check_sequence_parallel(flags);
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
     if (flags.batch % split != 0)
         usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp) +
@@ -379,7 +441,7 @@ std::string describe_stages(const std::vector<int>& units_per_stage, std::int64_
 
 template <loom::comm::Communicator C>
 void train(C& world, const Flags& flags, const char* transport) {
-    const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / (flags.pp * flags.tp));
+    const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / (flags.pp * flags.tp * flags.sp));
     check_degrees(flags, world.size(), dp_size);
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
@@ -393,8 +455,9 @@ void train(C& world, const Flags& flags, const char* transport) {
         corpus.batch(flags.seed, 0, 1, flags.model.seq, probe, probe_targets);
     }
 
-    loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}, {"pp", flags.pp}, {"tp", flags.tp}});
-    C& dp = mesh.axis("dp");
+    loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}, {"pp", flags.pp}, {"tp", flags.tp}, {"sp", flags.sp}});
+    // Sequence-parallel ranks reduce gradients with the data-parallel ones.
+    C& dp = flags.sp > 1 ? mesh.combined({"dp", "sp"}) : mesh.axis("dp");
     const std::int64_t rows = flags.batch / dp_size;
     std::vector<int> partition;
     if (flags.pp > 1)
@@ -404,7 +467,8 @@ void train(C& world, const Flags& flags, const char* transport) {
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
     const auto [plan, strategy] = strategy_for(flags);
     loom::exec::Executor<C> exec(model, dp, flags.pp > 1 ? &mesh.axis("pp") : nullptr,
-                                 flags.tp > 1 ? &mesh.axis("tp") : nullptr, plan,
+                                 flags.tp > 1 ? &mesh.axis("tp") : nullptr,
+                                 flags.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
                                  {.micro_batches = flags.micro_batches,
                                   .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f},
                                   .trace = !flags.trace.empty(),
@@ -430,10 +494,11 @@ void train(C& world, const Flags& flags, const char* transport) {
                     static_cast<long long>(flags.model.seq), corpus.describe().c_str());
         std::printf("%s on %d %s%s, %d micro-batch%s, %d BLAS thread%s per rank\n", strategy.c_str(), world.size(),
                     transport,
-                    flags.pp == 1 && flags.tp == 1
+                    flags.pp == 1 && flags.tp == 1 && flags.sp == 1
                         ? ""
                         : (" (dp " + std::to_string(dp_size) + " x pp " + std::to_string(flags.pp) + " x tp " +
-                           std::to_string(flags.tp) + ")").c_str(),
+                           std::to_string(flags.tp) + (flags.sp > 1 ? " x sp " + std::to_string(flags.sp) : "") +
+                           ")").c_str(),
                     flags.micro_batches, flags.micro_batches == 1 ? "" : "es", flags.threads, flags.threads == 1 ? "" : "s");
         if (flags.pp > 1)
             std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
@@ -463,7 +528,7 @@ void train(C& world, const Flags& flags, const char* transport) {
     float loss = 0;
     for (std::int64_t step = first_step; step < last; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
-        corpus.rows(flags.seed, step, dp.rank() * rows, rows, flags.model.seq, inputs, targets);
+        corpus.rows(flags.seed, step, mesh.coordinate("dp") * rows, rows, flags.model.seq, inputs, targets);
         const float lr = loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10));
         loss = exec.step(input_tensor, target_tensor, lr);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -528,7 +593,7 @@ int run(int argc, char** argv) {
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
     }
-    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp;
+    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp;
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });

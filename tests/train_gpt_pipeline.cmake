@@ -1,7 +1,8 @@
 # Pipelines and tensor parallelism end to end: train_gpt with every schedule
 # (and pp 2 x dp 2 at ZeRO 3, the ZeroPP combination), tp 2 alone, with dp
 # and ZeRO 3, and dp x pp x tp, in 1D and in Optimus 2D (tp 4 as a 2 x 2
-# grid, with dp and ZeRO 2, under 1F1B and ZB-V), reaches the serial run's final loss to the
+# grid, with dp and ZeRO 2, under 1F1B and ZB-V), and sequence parallelism (ring and
+# Ulysses, with dp x ZeRO 3, with tp under a pipeline) reach the serial run's final loss to the
 # printed digits; pipelined and tensor-parallel checkpoints load into the
 # serial run bit for bit (the re-saved file is identical); --trace records
 # every rank's F/B/W and p2p. Args: TRAIN_GPT (the binary), WORK_DIR.
@@ -33,7 +34,12 @@ foreach(flags
     "--tp 4 --tp-mode 2d"
     "--tp 4 --tp-mode 2d --dp 2 --zero 2"
     "--tp 4 --tp-mode 2d --pp 2 --schedule 1f1b --micro-batches 2"
-    "--tp 4 --tp-mode 2d --pp 2 --schedule zbv --micro-batches 2")
+    "--tp 4 --tp-mode 2d --pp 2 --schedule zbv --micro-batches 2"
+    "--sp 2"
+    "--sp 4"
+    "--sp 2 --sp-mode ulysses --sp-layout contiguous"
+    "--sp 2 --dp 2 --zero 3"
+    "--sp 2 --tp 2 --pp 2 --schedule zb --micro-batches 2")
   separate_arguments(flags)
   run(${flags})
   final_loss(piped)
@@ -63,6 +69,10 @@ function(same_as original what)
     endif()
   endforeach()
 endfunction()
+# And one from sequence-parallel ranks (gradients reduced over dp x sp).
+run(--sp 2 --dp 2 --zero 3 --until 3 --save "${WORK_DIR}/sp.safetensors")
+run(--until 3 --resume "${WORK_DIR}/sp.safetensors" --save "${WORK_DIR}/sp_serial.safetensors")
+same_as(sp "sequence-parallel" sp_serial)
 same_as(tp "tensor-parallel" tp_serial)
 same_as(grid "Optimus 2D" grid_serial grid_again)
 same_as(piped "pipelined" serial piped_again)

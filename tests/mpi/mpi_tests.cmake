@@ -6,8 +6,8 @@ add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_co
 target_link_libraries(loom_mpi_tests PRIVATE loom::mpi Catch2::Catch2)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
   # The equivalence suite of tests/parallel, written once for every transport.
@@ -38,3 +38,7 @@ endforeach()
 _loom_mpi_fault_test("mpi: faults: a rank that throws fails the others with check_calls on 3 processes" 3 throws check)
 _loom_mpi_fault_test("mpi: faults: a rank that never arrives times out with check_calls on 3 processes" 3 absent check)
 _loom_mpi_fault_test("mpi: faults: ranks waiting on each other time out alike on 3 processes" 3 stuck)
+loom_add_mpi_test("mpi: sequence parallelism (ring sp 4, Ulysses dp 2 x sp 2) equals serial on 4 processes" 4
+                  loom_mpi_tests "[sequence]")
+loom_add_mpi_test("mpi: sequence parallelism dp 2 x sp 2 x tp 2 at ZeRO 3 equals serial on 8 processes" 8
+                  loom_mpi_tests "[sequence]")

@@ -77,3 +77,28 @@ TEST_CASE("tensor parallelism and 3D parallelism equal serial under MPI", "[tens
         CHECK(result.worst_param_error <= 1e-5);
     }
 }
+
+// Sequence parallelism under MPI: ring at sp 4 and Ulysses at dp 2 x sp 2 on
+// 4 processes; ring at dp 2 x sp 2 x tp 2 with ZeRO 3 on 8.
+TEST_CASE("sequence parallelism equals serial under MPI", "[sequence]") {
+    constexpr int layers = 4, heads = 4;
+    static const auto serial = loom_test::serial_run(3, layers, heads);
+    auto world = loom::comm::Mpi::world();
+    std::vector<loom_test::EquivalenceCase> cases;
+    if (world.size() == 4) {
+        cases.push_back({.dp = 1, .micro_batches = 2, .steps = 3, .layers = layers, .heads = heads, .sp = 4});
+        cases.push_back({.dp = 2, .micro_batches = 2, .steps = 3, .layers = layers, .heads = heads, .sp = 2,
+                         .sp_attention = loom::nn::SequenceAttention::ulysses});
+    } else {
+        REQUIRE(world.size() == 8);
+        cases.push_back({.dp = 2, .stage = 3, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 2,
+                         .heads = heads, .sp = 2});
+    }
+    for (const auto& c : cases) {
+        const auto result = loom_test::run_equivalence(world, c, serial);
+        INFO(c << ", rank " << world.rank() << ": " << result.describe());
+        CHECK(result.worst_loss_error <= 1e-5);
+        CHECK(result.worst_param_error <= 1e-5);
+        CHECK(result.tokens_per_sequence * c.sp == 16);
+    }
+}
