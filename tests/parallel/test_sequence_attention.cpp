@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/comm/thread_world.hpp>
@@ -85,7 +86,9 @@ struct RankResult {
     std::string failure;
 };
 
-void check_sp_attention(int sp, bool zigzag, bool causal, bool ulysses, std::int64_t B, std::int64_t T,
+// ulysses: 0 ring attention; sp plain Ulysses; between, the hybrid with
+// Ulysses groups of that many consecutive ranks and rings across them.
+void check_sp_attention(int sp, bool zigzag, bool causal, int ulysses, std::int64_t B, std::int64_t T,
                         std::int64_t H, std::int64_t D) {
     const Whole w = whole_attention(B, T, H, D, causal);
     const std::int64_t C = H * D;
@@ -94,17 +97,21 @@ void check_sp_attention(int sp, bool zigzag, bool causal, bool ulysses, std::int
         auto& result = results[static_cast<std::size_t>(comm.rank())];
         result.failure = loom_test::message_of([&] {
             const nn::TensorGroupOf<ThreadComm> group(comm);
-            const nn::SequenceLayout layout{sp, comm.rank(), zigzag};
+            const int u = std::max(ulysses, 1), r = comm.rank();
+            ThreadComm within = comm.split(r / u, r % u), across = comm.split(r % u, r / u);
+            const nn::TensorGroupOf<ThreadComm> within_group(within), across_group(across);
+            const nn::SequenceLayout layout{sp, r, zigzag, u};
             const std::int64_t local = layout.local_tokens(T);
             auto qkv = local_rows(w.qkv, B, T, 3 * C, layout), dout = local_rows(w.dout, B, T, C, layout);
             std::vector<float> out(static_cast<std::size_t>(B * local * C)), dqkv(qkv.size());
             nn::Context ctx;
             const Tensor qkv_t = Tensor::of(qkv.data(), {B, local, 3 * C}), out_t = Tensor::of(out.data(), {B, local, C});
             const Tensor dout_t = Tensor::of(dout.data(), {B, local, C}), dqkv_t = Tensor::of(dqkv.data(), {B, local, 3 * C});
-            if (ulysses) {
+            if (ulysses > 0) {
+                const nn::UlyssesGroups groups{&within_group, u < sp ? &across_group : nullptr};
                 nn::UlyssesSaved saved;
-                nn::ulysses_attention_forward(ctx, group, layout, qkv_t, B, local, H, D, out_t, saved);
-                nn::ulysses_attention_backward(ctx, group, layout, saved, dout_t, B, local, H, D, dqkv_t);
+                nn::ulysses_attention_forward(ctx, groups, layout, qkv_t, B, local, H, D, out_t, saved);
+                nn::ulysses_attention_backward(ctx, groups, layout, saved, dout_t, B, local, H, D, dqkv_t);
             } else {
                 nn::RingSaved saved;
                 const nn::RingShape shape{B, local, H, D};
@@ -117,7 +124,7 @@ void check_sp_attention(int sp, bool zigzag, bool causal, bool ulysses, std::int
     });
     for (int r = 0; r < sp; ++r) {
         const auto& result = results[static_cast<std::size_t>(r)];
-        INFO((ulysses ? "Ulysses" : "ring") << " sp " << sp << (zigzag ? " zigzag" : " contiguous") << (causal ? " causal" : " non-causal") << ", T "
+        INFO((ulysses == 0 ? "ring" : ulysses == sp ? "Ulysses" : "hybrid") << " u " << ulysses << " sp " << sp << (zigzag ? " zigzag" : " contiguous") << (causal ? " causal" : " non-causal") << ", T "
                    << T << ", rank " << r << ": out " << result.out_error << ", dqkv " << result.grad_error);
         CHECK(result.failure == "(no error)");
         CHECK(result.out_error <= 1e-5);
@@ -135,7 +142,7 @@ TEST_CASE("ring attention equals whole-sequence attention, forward and backward"
                 const std::int64_t T = sp == 2 ? 136 : 2 * sp * (sp == 8 ? 2 : 6);
                 DYNAMIC_SECTION("sp " << sp << (zigzag ? " zigzag" : " contiguous")
                                       << (causal ? " causal" : " non-causal")) {
-                    check_sp_attention(sp, zigzag, causal, /*ulysses=*/false, 2, T, 2, 8);
+                    check_sp_attention(sp, zigzag, causal, /*ulysses=*/0, 2, T, 2, 8);
                 }
             }
 }
@@ -145,7 +152,19 @@ TEST_CASE("Ulysses attention equals whole-sequence attention, forward and backwa
         for (bool zigzag : {true, false}) {
             const std::int64_t T = 2 * sp * 5;  // chunks of 5, across no tile boundary
             DYNAMIC_SECTION("sp " << sp << (zigzag ? " zigzag" : " contiguous")) {
-                check_sp_attention(sp, zigzag, /*causal=*/true, /*ulysses=*/true, 2, T, 24, 4);  // 24 heads: any sp
+                check_sp_attention(sp, zigzag, /*causal=*/true, /*ulysses=*/sp, 2, T, 24, 4);  // 24 heads: any sp
+            }
+        }
+}
+
+TEST_CASE("the hybrid (Ulysses groups on a ring) equals whole-sequence attention", "[parallel][sp]") {
+    // sp = u x R: 2 x 2, 2 x 3, 2 x 4, 4 x 2; pieces of 3 tokens.
+    for (auto [sp, u] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{8, 2}, std::pair{8, 4}})
+        for (bool zigzag : {true, false}) {
+            const int ring = sp / u;
+            const std::int64_t T = (zigzag ? 2 * ring : ring) * u * 3;
+            DYNAMIC_SECTION("sp " << sp << " = Ulysses " << u << " x ring " << ring << (zigzag ? " zigzag" : " contiguous")) {
+                check_sp_attention(sp, zigzag, /*causal=*/true, u, 2, T, 8, 4);
             }
         }
 }

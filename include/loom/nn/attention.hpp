@@ -56,8 +56,8 @@ struct CausalSelfAttention {
             // Sequence parallel: this rank's T tokens are some positions of
             // each sequence; attention reaches the others across the sp axis.
             const SequenceParallelism& sp = ctx.sequence();
-            if (sp.attention == SequenceAttention::ulysses)
-                ulysses_attention_forward(ctx, *sp.group, sp.layout(), saved.qkv, B, T, H, D, saved.out,
+            if (sp.attention != SequenceAttention::ring)
+                ulysses_attention_forward(ctx, ulysses_groups(sp), sp.layout(), saved.qkv, B, T, H, D, saved.out,
                                           ctx.saved<UlyssesSaved>(this));
             else
                 ring_attention_forward(ctx, *sp.group, sp.layout(), /*causal=*/true, saved.qkv, {B, T, H, D},
@@ -77,9 +77,9 @@ struct CausalSelfAttention {
         Tensor dqkv = ctx.alloc(saved.qkv.shape());
         if (ctx.sequence().active()) {
             const SequenceParallelism& sp = ctx.sequence();
-            if (sp.attention == SequenceAttention::ulysses)
-                ulysses_attention_backward(ctx, *sp.group, sp.layout(), ctx.saved<UlyssesSaved>(this), dout, B, T, H,
-                                           D, dqkv);
+            if (sp.attention != SequenceAttention::ring)
+                ulysses_attention_backward(ctx, ulysses_groups(sp), sp.layout(), ctx.saved<UlyssesSaved>(this), dout, B,
+                                           T, H, D, dqkv);
             else
                 ring_attention_backward(ctx, *sp.group, sp.layout(), /*causal=*/true, ctx.saved<RingSaved>(this),
                                         dout, {B, T, H, D}, dqkv);
@@ -93,6 +93,15 @@ struct CausalSelfAttention {
     void backward_weight(Context& ctx) {
         proj.backward_weight(ctx);
         qkv.backward_weight(ctx);
+    }
+
+private:  // functions only: CausalSelfAttention stays an aggregate
+    // Plain Ulysses: one group, every sp rank. The hybrid: its groups and ring.
+    [[nodiscard]] static UlyssesGroups ulysses_groups(const SequenceParallelism& sp) {
+        if (sp.attention == SequenceAttention::ulysses) return {sp.group, nullptr};
+        LOOM_CHECK(sp.ulysses_group != nullptr && sp.ring_group != nullptr, "CausalSelfAttention: the hybrid "
+                   "sequence parallelism needs its Ulysses groups and ring; run it through an executor with an sp axis");
+        return {sp.ulysses_group, sp.ring_group};
     }
 };
 

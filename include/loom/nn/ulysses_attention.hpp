@@ -1,14 +1,16 @@
-// Ulysses attention (DeepSpeed-Ulysses, arXiv 2309.14509) over the sp axis:
-// the ranks hold positions of every sequence for all heads; one all-to-all
-// turns that into whole sequences for heads/sp heads each. Each rank then
-// runs the ordinary causal attention kernel on its heads, and a second
-// all-to-all returns every output to the rank that holds its position. The
-// backward is the same three steps on the gradients. Heads must divide over
-// the sp ranks.
+// Ulysses attention (DeepSpeed-Ulysses, arXiv 2309.14509) over a group of u
+// sp ranks: the ranks hold positions of every sequence for all heads; one
+// all-to-all turns that into the group's tokens for heads/u heads each. Each
+// rank then attends with its heads, and a second all-to-all returns every
+// output to the rank that holds its position. The backward is the same three
+// steps on the gradients. Heads must divide over the group.
 //
-// Whatever the layout (nn/sequence_layout.hpp), a rank's tokens are runs of
-// positions: the gathered sequence is assembled run by run in position order,
-// so the causal kernel sees the true order.
+// Plain Ulysses is one group of all sp ranks: its tokens are whole
+// sequences, attended with the ordinary causal kernel. The hybrid (USP) has
+// R groups on a ring: each group's tokens are two zigzag chunks, attended by
+// ring attention across the groups (nn/ring_attention.hpp). The layout
+// (nn/sequence_layout.hpp) says which piece of which chunk each member holds;
+// the group's tokens are assembled chunk by chunk in position order.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/attention.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/ring_attention.hpp"
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/nn/tensor_group.hpp"
 
@@ -27,23 +30,26 @@ namespace loom::nn {
 // sequences ([B, T, 3 Cg] q, k, v; [B, T, Cg] output; [B, Hg, T] lse).
 struct UlyssesSaved {
     Tensor qkv, out, lse;
+    RingSaved ring;  // the hybrid: the ring's state over the groups
 };
 
 namespace ulysses_detail {
 
-// Moves rows between a rank's local tokens ([B, Tl, width] at `col`) and
-// their positions in whole sequences ([B, T, cols]), for `rank`'s runs.
-// to_whole: local -> whole; otherwise whole -> local.
-inline void move_rows(float* local, std::int64_t width, std::int64_t col, float* whole, std::int64_t cols,
-                      std::int64_t B, std::int64_t T, const SequenceLayout& layout, int rank, bool to_whole) {
-    const std::int64_t Tl = layout.local_tokens(T);
-    for (const SequenceRun& run : layout.runs(T, rank))
+// Moves rows between member p's local tokens ([B, Tl, width] at `col`) and
+// their places among the group's tokens ([B, Tg, cols]): member p's piece of
+// the group's chunk j is rows [j c + p piece, + piece) there.
+// to_group: local -> group; otherwise group -> local.
+inline void move_rows(float* local, std::int64_t width, std::int64_t col, float* group, std::int64_t cols,
+                      std::int64_t B, std::int64_t T, const SequenceLayout& layout, int p, bool to_group) {
+    const std::int64_t Tl = layout.local_tokens(T), c = layout.chunk_length(T), piece = layout.piece_length(T);
+    const std::int64_t Tg = Tl * layout.ulysses;
+    for (int j = 0; j < layout.runs_per_rank(); ++j)
         for (std::int64_t b = 0; b < B; ++b)
-            for (std::int64_t t = 0; t < run.length; ++t) {
-                float* l = local + (b * Tl + run.local + t) * width + col;
-                float* w = whole + (b * T + run.position + t) * cols;
-                if (to_whole) std::copy_n(l, cols, w);
-                else std::copy_n(w, cols, l);
+            for (std::int64_t t = 0; t < piece; ++t) {
+                float* l = local + (b * Tl + j * piece + t) * width + col;
+                float* g = group + (b * Tg + j * c + p * piece + t) * cols;
+                if (to_group) std::copy_n(l, cols, g);
+                else std::copy_n(g, cols, l);
             }
 }
 
@@ -71,63 +77,81 @@ inline void unpack_heads(const float* blocks, std::int64_t width, std::int64_t s
 
 }  // namespace ulysses_detail
 
-// One line when the heads do not divide over the sp ranks.
+// One line when the heads do not divide over the Ulysses group.
 inline void check_ulysses_heads(std::int64_t heads, int ranks) {
     LOOM_CHECK(heads % ranks == 0, "Ulysses: the ", heads, " attention heads (on this rank) do not split over the ",
                ranks, " sp ranks; use an sp degree that divides ", heads, " or RingAttention");
 }
 
+// The groups Ulysses talks to: its own (u ranks) and, for the hybrid, the
+// ring of groups (null when the group is every sp rank).
+struct UlyssesGroups {
+    const TensorGroup* ulysses = nullptr;
+    const TensorGroup* ring = nullptr;
+};
+
 // out ([B, Tl, C]) = causal attention of this rank's tokens in qkv ([B, Tl, 3C], H heads of D).
-inline void ulysses_attention_forward(Context& ctx, const TensorGroup& group, const SequenceLayout& layout,
+inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups, const SequenceLayout& layout,
                                       const Tensor& qkv, std::int64_t B, std::int64_t Tl, std::int64_t H,
                                       std::int64_t D, const Tensor& out, UlyssesSaved& saved) {
     using namespace ulysses_detail;
-    const int n = layout.ranks;
+    const int n = layout.ulysses;
     check_ulysses_heads(H, n);
-    const std::int64_t C = H * D, Hg = H / n, Cg = Hg * D, T = Tl * n, rows = B * Tl;
-    // My tokens' q, k, v, head group by head group -> every rank's tokens for my heads.
+    const std::int64_t T = Tl * layout.ranks, Tg = Tl * n;
+    const std::int64_t C = H * D, Hg = H / n, Cg = Hg * D, rows = B * Tl;
+    // My tokens' q, k, v, head group by head group -> the group's tokens for my heads.
     Tensor send = ctx.alloc(Shape{n * rows * 3 * Cg}), recv = ctx.alloc(Shape{n * rows * 3 * Cg});
     pack_heads(qkv.data<float>(), 3 * C, C, Cg, 3, n, rows, send.data<float>());
-    group.all_to_all(send, recv);
-    saved.qkv = ctx.alloc(Shape{B, T, 3 * Cg});
+    groups.ulysses->all_to_all(send, recv);
+    saved.qkv = ctx.alloc(Shape{B, Tg, 3 * Cg});
     for (int p = 0; p < n; ++p)
         move_rows(recv.data<float>() + p * rows * 3 * Cg, 3 * Cg, 0, saved.qkv.data<float>(), 3 * Cg, B, T, layout, p,
-                  /*to_whole=*/true);
-    saved.out = ctx.alloc(Shape{B, T, Cg});
-    saved.lse = ctx.alloc(Shape{B, Hg, T});
-    kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B, T,
-                                     Hg, D);
-    // Every rank's positions of my heads' output back to it.
+                  /*to_group=*/true);
+    saved.out = ctx.alloc(Shape{B, Tg, Cg});
+    if (layout.ring_ranks() > 1) {
+        ring_attention_forward(ctx, *groups.ring, layout.ring(), /*causal=*/true, saved.qkv, {B, Tg, Hg, D},
+                               saved.out, saved.ring);
+    } else {
+        saved.lse = ctx.alloc(Shape{B, Hg, Tg});
+        kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B,
+                                         Tg, Hg, D);
+    }
+    // Every member's tokens of my heads' output back to it.
     Tensor back = ctx.alloc(Shape{n * rows * Cg}), mine = ctx.alloc(Shape{n * rows * Cg});
     for (int p = 0; p < n; ++p)
         move_rows(back.data<float>() + p * rows * Cg, Cg, 0, saved.out.data<float>(), Cg, B, T, layout, p,
-                  /*to_whole=*/false);
-    group.all_to_all(back, mine);
+                  /*to_group=*/false);
+    groups.ulysses->all_to_all(back, mine);
     unpack_heads(mine.data<float>(), C, 0, Cg, 1, n, rows, out.data<float>());
 }
 
 // dqkv ([B, Tl, 3C], written) from dout ([B, Tl, C]).
-inline void ulysses_attention_backward(Context& ctx, const TensorGroup& group, const SequenceLayout& layout,
+inline void ulysses_attention_backward(Context& ctx, const UlyssesGroups& groups, const SequenceLayout& layout,
                                        const UlyssesSaved& saved, const Tensor& dout, std::int64_t B, std::int64_t Tl,
                                        std::int64_t H, std::int64_t D, const Tensor& dqkv) {
     using namespace ulysses_detail;
-    const int n = layout.ranks;
-    const std::int64_t C = H * D, Hg = H / n, Cg = Hg * D, T = Tl * n, rows = B * Tl;
+    const int n = layout.ulysses;
+    const std::int64_t T = Tl * layout.ranks, Tg = Tl * n;
+    const std::int64_t C = H * D, Hg = H / n, Cg = Hg * D, rows = B * Tl;
     Tensor send = ctx.alloc(Shape{n * rows * Cg}), recv = ctx.alloc(Shape{n * rows * Cg});
     pack_heads(dout.data<float>(), C, 0, Cg, 1, n, rows, send.data<float>());
-    group.all_to_all(send, recv);
-    Tensor dout_whole = ctx.alloc(Shape{B, T, Cg});
+    groups.ulysses->all_to_all(send, recv);
+    Tensor dout_group = ctx.alloc(Shape{B, Tg, Cg});
     for (int p = 0; p < n; ++p)
-        move_rows(recv.data<float>() + p * rows * Cg, Cg, 0, dout_whole.data<float>(), Cg, B, T, layout, p,
-                  /*to_whole=*/true);
-    Tensor dqkv_whole = ctx.alloc(Shape{B, T, 3 * Cg});
-    kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout_whole.data<float>(),
-                                      saved.lse.data<float>(), dqkv_whole.data<float>(), B, T, Hg, D);
+        move_rows(recv.data<float>() + p * rows * Cg, Cg, 0, dout_group.data<float>(), Cg, B, T, layout, p,
+                  /*to_group=*/true);
+    Tensor dqkv_group = ctx.alloc(Shape{B, Tg, 3 * Cg});
+    if (layout.ring_ranks() > 1)
+        ring_attention_backward(ctx, *groups.ring, layout.ring(), /*causal=*/true, saved.ring, dout_group,
+                                {B, Tg, Hg, D}, dqkv_group);
+    else
+        kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout_group.data<float>(),
+                                          saved.lse.data<float>(), dqkv_group.data<float>(), B, Tg, Hg, D);
     Tensor back = ctx.alloc(Shape{n * rows * 3 * Cg}), mine = ctx.alloc(Shape{n * rows * 3 * Cg});
     for (int p = 0; p < n; ++p)
-        move_rows(back.data<float>() + p * rows * 3 * Cg, 3 * Cg, 0, dqkv_whole.data<float>(), 3 * Cg, B, T, layout, p,
-                  /*to_whole=*/false);
-    group.all_to_all(back, mine);
+        move_rows(back.data<float>() + p * rows * 3 * Cg, 3 * Cg, 0, dqkv_group.data<float>(), 3 * Cg, B, T, layout,
+                  p, /*to_group=*/false);
+    groups.ulysses->all_to_all(back, mine);
     unpack_heads(mine.data<float>(), 3 * C, C, Cg, 3, n, rows, dqkv.data<float>());
 }
 
