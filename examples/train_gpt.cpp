@@ -8,7 +8,8 @@
 //   train_gpt [--data FILE] [--layers 4] [--width 256] [--heads 4] [--seq 128] [--batch 8]
 //             [--vocab 256] [--steps 200] [--until N] [--lr 1e-3] [--seed 1] [--threads 1]
 //             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b] [--tp 1]
-//             [--tp-mode 1d|2d] [--sp 1] [--sp-mode ring|ulysses] [--sp-layout zigzag|contiguous]
+//             [--tp-mode 1d|2d] [--sp 1] [--sp-mode ring|ulysses|hybrid] [--ulysses 2|4]
+//             [--sp-layout zigzag|contiguous]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
@@ -76,6 +77,7 @@ struct Flags {
     bool tp_grid = false;          // --tp-mode 2d
     int sp = 1;                    // sequence parallel: each sequence split over sp ranks
     bool sp_ulysses = false;       // --sp-mode ulysses (default ring)
+    int ulysses = 0;               // --sp-mode hybrid: the Ulysses group size (2 or 4)
     bool sp_contiguous = false;    // --sp-layout contiguous (default zigzag)
     loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
     std::string schedule_text;     // as given, for messages; empty: not given
@@ -93,7 +95,7 @@ struct Flags {
 [[noreturn]] void usage_error(const std::string& what) {
     throw loom::Error("train_gpt: " + what +
                       " (flags: --data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X "
-                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --sp N --sp-mode ring|ulysses --sp-layout "
+                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --sp N --sp-mode ring|ulysses|hybrid --ulysses 2|4 --sp-layout "
                       "zigzag|contiguous --schedule "
                       "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
                       "--save FILE --resume FILE --sample N)");
@@ -132,9 +134,15 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--tp") f.tp = static_cast<int>(parse_int(flag, value, 1, 1024));
         else if (flag == "--sp") f.sp = static_cast<int>(parse_int(flag, value, 1, 1024));
         else if (flag == "--sp-mode") {
-            if (std::string_view(value) != "ring" && std::string_view(value) != "ulysses")
-                usage_error("--sp-mode " + std::string(value) + " is not ring (RingAttention) or ulysses (Ulysses)");
-            f.sp_ulysses = std::string_view(value) == "ulysses";
+            const std::string_view mode(value);
+            if (mode != "ring" && mode != "ulysses" && mode != "hybrid")
+                usage_error("--sp-mode " + std::string(value) +
+                            " is not ring (RingAttention), ulysses (Ulysses) or hybrid (UlyssesRing, with --ulysses)");
+            f.sp_ulysses = mode == "ulysses";
+            if (mode == "hybrid" && f.ulysses == 0) f.ulysses = -1;  // --ulysses must come too
+        } else if (flag == "--ulysses") {
+            f.ulysses = static_cast<int>(parse_int(flag, value, 2, 4));
+            if (f.ulysses == 3) usage_error("--ulysses 3 is not a Ulysses group size this binary has; use 2 or 4");
         } else if (flag == "--sp-layout") {
             if (std::string_view(value) != "zigzag" && std::string_view(value) != "contiguous")
                 usage_error("--sp-layout " + std::string(value) + " is not zigzag or contiguous");
@@ -185,12 +193,18 @@ Flags parse(int argc, char** argv) {
 // The strategy the flags name, as the compile-time type a user would write:
 // Strategy<DataParallel<>[, Pipeline<Schedule>][, TensorParallel | Optimus2D]
 //          [, SequenceParallel<RingAttention | Ulysses[, Contiguous]>][, ZeroShard<S>]>.
-// Tensor: 0 none, 1 Megatron 1D, 2 Optimus 2D. Sequence: 0 none, 1 ring,
-// 2 ring contiguous, 3 Ulysses, 4 Ulysses contiguous.
+// Tensor: 0 none, 1 Megatron 1D, 2 Optimus 2D. Sequence: 0 none, then by
+// pairs (zigzag, contiguous): 1-2 ring, 3-4 Ulysses, 5-6 UlyssesRing<2>,
+// 7-8 UlyssesRing<4>.
 template <int Tensor>
 using TensorPolicyOf = std::conditional_t<Tensor == 2, loom::Optimus2D, loom::TensorParallel>;
 template <int Sequence>
-using SequencePolicyOf = loom::SequenceParallel<std::conditional_t<(Sequence >= 3), loom::Ulysses, loom::RingAttention>,
+using SequenceAttentionOf = std::conditional_t<
+    (Sequence <= 2), loom::RingAttention,
+    std::conditional_t<(Sequence <= 4), loom::Ulysses,
+                       std::conditional_t<(Sequence <= 6), loom::UlyssesRing<2>, loom::UlyssesRing<4>>>>;
+template <int Sequence>
+using SequencePolicyOf = loom::SequenceParallel<SequenceAttentionOf<Sequence>,
                                                 std::conditional_t<Sequence % 2 == 0, loom::Contiguous, loom::Zigzag>>;
 
 // Policies in order; with_if appends one when a flag asks for it.
@@ -248,11 +262,15 @@ std::pair<loom::exec::ExecutionPlan, std::string> strategy_with(const Flags& fla
 template <int Tensor>
 std::pair<loom::exec::ExecutionPlan, std::string> strategy_with_tensor(const Flags& flags) {
     if (flags.sp == 1) return strategy_with<Tensor, 0>(flags);
-    const int mode = (flags.sp_ulysses ? 3 : 1) + (flags.sp_contiguous ? 1 : 0);
-    switch (mode) {
+    const int attention = flags.ulysses == 2 ? 5 : flags.ulysses == 4 ? 7 : flags.sp_ulysses ? 3 : 1;
+    switch (attention + (flags.sp_contiguous ? 1 : 0)) {
         case 2: return strategy_with<Tensor, 2>(flags);
         case 3: return strategy_with<Tensor, 3>(flags);
         case 4: return strategy_with<Tensor, 4>(flags);
+        case 5: return strategy_with<Tensor, 5>(flags);
+        case 6: return strategy_with<Tensor, 6>(flags);
+        case 7: return strategy_with<Tensor, 7>(flags);
+        case 8: return strategy_with<Tensor, 8>(flags);
         default: return strategy_with<Tensor, 1>(flags);
     }
 }
@@ -326,12 +344,24 @@ void check_sequence_parallel(const Flags& flags) {
     if (flags.tp_grid && flags.tp > 1)
         usage_error("--sp with --tp-mode 2d is not supported; use --tp-mode 1d (Megatron) with --sp");
     const int sp = flags.sp, chunks = flags.sp_contiguous ? sp : 2 * sp;
+    const std::int64_t heads = flags.model.heads / flags.tp;
+    if (flags.ulysses == -1) usage_error("--sp-mode hybrid needs --ulysses 2 or 4 (the Ulysses group size)");
+    if (flags.ulysses > 0) {
+        const int k = flags.ulysses;
+        if (sp % k != 0 || k == sp)
+            usage_error("--ulysses " + std::to_string(k) + " does not leave a ring of 2 or more in --sp " +
+                        std::to_string(sp) + "; use an --sp that is a multiple of " + std::to_string(2 * k) +
+                        " (or --sp-mode ulysses for --ulysses = --sp)");
+        if (heads % k != 0)
+            usage_error("--ulysses " + std::to_string(k) + " does not divide the " + std::to_string(heads) +
+                        " attention heads" + (flags.tp > 1 ? " per --tp rank" : "") + "; use a divisor of " +
+                        std::to_string(heads));
+    }
     if (flags.model.seq % chunks != 0)
         usage_error("--seq " + std::to_string(flags.model.seq) + " does not split into the " + std::to_string(chunks) +
                     " chunks of --sp " + std::to_string(sp) +
                     (flags.sp_contiguous ? "" : " in the zigzag layout (2 x --sp)") +
                     "; use a --seq that is a multiple of " + std::to_string(chunks));
-    const std::int64_t heads = flags.model.heads / flags.tp;
     if (flags.sp_ulysses && heads % sp != 0)
         usage_error("--sp " + std::to_string(sp) + " with --sp-mode ulysses does not divide the " +
                     std::to_string(heads) + " attention heads" + (flags.tp > 1 ? " per --tp rank" : "") + "; use " +

@@ -2,7 +2,7 @@
 # (and pp 2 x dp 2 at ZeRO 3, the ZeroPP combination), tp 2 alone, with dp
 # and ZeRO 3, and dp x pp x tp, in 1D and in Optimus 2D (tp 4 as a 2 x 2
 # grid, with dp and ZeRO 2, under 1F1B and ZB-V), and sequence parallelism (ring and
-# Ulysses, with dp x ZeRO 3, with tp under a pipeline) reach the serial run's final loss to the
+# Ulysses and their hybrid, with dp x ZeRO 3, with tp under a pipeline) reach the serial run's final loss to the
 # printed digits; pipelined and tensor-parallel checkpoints load into the
 # serial run bit for bit (the re-saved file is identical); --trace records
 # every rank's F/B/W and p2p. Args: TRAIN_GPT (the binary), WORK_DIR.
@@ -38,6 +38,7 @@ foreach(flags
     "--sp 2"
     "--sp 4"
     "--sp 2 --sp-mode ulysses --sp-layout contiguous"
+    "--sp 4 --sp-mode hybrid --ulysses 2"
     "--sp 2 --dp 2 --zero 3"
     "--sp 2 --tp 2 --pp 2 --schedule zb --micro-batches 2")
   separate_arguments(flags)

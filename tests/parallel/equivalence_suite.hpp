@@ -41,6 +41,7 @@ struct EquivalenceCase {
     int sp = 1;         // > 1: sequence parallel (each sequence split over sp ranks)
     loom::nn::SequenceAttention sp_attention = loom::nn::SequenceAttention::ring;
     bool zigzag = true;
+    int ulysses = 1;  // the hybrid's K
     std::int64_t width = 32, vocab = 64;  // 2D: q must divide both
 
     [[nodiscard]] int chunks() const {
@@ -52,7 +53,10 @@ struct EquivalenceCase {
         if (c.tp > 1) out << " tp " << c.tp << (c.grid ? " (2D)" : "") << " heads " << c.heads;
         if (c.width != 32 || c.vocab != 64) out << " width " << c.width << " vocab " << c.vocab;
         if (c.sp > 1)
-            out << " sp " << c.sp << (c.sp_attention == loom::nn::SequenceAttention::ring ? " ring" : " ulysses")
+            out << " sp " << c.sp
+                << (c.sp_attention == loom::nn::SequenceAttention::ring      ? " ring"
+                    : c.sp_attention == loom::nn::SequenceAttention::ulysses ? " ulysses"
+                                                                             : " hybrid ulysses " + std::to_string(c.ulysses))
                 << (c.zigzag ? "" : " contiguous");
         return out;
     }
@@ -123,7 +127,7 @@ EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const Seri
     // Sequence parallel ranks reduce their gradients with the data-parallel ones.
     C& dp = c.sp > 1 ? mesh.combined({"dp", "sp"}) : mesh.axis("dp");
     auto model = loom::gpt::make_model(config);
-    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid, c.sp > 1, c.sp_attention, c.zigzag};
+    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid, c.sp > 1, c.sp_attention, c.zigzag, c.ulysses};
     loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  c.tp > 1 ? &mesh.axis("tp") : nullptr, c.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});

@@ -43,6 +43,19 @@ TEST_CASE("Ulysses sequence parallelism equals serial on rank threads", "[parall
     DYNAMIC_SECTION(c) { check_equivalence(c); }
 }
 
+TEST_CASE("hybrid (Ulysses groups on a ring) sequence parallelism equals serial on rank threads", "[parallel][sp]") {
+    for (bool zigzag : {true, false}) {  // sp 4 = Ulysses 2 x ring 2; 16 positions: pieces of 2 (zigzag) or 4
+        const EquivalenceCase c{.dp = 1, .micro_batches = 2, .steps = 3, .layers = sp_layers, .heads = sp_heads,
+                                .sp = 4, .sp_attention = loom::nn::SequenceAttention::hybrid, .zigzag = zigzag,
+                                .ulysses = 2};
+        DYNAMIC_SECTION(c) { check_equivalence(c); }
+    }
+    const EquivalenceCase c{.dp = 2, .stage = 1, .micro_batches = 2, .steps = 3, .layers = sp_layers,
+                            .heads = sp_heads, .sp = 4, .sp_attention = loom::nn::SequenceAttention::hybrid,
+                            .ulysses = 2};
+    DYNAMIC_SECTION(c) { check_equivalence(c); }
+}
+
 TEST_CASE("sequence parallelism with dp 2 and ZeRO, with tp 2, and under a pipeline, equals serial",
           "[parallel][sp]") {
     for (int stage : {0, 1, 3}) {

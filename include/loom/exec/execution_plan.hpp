@@ -42,13 +42,14 @@ struct ExecutionPlan {
     bool sequence_parallel = false;
     nn::SequenceAttention sequence_attention = nn::SequenceAttention::ring;
     bool sequence_zigzag = true;
+    int sequence_ulysses = 1;  // UlyssesRing<K>: K
 
     template <class S>
     [[nodiscard]] static ExecutionPlan of() {
         return ExecutionPlan{S::zero_stage,        S::bucket_bytes,       S::pipelined,
                              S::schedule,          S::chunks,             S::tensor_parallel,
                              S::tensor_grid,       S::sequence_parallel,  S::sequence_attention,
-                             S::sequence_zigzag};
+                             S::sequence_zigzag,   S::sequence_ulysses};
     }
 };
 

@@ -150,6 +150,17 @@ public:
         if (sp_ != nullptr) {
             sp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*sp_);
             sequence_ = nn::SequenceParallelism{sp_group_.get(), plan.sequence_zigzag, plan.sequence_attention};
+            if (plan.sequence_attention == nn::SequenceAttention::hybrid) {
+                // Ulysses groups of K consecutive sp ranks, rings across them.
+                const int k = plan.sequence_ulysses, r = sp_->rank();
+                LOOM_CHECK(k >= 2 && sp_->size() % k == 0 && k < sp_->size(), "Executor: UlyssesRing<", k,
+                           "> over an sp axis of ", sp_->size(), " ranks; K must divide the sp ranks and leave a ring "
+                           "of 2 or more (use Ulysses for K = sp)");
+                hybrid_ = std::make_unique<Hybrid>(*sp_, k, r);
+                sequence_.ulysses = k;
+                sequence_.ulysses_group = &hybrid_->within_group;
+                sequence_.ring_group = &hybrid_->across_group;
+            }
             pool_.set_sequence_parallelism(sequence_);
         }
     }
@@ -384,6 +395,18 @@ private:
         else if (tp != nullptr) tp::shard_model(model, tp->rank(), tp->size());
         return TensorShards(model, tp != nullptr ? tp->size() : 1);
     }
+
+    // The hybrid's Ulysses groups and rings, split from the sp axis (heap: the
+    // contexts keep the groups' addresses).
+    struct Hybrid {
+        C within, across;
+        nn::TensorGroupOf<C> within_group, across_group;
+        Hybrid(C& sp, int k, int r)
+            : within(sp.split(r / k, r % k)), across(sp.split(r % k, r / k)), within_group(within),
+              across_group(across) {}
+        Hybrid(const Hybrid&) = delete;
+        Hybrid& operator=(const Hybrid&) = delete;
+    };
 
     // The Optimus 2D grid and the view of it the contexts point at (heap:
     // the executor moves, the contexts keep the address).
@@ -715,6 +738,7 @@ private:
     std::unique_ptr<nn::TensorGroupOf<C>> tp_group_;  // what sharded layers talk to
     std::unique_ptr<Grid> grid_;                      // Optimus2D only
     std::unique_ptr<nn::TensorGroupOf<C>> sp_group_;  // ring attention's neighbours
+    std::unique_ptr<Hybrid> hybrid_;                  // UlyssesRing<K> only
     nn::SequenceParallelism sequence_{};
     std::vector<std::int32_t> local_inputs_, local_targets_;  // this rank's positions of the step's sequences
     MicroBatchPool pool_;

@@ -9,7 +9,9 @@
 //                  is in flight, partial results merged by log-sum-exp
 //                  (nn/ring_attention.hpp);
 //   Ulysses        an all-to-all from sequence-sharded to head-sharded, whole
-//                  sequences of heads/sp heads attended locally, and back.
+//                  sequences of heads/sp heads attended locally, and back;
+//   UlyssesRing<K> the hybrid (USP): Ulysses within groups of K consecutive
+//                  sp ranks, ring attention across the sp/K groups.
 //
 // The sp ranks' gradients are partial sums over their tokens, so they are
 // reduced with the data-parallel ones: the executor's gradient axis is
@@ -27,12 +29,22 @@ namespace loom {
 
 struct RingAttention {
     static constexpr nn::SequenceAttention attention = nn::SequenceAttention::ring;
-    static constexpr const char* name = "RingAttention";
+    static constexpr int ulysses = 1;
+    static void describe(std::ostream& out) { out << "RingAttention"; }
 };
 
 struct Ulysses {
     static constexpr nn::SequenceAttention attention = nn::SequenceAttention::ulysses;
-    static constexpr const char* name = "Ulysses";
+    static constexpr int ulysses = 0;  // every sp rank
+    static void describe(std::ostream& out) { out << "Ulysses"; }
+};
+
+template <int K>
+struct UlyssesRing {
+    static_assert(K >= 2, "UlyssesRing<K>: K is the Ulysses group size, 2 or more (K = 1 is RingAttention)");
+    static constexpr nn::SequenceAttention attention = nn::SequenceAttention::hybrid;
+    static constexpr int ulysses = K;
+    static void describe(std::ostream& out) { out << "UlyssesRing<" << K << ">"; }
 };
 
 // Layouts: Zigzag (rank r holds chunks r and 2N-1-r of 2N; the default) or
@@ -49,9 +61,12 @@ struct SequenceParallel {
     static constexpr PolicyKind kind = PolicyKind::sequence_parallel;
     static constexpr nn::SequenceAttention attention = Attention::attention;
     static constexpr bool zigzag = Layout::zigzag;
+    static constexpr int ulysses = Attention::ulysses;
 
     static void describe(std::ostream& out) {
-        out << "SequenceParallel<" << Attention::name << (zigzag ? "" : ", Contiguous") << ">";
+        out << "SequenceParallel<";
+        Attention::describe(out);
+        out << (zigzag ? "" : ", Contiguous") << ">";
     }
 };
 

@@ -101,6 +101,10 @@ struct Strategy {
         if constexpr (sequence_parallel) return sequence_policy::zigzag;
         else return true;
     }();
+    static constexpr int sequence_ulysses = [] {
+        if constexpr (sequence_parallel) return sequence_policy::ulysses;
+        else return 1;
+    }();
 
     // Pipeline<S>: the schedule and its chunks per rank; without one, the
     // model runs whole on every rank (a pipeline of one stage).
