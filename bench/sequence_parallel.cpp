@@ -95,6 +95,8 @@
 #include <loom/nn/sequence_layout.hpp>
 #include <loom/parallel/sequence_parallel.hpp>
 
+#include "degree_list.hpp"
+
 namespace {
 
 using loom::comm::ThreadComm;
@@ -173,25 +175,6 @@ Result plain(Mode mode, int n, std::int64_t T, int steps) {
     return run_mode<ThreadComm>(mode, n, T, steps, [](ThreadComm c) { return c; });
 }
 
-std::vector<int> parse_list(const char* flag, const std::string& text) {
-    std::vector<int> out;
-    std::size_t at = 0;
-    while (at <= text.size()) {
-        const std::size_t comma = text.find(',', at);
-        const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-        char* end = nullptr;
-        const long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < 1 || v > 64) {
-            std::fprintf(stderr, "bench_sequence_parallel: %s %s: '%s' is not a degree in 1..64\n", flag, text.c_str(),
-                         item.c_str());
-            std::exit(2);
-        }
-        out.push_back(static_cast<int>(v));
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-    }
-    return out;
-}
 
 std::int64_t parse_int(const char* flag, const std::string& text, std::int64_t lo, std::int64_t hi) {
     char* end = nullptr;
@@ -357,8 +340,8 @@ int main(int argc, char** argv) {
             return 2;
         }
         const std::string value = argv[++i];
-        if (flag == "--degrees") degrees = parse_list("--degrees", value);
-        else if (flag == "--shaped-degrees") shaped_degrees = parse_list("--shaped-degrees", value);
+        if (flag == "--degrees") degrees = loom_bench::parse_degree_list("bench_sequence_parallel", "--degrees", value);
+        else if (flag == "--shaped-degrees") shaped_degrees = loom_bench::parse_degree_list("bench_sequence_parallel", "--shaped-degrees", value);
         else if (flag == "--seq") seq = parse_int("--seq", value, 2, 1 << 20);
         else if (flag == "--shaped-seq") shaped_seq = parse_int("--shaped-seq", value, 2, 1 << 20);
         else if (flag == "--layers") config.layers = parse_int("--layers", value, 1, 1024);

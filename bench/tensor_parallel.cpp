@@ -71,6 +71,8 @@
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/parallel/optimus2d.hpp>
 
+#include "degree_list.hpp"
+
 namespace {
 
 using loom::comm::ThreadComm;
@@ -135,24 +137,6 @@ Result run(int t, int steps, Wrap wrap) {
     return result;
 }
 
-std::vector<int> parse_list(const std::string& text) {
-    std::vector<int> out;
-    std::size_t at = 0;
-    while (at <= text.size()) {
-        const std::size_t comma = text.find(',', at);
-        const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-        char* end = nullptr;
-        const long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < 1 || v > 64) {
-            std::fprintf(stderr, "bench_tensor_parallel: --degrees %s: '%s' is not a degree in 1..64\n", text.c_str(), item.c_str());
-            std::exit(2);
-        }
-        out.push_back(static_cast<int>(v));
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-    }
-    return out;
-}
 
 // Bytes of one Context::alloc of `floats` f32 elements: rounded up to 64.
 double alloc_bytes(double floats) { return std::ceil(floats * 4 / 64) * 64; }
@@ -249,8 +233,8 @@ int main(int argc, char** argv) {
             return 2;
         }
         const std::string value = argv[++i];
-        if (flag == "--degrees") degrees = parse_list(value);
-        else if (flag == "--grids") grids = parse_list(value);
+        if (flag == "--degrees") degrees = loom_bench::parse_degree_list("bench_tensor_parallel", "--degrees", value);
+        else if (flag == "--grids") grids = loom_bench::parse_degree_list("bench_tensor_parallel", "--grids", value);
         else if (flag == "--steps") steps = std::max(1, std::atoi(value.c_str()));
         else if (flag == "--gbit") gbit = std::atof(value.c_str());
         else {

@@ -77,6 +77,19 @@ inline void unpack_run(const float* from, std::int64_t B, std::int64_t T, std::i
 
 inline constexpr int kv_tag = 0x5a01, dkv_tag = 0x5a02;
 
+// f(x, y, mask) for every pair of this rank's query run x and the held key
+// run y (of chunks `theirs`) that sees anything.
+template <class F>
+void for_each_pair(const std::array<SequenceRun, 2>& mine, const std::array<int, 2>& theirs, int runs, bool causal,
+                   F f) {
+    for (int x = 0; x < runs; ++x)
+        for (int y = 0; y < runs; ++y) {
+            const Pair pair = pair_of(mine[x].chunk, theirs[y], causal);
+            if (pair == Pair::skip) continue;
+            f(x, y, pair == Pair::diagonal ? kernels::host::BlockMask::causal : kernels::host::BlockMask::full);
+        }
+}
+
 }  // namespace ring_detail
 
 // The geometry of one call: B sequences of T local tokens, H heads of D.
@@ -112,20 +125,15 @@ inline void ring_attention_forward(Context& ctx, const TensorGroup& group, const
         const int src = (layout.rank - step + n) % n;
         std::array<comm::Request, 2> in_flight{};
         if (step + 1 < n) in_flight = pass_on(group, held, next, kv_tag);
-        const auto their_chunks = layout.chunks_of(src);
-        for (int x = 0; x < runs; ++x)
-            for (int y = 0; y < runs; ++y) {
-                const Pair pair = pair_of(my_runs[x].chunk, their_chunks[y], causal);
-                if (pair == Pair::skip) continue;
-                const float* kv = held.data<float>() + y * block_kv;
-                kernels::host::attention_block_forward(
-                    saved.q.data<float>() + x * block_q, C, kv, kv + C, 2 * C, part_out.data<float>(),
-                    part_lse.data<float>(), s.B, c, c, s.H, s.D,
-                    pair == Pair::diagonal ? kernels::host::BlockMask::causal : kernels::host::BlockMask::full);
-                kernels::host::attention_merge(saved.out.data<float>() + x * block_q,
-                                               saved.lse.data<float>() + x * block_lse, part_out.data<float>(),
-                                               part_lse.data<float>(), s.B, c, s.H, s.D);
-            }
+        for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::host::BlockMask mask) {
+            const float* kv = held.data<float>() + y * block_kv;
+            kernels::host::attention_block_forward(saved.q.data<float>() + x * block_q, C, kv, kv + C, 2 * C,
+                                                   part_out.data<float>(), part_lse.data<float>(), s.B, c, c, s.H, s.D,
+                                                   mask);
+            kernels::host::attention_merge(saved.out.data<float>() + x * block_q,
+                                           saved.lse.data<float>() + x * block_lse, part_out.data<float>(),
+                                           part_lse.data<float>(), s.B, c, s.H, s.D);
+        });
         for (auto& r : in_flight) r.wait();
         std::swap(held, next);
     }
@@ -154,19 +162,14 @@ inline void ring_attention_backward(Context& ctx, const TensorGroup& group, cons
         const int src = (layout.rank - step + n) % n;
         std::array<comm::Request, 2> kv_in_flight{};
         if (step + 1 < n) kv_in_flight = pass_on(group, held, next, kv_tag);
-        const auto their_chunks = layout.chunks_of(src);
-        for (int x = 0; x < runs; ++x)
-            for (int y = 0; y < runs; ++y) {
-                const Pair pair = pair_of(my_runs[x].chunk, their_chunks[y], causal);
-                if (pair == Pair::skip) continue;
-                const float* kv = held.data<float>() + y * block_kv;
-                float* dkv = dheld.data<float>() + y * block_kv;
-                kernels::host::attention_block_backward(
-                    saved.q.data<float>() + x * block_q, C, kv, kv + C, 2 * C, saved.out.data<float>() + x * block_q,
-                    dout_runs.data<float>() + x * block_q, saved.lse.data<float>() + x * block_lse,
-                    dq.data<float>() + x * block_q, dkv, dkv + C, s.B, c, c, s.H, s.D,
-                    pair == Pair::diagonal ? kernels::host::BlockMask::causal : kernels::host::BlockMask::full);
-            }
+        for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::host::BlockMask mask) {
+            const float* kv = held.data<float>() + y * block_kv;
+            float* dkv = dheld.data<float>() + y * block_kv;
+            kernels::host::attention_block_backward(
+                saved.q.data<float>() + x * block_q, C, kv, kv + C, 2 * C, saved.out.data<float>() + x * block_q,
+                dout_runs.data<float>() + x * block_q, saved.lse.data<float>() + x * block_lse,
+                dq.data<float>() + x * block_q, dkv, dkv + C, s.B, c, c, s.H, s.D, mask);
+        });
         // The gradient of the block just used goes on with it; after the last
         // step the one that arrives is this rank's own, complete.
         auto dkv_in_flight = pass_on(group, dheld, dnext, dkv_tag);
