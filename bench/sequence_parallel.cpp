@@ -22,25 +22,20 @@
 //    their gradient (2 mV), the loss's log-sum-exp (m) and the loss (64 B).
 //    Under sp every one of these is over this rank's m rows, and attention
 //    adds (replacing the whole layer's mH log-sum-exp):
-//      ring, u runs per rank (zigzag 2, contiguous 1):
-//        forward  q (mC), K/V (2mC), output (mC), log-sum-exp (mH), the held
-//                 and the incoming K/V block (2 x 2mC), one pair's partial
-//                 output and log-sum-exp (mC/u, mH/u);
-//        backward dout (mC), dq (mC), the held and incoming K/V blocks and
-//                 their gradients (4 x 2mC);
-//      Ulysses (heads/N heads over the whole T: 3 T C/N = 3mC):
-//        forward  the all-to-all's send and receive (2 x 3mC), the gathered
-//                 q, k, v (3mC), output (mC), log-sum-exp (mH), the output's
-//                 all-to-all (2 x mC);
-//        backward dout's all-to-all (2 x mC), gathered dout (mC), dqkv (3mC)
-//                 and its all-to-all (2 x 3mC).
+//      ring: the queries' log-sum-exp (mH), as the whole layer keeps; it reads
+//        q and writes its output in place, and the K/V blocks in flight, their
+//        gradients and one pair's partial result are scratch of the call,
+//        freed when it returns (at most 4 x 2mC + mC at once, not per layer);
+//      Ulysses (heads/N heads over the whole T: 3 T C/N = 3mC): the gathered
+//        q, k, v (3mC), output (mC) and log-sum-exp (mH), which the backward
+//        needs; the all-to-all buffers and the backward's gathered gradients
+//        are scratch of the call.
 //    Nothing here is held whole: Ulysses' whole-sequence buffers are heads/N
 //    of them, 1/N of the bytes. The token ids (4 T bytes, the caller's; the
 //    executor copies this rank's 4 T/N) are not activations. So per rank
-//    activations are (1 + overhead) / sp of sp = 1's, where the overhead is
-//    sp attention's own buffers, the same at every sp >= 2 (the ring's partial
-//    blocks differ by layout only); the 64-byte rounding is the only part
-//    that does not scale.
+//    activations are exactly 1/sp of sp = 1's for ring, and (1 + 4mC per
+//    layer over the rest) / sp for Ulysses; the 64-byte rounding is the only
+//    part that does not scale.
 //    Then the longest sequence whose step fits --cap-mib of activations per
 //    rank, at sp = 1 and at the largest of --degrees (ring and Ulysses): T
 //    doubles from 256 (a multiple of 2 x sp) while a one-step run's measured
@@ -206,16 +201,11 @@ double activation_formula(Mode mode, int n, std::int64_t T) {
     if (n == 1) {
         attention += alloc_bytes(m * H);  // log-sum-exp [B, H, T]
     } else if (mode == Mode::ring) {
-        const double u = 2;  // zigzag: two runs per rank
-        attention += alloc_bytes(m * C) + alloc_bytes(2 * m * C) + alloc_bytes(m * C) + alloc_bytes(m * H)  // q, kv, out, lse
-                     + 2 * alloc_bytes(2 * m * C)                                        // held, next
-                     + alloc_bytes(m * C / u) + alloc_bytes(m * H / u)                   // one pair's partials
-                     + 2 * alloc_bytes(m * C) + 4 * alloc_bytes(2 * m * C);              // dout, dq; held, next, dheld, dnext
+        attention += alloc_bytes(m * H);  // log-sum-exp; the K/V blocks in flight are scratch of the call
     } else {
-        attention += 2 * alloc_bytes(3 * m * C) + alloc_bytes(3 * m * C) + alloc_bytes(m * C) + alloc_bytes(m * H)
-                     + 2 * alloc_bytes(m * C)                                            // forward
-                     + 2 * alloc_bytes(m * C) + alloc_bytes(m * C) + alloc_bytes(3 * m * C)
-                     + 2 * alloc_bytes(3 * m * C);                                       // backward
+        // The group's q, k, v and output over whole sequences for heads/N
+        // heads (3mC and mC), and its log-sum-exp; the all-to-all buffers are scratch.
+        attention += alloc_bytes(3 * m * C) + alloc_bytes(m * C) + alloc_bytes(m * H);
     }
     const double mlp = 4 * alloc_bytes(4 * m * C) + 2 * alloc_bytes(m * C);
     const double residual = 2 * alloc_bytes(m * C);

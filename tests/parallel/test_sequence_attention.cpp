@@ -111,12 +111,12 @@ void check_sp_attention(int sp, bool zigzag, bool causal, int ulysses, std::int6
                 const nn::UlyssesGroups groups{&within_group, u < sp ? &across_group : nullptr};
                 nn::UlyssesSaved saved;
                 nn::ulysses_attention_forward(ctx, groups, layout, qkv_t, B, local, H, D, out_t, saved);
-                nn::ulysses_attention_backward(ctx, groups, layout, saved, dout_t, B, local, H, D, dqkv_t);
+                nn::ulysses_attention_backward(groups, layout, saved, dout_t, B, local, H, D, dqkv_t);
             } else {
                 nn::RingSaved saved;
                 const nn::RingShape shape{B, local, H, D};
                 nn::ring_attention_forward(ctx, group, layout, causal, qkv_t, shape, out_t, saved);
-                nn::ring_attention_backward(ctx, group, layout, causal, saved, dout_t, shape, dqkv_t);
+                nn::ring_attention_backward(group, layout, causal, qkv_t, out_t, saved, dout_t, shape, dqkv_t);
             }
             result.out_error = relative_error(out.data(), local_rows(w.out, B, T, C, layout));
             result.grad_error = relative_error(dqkv.data(), local_rows(w.dqkv, B, T, 3 * C, layout));

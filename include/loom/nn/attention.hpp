@@ -78,11 +78,11 @@ struct CausalSelfAttention {
         if (ctx.sequence().active()) {
             const SequenceParallelism& sp = ctx.sequence();
             if (sp.attention != SequenceAttention::ring)
-                ulysses_attention_backward(ctx, ulysses_groups(sp), sp.layout(), ctx.saved<UlyssesSaved>(this), dout, B,
-                                           T, H, D, dqkv);
+                ulysses_attention_backward(ulysses_groups(sp), sp.layout(), ctx.saved<UlyssesSaved>(this), dout, B, T,
+                                           H, D, dqkv);
             else
-                ring_attention_backward(ctx, *sp.group, sp.layout(), /*causal=*/true, ctx.saved<RingSaved>(this),
-                                        dout, {B, T, H, D}, dqkv);
+                ring_attention_backward(*sp.group, sp.layout(), /*causal=*/true, saved.qkv, saved.out,
+                                        ctx.saved<RingSaved>(this), dout, {B, T, H, D}, dqkv);
             return qkv.backward_input(ctx, dqkv);
         }
         kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout.data<float>(),

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
@@ -31,11 +32,13 @@
 
 namespace loom::nn {
 
-// What the forward keeps for the backward, packed run by run: for run u,
-// [B, c, C] blocks of queries, outputs and [B, H, c] log-sum-exps, and the
-// rank's own keys and values [B, c, 2C] (k in the first C columns).
+// What the forward keeps for the backward besides the layer's own q, k, v
+// and output: each query row's log-sum-exp over all keys, [B, runs, H, c].
+// Everything else ring attention needs (the K/V blocks in flight and their
+// gradients, one pair's partial result) is scratch of the call, not held
+// until the micro-batch ends, so a rank's activations are its tokens' share.
 struct RingSaved {
-    Tensor q, kv, out, lse;
+    Tensor lse;
 };
 
 namespace ring_detail {
@@ -48,9 +51,9 @@ enum class Pair : std::uint8_t { full, diagonal, skip };
     return kc == qc ? Pair::diagonal : Pair::skip;
 }
 
-// Rows [run.local, run.local + c) of every sequence of `from` ([B, T, width],
-// `offset` columns in, `cols` wide) to the run's packed block of `to`
-// ([B, c, cols]), or back (unpack).
+// Columns [offset, offset + cols) of every sequence's rows of `run` in
+// `from` ([B, T, width]) to the run's packed block of `to` ([B, c, cols]),
+// or back (unpack).
 inline void pack_run(const float* from, std::int64_t B, std::int64_t T, std::int64_t width, std::int64_t offset,
                      std::int64_t cols, const SequenceRun& run, float* to) {
     for (std::int64_t b = 0; b < B; ++b)
@@ -62,6 +65,12 @@ inline void unpack_run(const float* from, std::int64_t B, std::int64_t T, std::i
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t t = 0; t < run.length; ++t)
             std::copy_n(from + (b * run.length + t) * cols, cols, to + (b * T + run.local + t) * width + offset);
+}
+
+// Scratch of one call: freed when it returns.
+[[nodiscard]] inline Buffer<Host> scratch(std::int64_t floats) { return Buffer<Host>(DType::f32, Shape{floats}); }
+[[nodiscard]] inline Tensor whole(const Buffer<Host>& b) {
+    return Tensor::of(const_cast<float*>(b.data<float>()), {b.numel()});
 }
 
 // Sends `mine` to the next rank and receives the previous rank's into
@@ -100,88 +109,84 @@ struct RingShape {
 
 // out ([B, T, C]) = attention of this rank's queries in qkv ([B, T, 3C]) to
 // every rank's keys and values. Fills `saved` for ring_attention_backward.
+// Kernels run sequence by sequence, so q and out are read and written where
+// they are (rows of a run are consecutive), not copied.
 inline void ring_attention_forward(Context& ctx, const TensorGroup& group, const SequenceLayout& layout, bool causal,
                                    const Tensor& qkv, const RingShape& s, const Tensor& out, RingSaved& saved) {
     using namespace ring_detail;
     const std::int64_t C = s.C(), T_whole = s.T * layout.ranks, c = layout.chunk_length(T_whole);
     const int runs = layout.runs_per_rank(), n = layout.ranks;
     LOOM_CHECK(s.T == c * runs, "ring attention: ", s.T, " local tokens per sequence; the layout holds ", c * runs);
-    const std::int64_t block_q = s.B * c * C, block_kv = s.B * c * 2 * C, block_lse = s.B * s.H * c;
-    saved.q = ctx.alloc(Shape{runs * block_q});
-    saved.kv = ctx.alloc(Shape{runs * block_kv});
-    saved.out = ctx.alloc(Shape{runs * block_q});
-    saved.lse = ctx.alloc(Shape{runs * block_lse});
+    const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
-    for (int u = 0; u < runs; ++u) {
-        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, 0, C, my_runs[u], saved.q.data<float>() + u * block_q);
-        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, C, 2 * C, my_runs[u], saved.kv.data<float>() + u * block_kv);
-    }
-    std::fill_n(saved.lse.data<float>(), runs * block_lse, -std::numeric_limits<float>::infinity());
-    std::fill_n(saved.out.data<float>(), runs * block_q, 0.0f);
-    Tensor held = ctx.alloc(Shape{runs * block_kv}), next = ctx.alloc(Shape{runs * block_kv});
-    std::copy_n(saved.kv.data<float>(), runs * block_kv, held.data<float>());
-    Tensor part_out = ctx.alloc(Shape{block_q}), part_lse = ctx.alloc(Shape{block_lse});
+    saved.lse = ctx.alloc(Shape{s.B * runs * lse_per_run});
+    std::fill_n(saved.lse.data<float>(), s.B * runs * lse_per_run, -std::numeric_limits<float>::infinity());
+    std::fill_n(out.data<float>(), s.B * s.T * C, 0.0f);
+    Buffer<Host> held = scratch(runs * block_kv), next = scratch(runs * block_kv);
+    Buffer<Host> part_out = scratch(c * C), part_lse = scratch(lse_per_run);
+    for (int u = 0; u < runs; ++u)
+        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, C, 2 * C, my_runs[u], held.data<float>() + u * block_kv);
     for (int step = 0; step < n; ++step) {
         const int src = (layout.rank - step + n) % n;
         std::array<comm::Request, 2> in_flight{};
-        if (step + 1 < n) in_flight = pass_on(group, held, next, kv_tag);
+        if (step + 1 < n) in_flight = pass_on(group, whole(held), whole(next), kv_tag);
         for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::host::BlockMask mask) {
-            const float* kv = held.data<float>() + y * block_kv;
-            kernels::host::attention_block_forward(saved.q.data<float>() + x * block_q, C, kv, kv + C, 2 * C,
-                                                   part_out.data<float>(), part_lse.data<float>(), s.B, c, c, s.H, s.D,
-                                                   mask);
-            kernels::host::attention_merge(saved.out.data<float>() + x * block_q,
-                                           saved.lse.data<float>() + x * block_lse, part_out.data<float>(),
-                                           part_lse.data<float>(), s.B, c, s.H, s.D);
+            for (std::int64_t b = 0; b < s.B; ++b) {
+                const float* q = qkv.data<float>() + (b * s.T + my_runs[x].local) * 3 * C;
+                const float* kv = held.data<float>() + y * block_kv + b * c * 2 * C;
+                kernels::host::attention_block_forward(q, 3 * C, kv, kv + C, 2 * C, part_out.data<float>(),
+                                                       part_lse.data<float>(), 1, c, c, s.H, s.D, mask);
+                kernels::host::attention_merge(out.data<float>() + (b * s.T + my_runs[x].local) * C,
+                                               saved.lse.data<float>() + (b * runs + x) * lse_per_run,
+                                               part_out.data<float>(), part_lse.data<float>(), 1, c, s.H, s.D);
+            }
         });
         for (auto& r : in_flight) r.wait();
         std::swap(held, next);
     }
-    for (int u = 0; u < runs; ++u)
-        unpack_run(saved.out.data<float>() + u * block_q, s.B, s.T, C, 0, C, my_runs[u], out.data<float>());
 }
 
-// dqkv ([B, T, 3C], written) from dout ([B, T, C]) and what the forward saved.
-inline void ring_attention_backward(Context& ctx, const TensorGroup& group, const SequenceLayout& layout,
-                                    bool causal, const RingSaved& saved, const Tensor& dout, const RingShape& s,
-                                    const Tensor& dqkv) {
+// dqkv ([B, T, 3C], written) from dout ([B, T, C]), the forward's q, k, v
+// (qkv) and output (out), and what it saved.
+inline void ring_attention_backward(const TensorGroup& group, const SequenceLayout& layout, bool causal,
+                                    const Tensor& qkv, const Tensor& out, const RingSaved& saved, const Tensor& dout,
+                                    const RingShape& s, const Tensor& dqkv) {
     using namespace ring_detail;
     const std::int64_t C = s.C(), T_whole = s.T * layout.ranks, c = layout.chunk_length(T_whole);
     const int runs = layout.runs_per_rank(), n = layout.ranks;
-    const std::int64_t block_q = s.B * c * C, block_kv = s.B * c * 2 * C, block_lse = s.B * s.H * c;
+    const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
-    Tensor dout_runs = ctx.alloc(Shape{runs * block_q}), dq = ctx.alloc(Shape{runs * block_q});
+    std::fill_n(dqkv.data<float>(), s.B * s.T * 3 * C, 0.0f);  // dq accumulates in place
+    Buffer<Host> held = scratch(runs * block_kv), next = scratch(runs * block_kv);
+    Buffer<Host> dheld = scratch(runs * block_kv), dnext = scratch(runs * block_kv);
     for (int u = 0; u < runs; ++u)
-        pack_run(dout.data<float>(), s.B, s.T, C, 0, C, my_runs[u], dout_runs.data<float>() + u * block_q);
-    std::fill_n(dq.data<float>(), runs * block_q, 0.0f);
-    Tensor held = ctx.alloc(Shape{runs * block_kv}), next = ctx.alloc(Shape{runs * block_kv});
-    Tensor dheld = ctx.alloc(Shape{runs * block_kv}), dnext = ctx.alloc(Shape{runs * block_kv});
-    std::copy_n(saved.kv.data<float>(), runs * block_kv, held.data<float>());
+        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, C, 2 * C, my_runs[u], held.data<float>() + u * block_kv);
     std::fill_n(dheld.data<float>(), runs * block_kv, 0.0f);
     for (int step = 0; step < n; ++step) {
         const int src = (layout.rank - step + n) % n;
         std::array<comm::Request, 2> kv_in_flight{};
-        if (step + 1 < n) kv_in_flight = pass_on(group, held, next, kv_tag);
+        if (step + 1 < n) kv_in_flight = pass_on(group, whole(held), whole(next), kv_tag);
         for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::host::BlockMask mask) {
-            const float* kv = held.data<float>() + y * block_kv;
-            float* dkv = dheld.data<float>() + y * block_kv;
-            kernels::host::attention_block_backward(
-                saved.q.data<float>() + x * block_q, C, kv, kv + C, 2 * C, saved.out.data<float>() + x * block_q,
-                dout_runs.data<float>() + x * block_q, saved.lse.data<float>() + x * block_lse,
-                dq.data<float>() + x * block_q, dkv, dkv + C, s.B, c, c, s.H, s.D, mask);
+            for (std::int64_t b = 0; b < s.B; ++b) {
+                const std::int64_t row = b * s.T + my_runs[x].local;
+                const float* kv = held.data<float>() + y * block_kv + b * c * 2 * C;
+                float* dkv = dheld.data<float>() + y * block_kv + b * c * 2 * C;
+                kernels::host::attention_block_backward(
+                    qkv.data<float>() + row * 3 * C, 3 * C, kv, kv + C, 2 * C, out.data<float>() + row * C,
+                    dout.data<float>() + row * C, saved.lse.data<float>() + (b * runs + x) * lse_per_run,
+                    dqkv.data<float>() + row * 3 * C, dkv, dkv + C, 1, c, c, s.H, s.D, mask);
+            }
         });
         // The gradient of the block just used goes on with it; after the last
         // step the one that arrives is this rank's own, complete.
-        auto dkv_in_flight = pass_on(group, dheld, dnext, dkv_tag);
+        auto dkv_in_flight = pass_on(group, whole(dheld), whole(dnext), dkv_tag);
         for (auto& r : kv_in_flight) r.wait();
         for (auto& r : dkv_in_flight) r.wait();
         std::swap(held, next);
         std::swap(dheld, dnext);
     }
-    for (int u = 0; u < runs; ++u) {
-        unpack_run(dq.data<float>() + u * block_q, s.B, s.T, 3 * C, 0, C, my_runs[u], dqkv.data<float>());
+    for (int u = 0; u < runs; ++u)
         unpack_run(dheld.data<float>() + u * block_kv, s.B, s.T, 3 * C, C, 2 * C, my_runs[u], dqkv.data<float>());
-    }
 }
 
 }  // namespace loom::nn

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/attention.hpp"
@@ -99,8 +100,13 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
     check_ulysses_heads(H, n);
     const std::int64_t T = Tl * layout.ranks, Tg = Tl * n;
     const std::int64_t C = H * D, Hg = H / n, Cg = Hg * D, rows = B * Tl;
-    // My tokens' q, k, v, head group by head group -> the group's tokens for my heads.
-    Tensor send = ctx.alloc(Shape{n * rows * 3 * Cg}), recv = ctx.alloc(Shape{n * rows * 3 * Cg});
+    // My tokens' q, k, v, head group by head group -> the group's tokens for
+    // my heads. The all-to-all buffers are scratch of the call; what the
+    // backward needs (the group's q, k, v and output) stays in the context.
+    using ring_detail::scratch;
+    using ring_detail::whole;
+    Buffer<Host> send_buffer = scratch(n * rows * 3 * Cg), recv_buffer = scratch(n * rows * 3 * Cg);
+    const Tensor send = whole(send_buffer), recv = whole(recv_buffer);
     pack_heads(qkv.data<float>(), 3 * C, C, Cg, 3, n, rows, send.data<float>());
     groups.ulysses->all_to_all(send, recv);
     saved.qkv = ctx.alloc(Shape{B, Tg, 3 * Cg});
@@ -117,7 +123,8 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
                                          Tg, Hg, D);
     }
     // Every member's tokens of my heads' output back to it.
-    Tensor back = ctx.alloc(Shape{n * rows * Cg}), mine = ctx.alloc(Shape{n * rows * Cg});
+    Buffer<Host> back_buffer = scratch(n * rows * Cg), mine_buffer = scratch(n * rows * Cg);
+    const Tensor back = whole(back_buffer), mine = whole(mine_buffer);
     for (int p = 0; p < n; ++p)
         move_rows(back.data<float>() + p * rows * Cg, Cg, 0, saved.out.data<float>(), Cg, B, T, layout, p,
                   /*to_group=*/false);
@@ -126,28 +133,35 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
 }
 
 // dqkv ([B, Tl, 3C], written) from dout ([B, Tl, C]).
-inline void ulysses_attention_backward(Context& ctx, const UlyssesGroups& groups, const SequenceLayout& layout,
+inline void ulysses_attention_backward(const UlyssesGroups& groups, const SequenceLayout& layout,
                                        const UlyssesSaved& saved, const Tensor& dout, std::int64_t B, std::int64_t Tl,
                                        std::int64_t H, std::int64_t D, const Tensor& dqkv) {
     using namespace ulysses_detail;
     const int n = layout.ulysses;
     const std::int64_t T = Tl * layout.ranks, Tg = Tl * n;
     const std::int64_t C = H * D, Hg = H / n, Cg = Hg * D, rows = B * Tl;
-    Tensor send = ctx.alloc(Shape{n * rows * Cg}), recv = ctx.alloc(Shape{n * rows * Cg});
+    // Everything here is scratch of the call: nothing outlives the backward.
+    using ring_detail::scratch;
+    using ring_detail::whole;
+    Buffer<Host> send_buffer = scratch(n * rows * Cg), recv_buffer = scratch(n * rows * Cg);
+    const Tensor send = whole(send_buffer), recv = whole(recv_buffer);
     pack_heads(dout.data<float>(), C, 0, Cg, 1, n, rows, send.data<float>());
     groups.ulysses->all_to_all(send, recv);
-    Tensor dout_group = ctx.alloc(Shape{B, Tg, Cg});
+    Buffer<Host> dout_buffer = scratch(B * Tg * Cg);
+    const Tensor dout_group = whole(dout_buffer);
     for (int p = 0; p < n; ++p)
         move_rows(recv.data<float>() + p * rows * Cg, Cg, 0, dout_group.data<float>(), Cg, B, T, layout, p,
                   /*to_group=*/true);
-    Tensor dqkv_group = ctx.alloc(Shape{B, Tg, 3 * Cg});
+    Buffer<Host> dqkv_buffer = scratch(B * Tg * 3 * Cg);
+    const Tensor dqkv_group = whole(dqkv_buffer);
     if (layout.ring_ranks() > 1)
-        ring_attention_backward(ctx, *groups.ring, layout.ring(), /*causal=*/true, saved.ring, dout_group,
-                                {B, Tg, Hg, D}, dqkv_group);
+        ring_attention_backward(*groups.ring, layout.ring(), /*causal=*/true, saved.qkv, saved.out, saved.ring,
+                                dout_group, {B, Tg, Hg, D}, dqkv_group);
     else
         kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout_group.data<float>(),
                                           saved.lse.data<float>(), dqkv_group.data<float>(), B, Tg, Hg, D);
-    Tensor back = ctx.alloc(Shape{n * rows * 3 * Cg}), mine = ctx.alloc(Shape{n * rows * 3 * Cg});
+    Buffer<Host> back_buffer = scratch(n * rows * 3 * Cg), mine_buffer = scratch(n * rows * 3 * Cg);
+    const Tensor back = whole(back_buffer), mine = whole(mine_buffer);
     for (int p = 0; p < n; ++p)
         move_rows(back.data<float>() + p * rows * 3 * Cg, 3 * Cg, 0, dqkv_group.data<float>(), 3 * Cg, B, T, layout,
                   p, /*to_group=*/false);
