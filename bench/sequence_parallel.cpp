@@ -63,7 +63,11 @@
 //               (2mC) sent N-1 times forward, N-1 times backward, and its
 //               gradient (2mC) N times;
 //      Ulysses  payload 8 mC floats (q, k, v and the output forward, dout and
-//               dqkv backward), wire (N-1)/N of it.
+//               dqkv backward), wire (N-1)/N of it;
+//      U2xring  the hybrid UlyssesRing<2> (sp >= 4): Ulysses within pairs
+//               (8 mC, half on the wire), then a ring of R = N/2 over the
+//               pair's tokens for half the heads (K/V blocks of 2 mC):
+//               payload 8 mC + 2 (6R - 4) mC, wire 4 mC + (6R - 4) mC.
 //    Gradients are reduced over dp x sp, a group of its own, not counted here.
 // A speed claim is not made here: on 2 cores, N rank threads share the cores.
 #include <algorithm>
@@ -100,9 +104,10 @@ loom::gpt::Config config{.layers = 2, .width = 128, .heads = 8, .seq = 8192, .vo
 constexpr std::int64_t batch = 1;
 using Ring = loom::Strategy<loom::DataParallel<>, loom::SequenceParallel<loom::RingAttention>>;
 using Ulysses = loom::Strategy<loom::DataParallel<>, loom::SequenceParallel<loom::Ulysses>>;
+using Hybrid = loom::Strategy<loom::DataParallel<>, loom::SequenceParallel<loom::UlyssesRing<2>>>;
 
-enum class Mode { ring, ulysses };
-const char* name(Mode mode) { return mode == Mode::ring ? "ring" : "Ulysses"; }
+enum class Mode { ring, ulysses, hybrid };  // hybrid: UlyssesRing<2>, Ulysses pairs on a ring of sp/2
+const char* name(Mode mode) { return mode == Mode::ring ? "ring" : mode == Mode::ulysses ? "Ulysses" : "U2xring"; }
 
 struct Result {
     std::int64_t activation_bytes = 0;
@@ -163,6 +168,7 @@ Result run(int n, std::int64_t T, int steps, Wrap wrap) {
 
 template <class C, class Wrap>
 Result run_mode(Mode mode, int n, std::int64_t T, int steps, Wrap wrap) {
+    if (mode == Mode::hybrid) return run<Hybrid, C>(n, T, steps, wrap);
     return mode == Mode::ring ? run<Ring, C>(n, T, steps, wrap) : run<Ulysses, C>(n, T, steps, wrap);
 }
 
@@ -221,6 +227,13 @@ std::pair<double, double> sp_bytes_formula(Mode mode, int n, std::int64_t T) {
     const double L = static_cast<double>(config.layers), C = static_cast<double>(config.width), nd = n;
     const double mC = static_cast<double>(batch * T / n) * C * 4;
     if (mode == Mode::ring) return {L * 2 * (6 * nd - 4) * mC, L * (6 * nd - 4) * mC};
+    if (mode == Mode::hybrid) {
+        // Ulysses within pairs (8 mC, half on the wire), then a ring of R = N/2
+        // over the pair's tokens for half the heads: K/V blocks of 2 mC, as a
+        // ring of R ranks with m tokens each.
+        const double R = nd / 2;
+        return {L * (8 * mC + 2 * (6 * R - 4) * mC), L * (8 * mC / 2 + (6 * R - 4) * mC)};
+    }
     return {L * 8 * mC, L * 8 * mC * (nd - 1) / nd};
 }
 
@@ -438,12 +451,13 @@ int main(int argc, char** argv) {
     std::printf("%8s %3s %14s %14s %7s %14s %14s %7s %10s %10s\n", "mode", "sp", "sp payload B", "formula", "ratio",
                 "sp wire B", "formula", "ratio", "step ms", "shaped ms");
     for (int n : shaped_degrees)
-        for (Mode mode : {Mode::ring, Mode::ulysses}) {
+        for (Mode mode : {Mode::ring, Mode::ulysses, Mode::hybrid}) {
             if (mode == Mode::ulysses && config.heads % n != 0) {
                 std::printf("%8s %3d   (the %lld heads do not split over %d ranks)\n", name(mode), n,
                             static_cast<long long>(config.heads), n);
                 continue;
             }
+            if (mode == Mode::hybrid && (n < 4 || n % 2 != 0 || config.heads % 2 != 0)) continue;  // 2 x a ring of 2+
             const Result counted = run_mode<loom::comm::Counted<ThreadComm>>(
                 mode, n, shaped_seq, steps, [](ThreadComm c) { return loom::comm::Counted<ThreadComm>(std::move(c)); });
             const loom::comm::Links links(n, loom::comm::Link::gbit(gbit, 5e-6));

@@ -1,6 +1,6 @@
-// Ring and Ulysses attention against whole-sequence attention: on sp = 2, 3,
-// 4 and 8 rank threads, in the zigzag and contiguous layouts (ring: causal
-// and not), each rank's output and its q, k, v gradients at its positions
+// Ring, Ulysses and hybrid attention against whole-sequence attention: on
+// sp = 2, 3, 4 and 8 rank threads, in the zigzag and contiguous layouts,
+// causal and not, each rank's output and its q, k, v gradients at its positions
 // equal the single rank's (kernels/host/attention.hpp for causal, the block
 // kernel over the whole sequence for non-causal); and the one-line errors.
 #include <catch2/catch.hpp>
@@ -110,8 +110,8 @@ void check_sp_attention(int sp, bool zigzag, bool causal, int ulysses, std::int6
             if (ulysses > 0) {
                 const nn::UlyssesGroups groups{&within_group, u < sp ? &across_group : nullptr};
                 nn::UlyssesSaved saved;
-                nn::ulysses_attention_forward(ctx, groups, layout, qkv_t, B, local, H, D, out_t, saved);
-                nn::ulysses_attention_backward(groups, layout, saved, dout_t, B, local, H, D, dqkv_t);
+                nn::ulysses_attention_forward(ctx, groups, layout, causal, qkv_t, B, local, H, D, out_t, saved);
+                nn::ulysses_attention_backward(groups, layout, causal, saved, dout_t, B, local, H, D, dqkv_t);
             } else {
                 nn::RingSaved saved;
                 const nn::RingShape shape{B, local, H, D};
@@ -149,12 +149,14 @@ TEST_CASE("ring attention equals whole-sequence attention, forward and backward"
 
 TEST_CASE("Ulysses attention equals whole-sequence attention, forward and backward", "[parallel][sp]") {
     for (int sp : {2, 3, 4, 8})
-        for (bool zigzag : {true, false}) {
-            const std::int64_t T = 2 * sp * 5;  // chunks of 5, across no tile boundary
-            DYNAMIC_SECTION("sp " << sp << (zigzag ? " zigzag" : " contiguous")) {
-                check_sp_attention(sp, zigzag, /*causal=*/true, /*ulysses=*/sp, 2, T, 24, 4);  // 24 heads: any sp
+        for (bool zigzag : {true, false})
+            for (bool causal : {true, false}) {
+                const std::int64_t T = 2 * sp * 5;  // chunks of 5, across no tile boundary
+                DYNAMIC_SECTION("sp " << sp << (zigzag ? " zigzag" : " contiguous")
+                                      << (causal ? " causal" : " non-causal")) {
+                    check_sp_attention(sp, zigzag, causal, /*ulysses=*/sp, 2, T, 24, 4);  // 24 heads: any sp
+                }
             }
-        }
 }
 
 TEST_CASE("the hybrid (Ulysses groups on a ring) equals whole-sequence attention", "[parallel][sp]") {
@@ -165,6 +167,7 @@ TEST_CASE("the hybrid (Ulysses groups on a ring) equals whole-sequence attention
             const std::int64_t T = (zigzag ? 2 * ring : ring) * u * 3;
             DYNAMIC_SECTION("sp " << sp << " = Ulysses " << u << " x ring " << ring << (zigzag ? " zigzag" : " contiguous")) {
                 check_sp_attention(sp, zigzag, /*causal=*/true, u, 2, T, 8, 4);
+                check_sp_attention(sp, zigzag, /*causal=*/false, u, 2, T, 8, 4);
             }
         }
 }

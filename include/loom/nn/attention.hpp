@@ -57,7 +57,8 @@ struct CausalSelfAttention {
             // each sequence; attention reaches the others across the sp axis.
             const SequenceParallelism& sp = ctx.sequence();
             if (sp.attention != SequenceAttention::ring)
-                ulysses_attention_forward(ctx, ulysses_groups(sp), sp.layout(), saved.qkv, B, T, H, D, saved.out,
+                ulysses_attention_forward(ctx, ulysses_groups(sp), sp.layout(), /*causal=*/true, saved.qkv, B, T, H, D,
+                                          saved.out,
                                           ctx.saved<UlyssesSaved>(this));
             else
                 ring_attention_forward(ctx, *sp.group, sp.layout(), /*causal=*/true, saved.qkv, {B, T, H, D},
@@ -78,8 +79,8 @@ struct CausalSelfAttention {
         if (ctx.sequence().active()) {
             const SequenceParallelism& sp = ctx.sequence();
             if (sp.attention != SequenceAttention::ring)
-                ulysses_attention_backward(ulysses_groups(sp), sp.layout(), ctx.saved<UlyssesSaved>(this), dout, B, T,
-                                           H, D, dqkv);
+                ulysses_attention_backward(ulysses_groups(sp), sp.layout(), /*causal=*/true,
+                                           ctx.saved<UlyssesSaved>(this), dout, B, T, H, D, dqkv);
             else
                 ring_attention_backward(*sp.group, sp.layout(), /*causal=*/true, saved.qkv, saved.out,
                                         ctx.saved<RingSaved>(this), dout, {B, T, H, D}, dqkv);

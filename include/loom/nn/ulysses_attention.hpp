@@ -20,6 +20,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/attention.hpp"
+#include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/ring_attention.hpp"
 #include "loom/nn/sequence_layout.hpp"
@@ -78,6 +79,23 @@ inline void unpack_heads(const float* blocks, std::int64_t width, std::int64_t s
 
 }  // namespace ulysses_detail
 
+namespace ulysses_detail {
+
+// Non-causal attention's gradients over the group's whole sequences (the
+// block kernel adds into dqkv, so it starts from zero).
+inline void whole_sequence_backward_full(const UlyssesSaved& saved, const Tensor& dout, const Tensor& dqkv,
+                                         std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
+    const std::int64_t C = H * D;
+    std::fill_n(dqkv.data<float>(), B * T * 3 * C, 0.0f);
+    const float* q = saved.qkv.data<float>();
+    float* d = dqkv.data<float>();
+    kernels::host::attention_block_backward(q, 3 * C, q + C, q + 2 * C, 3 * C, saved.out.data<float>(),
+                                            dout.data<float>(), saved.lse.data<float>(), d, d + C, d + 2 * C, B, T, T,
+                                            H, D, kernels::host::BlockMask::full);
+}
+
+}  // namespace ulysses_detail
+
 // One line when the heads do not divide over the Ulysses group.
 inline void check_ulysses_heads(std::int64_t heads, int ranks) {
     LOOM_CHECK(heads % ranks == 0, "Ulysses: the ", heads, " attention heads (on this rank) do not split over the ",
@@ -91,9 +109,10 @@ struct UlyssesGroups {
     const TensorGroup* ring = nullptr;
 };
 
-// out ([B, Tl, C]) = causal attention of this rank's tokens in qkv ([B, Tl, 3C], H heads of D).
+// out ([B, Tl, C]) = attention of this rank's tokens in qkv ([B, Tl, 3C], H
+// heads of D), causal or not.
 inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups, const SequenceLayout& layout,
-                                      const Tensor& qkv, std::int64_t B, std::int64_t Tl, std::int64_t H,
+                                      bool causal, const Tensor& qkv, std::int64_t B, std::int64_t Tl, std::int64_t H,
                                       std::int64_t D, const Tensor& out, UlyssesSaved& saved) {
     using namespace ulysses_detail;
     const int n = layout.ulysses;
@@ -115,12 +134,18 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
                   /*to_group=*/true);
     saved.out = ctx.alloc(Shape{B, Tg, Cg});
     if (layout.ring_ranks() > 1) {
-        ring_attention_forward(ctx, *groups.ring, layout.ring(), /*causal=*/true, saved.qkv, {B, Tg, Hg, D},
-                               saved.out, saved.ring);
-    } else {
+        ring_attention_forward(ctx, *groups.ring, layout.ring(), causal, saved.qkv, {B, Tg, Hg, D}, saved.out,
+                               saved.ring);
+    } else if (causal) {
         saved.lse = ctx.alloc(Shape{B, Hg, Tg});
         kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B,
                                          Tg, Hg, D);
+    } else {
+        saved.lse = ctx.alloc(Shape{B, Hg, Tg});
+        const float* q = saved.qkv.data<float>();
+        kernels::host::attention_block_forward(q, 3 * Cg, q + Cg, q + 2 * Cg, 3 * Cg, saved.out.data<float>(),
+                                               saved.lse.data<float>(), B, Tg, Tg, Hg, D,
+                                               kernels::host::BlockMask::full);
     }
     // Every member's tokens of my heads' output back to it.
     Buffer<Host> back_buffer = scratch(n * rows * Cg), mine_buffer = scratch(n * rows * Cg);
@@ -133,7 +158,7 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
 }
 
 // dqkv ([B, Tl, 3C], written) from dout ([B, Tl, C]).
-inline void ulysses_attention_backward(const UlyssesGroups& groups, const SequenceLayout& layout,
+inline void ulysses_attention_backward(const UlyssesGroups& groups, const SequenceLayout& layout, bool causal,
                                        const UlyssesSaved& saved, const Tensor& dout, std::int64_t B, std::int64_t Tl,
                                        std::int64_t H, std::int64_t D, const Tensor& dqkv) {
     using namespace ulysses_detail;
@@ -155,8 +180,10 @@ inline void ulysses_attention_backward(const UlyssesGroups& groups, const Sequen
     Buffer<Host> dqkv_buffer = scratch(B * Tg * 3 * Cg);
     const Tensor dqkv_group = whole(dqkv_buffer);
     if (layout.ring_ranks() > 1)
-        ring_attention_backward(*groups.ring, layout.ring(), /*causal=*/true, saved.qkv, saved.out, saved.ring,
-                                dout_group, {B, Tg, Hg, D}, dqkv_group);
+        ring_attention_backward(*groups.ring, layout.ring(), causal, saved.qkv, saved.out, saved.ring, dout_group,
+                                {B, Tg, Hg, D}, dqkv_group);
+    else if (!causal)
+        whole_sequence_backward_full(saved, dout_group, dqkv_group, B, Tg, Hg, D);
     else
         kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout_group.data<float>(),
                                           saved.lse.data<float>(), dqkv_group.data<float>(), B, Tg, Hg, D);
