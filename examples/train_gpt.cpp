@@ -77,7 +77,8 @@ struct Flags {
     bool tp_grid = false;          // --tp-mode 2d
     int sp = 1;                    // sequence parallel: each sequence split over sp ranks
     bool sp_ulysses = false;       // --sp-mode ulysses (default ring)
-    int ulysses = 0;               // --sp-mode hybrid: the Ulysses group size (2 or 4)
+    bool sp_hybrid = false;        // --sp-mode hybrid
+    int ulysses = 0;               // --ulysses: the hybrid's Ulysses group size (2 or 4)
     bool sp_contiguous = false;    // --sp-layout contiguous (default zigzag)
     loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
     std::string schedule_text;     // as given, for messages; empty: not given
@@ -139,7 +140,7 @@ Flags parse(int argc, char** argv) {
                 usage_error("--sp-mode " + std::string(value) +
                             " is not ring (RingAttention), ulysses (Ulysses) or hybrid (UlyssesRing, with --ulysses)");
             f.sp_ulysses = mode == "ulysses";
-            if (mode == "hybrid" && f.ulysses == 0) f.ulysses = -1;  // --ulysses must come too
+            f.sp_hybrid = mode == "hybrid";
         } else if (flag == "--ulysses") {
             f.ulysses = static_cast<int>(parse_int(flag, value, 2, 4));
             if (f.ulysses == 3) usage_error("--ulysses 3 is not a Ulysses group size this binary has; use 2 or 4");
@@ -262,7 +263,7 @@ std::pair<loom::exec::ExecutionPlan, std::string> strategy_with(const Flags& fla
 template <int Tensor>
 std::pair<loom::exec::ExecutionPlan, std::string> strategy_with_tensor(const Flags& flags) {
     if (flags.sp == 1) return strategy_with<Tensor, 0>(flags);
-    const int attention = flags.ulysses == 2 ? 5 : flags.ulysses == 4 ? 7 : flags.sp_ulysses ? 3 : 1;
+    const int attention = flags.sp_hybrid ? (flags.ulysses == 4 ? 7 : 5) : flags.sp_ulysses ? 3 : 1;
     switch (attention + (flags.sp_contiguous ? 1 : 0)) {
         case 2: return strategy_with<Tensor, 2>(flags);
         case 3: return strategy_with<Tensor, 3>(flags);
@@ -345,8 +346,9 @@ void check_sequence_parallel(const Flags& flags) {
         usage_error("--sp with --tp-mode 2d is not supported; use --tp-mode 1d (Megatron) with --sp");
     const int sp = flags.sp, chunks = flags.sp_contiguous ? sp : 2 * sp;
     const std::int64_t heads = flags.model.heads / flags.tp;
-    if (flags.ulysses == -1) usage_error("--sp-mode hybrid needs --ulysses 2 or 4 (the Ulysses group size)");
-    if (flags.ulysses > 0) {
+    if (flags.sp_hybrid && flags.ulysses == 0)
+        usage_error("--sp-mode hybrid needs --ulysses 2 or 4 (the Ulysses group size)");
+    if (flags.sp_hybrid) {
         const int k = flags.ulysses;
         if (sp % k != 0 || k == sp)
             usage_error("--ulysses " + std::to_string(k) + " does not leave a ring of 2 or more in --sp " +
@@ -383,6 +385,9 @@ void check_degrees(const Flags& flags, int world, int dp) {
                     " ranks without work; the degrees must multiply to " + std::to_string(world));
     if (flags.tp_grid) check_grid(flags, dp);
     else check_tensor_parallel(flags);
+    if (flags.ulysses != 0 && (!flags.sp_hybrid || sp == 1))
+        usage_error("--ulysses " + std::to_string(flags.ulysses) + " sets the hybrid's Ulysses group size; use it "
+                    "with --sp-mode hybrid and --sp " + std::to_string(2 * flags.ulysses) + " or more");
     if (sp > 1) check_sequence_parallel(flags);
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
     if (flags.batch % split != 0)

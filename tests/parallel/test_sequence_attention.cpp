@@ -174,8 +174,8 @@ TEST_CASE("the hybrid (Ulysses groups on a ring) equals whole-sequence attention
 
 TEST_CASE("Ulysses refuses heads that do not split over the sp ranks, in one line", "[parallel][sp]") {
     CHECK(loom_test::message_of([] { loom::nn::check_ulysses_heads(6, 4); }) ==
-          "Ulysses: the 6 attention heads (on this rank) do not split over the 4 sp ranks; use an sp degree that "
-          "divides 6 or RingAttention");
+          "Ulysses: the 6 attention heads (on this rank) do not split over the 4 sp ranks of a Ulysses group; use a "
+          "group size that divides 6 or RingAttention");
 }
 
 TEST_CASE("the sequence layouts place chunks as documented, and refuse what does not split", "[parallel][sp]") {
@@ -196,4 +196,23 @@ TEST_CASE("the sequence layouts place chunks as documented, and refuse what does
     CHECK(loom_test::message_of([&] { (void)contiguous.local_tokens(18); }) ==
           "sequence parallelism: a sequence of 18 tokens does not split into the 4 chunks of 4 sp ranks; use a "
           "sequence length that is a multiple of 4");
+}
+
+TEST_CASE("ring attention refuses a group that is not the layout's ring, in one line", "[parallel][sp]") {
+    std::vector<std::string> messages(2);
+    loom::comm::ThreadWorld(2).run([&](ThreadComm& comm) {
+        const nn::TensorGroupOf<ThreadComm> group(comm);
+        const nn::SequenceLayout layout{4, comm.rank(), true};  // 4 ranks, but the group has 2
+        std::vector<float> qkv(2 * 3 * 4, 0.0f), out(2 * 4, 0.0f);
+        nn::Context ctx;
+        nn::RingSaved saved;
+        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] {
+            nn::ring_attention_forward(ctx, group, layout, true, Tensor::of(qkv.data(), {1, 2, 12}), {1, 2, 1, 4},
+                                       Tensor::of(out.data(), {1, 2, 4}), saved);
+        });
+    });
+    CHECK(messages[0] == "ring attention: a group of 2 ranks (this one 0) for a layout of 4 (this one 0); pass the "
+                         "ring the layout describes");
+    CHECK(messages[1] == "ring attention: a group of 2 ranks (this one 1) for a layout of 4 (this one 1); pass the "
+                         "ring the layout describes");
 }

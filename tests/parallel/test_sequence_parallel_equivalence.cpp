@@ -5,7 +5,11 @@
 // some positions of every sequence; gradients are reduced over dp x sp.
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <vector>
+
 #include "parallel/equivalence_on_threads.hpp"
+#include "support/message_of.hpp"
 
 using loom_test::EquivalenceCase;
 
@@ -73,4 +77,23 @@ TEST_CASE("sequence parallelism with dp 2 and ZeRO, with tp 2, and under a pipel
                                 .layers = sp_layers, .tp = 2, .heads = sp_heads, .sp = 2};
         DYNAMIC_SECTION(c) { check_equivalence(c); }
     }
+}
+
+TEST_CASE("the executor refuses an sp axis whose ranks are not in the gradient group, on every rank",
+          "[parallel][sp]") {
+    std::vector<std::string> messages(2);
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        loom::comm::Mesh<loom::comm::ThreadComm> mesh(comm, {{"dp", 1}, {"sp", 2}});
+        auto model = loom::gpt::make_model(loom_test::equivalence_model(2, 2));
+        loom::exec::ExecutionPlan plan;
+        plan.sequence_parallel = true;
+        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] {
+            // dp alone, not dp x sp: the sp ranks would never average their gradients.
+            loom::exec::Executor<loom::comm::ThreadComm> exec(model, mesh.axis("dp"), nullptr, nullptr,
+                                                              &mesh.axis("sp"), plan, {});
+        });
+    });
+    for (const auto& m : messages)
+        CHECK(m == "Executor: a gradient axis of 1 ranks cannot hold the 2 sp ranks; pass the dp x sp group as dp "
+                   "(mesh.combined({\"dp\", \"sp\"}), which Executor::make does)");
 }

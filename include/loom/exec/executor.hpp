@@ -148,6 +148,10 @@ public:
             }
         }
         if (sp_ != nullptr) {
+            // Without the sp ranks in the gradient group their weights would drift apart.
+            LOOM_CHECK(dp.size() % sp_->size() == 0, "Executor: a gradient axis of ", dp.size(),
+                       " ranks cannot hold the ", sp_->size(), " sp ranks; pass the dp x sp group as dp "
+                       "(mesh.combined({\"dp\", \"sp\"}), which Executor::make does)");
             sp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*sp_);
             sequence_ = nn::SequenceParallelism{sp_group_.get(), plan.sequence_zigzag, plan.sequence_attention};
             if (plan.sequence_attention == nn::SequenceAttention::hybrid) {

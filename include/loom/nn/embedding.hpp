@@ -125,9 +125,14 @@ private:  // functions only: Embedding stays an aggregate
     // The position of each of a sequence's T local tokens.
     [[nodiscard]] static std::vector<std::int64_t> positions_of(const SequenceParallelism& sp, std::int64_t T) {
         std::vector<std::int64_t> positions(static_cast<std::size_t>(T));
+        if (!sp.active()) {
+            for (std::int64_t t = 0; t < T; ++t) positions[static_cast<std::size_t>(t)] = t;
+            return positions;
+        }
         const SequenceLayout layout = sp.layout();
-        for (std::int64_t t = 0; t < T; ++t)
-            positions[static_cast<std::size_t>(t)] = sp.active() ? layout.position(t, T * layout.ranks) : t;
+        for (const SequenceRun& run : layout.runs(T * layout.ranks))  // one pass over the runs
+            for (std::int64_t t = 0; t < run.length; ++t)
+                positions[static_cast<std::size_t>(run.local + t)] = run.position + t;
         return positions;
     }
 

@@ -84,7 +84,17 @@ inline void unpack_run(const float* from, std::int64_t B, std::int64_t T, std::i
     return {std::move(receive), group.send_async(mine, (r + 1) % n, tag)};
 }
 
+// Fixed tags are enough: every call completes its exchanges before it
+// returns, and all ranks of a ring call in the same order (the same layers,
+// the same schedule), so messages of one (peer, tag) match in order.
 inline constexpr int kv_tag = 0x5a01, dkv_tag = 0x5a02;
+
+// The ring and the layout must describe the same ranks.
+inline void check_ring(const TensorGroup& group, const SequenceLayout& layout) {
+    LOOM_CHECK(group.size() == layout.ranks && group.rank() == layout.rank, "ring attention: a group of ",
+               group.size(), " ranks (this one ", group.rank(), ") for a layout of ", layout.ranks, " (this one ",
+               layout.rank, "); pass the ring the layout describes");
+}
 
 // f(x, y, mask) for every pair of this rank's query run x and the held key
 // run y (of chunks `theirs`) that sees anything.
@@ -116,6 +126,7 @@ inline void ring_attention_forward(Context& ctx, const TensorGroup& group, const
     using namespace ring_detail;
     const std::int64_t C = s.C(), T_whole = s.T * layout.ranks, c = layout.chunk_length(T_whole);
     const int runs = layout.runs_per_rank(), n = layout.ranks;
+    check_ring(group, layout);
     LOOM_CHECK(s.T == c * runs, "ring attention: ", s.T, " local tokens per sequence; the layout holds ", c * runs);
     const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
@@ -154,6 +165,10 @@ inline void ring_attention_backward(const TensorGroup& group, const SequenceLayo
     using namespace ring_detail;
     const std::int64_t C = s.C(), T_whole = s.T * layout.ranks, c = layout.chunk_length(T_whole);
     const int runs = layout.runs_per_rank(), n = layout.ranks;
+    check_ring(group, layout);
+    LOOM_CHECK(s.T == c * runs && dout.numel() == s.B * s.T * C && dqkv.numel() == s.B * s.T * 3 * C,
+               "ring attention backward: dout ", dout.shape(), " and dqkv ", dqkv.shape(), " for ", s.B,
+               " sequences of ", s.T, " local tokens and width ", C);
     const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
     std::fill_n(dqkv.data<float>(), s.B * s.T * 3 * C, 0.0f);  // dq accumulates in place

@@ -55,13 +55,14 @@ struct SequenceLayout {
         LOOM_CHECK(ulysses >= 1 && ranks % ulysses == 0, "sequence parallelism: a Ulysses degree of ", ulysses,
                    " does not divide the ", ranks, " sp ranks; use a divisor of ", ranks);
         const std::int64_t pieces = static_cast<std::int64_t>(chunks()) * ulysses;
+        if (T % pieces == 0) return;
         if (ulysses == 1)
-            LOOM_CHECK(T % pieces == 0, "sequence parallelism: a sequence of ", T, " tokens does not split into the ",
-                       chunks(), " chunks of ", zigzag ? "the zigzag layout over " : "", ranks, " sp ranks",
-                       zigzag ? " (2 x sp)" : "", "; use a sequence length that is a multiple of ", chunks());
-        LOOM_CHECK(T % pieces == 0, "sequence parallelism: a sequence of ", T, " tokens does not split into ",
-                   chunks(), " ring chunks of ", ulysses, " Ulysses pieces each; use a sequence length that is a "
-                   "multiple of ", pieces);
+            LOOM_FAIL("sequence parallelism: a sequence of ", T, " tokens does not split into the ", chunks(),
+                      " chunks of ", zigzag ? "the zigzag layout over " : "", ranks, " sp ranks",
+                      zigzag ? " (2 x sp)" : "", "; use a sequence length that is a multiple of ", chunks());
+        LOOM_FAIL("sequence parallelism: a sequence of ", T, " tokens does not split into ", chunks(),
+                  " ring chunks of ", ulysses, " Ulysses pieces each; use a sequence length that is a multiple of ",
+                  pieces);
     }
     [[nodiscard]] std::int64_t chunk_length(std::int64_t T) const {
         check(T);

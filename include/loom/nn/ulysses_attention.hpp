@@ -96,10 +96,11 @@ inline void whole_sequence_backward_full(const UlyssesSaved& saved, const Tensor
 
 }  // namespace ulysses_detail
 
-// One line when the heads do not divide over the Ulysses group.
+// One line when the heads do not divide over the Ulysses group (every sp
+// rank, or the hybrid's group of `ranks`).
 inline void check_ulysses_heads(std::int64_t heads, int ranks) {
     LOOM_CHECK(heads % ranks == 0, "Ulysses: the ", heads, " attention heads (on this rank) do not split over the ",
-               ranks, " sp ranks; use an sp degree that divides ", heads, " or RingAttention");
+               ranks, " sp ranks of a Ulysses group; use a group size that divides ", heads, " or RingAttention");
 }
 
 // The groups Ulysses talks to: its own (u ranks) and, for the hybrid, the
@@ -117,6 +118,11 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
     using namespace ulysses_detail;
     const int n = layout.ulysses;
     check_ulysses_heads(H, n);
+    LOOM_CHECK(groups.ulysses != nullptr && groups.ulysses->size() == n &&
+                   (layout.ring_ranks() == 1 || (groups.ring != nullptr && groups.ring->size() == layout.ring_ranks())),
+               "Ulysses: groups of ", groups.ulysses ? groups.ulysses->size() : 0, " (and a ring of ",
+               groups.ring ? groups.ring->size() : 0, ") for a layout of ", n, " x ", layout.ring_ranks(),
+               "; pass the groups the layout describes");
     const std::int64_t T = Tl * layout.ranks, Tg = Tl * n;
     const std::int64_t C = H * D, Hg = H / n, Cg = Hg * D, rows = B * Tl;
     // My tokens' q, k, v, head group by head group -> the group's tokens for
