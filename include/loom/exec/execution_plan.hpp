@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/pipeline.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/schedule/pipeline_step.hpp"
@@ -28,6 +30,12 @@ struct ExecutorOptions {
     // per unit; empty: every unit costs the same) by plan::balance.
     std::vector<int> partition{};
     std::vector<double> unit_costs{};
+    // GradCompress: steps of uncompressed exchange before the dp compressor
+    // starts (PowerSGD and one-bit want some; the others need none).
+    std::int64_t compress_warmup = 0;
+    // Where a compressor's one-time notices go (PowerSGD's matrices too small
+    // for its rank), from the first rank of the gradient group; empty: stderr.
+    std::function<void(const std::string&)> notice{};
 };
 
 // What a Strategy asks of the executor, as run-time values.
@@ -43,13 +51,17 @@ struct ExecutionPlan {
     nn::SequenceAttention sequence_attention = nn::SequenceAttention::ring;
     bool sequence_zigzag = true;
     int sequence_ulysses = 1;  // UlyssesRing<K>: K
+    Compression dp_compression{};  // GradCompress<C> (DpAxis): the gradient exchange
+    Compression pp_compression{};  // GradCompress<Cast, PpAxis>: stage messages
+    Compression tp_compression{};  // GradCompress<Cast, TpAxis>: the f/g all-reduces
 
     template <class S>
     [[nodiscard]] static ExecutionPlan of() {
         return ExecutionPlan{S::zero_stage,        S::bucket_bytes,       S::pipelined,
                              S::schedule,          S::chunks,             S::tensor_parallel,
                              S::tensor_grid,       S::sequence_parallel,  S::sequence_attention,
-                             S::sequence_zigzag,   S::sequence_ulysses};
+                             S::sequence_zigzag,   S::sequence_ulysses,   S::dp_compression,
+                             S::pp_compression,    S::tp_compression};
     }
 };
 

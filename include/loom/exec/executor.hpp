@@ -25,6 +25,7 @@
 #include <cstring>
 #include <cstdint>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,6 +36,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/exec/compressed_exchange.hpp"
 #include "loom/exec/execution_plan.hpp"
 #include "loom/exec/memory.hpp"
 #include "loom/comm/mesh.hpp"
@@ -139,6 +141,7 @@ public:
         };
         allocate();
         pending_.resize(program_.code.size());
+        if (plan.dp_compression.on() && dp.size() > 1) start_compression(plan.dp_compression, options);
         if (tp_ != nullptr) {
             tp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*tp_);
             pool_.set_tensor_group(tp_group_.get());
@@ -202,6 +205,7 @@ public:
             if (hi > lo) initialize_range_(seed, {base, static_cast<std::size_t>(hi - lo)}, g.dense_offset + lo);
         }
         optimizer_steps_ = 0;
+        if (compress_) compress_->reset();
         std::fill_n(m_.data<float>(), m_.numel(), 0.0f);
         std::fill_n(v_.data<float>(), v_.numel(), 0.0f);
     }
@@ -244,6 +248,10 @@ public:
         report.parameters = (values_.nbytes() + value_shard_.nbytes());
         report.gradients = (grads_.nbytes() + grad_shard_.nbytes());
         report.optimizer_state = m_.nbytes() + v_.nbytes();
+        if (compress_) {
+            report.compression_state = compress_->state_bytes();
+            report.communication_buffers += compress_->buffer_bytes();
+        }
         report.activations = pool_.activation_bytes();
         report.communication_buffers += pool_.parcel_bytes();
         for (const auto& s : grad_slots_) report.communication_buffers += s.nbytes();
@@ -284,6 +292,21 @@ public:
             return;
         }
         load_local_state(values, m, v, optimizer_steps);
+    }
+
+    // GradCompress's per-rank state (error feedback, warm starts): what a
+    // checkpoint must keep for an exact resume. Empty without a dp compressor.
+    [[nodiscard]] const Compression& compression() const noexcept { return compression_; }
+    [[nodiscard]] std::int64_t compression_state_size() const noexcept {
+        return compress_ ? compress_->state_size() : 0;
+    }
+    void save_compression_state(std::span<float> out) const {
+        if (compress_) compress_->save_state(out);
+    }
+    void load_compression_state(std::span<const float> in) {
+        LOOM_CHECK(compress_ || in.empty(), "Executor::load_compression_state: ", in.size(),
+                   " elements of compressor state for an executor without a dp compressor");
+        if (compress_) compress_->load_state(in);
     }
 
 private:
@@ -347,6 +370,47 @@ private:
             gather_into_padded(v_);
             layout_.to_dense(whole, v);
         }
+    }
+
+    // GradCompress on the dp axis. Notices come from one rank of each
+    // gradient group and tp position 0, so each matrix is named once.
+    void start_compression(const Compression& compression, const ExecutorOptions& options) {
+        compression_ = compression;
+        compress_warmup_ = options.compress_warmup;
+        LOOM_CHECK(compress_warmup_ >= 0, "Executor: compress_warmup = ", compress_warmup_,
+                   " steps; it must be 0 or more");
+        PowerSgdBuckets::Notice notice;
+        if (comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0))
+            notice = options.notice ? options.notice : PowerSgdBuckets::Notice([](const std::string& line) {
+                std::cerr << "loom: " << line << "\n";
+            });
+        compress_ = std::make_unique<CompressedExchange<C>>(*comm_, layout_, units_, compression, notice);
+    }
+    // After the warm-up: compressed from the step whose optimizer step is compress_warmup_ + 1.
+    [[nodiscard]] bool compressing() const noexcept { return compress_ && optimizer_steps_ >= compress_warmup_; }
+
+    void reduce_compressed(int index, const schedule::Instruction& in) {
+        const auto& g = layout_.group(in.group);
+        const int r = comm_->rank();
+        const auto span_of = [](const Buffer<Host>& b, std::int64_t offset, std::int64_t n) {
+            return std::span<float>(const_cast<float*>(b.data<float>()) + offset, static_cast<std::size_t>(n));
+        };
+        if (in.slot < 0) {
+            const auto grad = span_of(grads_, g.offset, g.padded);
+            issue(index, compress_->reduce_async(in.group, grad,
+                                                 in.reduction == schedule::Reduction::all_reduce
+                                                     ? grad
+                                                     : span_of(grads_, layout_.block_offset(in.group, r), g.block)));
+            return;
+        }
+        // As the uncompressed slot reduction: the first writes the shard, later ones are added when done.
+        const Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+        const bool first = !reduced_[static_cast<std::size_t>(in.group)];
+        reduced_[static_cast<std::size_t>(in.group)] = true;
+        issue(index, compress_->reduce_async(in.group, span_of(slot, 0, g.padded),
+                                             first ? span_of(grad_shard_, g.shard_offset, g.block)
+                                                   : span_of(slot, r * g.block, g.block)));
+        pending_[static_cast<std::size_t>(index)].accumulate = !first;
     }
 
     struct InFlight {
@@ -588,7 +652,9 @@ private:
             }
             case Op::reduce_grads: {
                 const auto& g = layout_.group(in.group);
-                if (in.reduction == schedule::Reduction::all_reduce) {
+                if (compressing()) {
+                    reduce_compressed(index, in);
+                } else if (in.reduction == schedule::Reduction::all_reduce) {
                     const Tensor whole = slice(grads_, g.offset, g.padded);
                     issue(index, comm_->all_reduce_async(whole, whole, comm::ReduceOp::avg));
                 } else if (in.slot < 0) {
@@ -746,6 +812,11 @@ private:
     nn::SequenceParallelism sequence_{};
     std::vector<std::int32_t> local_inputs_, local_targets_;  // this rank's positions of the step's sequences
     MicroBatchPool pool_;
+    // Before pending_: a compressed request still in flight when the executor
+    // goes (after a failure) finishes into the exchange, which must still exist.
+    Compression compression_{};                        // GradCompress on the dp axis
+    std::unique_ptr<CompressedExchange<C>> compress_;  // null without one (or with one dp rank)
+    std::int64_t compress_warmup_ = 0;
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step
     Tensor inputs_, targets_, activation_;

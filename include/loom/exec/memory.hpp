@@ -21,15 +21,18 @@ struct MemoryReport {
     std::int64_t optimizer_state = 0;        // bytes of AdamW moments
     std::int64_t activations = 0;            // peak bytes of the micro-batch contexts
     std::int64_t communication_buffers = 0;  // working buffers: gathered parameters, gradient slots
+    std::int64_t compression_state = 0;      // GradCompress: error feedback, warm starts
 
     [[nodiscard]] std::int64_t model_states() const noexcept { return parameters + gradients + optimizer_state; }
-    [[nodiscard]] std::int64_t total() const noexcept { return model_states() + activations + communication_buffers; }
+    [[nodiscard]] std::int64_t total() const noexcept { return model_states() + activations + communication_buffers + compression_state; }
 
     friend std::ostream& operator<<(std::ostream& out, const MemoryReport& m) {
         return out << "rank " << m.rank << ": parameters " << readable_bytes(m.parameters) << ", gradients "
                    << readable_bytes(m.gradients) << ", optimizer state " << readable_bytes(m.optimizer_state)
                    << ", activations " << readable_bytes(m.activations) << ", communication buffers "
-                   << readable_bytes(m.communication_buffers) << "; total " << readable_bytes(m.total());
+                   << readable_bytes(m.communication_buffers);
+        if (m.compression_state > 0) out << ", compression state " << readable_bytes(m.compression_state);
+        return out << "; total " << readable_bytes(m.total());
     }
 };
 

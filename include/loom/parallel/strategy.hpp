@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/policy.hpp"
 #include "loom/parallel/sequence_parallel.hpp"
@@ -29,6 +30,26 @@ template <class P>
 constexpr bool is_of_kind(PolicyKind k) {
     if constexpr (Policy<P>) return P::kind == k;
     else return false;
+}
+
+// GradCompress policies on one axis (any other policy counts as none).
+template <class P>
+constexpr bool compresses(CompressedAxis axis) {
+    if constexpr (is_of_kind<P>(PolicyKind::compression)) return P::axis == axis;
+    else return false;
+}
+template <CompressedAxis A, class... Ps>
+inline constexpr int compressors_on = (0 + ... + (compresses<Ps>(A) ? 1 : 0));
+
+template <CompressedAxis A, class... Ps>
+constexpr Compression compression_on() {
+    Compression c{};
+    (
+        [&] {
+            if constexpr (compresses<Ps>(A)) c = Ps::compression;
+        }(),
+        ...);
+    return c;
 }
 
 template <PolicyKind K, class... Ps>
@@ -69,6 +90,11 @@ struct Strategy {
                   "loom::Strategy<...> lists SequenceParallel twice; a model has one sp axis, with one attention");
     static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1,
                   "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one");
+    static_assert(detail::compressors_on<CompressedAxis::dp, Ps...> <= 1 &&
+                      detail::compressors_on<CompressedAxis::pp, Ps...> <= 1 &&
+                      detail::compressors_on<CompressedAxis::tp, Ps...> <= 1,
+                  "loom::Strategy<...> lists two GradCompress policies for one axis; give each axis (DpAxis, PpAxis, "
+                  "TpAxis) at most one compressor");
 
     // ZeroShard alone implies data parallelism with the default bucket.
     using data_parallel_policy = typename detail::first_of_kind<PolicyKind::data_parallel, DataParallel<>, Ps...>::type;
@@ -118,6 +144,11 @@ struct Strategy {
         if constexpr (pipelined) return pipeline_policy::chunks;
         else return 1;
     }();
+
+    // GradCompress<Compressor, Axis>: what each axis's traffic is compressed with.
+    static constexpr Compression dp_compression = detail::compression_on<CompressedAxis::dp, Ps...>();
+    static constexpr Compression pp_compression = detail::compression_on<CompressedAxis::pp, Ps...>();
+    static constexpr Compression tp_compression = detail::compression_on<CompressedAxis::tp, Ps...>();
 
     static void describe(std::ostream& out) {
         out << "Strategy<";
