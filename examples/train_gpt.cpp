@@ -10,6 +10,8 @@
 //             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b] [--tp 1]
 //             [--tp-mode 1d|2d] [--sp 1] [--sp-mode ring|ulysses|hybrid] [--ulysses 2|4]
 //             [--sp-layout zigzag|contiguous]
+//             [--compress none|bf16|fp16|int8|topk:0.01|powersgd:4|onebit] [--compress-warmup N]
+//             [--compress-pp none|bf16|fp16] [--compress-tp none|bf16|fp16]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
@@ -21,7 +23,9 @@
 // A progress bar on a terminal (plain lines otherwise), one JSON object per
 // step with --metrics, checkpoints in safetensors written atomically, a
 // Chrome/Perfetto trace of every rank with --trace, and a sample of
-// generated text at the end with --sample.
+// generated text at the end with --sample. --compress sends compressed
+// gradients over the dp axis (GradCompress); --compress-pp and --compress-tp
+// cast what crosses the pipeline and tensor axes (the hybrid setting).
 #include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/data/corpus.hpp>
@@ -39,6 +43,7 @@
 #include <loom/optim/schedule.hpp>
 #include <loom/parallel/optimus2d.hpp>
 #include <loom/parallel/strategy.hpp>
+#include <loom/train/compression_state.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/progress.hpp>
 
@@ -52,6 +57,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -85,6 +91,18 @@ struct Flags {
     int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
     std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
     std::string data, metrics, save, resume, trace;
+    loom::Compression compress{};      // --compress: the dp gradient exchange
+    std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
+    loom::Compression compress_pp{}, compress_tp{};  // casts of the pp / tp traffic
+
+    // The warm-up the run uses: given, or the reference's share of the steps.
+    [[nodiscard]] std::int64_t warmup_steps() const {
+        if (compress_warmup >= 0) return compress_warmup;
+        if (compress.kind == loom::CompressorKind::power_sgd || compress.kind == loom::CompressorKind::top_k)
+            return steps / 10;
+        if (compress.kind == loom::CompressorKind::one_bit) return steps / 5;
+        return 0;
+    }
 
     [[nodiscard]] int chunks_per_rank() const {
         if (chunks > 0) return chunks;
@@ -99,7 +117,8 @@ struct Flags {
                       "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --sp N --sp-mode ring|ulysses|hybrid --ulysses 2|4 --sp-layout "
                       "zigzag|contiguous --schedule "
                       "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
-                      "--save FILE --resume FILE --sample N)");
+                      "--save FILE --resume FILE --sample N --compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit "
+                      "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16)");
 }
 
 std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low, std::int64_t high) {
@@ -165,6 +184,22 @@ Flags parse(int argc, char** argv) {
             }
         }
         else if (flag == "--sample") f.sample = parse_int(flag, value, 0, 1 << 20);
+        else if (flag == "--compress" || flag == "--compress-pp" || flag == "--compress-tp") {
+            loom::Compression c;
+            try {
+                c = loom::parse_compression(value);
+            } catch (const loom::Error& e) {
+                usage_error(std::string(flag) + ": " + e.message());
+            }
+            if (flag == "--compress") {
+                f.compress = c;
+            } else {
+                if (c.on() && !c.is_cast())
+                    usage_error(std::string(flag) + " " + value + ": activations take bf16, fp16 or none (no error "
+                                "feedback recovers what a lossier compressor drops); --compress is for gradients");
+                (flag == "--compress-pp" ? f.compress_pp : f.compress_tp) = c;
+            }
+        } else if (flag == "--compress-warmup") f.compress_warmup = parse_int(flag, value, 0, 1LL << 40);
         else if (flag == "--metrics") f.metrics = value;
         else if (flag == "--save") f.save = value;
         else if (flag == "--resume") f.resume = value;
@@ -186,6 +221,12 @@ Flags parse(int argc, char** argv) {
         usage_error("--chunks " + std::to_string(f.chunks) + " is for --schedule interleaved; " +
                     std::string(loom::name(f.schedule)) + " runs " + (f.schedule == loom::ScheduleKind::zero_bubble_v ? "2" : "1") +
                     " chunk(s) per rank");
+    if (f.compress_warmup >= 0 && !f.compress.on())
+        usage_error("--compress-warmup " + std::to_string(f.compress_warmup) + " needs a compressor; add --compress");
+    if (f.compress_pp.on() && f.pp == 1) usage_error("--compress-pp needs a pipeline; add --pp 2 or more");
+    if (f.compress_tp.on() && f.tp == 1) usage_error("--compress-tp needs tensor parallelism; add --tp 2 or more");
+    if (f.compress_tp.on() && f.tp_grid)
+        usage_error("--compress-tp casts Megatron's all-reduces; it is not supported with --tp-mode 2d");
     if (f.until < 0) f.until = f.steps;
     if (f.until > f.steps) usage_error("--until " + std::to_string(f.until) + " is past --steps " + std::to_string(f.steps));
     return f;
@@ -276,9 +317,24 @@ std::pair<loom::exec::ExecutionPlan, std::string> strategy_with_tensor(const Fla
     }
 }
 
-std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(const Flags& flags) {
+std::pair<loom::exec::ExecutionPlan, std::string> strategy_without_compression(const Flags& flags) {
     if (flags.tp == 1) return strategy_with_tensor<0>(flags);
     return flags.tp_grid ? strategy_with_tensor<2>(flags) : strategy_with_tensor<1>(flags);
+}
+
+// The compressors are run-time values (--compress topk:R takes any ratio),
+// so they join the plan here, and the name as GradCompress<...> policies at
+// the end of the Strategy, as a user would write them.
+std::pair<loom::exec::ExecutionPlan, std::string> strategy_for(const Flags& flags) {
+    auto [plan, name] = strategy_without_compression(flags);
+    plan.dp_compression = flags.compress;
+    plan.pp_compression = flags.compress_pp;
+    plan.tp_compression = flags.compress_tp;
+    name.pop_back();  // the Strategy's closing '>'
+    if (flags.compress.on()) name += ", GradCompress<" + flags.compress.describe() + ">";
+    if (flags.compress_pp.on()) name += ", GradCompress<" + flags.compress_pp.describe() + ", PpAxis>";
+    if (flags.compress_tp.on()) name += ", GradCompress<" + flags.compress_tp.describe() + ", TpAxis>";
+    return {plan, name + ">"};
 }
 
 // Everything a run checks before it builds anything, the same on every rank.
@@ -390,6 +446,9 @@ void check_degrees(const Flags& flags, int world, int dp) {
                     "with --sp-mode hybrid and --sp " + std::to_string(2 * flags.ulysses) + " or more");
     if (sp > 1) check_sequence_parallel(flags);
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
+    if (flags.compress.on() && dp * sp == 1)
+        usage_error("--compress " + flags.compress.describe() + " compresses the data-parallel gradient exchange, "
+                    "which one rank does not have; use --dp 2 or more");
     if (flags.batch % split != 0)
         usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp) +
                     " x --micro-batches " + std::to_string(flags.micro_batches) + " = " + std::to_string(split) +
@@ -508,15 +567,25 @@ void train(C& world, const Flags& flags, const char* transport) {
                                   .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f},
                                   .trace = !flags.trace.empty(),
                                   .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
-                                  .partition = partition});
+                                  .partition = partition,
+                                  .compress_warmup = flags.warmup_steps()});
     const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds
     std::int64_t first_step = 0;
+    const std::string compression_signature =
+        loom::train::compression_signature(flags.compress, dp_size, flags.pp, flags.tp, flags.sp);
+    std::string compression_note;  // why a resume starts the compressor's state from zero
     if (!flags.resume.empty()) {
         // Every rank reads the whole checkpoint and keeps what it owns.
         std::vector<float> values(static_cast<std::size_t>(parameters)), m(values.size()), v(values.size());
         const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
         exec.load_state(values, m, v, steps.optimizer_steps);
         first_step = steps.step;
+        if (flags.compress.on()) {
+            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
+            if (loom::train::read_compression_state(flags.resume, compression_signature, world.rank(), state,
+                                                    compression_note))
+                exec.load_compression_state(state);
+        }
     } else {
         exec.initialize(flags.seed);
     }
@@ -544,6 +613,11 @@ void train(C& world, const Flags& flags, const char* transport) {
             std::printf("note: %d ranks x %d BLAS threads oversubscribe the %u cores; expect lower speed\n", world.size(),
                         flags.threads, cores);
         if (first_step > 0) std::printf("resumed from %s at step %lld\n", flags.resume.c_str(), static_cast<long long>(first_step));
+        if (!compression_note.empty())
+            std::printf("note: %s; the error feedback starts from zero\n", compression_note.c_str());
+        if (flags.warmup_steps() > 0)
+            std::printf("%s starts after %lld uncompressed warm-up steps\n", flags.compress.describe().c_str(),
+                        static_cast<long long>(flags.warmup_steps()));
     }
 
     const std::int64_t tokens_per_step = flags.batch * flags.model.seq;
@@ -588,9 +662,19 @@ void train(C& world, const Flags& flags, const char* transport) {
         // The whole model on every rank (a collective), in the serial layout.
         std::vector<float> values(static_cast<std::size_t>(parameters)), m(values.size()), v(values.size());
         exec.gather_state(values, m, v);
+        // Each rank's compressor state too (collective), for an exact resume.
+        std::vector<loom::Buffer<loom::Host>> storage;
+        std::vector<loom::io::NamedTensor> extra;
+        std::map<std::string, std::string> extra_metadata;
+        if (flags.compress.on() && !flags.save.empty()) {
+            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
+            exec.save_compression_state(state);
+            extra = loom::train::gather_compression_states(world, state, storage);
+            extra_metadata[loom::train::compression_metadata_key] = compression_signature;
+        }
         if (lead && !flags.save.empty()) {
             loom::gpt::save_checkpoint(flags.save, flags.model, values, m, v, exec.optimizer_steps(), last,
-                                       corpus.describe());
+                                       corpus.describe(), extra, extra_metadata);
             std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(last));
         }
         if (lead && flags.sample > 0) {

@@ -940,7 +940,7 @@ TEST_CASE("ChunkCodec refuses PowerSGD, no compression and invalid settings", "[
     CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{loom::CompressorKind::int8, 1.0, 0, 0}); }) ==
           "Int8Block<0>: a block of 0 values; it must hold at least 1");
     CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{loom::CompressorKind::one_bit}); }) ==
-          "OneBit: a block of 0 values; it must hold at least 1");
+          "OneBit<0>: a block of 0 values; it must hold at least 1");
     CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{loom::CompressorKind::power_sgd}); }) ==
           "PowerSGD: rank 0 must be at least 1 (1 to 4 is typical)");
 }
@@ -972,7 +972,7 @@ TEST_CASE("parse_compression reads train_gpt's --compress spellings", "[compress
     CHECK(psgd == loom::PowerSGD<4>::compression);
     const auto onebit = loom::parse_compression("onebit");
     CHECK(onebit.kind == K::one_bit);
-    CHECK(onebit.block == 1024);
+    CHECK(onebit.block == loom::default_one_bit_block);
     CHECK(onebit == loom::OneBit::compression);
 
     // What each kind does with the exchange.
@@ -1022,7 +1022,7 @@ TEST_CASE("parse_compression: bad spellings give one line naming the value", "[c
 
     CHECK(parse("bf16:3") == "compressor 'bf16:3' takes no ':' argument");
     CHECK(parse("bf16:") == "compressor 'bf16:' takes no ':' argument");
-    CHECK(parse("onebit:8") == "compressor 'onebit:8' takes no ':' argument");
+    CHECK(parse("onebit:0") == "compressor 'onebit:0': the onebit block 0 must be a whole number in 1..16777216");
     CHECK(parse("none:1") == "compressor 'none:1' takes no ':' argument");
     CHECK(parse("fp16:x") == "compressor 'fp16:x' takes no ':' argument");
 

@@ -27,10 +27,10 @@ struct MemoryReport {
     [[nodiscard]] std::int64_t total() const noexcept { return model_states() + activations + communication_buffers + compression_state; }
 
     friend std::ostream& operator<<(std::ostream& out, const MemoryReport& m) {
-        return out << "rank " << m.rank << ": parameters " << readable_bytes(m.parameters) << ", gradients "
-                   << readable_bytes(m.gradients) << ", optimizer state " << readable_bytes(m.optimizer_state)
-                   << ", activations " << readable_bytes(m.activations) << ", communication buffers "
-                   << readable_bytes(m.communication_buffers);
+        out << "rank " << m.rank << ": parameters " << readable_bytes(m.parameters) << ", gradients "
+            << readable_bytes(m.gradients) << ", optimizer state " << readable_bytes(m.optimizer_state)
+            << ", activations " << readable_bytes(m.activations) << ", communication buffers "
+            << readable_bytes(m.communication_buffers);
         if (m.compression_state > 0) out << ", compression state " << readable_bytes(m.compression_state);
         return out << "; total " << readable_bytes(m.total());
     }

@@ -63,9 +63,13 @@ void for_each_named(const Config& config, std::span<float> values, std::span<flo
 // Saves dense parameters and AdamW moments (every rank's view after a
 // gather, or a serial arena): the file does not depend on how training was
 // split across ranks, so any strategy resumes it.
+// `extra` tensors and `extra_metadata` ride along (train_gpt's compressor
+// state, train/compression_state.hpp); their names must not clash.
 inline void save_checkpoint(const std::filesystem::path& path, const Config& config, std::span<const float> values,
                             std::span<const float> m, std::span<const float> v, std::int64_t optimizer_steps,
-                            std::int64_t step, const std::string& data) {
+                            std::int64_t step, const std::string& data,
+                            const std::vector<io::NamedTensor>& extra = {},
+                            const std::map<std::string, std::string>& extra_metadata = {}) {
     std::vector<io::NamedTensor> tensors;
     auto writable = [](std::span<const float> s) { return std::span<float>(const_cast<float*>(s.data()), s.size()); };
     detail::for_each_named(config, writable(values), writable(m), writable(v),
@@ -79,6 +83,11 @@ inline void save_checkpoint(const std::filesystem::path& path, const Config& con
     metadata["step"] = std::to_string(step);
     metadata["optimizer_steps"] = std::to_string(optimizer_steps);
     metadata["data"] = data;
+    for (const auto& [key, value] : extra_metadata) {
+        LOOM_CHECK(!metadata.contains(key), "GPT checkpoint: extra metadata '", key, "' clashes with the checkpoint's own");
+        metadata[key] = value;
+    }
+    tensors.insert(tensors.end(), extra.begin(), extra.end());
     io::save_safetensors(path, tensors, metadata);
 }
 

@@ -28,6 +28,13 @@ struct AdamWConfig {
     float beta2 = 0.999f;
     float eps = 1e-8f;
     float weight_decay = 0.01f;
+    // > 0: the second moment stops changing after this many steps and keeps
+    // that step's bias correction (1-bit Adam's frozen variance). Gradient
+    // compression with error feedback needs it: with v frozen the update is
+    // linear in the gradients, so a residual sent late moves the weights as
+    // far as it would have on time; Adam's per-step normalisation would
+    // shrink a hundred steps' worth, arriving at once, to one step.
+    std::int64_t freeze_variance_after = 0;
 };
 
 // Throws loom::Error naming the first bad field, its value and the valid range.
@@ -40,6 +47,8 @@ inline void check_config(const AdamWConfig& config) {
                " is invalid; it must be in [0, 1)");
     LOOM_CHECK(std::isfinite(config.eps) && config.eps > 0.0f, "AdamW eps = ", config.eps,
                " is invalid; it must be finite and > 0");
+    LOOM_CHECK(config.freeze_variance_after >= 0, "AdamW freeze_variance_after = ", config.freeze_variance_after,
+               " is invalid; it must be >= 0 (0: never)");
     LOOM_CHECK(std::isfinite(config.weight_decay) && config.weight_decay >= 0.0f, "AdamW weight_decay = ",
                config.weight_decay, " is invalid; it must be finite and >= 0");
 }
@@ -78,13 +87,15 @@ struct AdamWScalars {
     const double beta1 = as_written(config.beta1);
     const double beta2 = as_written(config.beta2);
     const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-    const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+    const bool frozen = config.freeze_variance_after > 0 && step > config.freeze_variance_after;
+    const double bias_correction2 =
+        1.0 - std::pow(beta2, static_cast<double>(frozen ? config.freeze_variance_after : step));
     return AdamWScalars{
         .decay = static_cast<float>(1.0 - lr * as_written(config.weight_decay)),
         .beta1 = config.beta1,
         .one_minus_beta1 = static_cast<float>(1.0 - beta1),
-        .beta2 = config.beta2,
-        .one_minus_beta2 = static_cast<float>(1.0 - beta2),
+        .beta2 = frozen ? 1.0f : config.beta2,  // v = 1 v + 0 g g: unchanged
+        .one_minus_beta2 = frozen ? 0.0f : static_cast<float>(1.0 - beta2),
         .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
         .eps = config.eps,
         .neg_step_size = static_cast<float>(-(lr / bias_correction1)),
