@@ -6,6 +6,7 @@
 
 #include <loom/comm/communicator_mpi.hpp>
 
+#include "parallel/compression_suite.hpp"
 #include "parallel/equivalence_suite.hpp"
 
 TEST_CASE("data parallel equals serial under MPI", "[parallel]") {
@@ -101,4 +102,22 @@ TEST_CASE("sequence parallelism equals serial under MPI", "[sequence]") {
         CHECK(result.worst_param_error <= 1e-5);
         CHECK(result.tokens_per_sequence * c.sp == 16);
     }
+}
+
+// GradCompress under mpirun: the compression suite of tests/parallel, with dp
+// = the number of processes, ZeRO 0 (all-reduce) and 2 (reduce-scatter), and
+// a warm-up for the error-feedback compressors.
+TEST_CASE("every gradient compressor trains as the serial run of its algorithm under MPI", "[compress]") {
+    auto world = loom::comm::Mpi::world();
+    for (const loom::Compression& compression : loom_test::every_compressor())
+        for (int stage : {0, 2}) {
+            const loom_test::CompressionCase c{.compression = compression, .dp = world.size(), .stage = stage,
+                                               .warmup = compression.error_feedback() ? 1 : 0};
+            const auto serial = loom_test::serial_compressed_run(c);
+            const auto result = loom_test::run_compressed(world, c, serial);
+            INFO(compression.describe() << " dp " << c.dp << " stage " << stage << ", rank " << world.rank() << ": "
+                                        << result.describe());
+            CHECK(result.worst_loss_error <= 1e-5);
+            CHECK(result.worst_param_error <= 1e-5);
+        }
 }

@@ -174,7 +174,10 @@ inline SerialRun serial_compressed_run(const CompressionCase& c) {
     auto model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
     arena.initialize(model, equivalence_seed);
-    loom::optim::AdamW optimizer(arena.size(), equivalence_adamw());
+    auto adamw = equivalence_adamw();
+    // As the executor: error feedback freezes AdamW's variance when compression starts.
+    if (c.compression.error_feedback()) adamw.freeze_variance_after = c.warmup;
+    loom::optim::AdamW optimizer(arena.size(), adamw);
     const auto units = loom::nn::units_of(model);
     const loom::parallel::ShardLayout layout(units, c.dp, c.stage == 3 ? loom::parallel::Grouping::per_unit
                                                                        : loom::parallel::Grouping::buckets,

@@ -43,6 +43,7 @@ struct EquivalenceCase {
     bool zigzag = true;
     int ulysses = 1;  // the hybrid's K
     std::int64_t width = 32, vocab = 64;  // 2D: q must divide both
+    loom::Compression pp_cast{}, tp_cast{};  // GradCompress<Cast, PpAxis / TpAxis>: lossy, by design
 
     [[nodiscard]] int chunks() const {
         return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
@@ -127,7 +128,9 @@ EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const Seri
     // Sequence parallel ranks reduce their gradients with the data-parallel ones.
     C& dp = c.sp > 1 ? mesh.combined({"dp", "sp"}) : mesh.axis("dp");
     auto model = loom::gpt::make_model(config);
-    const loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid, c.sp > 1, c.sp_attention, c.zigzag, c.ulysses};
+    loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid, c.sp > 1, c.sp_attention, c.zigzag, c.ulysses};
+    plan.pp_compression = c.pp_cast;
+    plan.tp_compression = c.tp_cast;
     loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  c.tp > 1 ? &mesh.axis("tp") : nullptr, c.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});

@@ -13,6 +13,7 @@
 
 #include <loom/comm/thread_world.hpp>
 #include <loom/exec/compressed_exchange.hpp>
+#include <loom/nn/cast_all_reduce.hpp>
 #include <loom/parallel/grad_compress.hpp>
 #include <loom/parallel/strategy.hpp>
 
@@ -287,5 +288,81 @@ TEST_CASE("compressed exchange refuses buffers of the wrong size", "[compress][p
         std::vector<float> state(3);
         CHECK(loom_test::message_of([&] { exchange.load_state(state); }) ==
               "CompressedExchange: a saved state of 3 elements for CastBf16 whose state has 0");
+    });
+}
+
+TEST_CASE("a tensor-parallel sum sent as bf16 or f16 equals its serial definition", "[compress][parallel]") {
+    // Each rank's chunk j of x is rounded, chunk j's sums are taken in f32 in
+    // rank order, rounded again; every rank ends with the same values.
+    for (const auto cast : {loom::kernels::host::Cast::bf16, loom::kernels::host::Cast::f16})
+        for (const int ranks : {2, 3}) {
+            constexpr std::int64_t n = 37;  // not a multiple of the ranks, odd
+            std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks)), outputs(inputs.size());
+            std::mt19937 rng(5);
+            std::normal_distribution<float> normal;
+            for (auto& x : inputs) {
+                x.resize(n);
+                for (float& v : x) v = normal(rng);
+            }
+            ThreadWorld(ranks).run([&](ThreadComm& comm) {
+                auto x = inputs[static_cast<std::size_t>(comm.rank())];
+                loom::nn::CastScratch scratch;
+                loom::nn::cast_all_reduce_sum(comm, loom::Tensor::of(x.data(), {n}), cast, scratch);
+                outputs[static_cast<std::size_t>(comm.rank())] = x;
+            });
+            const auto round = [&](float v) {
+                return cast == loom::kernels::host::Cast::bf16 ? static_cast<float>(loom::bf16(v))
+                                                               : static_cast<float>(loom::f16(v));
+            };
+            std::vector<float> expect(n);
+            for (std::int64_t i = 0; i < n; ++i) {
+                float sum = 0;
+                for (const auto& x : inputs) sum += round(x[static_cast<std::size_t>(i)]);
+                expect[static_cast<std::size_t>(i)] = round(sum);
+            }
+            INFO((cast == loom::kernels::host::Cast::bf16 ? "bf16" : "f16") << " over " << ranks << " ranks");
+            for (const auto& out : outputs) CHECK(out == expect);
+        }
+}
+
+TEST_CASE("hybrid compression casts what crosses the pp and tp axes, and stays close to serial", "[compress][parallel]") {
+    // Lossy by design (activations rounded to 16 bits, no error feedback):
+    // close to the serial run, and not equal to it, which shows the casts ran.
+    static const auto serial = loom_test::serial_run(3, 4);
+    for (const char* cast : {"bf16", "fp16"}) {
+        loom_test::EquivalenceCase pipeline{.dp = 1, .steps = 3, .pp = 2, .layers = 4};
+        pipeline.pp_cast = parse_compression(cast);
+        loom_test::EquivalenceCase tensor{.dp = 1, .steps = 3, .layers = 4, .tp = 2};
+        tensor.tp_cast = parse_compression(cast);
+        loom_test::EquivalenceCase both{.dp = 2, .steps = 3, .pp = 2, .layers = 4, .tp = 2};
+        both.pp_cast = both.tp_cast = parse_compression(cast);
+        for (const auto& c : {pipeline, tensor, both}) {
+            const int ranks = c.dp * c.pp * c.tp;
+            std::vector<loom_test::EquivalenceResult> results(static_cast<std::size_t>(ranks));
+            ThreadWorld(ranks).run([&](ThreadComm& comm) {
+                results[static_cast<std::size_t>(comm.rank())] = loom_test::run_equivalence(comm, c, serial);
+            });
+            for (const auto& result : results) {
+                INFO(cast << ", " << c << ": " << result.describe());
+                CHECK(result.worst_loss_error <= 1e-2);
+                CHECK(result.worst_param_error <= 1e-2);
+                CHECK(result.worst_param_error > 1e-7);
+                CHECK(result.losses == results[0].losses);
+            }
+        }
+    }
+}
+
+TEST_CASE("casts on the pp or tp axis need that axis", "[compress][parallel]") {
+    ThreadWorld(1).run([&](ThreadComm& comm) {
+        auto model = loom::gpt::make_model(loom_test::equivalence_model());
+        loom::exec::ExecutionPlan plan{};
+        plan.pp_compression = parse_compression("bf16");
+        CHECK(loom_test::message_of([&] { loom::exec::Executor<ThreadComm> exec(model, comm, plan, {}); }) ==
+              "Executor: GradCompress<CastBf16, PpAxis> casts what pipeline stages send; add Pipeline<Schedule>");
+        plan.pp_compression = {};
+        plan.tp_compression = parse_compression("fp16");
+        CHECK(loom_test::message_of([&] { loom::exec::Executor<ThreadComm> exec(model, comm, plan, {}); }) ==
+              "Executor: GradCompress<CastFp16, TpAxis> casts Megatron's all-reduces; add TensorParallel (1D)");
     });
 }

@@ -27,6 +27,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -142,8 +143,15 @@ public:
         allocate();
         pending_.resize(program_.code.size());
         if (plan.dp_compression.on() && dp.size() > 1) start_compression(plan.dp_compression, options);
+        LOOM_CHECK(!plan.pp_compression.on() || plan.pipelined, "Executor: GradCompress<",
+                   plan.pp_compression.describe(), ", PpAxis> casts what pipeline stages send; add Pipeline<Schedule>");
+        LOOM_CHECK(!plan.tp_compression.on() || (plan.tensor_parallel && !plan.tensor_grid), "Executor: GradCompress<",
+                   plan.tp_compression.describe(), ", TpAxis> casts Megatron's all-reduces; add TensorParallel (1D)");
+        if (plan.pp_compression.on()) pp_cast_ = cast_of(plan.pp_compression);
         if (tp_ != nullptr) {
-            tp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*tp_);
+            tp_group_ = plan.tp_compression.on()
+                            ? std::make_unique<nn::TensorGroupOf<C>>(*tp_, cast_of(plan.tp_compression))
+                            : std::make_unique<nn::TensorGroupOf<C>>(*tp_);
             pool_.set_tensor_group(tp_group_.get());
             if (plan.tensor_grid) {
                 grid_ = std::make_unique<Grid>(*tp_);
@@ -722,14 +730,19 @@ private:
         return !pipelined_ || pipe_.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
     }
 
+    [[nodiscard]] static kernels::host::Cast cast_of(const Compression& c) {
+        LOOM_CHECK(c.is_cast(), "Executor: ", c.describe(), " on the pp or tp axis; activations take CastBf16 or CastFp16");
+        return c.kind == CompressorKind::bf16 ? kernels::host::Cast::bf16 : kernels::host::Cast::f16;
+    }
+
     void send(int index, const schedule::Instruction& in) {
-        auto [header, body] = send_stage_tensor(*pp_, pool_, in);
+        auto [header, body] = send_stage_tensor(*pp_, pool_, in, pp_cast_);
         pending_[static_cast<std::size_t>(index)] =
             InFlight{std::move(header), std::move(body), std::chrono::steady_clock::now(), true, false};
     }
 
     void recv(const schedule::Instruction& in) {
-        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] { recv_stage_tensor(*pp_, pool_, in); });
+        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] { recv_stage_tensor(*pp_, pool_, in, pp_scratch_); });
     }
 
     void finish(int target) {
@@ -823,6 +836,8 @@ private:
     std::int64_t compress_warmup_ = 0;
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step
+    std::optional<kernels::host::Cast> pp_cast_;  // GradCompress<Cast, PpAxis>
+    std::vector<std::uint32_t> pp_scratch_;       // a cast message's words on arrival
     Tensor inputs_, targets_, activation_;
     std::int64_t rows_per_micro_batch_ = 0;
     float seed_ = 1.0f;

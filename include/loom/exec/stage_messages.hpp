@@ -1,5 +1,5 @@
 // How a pipeline stage's activation or gradient travels to its neighbour:
-// a 64-byte header (dtype, rank, dims) and then the tensor, so the receiver
+// a 64-byte header (dtype, rank, dims, cast) and then the tensor, so the receiver
 // needs no knowledge of the model's shapes. A message is named by what
 // travels and the chunk that sent it: each chunk sends its micro-batches in
 // order and its neighbour receives them in the same order, so (payload,
@@ -10,12 +10,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
+#include "loom/kernels/host/quantize.hpp"
 #include "loom/schedule/program.hpp"
 
 namespace loom::exec {
@@ -37,38 +40,62 @@ struct SentStageTensor {
 
 // Copies the outbox tensor of `in` into its parcel (it must outlive the
 // chunk's context: the send is waited at the end of the step) and sends it.
+// With `cast` (GradCompress<Cast, PpAxis>) an f32 tensor travels as 16-bit
+// values, two per word, and the header's last word says which cast.
 template <comm::Communicator C>
-[[nodiscard]] SentStageTensor send_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in) {
+[[nodiscard]] SentStageTensor send_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in,
+                                                std::optional<kernels::host::Cast> cast = {}) {
     constexpr int longs = stage_header_longs;
     const Tensor& t = pool.outbox(in.payload, in.chunk, in.micro_batch);
-    LOOM_CHECK(t.rank() <= longs - 2, "Executor: ", t, " has more than ", longs - 2, " dimensions to send");
+    LOOM_CHECK(t.rank() <= longs - 3, "Executor: ", t, " has more than ", longs - 3, " dimensions to send");
+    const bool casting = cast.has_value() && t.dtype() == DType::f32;
+    const std::int64_t words = kernels::host::cast_words(t.numel());
+    const std::int64_t body_bytes = casting ? 4 * words : static_cast<std::int64_t>(t.nbytes());
     // One parcel: the header, then the body (64-byte aligned after it).
-    auto* parcel = static_cast<std::byte*>(
-        pool.outbox_parcel(in.payload, in.chunk, in.micro_batch, longs * 8 + static_cast<std::int64_t>(t.nbytes())));
+    auto* parcel =
+        static_cast<std::byte*>(pool.outbox_parcel(in.payload, in.chunk, in.micro_batch, longs * 8 + body_bytes));
     const Tensor header(parcel, DType::i64, Shape{longs});
-    const Tensor body(parcel + longs * 8, t.dtype(), t.shape());
+    const Tensor body = casting ? Tensor(parcel + longs * 8, DType::i32, Shape{words})
+                                : Tensor(parcel + longs * 8, t.dtype(), t.shape());
     auto* h = static_cast<std::int64_t*>(header.raw());
     std::fill_n(h, longs, std::int64_t{0});
     h[0] = static_cast<std::int64_t>(t.dtype());
     h[1] = t.rank();
     for (int d = 0; d < t.rank(); ++d) h[2 + d] = t.dim(d);
-    std::memcpy(body.raw(), t.raw(), t.nbytes());
+    h[longs - 1] = casting ? 1 + static_cast<std::int64_t>(*cast) : 0;
+    if (casting)
+        kernels::host::pack_cast(*cast, t.data<float>(), t.numel(), static_cast<std::uint32_t*>(body.raw()));
+    else
+        std::memcpy(body.raw(), t.raw(), t.nbytes());
     return {pp.send_async(header, in.peer, stage_tag(in.payload, in.chunk, false)),
             pp.send_async(body, in.peer, stage_tag(in.payload, in.chunk, true))};
 }
 
-// Blocks until the tensor `in` names has arrived, into the chunk's inbox.
+// Blocks until the tensor `in` names has arrived, into the chunk's inbox
+// (a cast one through `scratch`, widened back to f32).
 template <comm::Communicator C>
-void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in) {
+void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in,
+                       std::vector<std::uint32_t>& scratch) {
     constexpr int longs = stage_header_longs;
     const int sender = in.chunk + (in.payload == schedule::Payload::activation ? -1 : 1);
     std::int64_t h[longs] = {};
     pp.recv(Tensor::of(h, {longs}), in.peer, stage_tag(in.payload, sender, false));
-    LOOM_CHECK(h[1] >= 0 && h[1] <= longs - 2 && h[0] >= 0 && h[0] <= static_cast<std::int64_t>(DType::i64),
-               "Executor: ", describe_recv(in), " got a malformed header (dtype ", h[0], ", rank ", h[1], ")");
+    const std::int64_t cast = h[longs - 1];
+    LOOM_CHECK(h[1] >= 0 && h[1] <= longs - 3 && h[0] >= 0 && h[0] <= static_cast<std::int64_t>(DType::i64) &&
+                   cast >= 0 && cast <= 2 && (cast == 0 || h[0] == static_cast<std::int64_t>(DType::f32)),
+               "Executor: ", describe_recv(in), " got a malformed header (dtype ", h[0], ", rank ", h[1], ", cast ",
+               cast, ")");
     const Tensor body =
         pool.inbox_parcel(in.payload, in.chunk, in.micro_batch, static_cast<DType>(h[0]), Shape(h + 2, h + 2 + h[1]));
-    pp.recv(body, in.peer, stage_tag(in.payload, sender, true));
+    if (cast == 0) {
+        pp.recv(body, in.peer, stage_tag(in.payload, sender, true));
+    } else {
+        const std::int64_t words = kernels::host::cast_words(body.numel());
+        scratch.resize(static_cast<std::size_t>(words));
+        pp.recv(Tensor(scratch.data(), DType::i32, Shape{words}), in.peer, stage_tag(in.payload, sender, true));
+        kernels::host::unpack_cast(static_cast<kernels::host::Cast>(cast - 1), scratch.data(), body.numel(),
+                                   body.data<float>());
+    }
     pool.put_inbox(in.payload, in.chunk, in.micro_batch, body);
 }
 

@@ -117,7 +117,7 @@ private:  // functions only: Embedding stays an aggregate
             const TensorGroup* group = ctx.tensor_group();
             LOOM_CHECK(group != nullptr, "Embedding: its token table is a vocabulary shard but the context has no "
                                          "tensor-parallel group; run it through an executor with a tp axis");
-            group->all_reduce_sum(y);
+            group->all_reduce_activations(y);
         }
         add_positions(y.data<float>(), tokens.numel(), positions_of(ctx.sequence(), tokens.dim(1)));
     }

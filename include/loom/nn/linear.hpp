@@ -71,7 +71,7 @@ struct Linear {
             using kernels::host::Trans;
             kernels::host::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x.data<float>(), in(),
                                 weight.value.data<float>(), in(), 0.0f, y.data<float>(), out());
-            group(ctx).all_reduce_sum(y);
+            group(ctx).all_reduce_activations(y);
             if (has_bias()) add_bias(y, rows);
             ctx.saved<Saved>(this).x = x;
             return y;
@@ -104,7 +104,7 @@ struct Linear {
         kernels::host::gemm(Trans::no, Trans::no, rows, in(), out(), 1.0f, dy.data<float>(), out(),
                             weight.value.data<float>(), in(), 0.0f, dx.data<float>(), in());
         // f: each rank's slice of the features contributed to the whole input's gradient.
-        if (split == Split::columns) group(ctx).all_reduce_sum(dx);
+        if (split == Split::columns) group(ctx).all_reduce_activations(dx);
         return dx;
     }
 

@@ -14,10 +14,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/kernels/host/quantize.hpp"
+#include "loom/nn/cast_all_reduce.hpp"
 
 namespace loom::nn {
 
@@ -33,6 +36,11 @@ public:
     [[nodiscard]] virtual int rank() const = 0;
     [[nodiscard]] virtual int size() const = 0;
     virtual void all_reduce_sum(const Tensor& t) const = 0;                       // in place
+    // The sums of Megatron's f and g operators and the vocabulary-parallel
+    // embedding: activations and their gradients, which GradCompress<Cast,
+    // TpAxis> may send as 16-bit values. Statistics (a softmax's sums, a
+    // norm's moments) use all_reduce_sum, always exact.
+    virtual void all_reduce_activations(const Tensor& t) const { all_reduce_sum(t); }
     virtual void all_reduce_max(const Tensor& t) const = 0;                       // in place
     virtual void all_gather(const Tensor& local, const Tensor& whole) const = 0;  // rank r's block at r
     // Rank r gets the sum of every rank's block r of `whole` (size() blocks).
@@ -51,9 +59,15 @@ template <comm::Communicator C>
 class TensorGroupOf final : public TensorGroup {
 public:
     explicit TensorGroupOf(C& comm) : comm_(&comm) {}
+    // With `cast`, all_reduce_activations sends 16-bit values (nn/cast_all_reduce.hpp).
+    TensorGroupOf(C& comm, kernels::host::Cast cast) : comm_(&comm), cast_(cast) {}
     [[nodiscard]] int rank() const override { return comm_->rank(); }
     [[nodiscard]] int size() const override { return comm_->size(); }
     void all_reduce_sum(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::sum); }
+    void all_reduce_activations(const Tensor& t) const override {
+        if (cast_ && t.dtype() == DType::f32) cast_all_reduce_sum(*comm_, t, *cast_, scratch_);
+        else all_reduce_sum(t);
+    }
     void all_reduce_max(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::max); }
     void all_gather(const Tensor& local, const Tensor& whole) const override { comm_->all_gather(local, whole); }
     void reduce_scatter_sum(const Tensor& whole, const Tensor& local) const override {
@@ -73,6 +87,8 @@ public:
 
 private:
     C* comm_;
+    std::optional<kernels::host::Cast> cast_;
+    mutable CastScratch scratch_;  // one rank's, used by its own thread
 };
 
 }  // namespace loom::nn
