@@ -105,14 +105,16 @@ TEST_CASE("sequence parallelism equals serial under MPI", "[sequence]") {
 }
 
 // GradCompress under mpirun: the compression suite of tests/parallel, with dp
-// = the number of processes, ZeRO 0 (all-reduce) and 2 (reduce-scatter), and
-// a warm-up for the error-feedback compressors.
+// = the number of processes, ZeRO 0 (all-reduce) and 2 (reduce-scatter).
+// Compressed from the first step: an uncompressed warm-up step would average
+// in MPI's own summation order, and a compressor's discontinuities (which
+// element is in the top k, which sign a value near 0 gets) turn that last-bit
+// difference into 1e-4 (docs/testing.md). The rank threads test the warm-up.
 TEST_CASE("every gradient compressor trains as the serial run of its algorithm under MPI", "[compress]") {
     auto world = loom::comm::Mpi::world();
     for (const loom::Compression& compression : loom_test::every_compressor())
         for (int stage : {0, 2}) {
-            const loom_test::CompressionCase c{.compression = compression, .dp = world.size(), .stage = stage,
-                                               .warmup = compression.error_feedback() ? 1 : 0};
+            const loom_test::CompressionCase c{.compression = compression, .dp = world.size(), .stage = stage};
             const auto serial = loom_test::serial_compressed_run(c);
             const auto result = loom_test::run_compressed(world, c, serial);
             INFO(compression.describe() << " dp " << c.dp << " stage " << stage << ", rank " << world.rank() << ": "
