@@ -11,7 +11,7 @@
 //             [--tp-mode 1d|2d] [--sp 1] [--sp-mode ring|ulysses|hybrid] [--ulysses 2|4]
 //             [--sp-layout zigzag|contiguous]
 //             [--compress none|bf16|fp16|int8|topk:0.01|powersgd:4|onebit] [--compress-warmup N]
-//             [--compress-pp none|bf16|fp16] [--compress-tp none|bf16|fp16]
+//             [--compress-pp none|bf16|fp16] [--compress-tp none|bf16|fp16] [--freeze-variance N]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
@@ -94,6 +94,7 @@ struct Flags {
     loom::Compression compress{};      // --compress: the dp gradient exchange
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
     loom::Compression compress_pp{}, compress_tp{};  // casts of the pp / tp traffic
+    std::int64_t freeze_variance = -1;  // AdamW's v frozen after N steps; -1: at an error-feedback compressor's start
 
     // The warm-up the run uses: given, or the reference's share of the steps.
     [[nodiscard]] std::int64_t warmup_steps() const {
@@ -118,7 +119,8 @@ struct Flags {
                       "zigzag|contiguous --schedule "
                       "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
                       "--save FILE --resume FILE --sample N --compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit "
-                      "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16)");
+                      "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16 "
+                      "--freeze-variance N)");
 }
 
 std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low, std::int64_t high) {
@@ -200,6 +202,7 @@ Flags parse(int argc, char** argv) {
                 (flag == "--compress-pp" ? f.compress_pp : f.compress_tp) = c;
             }
         } else if (flag == "--compress-warmup") f.compress_warmup = parse_int(flag, value, 0, 1LL << 40);
+        else if (flag == "--freeze-variance") f.freeze_variance = parse_int(flag, value, 1, 1LL << 40);
         else if (flag == "--metrics") f.metrics = value;
         else if (flag == "--save") f.save = value;
         else if (flag == "--resume") f.resume = value;
@@ -564,7 +567,8 @@ void train(C& world, const Flags& flags, const char* transport) {
                                  flags.tp > 1 ? &mesh.axis("tp") : nullptr,
                                  flags.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
                                  {.micro_batches = flags.micro_batches,
-                                  .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f},
+                                  .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                                                     std::max<std::int64_t>(0, flags.freeze_variance)},
                                   .trace = !flags.trace.empty(),
                                   .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
                                   .partition = partition,

@@ -388,8 +388,9 @@ private:
         LOOM_CHECK(compress_warmup_ >= 0, "Executor: compress_warmup = ", compress_warmup_,
                    " steps; it must be 0 or more");
         // Error feedback delivers late what a step did not send; AdamW's
-        // variance freezes when compression starts, so that arrives in full.
-        if (compression.error_feedback() && compress_warmup_ > 0 && adamw_.freeze_variance_after == 0)
+        // variance freezes when compression starts (unless the options chose
+        // a step), so that arrives in full.
+        if (compression.error_feedback() && compress_warmup_ > 0 && options.adamw.freeze_variance_after == 0)
             adamw_.freeze_variance_after = compress_warmup_;
         PowerSgdBuckets::Notice notice;
         if (comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0))
