@@ -1,9 +1,10 @@
 # Resume equals uninterrupted: 20 steps in one run must give the same losses,
 # bit for bit, as 10 steps, a checkpoint, and 10 more steps from it.
-# Args: TRAIN_GPT (the binary), WORK_DIR.
+# Args: TRAIN_GPT (the binary), WORK_DIR, and optionally EXTRA (more flags,
+# ;-separated: a compressed run's error feedback must come back too).
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
-set(model --layers 2 --width 32 --heads 2 --seq 16 --batch 2 --steps 20 --seed 5)
+set(model --layers 2 --width 32 --heads 2 --seq 16 --batch 2 --steps 20 --seed 5 ${EXTRA})
 include("${CMAKE_CURRENT_LIST_DIR}/train_gpt_run.cmake")
 run(--metrics "${WORK_DIR}/straight.jsonl")
 run(--until 10 --save "${WORK_DIR}/half.safetensors" --metrics "${WORK_DIR}/resumed.jsonl")
@@ -24,4 +25,11 @@ foreach(i RANGE 19)
     message(FATAL_ERROR "step ${i}: ${la} uninterrupted but ${lb} after resuming")
   endif()
 endforeach()
+if(EXTRA MATCHES "--compress")
+  # A resume under other degrees keeps the model but not the compressor's state, and says so.
+  run(--resume "${WORK_DIR}/half.safetensors" --compress bf16)
+  if(NOT run_output MATCHES "note: the checkpoint's compressor state belongs to [^;]+ on dp 2 x pp 1 x tp 1 x sp 1 .2 ranks., not CastBf16 on dp 2")
+    message(FATAL_ERROR "a resume with another compressor did not say its state starts from zero:\n${run_output}")
+  endif()
+endif()
 message(STATUS "resume is bit-identical: 20 losses equal")

@@ -89,7 +89,6 @@ struct MatrixModel {
         loom::nn::Unit unit;
         unit.name = "layer";
         unit.params = {&weight, &bias};
-        unit.param_names = {"weight", "bias"};
         unit.numel = weight.numel() + bias.numel();
         return {unit};
     }

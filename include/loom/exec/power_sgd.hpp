@@ -163,7 +163,7 @@ private:
         const std::int64_t rows = p.shape.rank() >= 2 ? p.shape[0] : 1, cols = n / rows;
         const bool matrix = p.shape.rank() >= 2;
         if (matrix && rank_ > std::min(rows, cols) && notice)
-            notice(loom::detail::concat("PowerSGD<", rank_, ">: ", unit.name, " ", unit.param_names[k], " is ", rows,
+            notice(loom::detail::concat("PowerSGD<", rank_, ">: ", unit.name, "'s parameter ", k, " is ", rows,
                                         " x ", cols, "; rank ", rank_, " is larger than its dimension ",
                                         std::min(rows, cols), ", so it is exchanged uncompressed"));
         if (matrix && rank_ <= std::min(rows, cols) && (rows + cols) * rank_ * 2 < rows * cols) {

@@ -33,7 +33,6 @@ namespace loom::nn {
 struct Unit {
     std::string name;             // "blocks[2] Block": the field path, then the type
     std::vector<Param*> params;   // reflection order, the arena's order
-    std::vector<std::string> param_names;  // each one's path inside the unit ("attn.qkv.weight")
     std::int64_t numel = 0;       // elements of all its Params
     std::function<Tensor(Context&, const Tensor&)> forward;
     std::function<Tensor(Context&, const Tensor&)> backward_input;
@@ -62,9 +61,8 @@ template <class L>
 Unit make_unit(L& layer, std::string path) {
     Unit unit;
     unit.name = std::move(path) + " " + short_type_name<L>();
-    reflect::visit_params(layer, [&](Param& p, std::string_view name) {
+    reflect::visit_params(layer, [&](Param& p, std::string_view) {
         unit.params.push_back(&p);
-        unit.param_names.emplace_back(name);
         unit.numel += p.numel();
     });
     unit.forward = [&layer](Context& ctx, const Tensor& x) { return forward(layer, ctx, x); };
