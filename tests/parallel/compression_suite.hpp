@@ -212,8 +212,16 @@ inline SerialRun serial_compressed_run(const CompressionCase& c) {
             for (const auto& gr : grads)
                 for (std::size_t i = 0; i < gr.size(); ++i) average[i] += gr[i] / static_cast<float>(c.dp);
         } else {
+            // 1-bit Adam at ZeRO 0: each rank's momentum-to-be is what is compressed.
+            const bool momentum = c.compression.compresses_momentum() && c.stage == 0;
+            std::vector<float> m_padded(average.size());
+            if (momentum) {
+                layout.from_dense(optimizer.m(), m_padded);
+                for (auto& gr : grads) loom::exec::mix_momentum(gr, m_padded, adamw.beta1);
+            }
             for (int g = 0; g < static_cast<int>(layout.groups().size()); ++g)
                 reference_average(c.compression, layout, units, g, c.stage >= 1, grads, state, average);
+            if (momentum) loom::exec::unmix_momentum(average, m_padded, adamw.beta1);
         }
         layout.to_dense(average, dense);
         optimizer.step(arena.values(), dense);

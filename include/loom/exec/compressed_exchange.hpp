@@ -39,6 +39,18 @@
 
 namespace loom::exec {
 
+// 1-bit Adam's exchange of momentum through a gradient exchange: before it,
+// g becomes the momentum this step would make, beta1 m + (1 - beta1) g; after
+// it, the average turns back into the gradient that makes AdamW's momentum
+// that average, (avg - beta1 m) / (1 - beta1). m is the step's old momentum,
+// the same on every rank.
+inline void mix_momentum(std::span<float> grad, std::span<const float> m, float beta1) {
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = beta1 * m[i] + (1.0f - beta1) * grad[i];
+}
+inline void unmix_momentum(std::span<float> grad, std::span<const float> m, float beta1) {
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = (grad[i] - beta1 * m[i]) / (1.0f - beta1);
+}
+
 template <comm::Communicator C>
 class CompressedExchange {
 public:
@@ -142,6 +154,7 @@ private:
         void finish() {
             done_ = true;
             owner_->finish(g_, grad_, out_, scatter_);
+            owner_->zero_padding(g_, out_, scatter_);
         }
         CompressedExchange* owner_;
         int g_;
@@ -247,6 +260,16 @@ private:
         comm_->all_gather(words_tensor(b.gather_send), words_tensor(b.gather_recv));
         for (int r = 0; r < n; ++r)
             codec_->unpack(b.gather_recv.data() + r * words, group.block, grad.data() + r * group.block, 1.0f, false);
+    }
+
+    // The bucket's padding (past its parameters) leaves the exchange as zero,
+    // as it entered: a decoded sign or a cast sum there would otherwise feed
+    // AdamW's moments of elements that belong to nobody.
+    void zero_padding(int g, std::span<float> out, bool scatter) const {
+        const auto& group = layout_.group(g);
+        const std::int64_t first = scatter ? comm_->rank() * group.block : 0;
+        for (std::int64_t i = std::max(group.numel, first); i < first + static_cast<std::int64_t>(out.size()); ++i)
+            out[static_cast<std::size_t>(i - first)] = 0.0f;
     }
 
     C* comm_;

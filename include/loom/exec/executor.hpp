@@ -401,6 +401,10 @@ private:
     }
     // After the warm-up: compressed from the step whose optimizer step is compress_warmup_ + 1.
     [[nodiscard]] bool compressing() const noexcept { return compress_ && optimizer_steps_ >= compress_warmup_; }
+    // OneBit at ZeRO 0 exchanges momentum (mix before, unmix at the optimizer step).
+    [[nodiscard]] bool momentum_exchange() const noexcept {
+        return compressing() && stage_ == 0 && compression_.compresses_momentum();
+    }
 
     void reduce_compressed(int index, const schedule::Instruction& in) {
         const auto& g = layout_.group(in.group);
@@ -410,6 +414,10 @@ private:
         };
         if (in.slot < 0) {
             const auto grad = span_of(grads_, g.offset, g.padded);
+            if (momentum_exchange()) {
+                mix_momentum(grad, span_of(m_, g.offset, g.padded), adamw_.beta1);
+                momentum_mixed_ = true;
+            }
             issue(index, compress_->reduce_async(in.group, grad,
                                                  in.reduction == schedule::Reduction::all_reduce
                                                      ? grad
@@ -783,6 +791,8 @@ private:
             return std::span<float>(b.data<float>() + offset, static_cast<std::size_t>(n));
         };
         if (stage_ == 0) {
+            if (momentum_mixed_) unmix_momentum(all(grads_), all(m_), adamw_.beta1);
+            momentum_mixed_ = false;
             optim::adamw_step(all(values_), all(grads_), all(m_), all(v_), step,
                               adamw_);
         } else if (stage_ == 3) {
@@ -835,6 +845,7 @@ private:
     Compression compression_{};                        // GradCompress on the dp axis
     std::unique_ptr<CompressedExchange<C>> compress_;  // null without one (or with one dp rank)
     std::int64_t compress_warmup_ = 0;
+    bool momentum_mixed_ = false;  // this step's gradients were mixed into momentum (OneBit, ZeRO 0)
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step
     std::optional<kernels::host::Cast> pp_cast_;  // GradCompress<Cast, PpAxis>

@@ -16,7 +16,8 @@
 //   TopK<ratio>          the largest ratio of each chunk, error feedback     1/(2 ratio)
 //   PowerSGD<rank>       rank-r factors of each matrix, error feedback,
 //                        warm start, only where it saves 2x or more
-//   OneBit (OneBitBlock<B>) sign x mean |x| per B values, error feedback     ~30x
+//   OneBit (OneBitBlock<B>) sign x mean |x| per B values of the momentum (1-bit
+//                        Adam; of the gradient under ZeRO), error feedback  ~20x
 // Error feedback keeps what a step did not send and adds it to the next
 // step's gradient, so nothing is lost, only delayed. PowerSGD and OneBit
 // start after ExecutorOptions::compress_warmup uncompressed steps.
@@ -60,6 +61,10 @@ struct Compression {
                kind == CompressorKind::one_bit;
     }
     [[nodiscard]] constexpr bool is_cast() const noexcept { return kind == CompressorKind::bf16 || kind == CompressorKind::fp16; }
+    // 1-bit Adam: what is compressed is the momentum the step would make,
+    // beta1 m + (1 - beta1) g, smoother than g, where every rank holds the
+    // whole m (ZeRO 0); under ZeRO 1-3, the gradient.
+    [[nodiscard]] constexpr bool compresses_momentum() const noexcept { return kind == CompressorKind::one_bit; }
 
     // One line naming the bad value and what would be valid.
     void validate() const {

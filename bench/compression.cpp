@@ -1,0 +1,964 @@
+// bench/compression: what GradCompress's dp compressors save and cost, on the
+// real GPT training step through the executor, beside the formulas.
+//
+//   bench_compression [--compressors none,bf16,fp16,int8,topk:0.01,powersgd:4,onebit]
+//                     [--gbit 0.1,1,10,100] [--steps 5] [--warmup 2] [--dp 4] [--config A|B] [--batch 4]
+//                     [--bucket BYTES] [--mib 64] [--chunk 131072] [--reps 5] [--quick]
+//
+// Compressors are parse_compression's spellings (train_gpt's --compress).
+// The GPT is config A of bench/data_parallel.cpp (layers 4, width 256, heads
+// 4, seq 128, vocab 256) with --batch 4 sequences per rank, half config A's
+// 8: four rank threads share two cores, so 4 sequences on half a core take
+// about as long as 8 on a core of their own (and the run stays near 3
+// minutes). It trains with Strategy<DataParallel<>> (ZeRO stage 0, 2 MiB
+// buckets) on dp rank threads of a ThreadWorld, ExecutionPlan::dp_compression
+// set to the compressor and ExecutorOptions::compress_warmup = 0, so every
+// step's gradient exchange is compressed (PowerSGD and one-bit included).
+// Each world (one per link setting) holds one executor per compressor, all on
+// the same communicator, stepped in turn with the first one rotating every
+// round: a neighbour's burst of load falls on every compressor alike. --warmup
+// untimed rounds, then --steps timed ones; a step's time is its slowest rank's.
+// --quick: config B, 1 + 2 steps, a 4 MiB kernel buffer.
+//
+// 1. Bytes per training step per rank, counted by comm::Counted wrapped
+//    around each rank's ThreadComm, the only communicator the executor has
+//    (its dp axis): what it counts is the gradient exchange plus the step's
+//    loss all-reduce (one f32: 4 bytes of payload, 6 on the wire at dp 4),
+//    which the formulas below include too. payload = the ops' own sizes
+//    (all_reduce: the buffer; all_to_all: the send buffer; all_gather: the
+//    receive buffer); wire = what this rank sends under the ring algorithms
+//    (Counted's wire_bytes). Beside it the formula, per bucket g of P_g
+//    padded elements (ShardLayout: rounded up to 16 x N), block b = P_g / N,
+//    N = dp, and w(b) the compressed words of a block (ChunkCodec::words,
+//    kernels/host/quantize.hpp and top_k.hpp):
+//      none       all-reduce of P floats:       payload 4P,        wire 2(N-1)/N 4P
+//      casts      w = ceil(b/2)                 two stages (all-to-all of the N
+//      int8       w = ceil(b/128) + ceil(b/4)   compressed chunks, all-gather of
+//      one-bit    w = ceil(b/64) + ceil(b/32)   the compressed sums):
+//                                               payload 2 N w 4,   wire 2 (N-1) w 4
+//      top-k      w = 2k, k = ceil(ratio b)     all-gather of every rank's pairs
+//                                               for every chunk:   payload N^2 w 4, wire (N-1) N w 4
+//      PowerSGD   per matrix n x m with r <= min(n, m) and 2 (n+m) r < n m:
+//                 P = n r, Q = m r floats; every other parameter whole (dense);
+//                 all-reduce of [P | dense], then of Q: payload 4 (P + dense + Q),
+//                 wire 2(N-1)/N of it
+//    plus the loss: payload 4, wire 2(N-1)/N 4. "link ms" is the time that
+//    traffic holds one link if the collectives ran one after the other:
+//    wire / bandwidth + 5 us x (2(N-1) per all-reduce, N-1 per all-to-all or
+//    all-gather), as Links::cost sums.
+// 2. Step time with every link Shaped to each --gbit Gbit/s (5 us latency),
+//    each compressor against uncompressed in the same round, and the
+//    unshaped step (part 1's Counted world) for the compressors' CPU cost;
+//    "wait" is the compute thread's time waiting for collectives (executor
+//    trace): what backward did not hide, and for a compressed exchange its
+//    second half, which runs inside that wait. Shaped models each collective
+//    on its own, so buckets in flight together do not share the bandwidth:
+//    where several uncompressed all-reduces overlap (low link speeds), each
+//    gets the whole link, which flatters the uncompressed step.
+// 3. Compression kernel throughput on one thread: ChunkCodec pack and unpack
+//    (add, weight 1/N, as the exchange sums) over --mib MiB of f32 gradient
+//    in chunks of --chunk values (the default is a 2 MiB bucket's block at dp
+//    4: what the exchange packs at a time), error feedback in place where the
+//    compressor keeps one (as the exchange does), the input restored before
+//    each repetition outside the clock; GB/s of f32 gradient processed (4 n
+//    bytes / time), beside std::memcpy of the same buffer in the same run
+//    (also 4 n bytes / time; its traffic is twice that, read + write).
+//    PowerSGD: every bucket's start + finish (PowerSgdBuckets, the exchange's
+//    own) over the GPT's gradient on a 1-rank world, and the kernels alone
+//    (P = M Q, orthonormalise P, Q = M^T P, M^ = P Q^T, error = M - M^) on
+//    one square matrix of the --mib buffer. Median of --reps.
+//
+// Output is markdown. Four rank threads (plus their progress threads) on a
+// 2-core machine are oversubscribed, so step times carry scheduling noise:
+// compare compressors at the same link speed. other_cores: cores' worth of
+// CPU other processes used meanwhile (/proc/stat); near 0 is a quiet machine.
+#include <loom/comm/counted.hpp>
+#include <loom/comm/links.hpp>
+#include <loom/comm/shaped.hpp>
+#include <loom/comm/thread_world.hpp>
+#include <loom/core/rng.hpp>
+#include <loom/data/corpus.hpp>
+#include <loom/exec/chunk_codec.hpp>
+#include <loom/exec/executor.hpp>
+#include <loom/exec/power_sgd.hpp>
+#include <loom/exec/trace.hpp>
+#include <loom/gpt/model.hpp>
+#include <loom/kernels/host/gemm.hpp>
+#include <loom/kernels/host/low_rank.hpp>
+#include <loom/parallel/grad_compress.hpp>
+#include <loom/parallel/shard_layout.hpp>
+
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using loom::Compression;
+using loom::CompressorKind;
+using loom::comm::ThreadComm;
+
+struct BenchConfig {
+    loom::gpt::Config model;
+    std::int64_t batch;  // sequences per rank
+};
+
+// bench/data_parallel.cpp's configs.
+const std::map<std::string, BenchConfig>& configs() {
+    static const std::map<std::string, BenchConfig> all{
+        {"A", {{.layers = 4, .width = 256, .heads = 4, .seq = 128, .vocab = 256}, 8}},
+        {"B", {{.layers = 2, .width = 64, .heads = 4, .seq = 64, .vocab = 256}, 4}},
+    };
+    return all;
+}
+
+constexpr std::uint64_t data_seed = 1;
+constexpr std::uint64_t init_seed = 1;
+constexpr double latency_s = 5e-6;
+constexpr loom::optim::AdamWConfig adamw{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int usable_cores() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Cores' worth of CPU time other processes used since construction (as bench/data_parallel.cpp).
+class ForeignLoad {
+public:
+    ForeignLoad() : start_(sample()) {}
+    [[nodiscard]] double cores() const {
+        const Sample now = sample();
+        const double wall = std::chrono::duration<double>(now.when - start_.when).count();
+        if (start_.machine < 0 || now.machine < 0 || wall <= 0) return -1;
+        return std::max(0.0, ((now.machine - start_.machine) - (now.own - start_.own)) / wall);
+    }
+
+private:
+    struct Sample {
+        double machine = -1, own = 0;
+        std::chrono::steady_clock::time_point when;
+    };
+    static double seconds(const timeval& t) {
+        return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+    }
+    static Sample sample() {
+        Sample s;
+        s.when = std::chrono::steady_clock::now();
+        std::ifstream stat("/proc/stat");
+        std::string cpu;
+        double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+        if (stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal && cpu == "cpu")
+            s.machine = (user + nice + system + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+        rusage self{};
+        getrusage(RUSAGE_SELF, &self);
+        s.own = seconds(self.ru_utime) + seconds(self.ru_stime);
+        return s;
+    }
+    Sample start_;
+};
+
+// Makes the compiler assume `p`'s memory is read, so timed stores are kept.
+inline void keep_memory(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
+
+// ---------------------------------------------------------------------------
+// The training runs.
+
+// One compressor's figures in one world.
+struct StepRun {
+    std::vector<double> step_ms;         // per timed step: the slowest rank's
+    std::vector<double> wait_ms;         // per timed step: the slowest rank's time waiting for collectives
+    loom::comm::CommCounts counts;       // rank 0, the last timed step
+    bool bytes_constant = true;          // every timed step, every rank: the same counts
+    float loss = 0;                      // rank 0, the last step
+    std::vector<loom::parallel::ShardGroup> groups;
+    std::vector<std::vector<loom::Shape>> group_shapes;  // each group's parameter shapes, arena order
+    std::vector<std::string> notices;
+
+    [[nodiscard]] double median_ms() const { return median(step_ms); }
+    [[nodiscard]] double median_wait_ms() const { return median(wait_ms); }
+};
+
+// Milliseconds the compute thread stood waiting for collectives in `step`
+// (the trace's "wait for" events: the part overlap did not hide, and for a
+// compressed exchange its second half, which runs in the wait).
+double waited_ms(const loom::exec::Trace& trace, std::int64_t step) {
+    double ms = 0;
+    for (const auto& e : trace.events())
+        if (e.step == step && e.lane == loom::exec::compute_lane && e.category == "wait") ms += e.duration_us / 1e3;
+    return ms;
+}
+
+// One world of dp rank threads over communicator type C (`wrap` turns each
+// ThreadComm into a C), one executor (and model) per compressor on it; every
+// round steps each executor once, the starting compressor rotating, so a
+// neighbour's burst of load falls on every compressor alike. `warmup`
+// untimed rounds, then `steps` timed ones. Every executor sees the same rows.
+template <class C, class Wrap>
+std::vector<StepRun> run_round_robin(const BenchConfig& config, int dp, const std::vector<Compression>& compressors,
+                                     std::int64_t bucket, int steps, int warmup, Wrap wrap) {
+    const std::int64_t B = config.batch, T = config.model.seq;
+    const int total = warmup + steps;
+    const auto K = compressors.size();
+    const auto corpus = loom::data::ByteCorpus::synthetic(1 << 18, data_seed, static_cast<int>(config.model.vocab));
+    const auto tokens = static_cast<std::size_t>(B * T);
+    std::vector<std::vector<std::int32_t>> inputs(static_cast<std::size_t>(dp * total)), targets(inputs.size());
+    for (int r = 0; r < dp; ++r)
+        for (int s = 0; s < total; ++s) {
+            auto& in = inputs[static_cast<std::size_t>(r * total + s)];
+            auto& out = targets[static_cast<std::size_t>(r * total + s)];
+            in.resize(tokens);
+            out.resize(tokens);
+            corpus.rows(data_seed, s, r * B, B, T, in, out);
+        }
+    // [rank][compressor][timed step]
+    using Grid = std::vector<std::vector<std::vector<double>>>;
+    Grid seconds(static_cast<std::size_t>(dp), std::vector<std::vector<double>>(K, std::vector<double>(static_cast<std::size_t>(steps))));
+    Grid waits = seconds;
+    std::vector<std::vector<std::vector<loom::comm::CommCounts>>> counts(
+        static_cast<std::size_t>(dp),
+        std::vector<std::vector<loom::comm::CommCounts>>(K, std::vector<loom::comm::CommCounts>(static_cast<std::size_t>(steps))));
+    std::vector<StepRun> runs(K);
+    loom::comm::ThreadWorld(dp).run([&](ThreadComm& thread_comm) {
+        loom::kernels::host::set_blas_threads(1);
+        C comm = wrap(std::move(thread_comm));
+        const int r = comm.rank();
+        std::vector<std::unique_ptr<loom::gpt::Model>> models;
+        std::vector<std::unique_ptr<loom::exec::Executor<C>>> execs;
+        for (std::size_t k = 0; k < K; ++k) {
+            models.push_back(std::make_unique<loom::gpt::Model>(loom::gpt::make_model(config.model)));
+            loom::exec::ExecutionPlan plan{0, bucket};
+            plan.dp_compression = compressors[k];
+            StepRun& run = runs[k];
+            loom::exec::ExecutorOptions options{
+                .micro_batches = 1,
+                .adamw = adamw,
+                .trace = true,  // for the wait times; a few clock reads per unit
+                .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
+                .compress_warmup = 0,
+                .notice = [&run](const std::string& line) { run.notices.push_back(line); }};
+            execs.push_back(std::make_unique<loom::exec::Executor<C>>(*models.back(), comm, plan, options));
+            execs.back()->initialize(init_seed);
+        }
+        for (int s = 0; s < total; ++s) {
+            auto& in = inputs[static_cast<std::size_t>(r * total + s)];
+            auto& out = targets[static_cast<std::size_t>(r * total + s)];
+            for (std::size_t j = 0; j < K; ++j) {
+                const std::size_t k = (j + static_cast<std::size_t>(s)) % K;
+                comm.inner().barrier();  // the wrapped one: neither counted nor shaped
+                if constexpr (requires { comm.reset(); }) comm.reset();
+                const auto t0 = std::chrono::steady_clock::now();
+                const float loss =
+                    execs[k]->step(loom::Tensor::of(in.data(), {B, T}), loom::Tensor::of(out.data(), {B, T}), adamw.lr);
+                const auto t1 = std::chrono::steady_clock::now();
+                if (r == 0) runs[k].loss = loss;
+                if (s < warmup) continue;
+                const auto at = static_cast<std::size_t>(s - warmup), rr = static_cast<std::size_t>(r);
+                seconds[rr][k][at] = std::chrono::duration<double>(t1 - t0).count();
+                waits[rr][k][at] = waited_ms(execs[k]->trace(), s);
+                if constexpr (requires { comm.counts(); }) counts[rr][k][at] = comm.counts();
+            }
+        }
+        if (r == 0)
+            for (std::size_t k = 0; k < K; ++k) {
+                runs[k].groups = execs[k]->layout().groups();
+                for (const auto& g : runs[k].groups) {
+                    std::vector<loom::Shape> shapes;
+                    for (int u = g.first_unit; u <= g.last_unit; ++u)
+                        for (const loom::Param* p : execs[k]->units()[static_cast<std::size_t>(u)].params)
+                            shapes.push_back(p->shape);
+                    runs[k].group_shapes.push_back(std::move(shapes));
+                }
+            }
+    });
+    for (std::size_t k = 0; k < K; ++k) {
+        StepRun& run = runs[k];
+        run.step_ms.assign(static_cast<std::size_t>(steps), 0.0);
+        run.wait_ms.assign(static_cast<std::size_t>(steps), 0.0);
+        for (std::size_t s = 0; s < run.step_ms.size(); ++s)
+            for (std::size_t rr = 0; rr < seconds.size(); ++rr) {
+                run.step_ms[s] = std::max(run.step_ms[s], 1e3 * seconds[rr][k][s]);
+                run.wait_ms[s] = std::max(run.wait_ms[s], waits[rr][k][s]);
+            }
+        run.counts = counts[0][k].back();
+        for (const auto& rank : counts)
+            for (const auto& c : rank[k]) run.bytes_constant = run.bytes_constant && c == run.counts;
+    }
+    return runs;
+}
+
+std::vector<StepRun> run_counted(const BenchConfig& config, int dp, const std::vector<Compression>& c,
+                                 std::int64_t bucket, int steps, int warmup) {
+    using Counted = loom::comm::Counted<ThreadComm>;
+    return run_round_robin<Counted>(config, dp, c, bucket, steps, warmup,
+                                    [](ThreadComm comm) { return Counted(std::move(comm)); });
+}
+
+std::vector<StepRun> run_shaped(const BenchConfig& config, int dp, const std::vector<Compression>& c,
+                                std::int64_t bucket, int steps, int warmup, double gbit) {
+    using Shaped = loom::comm::Shaped<ThreadComm>;
+    const loom::comm::Links links(dp, loom::comm::Link::gbit(gbit, latency_s));
+    return run_round_robin<Shaped>(config, dp, c, bucket, steps, warmup,
+                                   [&](ThreadComm comm) { return Shaped(std::move(comm), links); });
+}
+
+// Median over the timed rounds of none's step time over this one's (same round).
+double speedup(const StepRun& none, const StepRun& run) {
+    std::vector<double> ratios;
+    for (std::size_t s = 0; s < run.step_ms.size(); ++s) ratios.push_back(none.step_ms[s] / run.step_ms[s]);
+    return median(ratios);
+}
+
+// ---------------------------------------------------------------------------
+// The formulas.
+
+struct Bytes {
+    double payload = 0, wire = 0;
+};
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The compressed words of a block of b values (kernels/host/quantize.hpp, top_k.hpp).
+std::int64_t block_words(const Compression& c, std::int64_t b) {
+    switch (c.kind) {
+        case CompressorKind::bf16:
+        case CompressorKind::fp16: return ceil_div(b, 2);
+        case CompressorKind::int8: return ceil_div(b, c.block) + ceil_div(b, 4);
+        case CompressorKind::one_bit: return ceil_div(b, c.block) + ceil_div(b, 32);
+        case CompressorKind::top_k: {
+            const auto k = static_cast<std::int64_t>(std::ceil(c.ratio * static_cast<double>(b) - 1e-9));
+            return 2 * std::clamp<std::int64_t>(k, 1, b);
+        }
+        default: return 0;
+    }
+}
+
+// PowerSGD's floats per bucket: P and Q of the matrices it compresses, the rest whole.
+struct PowerSgdSizes {
+    std::int64_t p = 0, q = 0, dense = 0;
+};
+PowerSgdSizes power_sgd_sizes(const std::vector<loom::Shape>& shapes, int rank) {
+    PowerSgdSizes s;
+    for (const auto& shape : shapes) {
+        const std::int64_t n = shape.numel();
+        if (n == 0) continue;
+        const std::int64_t rows = shape.rank() >= 2 ? shape[0] : 1, cols = n / rows;
+        if (shape.rank() >= 2 && rank <= std::min(rows, cols) && 2 * (rows + cols) * rank < rows * cols) {
+            s.p += rows * rank;
+            s.q += cols * rank;
+        } else {
+            s.dense += n;
+        }
+    }
+    return s;
+}
+
+Bytes predicted_bytes(const Compression& c, int N, const StepRun& run) {
+    Bytes out;
+    const double n = N, ring = 2.0 * (n - 1) / n;
+    for (std::size_t gi = 0; gi < run.groups.size(); ++gi) {
+        const auto& g = run.groups[gi];
+        const double P = static_cast<double>(g.padded);
+        if (!c.on()) {
+            out.payload += 4 * P;
+            out.wire += ring * 4 * P;
+        } else if (c.kind == CompressorKind::power_sgd) {
+            const PowerSgdSizes s = power_sgd_sizes(run.group_shapes[gi], c.rank);
+            const double floats = static_cast<double>(s.p + s.dense + s.q);
+            out.payload += 4 * floats;
+            out.wire += ring * 4 * floats;
+        } else if (c.kind == CompressorKind::top_k) {
+            const double w = static_cast<double>(block_words(c, g.block));
+            out.payload += n * n * w * 4;
+            out.wire += (n - 1) * n * w * 4;
+        } else {
+            const double w = static_cast<double>(block_words(c, g.block));
+            out.payload += 2 * n * w * 4;
+            out.wire += 2 * (n - 1) * w * 4;
+        }
+    }
+    out.payload += 4;  // the loss
+    out.wire += ring * 4;
+    return out;
+}
+
+// Seconds the rank's collectives hold its link, one after the other (Links::cost summed).
+double serial_link_seconds(const loom::comm::CommCounts& counts, int N, double gbit) {
+    using loom::comm::OpKind;
+    const double n = N;
+    const double latency = latency_s * (2 * (n - 1) * static_cast<double>(counts[OpKind::all_reduce].calls) +
+                                        (n - 1) * static_cast<double>(counts[OpKind::all_to_all].calls +
+                                                                      counts[OpKind::all_gather].calls +
+                                                                      counts[OpKind::reduce_scatter].calls));
+    return latency + counts.total().wire_bytes * 8 / (gbit * 1e9);
+}
+
+// ---------------------------------------------------------------------------
+// Kernel throughput.
+
+template <class F>
+double median_seconds(int reps, F&& timed, const std::function<void()>& before = {}) {
+    std::vector<double> times;
+    for (int r = 0; r < reps; ++r) {
+        if (before) before();
+        const auto t0 = std::chrono::steady_clock::now();
+        timed();
+        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return median(times);
+}
+
+struct KernelRow {
+    std::string what;
+    double pack_gbs = 0, unpack_gbs = 0;
+    double pack_ms = 0, unpack_ms = 0;
+    std::size_t compressor = 0;  // its index in the compressor list
+    bool whole_exchange = false;  // PowerSGD's buckets row: pack_ms is one step's work
+    bool estimate = true;         // contributes a per-step codec estimate
+};
+
+// A gradient-like buffer: normal values of mixed scales (a few large ones, as real gradients have).
+void fill_gradient(std::vector<float>& x, std::uint64_t seed) {
+    const loom::RngStream rng{seed, loom::stream_id("bench_compression")};
+    rng.fill_normal(x, 0, 0.0f, 1e-3f);
+    for (std::size_t i = 0; i < x.size(); i += 97) x[i] *= 30.0f;
+}
+
+KernelRow chunk_codec_row(const Compression& c, const std::string& spelling, std::vector<float>& x,
+                          const std::vector<float>& pristine, std::vector<float>& out, std::int64_t chunk, int N,
+                          int reps) {
+    loom::exec::ChunkCodec codec(c);
+    const auto n = static_cast<std::int64_t>(x.size());
+    const std::int64_t chunks = n / chunk, words = codec.words(chunk);
+    std::vector<std::uint32_t> packed(static_cast<std::size_t>(chunks * words));
+    const bool feedback = c.error_feedback();
+    const auto restore = [&] {
+        if (feedback) std::memcpy(x.data(), pristine.data(), x.size() * sizeof(float));
+    };
+    const double t_pack = median_seconds(
+        reps,
+        [&] {
+            for (std::int64_t j = 0; j < chunks; ++j) {
+                float* in = x.data() + j * chunk;
+                codec.pack(in, chunk, packed.data() + j * words, feedback ? in : nullptr);
+            }
+            keep_memory(packed.data());
+            keep_memory(x.data());
+        },
+        restore);
+    std::fill(out.begin(), out.end(), 0.0f);
+    const float weight = 1.0f / static_cast<float>(N);
+    const double t_unpack = median_seconds(reps, [&] {
+        for (std::int64_t j = 0; j < chunks; ++j)
+            codec.unpack(packed.data() + j * words, chunk, out.data() + j * chunk, weight, true);
+        keep_memory(out.data());
+    });
+    const double bytes = 4.0 * static_cast<double>(chunks * chunk);
+    return {spelling, bytes / t_pack / 1e9, bytes / t_unpack / 1e9, 1e3 * t_pack, 1e3 * t_unpack};
+}
+
+// PowerSGD: every bucket's start + finish over the GPT's gradient on a 1-rank world.
+KernelRow power_sgd_buckets_row(const Compression& c, const std::string& spelling, const BenchConfig& config, int N,
+                                std::int64_t bucket, int reps, std::int64_t& elements) {
+    KernelRow row{spelling + " GPT buckets (start + finish, 1 rank)"};
+    loom::comm::ThreadWorld(1).run([&](ThreadComm& comm) {
+        auto model = loom::gpt::make_model(config.model);
+        const auto units = loom::nn::units_of(model);
+        const loom::parallel::ShardLayout layout(units, N, loom::parallel::Grouping::buckets, bucket);
+        loom::exec::PowerSgdBuckets buckets(layout, units, c.rank, {});
+        const auto n = static_cast<std::size_t>(layout.padded_size());
+        std::vector<float> grad(n), pristine(n), error(n);
+        fill_gradient(pristine, 11);
+        const double t = median_seconds(
+            reps,
+            [&] {
+                for (int g = 0; g < static_cast<int>(layout.groups().size()); ++g) {
+                    const auto& group = layout.group(g);
+                    const std::span<float> gs(grad.data() + group.offset, static_cast<std::size_t>(group.padded));
+                    const std::span<float> es(error.data() + group.offset, static_cast<std::size_t>(group.padded));
+                    buckets.start(comm, g, gs, es).wait();
+                    buckets.finish(comm, g, gs, es);
+                }
+                keep_memory(grad.data());
+            },
+            [&] {
+                std::copy(pristine.begin(), pristine.end(), grad.begin());
+                std::fill(error.begin(), error.end(), 0.0f);
+            });
+        elements = layout.padded_size();
+        row.pack_ms = 1e3 * t;
+        row.pack_gbs = 4.0 * static_cast<double>(n) / t / 1e9;
+    });
+    return row;
+}
+
+// PowerSGD's kernels alone on one rows x cols matrix (no communication).
+KernelRow power_sgd_kernels_row(int rank, std::vector<float>& m, const std::vector<float>& pristine,
+                                std::vector<float>& approx, std::int64_t rows, std::int64_t cols, int reps) {
+    namespace k = loom::kernels::host;
+    std::vector<float> p(static_cast<std::size_t>(rows * rank)), q(static_cast<std::size_t>(cols * rank));
+    const loom::RngStream rng{loom::exec::power_sgd_seed, 0};
+    std::vector<float> q0(q.size());
+    for (std::size_t i = 0; i < q0.size(); ++i) q0[i] = rng.normal(i);
+    const double t = median_seconds(
+        reps,
+        [&] {
+            k::gemm(k::Trans::no, k::Trans::no, rows, rank, cols, 1.0f, m.data(), cols, q.data(), rank, 0.0f,
+                    p.data(), rank);
+            k::orthonormalize_columns(p.data(), rows, rank);
+            k::gemm(k::Trans::yes, k::Trans::no, cols, rank, rows, 1.0f, m.data(), cols, p.data(), rank, 0.0f,
+                    q.data(), rank);
+            k::gemm(k::Trans::no, k::Trans::yes, rows, cols, rank, 1.0f, p.data(), rank, q.data(), rank, 0.0f,
+                    approx.data(), cols);
+            for (std::int64_t i = 0; i < rows * cols; ++i) m[static_cast<std::size_t>(i)] -= approx[static_cast<std::size_t>(i)];
+            keep_memory(m.data());
+        },
+        [&] {
+            std::memcpy(m.data(), pristine.data(), static_cast<std::size_t>(rows * cols) * sizeof(float));
+            q = q0;
+        });
+    const double bytes = 4.0 * static_cast<double>(rows * cols);
+    char what[128];
+    std::snprintf(what, sizeof what, "powersgd:%d kernels, one %lld x %lld matrix", rank, static_cast<long long>(rows),
+                  static_cast<long long>(cols));
+    return {what, bytes / t / 1e9, 0, 1e3 * t, 0};
+}
+
+// ---------------------------------------------------------------------------
+// Flags.
+
+std::vector<std::string> split_list(std::string_view text) {
+    std::vector<std::string> out;
+    for (std::string_view rest = text;;) {
+        const auto comma = rest.find(',');
+        out.emplace_back(rest.substr(0, comma));
+        if (comma == std::string_view::npos) break;
+        rest = rest.substr(comma + 1);
+    }
+    return out;
+}
+
+[[noreturn]] void fail(const std::string& message) {
+    std::fprintf(stderr, "bench_compression: %s\n", message.c_str());
+    std::exit(2);
+}
+
+long long parse_int(std::string_view flag, const std::string& text, long long lo, long long hi) {
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || v < lo || v > hi)
+        fail(std::string(flag) + " " + text + " is not a whole number in " + std::to_string(lo) + ".." +
+             std::to_string(hi));
+    return v;
+}
+
+std::string with_commas(double v) {
+    const auto n = static_cast<long long>(std::llround(v));
+    std::string digits = std::to_string(n < 0 ? -n : n), out;
+    for (std::size_t i = 0; i < digits.size(); ++i) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return n < 0 ? "-" + out : out;
+}
+
+std::string gbit_name(double g) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", g);
+    return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::vector<std::string> spellings{"none", "bf16", "fp16", "int8", "topk:0.01", "powersgd:4", "onebit"};
+    std::vector<double> gbits{0.1, 1, 10, 100};
+    int steps = 5, warmup = 2, dp = 4, reps = 5;
+    std::string config_name = "A";
+    std::int64_t bucket = loom::default_bucket_bytes, mib = 64, chunk = 131072;
+    // Sequences per rank: half config A's 8. Four rank threads share two cores,
+    // so a rank computes on half a core; 4 sequences there take about as long
+    // as 8 on a core of its own, keeping compute against communication near
+    // what dp 4 on four cores would see (and the run within ~3 minutes).
+    std::int64_t batch = 4;
+    bool quick = false;
+    for (int i = 1; i < argc; ++i)
+        if (std::string_view(argv[i]) == "--quick") quick = true;
+    if (quick) {  // a tiny run: config B (its batch is 4 too), few steps, a small kernel buffer; later flags still apply
+        config_name = "B";
+        steps = 2;
+        warmup = 1;
+        mib = 4;
+        chunk = 16384;
+        reps = 3;
+    }
+    for (int i = 1; i < argc; ++i) {
+        const std::string flag = argv[i];
+        if (flag == "--quick") continue;
+        if (i + 1 >= argc) fail(flag + " needs a value (or is not a flag); see the usage at the top of bench/compression.cpp");
+        const std::string value = argv[++i];
+        if (flag == "--compressors") spellings = split_list(value);
+        else if (flag == "--gbit") {
+            gbits.clear();
+            for (const auto& item : split_list(value)) {
+                char* end = nullptr;
+                const double g = std::strtod(item.c_str(), &end);
+                if (item.empty() || *end != '\0' || !(g > 0) || !std::isfinite(g))
+                    fail("--gbit " + value + ": '" + item + "' is not a positive link speed in Gbit/s");
+                gbits.push_back(g);
+            }
+        } else if (flag == "--steps") steps = static_cast<int>(parse_int(flag, value, 1, 1000));
+        else if (flag == "--warmup") warmup = static_cast<int>(parse_int(flag, value, 0, 1000));
+        else if (flag == "--dp") dp = static_cast<int>(parse_int(flag, value, 2, 64));
+        else if (flag == "--reps") reps = static_cast<int>(parse_int(flag, value, 1, 1000));
+        else if (flag == "--mib") mib = parse_int(flag, value, 1, 4096);
+        else if (flag == "--chunk") chunk = parse_int(flag, value, 1, 1 << 26);
+        else if (flag == "--bucket") bucket = parse_int(flag, value, 1, std::int64_t{1} << 34);
+        else if (flag == "--config") config_name = value;
+        else if (flag == "--batch") batch = parse_int(flag, value, 1, 1 << 20);
+        else
+            fail("unknown flag " + flag + "; flags are --compressors LIST, --gbit LIST, --steps N, --warmup N, --dp N, "
+                 "--config A|B, --batch N, --bucket BYTES, --mib N, --chunk N, --reps N, --quick");
+    }
+    if (!configs().contains(config_name)) fail("--config " + config_name + " is not one of A, B");
+    std::vector<Compression> compressors;
+    for (const auto& s : spellings) {
+        try {
+            compressors.push_back(loom::parse_compression(s));
+        } catch (const std::exception& e) {
+            fail(std::string("--compressors: ") + e.what());
+        }
+    }
+    const auto floats = mib * (1 << 20) / 4;
+    if (chunk > floats) fail("--chunk " + std::to_string(chunk) + " is larger than the --mib buffer");
+    BenchConfig config = configs().at(config_name);
+    config.batch = batch;
+    const int cores = usable_cores();
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    loom::kernels::host::set_blas_threads(1);
+    const auto& m = config.model;
+
+    std::printf("# bench_compression\n\n");
+    std::printf("Configuration: GPT config %s (layers %lld, width %lld, heads %lld, seq %lld, vocab %lld; %s "
+                "parameters), batch %lld sequences per rank (--batch; bench_data_parallel's config A has 8); dp %d "
+                "rank threads (ThreadWorld), "
+                "Strategy<DataParallel<>> (ZeRO stage 0), bucket %lld KiB, ExecutorOptions::compress_warmup 0 (every "
+                "step compressed), one executor per compressor in each world, stepped in turn; %d untimed then %d timed "
+                "rounds, step time = slowest rank, median over the timed rounds; links Shaped at %s Gbit/s, %g us latency; kernels on one thread over %lld MiB of f32 in "
+                "chunks of %lld values, median of %d; %d usable cores, %d BLAS thread per rank.\n",
+                config_name.c_str(), static_cast<long long>(m.layers), static_cast<long long>(m.width),
+                static_cast<long long>(m.heads), static_cast<long long>(m.seq), static_cast<long long>(m.vocab),
+                with_commas(static_cast<double>(m.parameters())).c_str(), static_cast<long long>(config.batch), dp,
+                static_cast<long long>(bucket >> 10), warmup, steps,
+                [&] {
+                    std::string s;
+                    for (double g : gbits) s += (s.empty() ? "" : ", ") + gbit_name(g);
+                    return s;
+                }()
+                    .c_str(),
+                latency_s * 1e6, static_cast<long long>(mib), static_cast<long long>(chunk), reps, cores,
+                loom::kernels::host::blas_threads());
+    if (dp > cores)
+        std::printf("\nNote: %d rank threads (each with a progress thread for its async collectives) share %d cores: "
+                    "oversubscribed. Step times include that contention and are not a scaling figure; compare "
+                    "compressors at the same link speed.\n",
+                    dp, cores);
+    std::fflush(stdout);
+
+    // 1. Bytes per step (Counted) and the unshaped step time.
+    const ForeignLoad load1;
+    const std::vector<StepRun> counted = run_counted(config, dp, compressors, bucket, steps, warmup);
+    const double other1 = load1.cores();
+    std::size_t none_index = compressors.size();
+    for (std::size_t i = 0; i < compressors.size(); ++i)
+        if (!compressors[i].on()) none_index = i;
+    const bool with_none = none_index < compressors.size();
+    // The uncompressed reference: measured if listed, else the formula's.
+    const double none_wire = with_none ? counted[none_index].counts.total().wire_bytes
+                                       : predicted_bytes(Compression{}, dp, counted.front()).wire;
+    std::printf("\n## 1. Bytes per training step per rank (comm::Counted on the dp communicator)\n\n");
+    std::printf("Counted wraps each rank's only communicator (the executor's dp axis), so it counts the gradient "
+                "exchange plus the step's loss all-reduce (one f32: 4 B payload, %.0f B on the wire; the formula "
+                "includes it). Rank 0's last timed step; \"same\": every timed step on every rank counted the same. "
+                "payload = the ops' own sizes; wire = what this rank sends under ring algorithms "
+                "(Counted::wire_bytes). link ms = that traffic's time on one link if the collectives ran one after "
+                "the other (wire / bandwidth + 5 us per ring step). loss = after %d steps. other_cores=%.2f.\n\n",
+                2.0 * (dp - 1) / dp * 4, warmup + steps, other1);
+    std::printf("| compressor | calls | payload B | formula | wire B | formula | measured / formula | wire / none |");
+    for (double g : gbits) std::printf(" link ms %s Gbit/s |", gbit_name(g).c_str());
+    std::printf(" same | loss |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (std::size_t k = 0; k < gbits.size(); ++k) std::printf(" ---: |");
+    std::printf(" --- | ---: |\n");
+    for (std::size_t i = 0; i < compressors.size(); ++i) {
+        const auto total = counted[i].counts.total();
+        const Bytes predicted = predicted_bytes(compressors[i], dp, counted[i]);
+        std::printf("| %s | %lld | %s | %s | %s | %s | %.4f | %.4f |", compressors[i].describe().c_str(),
+                    static_cast<long long>(total.calls), with_commas(static_cast<double>(total.bytes)).c_str(),
+                    with_commas(predicted.payload).c_str(), with_commas(total.wire_bytes).c_str(),
+                    with_commas(predicted.wire).c_str(), total.wire_bytes / predicted.wire, total.wire_bytes / none_wire);
+        for (double g : gbits) std::printf(" %.2f |", 1e3 * serial_link_seconds(counted[i].counts, dp, g));
+        std::printf(" %s | %.4f |\n", counted[i].bytes_constant ? "yes" : "NO", static_cast<double>(counted[i].loss));
+    }
+    std::printf("\nPer op (rank 0, one step): ");
+    for (std::size_t i = 0; i < compressors.size(); ++i) {
+        std::printf("%s%s:", i ? "; " : "", compressors[i].describe().c_str());
+        bool first = true;
+        for (std::size_t k = 0; k < loom::comm::CommCounts::kinds; ++k) {
+            const auto& op = counted[i].counts.ops[k];
+            if (op.calls == 0) continue;
+            std::printf("%s %s %lld x, %s B", first ? "" : ",",
+                        std::string(loom::comm::name(static_cast<loom::comm::OpKind>(k))).c_str(),
+                        static_cast<long long>(op.calls), with_commas(static_cast<double>(op.bytes)).c_str());
+            first = false;
+        }
+    }
+    std::printf(".\nBuckets: %zu, padded elements", counted.front().groups.size());
+    for (const auto& g : counted.front().groups) std::printf(" %lld", static_cast<long long>(g.padded));
+    std::printf(" (blocks of padded / %d).\n", dp);
+    for (std::size_t i = 0; i < compressors.size(); ++i)
+        if (compressors[i].kind == CompressorKind::power_sgd) {
+            PowerSgdSizes total;
+            for (const auto& shapes : counted[i].group_shapes) {
+                const PowerSgdSizes s = power_sgd_sizes(shapes, compressors[i].rank);
+                total.p += s.p;
+                total.q += s.q;
+                total.dense += s.dense;
+            }
+            std::printf("%s: P %s + Q %s floats of the compressed matrices, %s floats sent whole (vectors).\n",
+                        compressors[i].describe().c_str(), with_commas(static_cast<double>(total.p)).c_str(),
+                        with_commas(static_cast<double>(total.q)).c_str(),
+                        with_commas(static_cast<double>(total.dense)).c_str());
+        }
+    for (const auto& run : counted)
+        for (const auto& line : run.notices) std::printf("Notice: %s\n", line.c_str());
+    std::fflush(stdout);
+
+    // 2. Step time under shaped links.
+    std::vector<std::vector<StepRun>> shaped;  // [link][compressor]
+    std::string other2;                        // other_cores of each world
+    for (double g : gbits) {
+        const ForeignLoad world_load;
+        shaped.push_back(run_shaped(config, dp, compressors, bucket, steps, warmup, g));
+        char item[64];
+        std::snprintf(item, sizeof item, "%s%s Gbit/s %.2f", other2.empty() ? "" : ", ", gbit_name(g).c_str(),
+                      world_load.cores());
+        other2 += item;
+    }
+    std::printf("\n## 2. Step time (ms) under Shaped links, dp %d\n\n", dp);
+    std::printf("One world per link speed with one executor per compressor, stepped in turn (the first one rotating "
+                "every round), so load bursts fall on all alike; median of %d timed rounds after %d untimed. x none = "
+                "the median over rounds of the uncompressed step over this one in the same round (1.01x or more, in bold: "
+                "compression wins). wait = the compute thread's time waiting for collectives (executor trace, slowest "
+                "rank, median): the communication backward did not hide, plus, compressed, the exchange's second "
+                "half (decode, re-encode, second collective, decode), which runs in that wait. unshaped = part 1's "
+                "world (Counted, no link model): the compressors' CPU cost alone. Shaped models each collective on "
+                "its own, so buckets in flight together do not share a link's bandwidth: at low speeds, where several "
+                "buckets' all-reduces overlap, the uncompressed step is flattered (each gets the whole link). Absolute times of different "
+                "worlds are not comparable when other_cores differs between them (unshaped %.2f, %s); the ratios, "
+                "taken within a round, are.\n\n",
+                steps, warmup, other1, other2.c_str());
+    std::printf("| compressor | unshaped ms | x none | wait ms |");
+    for (double g : gbits) std::printf(" %s Gbit/s ms | x none | wait ms |", gbit_name(g).c_str());
+    std::printf("\n| --- | ---: | ---: | ---: |");
+    for (std::size_t k = 0; k < gbits.size(); ++k) std::printf(" ---: | ---: | ---: |");
+    std::printf("\n");
+    const auto ratio_cell = [&](const std::vector<StepRun>& world, std::size_t i) {
+        char cell[32] = "-";
+        if (with_none) {
+            const double faster = speedup(world[none_index], world[i]);
+            std::snprintf(cell, sizeof cell, faster >= 1.005 && i != none_index ? "**%.2fx**" : "%.2fx", faster);
+        }
+        return std::string(cell);
+    };
+    for (std::size_t i = 0; i < compressors.size(); ++i) {
+        std::printf("| %s | %.1f | %s | %.1f |", compressors[i].describe().c_str(), counted[i].median_ms(),
+                    ratio_cell(counted, i).c_str(), counted[i].median_wait_ms());
+        for (std::size_t k = 0; k < gbits.size(); ++k)
+            std::printf(" %.1f | %s | %.1f |", shaped[k][i].median_ms(), ratio_cell(shaped[k], i).c_str(),
+                        shaped[k][i].median_wait_ms());
+        std::printf("\n");
+    }
+    if (with_none) {
+        std::printf("\nWhere compression stops winning (x none at each link speed; a win is 1.01x or more as printed):\n\n");
+        for (std::size_t i = 0; i < compressors.size(); ++i) {
+            if (i == none_index) continue;
+            std::string wins, loses;
+            for (std::size_t k = 0; k < gbits.size(); ++k) {
+                const double faster = speedup(shaped[k][none_index], shaped[k][i]);
+                char item[64];
+                std::snprintf(item, sizeof item, "%s (%.2fx)", gbit_name(gbits[k]).c_str(), faster);
+                std::string& list = faster >= 1.005 ? wins : loses;
+                list += (list.empty() ? "" : ", ") + std::string(item);
+            }
+            std::printf("- %s: wins at %s; loses at %s\n", compressors[i].describe().c_str(),
+                        wins.empty() ? "no listed speed" : (wins + " Gbit/s").c_str(),
+                        loses.empty() ? "no listed speed" : (loses + " Gbit/s").c_str());
+        }
+    }
+    std::fflush(stdout);
+
+    // 3. Kernel throughput.
+    const ForeignLoad load3;
+    const auto n = static_cast<std::size_t>(floats / chunk * chunk);
+    std::vector<float> x(n), pristine(n), out(n);
+    fill_gradient(pristine, 7);
+    x = pristine;
+    const double t_copy = median_seconds(reps, [&] {
+        std::memcpy(out.data(), x.data(), n * sizeof(float));
+        keep_memory(out.data());
+    });
+    const double copy_gbs = 4.0 * static_cast<double>(n) / t_copy / 1e9;
+    std::vector<KernelRow> rows;
+    std::vector<std::int64_t> psgd_elements;
+    for (std::size_t i = 0; i < compressors.size(); ++i) {
+        const auto& c = compressors[i];
+        if (!c.on()) continue;
+        if (c.kind == CompressorKind::power_sgd) {
+            std::int64_t elements = 0;
+            rows.push_back(power_sgd_buckets_row(c, spellings[i], config, dp, bucket, reps, elements));
+            rows.back().compressor = i;
+            rows.back().whole_exchange = true;
+            psgd_elements.push_back(elements);
+            auto side = static_cast<std::int64_t>(std::sqrt(static_cast<double>(n)));
+            rows.push_back(power_sgd_kernels_row(c.rank, x, pristine, out, side, side, reps));
+            rows.back().compressor = i;
+            rows.back().estimate = false;
+            x = pristine;
+        } else {
+            rows.push_back(chunk_codec_row(c, spellings[i], x, pristine, out, static_cast<std::int64_t>(chunk), dp, reps));
+            rows.back().compressor = i;
+            x = pristine;
+        }
+    }
+    // One step's codec work on a rank's compute thread for the GPT's gradient
+    // (G bytes, padded), from the rates above: two-stage compressors pack G,
+    // decode the N chunks they receive (G), pack their sums (G / N) and decode
+    // the gathered sums (G); top-k packs G, fills G with zeros and adds N
+    // ranks' pairs for every chunk; PowerSGD is measured whole. An exchange
+    // can save at most the uncompressed all-reduce's link time, so above the
+    // link speed where that equals this work, compression cannot win.
+    double gradient_bytes = 0;
+    for (const auto& g : counted.front().groups) gradient_bytes += 4.0 * static_cast<double>(g.padded);
+    const auto codec_ms = [&](const KernelRow& r) {
+        const Compression& c = compressors[r.compressor];
+        const double G = gradient_bytes / 1e9;  // GB
+        if (r.whole_exchange) return r.pack_ms;
+        if (c.kind == CompressorKind::top_k)
+            return 1e3 * (G / r.pack_gbs + G / copy_gbs + dp * G / r.unpack_gbs);
+        return 1e3 * (G / r.pack_gbs + 2 * G / r.unpack_gbs + G / dp / r.pack_gbs);
+    };
+    const auto break_even_gbit = [&](double ms) { return none_wire * 8 / (ms * 1e-3) / 1e9; };
+    const double other3 = load3.cores();
+    std::printf("\n## 3. Compression kernel throughput (one thread)\n\n");
+    std::printf("GB/s of f32 gradient processed (4 bytes per value / time), median of %d, over %s values (%lld MiB) "
+                "in chunks of %lld; memcpy of the same buffer in the same run: %.2f GB/s (%.2f ms; its traffic is "
+                "twice that, read + write). Unpack adds weight 1/%d into f32 sums, as the exchange does. "
+                "other_cores=%.2f.\n\n",
+                reps, with_commas(static_cast<double>(n)).c_str(), static_cast<long long>(mib),
+                static_cast<long long>(chunk), copy_gbs, t_copy * 1e3, dp, other3);
+    std::printf("| kernel | pack ms | pack GB/s | of memcpy | unpack ms | unpack GB/s | of memcpy | codec ms per "
+                "step | cannot win above |\n");
+    std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| memcpy | %.2f | %.2f | 100%% | | | | | |\n", t_copy * 1e3, copy_gbs);
+    for (const auto& r : rows) {
+        std::printf("| %s | %.2f | %.2f | %.1f%% |", r.what.c_str(), r.pack_ms, r.pack_gbs, 100 * r.pack_gbs / copy_gbs);
+        if (r.unpack_ms > 0)
+            std::printf(" %.2f | %.2f | %.1f%% |", r.unpack_ms, r.unpack_gbs, 100 * r.unpack_gbs / copy_gbs);
+        else
+            std::printf(" (in the same pass) | | |");
+        if (r.estimate)
+            std::printf(" %.1f | %.1f Gbit/s |\n", codec_ms(r), break_even_gbit(codec_ms(r)));
+        else
+            std::printf(" | |\n");
+    }
+    std::printf("\ncodec ms per step: one step's compression work on one rank's thread for the GPT's %s-byte padded "
+                "gradient, from these rates: two-stage compressors pack it, decode the N chunks received, pack their "
+                "sums (1/N) and decode the gathered sums; top-k packs it, zero-fills it and adds N ranks' pairs per "
+                "chunk; PowerSGD is its measured start + finish. Error feedback's add (one pass) is left out. cannot "
+                "win above: the link speed at which the uncompressed all-reduce's serial link time (%s wire bytes) "
+                "equals that work; compression saves at most that link time, so above it, it loses even with nothing "
+                "hidden (the uncompressed all-reduce's own reduction work on the host aside). With %d ranks on %d cores each rank gets about %.2f of a core, which divides these speeds "
+                "by as much again.\n",
+                with_commas(gradient_bytes).c_str(), with_commas(none_wire).c_str(), dp, cores,
+                std::min(1.0, static_cast<double>(cores) / dp));
+    if (!psgd_elements.empty())
+        std::printf("\nPowerSGD GPT buckets: %s padded elements, every bucket's start (M = grad + error, P = M Q) and "
+                    "finish (orthonormalise, Q = M^T P, M^ = P Q^T, error) with a 1-rank ThreadWorld's all-reduces; "
+                    "its pack column is the whole per-step compression work.\n",
+                    with_commas(static_cast<double>(psgd_elements.front())).c_str());
+    std::printf("\nFor scale: an uncompressed ring all-reduce at dp %d moves 2(N-1)/N = %.2f bytes per gradient byte, "
+                "so a link of",
+                dp, 2.0 * (dp - 1) / dp);
+    for (std::size_t k = 0; k < gbits.size(); ++k)
+        std::printf("%s %s Gbit/s reduces %.2f GB/s of gradient", k ? "," : "", gbit_name(gbits[k]).c_str(),
+                    gbits[k] / 8 / (2.0 * (dp - 1) / dp));
+    std::printf(".\n");
+
+    // Summary.
+    std::printf("\nSummary: wire bytes per step per rank over none:");
+    for (std::size_t i = 0; i < compressors.size(); ++i)
+        if (compressors[i].on())
+            std::printf(" %s %.3f,", compressors[i].describe().c_str(),
+                        counted[i].counts.total().wire_bytes / none_wire);
+    std::printf(" all equal to the formulas: %s;", [&] {
+        for (std::size_t i = 0; i < compressors.size(); ++i)
+            if (std::abs(counted[i].counts.total().wire_bytes / predicted_bytes(compressors[i], dp, counted[i]).wire - 1) > 1e-9)
+                return "NO";
+        return "yes";
+    }());
+    if (with_none) {
+        std::printf(" fastest step:");
+        for (std::size_t k = 0; k < gbits.size(); ++k) {
+            std::size_t best = none_index;
+            double best_x = 1;
+            for (std::size_t i = 0; i < compressors.size(); ++i) {
+                const double faster = speedup(shaped[k][none_index], shaped[k][i]);
+                if (faster > best_x) {
+                    best = i;
+                    best_x = faster;
+                }
+            }
+            std::printf("%s %s Gbit/s %s %.2fx", k ? "," : "", gbit_name(gbits[k]).c_str(),
+                        best == none_index ? "none" : compressors[best].describe().c_str(), best_x);
+        }
+        std::printf(";");
+    }
+    std::printf(" pack kernels at");
+    for (const auto& r : rows)
+        if (r.estimate) std::printf(" %s %.2f,", r.what.substr(0, r.what.find(' ')).c_str(), r.pack_gbs);
+    std::printf(" memcpy %.1f GB/s; codec work alone rules compression out above", copy_gbs);
+    bool first_row = true;
+    for (const auto& r : rows)
+        if (r.estimate) {
+            std::printf("%s %s %.1f", first_row ? "" : ",", r.what.substr(0, r.what.find(' ')).c_str(),
+                        break_even_gbit(codec_ms(r)));
+            first_row = false;
+        }
+    std::printf(" Gbit/s (one core per rank).\n");
+    return 0;
+}
