@@ -63,6 +63,44 @@ inline void unpack_cast(Cast from, const std::uint32_t* words, std::int64_t n, f
     return (n + block - 1) / block + (n + 3) / 4;
 }
 
+namespace detail {
+
+// The largest |x| of x[0, n) and whether every value is finite (x - x is NaN
+// exactly for Inf and NaN), in 16 lanes so the loop vectorises.
+inline void absmax_and_finite(const float* x, std::int64_t n, float& absmax, bool& finite) {
+    constexpr std::int64_t L = 16;
+    float largest[L] = {}, check[L] = {};
+    const std::int64_t whole = n - n % L;
+    for (std::int64_t i = 0; i < whole; i += L)
+        for (std::int64_t l = 0; l < L; ++l) {
+            const float a = std::fabs(x[i + l]);
+            largest[l] = a > largest[l] ? a : largest[l];
+            check[l] += x[i + l] - x[i + l];
+        }
+    float m = 0, c = 0;
+    for (std::int64_t i = whole; i < n; ++i) {
+        const float a = std::fabs(x[i]);
+        m = a > m ? a : m;
+        c += x[i] - x[i];
+    }
+    for (std::int64_t l = 0; l < L; ++l) {
+        m = largest[l] > m ? largest[l] : m;
+        c += check[l];
+    }
+    absmax = m;
+    finite = c == 0.0f;
+}
+
+// Round to nearest even for |v| <= 2^22 without SSE4.1's roundps: adding
+// 1.5 x 2^23 leaves no fraction bits, so the add itself rounds (the default
+// mode is to nearest even), and the subtraction is exact.
+[[nodiscard]] inline float round_to_even(float v) noexcept {
+    constexpr float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+}  // namespace detail
+
 inline void pack_int8(const float* x, std::int64_t n, std::int64_t block, std::uint32_t* words,
                       float* residual = nullptr) {
     LOOM_CHECK(block >= 1, "pack_int8: a block of ", block, " values; it must hold at least 1");
@@ -73,24 +111,25 @@ inline void pack_int8(const float* x, std::int64_t n, std::int64_t block, std::u
         const std::int64_t lo = b * block, hi = lo + block < n ? lo + block : n;
         float absmax = 0;
         bool finite = true;
-        for (std::int64_t i = lo; i < hi; ++i) {
-            absmax = std::fmax(absmax, std::fabs(x[i]));  // fmax skips NaN, hence `finite`
-            finite = finite && std::isfinite(x[i]);
-        }
+        detail::absmax_and_finite(x + lo, hi - lo, absmax, finite);
         // A NaN or an Inf anywhere in the block makes its scale NaN: the
         // whole block decodes NaN, so a diverged gradient stays visible
         // (an infinite scale would turn 0 x inf into NaN for some values
-        // and a wrong sign for others).
+        // and a wrong sign for others). Its values stay 0.
         const float scale = finite ? absmax / 127.0f : std::numeric_limits<float>::quiet_NaN();
         words[b] = std::bit_cast<std::uint32_t>(scale);
-        const float inverse = scale > 0 ? 1.0f / scale : 0.0f;  // 0 for NaN: values 0, decoded NaN
-        for (std::int64_t i = lo; i < hi; ++i) {
-            // nearbyint rounds to nearest even in the default rounding mode;
-            // the clamp only catches 127.5 from the reciprocal's rounding.
-            const float q = std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(x[i] * inverse)));
-            values[i] = static_cast<std::int8_t>(q);
-            if (residual != nullptr) residual[i] = x[i] - static_cast<float>(values[i]) * scale;
+        if (finite) {
+            const float inverse = scale > 0 ? 1.0f / scale : 0.0f;
+            for (std::int64_t i = lo; i < hi; ++i) {
+                // The clamp only catches 127.5 from the reciprocal's rounding.
+                float q = detail::round_to_even(x[i] * inverse);
+                q = q > 127.0f ? 127.0f : q;
+                q = q < -127.0f ? -127.0f : q;
+                values[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(q));
+            }
         }
+        if (residual != nullptr)
+            for (std::int64_t i = lo; i < hi; ++i) residual[i] = x[i] - static_cast<float>(values[i]) * scale;
     }
 }
 
@@ -119,18 +158,28 @@ inline void pack_signs(const float* x, std::int64_t n, std::int64_t block, std::
     LOOM_CHECK(block >= 1, "pack_signs: a block of ", block, " values; it must hold at least 1");
     const std::int64_t blocks = (n + block - 1) / block;
     std::uint32_t* signs = words + blocks;
-    std::memset(signs, 0, static_cast<std::size_t>((n + 31) / 32) * 4);
+    // Signs 32 at a time, branch-free: set for x >= 0 (and for NaN, whose
+    // block's scale is NaN anyway).
+    for (std::int64_t w = 0; w < (n + 31) / 32; ++w) {
+        const std::int64_t lo = w * 32, count = lo + 32 < n ? 32 : n - lo;
+        std::uint32_t bits = 0;
+        for (std::int64_t b = 0; b < count; ++b) bits |= static_cast<std::uint32_t>(!(x[lo + b] < 0)) << b;
+        signs[w] = bits;
+    }
     for (std::int64_t b = 0; b < blocks; ++b) {
         const std::int64_t lo = b * block, hi = lo + block < n ? lo + block : n;
-        double sum = 0;  // in double: a block of 1e6 values must not lose its small ones
-        for (std::int64_t i = lo; i < hi; ++i) sum += std::fabs(x[i]);
+        // 16 lanes, in double: a block of 1e6 values must not lose its small ones.
+        double lanes[16] = {};
+        const std::int64_t whole = lo + (hi - lo) / 16 * 16;
+        for (std::int64_t i = lo; i < whole; i += 16)
+            for (int l = 0; l < 16; ++l) lanes[l] += std::fabs(x[i + l]);
+        double sum = 0;
+        for (std::int64_t i = whole; i < hi; ++i) sum += std::fabs(x[i]);
+        for (double lane : lanes) sum += lane;
         const auto scale = static_cast<float>(sum / static_cast<double>(hi - lo));
         words[b] = std::bit_cast<std::uint32_t>(scale);
-        for (std::int64_t i = lo; i < hi; ++i) {
-            const bool positive = !(x[i] < 0);
-            if (positive) signs[i / 32] |= std::uint32_t{1} << (i % 32);
-            if (residual != nullptr) residual[i] = x[i] - (positive ? scale : -scale);
-        }
+        if (residual != nullptr)
+            for (std::int64_t i = lo; i < hi; ++i) residual[i] = x[i] - (x[i] < 0 ? -scale : scale);
     }
 }
 
@@ -141,10 +190,13 @@ inline void unpack_signs(const std::uint32_t* words, std::int64_t n, std::int64_
     for (std::int64_t b = 0; b < blocks; ++b) {
         const float scale = weight * std::bit_cast<float>(words[b]);
         const std::int64_t lo = b * block, hi = lo + block < n ? lo + block : n;
-        for (std::int64_t i = lo; i < hi; ++i) {
-            const float x = ((signs[i / 32] >> (i % 32)) & 1u) != 0 ? scale : -scale;
-            out[i] = add ? out[i] + x : x;
-        }
+        // Branch-free: the bit picks +scale or -scale by arithmetic.
+        if (add)
+            for (std::int64_t i = lo; i < hi; ++i)
+                out[i] += static_cast<float>(2 * static_cast<std::int32_t>((signs[i >> 5] >> (i & 31)) & 1u) - 1) * scale;
+        else
+            for (std::int64_t i = lo; i < hi; ++i)
+                out[i] = static_cast<float>(2 * static_cast<std::int32_t>((signs[i >> 5] >> (i & 31)) & 1u) - 1) * scale;
     }
 }
 

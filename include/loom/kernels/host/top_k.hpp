@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -28,30 +29,36 @@ namespace loom::kernels::host {
 [[nodiscard]] constexpr std::int64_t top_k_words(std::int64_t k) noexcept { return 2 * k; }
 
 // Selects the k largest |x[i]| of x[0, n) into words; with `residual`, it gets
-// x with the selected elements zeroed (what was not sent). `scratch` holds the
-// candidate indices between calls, so a step allocates nothing.
+// x with the selected elements zeroed (what was not sent). `scratch` holds
+// the magnitudes between calls, so a step allocates nothing. The magnitudes
+// are compared as the bits of |x| (NaN as +Inf's): for non-negative floats
+// the integer order is the float order, so nth_element finds the k-th
+// largest among plain integers, and one pass in index order takes every
+// element above it and the first ones equal to it (ties to the lower index).
 inline void pack_top_k(const float* x, std::int64_t n, std::int64_t k, std::uint32_t* words,
                        std::vector<std::int32_t>& scratch, float* residual = nullptr) {
     LOOM_CHECK(k >= 0 && k <= n, "pack_top_k: k = ", k, " of ", n, " values; it must be in 0..", n);
     LOOM_CHECK(n <= std::numeric_limits<std::int32_t>::max(), "pack_top_k: ", n, " values do not fit 32-bit indices");
-    scratch.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) scratch[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
-    const auto magnitude = [x](std::int32_t i) {
-        const float a = std::fabs(x[i]);
-        return std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
+    const auto magnitude_bits = [x](std::int64_t i) {
+        const auto bits = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(x[i]) & 0x7fff'ffffu);
+        return bits > 0x7f80'0000 ? 0x7f80'0000 : bits;  // NaN counts as Inf
     };
-    // A strict total order: larger magnitude first, then lower index.
-    const auto before = [&](std::int32_t a, std::int32_t b) {
-        const float ma = magnitude(a), mb = magnitude(b);
-        return ma > mb || (ma == mb && a < b);
-    };
-    if (k < n) std::nth_element(scratch.begin(), scratch.begin() + k, scratch.end(), before);
-    std::sort(scratch.begin(), scratch.begin() + k);
     if (residual != nullptr && residual != x) std::copy_n(x, n, residual);
-    for (std::int64_t j = 0; j < k; ++j) {
-        const std::int32_t i = scratch[static_cast<std::size_t>(j)];
-        words[j] = static_cast<std::uint32_t>(i);
-        words[k + j] = std::bit_cast<std::uint32_t>(x[i]);
+    if (k == 0) return;
+    scratch.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) scratch[static_cast<std::size_t>(i)] = magnitude_bits(i);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<>());
+    const std::int32_t threshold = scratch[static_cast<std::size_t>(k - 1)];
+    std::int64_t above = 0;
+    for (std::int64_t i = 0; i < n; ++i) above += magnitude_bits(i) > threshold;
+    std::int64_t ties = k - above, taken = 0;
+    for (std::int64_t i = 0; i < n && taken < k; ++i) {
+        const std::int32_t bits = magnitude_bits(i);
+        if (bits < threshold || (bits == threshold && ties == 0)) continue;
+        if (bits == threshold) --ties;
+        words[taken] = static_cast<std::uint32_t>(i);
+        words[k + taken] = std::bit_cast<std::uint32_t>(x[i]);
+        ++taken;
         if (residual != nullptr) residual[i] = 0.0f;
     }
 }
