@@ -109,44 +109,25 @@
 #include <thread>
 #include <vector>
 
+#include "gpt_bench_configs.hpp"
+
 namespace {
 
 using loom::Compression;
 using loom::CompressorKind;
 using loom::comm::ThreadComm;
 
-struct BenchConfig {
-    loom::gpt::Config model;
-    std::int64_t batch;  // sequences per rank
-};
-
-// bench/data_parallel.cpp's configs.
-const std::map<std::string, BenchConfig>& configs() {
-    static const std::map<std::string, BenchConfig> all{
-        {"A", {{.layers = 4, .width = 256, .heads = 4, .seq = 128, .vocab = 256}, 8}},
-        {"B", {{.layers = 2, .width = 64, .heads = 4, .seq = 64, .vocab = 256}, 4}},
-    };
-    return all;
-}
+using bench::BenchConfig;
+using bench::configs;
+using bench::median;
+using bench::usable_cores;
 
 constexpr std::uint64_t data_seed = 1;
 constexpr std::uint64_t init_seed = 1;
 constexpr double latency_s = 5e-6;
 constexpr loom::optim::AdamWConfig adamw{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
 
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
-int usable_cores() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
 
 // Cores' worth of CPU time other processes used since construction (as bench/data_parallel.cpp).
 class ForeignLoad {

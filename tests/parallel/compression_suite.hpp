@@ -254,14 +254,7 @@ EquivalenceResult run_compressed(C& world, const CompressionCase& c, const Seria
         const double ref = serial.losses[static_cast<std::size_t>(step)];
         result.worst_loss_error = std::max(result.worst_loss_error, std::abs(loss - ref) / std::abs(ref));
     }
-    const auto n = static_cast<std::size_t>(exec.parameter_count());
-    std::vector<float> values(n), m(n), v(n);
-    exec.gather_state(values, m, v);
-    float scale = 0;
-    for (float p : serial.params) scale = std::max(scale, std::abs(p));
-    for (std::size_t k = 0; k < values.size(); ++k)
-        result.worst_param_error =
-            std::max(result.worst_param_error, static_cast<double>(std::abs(values[k] - serial.params[k])) / scale);
+    result.worst_param_error = worst_param_error(exec, serial);
     return result;
 }
 

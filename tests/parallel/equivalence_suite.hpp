@@ -120,6 +120,26 @@ inline SerialRun serial_run(int steps, int layers = 2, int heads = 2, std::int64
     return run;
 }
 
+// Collective: the executor's final parameters against the serial run's,
+// relative to the model's largest parameter, not element by element: the
+// attention's key bias has a gradient of exactly zero (softmax does not
+// change when every score of a row shifts by the same amount), so in both
+// runs it moves only by AdamW-normalised rounding noise, and its elements
+// differ by ~1e-6 absolute around values of ~1e-6. Every other element
+// agrees to ~1e-6 of its own tensor's scale (docs/testing.md).
+template <class Executor>
+double worst_param_error(Executor& exec, const SerialRun& serial) {
+    const auto n = static_cast<std::size_t>(exec.parameter_count());
+    std::vector<float> values(n), m(n), v(n);
+    exec.gather_state(values, m, v);
+    float scale = 0;
+    for (float p : serial.params) scale = std::max(scale, std::abs(p));
+    double worst = 0;
+    for (std::size_t k = 0; k < values.size(); ++k)
+        worst = std::max(worst, static_cast<double>(std::abs(values[k] - serial.params[k])) / scale);
+    return worst;
+}
+
 // Runs on every rank of `world` (whose size is dp x pp x tp x sp).
 template <loom::comm::Communicator C>
 EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
@@ -149,20 +169,7 @@ EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const Seri
         result.worst_loss_error = std::max(result.worst_loss_error, std::abs(loss - ref) / std::abs(ref));
     }
     result.tokens_per_sequence = exec.tokens_per_sequence();
-    const auto n = static_cast<std::size_t>(exec.parameter_count());
-    std::vector<float> values(n), m(n), v(n);
-    exec.gather_state(values, m, v);
-    // Relative to the model's largest parameter, not element by element: the
-    // attention's key bias has a gradient of exactly zero (softmax does not
-    // change when every score of a row shifts by the same amount), so in both
-    // runs it moves only by AdamW-normalised rounding noise, and its elements
-    // differ by ~1e-6 absolute around values of ~1e-6. Every other element
-    // agrees to ~1e-6 of its own tensor's scale (docs/testing.md).
-    float scale = 0;
-    for (float p : serial.params) scale = std::max(scale, std::abs(p));
-    for (std::size_t k = 0; k < values.size(); ++k)
-        result.worst_param_error =
-            std::max(result.worst_param_error, static_cast<double>(std::abs(values[k] - serial.params[k])) / scale);
+    result.worst_param_error = worst_param_error(exec, serial);
     return result;
 }
 
