@@ -24,3 +24,7 @@ loom_compile_fail("Strategy lists ZeroShard twice" strategy_zero_shard_twice.cpp
 loom_compile_fail("ZeroShard stage 4" strategy_zero_stage_4.cpp "Stage must be 1")
 loom_compile_fail("Strategy of something that is not a policy" strategy_not_a_policy.cpp "every argument must be a policy")
 loom_compile_fail("DataParallel with an option that is not one" strategy_bad_data_parallel_option.cpp "every option must be a DataParallel option")
+loom_compile_fail("TopK with a ratio of 0" compress_top_k_ratio_zero.cpp "TopK<ratio>: the ratio is the fraction of each chunk sent")
+loom_compile_fail("a lossy compressor on the pipeline axis" compress_lossy_on_pipeline.cpp "GradCompress on PpAxis or TpAxis takes CastBf16 or CastFp16")
+loom_compile_fail("two compressors for one axis" compress_twice_on_one_axis.cpp "lists two GradCompress policies for one axis")
+loom_compile_fail("GradCompress of something that is not a compressor" compress_not_a_compressor.cpp "the compressor must be CastBf16, CastFp16")

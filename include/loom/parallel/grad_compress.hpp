@@ -203,17 +203,28 @@ concept CompressorPolicy = requires {
     { Compressor::compression } -> std::convertible_to<Compression>;
 };
 
+namespace detail {
+// What a compressor policy holds; for anything else, nothing, so that only
+// GradCompress's own sentence reports it.
+template <class Compressor>
+constexpr Compression compression_of() {
+    if constexpr (CompressorPolicy<Compressor>) return Compressor::compression;
+    else return Compression{};
+}
+}  // namespace detail
+
 template <class Compressor, class Axis = DpAxis>
 struct GradCompress {
     static_assert(CompressorPolicy<Compressor>,
                   "GradCompress<Compressor, Axis>: the compressor must be CastBf16, CastFp16, Int8Block<B>, "
                   "TopK<ratio>, PowerSGD<rank> or OneBit");
-    static_assert(Axis::axis == CompressedAxis::dp || Compressor::compression.is_cast(),
+    static_assert(Axis::axis == CompressedAxis::dp || !CompressorPolicy<Compressor> ||
+                      detail::compression_of<Compressor>().is_cast(),
                   "GradCompress on PpAxis or TpAxis takes CastBf16 or CastFp16: activations cross those axes once, "
                   "with no error feedback to recover what a lossier compressor drops");
 
     static constexpr PolicyKind kind = PolicyKind::compression;
-    static constexpr Compression compression = Compressor::compression;
+    static constexpr Compression compression = detail::compression_of<Compressor>();
     static constexpr CompressedAxis axis = Axis::axis;
 
     static void describe(std::ostream& out) {
