@@ -44,6 +44,7 @@ struct EquivalenceCase {
     int ulysses = 1;  // the hybrid's K
     std::int64_t width = 32, vocab = 64;  // 2D: q must divide both
     loom::Compression pp_cast{}, tp_cast{};  // GradCompress<Cast, PpAxis / TpAxis>: lossy, by design
+    loom::Compression dp_compress{};          // GradCompress on the dp axis (lossless settings only here)
 
     [[nodiscard]] int chunks() const {
         return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
@@ -151,6 +152,7 @@ EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const Seri
     loom::exec::ExecutionPlan plan{c.stage, c.bucket_bytes, c.pp > 1, c.schedule, c.chunks(), c.tp > 1, c.grid, c.sp > 1, c.sp_attention, c.zigzag, c.ulysses};
     plan.pp_compression = c.pp_cast;
     plan.tp_compression = c.tp_cast;
+    plan.dp_compression = c.dp_compress;
     loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  c.tp > 1 ? &mesh.axis("tp") : nullptr, c.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw()});

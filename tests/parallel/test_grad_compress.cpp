@@ -18,6 +18,7 @@
 #include <loom/parallel/strategy.hpp>
 
 #include "parallel/compression_suite.hpp"
+#include "parallel/equivalence_on_threads.hpp"
 #include "support/message_of.hpp"
 
 namespace {
@@ -76,6 +77,26 @@ TEST_CASE("a lossless compressor trains exactly as serial training", "[compress]
             CHECK(result.worst_loss_error <= 1e-5);
             CHECK(result.worst_param_error <= 1e-5);
         }
+    }
+}
+
+TEST_CASE("a lossless compressor composes with pipelines, tensor and sequence parallelism", "[compress][parallel]") {
+    // TopK<1> through the compressed exchange of every gradient group these
+    // strategies make (pipeline segments, tp shards, the dp x sp group, ZeRO
+    // slots): the serial run's losses and parameters.
+    static const auto serial = loom_test::serial_run(3, 4);
+    const auto topk1 = parse_compression("topk:1");
+    std::vector<loom_test::EquivalenceCase> cases;
+    for (int stage : {0, 2}) {
+        cases.push_back({.dp = 2, .stage = stage, .steps = 3, .pp = 2, .layers = 4});
+        cases.push_back({.dp = 2, .stage = stage, .micro_batches = 4, .steps = 3, .pp = 2,
+                         .schedule = loom::ScheduleKind::zero_bubble_v, .layers = 4});
+        cases.push_back({.dp = 2, .stage = stage, .steps = 3, .layers = 4, .tp = 2});
+        cases.push_back({.dp = 2, .stage = stage, .steps = 3, .layers = 4, .sp = 2});
+    }
+    for (auto& c : cases) {
+        c.dp_compress = topk1;
+        loom_test::check_equivalence_on_threads(c, serial);
     }
 }
 
