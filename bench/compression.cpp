@@ -127,42 +127,7 @@ constexpr std::uint64_t init_seed = 1;
 constexpr double latency_s = 5e-6;
 constexpr loom::optim::AdamWConfig adamw{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
 
-
-
-// Cores' worth of CPU time other processes used since construction (as bench/data_parallel.cpp).
-class ForeignLoad {
-public:
-    ForeignLoad() : start_(sample()) {}
-    [[nodiscard]] double cores() const {
-        const Sample now = sample();
-        const double wall = std::chrono::duration<double>(now.when - start_.when).count();
-        if (start_.machine < 0 || now.machine < 0 || wall <= 0) return -1;
-        return std::max(0.0, ((now.machine - start_.machine) - (now.own - start_.own)) / wall);
-    }
-
-private:
-    struct Sample {
-        double machine = -1, own = 0;
-        std::chrono::steady_clock::time_point when;
-    };
-    static double seconds(const timeval& t) {
-        return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-    }
-    static Sample sample() {
-        Sample s;
-        s.when = std::chrono::steady_clock::now();
-        std::ifstream stat("/proc/stat");
-        std::string cpu;
-        double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-        if (stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal && cpu == "cpu")
-            s.machine = (user + nice + system + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
-        rusage self{};
-        getrusage(RUSAGE_SELF, &self);
-        s.own = seconds(self.ru_utime) + seconds(self.ru_stime);
-        return s;
-    }
-    Sample start_;
-};
+using bench::ForeignLoad;
 
 // Makes the compiler assume `p`'s memory is read, so timed stores are kept.
 inline void keep_memory(const void* p) { asm volatile("" : : "r"(p) : "memory"); }

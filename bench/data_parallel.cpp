@@ -108,48 +108,7 @@ bool reset_vm_hwm() {
     return static_cast<bool>(refs);
 }
 
-// How much of the machine other processes used while we measured: on a
-// shared 2-core machine a neighbour's compile halves a rank's core, and the
-// numbers are only worth comparing when this is near 0.
-class ForeignLoad {
-public:
-    ForeignLoad() : start_(sample()) {}
-    // Cores' worth of CPU time (0..cores) that neither this process nor its
-    // waited-for children used since construction; -1 if unknown.
-    [[nodiscard]] double cores() const {
-        const Sample now = sample();
-        const double wall = std::chrono::duration<double>(now.when - start_.when).count();
-        if (start_.machine < 0 || now.machine < 0 || wall <= 0) return -1;
-        const double foreign = (now.machine - start_.machine) - (now.own - start_.own);
-        return std::max(0.0, foreign / wall);
-    }
-
-private:
-    struct Sample {
-        double machine = -1;  // seconds of non-idle CPU time, all processes, all cores
-        double own = 0;       // this process's and its waited-for children's CPU seconds
-        std::chrono::steady_clock::time_point when;
-    };
-    static double seconds(const timeval& t) {
-        return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-    }
-    static Sample sample() {
-        Sample s;
-        s.when = std::chrono::steady_clock::now();
-        std::ifstream stat("/proc/stat");
-        std::string cpu;
-        double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-        if (stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal && cpu == "cpu")
-            s.machine = (user + nice + system + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
-        rusage self{}, children{};
-        getrusage(RUSAGE_SELF, &self);
-        getrusage(RUSAGE_CHILDREN, &children);
-        s.own = seconds(self.ru_utime) + seconds(self.ru_stime) + seconds(children.ru_utime) +
-                seconds(children.ru_stime);
-        return s;
-    }
-    Sample start_;
-};
+using bench::ForeignLoad;
 
 struct LoomRun {
     double step_seconds = 0;      // median over steps of the max over ranks
