@@ -1,0 +1,151 @@
+// OptEx's gradient estimator: the GP posterior mean interpolates its history,
+// equals a double-precision reference written from the formula, keeps the
+// last T0 points, refuses non-finite gradients, and names bad settings.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <loom/optim/gp_estimator.hpp>
+
+#include "support/message_of.hpp"
+
+namespace {
+
+using loom::optim::GpEstimatorConfig;
+using loom::optim::GpGradientEstimator;
+
+std::vector<float> random_vector(std::mt19937& rng, std::int64_t d, float scale = 1.0f) {
+    std::uniform_real_distribution<float> u(-scale, scale);
+    std::vector<float> v(static_cast<std::size_t>(d));
+    for (float& x : v) x = u(rng);
+    return v;
+}
+
+// mu(x) from the formula, in double, by Gaussian elimination with partial pivoting.
+std::vector<double> reference_mu(const std::vector<std::vector<float>>& X, const std::vector<std::vector<float>>& G,
+                                 const std::vector<float>& x, const GpEstimatorConfig& c) {
+    const std::size_t t = X.size(), d = x.size();
+    double scale = 0;
+    for (const auto& p : X) {
+        double s = 0;
+        for (float v : p) s += double(v) * v;
+        scale += std::sqrt(std::sqrt(s));
+    }
+    scale /= static_cast<double>(t);
+    const auto k = [&](const std::vector<float>& a, const std::vector<float>& b) {
+        double s = 0;
+        for (std::size_t e = 0; e < d; ++e) s += (double(a[e]) - b[e]) * (double(a[e]) - b[e]);
+        const double r = std::sqrt(s) / scale, z = std::sqrt(5.0) * r / c.length_scale;
+        return (1 + z + z * z / 3) * std::exp(-z);
+    };
+    std::vector<std::vector<double>> A(t, std::vector<double>(t + d));
+    for (std::size_t i = 0; i < t; ++i) {
+        for (std::size_t j = 0; j < t; ++j) A[i][j] = k(X[i], X[j]) + (i == j ? c.noise : 0.0);
+        for (std::size_t e = 0; e < d; ++e) A[i][t + e] = G[i][e];
+    }
+    for (std::size_t col = 0; col < t; ++col) {
+        std::size_t pivot = col;
+        for (std::size_t r = col + 1; r < t; ++r)
+            if (std::abs(A[r][col]) > std::abs(A[pivot][col])) pivot = r;
+        std::swap(A[col], A[pivot]);
+        for (std::size_t r = 0; r < t; ++r) {
+            if (r == col) continue;
+            const double f = A[r][col] / A[col][col];
+            for (std::size_t q = col; q < t + d; ++q) A[r][q] -= f * A[col][q];
+        }
+    }
+    std::vector<double> mu(d, 0.0);
+    for (std::size_t i = 0; i < t; ++i) {
+        const double ki = k(x, X[i]);
+        for (std::size_t e = 0; e < d; ++e) mu[e] += ki * A[i][t + e] / A[i][i];
+    }
+    return mu;
+}
+
+}  // namespace
+
+TEST_CASE("OptEx's estimator equals a double-precision reference of its formula", "[optex]") {
+    std::mt19937 rng(3);
+    for (const std::int64_t d : {1, 7, 300}) {
+        const GpEstimatorConfig c{.history = 12};
+        GpGradientEstimator est(d, c);
+        std::vector<std::vector<float>> X, G;
+        for (int i = 0; i < 12; ++i) {
+            X.push_back(random_vector(rng, d));
+            G.push_back(random_vector(rng, d, 3.0f));
+            REQUIRE(est.add(X.back(), G.back()));
+        }
+        est.prepare();
+        for (int q = 0; q < 5; ++q) {
+            auto x = random_vector(rng, d);
+            if (q == 0) x = X[3];  // a history point itself
+            std::vector<float> mu(static_cast<std::size_t>(d));
+            est.estimate(x, mu);
+            const auto ref = reference_mu(X, G, x, c);
+            double worst = 0, scale = 1e-12;
+            for (std::size_t e = 0; e < mu.size(); ++e) {
+                worst = std::max(worst, std::abs(double(mu[e]) - ref[e]));
+                scale = std::max(scale, std::abs(ref[e]));
+            }
+            INFO("d " << d << ", query " << q << ": worst " << worst << " of " << scale);
+            CHECK(worst <= 1e-5 * scale + 1e-6);
+        }
+    }
+}
+
+TEST_CASE("OptEx's estimator interpolates its history within the noise", "[optex]") {
+    std::mt19937 rng(5);
+    constexpr std::int64_t d = 20;
+    GpGradientEstimator est(d, {.history = 8});
+    std::vector<std::vector<float>> X, G;
+    for (int i = 0; i < 8; ++i) {
+        X.push_back(random_vector(rng, d));
+        G.push_back(random_vector(rng, d, 2.0f));
+        est.add(X.back(), G.back());
+    }
+    est.prepare();
+    std::vector<float> mu(d);
+    for (int i = 0; i < 8; ++i) {
+        est.estimate(X[static_cast<std::size_t>(i)], mu);
+        double worst = 0;
+        for (std::int64_t e = 0; e < d; ++e)
+            worst = std::max(worst, std::abs(double(mu[static_cast<std::size_t>(e)]) - G[static_cast<std::size_t>(i)][static_cast<std::size_t>(e)]));
+        INFO("point " << i << ": worst |mu - g| " << worst);
+        CHECK(worst <= 2e-2);  // sigma^2 = 1e-3 pulls mu towards 0 by about that share of |g| <= 2
+        CHECK(worst > 0);      // and it does pull: the noise is in the model
+    }
+}
+
+TEST_CASE("OptEx's estimator keeps the last T0 points and refuses non-finite gradients", "[optex]") {
+    GpGradientEstimator est(2, {.history = 3});
+    std::vector<float> mu(2);
+    est.prepare();
+    est.estimate(std::vector<float>{0.5f, 0.5f}, mu);
+    CHECK(mu == std::vector<float>{0.0f, 0.0f});  // fewer than 2 points: mu = 0
+    for (int i = 0; i < 5; ++i) est.add(std::vector<float>{float(i), 1.0f}, std::vector<float>{1.0f, float(i)});
+    CHECK(est.size() == 3);
+    CHECK_FALSE(est.add(std::vector<float>{9.0f, 9.0f}, std::vector<float>{NAN, 1.0f}));
+    CHECK_FALSE(est.add(std::vector<float>{9.0f, 9.0f}, std::vector<float>{1.0f, INFINITY}));
+    CHECK(est.skipped() == 2);
+    CHECK(est.size() == 3);
+    CHECK(loom_test::message_of([&] { est.estimate(std::vector<float>{0.0f, 0.0f}, mu); }) ==
+          "OptEx: estimate() before prepare() since the history last changed");
+    est.prepare();
+    est.estimate(std::vector<float>{4.0f, 1.0f}, mu);  // the newest point: close to its gradient (1, 4)
+    CHECK(mu[0] == Approx(1.0f).epsilon(0.02));
+    CHECK(mu[1] == Approx(4.0f).epsilon(0.02));
+}
+
+TEST_CASE("OptEx's estimator names bad settings", "[optex]") {
+    CHECK(loom_test::message_of([] { GpGradientEstimator est(4, {.history = 1}); }) ==
+          "OptEx: a history of T0 = 1 points; it needs at least 2");
+    CHECK(loom_test::message_of([] { GpGradientEstimator est(4, {.length_scale = 0}); }) ==
+          "OptEx: length scale 0 must be finite and > 0");
+    CHECK(loom_test::message_of([] { GpGradientEstimator est(0); }) == "OptEx: dimension 0 must be at least 1");
+    GpGradientEstimator est(3);
+    CHECK(loom_test::message_of([&] { est.add(std::vector<float>(2), std::vector<float>(3)); }) ==
+          "OptEx: a point of 2 and a gradient of 3 elements; the dimension is 3");
+}
