@@ -5,13 +5,18 @@
 // with one Matern-5/2 kernel shared by every dimension,
 //   k(r) = (1 + sqrt(5) r / l + 5 r^2 / (3 l^2)) exp(-sqrt(5) r / l),
 // on points divided by the history's mean sqrt(|x_i|) (the reference's input
-// normalisation). The T0 x d solve (K + sigma^2 I)^-1 G is done once per
-// iteration by Cholesky (prepare()); each query is then O(T0 d): T0
-// distances and one T0-term combination per element. Distances, the kernel
-// and the factorisation are in double; the points and gradients are kept in
-// f32, as the optimizer holds them. mu = 0 while the history has fewer than
-// two points. A gradient that is not finite never enters the history: it is
-// counted, and the caller reports it.
+// normalisation). Computed as mu(x) = sum_i alpha_i g_i with
+// alpha = (K + sigma^2 I)^-1 k(x), so that no step costs T0^2 d:
+//   add()      the new point's squared distances to the history, O(T0 d),
+//              kept unnormalised (the normalisation only rescales them);
+//   prepare()  K from the distances and its Cholesky factor, O(T0^3), once
+//              per iteration;
+//   estimate() k(x) from x's distances, alpha by two triangular solves, and
+//              the combination of the gradients: O(T0 d + T0^2).
+// Distances, the kernel and the factorisation are in double; points and
+// gradients are kept in f32, as the optimizer holds them. mu = 0 while the
+// history has fewer than two points. A gradient that is not finite never
+// enters the history: it is counted, and the caller reports it.
 #pragma once
 
 #include <algorithm>
@@ -64,18 +69,25 @@ public:
             ++skipped_;
             return false;
         }
-        if (static_cast<int>(points_.size()) == config_.history) {
+        if (size() == config_.history) {
             points_.erase(points_.begin());
             gradients_.erase(gradients_.begin());
+            root_norms_.erase(root_norms_.begin());
+            distances_.erase(distances_.begin());
+            for (auto& row : distances_) row.erase(row.begin());
         }
+        std::vector<double> row(points_.size() + 1, 0.0);
+        for (std::size_t i = 0; i < points_.size(); ++i) row[i] = squared_distance(x, points_[i]);
+        for (std::size_t i = 0; i < points_.size(); ++i) distances_[i].push_back(row[i]);
+        distances_.push_back(std::move(row));
         points_.emplace_back(x.begin(), x.end());
         gradients_.emplace_back(g.begin(), g.end());
+        root_norms_.push_back(std::sqrt(std::sqrt(squared_norm(x))));
         prepared_ = false;
         return true;
     }
 
-    // The once-per-iteration work: normalisation, K, its Cholesky factor, and
-    // the weights (K + sigma^2 I)^-1 G (T x d, in double).
+    // The once-per-iteration work: the normalisation, K and its Cholesky factor.
     void prepare() {
         const int t = size();
         prepared_ = true;
@@ -83,48 +95,28 @@ public:
         scale_ = 1.0;
         if (config_.normalise_inputs) {
             double mean = 0;
-            for (const auto& p : points_) mean += std::sqrt(norm(p));
+            for (double r : root_norms_) mean += r;
             mean /= t;
             scale_ = mean > 0 ? mean : 1.0;
         }
-        std::vector<double> l(static_cast<std::size_t>(t * t), 0.0);
+        factor_.assign(static_cast<std::size_t>(t * t), 0.0);
         for (int i = 0; i < t; ++i)
             for (int j = 0; j <= i; ++j)
-                l[idx(i, j, t)] = kernel(points_[static_cast<std::size_t>(i)], points_[static_cast<std::size_t>(j)]) +
-                                  (i == j ? config_.noise : 0.0);
+                at(i, j) = kernel_of(distances_[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)]) +
+                           (i == j ? config_.noise : 0.0);
         // Cholesky, lower: K + sigma^2 I = L L^T.
         for (int j = 0; j < t; ++j) {
-            double diag = l[idx(j, j, t)];
-            for (int k = 0; k < j; ++k) diag -= l[idx(j, k, t)] * l[idx(j, k, t)];
+            double diag = at(j, j);
+            for (int k = 0; k < j; ++k) diag -= at(j, k) * at(j, k);
             LOOM_CHECK(diag > 0, "OptEx: K + sigma^2 I is not positive definite at row ", j, " (", diag,
                        "); raise the noise sigma^2");
             const double root = std::sqrt(diag);
-            l[idx(j, j, t)] = root;
+            at(j, j) = root;
             for (int i = j + 1; i < t; ++i) {
-                double v = l[idx(i, j, t)];
-                for (int k = 0; k < j; ++k) v -= l[idx(i, k, t)] * l[idx(j, k, t)];
-                l[idx(i, j, t)] = v / root;
+                double v = at(i, j);
+                for (int k = 0; k < j; ++k) v -= at(i, k) * at(j, k);
+                at(i, j) = v / root;
             }
-        }
-        // Weights: solve L L^T W = G column by column of G's d columns, all at once per row.
-        weights_.assign(static_cast<std::size_t>(t * d_), 0.0);
-        for (int i = 0; i < t; ++i)
-            for (std::int64_t e = 0; e < d_; ++e) weights_[w(i, e)] = gradients_[static_cast<std::size_t>(i)][static_cast<std::size_t>(e)];
-        for (int i = 0; i < t; ++i) {  // forward: L Y = G
-            for (int k = 0; k < i; ++k) {
-                const double f = l[idx(i, k, t)];
-                for (std::int64_t e = 0; e < d_; ++e) weights_[w(i, e)] -= f * weights_[w(k, e)];
-            }
-            const double inv = 1.0 / l[idx(i, i, t)];
-            for (std::int64_t e = 0; e < d_; ++e) weights_[w(i, e)] *= inv;
-        }
-        for (int i = t - 1; i >= 0; --i) {  // backward: L^T W = Y
-            for (int k = i + 1; k < t; ++k) {
-                const double f = l[idx(k, i, t)];
-                for (std::int64_t e = 0; e < d_; ++e) weights_[w(i, e)] -= f * weights_[w(k, e)];
-            }
-            const double inv = 1.0 / l[idx(i, i, t)];
-            for (std::int64_t e = 0; e < d_; ++e) weights_[w(i, e)] *= inv;
         }
     }
 
@@ -138,36 +130,54 @@ public:
             std::fill(out.begin(), out.end(), 0.0f);
             return;
         }
-        std::vector<double> k(static_cast<std::size_t>(t));
-        for (int i = 0; i < t; ++i) k[static_cast<std::size_t>(i)] = kernel(x, points_[static_cast<std::size_t>(i)]);
-        for (std::int64_t e = 0; e < d_; ++e) {
-            double v = 0;
-            for (int i = 0; i < t; ++i) v += k[static_cast<std::size_t>(i)] * weights_[w(i, e)];
-            out[static_cast<std::size_t>(e)] = static_cast<float>(v);
+        // alpha = L^-T L^-1 k(x).
+        std::vector<double> alpha(static_cast<std::size_t>(t));
+        for (int i = 0; i < t; ++i)
+            alpha[static_cast<std::size_t>(i)] = kernel_of(squared_distance(x, points_[static_cast<std::size_t>(i)]));
+        for (int i = 0; i < t; ++i) {
+            double v = alpha[static_cast<std::size_t>(i)];
+            for (int k = 0; k < i; ++k) v -= at(i, k) * alpha[static_cast<std::size_t>(k)];
+            alpha[static_cast<std::size_t>(i)] = v / at(i, i);
+        }
+        for (int i = t - 1; i >= 0; --i) {
+            double v = alpha[static_cast<std::size_t>(i)];
+            for (int k = i + 1; k < t; ++k) v -= at(k, i) * alpha[static_cast<std::size_t>(k)];
+            alpha[static_cast<std::size_t>(i)] = v / at(i, i);
+        }
+        std::fill(out.begin(), out.end(), 0.0f);
+        for (int i = 0; i < t; ++i) {
+            const auto a = static_cast<float>(alpha[static_cast<std::size_t>(i)]);
+            const float* g = gradients_[static_cast<std::size_t>(i)].data();
+            for (std::int64_t e = 0; e < d_; ++e) out[static_cast<std::size_t>(e)] += a * g[e];
         }
     }
 
 private:
-    [[nodiscard]] static std::size_t idx(int i, int j, int t) { return static_cast<std::size_t>(i * t + j); }
-    [[nodiscard]] std::size_t w(int i, std::int64_t e) const { return static_cast<std::size_t>(i * d_ + e); }
-    [[nodiscard]] static double norm(const std::vector<float>& p) {
+    [[nodiscard]] double& at(int i, int j) { return factor_[static_cast<std::size_t>(i * size() + j)]; }
+    [[nodiscard]] double at(int i, int j) const { return factor_[static_cast<std::size_t>(i * size() + j)]; }
+    [[nodiscard]] double kernel_of(double squared) const {
+        return matern52(std::sqrt(squared) / scale_, config_.length_scale);
+    }
+    [[nodiscard]] static double squared_norm(std::span<const float> p) {
         double s = 0;
         for (float v : p) s += static_cast<double>(v) * v;
-        return std::sqrt(s);
+        return s;
     }
-    [[nodiscard]] double kernel(std::span<const float> a, std::span<const float> b) const {
+    [[nodiscard]] static double squared_distance(std::span<const float> a, std::span<const float> b) {
         double s = 0;
         for (std::size_t e = 0; e < a.size(); ++e) {
             const double diff = static_cast<double>(a[e]) - b[e];
             s += diff * diff;
         }
-        return matern52(std::sqrt(s) / scale_, config_.length_scale);
+        return s;
     }
 
     std::int64_t d_;
     GpEstimatorConfig config_;
     std::vector<std::vector<float>> points_, gradients_;  // oldest first
-    std::vector<double> weights_;                          // (K + sigma^2 I)^-1 G, T x d
+    std::vector<std::vector<double>> distances_;          // squared, unnormalised, T x T
+    std::vector<double> root_norms_;                      // sqrt(|x_i|), for the normalisation
+    std::vector<double> factor_;                          // L, T x T, lower
     double scale_ = 1.0;
     bool prepared_ = false;
     std::int64_t skipped_ = 0;
