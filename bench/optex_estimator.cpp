@@ -22,32 +22,12 @@
 #include <string_view>
 #include <vector>
 
+#include "degree_list.hpp"
 #include "gpt_bench_configs.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-// "10,25,50": positive whole numbers up to 1e8; anything else ends the program naming it.
-std::vector<int> int_list(const char* flag, const std::string& text) {
-    std::vector<int> out;
-    std::size_t at = 0;
-    while (at <= text.size()) {
-        const std::size_t comma = text.find(',', at);
-        const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-        char* end = nullptr;
-        const long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < 1 || v > 100000000) {
-            std::fprintf(stderr, "bench_optex_estimator: %s %s: '%s' is not a whole number in 1..1e8\n", flag,
-                         text.c_str(), item.c_str());
-            std::exit(2);
-        }
-        out.push_back(static_cast<int>(v));
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-    }
-    return out;
-}
 
 double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -121,8 +101,8 @@ int main(int argc, char** argv) {
         const std::string_view flag = argv[i];
         if (flag == "--workers") workers = std::atoi(argv[i + 1]);
         else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
-        else if (flag == "--dims") dims = int_list("--dims", argv[i + 1]);
-        else if (flag == "--histories") histories = int_list("--histories", argv[i + 1]);
+        else if (flag == "--dims") dims = loom_bench::parse_int_list("bench_optex_estimator", "--dims", argv[i + 1], 100000000, "a whole number in 1..1e8");
+        else if (flag == "--histories") histories = loom_bench::parse_int_list("bench_optex_estimator", "--histories", argv[i + 1], 100000000, "a whole number in 1..1e8");
         else {
             std::fprintf(stderr, "bench_optex_estimator: unknown flag %s (flags: --workers N --reps N --dims a,b "
                                  "--histories a,b)\n", argv[i]);

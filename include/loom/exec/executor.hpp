@@ -304,7 +304,7 @@ public:
 
     // GradCompress's per-rank state (error feedback, warm starts): what a
     // checkpoint must keep for an exact resume. Empty without a dp compressor.
-    [[nodiscard]] const Compression& compression() const noexcept { return compression_; }
+    [[nodiscard]] Compression compression() const noexcept { return compress_ ? compress_->compression() : Compression{}; }
     [[nodiscard]] std::int64_t compression_state_size() const noexcept {
         return compress_ ? compress_->state_size() : 0;
     }
@@ -383,7 +383,6 @@ private:
     // GradCompress on the dp axis. Notices come from one rank of each
     // gradient group and tp position 0, so each matrix is named once.
     void start_compression(const Compression& compression, const ExecutorOptions& options) {
-        compression_ = compression;
         compress_warmup_ = options.compress_warmup;
         LOOM_CHECK(compress_warmup_ >= 0, "Executor: compress_warmup = ", compress_warmup_,
                    " steps; it must be 0 or more");
@@ -403,7 +402,7 @@ private:
     [[nodiscard]] bool compressing() const noexcept { return compress_ && optimizer_steps_ >= compress_warmup_; }
     // OneBit at ZeRO 0 exchanges momentum (mix before, unmix at the optimizer step).
     [[nodiscard]] bool momentum_exchange() const noexcept {
-        return compressing() && stage_ == 0 && compression_.compresses_momentum();
+        return compressing() && stage_ == 0 && compress_->compression().compresses_momentum();
     }
 
     void reduce_compressed(int index, const schedule::Instruction& in) {
@@ -842,7 +841,6 @@ private:
     MicroBatchPool pool_;
     // Before pending_: a compressed request still in flight when the executor
     // goes (after a failure) finishes into the exchange, which must still exist.
-    Compression compression_{};                        // GradCompress on the dp axis
     std::unique_ptr<CompressedExchange<C>> compress_;  // null without one (or with one dp rank)
     std::int64_t compress_warmup_ = 0;
     bool momentum_mixed_ = false;  // this step's gradients were mixed into momentum (OneBit, ZeRO 0)

@@ -134,16 +134,6 @@ public:
         for (const auto& b : buckets_) n += static_cast<std::int64_t>(b.p_and_dense.size() + b.q_new.size());
         return 4 * n;
     }
-    // Elements each bucket sends: P and dense parts, then Q (what PowerSGD puts on the wire).
-    [[nodiscard]] std::int64_t sent_elements(int g) const {
-        return bucket(g).p_size + bucket(g).dense_size + bucket(g).q_size;
-    }
-    [[nodiscard]] int compressed_matrices() const noexcept {
-        int n = 0;
-        for (const auto& b : buckets_) n += static_cast<int>(b.matrices.size());
-        return n;
-    }
-
 private:
     struct Matrix {
         std::int64_t offset = 0, rows = 0, cols = 0;  // in the bucket; M is rows x cols
