@@ -147,5 +147,5 @@ TEST_CASE("OptEx's estimator names bad settings", "[optex]") {
     CHECK(loom_test::message_of([] { GpGradientEstimator est(0); }) == "OptEx: dimension 0 must be at least 1");
     GpGradientEstimator est(3);
     CHECK(loom_test::message_of([&] { est.add(std::vector<float>(2), std::vector<float>(3)); }) ==
-          "OptEx: a point of 2 and a gradient of 3 elements; the dimension is 3");
+          "OptEx: a point of 2 elements; the dimension is 3");
 }

@@ -227,6 +227,26 @@ public:
         ++steps_;  // only after a step that happened, so a refused call changes nothing
     }
 
+    // Deep copies: OptEx's proxy steps run on a copy of the state. Assigning
+    // to an optimizer of the same size reuses its memory.
+    AdamW(const AdamW& other)
+        : config_(other.config_), n_(other.n_), steps_(other.steps_), m_(DType::f32, Shape{other.m_.numel()}), v_(DType::f32, Shape{other.v_.numel()}) {
+        copy_buffer(other.m_, m_);
+        copy_buffer(other.v_, v_);
+    }
+    AdamW& operator=(const AdamW& other) {
+        if (this == &other) return *this;
+        if (other.n_ != n_) return *this = AdamW(other);  // a new allocation, moved in
+        config_ = other.config_;
+        n_ = other.n_;
+        steps_ = other.steps_;
+        copy_buffer(other.m_, m_);
+        copy_buffer(other.v_, v_);
+        return *this;
+    }
+    AdamW(AdamW&&) noexcept = default;
+    AdamW& operator=(AdamW&&) noexcept = default;
+
     [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
     [[nodiscard]] std::int64_t size() const noexcept { return n_; }
     [[nodiscard]] const AdamWConfig& config() const noexcept { return config_; }
@@ -266,6 +286,10 @@ private:
         return n;
     }
     [[nodiscard]] std::size_t size_t_n() const noexcept { return static_cast<std::size_t>(n_); }
+    static void copy_buffer(const Buffer<Host>& from, Buffer<Host>& to) {
+        const auto n = static_cast<std::size_t>(from.numel());
+        if (n > 0) std::copy_n(static_cast<const float*>(from.raw()), n, static_cast<float*>(to.raw()));
+    }
 
     AdamWConfig config_;
     std::int64_t n_ = 0;

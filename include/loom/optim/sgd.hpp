@@ -181,6 +181,24 @@ public:
         ++steps_;  // only after a step that happened, so a refused call changes nothing
     }
 
+    // Deep copies: OptEx's proxy steps run on a copy of the state. Assigning
+    // to an optimizer of the same size reuses its memory.
+    Sgd(const Sgd& other)
+        : config_(other.config_), n_(other.n_), steps_(other.steps_), buffer_(DType::f32, Shape{other.buffer_.numel()}) {
+        copy_buffer(other.buffer_, buffer_);
+    }
+    Sgd& operator=(const Sgd& other) {
+        if (this == &other) return *this;
+        if (other.n_ != n_) return *this = Sgd(other);  // a new allocation, moved in
+        config_ = other.config_;
+        n_ = other.n_;
+        steps_ = other.steps_;
+        copy_buffer(other.buffer_, buffer_);
+        return *this;
+    }
+    Sgd(Sgd&&) noexcept = default;
+    Sgd& operator=(Sgd&&) noexcept = default;
+
     [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
     [[nodiscard]] std::int64_t size() const noexcept { return n_; }
     [[nodiscard]] const SgdConfig& config() const noexcept { return config_; }
@@ -219,6 +237,10 @@ private:
         return n;
     }
     [[nodiscard]] std::size_t size_t_n() const noexcept { return static_cast<std::size_t>(n_); }
+    static void copy_buffer(const Buffer<Host>& from, Buffer<Host>& to) {
+        const auto n = static_cast<std::size_t>(from.numel());
+        if (n > 0) std::copy_n(static_cast<const float*>(from.raw()), n, static_cast<float*>(to.raw()));
+    }
 
     SgdConfig config_;
     std::int64_t n_ = 0;
