@@ -6,8 +6,8 @@ add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_co
 target_link_libraries(loom_mpi_tests PRIVATE loom::mpi Catch2::Catch2)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
   # The equivalence suite of tests/parallel, written once for every transport.
@@ -18,6 +18,10 @@ loom_add_mpi_test("mpi: every pipeline schedule, alone and with dp 2 x ZeRO 0-3,
 foreach(_procs 3 4)
   loom_add_mpi_test("mpi: every gradient compressor trains as the serial run of its algorithm on ${_procs} processes"
                     ${_procs} loom_mpi_tests "[compress]")
+endforeach()
+foreach(_procs 3 4)
+  loom_add_mpi_test("mpi: OptEx with one worker per process equals its serial definition on ${_procs} processes"
+                    ${_procs} loom_mpi_tests "[optex]")
 endforeach()
 loom_add_mpi_test("mpi: tensor parallelism (tp 4 in 1D and 2D, tp 2 x dp 2 at ZeRO 3) equals serial on 4 processes" 4
                   loom_mpi_tests "[tensor]")

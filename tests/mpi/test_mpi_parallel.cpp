@@ -1,11 +1,12 @@
 // Data parallelism and ZeRO under mpirun: the equivalence suite of
 // tests/parallel (the same body the rank-thread tests run), with dp = the
 // number of processes, every ZeRO stage, 1 and 4 micro-batches; and the
-// pipeline suite on 4 processes.
+// pipeline suite on 4 processes; OptEx with one worker per process.
 #include <catch2/catch.hpp>
 
 #include <loom/comm/communicator_mpi.hpp>
 
+#include "optim/optex_suite.hpp"
 #include "parallel/compression_suite.hpp"
 #include "parallel/equivalence_suite.hpp"
 
@@ -121,5 +122,26 @@ TEST_CASE("every gradient compressor trains as the serial run of its algorithm u
                                         << result.describe());
             CHECK(result.worst_loss_error <= 1e-5);
             CHECK(result.worst_param_error <= 1e-5);
+        }
+}
+
+// OptEx with one worker per process: the suite the rank threads run, against
+// the serial definition of the algorithm, every selection rule, and a
+// non-finite gradient kept out of the history.
+TEST_CASE("OptEx on MPI processes equals the serial definition of the algorithm", "[optex]") {
+    auto world = loom::comm::Mpi::world();
+    using loom::optim::OptExSelect;
+    for (const OptExSelect select : {OptExSelect::last, OptExSelect::lowest_loss, OptExSelect::smallest_gradient})
+        for (const int nan_worker : {-1, world.size() - 1}) {
+            const loom_test::OptExCase c{.workers = world.size(), .d = 37, .iterations = 12, .select = select,
+                                         .nan_iteration = nan_worker < 0 ? -1 : 3, .nan_worker = nan_worker};
+            const auto serial = loom_test::serial_optex_run(c);
+            const auto run = loom_test::parallel_optex_run(world, c);
+            INFO("N " << c.workers << ", select " << name(select) << ", non-finite worker " << nan_worker << ", rank "
+                      << world.rank());
+            CHECK(run.selected == serial.selected);
+            CHECK(run.skipped == serial.skipped);
+            CHECK(loom_test::max_difference(run.x, serial.x) <= 2e-5);
+            CHECK(loom_test::max_difference(run.losses, serial.losses) <= 2e-4);
         }
 }
