@@ -12,6 +12,8 @@
 //             [--sp-layout zigzag|contiguous]
 //             [--compress none|bf16|fp16|int8|topk:0.01|powersgd:4|onebit] [--compress-warmup N]
 //             [--compress-pp none|bf16|fp16] [--compress-tp none|bf16|fp16] [--freeze-variance N]
+//             [--optex N] [--optex-history 50] [--optex-length-scale 0.1]
+//             [--optex-select last|lowest-loss|smallest-gradient] [--optex-tune N]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
@@ -26,6 +28,9 @@
 // generated text at the end with --sample. --compress sends compressed
 // gradients over the dp axis (GradCompress); --compress-pp and --compress-tp
 // cast what crosses the pipeline and tensor axes (the hybrid setting).
+// --optex N trains with OptEx<AdamW> over N workers (each a --dp group):
+// every step is one sequential iteration of N - 1 proxy steps and N true
+// gradients, each worker on its own batch.
 #include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/data/corpus.hpp>
@@ -37,6 +42,7 @@
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
+#include <loom/optim/optex.hpp>
 #include <loom/plan/partition.hpp>
 #include <loom/plan/profile.hpp>
 #include <loom/schedule/pipeline.hpp>
@@ -54,10 +60,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -95,6 +103,8 @@ struct Flags {
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
     loom::Compression compress_pp{}, compress_tp{};  // casts of the pp / tp traffic
     std::int64_t freeze_variance = -1;  // AdamW's v frozen after N steps; -1: at an error-feedback compressor's start
+    int optex = 0;                      // OptEx workers; 0: plain AdamW
+    loom::optim::OptExConfig optex_config{};  // --optex-history, --optex-length-scale, --optex-select, --optex-tune
 
     // The warm-up the run uses: given, or the reference's share of the steps.
     [[nodiscard]] std::int64_t warmup_steps() const {
@@ -120,7 +130,8 @@ struct Flags {
                       "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
                       "--save FILE --resume FILE --sample N --compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit "
                       "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16 "
-                      "--freeze-variance N)");
+                      "--freeze-variance N --optex N --optex-history N --optex-length-scale X "
+                      "--optex-select last|lowest-loss|smallest-gradient --optex-tune N)");
 }
 
 std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low, std::int64_t high) {
@@ -203,6 +214,23 @@ Flags parse(int argc, char** argv) {
             }
         } else if (flag == "--compress-warmup") f.compress_warmup = parse_int(flag, value, 0, 1LL << 40);
         else if (flag == "--freeze-variance") f.freeze_variance = parse_int(flag, value, 1, 1LL << 40);
+        else if (flag == "--optex") f.optex = static_cast<int>(parse_int(flag, value, 1, 1024));
+        else if (flag == "--optex-history") f.optex_config.estimator.history = static_cast<int>(parse_int(flag, value, 2, 100000));
+        else if (flag == "--optex-tune") f.optex_config.tune_every = static_cast<int>(parse_int(flag, value, 1, 1 << 30));
+        else if (flag == "--optex-length-scale") {
+            char* end = nullptr;
+            const double l = std::strtod(value, &end);
+            if (end == value || *end != '\0' || !(l > 0) || !std::isfinite(l))
+                usage_error(std::string("--optex-length-scale ") + value + " is not a finite number > 0");
+            f.optex_config.estimator.length_scale = l;
+        } else if (flag == "--optex-select") {
+            const std::string_view rule(value);
+            using loom::optim::OptExSelect;
+            if (rule == "last") f.optex_config.select = OptExSelect::last;
+            else if (rule == "lowest-loss") f.optex_config.select = OptExSelect::lowest_loss;
+            else if (rule == "smallest-gradient") f.optex_config.select = OptExSelect::smallest_gradient;
+            else usage_error("--optex-select " + std::string(value) + " is not last, lowest-loss or smallest-gradient");
+        }
         else if (flag == "--metrics") f.metrics = value;
         else if (flag == "--save") f.save = value;
         else if (flag == "--resume") f.resume = value;
@@ -230,6 +258,31 @@ Flags parse(int argc, char** argv) {
     if (f.compress_tp.on() && f.tp == 1) usage_error("--compress-tp needs tensor parallelism; add --tp 2 or more");
     if (f.compress_tp.on() && f.tp_grid)
         usage_error("--compress-tp casts Megatron's all-reduces; it is not supported with --tp-mode 2d");
+    if (f.optex == 0) {
+        const bool tuned = f.optex_config.tune_every > 0, default_history = f.optex_config.estimator.history == 50,
+                   default_scale = f.optex_config.estimator.length_scale == 0.1,
+                   default_select = f.optex_config.select == loom::optim::OptExSelect::last;
+        if (tuned || !default_history || !default_scale || !default_select)
+            usage_error("--optex-history, --optex-length-scale, --optex-select and --optex-tune set up OptEx; add --optex N");
+    } else {
+        // OptEx runs its own loop over whole-model gradients: data parallelism
+        // inside each worker, nothing that cuts the model or the exchange.
+        const auto refuse = [&](bool given, const std::string& what) {
+            if (given) usage_error("--optex " + std::to_string(f.optex) + " composes with --dp only; drop " + what);
+        };
+        refuse(f.pp > 1, "--pp " + std::to_string(f.pp));
+        refuse(f.tp > 1, "--tp " + std::to_string(f.tp));
+        refuse(f.sp > 1, "--sp " + std::to_string(f.sp));
+        refuse(f.zero > 0, "--zero " + std::to_string(f.zero) + " (OptEx shards its own state over the workers)");
+        refuse(f.micro_batches > 1, "--micro-batches " + std::to_string(f.micro_batches));
+        refuse(f.compress.on(), "--compress " + f.compress.describe());
+        refuse(f.freeze_variance >= 0, "--freeze-variance");
+        refuse(!f.trace.empty(), "--trace (the step program is the executor's; OptEx steps outside it)");
+        if (f.optex_config.tune_every > 0 && f.optex_config.estimator.history < 3)
+            usage_error("--optex-tune needs --optex-history 3 or more (one point held out, two fitted)");
+        f.optex_config.holdout = std::max(1, std::min(f.optex_config.holdout, f.optex_config.estimator.history - 2));
+        f.optex_config.workers = f.optex;
+    }
     if (f.until < 0) f.until = f.steps;
     if (f.until > f.steps) usage_error("--until " + std::to_string(f.until) + " is past --steps " + std::to_string(f.steps));
     return f;
@@ -536,8 +589,144 @@ std::string describe_stages(const std::vector<int>& units_per_stage, std::int64_
     return out.str();
 }
 
+// --optex N: OptEx<AdamW> on an optex axis of N workers, each a group of
+// --dp ranks that averages its worker's gradient. Worker k of iteration t
+// reads batch t N + k, so --optex 1 is plain AdamW on the same batches.
+template <loom::comm::Communicator C>
+void train_optex(C& world, const Flags& flags, const char* transport) {
+    const int workers = flags.optex;
+    if (world.size() % workers != 0)
+        usage_error("--optex " + std::to_string(workers) + " needs a multiple of " + std::to_string(workers) +
+                    " ranks (one group per worker), but there are " + std::to_string(world.size()) + "; use --optex " +
+                    std::to_string(std::gcd(world.size(), workers)) + " or " + std::to_string(workers) + " x --dp ranks");
+    const int dp_size = flags.dp > 0 ? flags.dp : world.size() / workers;
+    if (dp_size * workers != world.size())
+        usage_error("--optex " + std::to_string(workers) + " x --dp " + std::to_string(dp_size) + " = " +
+                    std::to_string(dp_size * workers) + " ranks, but there are " + std::to_string(world.size()));
+    if (flags.batch % dp_size != 0)
+        usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp_size) +
+                    "; every rank needs the same whole number of sequences");
+    loom::kernels::host::set_blas_threads(flags.threads);
+    const bool lead = world.rank() == 0;
+    const auto corpus = flags.data.empty()
+                            ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
+                            : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
+    loom::comm::Mesh<C> mesh(world, {{"optex", workers}, {"dp", dp_size}});
+    C& dp = mesh.axis("dp");
+    const int worker = mesh.coordinate("optex");
+
+    loom::gpt::Model model = loom::gpt::make_model(flags.model);
+    loom::nn::ParamArena arena(model);
+    const std::int64_t parameters = arena.size();
+    std::vector<float> values(static_cast<std::size_t>(parameters)), m, v;
+    std::int64_t first_step = 0, optimizer_steps = 0;
+    if (!flags.resume.empty()) {
+        m.resize(values.size());
+        v.resize(values.size());
+        const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
+        first_step = steps.step;
+        optimizer_steps = steps.optimizer_steps;
+    } else {
+        arena.initialize(model, flags.seed);
+        std::copy(arena.values().begin(), arena.values().end(), values.begin());
+    }
+    const loom::optim::AdamWConfig adamw{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
+    loom::optim::OptEx<loom::optim::AdamW, C> optex(
+        mesh.axis("optex"), values, [&](std::int64_t n) { return loom::optim::AdamW(n, adamw); }, flags.optex_config);
+    if (!flags.resume.empty()) {
+        // The moments of this rank's slice; the history starts empty.
+        const auto lo = static_cast<std::ptrdiff_t>(optex.slice_begin()), hi = static_cast<std::ptrdiff_t>(optex.slice_end());
+        std::copy(m.begin() + lo, m.begin() + hi, optex.inner().m().begin());
+        std::copy(v.begin() + lo, v.begin() + hi, optex.inner().v().begin());
+        optex.inner().restore(optimizer_steps);
+    }
+
+    if (lead) {
+        std::ostringstream config, method;
+        config << flags.model;
+        method << flags.optex_config;
+        std::printf("%s, %lld parameters, batch %lld x %lld tokens per worker, %s\n", config.str().c_str(),
+                    static_cast<long long>(parameters), static_cast<long long>(flags.batch),
+                    static_cast<long long>(flags.model.seq), corpus.describe().c_str());
+        std::printf("%s<AdamW> on %d %s (optex %d x dp %d), each rank holding 1/%d of the state and history\n",
+                    method.str().c_str(), world.size(), transport, workers, dp_size, workers);
+        if (first_step > 0)
+            std::printf("resumed from %s at step %lld; OptEx's history starts empty\n", flags.resume.c_str(),
+                        static_cast<long long>(first_step));
+    }
+
+    const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq;
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
+    const auto grads = loom::Tensor::of(arena.grads().data(), {parameters});
+    loom::nn::Context ctx;
+    std::optional<loom::train::MetricsWriter> metrics;
+    if (lead && !flags.metrics.empty())
+        metrics.emplace(flags.metrics, first_step > 0 ? loom::train::MetricsWriter::Mode::append
+                                                      : loom::train::MetricsWriter::Mode::replace);
+    const std::int64_t total = flags.steps, last = flags.until;
+    LOOM_CHECK(first_step <= last, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
+               ", past --until ", last);
+    std::optional<loom::train::Progress> progress;
+    if (lead) progress.emplace(last - first_step);
+    float loss = 0;
+    std::int64_t skipped = 0;
+    for (std::int64_t step = first_step; step < last; ++step) {
+        const auto t0 = std::chrono::steady_clock::now();
+        optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
+        const auto result = optex.iterate([&](std::span<const float> x, std::span<float> g) {
+            std::copy(x.begin(), x.end(), arena.values().begin());
+            arena.zero_grads();
+            corpus.rows(flags.seed, step * workers + worker, mesh.coordinate("dp") * rows, rows, T, inputs, targets);
+            float worker_loss = loom::nn::forward_backward(model, ctx, loom::Tensor::of(inputs.data(), {rows, T}),
+                                                           loom::Tensor::of(targets.data(), {rows, T}));
+            if (dp_size > 1) {
+                dp.all_reduce(grads, grads, loom::comm::ReduceOp::avg);
+                const auto l = loom::Tensor::of(&worker_loss, {1});
+                dp.all_reduce(l, l, loom::comm::ReduceOp::avg);
+            }
+            std::copy(arena.grads().begin(), arena.grads().end(), g.begin());
+            return worker_loss;
+        });
+        loss = result.loss;
+        skipped += result.skipped;
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double tokens_per_second = static_cast<double>(workers * flags.batch * T) / seconds;
+        if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
+        if (metrics) metrics->write(step, loss, tokens_per_second);
+    }
+    if (progress) progress->finish();
+    if (lead && last > first_step) {
+        std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(last));
+        std::printf("OptEx: %lld sequential iterations, %lld gradients, %lld not finite (kept out of the history)\n",
+                    static_cast<long long>(last - first_step), static_cast<long long>((last - first_step) * workers),
+                    static_cast<long long>(skipped));
+    }
+    if (!flags.save.empty() || flags.sample > 0) {
+        // The whole model and moments on every rank (collectives), in the serial layout.
+        m.resize(values.size());
+        v.resize(values.size());
+        optex.gather_params(values);
+        optex.gather(optex.inner().m(), m);
+        optex.gather(optex.inner().v(), v);
+        if (lead && !flags.save.empty()) {
+            loom::gpt::save_checkpoint(flags.save, flags.model, values, m, v, optex.inner().steps(), last,
+                                       corpus.describe());
+            std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(last));
+        }
+        if (lead && flags.sample > 0) {
+            std::copy(values.begin(), values.end(), arena.values().begin());
+            const std::string text = loom::gpt::sample(model, flags.model, corpus.text().substr(0, 16), flags.sample, flags.seed);
+            std::printf("sample:\n%s\n", text.c_str());
+        }
+    }
+}
+
 template <loom::comm::Communicator C>
 void train(C& world, const Flags& flags, const char* transport) {
+    if (flags.optex > 0) {
+        train_optex(world, flags, transport);
+        return;
+    }
     const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / (flags.pp * flags.tp * flags.sp));
     check_degrees(flags, world.size(), dp_size);
     loom::kernels::host::set_blas_threads(flags.threads);
@@ -716,7 +905,7 @@ int run(int argc, char** argv) {
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
     }
-    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp;
+    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });
