@@ -25,6 +25,10 @@ struct OptExCase {
     loom::optim::OptExSelect select = loom::optim::OptExSelect::last;
     int history = 10;
     int nan_iteration = -1, nan_worker = -1;  // a non-finite gradient there
+    std::int64_t effective_dim = 0;
+    [[nodiscard]] loom::optim::OptExConfig config() const {
+        return {.workers = workers, .estimator = {.history = history}, .select = select, .effective_dim = effective_dim};
+    }
 };
 
 inline loom::optim::AdamWConfig optex_adam() { return {.lr = 0.05f, .weight_decay = 0.0f}; }
@@ -53,10 +57,10 @@ inline float optex_objective(const OptExCase& c, int t, int k, std::span<const f
 // incremental distances, no Cholesky): the independent side of the test.
 inline std::vector<float> reference_posterior_mean(const std::vector<std::vector<float>>& X,
                                                    const std::vector<std::vector<float>>& G,
-                                                   const std::vector<float>& x,
+                                                   const std::vector<float>& x, std::size_t dimension,
                                                    const loom::optim::GpEstimatorConfig& c) {
-    const std::size_t t = X.size(), d = x.size();
-    std::vector<float> mu(d, 0.0f);
+    const std::size_t t = X.size(), d = x.size();  // d: the coordinates the kernel sees
+    std::vector<float> mu(dimension, 0.0f);
     if (t < 2) return mu;
     double scale = 0;
     for (const auto& p : X) {
@@ -88,7 +92,7 @@ inline std::vector<float> reference_posterior_mean(const std::vector<std::vector
             for (std::size_t q = col; q <= t; ++q) A[r][q] -= f * A[col][q];
         }
     }
-    for (std::size_t e = 0; e < d; ++e) {
+    for (std::size_t e = 0; e < dimension; ++e) {
         double s = 0;
         for (std::size_t i = 0; i < t; ++i) s += A[i][t] / A[i][i] * G[i][e];
         mu[e] = static_cast<float>(s);
@@ -107,6 +111,14 @@ struct OptExRun {
 inline OptExRun serial_optex_run(const OptExCase& c) {
     using loom::optim::AdamW;
     const loom::optim::GpEstimatorConfig gp{.history = c.history};
+    const auto coordinates = loom::optim::kernel_coordinates(c.config(), c.d);
+    // The kernel's view of a point: its sampled coordinates, or all of it.
+    const auto seen = [&](const std::vector<float>& p) {
+        if (coordinates.empty()) return p;
+        std::vector<float> f;
+        for (const auto i : coordinates) f.push_back(p[static_cast<std::size_t>(i)]);
+        return f;
+    };
     std::vector<float> x = optex_start(c.d);
     AdamW adam(c.d, optex_adam());
     std::vector<std::vector<float>> X, G;
@@ -115,7 +127,7 @@ inline OptExRun serial_optex_run(const OptExCase& c) {
         std::vector<std::vector<float>> points{x};
         std::vector<AdamW> states{adam};
         for (int k = 0; k + 1 < c.workers; ++k) {
-            const auto mu = reference_posterior_mean(X, G, points.back(), gp);
+            const auto mu = reference_posterior_mean(X, G, seen(points.back()), static_cast<std::size_t>(c.d), gp);
             points.push_back(points.back());
             states.push_back(states.back());
             states.back().step(points.back(), mu);
@@ -151,7 +163,7 @@ inline OptExRun serial_optex_run(const OptExCase& c) {
                     ++run.skipped;
                     continue;
                 }
-                X.push_back(points[static_cast<std::size_t>(k)]);
+                X.push_back(seen(points[static_cast<std::size_t>(k)]));
                 G.push_back(grads[static_cast<std::size_t>(k)]);
                 if (static_cast<int>(X.size()) > c.history) {
                     X.erase(X.begin());
@@ -169,7 +181,7 @@ OptExRun parallel_optex_run(C& axis, const OptExCase& c) {
     const auto x0 = optex_start(c.d);
     loom::optim::OptEx<loom::optim::AdamW, C> optex(
         axis, x0, [](std::int64_t n) { return loom::optim::AdamW(n, optex_adam()); },
-        {.workers = c.workers, .estimator = {.history = c.history}, .select = c.select});
+        c.config());
     OptExRun run;
     for (int t = 0; t < c.iterations; ++t) {
         const int k = axis.rank();

@@ -4,6 +4,7 @@
 // length-scale tuning equals its brute-force definition; bad input is named.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -55,6 +56,23 @@ TEST_CASE("OptEx on N rank threads equals the serial definition of the algorithm
             CHECK(loom_test::max_difference(serial.x, loom_test::serial_optex_run({.workers = 1, .d = 37, .iterations = 12})
                                                           .x) > 1e-2);
         }
+}
+
+TEST_CASE("OptEx with an effective dimension equals its serial definition", "[optex]") {
+    // The kernel sees 5 of 37 coordinates, drawn once; some ranks' slices hold none of them.
+    const loom_test::OptExCase c{.workers = 4, .d = 37, .iterations = 12, .effective_dim = 5};
+    const auto coordinates = loom::optim::kernel_coordinates(c.config(), c.d);
+    REQUIRE(coordinates.size() == 5);
+    CHECK(std::adjacent_find(coordinates.begin(), coordinates.end()) == coordinates.end());  // distinct
+    CHECK(coordinates == loom::optim::kernel_coordinates(c.config(), c.d));                     // reproducible
+    const auto serial = loom_test::serial_optex_run(c);
+    std::vector<loom_test::OptExRun> runs(4);
+    ThreadWorld(4).run([&](ThreadComm& comm) { runs[static_cast<std::size_t>(comm.rank())] = loom_test::parallel_optex_run(comm, c); });
+    for (const auto& run : runs) CHECK(loom_test::max_difference(run.x, serial.x) <= 2e-5);
+    // And the subset changes the estimate: not the run with every coordinate.
+    auto whole = c;
+    whole.effective_dim = 0;
+    CHECK(loom_test::max_difference(serial.x, loom_test::serial_optex_run(whole).x) > 1e-4);
 }
 
 TEST_CASE("OptEx keeps non-finite gradients out of its history and counts them", "[optex]") {
@@ -166,16 +184,18 @@ TEST_CASE("OptEx names bad input", "[optex]") {
             attempt({.workers = 2, .estimator = {.history = 1}}, x0),
             attempt({.workers = 2, .tune_every = 5, .holdout = 49}, x0),
             attempt({.workers = 2, .tune_every = 5, .length_scales = {0.1, -1.0}}, x0),
+            attempt({.workers = 2, .effective_dim = -3}, x0),
         };
         if (comm.rank() == 0) {
             std::lock_guard guard(lock);
             messages = mine;
         }
     });
-    REQUIRE(messages.size() == 5);
+    REQUIRE(messages.size() == 6);
     CHECK(messages[0] == "OptEx: 4 workers but the optex axis has 2 ranks; each worker is one rank: use 2 workers or an axis of 4 ranks");
     CHECK(messages[1] == "OptEx: a point of 1 elements cannot be split over 2 workers; it needs at least one element per worker");
     CHECK(messages[2] == "OptEx: a history of T0 = 1 points; it needs at least 2");
     CHECK(messages[3] == "OptEx: holdout = 49 points for tuning; it must be in [1, T0 - 2] = [1, 48]");
     CHECK(messages[4] == "OptEx: candidate length scale -1 must be finite and > 0");
+    CHECK(messages[5] == "OptEx: effective_dim = -3; it must be >= 0 (0: every coordinate)");
 }

@@ -109,13 +109,18 @@ struct GpQuery {
 // plain estimator.
 class GpGradientEstimator {
 public:
-    GpGradientEstimator(std::int64_t dimension, GpEstimatorConfig config = {}, PartialSums sum = {})
-        : d_(dimension), config_(config), sum_(std::move(sum)) {
+    // `features`: the coordinates of a point the kernel sees (-1: all of
+    // them; fewer when OptEx keeps a subset, its effective dimension). Points
+    // are given and kept as those coordinates alone; gradients whole.
+    GpGradientEstimator(std::int64_t dimension, GpEstimatorConfig config = {}, PartialSums sum = {},
+                        std::int64_t features = -1)
+        : d_(dimension), features_(features < 0 ? dimension : features), config_(config), sum_(std::move(sum)) {
         check_config(config);
         LOOM_CHECK(dimension >= 1, "OptEx: dimension ", dimension, " must be at least 1");
     }
 
     [[nodiscard]] std::int64_t dimension() const noexcept { return d_; }  // of this slice
+    [[nodiscard]] std::int64_t features() const noexcept { return features_; }  // of a point, in this slice
     [[nodiscard]] int size() const noexcept { return static_cast<int>(points_.size()); }
     [[nodiscard]] std::int64_t skipped() const noexcept { return skipped_; }  // non-finite gradients refused
     [[nodiscard]] const GpEstimatorConfig& config() const noexcept { return config_; }
@@ -134,8 +139,8 @@ public:
     // x's locate() from earlier in this iteration: its distances to the points
     // that are still kept are reused.
     bool add(std::span<const float> x, std::span<const float> g, const GpQuery* known = nullptr) {
-        check_size(x.size(), "a point");
-        check_size(g.size(), "a gradient");
+        check_size(x.size(), "a point", features_);
+        check_size(g.size(), "a gradient", d_);
         // The oldest point goes when the history is full, but only once the
         // new one is known to be finite: a refused gradient changes nothing.
         const int from = size() == config_.history ? 1 : 0;
@@ -198,13 +203,13 @@ public:
     // x's squared distances to the history and its squared norm: one pass
     // over this slice of the points, then one reduction.
     [[nodiscard]] GpQuery locate(std::span<const float> x) const {
-        check_size(x.size(), "a query");
+        check_size(x.size(), "a query", features_);
         GpQuery q{.squared_distances = std::vector<double>(points_.size() + 1, 0.0), .first = first_};
         auto& partial = q.squared_distances;
         // Blocked, so each block of x stays in the first-level cache while the
         // history streams past it once.
-        for (std::int64_t lo = 0; lo < d_; lo += block) {
-            const std::int64_t n = std::min(block, d_ - lo);
+        for (std::int64_t lo = 0; lo < features_; lo += block) {
+            const std::int64_t n = std::min(block, features_ - lo);
             const auto xb = x.subspan(static_cast<std::size_t>(lo), static_cast<std::size_t>(n));
             for (std::size_t i = 0; i < points_.size(); ++i)
                 partial[i] += squared_distance(xb, std::span<const float>(points_[i]).subspan(
@@ -219,7 +224,7 @@ public:
 
     // mu(x) into out (this slice) for a located x: O(T0 d) after prepare().
     void estimate(const GpQuery& q, std::span<float> out) const {
-        check_size(out.size(), "an estimate");
+        check_size(out.size(), "an estimate", d_);
         LOOM_CHECK(prepared_, "OptEx: estimate() before prepare() since the history last changed");
         LOOM_CHECK(q.first == first_ && q.squared_distances.size() == points_.size(),
                    "OptEx: a query located against another history; locate() it again");
@@ -276,8 +281,9 @@ public:
 private:
     static constexpr std::int64_t block = 2048;
 
-    void check_size(std::size_t n, const char* what) const {
-        LOOM_CHECK(static_cast<std::int64_t>(n) == d_, "OptEx: ", what, " of ", n, " elements; the dimension is ", d_);
+    static void check_size(std::size_t n, const char* what, std::int64_t expected) {
+        LOOM_CHECK(static_cast<std::int64_t>(n) == expected, "OptEx: ", what, " of ", n, " elements; the dimension is ",
+                   expected);
     }
     void drop_oldest() {
         points_.erase(points_.begin());
@@ -319,7 +325,7 @@ private:
         });
     }
 
-    std::int64_t d_;
+    std::int64_t d_, features_;
     GpEstimatorConfig config_;
     PartialSums sum_;
     std::vector<std::vector<float>> points_, gradients_;  // this slice, oldest first
