@@ -13,7 +13,7 @@
 //             [--compress none|bf16|fp16|int8|topk:0.01|powersgd:4|onebit] [--compress-warmup N]
 //             [--compress-pp none|bf16|fp16] [--compress-tp none|bf16|fp16] [--freeze-variance N]
 //             [--optex N] [--optex-history 50] [--optex-length-scale 0.1]
-//             [--optex-select last|lowest-loss|smallest-gradient] [--optex-tune N]
+//             [--optex-select last|lowest-loss|smallest-gradient] [--optex-tune N] [--optex-effective-dim N]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
 //             [--sample N]
@@ -131,7 +131,7 @@ struct Flags {
                       "--save FILE --resume FILE --sample N --compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit "
                       "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16 "
                       "--freeze-variance N --optex N --optex-history N --optex-length-scale X "
-                      "--optex-select last|lowest-loss|smallest-gradient --optex-tune N)");
+                      "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N)");
 }
 
 std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low, std::int64_t high) {
@@ -216,6 +216,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--freeze-variance") f.freeze_variance = parse_int(flag, value, 1, 1LL << 40);
         else if (flag == "--optex") f.optex = static_cast<int>(parse_int(flag, value, 1, 1024));
         else if (flag == "--optex-history") f.optex_config.estimator.history = static_cast<int>(parse_int(flag, value, 2, 100000));
+        else if (flag == "--optex-effective-dim") f.optex_config.effective_dim = parse_int(flag, value, 1, 1LL << 40);
         else if (flag == "--optex-tune") f.optex_config.tune_every = static_cast<int>(parse_int(flag, value, 1, 1 << 30));
         else if (flag == "--optex-length-scale") {
             char* end = nullptr;
@@ -259,11 +260,12 @@ Flags parse(int argc, char** argv) {
     if (f.compress_tp.on() && f.tp_grid)
         usage_error("--compress-tp casts Megatron's all-reduces; it is not supported with --tp-mode 2d");
     if (f.optex == 0) {
-        const bool tuned = f.optex_config.tune_every > 0, default_history = f.optex_config.estimator.history == 50,
+        const bool tuned = f.optex_config.tune_every > 0 || f.optex_config.effective_dim > 0, default_history = f.optex_config.estimator.history == 50,
                    default_scale = f.optex_config.estimator.length_scale == 0.1,
                    default_select = f.optex_config.select == loom::optim::OptExSelect::last;
         if (tuned || !default_history || !default_scale || !default_select)
-            usage_error("--optex-history, --optex-length-scale, --optex-select and --optex-tune set up OptEx; add --optex N");
+            usage_error("--optex-history, --optex-length-scale, --optex-select, --optex-tune and --optex-effective-dim set "
+                        "up OptEx; add --optex N");
     } else {
         // OptEx runs its own loop over whole-model gradients: data parallelism
         // inside each worker, nothing that cuts the model or the exchange.
@@ -669,6 +671,7 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
     std::optional<loom::train::Progress> progress;
     if (lead) progress.emplace(last - first_step);
     float loss = 0;
+    double length_scale = flags.optex_config.estimator.length_scale;
     std::int64_t skipped = 0;
     for (std::int64_t step = first_step; step < last; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -689,6 +692,9 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
         });
         loss = result.loss;
         skipped += result.skipped;
+        if (lead && result.length_scale != length_scale)
+            std::printf("\nOptEx: length scale tuned to %g at step %lld\n", result.length_scale, static_cast<long long>(step));
+        length_scale = result.length_scale;
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double tokens_per_second = static_cast<double>(workers * flags.batch * T) / seconds;
         if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);

@@ -116,6 +116,7 @@ struct OptExIteration {
     int selected = 0;           // whose step was taken
     float loss = 0;             // losses[selected]
     int skipped = 0;            // gradients not finite this iteration (kept out of the history)
+    double length_scale = 0;    // the kernel's, after any tuning this iteration
 };
 
 template <class O>
@@ -218,6 +219,7 @@ public:
         axis_->all_to_all(tensor(send_), tensor(receive_));
 
         OptExIteration out;
+        out.length_scale = estimator_.config().length_scale;
         out.losses.resize(static_cast<std::size_t>(n));
         for (int k = 0; k < n; ++k) out.losses[static_cast<std::size_t>(k)] = stats[static_cast<std::size_t>(3 * k)];
         out.selected = select(stats);
