@@ -591,6 +591,21 @@ std::string describe_stages(const std::vector<int>& units_per_stage, std::int64_
     return out.str();
 }
 
+// What a run reports as it goes, on the lead rank: the metrics file (a
+// resumed run continues it instead of replacing it) and the progress bar.
+struct RunReport {
+    std::optional<loom::train::MetricsWriter> metrics;
+    std::optional<loom::train::Progress> progress;
+    RunReport(const Flags& flags, bool lead, std::int64_t first_step) {
+        LOOM_CHECK(first_step <= flags.until, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
+                   ", past --until ", flags.until);
+        if (lead && !flags.metrics.empty())
+            metrics.emplace(flags.metrics, first_step > 0 ? loom::train::MetricsWriter::Mode::append
+                                                          : loom::train::MetricsWriter::Mode::replace);
+        if (lead) progress.emplace(flags.until - first_step);
+    }
+};
+
 // --optex N: OptEx<AdamW> on an optex axis of N workers, each a group of
 // --dp ranks that averages its worker's gradient. Worker k of iteration t
 // reads batch t N + k, so --optex 1 is plain AdamW on the same batches.
@@ -661,15 +676,9 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
     const auto grads = loom::Tensor::of(arena.grads().data(), {parameters});
     loom::nn::Context ctx;
-    std::optional<loom::train::MetricsWriter> metrics;
-    if (lead && !flags.metrics.empty())
-        metrics.emplace(flags.metrics, first_step > 0 ? loom::train::MetricsWriter::Mode::append
-                                                      : loom::train::MetricsWriter::Mode::replace);
+    RunReport run_report(flags, lead, first_step);
+    auto& [metrics, progress] = run_report;
     const std::int64_t total = flags.steps, last = flags.until;
-    LOOM_CHECK(first_step <= last, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
-               ", past --until ", last);
-    std::optional<loom::train::Progress> progress;
-    if (lead) progress.emplace(last - first_step);
     float loss = 0;
     double length_scale = flags.optex_config.estimator.length_scale;
     std::int64_t skipped = 0;
@@ -823,16 +832,9 @@ void train(C& world, const Flags& flags, const char* transport) {
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * flags.model.seq)), targets(inputs.size());
     const auto input_tensor = loom::Tensor::of(inputs.data(), {rows, flags.model.seq});
     const auto target_tensor = loom::Tensor::of(targets.data(), {rows, flags.model.seq});
-    std::optional<loom::train::MetricsWriter> metrics;
-    // A resumed run continues its metrics file instead of replacing it.
-    if (lead && !flags.metrics.empty())
-        metrics.emplace(flags.metrics, first_step > 0 ? loom::train::MetricsWriter::Mode::append
-                                                      : loom::train::MetricsWriter::Mode::replace);
+    RunReport run_report(flags, lead, first_step);
+    auto& [metrics, progress] = run_report;
     const std::int64_t total = flags.steps, last = flags.until;
-    LOOM_CHECK(first_step <= last, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
-               ", past --until ", last);
-    std::optional<loom::train::Progress> progress;
-    if (lead) progress.emplace(last - first_step);
     float loss = 0;
     for (std::int64_t step = first_step; step < last; ++step) {
         const auto t0 = std::chrono::steady_clock::now();

@@ -1,6 +1,7 @@
 // OptEx's gradient estimator: the GP posterior mean interpolates its history,
-// equals a double-precision reference written from the formula, keeps the
-// last T0 points, refuses non-finite gradients, and names bad settings.
+// equals a double-precision reference written from the formula (the one the
+// OptEx suite uses), keeps the last T0 points, refuses non-finite gradients,
+// and names bad settings.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include <loom/optim/gp_estimator.hpp>
 
+#include "optim/optex_suite.hpp"
 #include "support/message_of.hpp"
 
 namespace {
@@ -22,47 +24,6 @@ std::vector<float> random_vector(std::mt19937& rng, std::int64_t d, float scale 
     std::vector<float> v(static_cast<std::size_t>(d));
     for (float& x : v) x = u(rng);
     return v;
-}
-
-// mu(x) from the formula, in double, by Gaussian elimination with partial pivoting.
-std::vector<double> reference_mu(const std::vector<std::vector<float>>& X, const std::vector<std::vector<float>>& G,
-                                 const std::vector<float>& x, const GpEstimatorConfig& c) {
-    const std::size_t t = X.size(), d = x.size();
-    double scale = 0;
-    for (const auto& p : X) {
-        double s = 0;
-        for (float v : p) s += double(v) * v;
-        scale += std::sqrt(std::sqrt(s));
-    }
-    scale /= static_cast<double>(t);
-    const auto k = [&](const std::vector<float>& a, const std::vector<float>& b) {
-        double s = 0;
-        for (std::size_t e = 0; e < d; ++e) s += (double(a[e]) - b[e]) * (double(a[e]) - b[e]);
-        const double r = std::sqrt(s) / scale, z = std::sqrt(5.0) * r / c.length_scale;
-        return (1 + z + z * z / 3) * std::exp(-z);
-    };
-    std::vector<std::vector<double>> A(t, std::vector<double>(t + d));
-    for (std::size_t i = 0; i < t; ++i) {
-        for (std::size_t j = 0; j < t; ++j) A[i][j] = k(X[i], X[j]) + (i == j ? c.noise : 0.0);
-        for (std::size_t e = 0; e < d; ++e) A[i][t + e] = G[i][e];
-    }
-    for (std::size_t col = 0; col < t; ++col) {
-        std::size_t pivot = col;
-        for (std::size_t r = col + 1; r < t; ++r)
-            if (std::abs(A[r][col]) > std::abs(A[pivot][col])) pivot = r;
-        std::swap(A[col], A[pivot]);
-        for (std::size_t r = 0; r < t; ++r) {
-            if (r == col) continue;
-            const double f = A[r][col] / A[col][col];
-            for (std::size_t q = col; q < t + d; ++q) A[r][q] -= f * A[col][q];
-        }
-    }
-    std::vector<double> mu(d, 0.0);
-    for (std::size_t i = 0; i < t; ++i) {
-        const double ki = k(x, X[i]);
-        for (std::size_t e = 0; e < d; ++e) mu[e] += ki * A[i][t + e] / A[i][i];
-    }
-    return mu;
 }
 
 }  // namespace
@@ -84,7 +45,7 @@ TEST_CASE("OptEx's estimator equals a double-precision reference of its formula"
             if (q == 0) x = X[3];  // a history point itself
             std::vector<float> mu(static_cast<std::size_t>(d));
             est.estimate(x, mu);
-            const auto ref = reference_mu(X, G, x, c);
+            const auto ref = loom_test::reference_posterior_mean(X, G, x, static_cast<std::size_t>(d), c);
             double worst = 0, scale = 1e-12;
             for (std::size_t e = 0; e < mu.size(); ++e) {
                 worst = std::max(worst, std::abs(double(mu[e]) - ref[e]));
