@@ -49,7 +49,7 @@ TEST_CASE("OptEx's estimator equals a double-precision reference of its formula"
             double worst = 0, scale = 1e-12;
             for (std::size_t e = 0; e < mu.size(); ++e) {
                 worst = std::max(worst, std::abs(double(mu[e]) - ref[e]));
-                scale = std::max(scale, std::abs(ref[e]));
+                scale = std::max(scale, std::abs(double(ref[e])));
             }
             INFO("d " << d << ", query " << q << ": worst " << worst << " of " << scale);
             CHECK(worst <= 1e-5 * scale + 1e-6);
