@@ -58,6 +58,21 @@ TEST_CASE("OptEx on N rank threads equals the serial definition of the algorithm
         }
 }
 
+TEST_CASE("OptEx runs are reproducible bit for bit", "[optex]") {
+    const loom_test::OptExCase c{.workers = 3, .d = 50, .iterations = 10, .effective_dim = 20};
+    std::vector<loom_test::OptExRun> first(3), second(3);
+    ThreadWorld(3).run([&](ThreadComm& comm) { first[static_cast<std::size_t>(comm.rank())] = loom_test::parallel_optex_run(comm, c); });
+    ThreadWorld(3).run([&](ThreadComm& comm) { second[static_cast<std::size_t>(comm.rank())] = loom_test::parallel_optex_run(comm, c); });
+    for (std::size_t r = 0; r < 3; ++r) {
+        CHECK(first[r].x == second[r].x);
+        CHECK(first[r].losses == second[r].losses);
+    }
+    // Another seed draws another subset of coordinates for the kernel.
+    auto other = c.config();
+    other.seed = 2;
+    CHECK(loom::optim::kernel_coordinates(other, c.d) != loom::optim::kernel_coordinates(c.config(), c.d));
+}
+
 TEST_CASE("OptEx with an effective dimension equals its serial definition", "[optex]") {
     // The kernel sees 5 of 37 coordinates, drawn once; some ranks' slices hold none of them.
     const loom_test::OptExCase c{.workers = 4, .d = 37, .iterations = 12, .effective_dim = 5};
