@@ -7,16 +7,20 @@
 // on points divided by the history's mean sqrt(|x_i|) (the reference's input
 // normalisation). Computed as mu(x) = sum_i alpha_i g_i with
 // alpha = (K + sigma^2 I)^-1 k(x), so that no step costs T0^2 d:
-//   add()      the new point's squared distances to the history, O(T0 d),
-//              kept unnormalised (the normalisation only rescales them);
+//   add()      the new point's squared distances to the history, O(T0 d)
+//              (none when its locate() already has them), kept unnormalised
+//              (the normalisation only rescales them);
 //   prepare()  K from the distances and its Cholesky factor, O(T0^3), once
 //              per iteration;
-//   estimate() k(x) from x's distances, alpha by two triangular solves, and
-//              the combination of the gradients: O(T0 d + T0^2).
-// Distances, the kernel and the factorisation are in double; points and
-// gradients are kept in f32, as the optimizer holds them. mu = 0 while the
-// history has fewer than two points. A gradient that is not finite never
-// enters the history: it is counted, and the caller reports it.
+//   locate()   a query's distances to the history, O(T0 d);
+//   estimate() alpha by two triangular solves, and the combination of the
+//              gradients: O(T0 d + T0^2).
+// It may hold one slice of the dimensions (OptEx gives each rank 1/N): the
+// partial sums then go through a reduction the caller supplies. Distances,
+// the kernel and the factorisation are in double; points and gradients are
+// kept in f32, as the optimizer holds them. mu = 0 while the history has
+// fewer than two points. A gradient that is not finite never enters the
+// history: it is counted, and the caller reports it.
 #pragma once
 
 #include <algorithm>
