@@ -151,8 +151,12 @@ inline constexpr std::size_t adamw_block = 16;
         float root[adamw_block];
         sqrt_block16(vb, root);
         // Without this, GCC -O3 unrolls the loop completely before the
-        // vectoriser sees it and then vectorises only part of it.
+        // vectoriser sees it and then vectorises only part of it. (nvcc's
+        // front end does not know the pragma and would warn, which loom's
+        // -Werror turns into an error for any .cu including this header.)
+#if !defined(__CUDACC__)
 #pragma GCC unroll 1
+#endif
         for (std::size_t i = 0; i < adamw_block; ++i) {
             const float denom = root[i] / s.bias_correction2_sqrt + s.eps;
             p[i] += s.neg_step_size * mb[i] / denom;

@@ -1,0 +1,249 @@
+// Device mirror of kernels/host/cross_entropy.hpp's fused log-softmax and
+// negative log-likelihood, as PyTorch's F.cross_entropy(logits, targets)
+// (mean over rows, every target a class): the same functions, arguments
+// (device pointers) and error messages, plus the stream to launch on. The
+// vocabulary-parallel cross_entropy_slice_* pieces are not mirrored yet.
+//   forward:  logsumexp[r] = max + log(sum_j e^(x_j - max)) per row, written;
+//             returns mean_r (logsumexp[r] - logits[r, targets[r]]);
+//   backward: dlogits = (softmax - onehot(targets)) * dloss / rows, written,
+//             softmax rebuilt as e^(x - logsumexp) from the forward's logsumexp.
+//
+// Launch shapes. A row gets a group of threads (a warp when V <= 1024, else a
+// 256-thread block) that takes the row's max and then its sum of
+// exponentials, each by strided slices combined in a fixed tree of shuffles.
+// The per-row losses lse - x[target] are kept in double, as on the host, and
+// summed by one thread block in a fixed order: deterministic, no atomics.
+//
+// Targets. The host checks them before writing anything; here they are on the
+// device, so a one-block kernel finds the first row with a target outside
+// [0, V) and the kernels after it write nothing when there is one. The
+// function then reads that verdict back (a stream synchronisation: the
+// forward needs one anyway to return the loss; the backward pays it to fail
+// loudly) and throws the host's message. Scratch for the verdict and the row
+// losses comes from CUDA's stream-ordered pool on the caller's stream.
+//
+// Against the host: the same formulas in f32, with CUDA's expf/logf (within
+// 2 ulp) for the host's fast_exp (within 1 ulp, and exactly 0 below e^-87) and
+// different summation orders. Expect logsumexp and the loss to agree to a
+// relative ~1e-5, and dlogits to a relative ~1e-5 of each value (the exp
+// amplifies logsumexp's absolute error into a relative one), not bit equality.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "loom/core/check_cuda.hpp"
+#include "loom/core/error.hpp"
+#include "loom/kernels/cuda/group_reduce.cuh"
+#include "loom/kernels/cuda/launch.cuh"
+
+namespace loom::kernels::cuda {
+
+namespace detail {
+
+// What the device tells the host after a forward or a backward.
+struct CrossEntropyReport {
+    std::int64_t first_bad_row;  // rows when every target is a class
+    double loss_sum;             // sum over rows of lse - x[target] (forward only)
+};
+
+// The host's checks on the sizes, word for word (tests compare the messages).
+inline void check_cross_entropy_sizes(std::int64_t rows, std::int64_t V) {
+    LOOM_CHECK(rows >= 1, "cross_entropy: rows = ", rows, " has nothing to average; pass rows >= 1");
+    LOOM_CHECK(V >= 1, "cross_entropy: V = ", V, " has no classes; pass V >= 1");
+}
+
+// Rows of up to this many classes get a warp each; longer rows a thread block.
+inline constexpr std::int64_t cross_entropy_warp_row_limit = 1024;
+
+// One block of Threads threads: the first row whose target is outside [0, V)
+// (rows if none), and a zero loss sum.
+template <int Threads>
+__global__ void cross_entropy_check_targets_kernel(const std::int32_t* __restrict__ targets, std::int64_t rows,
+                                                   std::int64_t V, CrossEntropyReport* __restrict__ report) {
+    __shared__ long long shared[Threads / 32];
+    long long first = rows;
+    for (std::int64_t r = threadIdx.x; r < rows; r += Threads) {
+        const std::int32_t t = targets[r];
+        if (t < 0 || t >= V) {
+            first = r;  // this thread's rows only grow
+            break;
+        }
+    }
+    first = group_reduce<Threads>(first, MinOp{}, shared);
+    if (threadIdx.x == 0) {
+        report->first_bad_row = first;
+        report->loss_sum = 0.0;
+    }
+}
+
+template <int RowThreads>
+struct CrossEntropyRowGroup {
+    static_assert(RowThreads == 32 || RowThreads == threads_per_block, "a row's group is one warp or the whole block");
+    static constexpr int rows_per_block = threads_per_block / RowThreads;
+
+    __device__ static int lane() { return static_cast<int>(threadIdx.x) % RowThreads; }
+    __device__ static std::int64_t first_row() {
+        return static_cast<std::int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / RowThreads;
+    }
+    __device__ static std::int64_t row_stride() { return static_cast<std::int64_t>(gridDim.x) * rows_per_block; }
+};
+
+// logsumexp per row, and the row's loss in double. Writes nothing after a bad
+// target (the check is uniform over the grid, so no group is split by it).
+template <int RowThreads>
+__global__ void cross_entropy_logsumexp_kernel(const float* __restrict__ logits,
+                                               const std::int32_t* __restrict__ targets,
+                                               float* __restrict__ logsumexp, double* __restrict__ row_loss,
+                                               const CrossEntropyReport* __restrict__ report, std::int64_t rows,
+                                               std::int64_t V) {
+    using Group = CrossEntropyRowGroup<RowThreads>;
+    __shared__ float shared[threads_per_block / 32];
+    if (report->first_bad_row < rows) return;
+    const int lane = Group::lane();
+    for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
+        const float* xr = logits + r * V;
+        float row_max = -INFINITY;
+        for (std::int64_t j = lane; j < V; j += RowThreads) row_max = fmaxf(row_max, xr[j]);
+        row_max = group_reduce<RowThreads>(row_max, MaxOp{}, shared);
+        float sum = 0.0f;
+        for (std::int64_t j = lane; j < V; j += RowThreads) sum += expf(xr[j] - row_max);
+        sum = group_reduce<RowThreads>(sum, SumOp{}, shared);
+        const float lse = row_max + logf(sum);
+        if (lane == 0) {
+            logsumexp[r] = lse;
+            row_loss[r] = static_cast<double>(lse) - static_cast<double>(xr[targets[r]]);
+        }
+    }
+}
+
+// One block of Threads threads: the sum of the row losses in a fixed order.
+template <int Threads>
+__global__ void cross_entropy_loss_sum_kernel(const double* __restrict__ row_loss, std::int64_t rows,
+                                              CrossEntropyReport* __restrict__ report) {
+    __shared__ double shared[Threads / 32];
+    if (report->first_bad_row < rows) return;
+    double sum = 0.0;
+    for (std::int64_t r = threadIdx.x; r < rows; r += Threads) sum += row_loss[r];
+    sum = group_reduce<Threads>(sum, SumOp{}, shared);
+    if (threadIdx.x == 0) report->loss_sum = sum;
+}
+
+template <int RowThreads>
+__global__ void cross_entropy_backward_kernel(const float* __restrict__ logits,
+                                              const std::int32_t* __restrict__ targets,
+                                              const float* __restrict__ logsumexp, float scale,
+                                              float* __restrict__ dlogits,
+                                              const CrossEntropyReport* __restrict__ report,
+                                              std::int64_t rows, std::int64_t V) {
+    using Group = CrossEntropyRowGroup<RowThreads>;
+    if (report->first_bad_row < rows) return;
+    const int lane = Group::lane();
+    for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
+        const float* xr = logits + r * V;
+        float* dr = dlogits + r * V;
+        const float lse = logsumexp[r];
+        const std::int64_t t = targets[r];
+        // (p - 1) * scale rather than p * scale - scale, as on the host: p - 1
+        // is exact for p >= 0.5, so a confident right answer keeps its small gradient.
+        for (std::int64_t j = lane; j < V; j += RowThreads) {
+            const float p = expf(xr[j] - lse);
+            dr[j] = (j == t ? p - 1.0f : p) * scale;
+        }
+    }
+}
+
+// Stream-ordered device memory for one call: a CrossEntropyReport, then
+// `rows` doubles for the row losses. Allocated and freed on the caller's
+// stream, so it lives exactly as long as the work queued there uses it.
+class CrossEntropyScratch {
+public:
+    CrossEntropyScratch(std::int64_t row_losses, cudaStream_t stream) : stream_(stream) {
+        const auto bytes = sizeof(CrossEntropyReport) + static_cast<std::size_t>(row_losses) * sizeof(double);
+        LOOM_CUDA_CHECK(cudaMallocAsync(&memory_, bytes, stream));
+    }
+    CrossEntropyScratch(const CrossEntropyScratch&) = delete;
+    CrossEntropyScratch& operator=(const CrossEntropyScratch&) = delete;
+    ~CrossEntropyScratch() { cudaFreeAsync(memory_, stream_); }  // cannot throw; errors surface on the next call
+
+    [[nodiscard]] CrossEntropyReport* report() const { return static_cast<CrossEntropyReport*>(memory_); }
+    [[nodiscard]] double* row_losses() const { return reinterpret_cast<double*>(report() + 1); }
+
+    // Waits for the stream and returns the report.
+    [[nodiscard]] CrossEntropyReport read_report() const {
+        CrossEntropyReport host{};
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(&host, report(), sizeof host, cudaMemcpyDeviceToHost, stream_));
+        LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        return host;
+    }
+
+private:
+    void* memory_ = nullptr;
+    cudaStream_t stream_;
+};
+
+// The host's message for the first bad target, which is read from the device.
+inline void throw_if_bad_target(const CrossEntropyReport& report, const std::int32_t* targets, std::int64_t rows,
+                                std::int64_t V, cudaStream_t stream) {
+    const std::int64_t r = report.first_bad_row;
+    if (r >= rows) return;
+    std::int32_t target = 0;
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(&target, targets + r, sizeof target, cudaMemcpyDeviceToHost, stream));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    LOOM_FAIL("cross_entropy: target ", target, " at row ", r, " is outside the classes [0, ", V, ")");
+}
+
+}  // namespace detail
+
+// logits: [rows, V]; targets: [rows]; logsumexp: [rows], written; all on the
+// device. Returns mean_r (logsumexp[r] - logits[r, targets[r]]), so it waits
+// for `stream`. A target outside [0, V) throws, and nothing is written.
+[[nodiscard]] inline float cross_entropy_forward(const float* logits, const std::int32_t* targets, float* logsumexp,
+                                                 std::int64_t rows, std::int64_t V, cudaStream_t stream = nullptr) {
+    detail::check_cross_entropy_sizes(rows, V);
+    detail::CrossEntropyScratch scratch(rows, stream);
+    detail::cross_entropy_check_targets_kernel<threads_per_block>
+        <<<1, threads_per_block, 0, stream>>>(targets, rows, V, scratch.report());
+    LOOM_CUDA_CHECK_LAUNCH();
+    if (V <= detail::cross_entropy_warp_row_limit)
+        detail::cross_entropy_logsumexp_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
+            logits, targets, logsumexp, scratch.row_losses(), scratch.report(), rows, V);
+    else
+        detail::cross_entropy_logsumexp_kernel<threads_per_block>
+            <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(
+                logits, targets, logsumexp, scratch.row_losses(), scratch.report(), rows, V);
+    LOOM_CUDA_CHECK_LAUNCH();
+    detail::cross_entropy_loss_sum_kernel<threads_per_block>
+        <<<1, threads_per_block, 0, stream>>>(scratch.row_losses(), rows, scratch.report());
+    LOOM_CUDA_CHECK_LAUNCH();
+    const detail::CrossEntropyReport report = scratch.read_report();
+    detail::throw_if_bad_target(report, targets, rows, V, stream);
+    return static_cast<float>(report.loss_sum / static_cast<double>(rows));
+}
+
+// dlogits = (softmax(logits) - onehot(targets)) * dloss / rows, written, with
+// the logsumexp the forward saved; all on the device. Waits for `stream` to
+// report a target outside [0, V), which throws with nothing written.
+inline void cross_entropy_backward(const float* logits, const std::int32_t* targets, const float* logsumexp,
+                                   float dloss, float* dlogits, std::int64_t rows, std::int64_t V,
+                                   cudaStream_t stream = nullptr) {
+    detail::check_cross_entropy_sizes(rows, V);
+    detail::CrossEntropyScratch scratch(0, stream);
+    detail::cross_entropy_check_targets_kernel<threads_per_block>
+        <<<1, threads_per_block, 0, stream>>>(targets, rows, V, scratch.report());
+    LOOM_CUDA_CHECK_LAUNCH();
+    const float scale = dloss / static_cast<float>(rows);
+    if (V <= detail::cross_entropy_warp_row_limit)
+        detail::cross_entropy_backward_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
+            logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V);
+    else
+        detail::cross_entropy_backward_kernel<threads_per_block>
+            <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(
+                logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V);
+    LOOM_CUDA_CHECK_LAUNCH();
+    detail::throw_if_bad_target(scratch.read_report(), targets, rows, V, stream);
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,94 @@
+// Device mirrors of the elementwise kernels in kernels/host/elementwise.hpp
+// that layers call: add, accumulate, add_bias and bias_grad (f32, row-major,
+// raw device pointers, same arguments in the same order, plus the stream).
+// Each result is bit for bit the host kernel's: add, accumulate and add_bias
+// are one rounding per element, and bias_grad adds the rows of each column in
+// the host's order (one thread per column), so no reassociation can creep in.
+// The host's reduction helpers (sum_over, max_over, fast_exp) have no mirror
+// here: device kernels that reduce bring their own block-level reductions.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "loom/kernels/cuda/launch.cuh"
+
+namespace loom::kernels::cuda {
+
+namespace detail {
+
+// Kernels are templates on the element type (only float is instantiated), as
+// in comm/device_reduce.cuh: a template may be defined in every translation
+// unit that includes this header, a plain __global__ function may not.
+
+template <class T>
+__global__ void add_kernel(const T* a, const T* b, T* out, std::int64_t n) {
+    for (std::int64_t i = grid_index(); i < n; i += grid_stride()) out[i] = a[i] + b[i];
+}
+
+template <class T>
+__global__ void accumulate_kernel(T* __restrict__ into, const T* __restrict__ x, std::int64_t n) {
+    for (std::int64_t i = grid_index(); i < n; i += grid_stride()) into[i] += x[i];
+}
+
+// One thread per element of the [rows, n] matrix; the column index costs a
+// 64-bit division, which hides behind the memory traffic (one add per 12
+// bytes moved) that bounds this kernel anyway.
+template <class T>
+__global__ void add_bias_kernel(T* __restrict__ y, const T* __restrict__ bias, std::int64_t rows, std::int64_t n) {
+    const std::int64_t count = rows * n;
+    for (std::int64_t i = grid_index(); i < count; i += grid_stride()) y[i] += bias[i % n];
+}
+
+// One thread per column, adding the rows in order r = 0, 1, ... into a
+// register that starts at dbias[j]: the host's additions exactly, so the sum
+// is deterministic and equals the host's bits. Neighbouring threads read
+// neighbouring columns of one row, so the loads coalesce. The price is
+// parallelism: only n threads work, each over all the rows. A split-rows
+// reduction would be faster for narrow matrices, but it adds in another order
+// and would no longer match the host (or be independent of the grid size).
+template <class T>
+__global__ void bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dbias, std::int64_t rows,
+                                 std::int64_t n) {
+    for (std::int64_t j = grid_index(); j < n; j += grid_stride()) {
+        T sum = dbias[j];
+        for (std::int64_t r = 0; r < rows; ++r) sum += dy[r * n + j];
+        dbias[j] = sum;
+    }
+}
+
+}  // namespace detail
+
+// out = a + b for n elements. out may be a or b (a residual add in place).
+inline void add(const float* a, const float* b, float* out, std::int64_t n, cudaStream_t stream = nullptr) {
+    if (n <= 0) return;
+    detail::add_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(a, b, out, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// into += x (gradient accumulation); into and x do not overlap.
+inline void accumulate(float* into, const float* x, std::int64_t n, cudaStream_t stream = nullptr) {
+    if (n <= 0) return;
+    detail::accumulate_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(into, x, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// y[r, j] += bias[j] for a [rows, n] matrix y; y and bias do not overlap.
+inline void add_bias(float* y, const float* bias, std::int64_t rows, std::int64_t n,
+                     cudaStream_t stream = nullptr) {
+    if (rows <= 0 || n <= 0) return;
+    detail::add_bias_kernel<float><<<blocks_for(rows * n), threads_per_block, 0, stream>>>(y, bias, rows, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// dbias[j] += sum over r of dy[r, j] (accumulated, as on the host), adding
+// the rows in order; dy and dbias do not overlap.
+inline void bias_grad(const float* dy, float* dbias, std::int64_t rows, std::int64_t n,
+                      cudaStream_t stream = nullptr) {
+    if (rows <= 0 || n <= 0) return;
+    detail::bias_grad_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(dy, dbias, rows, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,599 @@
+// The CUDA kernels of kernels/cuda/{quantize,layernorm,cross_entropy}.cuh
+// against their host twins in kernels/host, on the same seeded inputs, and
+// their argument errors against the host's, word for word. Tolerances, per
+// kernel (each stated again where it is checked):
+//   casts, int8:   bit for bit (packed words, residuals, unpacked values), NaN
+//                  only as NaN: x86 keeps a NaN operand's payload through
+//                  arithmetic, the GPU returns its canonical NaN;
+//   layernorm:     relative 1e-5 (floor 1: values are O(1)) for y, mean, rstd
+//                  and dx, which differ from the host only in summation order
+//                  and FMA contraction (measured on a CPU model of the device's
+//                  order: <= 7e-7); dgain and dshift, sums over rows of signed
+//                  terms, within 1e-6 of the column's sum of |terms|, since a
+//                  relative error means nothing where the terms cancel;
+//   cross_entropy: logsumexp relative 1e-5 (floor 1) and the loss relative
+//                  1e-5 (model: <= 1e-7 and 3e-8); dlogits, computed by both
+//                  sides from the same logsumexp, within 1e-5 of each value
+//                  plus 1e-6 * dloss / rows (expf vs the host's fast_exp: a few
+//                  ulp of p, which p - 1 at the target does not shrink).
+#include <catch2/catch.hpp>
+
+#include "../support/message_of.hpp"
+#include "loom/core/check_cuda.hpp"
+#include "loom/kernels/cuda/cross_entropy.cuh"
+#include "loom/kernels/cuda/layernorm.cuh"
+#include "loom/kernels/cuda/quantize.cuh"
+#include "loom/kernels/host/cross_entropy.hpp"
+#include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/host/quantize.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace dev = loom::kernels::cuda;
+namespace host = loom::kernels::host;
+using loom_test::message_of;
+
+// Owns one cudaMalloc allocation of n elements.
+template <class T>
+class DeviceArray {
+public:
+    explicit DeviceArray(std::size_t n) : size_(n) { LOOM_CUDA_CHECK(cudaMalloc(&data_, n * sizeof(T))); }
+    explicit DeviceArray(const std::vector<T>& host_values) : DeviceArray(host_values.size()) {
+        LOOM_CUDA_CHECK(cudaMemcpy(data_, host_values.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    ~DeviceArray() { cudaFree(data_); }
+
+    T* get() const { return data_; }
+    // Every byte set to `byte`: garbage the kernel under test must overwrite.
+    void fill_bytes(int byte) { LOOM_CUDA_CHECK(cudaMemset(data_, byte, size_ * sizeof(T))); }
+    std::vector<T> to_host() const {
+        std::vector<T> host_values(size_);
+        LOOM_CUDA_CHECK(cudaMemcpy(host_values.data(), data_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
+        return host_values;
+    }
+
+private:
+    T* data_ = nullptr;
+    std::size_t size_;
+};
+
+// A non-blocking stream, so the launchers' stream argument is exercised on a
+// stream that does not synchronise with the legacy default one.
+class Stream {
+public:
+    Stream() { LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    ~Stream() { cudaStreamDestroy(stream_); }
+    cudaStream_t get() const { return stream_; }
+    void synchronize() const { LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+private:
+    cudaStream_t stream_ = nullptr;
+};
+
+// cudaMemcpy from pageable memory may return before its data reaches the
+// device, ordered only on the legacy stream, which a non-blocking stream does
+// not wait for: wait for the uploads before launching on one.
+void uploads_done() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+std::string hex(std::uint32_t value) {
+    char text[16];
+    std::snprintf(text, sizeof text, "0x%08x", value);
+    return text;
+}
+
+// Counts disagreements and keeps the first few, so a broken kernel reports
+// once instead of failing a million assertions.
+struct Mismatches {
+    std::size_t count = 0;
+    std::string examples;
+    void add(const std::string& what) {
+        if (count++ < 5) examples += "; " + what;
+    }
+};
+
+bool same_bits_or_both_nan(float a, float b) {
+    return std::isnan(a) || std::isnan(b) ? std::isnan(a) && std::isnan(b)
+                                          : std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+}
+
+Mismatches compare_bits(const std::vector<std::uint32_t>& device, const std::vector<std::uint32_t>& reference) {
+    Mismatches bad;
+    for (std::size_t i = 0; i < reference.size(); ++i)
+        if (device[i] != reference[i])
+            bad.add("word " + std::to_string(i) + ": device " + hex(device[i]) + ", host " + hex(reference[i]));
+    return bad;
+}
+
+Mismatches compare_floats_bitwise(const std::vector<float>& device, const std::vector<float>& reference) {
+    Mismatches bad;
+    for (std::size_t i = 0; i < reference.size(); ++i)
+        if (!same_bits_or_both_nan(device[i], reference[i]))
+            bad.add("element " + std::to_string(i) + ": device " + hex(std::bit_cast<std::uint32_t>(device[i])) +
+                    ", host " + hex(std::bit_cast<std::uint32_t>(reference[i])));
+    return bad;
+}
+
+// |device - host| <= tolerance(i) for every i (NaN never passes).
+Mismatches compare_within(const std::vector<float>& device, const std::vector<float>& reference,
+                          const std::function<double(std::size_t)>& tolerance) {
+    Mismatches bad;
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+        const double error = std::fabs(static_cast<double>(device[i]) - static_cast<double>(reference[i]));
+        if (!(error <= tolerance(i)))
+            bad.add("element " + std::to_string(i) + ": device " + std::to_string(device[i]) + ", host " +
+                    std::to_string(reference[i]) + ", allowed " + std::to_string(tolerance(i)));
+    }
+    return bad;
+}
+
+// Relative `rtol`, against max(|host|, 1): the values compared are O(1).
+Mismatches compare_relative(const std::vector<float>& device, const std::vector<float>& reference, double rtol) {
+    return compare_within(device, reference, [&](std::size_t i) {
+        return rtol * std::max(1.0, std::fabs(static_cast<double>(reference[i])));
+    });
+}
+
+#define CHECK_NO_MISMATCHES(what, mismatches)                              \
+    do {                                                                   \
+        const Mismatches found_ = (mismatches);                            \
+        INFO(what << ": " << found_.count << " mismatches" << found_.examples); \
+        CHECK(found_.count == 0);                                          \
+    } while (false)
+
+std::vector<float> normal_values(std::size_t n, std::mt19937& rng, float mean = 0.0f, float stddev = 1.0f) {
+    std::normal_distribution<float> normal(mean, stddev);
+    std::vector<float> values(n);
+    for (float& v : values) v = normal(rng);
+    return values;
+}
+
+// --- quantize -------------------------------------------------------------
+
+// Values that exercise the casts' rounding: zeros, infinities, NaNs with high
+// and low payloads, the f16 overflow midpoint and its neighbour, bf16 ties to
+// even and to odd, f16 subnormals and the tie to 0, float subnormals, FLT_MAX.
+std::vector<float> cast_inputs(std::int64_t n, std::mt19937& rng) {
+    const std::uint32_t specials[] = {0x0000'0000u, 0x8000'0000u, 0x7f80'0000u, 0xff80'0000u, 0x7fc0'0000u,
+                                      0x7f80'0001u, 0xffc0'0001u, 0x477f'e000u, 0x477f'f000u, 0x477f'efffu,
+                                      0x3f80'8000u, 0x3f81'8000u, 0x3380'0000u, 0x3300'0000u, 0x32c0'0000u,
+                                      0x0000'0001u, 0x807f'ffffu, 0x7f7f'ffffu, 0x3f80'0000u};
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> exponent(-30, 20);
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+        if (static_cast<std::size_t>(i) < std::size(specials))
+            x[i] = std::bit_cast<float>(specials[i]);
+        else if (i % 4 == 0)
+            x[i] = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));  // every exponent and NaN payload
+        else
+            x[i] = std::ldexp(normal(rng), exponent(rng));
+    }
+    return x;
+}
+
+// Normal values at a scale that changes from block to block, and, where the
+// blocks exist: a NaN (block 1), +Inf (2), -Inf as the last value (3), all
+// zeros (4), exact ties x / scale = k + 0.5 with scale 1 (5), a tiny scale (6).
+std::vector<float> int8_inputs(std::int64_t n, std::int64_t block, std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> exponent(-20, 10);
+    std::vector<float> x(static_cast<std::size_t>(n));
+    const std::int64_t blocks = (n + block - 1) / block;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+        const int e = exponent(rng);
+        for (std::int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) x[i] = std::ldexp(normal(rng), e);
+    }
+    const auto lo = [&](std::int64_t b) { return b * block; };
+    const auto hi = [&](std::int64_t b) { return std::min(n, (b + 1) * block); };
+    if (blocks > 1) x[(lo(1) + hi(1)) / 2] = std::nanf("");
+    if (blocks > 2) x[lo(2)] = INFINITY;
+    if (blocks > 3) x[hi(3) - 1] = -INFINITY;
+    if (blocks > 4) std::fill(x.begin() + lo(4), x.begin() + hi(4), 0.0f);
+    if (blocks > 5) {
+        const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 126.5f, -126.5f, 3.5f};
+        x[lo(5)] = 127.0f;
+        for (std::int64_t i = lo(5) + 1; i < hi(5); ++i) x[i] = ties[(i - lo(5)) % 8];
+    }
+    if (blocks > 6)
+        for (std::int64_t i = lo(6); i < hi(6); ++i) x[i] = 1e-30f * normal(rng);
+    return x;
+}
+
+constexpr std::int64_t large_n = (1 << 20) + 3;
+// 1, 7, 129, 1000 and a large odd count: partial words, blocks and warps.
+constexpr std::int64_t sizes[] = {1, 7, 129, 1000, large_n};
+
+}  // namespace
+
+TEST_CASE("CUDA pack_cast/unpack_cast produce the host's words and values bit for bit", "[kernels][quantize]") {
+    // Tolerance: none. Words and residuals bit for bit; unpacked values bit
+    // for bit, NaN as NaN (x86 keeps NaN payloads through arithmetic, the GPU
+    // returns its canonical NaN).
+    std::mt19937 rng(1101);
+    for (const dev::Cast cast : {dev::Cast::bf16, dev::Cast::f16}) {
+        for (const std::int64_t n : sizes) {
+            INFO((cast == dev::Cast::bf16 ? "bf16" : "f16") << ", n = " << n);
+            const std::vector<float> x = cast_inputs(n, rng);
+            const auto words_count = static_cast<std::size_t>(dev::cast_words(n));
+
+            std::vector<std::uint32_t> host_words(words_count, 0xabab'ababu);
+            std::vector<float> host_residual(x.size());
+            host::pack_cast(cast, x.data(), n, host_words.data(), host_residual.data());
+
+            DeviceArray<float> d_x(x), d_residual(x.size());
+            DeviceArray<std::uint32_t> d_words(words_count);
+            d_words.fill_bytes(0xab);
+            dev::pack_cast(cast, d_x.get(), n, d_words.get(), d_residual.get());
+            LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+            CHECK_NO_MISMATCHES("packed words", compare_bits(d_words.to_host(), host_words));
+            CHECK_NO_MISMATCHES("residual", compare_floats_bitwise(d_residual.to_host(), host_residual));
+
+            // Without a residual too (the kernel's other branch).
+            d_words.fill_bytes(0xab);
+            dev::pack_cast(cast, d_x.get(), n, d_words.get());
+            CHECK_NO_MISMATCHES("packed words without residual", compare_bits(d_words.to_host(), host_words));
+
+            // Unpacking the same words: overwrite, then accumulate into values
+            // both sides start from.
+            for (const bool add : {false, true}) {
+                INFO("add = " << add);
+                std::vector<float> host_out = normal_values(x.size(), rng);
+                DeviceArray<float> d_out(host_out);
+                host::unpack_cast(cast, host_words.data(), n, host_out.data(), 0.75f, add);
+                dev::unpack_cast(cast, d_words.get(), n, d_out.get(), 0.75f, add);
+                LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+                CHECK_NO_MISMATCHES("unpacked", compare_floats_bitwise(d_out.to_host(), host_out));
+            }
+        }
+    }
+}
+
+TEST_CASE("CUDA pack_int8/unpack_int8 produce the host's words and values bit for bit", "[kernels][quantize]") {
+    // Tolerance: none, as for the casts. The words include the scales (the
+    // host's quiet NaN 0x7fc00000 for blocks with NaN or Inf) and the zero
+    // bytes that pad the last word; the device's words start as garbage.
+    std::mt19937 rng(1102);
+    for (const std::int64_t n : sizes) {
+        // 2048 > 1024 takes the kernel's whole-thread-block path.
+        for (const std::int64_t block : {1, 7, 64, 256, 2048}) {
+            INFO("n = " << n << ", block = " << block);
+            const std::vector<float> x = int8_inputs(n, block, rng);
+            const auto words_count = static_cast<std::size_t>(dev::int8_words(n, block));
+            const std::int64_t blocks = (n + block - 1) / block;
+
+            std::vector<std::uint32_t> host_words(words_count, 0xabab'ababu);
+            std::vector<float> host_residual(x.size());
+            host::pack_int8(x.data(), n, block, host_words.data(), host_residual.data());
+
+            DeviceArray<float> d_x(x), d_residual(x.size());
+            DeviceArray<std::uint32_t> d_words(words_count);
+            d_words.fill_bytes(0xab);
+            dev::pack_int8(d_x.get(), n, block, d_words.get(), d_residual.get());
+            LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<std::uint32_t> device_words = d_words.to_host();
+            CHECK_NO_MISMATCHES("packed words", compare_bits(device_words, host_words));
+            CHECK_NO_MISMATCHES("residual", compare_floats_bitwise(d_residual.to_host(), host_residual));
+            // The inputs did reach the non-finite blocks.
+            if (blocks > 3)
+                for (std::int64_t b = 1; b <= 3; ++b) CHECK(device_words[b] == 0x7fc0'0000u);
+
+            d_words.fill_bytes(0xab);
+            dev::pack_int8(d_x.get(), n, block, d_words.get());
+            CHECK_NO_MISMATCHES("packed words without residual", compare_bits(d_words.to_host(), host_words));
+
+            for (const bool add : {false, true}) {
+                INFO("add = " << add);
+                std::vector<float> host_out = normal_values(x.size(), rng);
+                DeviceArray<float> d_out(host_out);
+                host::unpack_int8(host_words.data(), n, block, host_out.data(), 0.5f, add);
+                dev::unpack_int8(d_words.get(), n, block, d_out.get(), 0.5f, add);
+                LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+                CHECK_NO_MISMATCHES("unpacked", compare_floats_bitwise(d_out.to_host(), host_out));
+            }
+        }
+    }
+}
+
+TEST_CASE("CUDA quantisation runs on the caller's stream and refuses an empty block as the host does",
+          "[kernels][quantize]") {
+    std::mt19937 rng(1103);
+    const std::int64_t n = 4099, block = 128;
+    const std::vector<float> x = normal_values(n, rng);
+    std::vector<std::uint32_t> host_words(static_cast<std::size_t>(dev::int8_words(n, block)));
+    host::pack_int8(x.data(), n, block, host_words.data());
+
+    Stream stream;
+    DeviceArray<float> d_x(x), d_out(x.size());
+    DeviceArray<std::uint32_t> d_words(host_words.size());
+    uploads_done();
+    dev::pack_int8(d_x.get(), n, block, d_words.get(), nullptr, stream.get());
+    dev::unpack_int8(d_words.get(), n, block, d_out.get(), 1.0f, false, stream.get());
+    stream.synchronize();
+    CHECK_NO_MISMATCHES("packed words", compare_bits(d_words.to_host(), host_words));
+    std::vector<float> host_out(x.size());
+    host::unpack_int8(host_words.data(), n, block, host_out.data());
+    CHECK_NO_MISMATCHES("unpacked", compare_floats_bitwise(d_out.to_host(), host_out));
+
+    const std::string expected = message_of([&] { host::pack_int8(x.data(), n, 0, host_words.data()); });
+    CHECK(expected == "pack_int8: a block of 0 values; it must hold at least 1");
+    CHECK(message_of([&] { dev::pack_int8(d_x.get(), n, 0, d_words.get()); }) == expected);
+}
+
+// --- layernorm ------------------------------------------------------------
+
+TEST_CASE("CUDA layernorm matches the host layernorm", "[kernels][layernorm]") {
+    // Tolerances (see the file's comment): y, mean, rstd, dx relative 1e-5
+    // against max(|host|, 1); dgain, dshift within 1e-6 of the column's
+    // |initial value| + sum over rows of |term|.
+    constexpr double rtol = 1e-5, column_rtol = 1e-6;
+    constexpr float eps = 1e-5f;
+    std::mt19937 rng(1104);
+    // Warp rows (C <= 1024) and block rows; 40000 rows pass the grid's cap and
+    // loop; 40000 columns make the weight kernel's tiles loop.
+    const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1},     {3, 7},       {64, 768}, {5, 1500},
+                                                            {40000, 3}, {4100, 1025}, {3, 40000}};
+    for (const auto& [rows, C] : shapes) {
+        INFO("rows = " << rows << ", C = " << C);
+        const auto size = static_cast<std::size_t>(rows * C);
+        const std::vector<float> x = normal_values(size, rng, 3.0f, 2.0f);
+        const std::vector<float> gain = normal_values(static_cast<std::size_t>(C), rng, 1.0f, 0.1f);
+        const std::vector<float> shift = normal_values(static_cast<std::size_t>(C), rng, 0.0f, 0.1f);
+        const std::vector<float> dy = normal_values(size, rng);
+        const std::vector<float> dgain0 = normal_values(static_cast<std::size_t>(C), rng);
+        const std::vector<float> dshift0 = normal_values(static_cast<std::size_t>(C), rng);
+
+        std::vector<float> y(size), mean(static_cast<std::size_t>(rows)), rstd(static_cast<std::size_t>(rows));
+        std::vector<float> dx(size), dgain = dgain0, dshift = dshift0;
+        host::layernorm_forward(x.data(), gain.data(), shift.data(), y.data(), mean.data(), rstd.data(), rows, C,
+                                eps);
+        host::layernorm_backward_input(dy.data(), x.data(), gain.data(), mean.data(), rstd.data(), dx.data(), rows,
+                                       C);
+        host::layernorm_backward_weight(dy.data(), x.data(), mean.data(), rstd.data(), dgain.data(), dshift.data(),
+                                        rows, C);
+
+        DeviceArray<float> d_x(x), d_gain(gain), d_shift(shift), d_dy(dy), d_y(size);
+        DeviceArray<float> d_mean(mean.size()), d_rstd(rstd.size()), d_dx(size);
+        DeviceArray<float> d_dgain(dgain0), d_dshift(dshift0);
+        dev::layernorm_forward(d_x.get(), d_gain.get(), d_shift.get(), d_y.get(), d_mean.get(), d_rstd.get(), rows,
+                               C, eps);
+        LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+        CHECK_NO_MISMATCHES("y", compare_relative(d_y.to_host(), y, rtol));
+        CHECK_NO_MISMATCHES("mean", compare_relative(d_mean.to_host(), mean, rtol));
+        CHECK_NO_MISMATCHES("rstd", compare_relative(d_rstd.to_host(), rstd, rtol));
+
+        // The backwards read the host's mean and rstd, so each kernel is
+        // compared on identical inputs.
+        DeviceArray<float> h_mean(mean), h_rstd(rstd);
+        dev::layernorm_backward_input(d_dy.get(), d_x.get(), d_gain.get(), h_mean.get(), h_rstd.get(), d_dx.get(),
+                                      rows, C);
+        dev::layernorm_backward_weight(d_dy.get(), d_x.get(), h_mean.get(), h_rstd.get(), d_dgain.get(),
+                                       d_dshift.get(), rows, C);
+        LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+        CHECK_NO_MISMATCHES("dx", compare_relative(d_dx.to_host(), dx, rtol));
+
+        std::vector<double> gain_scale(static_cast<std::size_t>(C)), shift_scale(static_cast<std::size_t>(C));
+        for (std::int64_t j = 0; j < C; ++j) {
+            gain_scale[j] = std::fabs(dgain0[j]);
+            shift_scale[j] = std::fabs(dshift0[j]);
+        }
+        for (std::int64_t r = 0; r < rows; ++r)
+            for (std::int64_t j = 0; j < C; ++j) {
+                const double d = dy[r * C + j];
+                const double xhat = (static_cast<double>(x[r * C + j]) - mean[r]) * rstd[r];
+                gain_scale[j] += std::fabs(d * xhat);
+                shift_scale[j] += std::fabs(d);
+            }
+        CHECK_NO_MISMATCHES("dgain", compare_within(d_dgain.to_host(), dgain,
+                                                    [&](std::size_t j) { return column_rtol * gain_scale[j]; }));
+        CHECK_NO_MISMATCHES("dshift", compare_within(d_dshift.to_host(), dshift,
+                                                     [&](std::size_t j) { return column_rtol * shift_scale[j]; }));
+    }
+}
+
+TEST_CASE("CUDA layernorm runs on the caller's stream, leaves rows = 0 alone and refuses what the host refuses",
+          "[kernels][layernorm]") {
+    std::mt19937 rng(1105);
+    const std::int64_t rows = 33, C = 2000;
+    const auto size = static_cast<std::size_t>(rows * C);
+    const std::vector<float> x = normal_values(size, rng), gain = normal_values(C, rng), shift = normal_values(C, rng);
+    std::vector<float> y(size), mean(rows), rstd(rows);
+    host::layernorm_forward(x.data(), gain.data(), shift.data(), y.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
+
+    Stream stream;
+    DeviceArray<float> d_x(x), d_gain(gain), d_shift(shift), d_y(size), d_mean(rows), d_rstd(rows);
+    uploads_done();
+    dev::layernorm_forward(d_x.get(), d_gain.get(), d_shift.get(), d_y.get(), d_mean.get(), d_rstd.get(), rows, C,
+                           1e-5f, stream.get());
+    stream.synchronize();
+    CHECK_NO_MISMATCHES("y", compare_relative(d_y.to_host(), y, 1e-5));
+
+    // rows = 0: nothing to do, nothing launched, no error.
+    CHECK_NOTHROW(dev::layernorm_forward(d_x.get(), d_gain.get(), d_shift.get(), d_y.get(), d_mean.get(),
+                                         d_rstd.get(), 0, C, 1e-5f));
+
+    const auto same_words = [](const std::function<void()>& on_host, const std::function<void()>& on_device) {
+        const std::string expected = message_of(on_host);
+        INFO("host: " << expected);
+        CHECK(expected != "(no error)");
+        CHECK(message_of(on_device) == expected);
+    };
+    float* h = y.data();
+    float* d = d_y.get();
+    same_words([&] { host::layernorm_forward(h, h, h, h, h, h, -1, C, 1e-5f); },
+               [&] { dev::layernorm_forward(d, d, d, d, d, d, -1, C, 1e-5f); });
+    same_words([&] { host::layernorm_forward(h, h, h, h, h, h, rows, 0, 1e-5f); },
+               [&] { dev::layernorm_forward(d, d, d, d, d, d, rows, 0, 1e-5f); });
+    same_words([&] { host::layernorm_forward(h, h, h, h, h, h, rows, C, -1.0f); },
+               [&] { dev::layernorm_forward(d, d, d, d, d, d, rows, C, -1.0f); });
+    same_words([&] { host::layernorm_backward_input(h, h, h, h, h, h, rows, 0); },
+               [&] { dev::layernorm_backward_input(d, d, d, d, d, d, rows, 0); });
+    same_words([&] { host::layernorm_backward_weight(h, h, h, h, h, h, -2, C); },
+               [&] { dev::layernorm_backward_weight(d, d, d, d, d, d, -2, C); });
+}
+
+// --- cross_entropy --------------------------------------------------------
+
+namespace {
+
+struct CrossEntropyBatch {
+    std::vector<float> logits;
+    std::vector<std::int32_t> targets;
+};
+
+// Logits ~ N(0, 2), random targets; where the rows exist, a row shifted by
+// +100 (e^x would overflow without the max), a confident row (the target 15
+// above the rest) and a row whose target is far below the rest.
+CrossEntropyBatch cross_entropy_batch(std::int64_t rows, std::int64_t V, std::mt19937& rng) {
+    CrossEntropyBatch batch;
+    batch.logits = normal_values(static_cast<std::size_t>(rows * V), rng, 0.0f, 2.0f);
+    std::uniform_int_distribution<std::int32_t> klass(0, static_cast<std::int32_t>(V - 1));
+    batch.targets.resize(static_cast<std::size_t>(rows));
+    for (std::int32_t& t : batch.targets) t = klass(rng);
+    if (rows > 1)
+        for (std::int64_t j = 0; j < V; ++j) batch.logits[1 * V + j] += 100.0f;
+    if (rows > 2) batch.logits[2 * V + batch.targets[2]] += 15.0f;
+    if (rows > 3) batch.logits[3 * V + batch.targets[3]] = -20.0f;
+    return batch;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA cross_entropy matches the host cross_entropy", "[kernels][cross_entropy]") {
+    // Tolerances (see the file's comment): logsumexp relative 1e-5 against
+    // max(|host|, 1); the loss relative 1e-5; dlogits, from the same
+    // logsumexp on both sides, within 1e-5 * |host| + 1e-6 * |dloss / rows|.
+    constexpr double rtol = 1e-5, target_atol = 1e-6;
+    std::mt19937 rng(1106);
+    // Warp rows (V <= 1024) and block rows; 40000 and 4100 rows pass the
+    // grid's cap for each and loop.
+    const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1},     {1, 2},       {5, 257},   {32, 50257},
+                                                            {40000, 3}, {4100, 1100}, {7, 1000}};
+    for (const auto& [rows, V] : shapes) {
+        INFO("rows = " << rows << ", V = " << V);
+        const CrossEntropyBatch batch = cross_entropy_batch(rows, V, rng);
+        const auto size = static_cast<std::size_t>(rows * V);
+        const float dloss = 0.7f;
+
+        std::vector<float> lse(static_cast<std::size_t>(rows)), dlogits(size);
+        const float loss = host::cross_entropy_forward(batch.logits.data(), batch.targets.data(), lse.data(), rows, V);
+        host::cross_entropy_backward(batch.logits.data(), batch.targets.data(), lse.data(), dloss, dlogits.data(),
+                                     rows, V);
+
+        DeviceArray<float> d_logits(batch.logits), d_lse(lse.size()), d_dlogits(size);
+        DeviceArray<std::int32_t> d_targets(batch.targets);
+        const float device_loss = dev::cross_entropy_forward(d_logits.get(), d_targets.get(), d_lse.get(), rows, V);
+        CHECK(std::fabs(device_loss - loss) <= rtol * std::max(1.0f, std::fabs(loss)));
+        CHECK_NO_MISMATCHES("logsumexp", compare_relative(d_lse.to_host(), lse, rtol));
+
+        DeviceArray<float> h_lse(lse);
+        dev::cross_entropy_backward(d_logits.get(), d_targets.get(), h_lse.get(), dloss, d_dlogits.get(), rows, V);
+        const double scale = std::fabs(static_cast<double>(dloss / static_cast<float>(rows)));
+        CHECK_NO_MISMATCHES("dlogits", compare_within(d_dlogits.to_host(), dlogits, [&](std::size_t i) {
+                                return rtol * std::fabs(static_cast<double>(dlogits[i])) + target_atol * scale;
+                            }));
+    }
+}
+
+TEST_CASE("CUDA cross_entropy runs on the caller's stream", "[kernels][cross_entropy]") {
+    std::mt19937 rng(1107);
+    const std::int64_t rows = 9, V = 3000;
+    const CrossEntropyBatch batch = cross_entropy_batch(rows, V, rng);
+    std::vector<float> lse(rows), dlogits(static_cast<std::size_t>(rows * V));
+    const float loss = host::cross_entropy_forward(batch.logits.data(), batch.targets.data(), lse.data(), rows, V);
+    host::cross_entropy_backward(batch.logits.data(), batch.targets.data(), lse.data(), 1.0f, dlogits.data(), rows,
+                                 V);
+
+    Stream stream;
+    DeviceArray<float> d_logits(batch.logits), d_lse(lse.size()), d_dlogits(dlogits.size());
+    DeviceArray<std::int32_t> d_targets(batch.targets);
+    uploads_done();
+    const float device_loss =
+        dev::cross_entropy_forward(d_logits.get(), d_targets.get(), d_lse.get(), rows, V, stream.get());
+    dev::cross_entropy_backward(d_logits.get(), d_targets.get(), d_lse.get(), 1.0f, d_dlogits.get(), rows, V,
+                                stream.get());
+    stream.synchronize();
+    CHECK(std::fabs(device_loss - loss) <= 1e-5 * std::max(1.0f, std::fabs(loss)));
+    CHECK_NO_MISMATCHES("logsumexp", compare_relative(d_lse.to_host(), lse, 1e-5));
+    // Here the backward reads the device's own logsumexp, one ulp or so off
+    // the host's, which moves p by that much of itself: an ulp of a
+    // logsumexp near 100 (the shifted row) is 7.6e-6. Hence 2e-5 relative,
+    // and 1e-5 * dloss / rows where p - 1 cancels.
+    CHECK_NO_MISMATCHES("dlogits", compare_within(d_dlogits.to_host(), dlogits, [&](std::size_t i) {
+                            return 2e-5 * std::fabs(static_cast<double>(dlogits[i])) + 1e-5 / rows;
+                        }));
+}
+
+TEST_CASE("CUDA cross_entropy refuses a target outside [0, V) with the host's words and writes nothing",
+          "[kernels][cross_entropy]") {
+    std::mt19937 rng(1108);
+    const std::int64_t rows = 6, V = 5;
+    CrossEntropyBatch batch = cross_entropy_batch(rows, V, rng);
+    std::vector<float> lse(rows), dlogits(static_cast<std::size_t>(rows * V));
+    DeviceArray<float> d_logits(batch.logits), d_lse(lse.size()), d_dlogits(dlogits.size());
+
+    // Two bad rows: both sides name the first. Then a negative target.
+    for (const auto& [bad_rows, bad_target] :
+         {std::pair{std::vector<std::int64_t>{2, 4}, std::int32_t{7}}, std::pair{std::vector<std::int64_t>{5}, -1}}) {
+        std::vector<std::int32_t> targets = batch.targets;
+        for (std::int64_t r : bad_rows) targets[r] = bad_target;
+        INFO("first bad row " << bad_rows.front() << ", target " << bad_target);
+        DeviceArray<std::int32_t> d_targets(targets);
+
+        const std::string forward_words = message_of(
+            [&] { (void)host::cross_entropy_forward(batch.logits.data(), targets.data(), lse.data(), rows, V); });
+        CHECK(forward_words == "cross_entropy: target " + std::to_string(bad_target) + " at row " +
+                                   std::to_string(bad_rows.front()) + " is outside the classes [0, 5)");
+        d_lse.fill_bytes(0x7f);  // a sentinel the kernels must leave alone
+        CHECK(message_of([&] {
+                  (void)dev::cross_entropy_forward(d_logits.get(), d_targets.get(), d_lse.get(), rows, V);
+              }) == forward_words);
+        for (float v : d_lse.to_host()) CHECK(std::bit_cast<std::uint32_t>(v) == 0x7f7f'7f7fu);
+
+        const std::string backward_words = message_of([&] {
+            host::cross_entropy_backward(batch.logits.data(), targets.data(), lse.data(), 1.0f, dlogits.data(), rows,
+                                         V);
+        });
+        CHECK(backward_words == forward_words);
+        d_dlogits.fill_bytes(0x7f);
+        CHECK(message_of([&] {
+                  dev::cross_entropy_backward(d_logits.get(), d_targets.get(), d_lse.get(), 1.0f, d_dlogits.get(),
+                                              rows, V);
+              }) == backward_words);
+        for (float v : d_dlogits.to_host()) CHECK(std::bit_cast<std::uint32_t>(v) == 0x7f7f'7f7fu);
+    }
+
+    // The size checks, before anything reaches the device.
+    DeviceArray<std::int32_t> d_targets(batch.targets);
+    using Sizes = std::pair<std::int64_t, std::int64_t>;
+    for (const auto& [bad_rows, bad_V] : {Sizes{0, V}, Sizes{rows, 0}}) {
+        const std::string expected = message_of([&] {
+            (void)host::cross_entropy_forward(batch.logits.data(), batch.targets.data(), lse.data(), bad_rows, bad_V);
+        });
+        INFO("host: " << expected);
+        CHECK(expected != "(no error)");
+        CHECK(message_of([&] {
+                  (void)dev::cross_entropy_forward(d_logits.get(), d_targets.get(), d_lse.get(), bad_rows, bad_V);
+              }) == expected);
+        CHECK(message_of([&] {
+                  dev::cross_entropy_backward(d_logits.get(), d_targets.get(), d_lse.get(), 1.0f, d_dlogits.get(),
+                                              bad_rows, bad_V);
+              }) == expected);
+    }
+}
