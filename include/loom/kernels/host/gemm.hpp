@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include "loom/core/error.hpp"
+#include "loom/kernels/trans.hpp"
 
 // OpenBLAS's cblas.h includes openblas_config.h, which defines OPENBLAS_VERSION
 // and declares the thread controls: call them directly (a strong reference
@@ -32,8 +33,7 @@ int openblas_get_num_threads(void) __attribute__((weak));
 
 namespace loom::kernels::host {
 
-// op(X) = X or X^T, as stored row-major.
-enum class Trans : bool { no, yes };
+using kernels::Trans;  // op(X) = X or X^T, as stored row-major (kernels/trans.hpp)
 
 namespace detail {
 
