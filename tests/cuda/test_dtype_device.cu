@@ -2,6 +2,8 @@
 // intrinsics and with the same conversions run on the host.
 #include <catch2/catch.hpp>
 
+#include "device_support.hpp"
+#include "loom/core/check_cuda.hpp"
 #include "loom/core/dtype.hpp"
 
 #include <cuda_bf16.h>
@@ -17,42 +19,11 @@
 #include <string>
 #include <vector>
 
-// Local until loom has its own CUDA check macro: throws loom::Error naming the call.
-#define DTYPE_TEST_CUDA_CHECK(call)                                                               \
-    do {                                                                                          \
-        const cudaError_t status_ = (call);                                                       \
-        LOOM_CHECK(status_ == cudaSuccess, #call, " failed: ", cudaGetErrorString(status_));      \
-    } while (false)
-
 namespace {
 
-// Owns one cudaMalloc allocation of n elements.
-template <class T>
-class DeviceArray {
-public:
-    explicit DeviceArray(std::size_t n) : size_(n) {
-        DTYPE_TEST_CUDA_CHECK(cudaMalloc(&data_, n * sizeof(T)));
-    }
-    explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
-        DTYPE_TEST_CUDA_CHECK(
-            cudaMemcpy(data_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(data_); }
-
-    T* get() const { return data_; }
-    std::vector<T> to_host() const {
-        std::vector<T> host(size_);
-        DTYPE_TEST_CUDA_CHECK(
-            cudaMemcpy(host.data(), data_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
-        return host;
-    }
-
-private:
-    T* data_ = nullptr;
-    std::size_t size_;
-};
+using loom_test::DeviceArray;
+using loom_test::Mismatches;
+using loom_test::same_bits_or_both_nan;
 
 __global__ void narrow_kernel(const float* in, long long n, std::uint16_t* loom_bf16,
                               std::uint16_t* cuda_bf16, std::uint16_t* loom_f16,
@@ -83,16 +54,6 @@ std::string hex(std::uint32_t value) {
     std::snprintf(text, sizeof text, "0x%x", value);
     return text;
 }
-
-// Counts disagreements and keeps the first few, so a broken conversion
-// reports once instead of failing a million assertions.
-struct Mismatches {
-    std::size_t count = 0;
-    std::string examples;
-    void add(const std::string& what) {
-        if (count++ < 5) examples += "; " + what;
-    }
-};
 
 // Every exact midpoint between adjacent 16-bit values of one format (both
 // signs, up to the overflow midpoint), with the floats just either side.
@@ -150,8 +111,8 @@ TEST_CASE("loom's device bf16/f16 rounding matches CUDA's intrinsics and loom's 
     constexpr int block = 256;
     narrow_kernel<<<static_cast<unsigned>((n + block - 1) / block), block>>>(
         in.get(), n, loom_bf16.get(), cuda_bf16.get(), loom_f16.get(), cuda_f16.get());
-    DTYPE_TEST_CUDA_CHECK(cudaGetLastError());
-    DTYPE_TEST_CUDA_CHECK(cudaDeviceSynchronize());
+    LOOM_CUDA_CHECK(cudaGetLastError());
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
 
     const auto dev_bf16 = loom_bf16.to_host(), ref_bf16 = cuda_bf16.to_host();
     const auto dev_f16 = loom_f16.to_host(), ref_f16 = cuda_f16.to_host();
@@ -186,8 +147,8 @@ TEST_CASE("loom's device bf16/f16 widening matches CUDA's for every bit pattern"
     DeviceArray<std::uint32_t> loom_f16(patterns), cuda_f16(patterns);
     widen_kernel<<<patterns / 256, 256>>>(loom_bf16.get(), cuda_bf16.get(), loom_f16.get(),
                                           cuda_f16.get());
-    DTYPE_TEST_CUDA_CHECK(cudaGetLastError());
-    DTYPE_TEST_CUDA_CHECK(cudaDeviceSynchronize());
+    LOOM_CUDA_CHECK(cudaGetLastError());
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
 
     const auto dev_bf16 = loom_bf16.to_host(), ref_bf16 = cuda_bf16.to_host();
     const auto dev_f16 = loom_f16.to_host(), ref_f16 = cuda_f16.to_host();
@@ -197,9 +158,7 @@ TEST_CASE("loom's device bf16/f16 widening matches CUDA's for every bit pattern"
         const float host_bf16 = loom::to_float(loom::bf16::from_bits(bits));
         const float host_f16 = loom::to_float(loom::f16::from_bits(bits));
         const auto same = [](std::uint32_t x, std::uint32_t y) {
-            const bool x_nan = std::isnan(std::bit_cast<float>(x));
-            const bool y_nan = std::isnan(std::bit_cast<float>(y));
-            return x_nan || y_nan ? x_nan && y_nan : x == y;
+            return same_bits_or_both_nan(std::bit_cast<float>(x), std::bit_cast<float>(y));
         };
         if (!same(dev_bf16[i], ref_bf16[i]) || dev_bf16[i] != std::bit_cast<std::uint32_t>(host_bf16))
             bad.add("bf16 " + hex(i) + ": loom device " + hex(dev_bf16[i]) + ", CUDA " +

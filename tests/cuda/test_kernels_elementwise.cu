@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/dtype.hpp"
 #include "loom/optim/adamw.cuh"
@@ -30,6 +31,11 @@ namespace {
 
 namespace device = loom::kernels::cuda;
 namespace host = loom::kernels::host;
+using loom_test::bits_of;
+using loom_test::DeviceArray;
+using loom_test::Mismatches;
+using loom_test::Stream;
+using loom_test::uniform;
 
 constexpr std::int64_t test_sizes[] = {1, 7, 1000, 4097, std::int64_t{1} << 20};
 
@@ -39,54 +45,6 @@ struct MatrixShape {
     std::int64_t rows, n;
 };
 constexpr MatrixShape test_shapes[] = {{1, 1}, {7, 1}, {1, 7}, {1000, 7}, {7, 1000}, {3, 4097}, {4097, 3}, {1024, 1024}};
-
-// Owns one cudaMalloc allocation of n elements.
-template <class T>
-class DeviceArray {
-public:
-    explicit DeviceArray(std::size_t n) : size_(n) { LOOM_CUDA_CHECK(cudaMalloc(&data_, n * sizeof(T))); }
-    explicit DeviceArray(const std::vector<T>& host_values) : DeviceArray(host_values.size()) {
-        LOOM_CUDA_CHECK(cudaMemcpy(data_, host_values.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(data_); }
-
-    T* get() const { return data_; }
-    // Synchronous: waits for the kernels queued before it on the default stream.
-    std::vector<T> to_host() const {
-        std::vector<T> host_values(size_);
-        LOOM_CUDA_CHECK(cudaMemcpy(host_values.data(), data_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
-        return host_values;
-    }
-
-private:
-    T* data_ = nullptr;
-    std::size_t size_;
-};
-
-// Owns a CUDA stream, so the launchers' stream argument is exercised too.
-class Stream {
-public:
-    Stream() { LOOM_CUDA_CHECK(cudaStreamCreate(&stream_)); }
-    Stream(const Stream&) = delete;
-    Stream& operator=(const Stream&) = delete;
-    ~Stream() { cudaStreamDestroy(stream_); }
-
-    cudaStream_t get() const { return stream_; }
-    void synchronize() const { LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
-private:
-    cudaStream_t stream_ = nullptr;
-};
-
-std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> dist(lo, hi);
-    std::vector<float> values(n);
-    for (float& x : values) x = dist(rng);
-    return values;
-}
 
 // "[i] device 1.5 (0x3fc00000), host ..." for a mismatch report. (snprintf,
 // not string concatenation: GCC 12 warns falsely about "..." + std::string.)
@@ -111,21 +69,6 @@ std::int64_t ulp_distance(float a, float b) {
     return d < 0 ? -d : d;
 }
 
-bool same_bits(float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }
-
-// Counts disagreements and keeps the first few, so a broken kernel reports
-// once instead of failing a million assertions.
-struct Mismatches {
-    std::size_t count = 0;
-    std::string examples;
-    void add(const std::string& what) {
-        if (count++ < 5) {
-            examples += "; ";
-            examples += what;
-        }
-    }
-};
-
 // Element by element: NaN must meet NaN; otherwise close(device, host, i).
 template <class Close>
 Mismatches compare(const std::vector<float>& device_values, const std::vector<float>& host_values, Close close) {
@@ -144,12 +87,7 @@ Mismatches compare(const std::vector<float>& device_values, const std::vector<fl
 }
 
 Mismatches compare_bits(const std::vector<float>& device_values, const std::vector<float>& host_values) {
-    return compare(device_values, host_values, [](float d, float h, std::size_t) { return same_bits(d, h); });
-}
-
-void check_none(const Mismatches& bad, const std::string& what) {
-    INFO(what << ": " << bad.count << " mismatches" << bad.examples);
-    CHECK(bad.count == 0);
+    return compare(device_values, host_values, [](float d, float h, std::size_t) { return bits_of(d) == bits_of(h); });
 }
 
 }  // namespace
@@ -168,13 +106,13 @@ TEST_CASE("cuda::add equals host::add bit for bit, also in place over either inp
 
         DeviceArray<float> da(a), db(b), out(count);
         device::add(da.get(), db.get(), out.get(), n);
-        check_none(compare_bits(out.to_host(), expected), "out of place");
+        CHECK_NO_MISMATCHES("out of place", compare_bits(out.to_host(), expected));
 
         DeviceArray<float> over_a(a), over_b(b);
         device::add(over_a.get(), db.get(), over_a.get(), n);
         device::add(da.get(), over_b.get(), over_b.get(), n);
-        check_none(compare_bits(over_a.to_host(), expected), "in place over a");
-        check_none(compare_bits(over_b.to_host(), expected), "in place over b");
+        CHECK_NO_MISMATCHES("in place over a", compare_bits(over_a.to_host(), expected));
+        CHECK_NO_MISMATCHES("in place over b", compare_bits(over_b.to_host(), expected));
     }
 }
 
@@ -188,7 +126,7 @@ TEST_CASE("cuda::accumulate equals host::accumulate bit for bit", "[kernels]") {
         DeviceArray<float> d_into(into), d_x(x);
         host::accumulate(into.data(), x.data(), n);
         device::accumulate(d_into.get(), d_x.get(), n);
-        check_none(compare_bits(d_into.to_host(), into), "accumulate");
+        CHECK_NO_MISMATCHES("accumulate", compare_bits(d_into.to_host(), into));
     }
 }
 
@@ -201,7 +139,7 @@ TEST_CASE("cuda::add_bias equals host::add_bias bit for bit", "[kernels]") {
         DeviceArray<float> d_y(y), d_bias(bias);
         host::add_bias(y.data(), bias.data(), rows, n);
         device::add_bias(d_y.get(), d_bias.get(), rows, n);
-        check_none(compare_bits(d_y.to_host(), y), "add_bias");
+        CHECK_NO_MISMATCHES("add_bias", compare_bits(d_y.to_host(), y));
     }
 }
 
@@ -218,7 +156,7 @@ TEST_CASE("cuda::bias_grad accumulates column sums in the host's order, bit for 
         host::bias_grad(dy.data(), dbias.data(), rows, n);
         device::bias_grad(d_dy.get(), d_dbias.get(), rows, n);
         const std::vector<float> result = d_dbias.to_host();
-        check_none(compare_bits(result, dbias), "bias_grad");
+        CHECK_NO_MISMATCHES("bias_grad", compare_bits(result, dbias));
         CHECK(std::isnan(result[static_cast<std::size_t>(n / 2)]));
     }
 }
@@ -277,8 +215,8 @@ TEST_CASE("cuda::gelu_forward is within 2^-20 relative of host::gelu_forward, Na
             return d == h || std::fabs(static_cast<double>(d) - static_cast<double>(h)) <=
                                  std::ldexp(std::fabs(static_cast<double>(h)), -20);
         };
-        check_none(compare(d_y.to_host(), expected, close), "gelu_forward");
-        check_none(compare(in_place.to_host(), expected, close), "gelu_forward in place");
+        CHECK_NO_MISMATCHES("gelu_forward", compare(d_y.to_host(), expected, close));
+        CHECK_NO_MISMATCHES("gelu_forward in place", compare(in_place.to_host(), expected, close));
         if (size < 0) {
             CHECK(std::isnan(d_y.to_host()[0]));  // NaN in, NaN out
         }
@@ -311,8 +249,8 @@ TEST_CASE("cuda::gelu_backward is within 2^-20 (|dx| + |dy|) of host::gelu_backw
             const double scale = std::fabs(static_cast<double>(h)) + std::fabs(static_cast<double>(dy[i]));
             return d == h || std::fabs(static_cast<double>(d) - static_cast<double>(h)) <= std::ldexp(scale, -20);
         };
-        check_none(compare(d_dx.to_host(), expected, close), "gelu_backward");
-        check_none(compare(in_place.to_host(), expected, close), "gelu_backward in place");
+        CHECK_NO_MISMATCHES("gelu_backward", compare(d_dx.to_host(), expected, close));
+        CHECK_NO_MISMATCHES("gelu_backward in place", compare(in_place.to_host(), expected, close));
         if (size < 0) {
             CHECK(std::isnan(d_dx.to_host()[0]));  // NaN in, NaN out
         }
@@ -392,12 +330,12 @@ TEST_CASE("cuda::adamw_update equals optim::adamw_step bit for bit, with the bf1
                 loom::optim::cuda::adamw_update(d_p2.get(), d_g.get(), d_m2.get(), d_v2.get(), n, scalars);
 
                 if constexpr (!host_may_contract) {
-                    check_none(compare_bits(d_p.to_host(), p), "params");
-                    check_none(compare_bits(d_m.to_host(), m), "m");
-                    check_none(compare_bits(d_v.to_host(), v), "v");
-                    check_none(compare_bits(d_p2.to_host(), p), "params (no bf16 copy)");
-                    check_none(compare_bits(d_m2.to_host(), m), "m (no bf16 copy)");
-                    check_none(compare_bits(d_v2.to_host(), v), "v (no bf16 copy)");
+                    CHECK_NO_MISMATCHES("params", compare_bits(d_p.to_host(), p));
+                    CHECK_NO_MISMATCHES("m", compare_bits(d_m.to_host(), m));
+                    CHECK_NO_MISMATCHES("v", compare_bits(d_v.to_host(), v));
+                    CHECK_NO_MISMATCHES("params (no bf16 copy)", compare_bits(d_p2.to_host(), p));
+                    CHECK_NO_MISMATCHES("m (no bf16 copy)", compare_bits(d_m2.to_host(), m));
+                    CHECK_NO_MISMATCHES("v (no bf16 copy)", compare_bits(d_v2.to_host(), v));
                 } else {
                     const auto m_close = [&](float d, float h, std::size_t i) {
                         return adamw_close(d, h, std::fabs(scalars.beta1 * m_before[i]) +
@@ -409,10 +347,10 @@ TEST_CASE("cuda::adamw_update equals optim::adamw_step bit for bit, with the bf1
                         return adamw_close(d, h, std::fabs(scalars.decay * p_before[i]) +
                                                      std::fabs(scalars.neg_step_size * m[i] / denom));
                     };
-                    check_none(compare(d_p.to_host(), p, p_close), "params");
-                    check_none(compare(d_m.to_host(), m, m_close), "m");
-                    check_none(compare(d_v.to_host(), v, v_close), "v");
-                    check_none(compare(d_p2.to_host(), p, p_close), "params (no bf16 copy)");
+                    CHECK_NO_MISMATCHES("params", compare(d_p.to_host(), p, p_close));
+                    CHECK_NO_MISMATCHES("m", compare(d_m.to_host(), m, m_close));
+                    CHECK_NO_MISMATCHES("v", compare(d_v.to_host(), v, v_close));
+                    CHECK_NO_MISMATCHES("params (no bf16 copy)", compare(d_p2.to_host(), p, p_close));
                 }
 
                 const std::vector<loom::bf16> copy = d_copy.to_host();
@@ -429,7 +367,7 @@ TEST_CASE("cuda::adamw_update equals optim::adamw_step bit for bit, with the bf1
                         bad_copy.add(mismatch_text(i, "bf16 copy", copy_value, "expected",
                                                    loom::to_float(loom::bf16::from_bits(expected))));
                 }
-                check_none(bad_copy, "bf16 copy");
+                CHECK_NO_MISMATCHES("bf16 copy", bad_copy);
                 if (step >= 2) {
                     CHECK(std::isnan(device_p[count / 2]));
                     CHECK(std::isnan(d_m.to_host()[count / 2]));

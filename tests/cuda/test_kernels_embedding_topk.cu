@@ -22,13 +22,13 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../support/message_of.hpp"
+#include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/kernels/cuda/embedding.cuh"
 #include "loom/kernels/cuda/top_k.cuh"
@@ -39,116 +39,16 @@ namespace {
 
 namespace dev = loom::kernels::cuda;
 namespace host = loom::kernels::host;
+using loom_test::bits_of;
+using loom_test::compare_floats;
+using loom_test::compare_words;
+using loom_test::DeviceArray;
 using loom_test::message_of;
+using loom_test::Stream;
+using loom_test::uniform;
+using loom_test::uploads_done;
 
-// Owns one cudaMalloc allocation of n elements.
-template <class T>
-class DeviceArray {
-public:
-    explicit DeviceArray(std::size_t n) : size_(n) { LOOM_CUDA_CHECK(cudaMalloc(&data_, n * sizeof(T))); }
-    explicit DeviceArray(const std::vector<T>& host_values) : DeviceArray(host_values.size()) {
-        LOOM_CUDA_CHECK(cudaMemcpy(data_, host_values.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(data_); }
-
-    T* get() const { return data_; }
-    // Every byte set to `byte`: garbage the kernel under test must overwrite.
-    void fill_bytes(int byte) { LOOM_CUDA_CHECK(cudaMemset(data_, byte, size_ * sizeof(T))); }
-    // Synchronous: waits for the device (cudaMemcpy on the legacy stream,
-    // which non-blocking streams do not order, so synchronise first).
-    std::vector<T> to_host() const {
-        LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<T> host_values(size_);
-        LOOM_CUDA_CHECK(cudaMemcpy(host_values.data(), data_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
-        return host_values;
-    }
-
-private:
-    T* data_ = nullptr;
-    std::size_t size_;
-};
-
-// A non-blocking stream, so the launchers' stream argument is exercised on a
-// stream that does not synchronise with the legacy default one.
-class Stream {
-public:
-    Stream() { LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-    Stream(const Stream&) = delete;
-    Stream& operator=(const Stream&) = delete;
-    ~Stream() { cudaStreamDestroy(stream_); }
-    cudaStream_t get() const { return stream_; }
-
-private:
-    cudaStream_t stream_ = nullptr;
-};
-
-// cudaMemcpy from pageable memory may return before its data reaches the
-// device, ordered only on the legacy stream, which a non-blocking stream does
-// not wait for: wait for the uploads before launching on one.
-void uploads_done() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 float from_bits(std::uint32_t bits) { return std::bit_cast<float>(bits); }
-
-std::string hex(std::uint32_t value) {
-    char text[16];
-    std::snprintf(text, sizeof text, "0x%08x", value);
-    return text;
-}
-
-// Counts disagreements and keeps the first few, so a broken kernel reports
-// once instead of failing a million assertions.
-struct Mismatches {
-    std::size_t count = 0;
-    std::string examples;
-    void add(const std::string& what) {
-        if (count++ < 5) examples += "; " + what;
-    }
-};
-
-#define CHECK_NO_MISMATCHES(what, mismatches)                                   \
-    do {                                                                        \
-        const Mismatches found_ = (mismatches);                                 \
-        INFO(what << ": " << found_.count << " mismatches" << found_.examples); \
-        CHECK(found_.count == 0);                                               \
-    } while (false)
-
-// Equal bits, or (nan_as_nan) NaN meeting NaN with any payload.
-Mismatches compare_floats(const std::vector<float>& device, const std::vector<float>& reference, bool nan_as_nan) {
-    Mismatches bad;
-    if (device.size() != reference.size()) {
-        bad.add("sizes differ");
-        return bad;
-    }
-    for (std::size_t i = 0; i < reference.size(); ++i) {
-        const float d = device[i], h = reference[i];
-        const bool agree = nan_as_nan && (std::isnan(d) || std::isnan(h)) ? std::isnan(d) && std::isnan(h)
-                                                                          : bits_of(d) == bits_of(h);
-        if (!agree) bad.add("element " + std::to_string(i) + ": device " + hex(bits_of(d)) + ", host " + hex(bits_of(h)));
-    }
-    return bad;
-}
-
-Mismatches compare_words(const std::vector<std::uint32_t>& device, const std::vector<std::uint32_t>& reference) {
-    Mismatches bad;
-    if (device.size() != reference.size()) {
-        bad.add("sizes differ");
-        return bad;
-    }
-    for (std::size_t i = 0; i < reference.size(); ++i)
-        if (device[i] != reference[i])
-            bad.add("word " + std::to_string(i) + ": device " + hex(device[i]) + ", host " + hex(reference[i]));
-    return bad;
-}
-
-std::vector<float> uniform(std::size_t n, float lo, float hi, std::mt19937& rng) {
-    std::uniform_real_distribution<float> dist(lo, hi);
-    std::vector<float> values(n);
-    for (float& v : values) v = dist(rng);
-    return values;
-}
 
 // Values over 2^-12 .. 2^12 of either sign: summed in another order they
 // round differently, so equal sums mean the same order, not luck.
@@ -186,7 +86,7 @@ std::vector<std::int32_t> repeated_tokens(std::int64_t count, std::int64_t vocab
 // output starts as garbage (all bytes 0xff, a NaN) that must be overwritten.
 // The position table has more rows than T, as the host allows.
 TEST_CASE("cuda::embedding_forward equals host::embedding_forward bit for bit", "[kernels][embedding]") {
-    Stream stream;
+    Stream stream(cudaStreamNonBlocking);
     std::mt19937 rng(1101);
     for (const auto [B, T, C, vocab] : embedding_shapes) {
         CAPTURE(B, T, C, vocab);
@@ -214,7 +114,7 @@ TEST_CASE("cuda::embedding_forward equals host::embedding_forward bit for bit", 
 // One gradient is NaN: its token row and position row turn NaN on both sides.
 TEST_CASE("cuda::embedding_backward accumulates the host's sums in the host's order, bit for bit",
           "[kernels][embedding]") {
-    Stream stream;
+    Stream stream(cudaStreamNonBlocking);
     std::mt19937 rng(1102);
     for (const auto [B, T, C, vocab] : embedding_shapes) {
         CAPTURE(B, T, C, vocab);
@@ -260,7 +160,7 @@ TEST_CASE("cuda::embedding_backward accumulates the host's sums in the host's or
 // keep their bytes.
 TEST_CASE("cuda::embedding refuses bad token ids with the host's message and writes nothing",
           "[kernels][embedding]") {
-    Stream stream;
+    Stream stream(cudaStreamNonBlocking);
     std::mt19937 rng(1103);
     const std::int64_t B = 3, T = 1025, C = 3, vocab = 97;
     const std::vector<float> token_table = uniform(static_cast<std::size_t>(vocab * C), -1.0f, 1.0f, rng);
@@ -404,7 +304,7 @@ std::vector<float> top_k_inputs(std::int64_t n, int kind, std::mt19937& rng) {
 // the device must not overwrite.
 TEST_CASE("cuda::pack_top_k selects the host's elements: words and residuals equal bit for bit",
           "[kernels][top_k]") {
-    Stream first_stream, second_stream;
+    Stream first_stream(cudaStreamNonBlocking), second_stream(cudaStreamNonBlocking);
     dev::TopKScratch scratch;
     std::vector<std::int32_t> host_scratch;
     std::mt19937 rng(1201);
@@ -484,7 +384,7 @@ TEST_CASE("cuda::unpack_top_k_add equals host::unpack_top_k_add bit for bit", "[
 #else
     const std::vector<float> weights{1.0f, 0.5f, 0.3f};
 #endif
-    Stream stream;
+    Stream stream(cudaStreamNonBlocking);
     dev::TopKScratch scratch;
     std::vector<std::int32_t> host_scratch;
     std::mt19937 rng(1301);

@@ -43,9 +43,10 @@
 #include <utility>
 #include <vector>
 
+#include "../support/message_of.hpp"
+#include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/dtype.hpp"
-#include "loom/core/error.hpp"
 #include "loom/kernels/cuda/gemm.cuh"
 #include "loom/kernels/host/gemm.hpp"
 
@@ -54,6 +55,11 @@ namespace {
 namespace device = loom::kernels::cuda;
 namespace host = loom::kernels::host;
 using loom::bf16;
+using loom_test::bits_of;
+using loom_test::DeviceArray;
+using loom_test::message_of;
+using loom_test::Mismatches;
+using loom_test::Stream;
 
 constexpr float f32_tolerance = 1e-5f;
 constexpr float bf16_input_tolerance = 2e-5f;
@@ -86,53 +92,6 @@ constexpr Scenario scenarios[] = {
     {"beta = 0 overwrites a C of NaN", 1.0f, 0.0f, true},
     {"beta = 1 accumulates", 1.0f, 1.0f, false},
     {"alpha = -1.5, beta = 0.5", -1.5f, 0.5f, false},
-};
-
-// Owns one cudaMalloc allocation of n elements, handed out `offset` elements
-// in (so a matrix can start at an address that is not 256-byte aligned).
-template <class T>
-class DeviceArray {
-public:
-    explicit DeviceArray(std::size_t n, std::size_t offset = 0) : size_(n), offset_(offset) {
-        LOOM_CUDA_CHECK(cudaMalloc(&base_, (n + offset) * sizeof(T)));
-    }
-    explicit DeviceArray(const std::vector<T>& host_values, std::size_t offset = 0)
-        : DeviceArray(host_values.size(), offset) {
-        LOOM_CUDA_CHECK(cudaMemcpy(get(), host_values.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(base_); }
-
-    T* get() const { return base_ + offset_; }
-    // Synchronous: waits for the work queued before it on the default stream
-    // (and so on every blocking stream, as the tests' streams are).
-    std::vector<T> to_host() const {
-        std::vector<T> host_values(size_);
-        LOOM_CUDA_CHECK(cudaMemcpy(host_values.data(), get(), size_ * sizeof(T), cudaMemcpyDeviceToHost));
-        return host_values;
-    }
-
-private:
-    T* base_ = nullptr;
-    std::size_t size_;
-    std::size_t offset_;
-};
-
-// Owns a CUDA stream for a GemmContext to be bound to; declared before the
-// context, so it outlives it.
-class Stream {
-public:
-    Stream() { LOOM_CUDA_CHECK(cudaStreamCreate(&stream_)); }
-    Stream(const Stream&) = delete;
-    Stream& operator=(const Stream&) = delete;
-    ~Stream() { cudaStreamDestroy(stream_); }
-
-    cudaStream_t get() const { return stream_; }
-    void synchronize() const { LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
-private:
-    cudaStream_t stream_ = nullptr;
 };
 
 // A row-major [rows, cols] matrix with row stride ld = cols + pad, its
@@ -183,7 +142,6 @@ std::vector<float> as_stored(const std::vector<float>& values) {
 
 float value_of(float x) { return x; }
 float value_of(bf16 x) { return loom::to_float(x); }
-std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 std::uint32_t bits_of(bf16 x) { return x.bits; }
 
 std::vector<float> magnitudes(const std::vector<float>& values) {
@@ -208,24 +166,6 @@ std::string mismatch_text(std::int64_t row, std::int64_t col, float device_value
                   std::bit_cast<std::uint32_t>(device_value), static_cast<double>(host_value),
                   std::bit_cast<std::uint32_t>(host_value), static_cast<double>(allowed));
     return text;
-}
-
-// Counts disagreements and keeps the first few, so a broken product reports
-// once instead of failing a quarter of a million assertions.
-struct Mismatches {
-    std::size_t count = 0;
-    std::string examples;
-    void add(const std::string& what) {
-        if (count++ < 5) {
-            examples += "; ";
-            examples += what;
-        }
-    }
-};
-
-void check_none(const Mismatches& bad, const std::string& what) {
-    INFO(what << ": " << bad.count << " mismatches" << bad.examples);
-    CHECK(bad.count == 0);
 }
 
 // Compares the device's C (all of its storage) with the host's. Live
@@ -291,7 +231,7 @@ void check_against_host(device::GemmContext& context, const Dims& dims, const Tr
     device::gemm(t.ta, t.tb, M, N, K, scenario.alpha, da.get(), a.ld, db.get(), b.ld, scenario.beta, dc.get(), c.ld,
                  context);
     LOOM_CUDA_CHECK(cudaStreamSynchronize(context.stream()));
-    check_none(compare_c(dc.to_host(), expected, c, &bound, tolerance), scenario.name);
+    CHECK_NO_MISMATCHES(scenario.name, compare_c(dc.to_host(), expected, c, &bound, tolerance));
 }
 
 template <class In, class Out>
@@ -310,17 +250,6 @@ void check_all_shapes(float tolerance, std::uint32_t seed_base) {
             }
         }
     }
-}
-
-// The message of the loom::Error that f throws, or "" when it throws none.
-template <class F>
-std::string error_message(F&& f) {
-    try {
-        std::forward<F>(f)();
-    } catch (const loom::Error& e) {
-        return e.message();
-    }
-    return "";
 }
 
 }  // namespace
@@ -372,7 +301,7 @@ TEST_CASE("cuda::gemm with K = 0 or alpha = 0 scales C by beta, bit for bit, rea
             device::gemm(device::Trans::no, device::Trans::no, dims.M, dims.N, K, alpha, da.get(), a.ld, db.get(),
                          b.ld, beta, dc.get(), c.ld, context);
             stream.synchronize();
-            check_none(compare_c(dc.to_host(), expected, c, nullptr, 0.0f), "f32 C");
+            CHECK_NO_MISMATCHES("f32 C", compare_c(dc.to_host(), expected, c, nullptr, 0.0f));
 
             // bf16 A, B and C: the same rule, C rounded once after scaling.
             const std::vector<float> c_rounded = as_stored<bf16>(c.values);
@@ -389,7 +318,7 @@ TEST_CASE("cuda::gemm with K = 0 or alpha = 0 scales C by beta, bit for bit, rea
             device::gemm(device::Trans::no, device::Trans::no, dims.M, dims.N, K, alpha, da16.get(), a.ld,
                          db16.get(), b.ld, beta, dc16.get(), c.ld, context);
             stream.synchronize();
-            check_none(compare_c(dc16.to_host(), expected_bf16, c, nullptr, 0.0f), "bf16 C");
+            CHECK_NO_MISMATCHES("bf16 C", compare_c(dc16.to_host(), expected_bf16, c, nullptr, 0.0f));
         }
     }
     CHECK(context.cache_size() == 0);  // nothing went to cuBLASLt
@@ -467,7 +396,7 @@ TEST_CASE("GemmContext caches one plan per shape, transposes and dtypes, and reu
             if (bits_of(first[i]) != bits_of(again[i]))
                 bad.add(mismatch_text(static_cast<std::int64_t>(i) / N, static_cast<std::int64_t>(i) % N, again[i],
                                       first[i], 0.0f));
-        check_none(bad, what);
+        CHECK_NO_MISMATCHES(what, bad);
     };
     check_same_bits(c2.to_host(), "the same product again (same plan, same stream)");
 
@@ -551,20 +480,20 @@ TEST_CASE("cuda::gemm refuses bad sizes and strides with host::gemm's messages",
         const auto host_tb = bad.tb ? host::Trans::yes : host::Trans::no;
         const auto ta = bad.ta ? device::Trans::yes : device::Trans::no;
         const auto tb = bad.tb ? device::Trans::yes : device::Trans::no;
-        const std::string expected = error_message([&] {
+        const std::string expected = message_of([&] {
             host::gemm(host_ta, host_tb, bad.M, bad.N, bad.K, 1.0f, scratch.data(), bad.lda, scratch.data(), bad.ldb,
                        0.0f, scratch.data(), bad.ldc);
         });
         REQUIRE_THAT(expected, Catch::StartsWith("gemm: "));
-        CHECK(error_message([&] {
+        CHECK(message_of([&] {
                   device::gemm(ta, tb, bad.M, bad.N, bad.K, 1.0f, d.get(), bad.lda, d.get(), bad.ldb, 0.0f, d.get(),
                                bad.ldc, context);
               }) == expected);
-        CHECK(error_message([&] {
+        CHECK(message_of([&] {
                   device::gemm(ta, tb, bad.M, bad.N, bad.K, 1.0f, d16.get(), bad.lda, d16.get(), bad.ldb, 0.0f,
                                d.get(), bad.ldc, context);
               }) == expected);
-        CHECK(error_message([&] {
+        CHECK(message_of([&] {
                   device::gemm(ta, tb, bad.M, bad.N, bad.K, 1.0f, d16.get(), bad.lda, d16.get(), bad.ldb, 0.0f,
                                d16.get(), bad.ldc, context);
               }) == expected);

@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 
 #include "../support/message_of.hpp"
+#include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/kernels/cuda/cross_entropy.cuh"
 #include "loom/kernels/cuda/layernorm.cuh"
@@ -33,7 +34,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
@@ -44,91 +44,13 @@ namespace {
 
 namespace dev = loom::kernels::cuda;
 namespace host = loom::kernels::host;
+using loom_test::compare_floats;
+using loom_test::compare_words;
+using loom_test::DeviceArray;
 using loom_test::message_of;
-
-// Owns one cudaMalloc allocation of n elements.
-template <class T>
-class DeviceArray {
-public:
-    explicit DeviceArray(std::size_t n) : size_(n) { LOOM_CUDA_CHECK(cudaMalloc(&data_, n * sizeof(T))); }
-    explicit DeviceArray(const std::vector<T>& host_values) : DeviceArray(host_values.size()) {
-        LOOM_CUDA_CHECK(cudaMemcpy(data_, host_values.data(), size_ * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(data_); }
-
-    T* get() const { return data_; }
-    // Every byte set to `byte`: garbage the kernel under test must overwrite.
-    void fill_bytes(int byte) { LOOM_CUDA_CHECK(cudaMemset(data_, byte, size_ * sizeof(T))); }
-    std::vector<T> to_host() const {
-        std::vector<T> host_values(size_);
-        LOOM_CUDA_CHECK(cudaMemcpy(host_values.data(), data_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
-        return host_values;
-    }
-
-private:
-    T* data_ = nullptr;
-    std::size_t size_;
-};
-
-// A non-blocking stream, so the launchers' stream argument is exercised on a
-// stream that does not synchronise with the legacy default one.
-class Stream {
-public:
-    Stream() { LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-    Stream(const Stream&) = delete;
-    Stream& operator=(const Stream&) = delete;
-    ~Stream() { cudaStreamDestroy(stream_); }
-    cudaStream_t get() const { return stream_; }
-    void synchronize() const { LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
-private:
-    cudaStream_t stream_ = nullptr;
-};
-
-// cudaMemcpy from pageable memory may return before its data reaches the
-// device, ordered only on the legacy stream, which a non-blocking stream does
-// not wait for: wait for the uploads before launching on one.
-void uploads_done() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-std::string hex(std::uint32_t value) {
-    char text[16];
-    std::snprintf(text, sizeof text, "0x%08x", value);
-    return text;
-}
-
-// Counts disagreements and keeps the first few, so a broken kernel reports
-// once instead of failing a million assertions.
-struct Mismatches {
-    std::size_t count = 0;
-    std::string examples;
-    void add(const std::string& what) {
-        if (count++ < 5) examples += "; " + what;
-    }
-};
-
-bool same_bits_or_both_nan(float a, float b) {
-    return std::isnan(a) || std::isnan(b) ? std::isnan(a) && std::isnan(b)
-                                          : std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
-}
-
-Mismatches compare_bits(const std::vector<std::uint32_t>& device, const std::vector<std::uint32_t>& reference) {
-    Mismatches bad;
-    for (std::size_t i = 0; i < reference.size(); ++i)
-        if (device[i] != reference[i])
-            bad.add("word " + std::to_string(i) + ": device " + hex(device[i]) + ", host " + hex(reference[i]));
-    return bad;
-}
-
-Mismatches compare_floats_bitwise(const std::vector<float>& device, const std::vector<float>& reference) {
-    Mismatches bad;
-    for (std::size_t i = 0; i < reference.size(); ++i)
-        if (!same_bits_or_both_nan(device[i], reference[i]))
-            bad.add("element " + std::to_string(i) + ": device " + hex(std::bit_cast<std::uint32_t>(device[i])) +
-                    ", host " + hex(std::bit_cast<std::uint32_t>(reference[i])));
-    return bad;
-}
+using loom_test::Mismatches;
+using loom_test::Stream;
+using loom_test::uploads_done;
 
 // |device - host| <= tolerance(i) for every i (NaN never passes).
 Mismatches compare_within(const std::vector<float>& device, const std::vector<float>& reference,
@@ -149,13 +71,6 @@ Mismatches compare_relative(const std::vector<float>& device, const std::vector<
         return rtol * std::max(1.0, std::fabs(static_cast<double>(reference[i])));
     });
 }
-
-#define CHECK_NO_MISMATCHES(what, mismatches)                              \
-    do {                                                                   \
-        const Mismatches found_ = (mismatches);                            \
-        INFO(what << ": " << found_.count << " mismatches" << found_.examples); \
-        CHECK(found_.count == 0);                                          \
-    } while (false)
 
 std::vector<float> normal_values(std::size_t n, std::mt19937& rng, float mean = 0.0f, float stddev = 1.0f) {
     std::normal_distribution<float> normal(mean, stddev);
@@ -242,13 +157,13 @@ TEST_CASE("CUDA pack_cast/unpack_cast produce the host's words and values bit fo
             d_words.fill_bytes(0xab);
             dev::pack_cast(cast, d_x.get(), n, d_words.get(), d_residual.get());
             LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-            CHECK_NO_MISMATCHES("packed words", compare_bits(d_words.to_host(), host_words));
-            CHECK_NO_MISMATCHES("residual", compare_floats_bitwise(d_residual.to_host(), host_residual));
+            CHECK_NO_MISMATCHES("packed words", compare_words(d_words.to_host(), host_words));
+            CHECK_NO_MISMATCHES("residual", compare_floats(d_residual.to_host(), host_residual, true));
 
             // Without a residual too (the kernel's other branch).
             d_words.fill_bytes(0xab);
             dev::pack_cast(cast, d_x.get(), n, d_words.get());
-            CHECK_NO_MISMATCHES("packed words without residual", compare_bits(d_words.to_host(), host_words));
+            CHECK_NO_MISMATCHES("packed words without residual", compare_words(d_words.to_host(), host_words));
 
             // Unpacking the same words: overwrite, then accumulate into values
             // both sides start from.
@@ -259,7 +174,7 @@ TEST_CASE("CUDA pack_cast/unpack_cast produce the host's words and values bit fo
                 host::unpack_cast(cast, host_words.data(), n, host_out.data(), 0.75f, add);
                 dev::unpack_cast(cast, d_words.get(), n, d_out.get(), 0.75f, add);
                 LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-                CHECK_NO_MISMATCHES("unpacked", compare_floats_bitwise(d_out.to_host(), host_out));
+                CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, true));
             }
         }
     }
@@ -288,15 +203,15 @@ TEST_CASE("CUDA pack_int8/unpack_int8 produce the host's words and values bit fo
             dev::pack_int8(d_x.get(), n, block, d_words.get(), d_residual.get());
             LOOM_CUDA_CHECK(cudaDeviceSynchronize());
             const std::vector<std::uint32_t> device_words = d_words.to_host();
-            CHECK_NO_MISMATCHES("packed words", compare_bits(device_words, host_words));
-            CHECK_NO_MISMATCHES("residual", compare_floats_bitwise(d_residual.to_host(), host_residual));
+            CHECK_NO_MISMATCHES("packed words", compare_words(device_words, host_words));
+            CHECK_NO_MISMATCHES("residual", compare_floats(d_residual.to_host(), host_residual, true));
             // The inputs did reach the non-finite blocks.
             if (blocks > 3)
                 for (std::int64_t b = 1; b <= 3; ++b) CHECK(device_words[b] == 0x7fc0'0000u);
 
             d_words.fill_bytes(0xab);
             dev::pack_int8(d_x.get(), n, block, d_words.get());
-            CHECK_NO_MISMATCHES("packed words without residual", compare_bits(d_words.to_host(), host_words));
+            CHECK_NO_MISMATCHES("packed words without residual", compare_words(d_words.to_host(), host_words));
 
             for (const bool add : {false, true}) {
                 INFO("add = " << add);
@@ -305,7 +220,7 @@ TEST_CASE("CUDA pack_int8/unpack_int8 produce the host's words and values bit fo
                 host::unpack_int8(host_words.data(), n, block, host_out.data(), 0.5f, add);
                 dev::unpack_int8(d_words.get(), n, block, d_out.get(), 0.5f, add);
                 LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-                CHECK_NO_MISMATCHES("unpacked", compare_floats_bitwise(d_out.to_host(), host_out));
+                CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, true));
             }
         }
     }
@@ -319,17 +234,17 @@ TEST_CASE("CUDA quantisation runs on the caller's stream and refuses an empty bl
     std::vector<std::uint32_t> host_words(static_cast<std::size_t>(dev::int8_words(n, block)));
     host::pack_int8(x.data(), n, block, host_words.data());
 
-    Stream stream;
+    Stream stream(cudaStreamNonBlocking);
     DeviceArray<float> d_x(x), d_out(x.size());
     DeviceArray<std::uint32_t> d_words(host_words.size());
     uploads_done();
     dev::pack_int8(d_x.get(), n, block, d_words.get(), nullptr, stream.get());
     dev::unpack_int8(d_words.get(), n, block, d_out.get(), 1.0f, false, stream.get());
     stream.synchronize();
-    CHECK_NO_MISMATCHES("packed words", compare_bits(d_words.to_host(), host_words));
+    CHECK_NO_MISMATCHES("packed words", compare_words(d_words.to_host(), host_words));
     std::vector<float> host_out(x.size());
     host::unpack_int8(host_words.data(), n, block, host_out.data());
-    CHECK_NO_MISMATCHES("unpacked", compare_floats_bitwise(d_out.to_host(), host_out));
+    CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, true));
 
     const std::string expected = message_of([&] { host::pack_int8(x.data(), n, 0, host_words.data()); });
     CHECK(expected == "pack_int8: a block of 0 values; it must hold at least 1");
@@ -416,7 +331,7 @@ TEST_CASE("CUDA layernorm runs on the caller's stream, leaves rows = 0 alone and
     std::vector<float> y(size), mean(rows), rstd(rows);
     host::layernorm_forward(x.data(), gain.data(), shift.data(), y.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
 
-    Stream stream;
+    Stream stream(cudaStreamNonBlocking);
     DeviceArray<float> d_x(x), d_gain(gain), d_shift(shift), d_y(size), d_mean(rows), d_rstd(rows);
     uploads_done();
     dev::layernorm_forward(d_x.get(), d_gain.get(), d_shift.get(), d_y.get(), d_mean.get(), d_rstd.get(), rows, C,
@@ -520,7 +435,7 @@ TEST_CASE("CUDA cross_entropy runs on the caller's stream", "[kernels][cross_ent
     host::cross_entropy_backward(batch.logits.data(), batch.targets.data(), lse.data(), 1.0f, dlogits.data(), rows,
                                  V);
 
-    Stream stream;
+    Stream stream(cudaStreamNonBlocking);
     DeviceArray<float> d_logits(batch.logits), d_lse(lse.size()), d_dlogits(dlogits.size());
     DeviceArray<std::int32_t> d_targets(batch.targets);
     uploads_done();

@@ -55,9 +55,6 @@ inline void check_cross_entropy_sizes(std::int64_t rows, std::int64_t V) {
     LOOM_CHECK(V >= 1, "cross_entropy: V = ", V, " has no classes; pass V >= 1");
 }
 
-// Rows of up to this many classes get a warp each; longer rows a thread block.
-inline constexpr std::int64_t cross_entropy_warp_row_limit = 1024;
-
 // One block of Threads threads: the first row whose target is outside [0, V)
 // (rows if none), and a zero loss sum.
 template <int Threads>
@@ -79,18 +76,6 @@ __global__ void cross_entropy_check_targets_kernel(const std::int32_t* __restric
     }
 }
 
-template <int RowThreads>
-struct CrossEntropyRowGroup {
-    static_assert(RowThreads == 32 || RowThreads == threads_per_block, "a row's group is one warp or the whole block");
-    static constexpr int rows_per_block = threads_per_block / RowThreads;
-
-    __device__ static int lane() { return static_cast<int>(threadIdx.x) % RowThreads; }
-    __device__ static std::int64_t first_row() {
-        return static_cast<std::int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / RowThreads;
-    }
-    __device__ static std::int64_t row_stride() { return static_cast<std::int64_t>(gridDim.x) * rows_per_block; }
-};
-
 // logsumexp per row, and the row's loss in double. Writes nothing after a bad
 // target (the check is uniform over the grid, so no group is split by it).
 template <int RowThreads>
@@ -99,7 +84,7 @@ __global__ void cross_entropy_logsumexp_kernel(const float* __restrict__ logits,
                                                float* __restrict__ logsumexp, double* __restrict__ row_loss,
                                                const CrossEntropyReport* __restrict__ report, std::int64_t rows,
                                                std::int64_t V) {
-    using Group = CrossEntropyRowGroup<RowThreads>;
+    using Group = RowGroup<RowThreads>;
     __shared__ float shared[threads_per_block / 32];
     if (report->first_bad_row < rows) return;
     const int lane = Group::lane();
@@ -138,7 +123,7 @@ __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits,
                                               float* __restrict__ dlogits,
                                               const CrossEntropyReport* __restrict__ report,
                                               std::int64_t rows, std::int64_t V) {
-    using Group = CrossEntropyRowGroup<RowThreads>;
+    using Group = RowGroup<RowThreads>;
     if (report->first_bad_row < rows) return;
     const int lane = Group::lane();
     for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
@@ -207,7 +192,7 @@ inline void throw_if_bad_target(const CrossEntropyReport& report, const std::int
     detail::cross_entropy_check_targets_kernel<threads_per_block>
         <<<1, threads_per_block, 0, stream>>>(targets, rows, V, scratch.report());
     LOOM_CUDA_CHECK_LAUNCH();
-    if (V <= detail::cross_entropy_warp_row_limit)
+    if (V <= warp_row_limit)
         detail::cross_entropy_logsumexp_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
             logits, targets, logsumexp, scratch.row_losses(), scratch.report(), rows, V);
     else
@@ -235,7 +220,7 @@ inline void cross_entropy_backward(const float* logits, const std::int32_t* targ
         <<<1, threads_per_block, 0, stream>>>(targets, rows, V, scratch.report());
     LOOM_CUDA_CHECK_LAUNCH();
     const float scale = dloss / static_cast<float>(rows);
-    if (V <= detail::cross_entropy_warp_row_limit)
+    if (V <= warp_row_limit)
         detail::cross_entropy_backward_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
             logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V);
     else

@@ -1,7 +1,9 @@
-// A reduction over a group of threads, the one every row- or block-wise CUDA
-// kernel of loom uses (layernorm's sums, cross-entropy's max and sum, int8's
-// absmax): a warp butterfly, then, when the group is the whole thread block,
-// the warps' results combined in warp order through shared memory. The order
+// Groups of threads working on one row, and the reduction over a group that
+// every row- or block-wise CUDA kernel of loom uses (layernorm's sums,
+// cross-entropy's max and sum, int8's absmax). A row of up to warp_row_limit
+// values gets a warp, a longer one the whole thread block. The reduction is
+// a warp butterfly, then, when the group is the whole thread block, the
+// warps' results combined in warp order through shared memory. The order
 // is fixed, so results depend only on the group's size, never on timing, and
 // every thread of the group gets the same bits (the butterfly combines each
 // pair in both orders, and these operations commute exactly).
@@ -9,7 +11,29 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
+#include "loom/kernels/cuda/launch.cuh"
+
 namespace loom::kernels::cuda {
+
+// Rows of up to this many values get a warp each; longer rows a thread block.
+inline constexpr std::int64_t warp_row_limit = 1024;
+
+// The rows a group of RowThreads threads visits in a grid-stride loop:
+// uniform over the group, so its shuffles and barriers always see all of its
+// threads.
+template <int RowThreads>
+struct RowGroup {
+    static_assert(RowThreads == 32 || RowThreads == threads_per_block, "a row's group is one warp or the whole block");
+    static constexpr int rows_per_block = threads_per_block / RowThreads;
+
+    __device__ static int lane() { return static_cast<int>(threadIdx.x) % RowThreads; }
+    __device__ static std::int64_t first_row() {
+        return static_cast<std::int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / RowThreads;
+    }
+    __device__ static std::int64_t row_stride() { return static_cast<std::int64_t>(gridDim.x) * rows_per_block; }
+};
 
 struct SumOp {
     template <class T>

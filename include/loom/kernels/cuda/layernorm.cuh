@@ -42,23 +42,6 @@ inline void check_layernorm_sizes(std::int64_t rows, std::int64_t C) {
     LOOM_CHECK(C >= 1, "layernorm: C = ", C, " normalises nothing; pass C >= 1");
 }
 
-// Rows of up to this many values get a warp each; longer rows a thread block.
-inline constexpr std::int64_t layernorm_warp_row_limit = 1024;
-
-// The rows a group visits: uniform over the group, so its shuffles and
-// barriers always see all of its threads.
-template <int RowThreads>
-struct RowGroup {
-    static_assert(RowThreads == 32 || RowThreads == threads_per_block, "a row's group is one warp or the whole block");
-    static constexpr int rows_per_block = threads_per_block / RowThreads;
-
-    __device__ static int lane() { return static_cast<int>(threadIdx.x) % RowThreads; }
-    __device__ static std::int64_t first_row() {
-        return static_cast<std::int64_t>(blockIdx.x) * rows_per_block + threadIdx.x / RowThreads;
-    }
-    __device__ static std::int64_t row_stride() { return static_cast<std::int64_t>(gridDim.x) * rows_per_block; }
-};
-
 template <int RowThreads>
 __global__ void layernorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ gain,
                                          const float* __restrict__ shift, float* __restrict__ y,
@@ -174,7 +157,7 @@ inline void layernorm_forward(const float* x, const float* gain, const float* sh
     detail::check_layernorm_sizes(rows, C);
     LOOM_CHECK(eps >= 0.0f, "layernorm: eps = ", eps, " is negative (or NaN); pass eps >= 0, e.g. 1e-5");
     if (rows == 0) return;
-    if (C <= detail::layernorm_warp_row_limit)
+    if (C <= warp_row_limit)
         detail::layernorm_forward_kernel<32>
             <<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(x, gain, shift, y, mean, rstd, rows, C, eps);
     else
@@ -190,7 +173,7 @@ inline void layernorm_backward_input(const float* dy, const float* x, const floa
                                      cudaStream_t stream = nullptr) {
     detail::check_layernorm_sizes(rows, C);
     if (rows == 0) return;
-    if (C <= detail::layernorm_warp_row_limit)
+    if (C <= warp_row_limit)
         detail::layernorm_backward_input_kernel<32>
             <<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(dy, x, gain, mean, rstd, dx, rows, C);
     else
