@@ -1,12 +1,18 @@
 // Device mirror of kernels/host/cross_entropy.hpp's fused log-softmax and
 // negative log-likelihood, as PyTorch's F.cross_entropy(logits, targets)
 // (mean over rows, every target a class): the same functions, arguments
-// (device pointers) and error messages, plus the stream to launch on. The
-// vocabulary-parallel cross_entropy_slice_* pieces are not mirrored yet.
+// (device pointers) and error messages, plus the stream to launch on.
 //   forward:  logsumexp[r] = max + log(sum_j e^(x_j - max)) per row, written;
 //             returns mean_r (logsumexp[r] - logits[r, targets[r]]);
 //   backward: dlogits = (softmax - onehot(targets)) * dloss / rows, written,
 //             softmax rebuilt as e^(x - logsumexp) from the forward's logsumexp.
+// And the vocabulary-parallel pieces (Megatron), on a rank's columns
+// [start, start + V) of `classes`, the caller reducing over the group between
+// them: cross_entropy_slice_max (the slice's row max, to all-reduce-max),
+// cross_entropy_slice_sums (the slice's sum of e^(x - the group's max), and the
+// target's logit where the slice holds it, else 0, to all-reduce-sum) and
+// cross_entropy_slice_backward (the backward on the slice, from the whole
+// row's logsumexp; a target outside the slice has no one-hot term here).
 //
 // Launch shapes. A row gets a group of threads (a warp when V <= 1024, else a
 // 256-thread block) that takes the row's max and then its sum of
@@ -22,11 +28,24 @@
 // loudly) and throws the host's message. Scratch for the verdict and the row
 // losses comes from CUDA's stream-ordered pool on the caller's stream.
 //
+// The pieces check what the host checks (slice_max and slice_backward: the
+// targets against [0, classes), so they wait for the stream like the
+// backward; slice_sums checks nothing, as on the host) in the host's order,
+// with its words, and write nothing when they throw.
+//
 // Against the host: the same formulas in f32, with CUDA's expf/logf (within
 // 2 ulp) for the host's fast_exp (within 1 ulp, and exactly 0 below e^-87) and
 // different summation orders. Expect logsumexp and the loss to agree to a
 // relative ~1e-5, and dlogits to a relative ~1e-5 of each value (the exp
 // amplifies logsumexp's absolute error into a relative one), not bit equality.
+// The slice pieces: the row max and the target's logit bit for bit (a max is
+// exact in any order, and the host's NaN rule is kept: its max is NaN exactly
+// when the row's first value is NaN, otherwise NaN values are passed over;
+// only a max of zeros may keep the other sign, which no e^(x - max) sees);
+// the sums of exponentials relative ~1e-5 (plus e^-87 per term, where the
+// host's fast_exp flushes to 0 and expf does not); the backward as the whole
+// row's, and bit for bit with the device's own whole-row backward (the same
+// kernel, element by element, from the same logsumexp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -122,7 +141,7 @@ __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits,
                                               const float* __restrict__ logsumexp, float scale,
                                               float* __restrict__ dlogits,
                                               const CrossEntropyReport* __restrict__ report,
-                                              std::int64_t rows, std::int64_t V) {
+                                              std::int64_t rows, std::int64_t V, std::int64_t start) {
     using Group = RowGroup<RowThreads>;
     if (report->first_bad_row < rows) return;
     const int lane = Group::lane();
@@ -130,12 +149,58 @@ __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits,
         const float* xr = logits + r * V;
         float* dr = dlogits + r * V;
         const float lse = logsumexp[r];
-        const std::int64_t t = targets[r];
+        // The target's column in this slice (start = 0: the whole row); no
+        // j matches one outside it.
+        const std::int64_t t = targets[r] - start;
         // (p - 1) * scale rather than p * scale - scale, as on the host: p - 1
         // is exact for p >= 0.5, so a confident right answer keeps its small gradient.
         for (std::int64_t j = lane; j < V; j += RowThreads) {
             const float p = expf(xr[j] - lse);
             dr[j] = (j == t ? p - 1.0f : p) * scale;
+        }
+    }
+}
+
+// The slice's max per row, written where the targets are all classes: a max
+// is exact in any order, and the host's NaN rule (std::max from x[0] on: NaN
+// exactly when x[0] is NaN) on top of fmaxf (which passes NaN over).
+template <int RowThreads>
+__global__ void cross_entropy_slice_max_kernel(const float* __restrict__ logits, float* __restrict__ row_max,
+                                               const CrossEntropyReport* __restrict__ report, std::int64_t rows,
+                                               std::int64_t V) {
+    using Group = RowGroup<RowThreads>;
+    __shared__ float shared[threads_per_block / 32];
+    if (report->first_bad_row < rows) return;
+    const int lane = Group::lane();
+    for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
+        const float* xr = logits + r * V;
+        float m = -INFINITY;
+        for (std::int64_t j = lane; j < V; j += RowThreads) m = fmaxf(m, xr[j]);
+        m = group_reduce<RowThreads>(m, MaxOp{}, shared);
+        if (lane == 0) row_max[r] = isnan(xr[0]) ? xr[0] : m;
+    }
+}
+
+// sums[r] = sum_j e^(x_j - row_max[r]) over the slice, and sums[rows + r] the
+// target's logit where the slice holds it, else 0. No checks, as on the host.
+template <int RowThreads>
+__global__ void cross_entropy_slice_sums_kernel(const float* __restrict__ logits,
+                                                const std::int32_t* __restrict__ targets,
+                                                const float* __restrict__ row_max, float* __restrict__ sums,
+                                                std::int64_t rows, std::int64_t V, std::int64_t start) {
+    using Group = RowGroup<RowThreads>;
+    __shared__ float shared[threads_per_block / 32];
+    const int lane = Group::lane();
+    for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
+        const float* xr = logits + r * V;
+        const float m = row_max[r];
+        float sum = 0.0f;
+        for (std::int64_t j = lane; j < V; j += RowThreads) sum += expf(xr[j] - m);
+        sum = group_reduce<RowThreads>(sum, SumOp{}, shared);
+        if (lane == 0) {
+            const std::int64_t t = targets[r] - start;
+            sums[r] = sum;
+            sums[rows + r] = t >= 0 && t < V ? xr[t] : 0.0f;
         }
     }
 }
@@ -222,13 +287,88 @@ inline void cross_entropy_backward(const float* logits, const std::int32_t* targ
     const float scale = dloss / static_cast<float>(rows);
     if (V <= warp_row_limit)
         detail::cross_entropy_backward_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
-            logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V);
+            logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, 0);
     else
         detail::cross_entropy_backward_kernel<threads_per_block>
             <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(
-                logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V);
+                logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, 0);
     LOOM_CUDA_CHECK_LAUNCH();
     detail::throw_if_bad_target(scratch.read_report(), targets, rows, V, stream);
+}
+
+// Vocabulary-parallel pieces. logits: [rows, V] on the device, columns
+// [start, start + V) of `classes`; targets: [rows] on the device, in
+// [0, classes), checked (by slice_max and slice_backward, as on the host).
+
+// row_max[r] = max_j logits[r, j] over this slice, written (all-reduce-max
+// it). Waits for `stream` to check the targets; throws the host's words for
+// the host's first failed check (rows, classes, a target, then V), writing
+// nothing.
+inline void cross_entropy_slice_max(const float* logits, const std::int32_t* targets, float* row_max,
+                                    std::int64_t rows, std::int64_t V, std::int64_t classes,
+                                    cudaStream_t stream = nullptr) {
+    detail::check_cross_entropy_sizes(rows, classes);
+    detail::CrossEntropyScratch scratch(0, stream);
+    detail::cross_entropy_check_targets_kernel<threads_per_block>
+        <<<1, threads_per_block, 0, stream>>>(targets, rows, classes, scratch.report());
+    LOOM_CUDA_CHECK_LAUNCH();
+    if (V >= 1) {
+        if (V <= warp_row_limit)
+            detail::cross_entropy_slice_max_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
+                logits, row_max, scratch.report(), rows, V);
+        else
+            detail::cross_entropy_slice_max_kernel<threads_per_block>
+                <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(logits, row_max,
+                                                                                         scratch.report(), rows, V);
+        LOOM_CUDA_CHECK_LAUNCH();
+    }
+    detail::throw_if_bad_target(scratch.read_report(), targets, rows, classes, stream);
+    LOOM_CHECK(V >= 1, "cross_entropy: V = ", V, " has no classes; pass V >= 1");
+}
+
+// With row_max the whole row's max (on the device): sums[r] = sum_j
+// e^(logits[r, j] - row_max[r]) over this slice, and sums[rows + r] =
+// logits[r, targets[r] - start] where this slice holds the target, else 0;
+// written (all-reduce-sum both halves). Checks nothing and does not wait, as
+// the host checks nothing here.
+inline void cross_entropy_slice_sums(const float* logits, const std::int32_t* targets, const float* row_max,
+                                     float* sums, std::int64_t rows, std::int64_t V, std::int64_t start,
+                                     cudaStream_t stream = nullptr) {
+    if (rows <= 0) return;
+    if (V <= warp_row_limit)
+        detail::cross_entropy_slice_sums_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
+            logits, targets, row_max, sums, rows, V, start);
+    else
+        detail::cross_entropy_slice_sums_kernel<threads_per_block>
+            <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(logits, targets, row_max, sums,
+                                                                                     rows, V, start);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// dlogits = (softmax(logits) - onehot(targets)) * dloss / rows on this slice,
+// written, with the whole row's logsumexp; no communication. Waits for
+// `stream` to report a target outside [0, classes), which throws with
+// nothing written.
+inline void cross_entropy_slice_backward(const float* logits, const std::int32_t* targets, const float* logsumexp,
+                                         float dloss, float* dlogits, std::int64_t rows, std::int64_t V,
+                                         std::int64_t start, std::int64_t classes, cudaStream_t stream = nullptr) {
+    detail::check_cross_entropy_sizes(rows, classes);
+    detail::CrossEntropyScratch scratch(0, stream);
+    detail::cross_entropy_check_targets_kernel<threads_per_block>
+        <<<1, threads_per_block, 0, stream>>>(targets, rows, classes, scratch.report());
+    LOOM_CUDA_CHECK_LAUNCH();
+    const float scale = dloss / static_cast<float>(rows);
+    if (V >= 1) {
+        if (V <= warp_row_limit)
+            detail::cross_entropy_backward_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
+                logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, start);
+        else
+            detail::cross_entropy_backward_kernel<threads_per_block>
+                <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(
+                    logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, start);
+        LOOM_CUDA_CHECK_LAUNCH();
+    }
+    detail::throw_if_bad_target(scratch.read_report(), targets, rows, classes, stream);
 }
 
 }  // namespace loom::kernels::cuda
