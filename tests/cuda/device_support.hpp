@@ -3,7 +3,8 @@
 // stream, blocking or not), and the pieces the kernel tests compare device
 // results with host ones by: Mismatches and CHECK_NO_MISMATCHES, bit-for-bit
 // comparisons of words and floats (NaN meeting NaN with any payload where
-// asked), and seeded uniform random values. Test code only, all inline;
+// asked), comparisons within a tolerance, and seeded uniform and normal
+// random values. Test code only, all inline;
 // include it as "device_support.hpp" from a file in tests/cuda.
 #pragma once
 
@@ -11,11 +12,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -85,6 +88,7 @@ private:
 inline void uploads_done() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 inline std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
+inline float from_bits(std::uint32_t bits) { return std::bit_cast<float>(bits); }
 
 // "0x3fc00000": all eight hex digits.
 inline std::string hex(std::uint32_t value) {
@@ -151,6 +155,31 @@ inline Mismatches compare_floats(const std::vector<float>& device, const std::ve
     return bad;
 }
 
+// |device - host| <= tolerance(i) for every i (NaN never passes).
+inline Mismatches compare_within(const std::vector<float>& device, const std::vector<float>& reference,
+                                 const std::function<double(std::size_t)>& tolerance) {
+    Mismatches bad;
+    if (device.size() != reference.size()) {
+        bad.add("sizes differ");
+        return bad;
+    }
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+        const double error = std::fabs(static_cast<double>(device[i]) - static_cast<double>(reference[i]));
+        if (!(error <= tolerance(i)))
+            bad.add("element " + std::to_string(i) + ": device " + std::to_string(device[i]) + ", host " +
+                    std::to_string(reference[i]) + ", allowed " + std::to_string(tolerance(i)));
+    }
+    return bad;
+}
+
+// Relative `rtol`, against max(|host|, 1): for values that are O(1).
+inline Mismatches compare_relative(const std::vector<float>& device, const std::vector<float>& reference,
+                                   double rtol) {
+    return compare_within(device, reference, [&](std::size_t i) {
+        return rtol * std::max(1.0, std::fabs(static_cast<double>(reference[i])));
+    });
+}
+
 // n values uniform in [lo, hi), drawn from rng.
 inline std::vector<float> uniform(std::size_t n, float lo, float hi, std::mt19937& rng) {
     std::uniform_real_distribution<float> dist(lo, hi);
@@ -163,6 +192,14 @@ inline std::vector<float> uniform(std::size_t n, float lo, float hi, std::mt1993
 inline std::vector<float> uniform(std::size_t n, float lo, float hi, std::uint32_t seed) {
     std::mt19937 rng(seed);
     return uniform(n, lo, hi, rng);
+}
+
+// n values from N(mean, stddev), drawn from rng.
+inline std::vector<float> normal_values(std::size_t n, std::mt19937& rng, float mean = 0.0f, float stddev = 1.0f) {
+    std::normal_distribution<float> normal(mean, stddev);
+    std::vector<float> values(n);
+    for (float& v : values) v = normal(rng);
+    return values;
 }
 
 }  // namespace loom_test

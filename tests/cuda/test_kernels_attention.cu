@@ -32,6 +32,7 @@
 // and skip with exit 77 without a device.
 #include <catch2/catch.hpp>
 
+#include "../support/attention_shape.hpp"
 #include "../support/message_of.hpp"
 #include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
@@ -55,30 +56,14 @@ namespace dev = loom::kernels::cuda;
 namespace host = loom::kernels::host;
 using loom_test::compare_floats;
 using loom_test::DeviceArray;
+using loom_test::describe;
 using loom_test::message_of;
 using loom_test::Mismatches;
+using loom_test::normal_values;
 using loom_test::Stream;
 using loom_test::uploads_done;
 
-struct Shape {
-    std::int64_t B, T, H, D;
-    [[nodiscard]] std::int64_t C() const { return H * D; }
-    [[nodiscard]] std::size_t qkv_size() const { return static_cast<std::size_t>(B * T * 3 * C()); }
-    [[nodiscard]] std::size_t out_size() const { return static_cast<std::size_t>(B * T * C()); }
-    [[nodiscard]] std::size_t lse_size() const { return static_cast<std::size_t>(B * H * T); }
-};
-
-std::string describe(const Shape& s) {
-    return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
-           " D=" + std::to_string(s.D);
-}
-
-std::vector<float> normal_values(std::size_t n, std::mt19937& rng) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> values(n);
-    for (float& v : values) v = normal(rng);
-    return values;
-}
+using Shape = loom_test::AttentionShape;
 
 struct Inputs {
     std::vector<float> qkv, dout;

@@ -19,7 +19,9 @@
 #include <catch2/catch.hpp>
 
 #include "../support/message_of.hpp"
+#include "cross_entropy_batch.hpp"
 #include "device_support.hpp"
+#include "packer_checks.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/kernels/cuda/cross_entropy.cuh"
 #include "loom/kernels/cuda/layernorm.cuh"
@@ -45,39 +47,17 @@ namespace {
 namespace dev = loom::kernels::cuda;
 namespace host = loom::kernels::host;
 using loom_test::compare_floats;
+using loom_test::compare_relative;
+using loom_test::compare_within;
 using loom_test::compare_words;
+using loom_test::cross_entropy_batch;
+using loom_test::CrossEntropyBatch;
 using loom_test::DeviceArray;
 using loom_test::message_of;
-using loom_test::Mismatches;
+using loom_test::normal_values;
+using loom_test::packer_of;
 using loom_test::Stream;
 using loom_test::uploads_done;
-
-// |device - host| <= tolerance(i) for every i (NaN never passes).
-Mismatches compare_within(const std::vector<float>& device, const std::vector<float>& reference,
-                          const std::function<double(std::size_t)>& tolerance) {
-    Mismatches bad;
-    for (std::size_t i = 0; i < reference.size(); ++i) {
-        const double error = std::fabs(static_cast<double>(device[i]) - static_cast<double>(reference[i]));
-        if (!(error <= tolerance(i)))
-            bad.add("element " + std::to_string(i) + ": device " + std::to_string(device[i]) + ", host " +
-                    std::to_string(reference[i]) + ", allowed " + std::to_string(tolerance(i)));
-    }
-    return bad;
-}
-
-// Relative `rtol`, against max(|host|, 1): the values compared are O(1).
-Mismatches compare_relative(const std::vector<float>& device, const std::vector<float>& reference, double rtol) {
-    return compare_within(device, reference, [&](std::size_t i) {
-        return rtol * std::max(1.0, std::fabs(static_cast<double>(reference[i])));
-    });
-}
-
-std::vector<float> normal_values(std::size_t n, std::mt19937& rng, float mean = 0.0f, float stddev = 1.0f) {
-    std::normal_distribution<float> normal(mean, stddev);
-    std::vector<float> values(n);
-    for (float& v : values) v = normal(rng);
-    return values;
-}
 
 // --- quantize -------------------------------------------------------------
 
@@ -109,12 +89,8 @@ std::vector<float> cast_inputs(std::int64_t n, std::mt19937& rng) {
 std::vector<float> int8_inputs(std::int64_t n, std::int64_t block, std::mt19937& rng) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_int_distribution<int> exponent(-20, 10);
-    std::vector<float> x(static_cast<std::size_t>(n));
+    std::vector<float> x = loom_test::block_scaled_normals(n, block, rng, normal, exponent);
     const std::int64_t blocks = (n + block - 1) / block;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-        const int e = exponent(rng);
-        for (std::int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) x[i] = std::ldexp(normal(rng), e);
-    }
     const auto lo = [&](std::int64_t b) { return b * block; };
     const auto hi = [&](std::int64_t b) { return std::min(n, (b + 1) * block); };
     if (blocks > 1) x[(lo(1) + hi(1)) / 2] = std::nanf("");
@@ -146,36 +122,19 @@ TEST_CASE("CUDA pack_cast/unpack_cast produce the host's words and values bit fo
         for (const std::int64_t n : sizes) {
             INFO((cast == dev::Cast::bf16 ? "bf16" : "f16") << ", n = " << n);
             const std::vector<float> x = cast_inputs(n, rng);
-            const auto words_count = static_cast<std::size_t>(dev::cast_words(n));
-
-            std::vector<std::uint32_t> host_words(words_count, 0xabab'ababu);
-            std::vector<float> host_residual(x.size());
-            host::pack_cast(cast, x.data(), n, host_words.data(), host_residual.data());
-
-            DeviceArray<float> d_x(x), d_residual(x.size());
-            DeviceArray<std::uint32_t> d_words(words_count);
-            d_words.fill_bytes(0xab);
-            dev::pack_cast(cast, d_x.get(), n, d_words.get(), d_residual.get());
-            LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-            CHECK_NO_MISMATCHES("packed words", compare_words(d_words.to_host(), host_words));
-            CHECK_NO_MISMATCHES("residual", compare_floats(d_residual.to_host(), host_residual, true));
-
+            const auto packer = packer_of(std::bind_front(host::pack_cast, cast), std::bind_front(dev::pack_cast, cast),
+                                          std::bind_front(host::unpack_cast, cast),
+                                          std::bind_front(dev::unpack_cast, cast), n);
+            const loom_test::Packed packed = pack_both(packer, x, static_cast<std::size_t>(dev::cast_words(n)));
+            CHECK_NO_MISMATCHES("packed words", compare_words(packed.device_words, packed.host_words));
+            CHECK_NO_MISMATCHES("residual", compare_floats(packed.device_residual, packed.host_residual, true));
             // Without a residual too (the kernel's other branch).
-            d_words.fill_bytes(0xab);
-            dev::pack_cast(cast, d_x.get(), n, d_words.get());
-            CHECK_NO_MISMATCHES("packed words without residual", compare_words(d_words.to_host(), host_words));
+            CHECK_NO_MISMATCHES("packed words without residual",
+                                compare_words(packed.device_words_without_residual, packed.host_words));
 
-            // Unpacking the same words: overwrite, then accumulate into values
-            // both sides start from.
-            for (const bool add : {false, true}) {
-                INFO("add = " << add);
-                std::vector<float> host_out = normal_values(x.size(), rng);
-                DeviceArray<float> d_out(host_out);
-                host::unpack_cast(cast, host_words.data(), n, host_out.data(), 0.75f, add);
-                dev::unpack_cast(cast, d_words.get(), n, d_out.get(), 0.75f, add);
-                LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-                CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, true));
-            }
+            // Unpacking the same words (each side its own): overwrite, then
+            // accumulate into values both sides start from.
+            check_unpack_both(packer, packed.host_words, packed.device_words_without_residual, x.size(), 0.75f, rng);
         }
     }
 }
@@ -190,38 +149,20 @@ TEST_CASE("CUDA pack_int8/unpack_int8 produce the host's words and values bit fo
         for (const std::int64_t block : {1, 7, 64, 256, 2048}) {
             INFO("n = " << n << ", block = " << block);
             const std::vector<float> x = int8_inputs(n, block, rng);
-            const auto words_count = static_cast<std::size_t>(dev::int8_words(n, block));
             const std::int64_t blocks = (n + block - 1) / block;
-
-            std::vector<std::uint32_t> host_words(words_count, 0xabab'ababu);
-            std::vector<float> host_residual(x.size());
-            host::pack_int8(x.data(), n, block, host_words.data(), host_residual.data());
-
-            DeviceArray<float> d_x(x), d_residual(x.size());
-            DeviceArray<std::uint32_t> d_words(words_count);
-            d_words.fill_bytes(0xab);
-            dev::pack_int8(d_x.get(), n, block, d_words.get(), d_residual.get());
-            LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::vector<std::uint32_t> device_words = d_words.to_host();
-            CHECK_NO_MISMATCHES("packed words", compare_words(device_words, host_words));
-            CHECK_NO_MISMATCHES("residual", compare_floats(d_residual.to_host(), host_residual, true));
+            const auto packer =
+                packer_of(host::pack_int8, dev::pack_int8, host::unpack_int8, dev::unpack_int8, n, block);
+            const loom_test::Packed packed =
+                pack_both(packer, x, static_cast<std::size_t>(dev::int8_words(n, block)));
+            CHECK_NO_MISMATCHES("packed words", compare_words(packed.device_words, packed.host_words));
+            CHECK_NO_MISMATCHES("residual", compare_floats(packed.device_residual, packed.host_residual, true));
             // The inputs did reach the non-finite blocks.
             if (blocks > 3)
-                for (std::int64_t b = 1; b <= 3; ++b) CHECK(device_words[b] == 0x7fc0'0000u);
+                for (std::int64_t b = 1; b <= 3; ++b) CHECK(packed.device_words[b] == 0x7fc0'0000u);
+            CHECK_NO_MISMATCHES("packed words without residual",
+                                compare_words(packed.device_words_without_residual, packed.host_words));
 
-            d_words.fill_bytes(0xab);
-            dev::pack_int8(d_x.get(), n, block, d_words.get());
-            CHECK_NO_MISMATCHES("packed words without residual", compare_words(d_words.to_host(), host_words));
-
-            for (const bool add : {false, true}) {
-                INFO("add = " << add);
-                std::vector<float> host_out = normal_values(x.size(), rng);
-                DeviceArray<float> d_out(host_out);
-                host::unpack_int8(host_words.data(), n, block, host_out.data(), 0.5f, add);
-                dev::unpack_int8(d_words.get(), n, block, d_out.get(), 0.5f, add);
-                LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-                CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, true));
-            }
+            check_unpack_both(packer, packed.host_words, packed.device_words_without_residual, x.size(), 0.5f, rng);
         }
     }
 }
@@ -231,21 +172,14 @@ TEST_CASE("CUDA quantisation runs on the caller's stream and refuses an empty bl
     std::mt19937 rng(1103);
     const std::int64_t n = 4099, block = 128;
     const std::vector<float> x = normal_values(n, rng);
-    std::vector<std::uint32_t> host_words(static_cast<std::size_t>(dev::int8_words(n, block)));
-    host::pack_int8(x.data(), n, block, host_words.data());
+    const auto words = static_cast<std::size_t>(dev::int8_words(n, block));
+    check_on_stream(packer_of(host::pack_int8, dev::pack_int8, host::unpack_int8, dev::unpack_int8, n, block), x,
+                    words, true);
 
-    Stream stream(cudaStreamNonBlocking);
-    DeviceArray<float> d_x(x), d_out(x.size());
-    DeviceArray<std::uint32_t> d_words(host_words.size());
-    uploads_done();
-    dev::pack_int8(d_x.get(), n, block, d_words.get(), nullptr, stream.get());
-    dev::unpack_int8(d_words.get(), n, block, d_out.get(), 1.0f, false, stream.get());
-    stream.synchronize();
-    CHECK_NO_MISMATCHES("packed words", compare_words(d_words.to_host(), host_words));
-    std::vector<float> host_out(x.size());
-    host::unpack_int8(host_words.data(), n, block, host_out.data());
-    CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, true));
-
+    // A block of 0 is refused before anything is read or written.
+    std::vector<std::uint32_t> host_words(words);
+    DeviceArray<float> d_x(x);
+    DeviceArray<std::uint32_t> d_words(words);
     const std::string expected = message_of([&] { host::pack_int8(x.data(), n, 0, host_words.data()); });
     CHECK(expected == "pack_int8: a block of 0 values; it must hold at least 1");
     CHECK(message_of([&] { dev::pack_int8(d_x.get(), n, 0, d_words.get()); }) == expected);
@@ -364,31 +298,6 @@ TEST_CASE("CUDA layernorm runs on the caller's stream, leaves rows = 0 alone and
 }
 
 // --- cross_entropy --------------------------------------------------------
-
-namespace {
-
-struct CrossEntropyBatch {
-    std::vector<float> logits;
-    std::vector<std::int32_t> targets;
-};
-
-// Logits ~ N(0, 2), random targets; where the rows exist, a row shifted by
-// +100 (e^x would overflow without the max), a confident row (the target 15
-// above the rest) and a row whose target is far below the rest.
-CrossEntropyBatch cross_entropy_batch(std::int64_t rows, std::int64_t V, std::mt19937& rng) {
-    CrossEntropyBatch batch;
-    batch.logits = normal_values(static_cast<std::size_t>(rows * V), rng, 0.0f, 2.0f);
-    std::uniform_int_distribution<std::int32_t> klass(0, static_cast<std::int32_t>(V - 1));
-    batch.targets.resize(static_cast<std::size_t>(rows));
-    for (std::int32_t& t : batch.targets) t = klass(rng);
-    if (rows > 1)
-        for (std::int64_t j = 0; j < V; ++j) batch.logits[1 * V + j] += 100.0f;
-    if (rows > 2) batch.logits[2 * V + batch.targets[2]] += 15.0f;
-    if (rows > 3) batch.logits[3 * V + batch.targets[3]] = -20.0f;
-    return batch;
-}
-
-}  // namespace
 
 TEST_CASE("CUDA cross_entropy matches the host cross_entropy", "[kernels][cross_entropy]") {
     // Tolerances (see the file's comment): logsumexp relative 1e-5 against

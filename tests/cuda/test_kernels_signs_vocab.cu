@@ -29,7 +29,9 @@
 #include <catch2/catch.hpp>
 
 #include "../support/message_of.hpp"
+#include "cross_entropy_batch.hpp"
 #include "device_support.hpp"
+#include "packer_checks.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/kernels/cuda/cross_entropy.cuh"
 #include "loom/kernels/cuda/quantize.cuh"
@@ -39,11 +41,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -56,39 +56,18 @@ namespace dev = loom::kernels::cuda;
 namespace host = loom::kernels::host;
 using loom_test::bits_of;
 using loom_test::compare_floats;
+using loom_test::compare_within;
 using loom_test::compare_words;
+using loom_test::cross_entropy_batch;
+using loom_test::CrossEntropyBatch;
 using loom_test::DeviceArray;
+using loom_test::from_bits;
 using loom_test::hex;
 using loom_test::message_of;
-using loom_test::Mismatches;
+using loom_test::normal_values;
+using loom_test::packer_of;
 using loom_test::Stream;
 using loom_test::uploads_done;
-
-// |device - host| <= tolerance(i) for every i (NaN never passes).
-Mismatches compare_within(const std::vector<float>& device, const std::vector<float>& reference,
-                          const std::function<double(std::size_t)>& tolerance) {
-    Mismatches bad;
-    if (device.size() != reference.size()) {
-        bad.add("sizes differ");
-        return bad;
-    }
-    for (std::size_t i = 0; i < reference.size(); ++i) {
-        const double error = std::fabs(static_cast<double>(device[i]) - static_cast<double>(reference[i]));
-        if (!(error <= tolerance(i)))
-            bad.add("element " + std::to_string(i) + ": device " + std::to_string(device[i]) + ", host " +
-                    std::to_string(reference[i]) + ", allowed " + std::to_string(tolerance(i)));
-    }
-    return bad;
-}
-
-std::vector<float> normal_values(std::size_t n, std::mt19937& rng, float mean = 0.0f, float stddev = 1.0f) {
-    std::normal_distribution<float> normal(mean, stddev);
-    std::vector<float> values(n);
-    for (float& v : values) v = normal(rng);
-    return values;
-}
-
-float from_bits(std::uint32_t bits) { return std::bit_cast<float>(bits); }
 
 // --- pack_signs -----------------------------------------------------------
 
@@ -115,12 +94,8 @@ std::vector<float> sign_inputs(std::int64_t n, std::int64_t block, std::mt19937&
                                std::vector<SignSpecial>& specials, std::int64_t& mixed_nan_block) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_int_distribution<int> exponent(-30, 30);
-    std::vector<float> x(static_cast<std::size_t>(n));
+    std::vector<float> x = loom_test::block_scaled_normals(n, block, rng, normal, exponent);
     const std::int64_t blocks = (n + block - 1) / block;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-        const int e = exponent(rng);
-        for (std::int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) x[i] = std::ldexp(normal(rng), e);
-    }
     const auto lo = [&](std::int64_t b) { return b * block; };
     const auto hi = [&](std::int64_t b) { return std::min(n, (b + 1) * block); };
     // Sets x at the k-th value of block b (counted from its end if k < 0), if the block holds it.
@@ -197,18 +172,12 @@ TEST_CASE("CUDA pack_signs/unpack_signs produce the host's words and values bit 
             std::vector<SignSpecial> specials;
             std::int64_t mixed = -1;
             const std::vector<float> x = sign_inputs(n, block, rng, specials, mixed);
-            const auto words_count = static_cast<std::size_t>(dev::sign_words(n, block));
-
-            std::vector<std::uint32_t> host_words(words_count, 0xabab'ababu);
-            std::vector<float> host_residual(x.size());
-            host::pack_signs(x.data(), n, block, host_words.data(), host_residual.data());
-
-            DeviceArray<float> d_x(x), d_residual(x.size());
-            DeviceArray<std::uint32_t> d_words(words_count);
-            d_words.fill_bytes(0xab);
-            dev::pack_signs(d_x.get(), n, block, d_words.get(), d_residual.get());
-            LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-            std::vector<std::uint32_t> device_words = d_words.to_host();
+            const auto packer =
+                packer_of(host::pack_signs, dev::pack_signs, host::unpack_signs, dev::unpack_signs, n, block);
+            const loom_test::Packed packed =
+                pack_both(packer, x, static_cast<std::size_t>(dev::sign_words(n, block)));
+            const std::vector<std::uint32_t>& host_words = packed.host_words;
+            std::vector<std::uint32_t> device_words = packed.device_words;
 
             // The special blocks reached the values they were made for, on both sides.
             for (const SignSpecial& special : specials) {
@@ -223,28 +192,17 @@ TEST_CASE("CUDA pack_signs/unpack_signs produce the host's words and values bit 
                 reference[mixed] = device_words[mixed] = 0;  // compared as NaN just above
             }
             CHECK_NO_MISMATCHES("packed words", compare_words(device_words, reference));
-            CHECK_NO_MISMATCHES("residual", compare_floats(d_residual.to_host(), host_residual, true));
+            CHECK_NO_MISMATCHES("residual", compare_floats(packed.device_residual, packed.host_residual, true));
 
             // Without a residual too (the kernel's other branch), and again:
             // the same words every time.
-            d_words.fill_bytes(0xab);
-            dev::pack_signs(d_x.get(), n, block, d_words.get());
-            std::vector<std::uint32_t> again = d_words.to_host();
+            std::vector<std::uint32_t> again = packed.device_words_without_residual;
             if (mixed >= 0) again[mixed] = 0;
             CHECK_NO_MISMATCHES("packed words without residual", compare_words(again, reference));
 
-            // Unpacking the host's words: overwrite, then accumulate into
-            // values both sides start from.
-            DeviceArray<std::uint32_t> d_host_words(host_words);
-            for (const bool add : {false, true}) {
-                INFO("add = " << add);
-                std::vector<float> host_out = normal_values(x.size(), rng);
-                DeviceArray<float> d_out(host_out);
-                host::unpack_signs(host_words.data(), n, block, host_out.data(), 0.75f, add);
-                dev::unpack_signs(d_host_words.get(), n, block, d_out.get(), 0.75f, add);
-                LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-                CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, true));
-            }
+            // Unpacking the host's words on both sides: overwrite, then
+            // accumulate into values both sides start from.
+            check_unpack_both(packer, host_words, host_words, x.size(), 0.75f, rng);
         }
     }
 }
@@ -254,20 +212,13 @@ TEST_CASE("CUDA pack_signs runs on the caller's stream and refuses an empty bloc
     std::mt19937 rng(1202);
     const std::int64_t n = 4099, block = 100;
     const std::vector<float> x = normal_values(n, rng);
-    std::vector<std::uint32_t> host_words(static_cast<std::size_t>(dev::sign_words(n, block)));
-    host::pack_signs(x.data(), n, block, host_words.data());
+    const auto words = static_cast<std::size_t>(dev::sign_words(n, block));
+    check_on_stream(packer_of(host::pack_signs, dev::pack_signs, host::unpack_signs, dev::unpack_signs, n, block), x,
+                    words, false);
 
-    Stream stream(cudaStreamNonBlocking);
+    std::vector<std::uint32_t> host_words(words);
     DeviceArray<float> d_x(x), d_out(x.size());
-    DeviceArray<std::uint32_t> d_words(host_words.size());
-    uploads_done();
-    dev::pack_signs(d_x.get(), n, block, d_words.get(), nullptr, stream.get());
-    dev::unpack_signs(d_words.get(), n, block, d_out.get(), 1.0f, false, stream.get());
-    stream.synchronize();
-    CHECK_NO_MISMATCHES("packed words", compare_words(d_words.to_host(), host_words));
-    std::vector<float> host_out(x.size());
-    host::unpack_signs(host_words.data(), n, block, host_out.data());
-    CHECK_NO_MISMATCHES("unpacked", compare_floats(d_out.to_host(), host_out, false));
+    DeviceArray<std::uint32_t> d_words(words);
 
     // n = 0: nothing to do, nothing launched.
     CHECK_NOTHROW(dev::pack_signs(d_x.get(), 0, block, d_words.get()));
@@ -284,31 +235,6 @@ TEST_CASE("CUDA pack_signs runs on the caller's stream and refuses an empty bloc
 // --- vocabulary-parallel cross-entropy --------------------------------------
 
 namespace {
-
-struct VocabBatch {
-    std::vector<float> logits;  // [rows, classes]
-    std::vector<std::int32_t> targets;
-};
-
-// Logits ~ N(0, 2), random targets; where the rows exist, a row shifted by
-// +100, a confident row (the target 15 above the rest), a row whose target is
-// far below the rest; then targets at given classes (slice edges), one per
-// row from row 4 on.
-VocabBatch vocab_batch(std::int64_t rows, std::int64_t classes, const std::vector<std::int32_t>& pinned,
-                       std::mt19937& rng) {
-    VocabBatch batch;
-    batch.logits = normal_values(static_cast<std::size_t>(rows * classes), rng, 0.0f, 2.0f);
-    std::uniform_int_distribution<std::int32_t> klass(0, static_cast<std::int32_t>(classes - 1));
-    batch.targets.resize(static_cast<std::size_t>(rows));
-    for (std::int32_t& t : batch.targets) t = klass(rng);
-    for (std::size_t k = 0; k < pinned.size() && 4 + static_cast<std::int64_t>(k) < rows; ++k)
-        batch.targets[4 + k] = pinned[k];
-    if (rows > 1)
-        for (std::int64_t j = 0; j < classes; ++j) batch.logits[1 * classes + j] += 100.0f;
-    if (rows > 2) batch.logits[2 * classes + batch.targets[2]] += 15.0f;
-    if (rows > 3) batch.logits[3 * classes + batch.targets[3]] = -20.0f;
-    return batch;
-}
 
 // Columns [start, start + V) of each row: the logits one rank holds.
 std::vector<float> columns(const std::vector<float>& logits, std::int64_t rows, std::int64_t classes,
@@ -349,7 +275,7 @@ TEST_CASE("CUDA cross_entropy_slice_* match the host's slice pieces", "[kernels]
     const Case cases[] = {{12, {0, 1, 1000, 2025, 25000, 50257}}, {40000, {0, 1, 3}}, {4100, {0, 1100, 2200}}};
     for (const Case& c : cases) {
         const std::int64_t rows = c.rows, classes = c.cuts.back();
-        const VocabBatch batch = vocab_batch(rows, classes, edge_targets(c.cuts), rng);
+        const CrossEntropyBatch batch = cross_entropy_batch(rows, classes, rng, edge_targets(c.cuts));
         const float dloss = 0.7f;
         // The whole row's logsumexp, from the host: each slice's backward reads it.
         std::vector<float> lse(static_cast<std::size_t>(rows));
@@ -449,7 +375,7 @@ TEST_CASE("CUDA cross_entropy_slice_* composed over the slices of 50257-wide row
     Stream stream(cudaStreamNonBlocking);
     for (const std::vector<std::int64_t>& cuts : splits) {
         INFO("slices: " << cuts.size() - 1 << ", the second starting at " << cuts[1]);
-        const VocabBatch batch = vocab_batch(rows, classes, edge_targets(cuts), rng);
+        const CrossEntropyBatch batch = cross_entropy_batch(rows, classes, rng, edge_targets(cuts));
         const float dloss = 1.3f;
         const std::size_t slices = cuts.size() - 1;
 

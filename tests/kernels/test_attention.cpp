@@ -3,6 +3,7 @@
 // differences of that reference, and for causality, NaN propagation and refusals.
 #include <catch2/catch.hpp>
 
+#include "support/attention_shape.hpp"
 #include "support/message_of.hpp"
 
 #include <loom/core/error.hpp>
@@ -23,18 +24,8 @@ namespace {
 using loom::kernels::host::attention_backward;
 using loom::kernels::host::attention_forward;
 
-struct Shape {
-    std::int64_t B, T, H, D;
-    [[nodiscard]] std::int64_t C() const { return H * D; }
-    [[nodiscard]] std::size_t qkv_size() const { return static_cast<std::size_t>(B * T * 3 * C()); }
-    [[nodiscard]] std::size_t out_size() const { return static_cast<std::size_t>(B * T * C()); }
-    [[nodiscard]] std::size_t lse_size() const { return static_cast<std::size_t>(B * H * T); }
-};
-
-std::string describe(const Shape& s) {
-    return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
-           " D=" + std::to_string(s.D);
-}
+using Shape = loom_test::AttentionShape;
+using loom_test::describe;
 
 // T around the tile sizes (32 queries x up to 128 keys): 1, below, at and
 // across query-block edges, one and two key tiles with a partial last one.

@@ -3,17 +3,18 @@
 // CUDA device, each with its own stream. Compile with nvcc, link loom::cuda.
 //
 // Rendezvous on the host, data on the device. Every collective runs the frame
-// of the host ThreadComm, built from the same pieces (FaultState,
-// GroupBarrier, Mailbox, ThreadWorker, ArgumentCheck from thread_*.hpp and
-// arguments.hpp): each rank records its `ready` event on its stream and
-// publishes its buffer addresses, the ranks meet at a barrier and compare
-// their call signatures, each rank makes its stream wait for the ready events
-// of the peers whose memory it touches and enqueues its share of the work
-// (cudaMemcpyAsync device to device, or the reduction kernel below), records
-// its `done` event, meets the others at a second barrier, and makes its
-// stream wait for every peer's done event. No rank's host thread ever waits
-// for the GPU inside a collective; streams only wait for events that were
-// recorded before the wait was enqueued, so the device cannot deadlock.
+// of the host ThreadComm, built from the same pieces (the rendezvous of
+// thread_rendezvous.hpp, FaultState, GroupBarrier, Mailbox, ThreadWorker from
+// thread_*.hpp, ArgumentCheck from arguments.hpp): each rank records its
+// `ready` event on its stream and publishes its buffer addresses, the ranks
+// meet at a barrier and compare their call signatures, each rank makes its
+// stream wait for the ready events of the peers whose memory it touches and
+// enqueues its share of the work (cudaMemcpyAsync device to device, or the
+// reduction kernel of device_thread_reduce.cuh), records its `done` event,
+// meets the others at a second barrier, and makes its stream wait for every
+// peer's done event. No rank's host thread ever waits for the GPU inside a
+// collective; streams only wait for events that were recorded before the
+// wait was enqueued, so the device cannot deadlock.
 //
 // Stream order, as loom::comm::Nccl. The blocking forms (all_reduce, send,
 // ...) return once the work is enqueued on stream(), not done: later work on
@@ -26,23 +27,18 @@
 // returns once the work is enqueued and an event recorded after it has
 // completed; until then the buffers belong to the communicator.
 //
-// Reductions, bit for bit with the host ThreadComm. Every element is reduced
-// over the ranks in member order 0, 1, ..., n-1, accumulating bf16/f16 in f32
-// and rounding once, dividing once for avg (integers toward zero), max taking
-// the first NaN (host_reduce.hpp's max_propagating_nan, not the NCCL path's
-// order keys, which would canonicalise NaN payloads and order -0 below +0).
-// all_reduce splits the elements over the ranks as ThreadComm does: rank r's
-// kernel reduces its share from every rank's send buffer into every rank's
-// recv buffer, so in-place calls are safe (each element is read, then written,
-// by one GPU thread).
+// Reductions, bit for bit with the host ThreadComm: every element is reduced
+// over the ranks in member order (device_thread_reduce.cuh). all_reduce splits
+// the elements over the ranks as ThreadComm does: rank r's kernel reduces its
+// share from every rank's send buffer into every rank's recv buffer, so
+// in-place calls are safe (each element is read, then written, by one GPU
+// thread).
 //
-// Point to point: a send records an event on the sender's stream and posts a
-// descriptor in the receiver's mailbox (thread_mailbox.hpp); the matching
-// receive makes the receiver's stream wait for that event, copies straight
-// from the sender's buffer and records a `copied` event. Messages match in
-// order per (peer, tag). A blocking send returns once the receiver has
-// matched it, with the sender's stream ordered after the copy; a blocking
-// recv returns once the copy is enqueued on the receiver's stream.
+// Point to point: the receiver copies straight from the sender's buffer,
+// ordered by events (device_thread_requests.cuh); messages match in order per
+// (peer, tag). A blocking send returns once the receiver has matched it, with
+// the sender's stream ordered after the copy; a blocking recv returns once the
+// copy is enqueued on the receiver's stream.
 //
 // Faults, as ThreadComm: a rank that throws fails every other rank's pending
 // and future calls with "rank R failed: <its message>"; a rank that never
@@ -54,245 +50,30 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
-#include <map>
 #include <memory>
-#include <string>
 #include <string_view>
-#include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "loom/comm/arguments.hpp"
 #include "loom/comm/communicator.hpp"
-#include "loom/comm/device_reduce.cuh"
-#include "loom/comm/thread_comm.hpp"
-#include "loom/comm/thread_mailbox.hpp"
-#include "loom/comm/thread_sync.hpp"
+#include "loom/comm/device_thread_group.cuh"
+#include "loom/comm/device_thread_reduce.cuh"
+#include "loom/comm/device_thread_requests.cuh"
+#include "loom/comm/thread_rendezvous.hpp"
 #include "loom/comm/thread_worker.hpp"
 #include "loom/core/buffer_cuda.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/device.hpp"
-#include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
-#include "loom/core/host_device.hpp"
 #include "loom/core/tensor.hpp"
 
 namespace loom::comm {
 
 class DeviceThreadWorld;
-
-namespace detail {
-
-// The most members one device group may have: the reduction kernel takes
-// every member's input and output address as one by-value parameter.
-inline constexpr int device_group_max_members = 64;
-
-// Kernel parameter: the addresses of one reduction (1 KiB, well under the
-// 4 KiB parameter limit of every architecture loom builds for).
-struct RankPointers {
-    const void* in[device_group_max_members];
-    void* out[device_group_max_members];
-};
-
-template <class T>
-using device_accumulator_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16>, float, T>;
-
-template <class T>
-LOOM_HOST_DEVICE constexpr device_accumulator_t<T> widen_for_reduce(T value) noexcept {
-    if constexpr (std::is_integral_v<T>)
-        return value;
-    else
-        return widen_to_float(value);  // device_reduce.cuh
-}
-
-template <class T>
-LOOM_HOST_DEVICE constexpr T narrow_from_reduce(device_accumulator_t<T> value) noexcept {
-    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
-        return T(value);
-    else
-        return value;
-}
-
-// host_reduce.hpp's max_propagating_nan, term for term: the first NaN wins
-// (payload kept), otherwise `a < b ? b : a`, so ties of -0 and +0 resolve as
-// on the host.
-template <class A>
-LOOM_HOST_DEVICE constexpr A max_like_host(A a, A b) noexcept {
-    if constexpr (std::is_same_v<A, float>) {
-        if ((loom::detail::bit_cast<std::uint32_t>(a) & 0x7fff'ffffu) > 0x7f80'0000u) return a;
-        if ((loom::detail::bit_cast<std::uint32_t>(b) & 0x7fff'ffffu) > 0x7f80'0000u) return b;
-    }
-    return a < b ? b : a;
-}
-
-// out_m[i] = reduce over k = 0, 1, ..., inputs-1 of in_k[i], for i < count
-// and every output m, in host_reduce's order and arithmetic. An output may
-// alias an input element for element: each element is read, then written, by
-// one thread.
-template <class T>
-__global__ void rank_order_reduce_kernel(RankPointers p, int inputs, int outputs, std::int64_t count, ReduceOp op) {
-    using A = device_accumulator_t<T>;
-    const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count; i += stride) {
-        A acc = widen_for_reduce(static_cast<const T*>(p.in[0])[i]);
-        for (int k = 1; k < inputs; ++k) {
-            const A x = widen_for_reduce(static_cast<const T*>(p.in[k])[i]);
-            acc = op == ReduceOp::max ? max_like_host(acc, x) : acc + x;
-        }
-        // Division, not multiplication by 1/n, as the host and the serial run.
-        if (op == ReduceOp::avg) acc = acc / static_cast<A>(inputs);
-        const T result = narrow_from_reduce<T>(acc);
-        for (int m = 0; m < outputs; ++m) static_cast<T*>(p.out[m])[i] = result;
-    }
-}
-
-inline void launch_rank_order_reduce(DType dtype, ReduceOp op, const RankPointers& pointers, int inputs, int outputs,
-                                     std::int64_t count, cudaStream_t stream) {
-    if (count == 0) return;
-    with_element_type(dtype, [&](auto tag) {  // device_reduce.cuh
-        using T = decltype(tag);
-        rank_order_reduce_kernel<T><<<reduce_grid(count), reduce_block, 0, stream>>>(pointers, inputs, outputs, count, op);
-    });
-    LOOM_CUDA_CHECK(cudaGetLastError());
-}
-
-[[nodiscard]] inline cudaEvent_t make_event() {
-    cudaEvent_t event = nullptr;
-    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    return event;
-}
-
-// One rank's stream, shared by the communicators split from its world
-// communicator so that their work stays in program order. Blocking (not
-// cudaStreamNonBlocking): Buffer<Cuda> allocates, zero-fills and frees on the
-// legacy default stream, which then orders itself with this one.
-class DeviceStream {
-public:
-    explicit DeviceStream(int device) : device_(device) {
-        loom::detail::CudaDeviceScope scope(device);
-        LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault));
-    }
-    DeviceStream(const DeviceStream&) = delete;
-    DeviceStream& operator=(const DeviceStream&) = delete;
-    // Drains first: no copy may still read a peer's buffer after its world returned.
-    ~DeviceStream() {
-        int previous = 0;
-        if (cudaGetDevice(&previous) != cudaSuccess) return;
-        if (previous != device_) cudaSetDevice(device_);
-        cudaStreamSynchronize(stream_);
-        cudaStreamDestroy(stream_);
-        if (previous != device_) cudaSetDevice(previous);
-    }
-    [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
-    [[nodiscard]] int device() const noexcept { return device_; }
-
-private:
-    int device_;
-    cudaStream_t stream_ = nullptr;
-};
-
-// What one member publishes for a collective (ThreadSlot's fields; the child
-// of a split is a DeviceGroup).
-struct DeviceSlot {
-    const void* send = nullptr;
-    void* recv = nullptr;
-    CallSignature signature;
-    int color = 0;
-    int key = 0;
-    std::shared_ptr<struct DeviceGroup> child;
-};
-
-// The state the members of one group share: ThreadGroup's, plus each
-// member's ready and done events. The group owns the events, so a peer may
-// still wait on a member's event after that member's communicator is gone.
-struct DeviceGroup {
-    DeviceGroup(std::shared_ptr<FaultState> fault_state, std::vector<int> world_ranks, int device_index)
-        : fault(std::move(fault_state)),
-          barrier(*fault, std::move(world_ranks)),
-          mailboxes(static_cast<std::size_t>(barrier.size())),
-          device(device_index) {
-        for (auto& parity : slots) parity = std::vector<Padded<DeviceSlot>>(static_cast<std::size_t>(barrier.size()));
-        loom::detail::CudaDeviceScope scope(device);
-        try {
-            for (int m = 0; m < barrier.size(); ++m) {
-                ready.push_back(make_event());
-                done.push_back(make_event());
-            }
-        } catch (...) {
-            destroy_events();
-            throw;
-        }
-    }
-    DeviceGroup(const DeviceGroup&) = delete;
-    DeviceGroup& operator=(const DeviceGroup&) = delete;
-    ~DeviceGroup() { destroy_events(); }
-
-    std::shared_ptr<FaultState> fault;
-    GroupBarrier barrier;
-    std::vector<Padded<DeviceSlot>> slots[2];  // by call parity, as ThreadGroup
-    std::vector<Mailbox> mailboxes;            // one per receiving member
-    int device;
-    std::vector<cudaEvent_t> ready, done;  // one of each per member
-
-private:
-    void destroy_events() noexcept {
-        for (cudaEvent_t e : ready) cudaEventDestroy(e);
-        for (cudaEvent_t e : done) cudaEventDestroy(e);
-    }
-};
-
-// A message between device ranks: the host mailbox's descriptor plus the
-// events that order the copy against both streams.
-struct DeviceMessage : PostedMessage {
-    cudaEvent_t ready_event = nullptr;   // recorded on the sender's stream when posting
-    cudaEvent_t copied_event = nullptr;  // recorded on the receiver's stream after the copy
-    DeviceMessage() = default;
-    DeviceMessage(const DeviceMessage&) = delete;
-    DeviceMessage& operator=(const DeviceMessage&) = delete;
-    ~DeviceMessage() {
-        if (ready_event != nullptr) cudaEventDestroy(ready_event);
-        if (copied_event != nullptr) cudaEventDestroy(copied_event);
-    }
-};
-
-// Blocks until `event` has completed, throwing the world's failure if one is
-// recorded meanwhile; after the timeout, fails the world naming `what`. Polls:
-// yields for the first millisecond, then sleeps in 50 us steps.
-inline void wait_for_event(FaultState& fault, cudaEvent_t event, std::string_view what, int world_rank, int device) {
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-        const cudaError_t status = cudaEventQuery(event);
-        if (status == cudaSuccess) return;
-        if (status != cudaErrorNotReady) LOOM_CUDA_CHECK(status);
-        if (fault.failed()) fault.throw_failure();
-        const auto waited = std::chrono::steady_clock::now() - start;
-        if (waited >= fault.timeout()) {
-            fault.fail(loom::detail::concat(what, " did not complete on the device within ", fault.timeout().count(),
-                                            " ms on world rank ", world_rank, " (", cuda_device(device), ")"),
-                       world_rank);
-            fault.throw_failure();
-        }
-        if (waited < std::chrono::milliseconds(1))
-            std::this_thread::yield();
-        else
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-}
-
-[[nodiscard]] inline bool event_done(cudaEvent_t event) {
-    const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaSuccess) return true;
-    if (status != cudaErrorNotReady) LOOM_CUDA_CHECK(status);
-    return false;
-}
-
-}  // namespace detail
 
 // One rank's communicator inside a DeviceThreadWorld (or a group split from
 // it). Used by its own rank thread; must outlive the Requests it returns.
@@ -392,33 +173,33 @@ public:
     void synchronize() {
         State& s = *state_;
         // Async calls still queued are enqueued first (an empty job behind them).
-        if (s.worker && s.worker->busy() && !s.worker->on_worker_thread()) s.worker->submit([] {}).wait();
+        detail::in_issue_order(s.worker.get(), [] {});
         loom::detail::CudaDeviceScope scope(s.group->device);
-        if (!s.sync_event) s.sync_event = std::make_shared<Event>();
+        if (!s.sync_event) s.sync_event = std::make_shared<detail::DeviceEvent>();
         LOOM_CUDA_CHECK(cudaEventRecord(s.sync_event->get(), stream()));
         detail::wait_for_event(*s.group->fault, s.sync_event->get(), "synchronize", world_rank(), s.group->device);
     }
 
     void send(const Tensor& buffer, int peer, int tag) {
         auto message = post(buffer, peer, tag);
-        SendPending::await_match(*state_->group, *message, rank(), peer);
+        detail::await_receiver(*state_->group->fault, state_->group->barrier, *message, rank(), peer);
         // The sender may overwrite its buffer in stream order, after the copy.
         loom::detail::CudaDeviceScope scope(state_->group->device);
         LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream(), message->copied_event, 0));
     }
 
     void recv(const Tensor& buffer, int peer, int tag) {
-        RecvPending pending = expect(buffer, peer, tag);
+        detail::DeviceRecvPending pending = expect(buffer, peer, tag);
         pending.match();
     }
 
     [[nodiscard]] Request send_async(const Tensor& buffer, int peer, int tag) {
         auto message = post(buffer, peer, tag);
-        return Request(std::make_unique<SendPending>(state_->group, std::move(message), rank(), peer));
+        return Request(std::make_unique<detail::DeviceSendPending>(state_->group, std::move(message), rank(), peer));
     }
 
     [[nodiscard]] Request recv_async(const Tensor& buffer, int peer, int tag) {
-        return Request(std::make_unique<RecvPending>(expect(buffer, peer, tag)));
+        return Request(std::make_unique<detail::DeviceRecvPending>(expect(buffer, peer, tag)));
     }
 
     [[nodiscard]] Request all_reduce_async(const Tensor& send, const Tensor& recv, ReduceOp op) {
@@ -446,56 +227,25 @@ public:
     // The new communicator shares this rank's stream, so work on the two
     // stays in program order.
     [[nodiscard]] DeviceThreadComm split(int color, int key) {
-        LOOM_CHECK(color >= 0, "split: color ", color, " is negative; colors are 0 or more");
+        detail::check_split_color(color);
         State& s = *state_;
-        std::shared_ptr<detail::DeviceGroup> child;
-        int my_index = 0;
+        std::pair<std::shared_ptr<detail::DeviceGroup>, int> child;
         run(CallSignature{OpKind::split}, nullptr, nullptr, [&](auto& slots) {
-            std::vector<std::pair<int, int>> members;  // (key, member)
-            for (int m = 0; m < size(); ++m)
-                if (slots[static_cast<std::size_t>(m)].value.color == color)
-                    members.emplace_back(slots[static_cast<std::size_t>(m)].value.key, m);
-            std::sort(members.begin(), members.end());
-            const int leader = members.front().second;
-            if (leader == s.me) {
-                std::vector<int> world_ranks;
-                for (auto [k, m] : members) world_ranks.push_back(s.group->barrier.world_rank(m));
-                slots[static_cast<std::size_t>(s.me)].value.child =
-                    std::make_shared<detail::DeviceGroup>(s.group->fault, std::move(world_ranks), s.group->device);
-            }
-            s.group->barrier.arrive_and_wait(s.me, OpKind::split, -1);
-            child = slots[static_cast<std::size_t>(leader)].value.child;
-            for (std::size_t i = 0; i < members.size(); ++i)
-                if (members[i].second == s.me) my_index = static_cast<int>(i);
+            child = detail::split_members(s, slots, color, [&](std::vector<int> world_ranks) {
+                return std::make_shared<detail::DeviceGroup>(s.group->fault, std::move(world_ranks), s.group->device);
+            });
         }, color, key);
-        return DeviceThreadComm(std::move(child), my_index, s.stream);
+        return DeviceThreadComm(std::move(child.first), child.second, s.stream);
     }
 
 private:
     friend class DeviceThreadWorld;
 
-    class Event {
-    public:
-        Event() : event_(detail::make_event()) {}
-        Event(const Event&) = delete;
-        Event& operator=(const Event&) = delete;
-        ~Event() { cudaEventDestroy(event_); }
-        [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
-
-    private:
-        cudaEvent_t event_;
-    };
-
-    struct State {
-        std::shared_ptr<detail::DeviceGroup> group;
+    struct State : detail::RankState<detail::DeviceGroup> {
         std::shared_ptr<detail::DeviceStream> stream;
-        int me = 0;
-        std::int64_t calls = 0;
         void* staging = nullptr;  // in-place all_to_all: a copy of the send buffer
         std::size_t staging_bytes = 0;
-        std::shared_ptr<Event> sync_event;
-        std::map<std::pair<int, int>, std::uint64_t> sent, received;  // (peer, tag) -> next sequence
-        std::unique_ptr<ThreadWorker> worker;
+        std::shared_ptr<detail::DeviceEvent> sync_event;
 
         State() = default;
         State(const State&) = delete;
@@ -547,19 +297,14 @@ private:
     }
 
     // The common frame of every collective: record ready, publish, meet,
-    // agree, enqueue, record done, meet, wait for the peers' done. With
-    // `stage` bytes, the send buffer is first copied to this rank's staging
-    // memory, which is published instead. `color` and `key` are for split.
+    // agree, enqueue, record done, meet (thread_rendezvous.hpp), wait for the
+    // peers' done. With `stage` bytes, the send buffer is first copied to this
+    // rank's staging memory, which is published instead. `color` and `key`
+    // are for split.
     template <class Work>
     void run(const CallSignature& signature, const void* send, void* recv, Work&& work, int color = 0, int key = 0,
              std::size_t stage = 0) {
-        State& s = *state_;
-        if (s.worker && s.worker->busy() && !s.worker->on_worker_thread()) {
-            // Queue behind the async calls already issued, keeping the order.
-            s.worker->submit([&] { run_now(signature, send, recv, work, color, key, stage); }).wait();
-            return;
-        }
-        run_now(signature, send, recv, work, color, key, stage);
+        detail::in_issue_order(state_->worker.get(), [&] { run_now(signature, send, recv, work, color, key, stage); });
     }
 
     template <class Work>
@@ -570,44 +315,35 @@ private:
         if (group.fault->failed()) group.fault->throw_failure();
         loom::detail::CudaDeviceScope scope(group.device);
         const cudaStream_t stream = s.stream->get();
-        if (stage != 0) {
-            if (s.staging_bytes < stage) {
-                if (s.staging != nullptr) LOOM_CUDA_CHECK(cudaFreeAsync(s.staging, stream));
-                s.staging = nullptr;
-                s.staging_bytes = 0;
-                LOOM_CUDA_CHECK(cudaMallocAsync(&s.staging, stage, stream));
-                s.staging_bytes = stage;
-            }
-            LOOM_CUDA_CHECK(cudaMemcpyAsync(s.staging, send, stage, cudaMemcpyDeviceToDevice, stream));
-            send = s.staging;
-        }
+        if (stage != 0) send = staged(send, stage);
         const std::size_t me = static_cast<std::size_t>(s.me);
         LOOM_CUDA_CHECK(cudaEventRecord(group.ready[me], stream));
-        const std::int64_t call = s.calls++;
-        auto& slots = group.slots[call & 1];
-        auto& mine = slots[me].value;
-        mine.send = send;
-        mine.recv = recv;
-        mine.signature = signature;
-        mine.color = color;
-        mine.key = key;
-        group.barrier.arrive_and_wait(s.me, signature.kind, call);
-        // As ThreadComm: everyone compares with member 0, so all throw the same sentence.
-        for (int m = 1; m < size(); ++m) {
-            const auto& other = slots[static_cast<std::size_t>(m)].value.signature;
-            if (!(other == slots[0].value.signature))
-                throw Error(mismatch_message(call, group.barrier.world_rank(0), slots[0].value.signature,
-                                             group.barrier.world_rank(m), other));
-        }
-        work(slots);
-        LOOM_CUDA_CHECK(cudaEventRecord(group.done[me], stream));
-        group.barrier.arrive_and_wait(s.me, signature.kind, call);
+        auto enqueue = [&](auto& slots) {
+            work(slots);
+            LOOM_CUDA_CHECK(cudaEventRecord(group.done[me], stream));
+        };
+        detail::rendezvous(s, signature, send, recv, enqueue, color, key);
         // The peers' reads of this rank's buffers, and their writes into them
         // (all_reduce), come before anything this rank enqueues next. Safe
         // without double buffering: a peer records its next done event only
         // after the next first barrier, which this rank reaches after these waits.
-        for (std::size_t m = 0; m < slots.size(); ++m)
+        for (std::size_t m = 0; m < group.done.size(); ++m)
             if (m != me) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, group.done[m], 0));
+    }
+
+    // A copy of `bytes` of `send` in this rank's staging memory, in stream order.
+    const void* staged(const void* send, std::size_t bytes) {
+        State& s = *state_;
+        const cudaStream_t stream = s.stream->get();
+        if (s.staging_bytes < bytes) {
+            if (s.staging != nullptr) LOOM_CUDA_CHECK(cudaFreeAsync(s.staging, stream));
+            s.staging = nullptr;
+            s.staging_bytes = 0;
+            LOOM_CUDA_CHECK(cudaMallocAsync(&s.staging, bytes, stream));
+            s.staging_bytes = bytes;
+        }
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(s.staging, send, bytes, cudaMemcpyDeviceToDevice, stream));
+        return s.staging;
     }
 
     // Async collectives: the rendezvous and the enqueueing run on the rank's
@@ -617,7 +353,7 @@ private:
     [[nodiscard]] Request async(OpKind kind, Call&& call) {
         State& s = *state_;
         if (!s.worker) s.worker = std::make_unique<ThreadWorker>();
-        auto finished = std::make_shared<Event>();
+        auto finished = std::make_shared<detail::DeviceEvent>();
         // The job holds the rank state, not this handle, which may move.
         Request job = s.worker->submit([state = state_, finished, call = std::forward<Call>(call)]() mutable {
             DeviceThreadComm handle(state);
@@ -625,34 +361,9 @@ private:
             loom::detail::CudaDeviceScope scope(state->group->device);
             LOOM_CUDA_CHECK(cudaEventRecord(finished->get(), state->stream->get()));
         });
-        return Request(std::make_unique<AsyncPending>(std::move(job), std::move(finished), state_->group, kind,
-                                                      world_rank()));
+        return Request(std::make_unique<detail::DeviceAsyncPending>(std::move(job), std::move(finished), state_->group,
+                                                                    kind, world_rank()));
     }
-
-    class AsyncPending final : public Request::Pending {
-    public:
-        AsyncPending(Request job, std::shared_ptr<Event> finished, std::shared_ptr<detail::DeviceGroup> group,
-                     OpKind kind, int world_rank)
-            : job_(std::move(job)), finished_(std::move(finished)), group_(std::move(group)), kind_(kind),
-              world_rank_(world_rank) {}
-        bool test() override {
-            if (!job_.test()) return false;
-            if (detail::event_done(finished_->get())) return true;
-            if (group_->fault->failed()) group_->fault->throw_failure();
-            return false;
-        }
-        void wait() override {
-            job_.wait();
-            detail::wait_for_event(*group_->fault, finished_->get(), name(kind_), world_rank_, group_->device);
-        }
-
-    private:
-        Request job_;
-        std::shared_ptr<Event> finished_;
-        std::shared_ptr<detail::DeviceGroup> group_;
-        OpKind kind_;
-        int world_rank_;
-    };
 
     // Posts a send: its data is ready once the event recorded now completes.
     [[nodiscard]] std::shared_ptr<detail::DeviceMessage> post(const Tensor& buffer, int peer, int tag) {
@@ -665,123 +376,16 @@ private:
         message->ready_event = detail::make_event();
         message->copied_event = detail::make_event();
         LOOM_CUDA_CHECK(cudaEventRecord(message->ready_event, stream()));
-        message->source = state_->me;
-        message->tag = tag;
-        message->sequence = state_->sent[{peer, tag}]++;
-        message->data = buffer.raw();
-        message->dtype = buffer.dtype();
-        message->count = buffer.numel();
-        message->posted = std::chrono::steady_clock::now();
-        group.mailboxes[static_cast<std::size_t>(peer)].post(message);
-        group.fault->notify();
+        detail::post_message(*state_, message, buffer, peer, tag);
         return message;
     }
 
-    class SendPending final : public Request::Pending {
-    public:
-        SendPending(std::shared_ptr<detail::DeviceGroup> group, std::shared_ptr<detail::DeviceMessage> message, int me,
-                    int peer)
-            : group_(std::move(group)), message_(std::move(message)), me_(me), peer_(peer) {}
-
-        // Host side: until the receiver has matched the message and enqueued the copy.
-        static void await_match(detail::DeviceGroup& group, const detail::DeviceMessage& message, int me, int peer) {
-            group.fault->wait([&] { return message.done.load(std::memory_order_acquire); },
-                              [&] {
-                                  group.fault->fail(detail::never_received(group.barrier, me, peer, message.tag),
-                                                    group.barrier.world_rank(me));
-                              });
-        }
-        bool test() override {
-            if (message_->done.load(std::memory_order_acquire) && detail::event_done(message_->copied_event)) return true;
-            if (group_->fault->failed()) group_->fault->throw_failure();
-            return false;
-        }
-        void wait() override {
-            await_match(*group_, *message_, me_, peer_);
-            detail::wait_for_event(*group_->fault, message_->copied_event, "send", group_->barrier.world_rank(me_),
-                                   group_->device);
-        }
-
-    private:
-        std::shared_ptr<detail::DeviceGroup> group_;
-        std::shared_ptr<detail::DeviceMessage> message_;
-        int me_, peer_;
-    };
-
-    class RecvPending final : public Request::Pending {
-    public:
-        RecvPending(std::shared_ptr<detail::DeviceGroup> group, Tensor buffer, int me, int peer, int tag,
-                    std::uint64_t sequence, cudaStream_t stream)
-            : group_(std::move(group)), buffer_(buffer), me_(me), peer_(peer), tag_(tag), sequence_(sequence),
-              stream_(stream) {}
-
-        // Host side: until the message is matched and its copy enqueued on this rank's stream.
-        void match() {
-            group_->fault->wait([&] { return try_receive(); },
-                                [&] {
-                                    group_->fault->fail(detail::never_sent(group_->barrier, peer_, me_, tag_),
-                                                        group_->barrier.world_rank(me_));
-                                });
-        }
-        bool test() override {
-            if (group_->fault->failed()) group_->fault->throw_failure();
-            return try_receive() && detail::event_done(message_->copied_event);
-        }
-        void wait() override {
-            match();
-            detail::wait_for_event(*group_->fault, message_->copied_event, "recv", group_->barrier.world_rank(me_),
-                                   group_->device);
-        }
-
-    private:
-        bool try_receive() {
-            if (message_) return true;
-            auto posted = group_->mailboxes[static_cast<std::size_t>(me_)].take(peer_, tag_, sequence_);
-            if (!posted) return false;
-            auto message = std::static_pointer_cast<detail::DeviceMessage>(std::move(posted));
-            deliver(*message);
-            message_ = std::move(message);
-            return true;
-        }
-
-        // thread_mailbox.hpp's deliver(), with the copy on the device: the
-        // same mismatch sentence, failing the world so the sender fails too.
-        void deliver(detail::DeviceMessage& message) {
-            FaultState& fault = *group_->fault;
-            const GroupBarrier& members = group_->barrier;
-            if (message.dtype != buffer_.dtype() || message.count != buffer_.numel()) {
-                fault.fail(loom::detail::concat("send/recv mismatch: world rank ", members.world_rank(message.source),
-                                                " sent ", message.count, " x ", message.dtype, " with tag ",
-                                                message.tag, ", world rank ", members.world_rank(me_), " expected ",
-                                                buffer_.numel(), " x ", buffer_.dtype()),
-                           members.world_rank(me_));
-                fault.throw_failure();
-            }
-            loom::detail::CudaDeviceScope scope(group_->device);
-            LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, message.ready_event, 0));
-            if (buffer_.nbytes() != 0)
-                LOOM_CUDA_CHECK(
-                    cudaMemcpyAsync(buffer_.raw(), message.data, buffer_.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-            LOOM_CUDA_CHECK(cudaEventRecord(message.copied_event, stream_));
-            message.copied = std::chrono::steady_clock::now();  // enqueued, for traces
-            message.done.store(true, std::memory_order_release);
-            fault.notify();
-        }
-
-        std::shared_ptr<detail::DeviceGroup> group_;
-        Tensor buffer_;
-        int me_, peer_, tag_;
-        std::uint64_t sequence_;
-        cudaStream_t stream_;
-        std::shared_ptr<detail::DeviceMessage> message_;
-    };
-
-    [[nodiscard]] RecvPending expect(const Tensor& buffer, int peer, int tag) {
+    [[nodiscard]] detail::DeviceRecvPending expect(const Tensor& buffer, int peer, int tag) {
         check().point_to_point(buffer, peer, tag, OpKind::recv);
         on_device(buffer, OpKind::recv, "recv");
         if (state_->group->fault->failed()) state_->group->fault->throw_failure();
         const std::uint64_t sequence = state_->received[{peer, tag}]++;
-        return RecvPending(state_->group, buffer, rank(), peer, tag, sequence, stream());
+        return detail::DeviceRecvPending(state_->group, buffer, rank(), peer, tag, sequence, stream());
     }
 
     std::shared_ptr<State> state_;

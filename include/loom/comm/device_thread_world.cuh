@@ -25,17 +25,15 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <exception>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
-#include <thread>
 #include <type_traits>
-#include <vector>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/comm/device_thread_comm.cuh"
+#include "loom/comm/device_thread_group.cuh"
+#include "loom/comm/device_thread_reduce.cuh"
 #include "loom/comm/thread_sync.hpp"
 #include "loom/core/buffer_cuda.hpp"
 #include "loom/core/check_cuda.hpp"
@@ -95,11 +93,8 @@ public:
         requires std::is_invocable_v<Body&, DeviceThreadComm&>
     void run(Body&& body) const {
         auto fault = std::make_shared<FaultState>(ranks_, options_.timeout);
-        std::vector<int> world_ranks(static_cast<std::size_t>(ranks_));
-        std::iota(world_ranks.begin(), world_ranks.end(), 0);
-        auto group = std::make_shared<detail::DeviceGroup>(fault, std::move(world_ranks), device_);
-
-        auto rank_main = [&](int rank) {
+        auto group = std::make_shared<detail::DeviceGroup>(fault, detail::first_world_ranks(ranks_), device_);
+        detail::run_rank_threads(*fault, ranks_, [&](int rank) {
             // Declared outside the try: the failure is recorded before the
             // communicator's destructor waits for its queued async calls,
             // so those fail at once instead of timing out.
@@ -111,20 +106,9 @@ public:
                 body(*comm);
                 comm->synchronize();  // the rank's asynchronous device errors are its own failure
             } catch (...) {
-                const auto error = std::current_exception();
-                fault->fail(loom::detail::concat("rank ", rank, " failed: ", detail::exception_text(error)), rank,
-                            error);
+                detail::record_rank_failure(*fault, rank);
             }
-        };
-        std::vector<std::thread> threads;
-        threads.reserve(static_cast<std::size_t>(ranks_ - 1));
-        for (int rank = 1; rank < ranks_; ++rank) threads.emplace_back(rank_main, rank);
-        rank_main(0);
-        for (auto& thread : threads) thread.join();
-
-        if (!fault->failed()) return;
-        if (auto cause = fault->cause()) std::rethrow_exception(cause);
-        fault->throw_failure();  // a timeout: no rank threw first
+        });
     }
 
 private:

@@ -5,15 +5,11 @@
 // releases the buffers. No staging copies except for an in-place all_to_all.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <map>
 #include <memory>
-#include <numeric>
-#include <thread>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -21,6 +17,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/comm/host_reduce.hpp"
 #include "loom/comm/thread_mailbox.hpp"
+#include "loom/comm/thread_rendezvous.hpp"
 #include "loom/comm/thread_sync.hpp"
 #include "loom/comm/thread_worker.hpp"
 #include "loom/core/error.hpp"
@@ -32,56 +29,10 @@ class ThreadWorld;
 
 namespace detail {
 
-// What one member publishes for a collective.
-struct ThreadSlot {
-    const void* send = nullptr;
-    void* recv = nullptr;
-    CallSignature signature;
-    int color = 0;
-    int key = 0;
-    std::shared_ptr<struct ThreadGroup> child;  // split: the leader's new group
+// The state the members of one group share (thread_rendezvous.hpp).
+struct ThreadGroup : GroupCore<ThreadGroup> {
+    using GroupCore::GroupCore;
 };
-
-// The state the members of one group share.
-struct ThreadGroup {
-    ThreadGroup(std::shared_ptr<FaultState> fault_state, std::vector<int> world_ranks)
-        : fault(std::move(fault_state)),
-          barrier(*fault, std::move(world_ranks)),
-          mailboxes(static_cast<std::size_t>(barrier.size())) {
-        for (auto& parity : slots) parity = std::vector<Padded<ThreadSlot>>(static_cast<std::size_t>(barrier.size()));
-    }
-
-    std::shared_ptr<FaultState> fault;
-    GroupBarrier barrier;
-    // Double-buffered by call parity: a fast member may publish call k+1 while
-    // a slow one still reads call k's slots.
-    std::vector<Padded<ThreadSlot>> slots[2];
-    std::vector<Mailbox> mailboxes;  // one per receiving member
-};
-
-[[nodiscard]] inline std::string exception_text(const std::exception_ptr& error) {
-    try {
-        std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-        return e.what();
-    } catch (...) {
-        return "an exception that is not a std::exception";
-    }
-}
-
-// Member `me`'s share [begin, end) of `count` elements split over `n`
-// members, in whole cache lines so no two members write one line.
-[[nodiscard]] inline std::pair<std::size_t, std::size_t> cache_line_share(std::size_t count, std::size_t element_size,
-                                                                          int n, int me) {
-    const std::size_t per_line = std::max<std::size_t>(1, 64 / element_size);
-    const std::size_t lines = (count + per_line - 1) / per_line;
-    const std::size_t share = (lines + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * per_line;
-    const std::size_t begin = std::min(count, share * static_cast<std::size_t>(me));
-    return {begin, std::min(count, begin + share)};
-}
-
-inline const void* offset_bytes(const void* base, std::size_t bytes) { return static_cast<const char*>(base) + bytes; }
-inline void* offset_bytes(void* base, std::size_t bytes) { return static_cast<char*>(base) + bytes; }
 
 }  // namespace detail
 
@@ -190,15 +141,7 @@ public:
         auto& group = *state_->group;
         if (group.fault->failed()) group.fault->throw_failure();
         auto message = std::make_shared<PostedMessage>();
-        message->source = state_->me;
-        message->tag = tag;
-        message->sequence = state_->sent[{peer, tag}]++;
-        message->data = buffer.raw();
-        message->dtype = buffer.dtype();
-        message->count = buffer.numel();
-        message->posted = std::chrono::steady_clock::now();
-        group.mailboxes[static_cast<std::size_t>(peer)].post(message);
-        group.fault->notify();
+        detail::post_message(*state_, message, buffer, peer, tag);
         return Request(std::make_unique<SendPending>(state_->group, std::move(message), state_->me, peer));
     }
 
@@ -227,43 +170,24 @@ public:
 
     // The ranks with the same color form a new group, ordered by (key, rank).
     [[nodiscard]] ThreadComm split(int color, int key) {
-        LOOM_CHECK(color >= 0, "split: color ", color, " is negative; colors are 0 or more");
+        detail::check_split_color(color);
         State& s = *state_;
-        std::shared_ptr<detail::ThreadGroup> child;
-        int my_index = 0;
+        std::pair<std::shared_ptr<detail::ThreadGroup>, int> child;
         run(CallSignature{OpKind::split}, nullptr, nullptr, [&](auto& slots) {
-            std::vector<std::pair<int, int>> members;  // (key, member)
-            for (int m = 0; m < size(); ++m)
-                if (slots[static_cast<std::size_t>(m)].value.color == color)
-                    members.emplace_back(slots[static_cast<std::size_t>(m)].value.key, m);
-            std::sort(members.begin(), members.end());
-            const int leader = members.front().second;
-            if (leader == s.me) {
-                std::vector<int> world_ranks;
-                for (auto [k, m] : members) world_ranks.push_back(s.group->barrier.world_rank(m));
-                slots[static_cast<std::size_t>(s.me)].value.child =
-                    std::make_shared<detail::ThreadGroup>(s.group->fault, std::move(world_ranks));
-            }
-            s.group->barrier.arrive_and_wait(s.me, OpKind::split, -1);
-            child = slots[static_cast<std::size_t>(leader)].value.child;
-            for (std::size_t i = 0; i < members.size(); ++i)
-                if (members[i].second == s.me) my_index = static_cast<int>(i);
+            child = detail::split_members(s, slots, color, [&](std::vector<int> world_ranks) {
+                return std::make_shared<detail::ThreadGroup>(s.group->fault, std::move(world_ranks));
+            });
         }, color, key);
-        return ThreadComm(std::move(child), my_index);
+        return ThreadComm(std::move(child.first), child.second);
     }
 
 private:
     friend class ThreadWorld;
 
-    struct State {
-        std::shared_ptr<detail::ThreadGroup> group;
-        int me = 0;
-        std::int64_t calls = 0;
+    struct State : detail::RankState<detail::ThreadGroup> {
         std::vector<const void*> inputs;  // scratch, reused by every call
         std::vector<void*> outputs;
         std::vector<std::byte> staging;
-        std::map<std::pair<int, int>, std::uint64_t> sent, received;  // (peer, tag) -> next sequence
-        std::unique_ptr<ThreadWorker> worker;
     };
 
     ThreadComm(std::shared_ptr<detail::ThreadGroup> group, int me) : state_(std::make_shared<State>()) {
@@ -275,44 +199,15 @@ private:
 
     [[nodiscard]] ArgumentCheck check() const { return ArgumentCheck{rank(), size(), host_device}; }
 
-    // The common frame of every collective: publish, meet, agree, work, meet.
-    // `color` and `key` are published for split only.
+    // The common frame of every collective: publish, meet, agree, work, meet
+    // (thread_rendezvous.hpp). `color` and `key` are published for split only.
     template <class Work>
     void run(const CallSignature& signature, const void* send, void* recv, Work&& work, int color = 0, int key = 0) {
         State& s = *state_;
-        if (s.worker && s.worker->busy() && !s.worker->on_worker_thread()) {
-            // Queue behind the async calls already issued, keeping the order.
-            s.worker->submit([&] { run_now(signature, send, recv, work, color, key); }).wait();
-            return;
-        }
-        run_now(signature, send, recv, work, color, key);
-    }
-
-    template <class Work>
-    void run_now(const CallSignature& signature, const void* send, void* recv, Work& work, int color, int key) {
-        State& s = *state_;
-        detail::ThreadGroup& group = *s.group;
-        if (group.fault->failed()) group.fault->throw_failure();
-        const std::int64_t call = s.calls++;
-        auto& slots = group.slots[call & 1];
-        auto& mine = slots[static_cast<std::size_t>(s.me)].value;
-        mine.send = send;
-        mine.recv = recv;
-        mine.signature = signature;
-        mine.color = color;
-        mine.key = key;
-        group.barrier.arrive_and_wait(s.me, signature.kind, call);
-        // Every member compares every signature with member 0's, so all of
-        // them find the same first mismatch and throw the same sentence.
-        // (Free here: the slots are already in cache after the barrier.)
-        for (int m = 1; m < size(); ++m) {
-            const auto& other = slots[static_cast<std::size_t>(m)].value.signature;
-            if (!(other == slots[0].value.signature))
-                throw Error(mismatch_message(call, group.barrier.world_rank(0), slots[0].value.signature,
-                                             group.barrier.world_rank(m), other));
-        }
-        work(slots);
-        group.barrier.arrive_and_wait(s.me, signature.kind, call);
+        detail::in_issue_order(s.worker.get(), [&] {
+            if (s.group->fault->failed()) s.group->fault->throw_failure();
+            detail::rendezvous(s, signature, send, recv, work, color, key);
+        });
     }
 
     template <class Call>
@@ -336,13 +231,7 @@ private:
             if (group_->fault->failed()) group_->fault->throw_failure();
             return false;
         }
-        void wait() override {
-            group_->fault->wait([&] { return message_->done.load(std::memory_order_acquire); },
-                                [&] {
-                                    group_->fault->fail(detail::never_received(group_->barrier, me_, peer_, message_->tag),
-                                                        group_->barrier.world_rank(me_));
-                                });
-        }
+        void wait() override { detail::await_receiver(*group_->fault, group_->barrier, *message_, me_, peer_); }
         // From posting to the receiver's copy: when the message really travelled.
         [[nodiscard]] Request::Timing timing() const override {
             if (!message_->done.load(std::memory_order_acquire)) return {};
@@ -365,11 +254,7 @@ private:
             return try_receive();
         }
         void wait() override {
-            group_->fault->wait([&] { return try_receive(); },
-                                [&] {
-                                    group_->fault->fail(detail::never_sent(group_->barrier, peer_, me_, tag_),
-                                                        group_->barrier.world_rank(me_));
-                                });
+            detail::await_sender(*group_->fault, group_->barrier, [&] { return try_receive(); }, peer_, me_, tag_);
         }
 
     private:

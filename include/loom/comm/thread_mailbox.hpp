@@ -62,10 +62,10 @@ private:
 
 namespace detail {
 
-// Copies a matched message into the receive buffer, or fails the world when
-// the two sides disagree (a bug no retry can fix), so the sender fails too.
-inline void deliver(FaultState& fault, const GroupBarrier& group, PostedMessage& message, const Tensor& buffer,
-                    int receiver) {
+// Fails the world when the two sides of a matched message disagree (a bug no
+// retry can fix), so the sender fails too.
+inline void check_delivery(FaultState& fault, const GroupBarrier& group, const PostedMessage& message,
+                           const Tensor& buffer, int receiver) {
     if (message.dtype != buffer.dtype() || message.count != buffer.numel()) {
         fault.fail(loom::detail::concat("send/recv mismatch: world rank ", group.world_rank(message.source), " sent ",
                                         message.count, " x ", message.dtype, " with tag ", message.tag,
@@ -74,10 +74,22 @@ inline void deliver(FaultState& fault, const GroupBarrier& group, PostedMessage&
                    group.world_rank(receiver));
         fault.throw_failure();
     }
-    if (buffer.nbytes() != 0) std::memcpy(buffer.raw(), message.data, buffer.nbytes());
+}
+
+// The receiver's copy is done (on the device: enqueued): releases the sender.
+inline void mark_delivered(FaultState& fault, PostedMessage& message) {
     message.copied = std::chrono::steady_clock::now();
     message.done.store(true, std::memory_order_release);
     fault.notify();
+}
+
+// Copies a matched message into the receive buffer, or fails the world when
+// the two sides disagree.
+inline void deliver(FaultState& fault, const GroupBarrier& group, PostedMessage& message, const Tensor& buffer,
+                    int receiver) {
+    check_delivery(fault, group, message, buffer, receiver);
+    if (buffer.nbytes() != 0) std::memcpy(buffer.raw(), message.data, buffer.nbytes());
+    mark_delivered(fault, message);
 }
 
 inline std::string never_received(const GroupBarrier& group, int sender, int receiver, int tag) {
@@ -90,6 +102,22 @@ inline std::string never_sent(const GroupBarrier& group, int sender, int receive
     return loom::detail::concat("recv on world rank ", group.world_rank(receiver), " from world rank ",
                                 group.world_rank(sender), " (tag ", tag, ") timed out: world rank ",
                                 group.world_rank(sender), " never sent it");
+}
+
+// The sender's wait on the host: until the receiver has matched `message`;
+// after the timeout, fails the world naming the receiver.
+inline void await_receiver(FaultState& fault, const GroupBarrier& group, const PostedMessage& message, int sender,
+                           int receiver) {
+    fault.wait([&] { return message.done.load(std::memory_order_acquire); },
+               [&] { fault.fail(never_received(group, sender, receiver, message.tag), group.world_rank(sender)); });
+}
+
+// The receiver's wait on the host: until try_receive() has matched the
+// message; after the timeout, fails the world naming the sender.
+template <class TryReceive>
+void await_sender(FaultState& fault, const GroupBarrier& group, TryReceive&& try_receive, int sender, int receiver,
+                  int tag) {
+    fault.wait(try_receive, [&] { fault.fail(never_sent(group, sender, receiver, tag), group.world_rank(receiver)); });
 }
 
 }  // namespace detail

@@ -1,16 +1,20 @@
 // Synchronisation for rank threads: the world's fault state (first failure
 // wins and is rethrown by every rank, word for word), a waiting discipline
-// that spins while ranks fit on the cores and sleeps when they do not, and the
-// group barrier that names the rank that never arrived.
+// that spins while ranks fit on the cores and sleeps when they do not, the
+// group barrier that names the rank that never arrived, and the loop that
+// runs a world's rank threads and rethrows its failure (ThreadWorld and
+// DeviceThreadWorld).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,5 +203,52 @@ private:
     detail::Padded<std::atomic<std::uint64_t>> count_;
     detail::Padded<std::atomic<std::uint64_t>> generation_;
 };
+
+namespace detail {
+
+[[nodiscard]] inline std::string exception_text(const std::exception_ptr& error) {
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+        return e.what();
+    } catch (...) {
+        return "an exception that is not a std::exception";
+    }
+}
+
+// The world ranks 0, 1, ..., ranks-1: a world's first group.
+[[nodiscard]] inline std::vector<int> first_world_ranks(int ranks) {
+    std::vector<int> world_ranks(static_cast<std::size_t>(ranks));
+    std::iota(world_ranks.begin(), world_ranks.end(), 0);
+    return world_ranks;
+}
+
+// In a rank thread's catch block: the rank's exception becomes the world's
+// failure, "rank R failed: <its message>" (the first one wins).
+inline void record_rank_failure(FaultState& fault, int rank) {
+    const auto error = std::current_exception();
+    fault.fail(loom::detail::concat("rank ", rank, " failed: ", exception_text(error)), rank, error);
+}
+
+// Runs rank_main(rank) once per rank, rank 0 on the calling thread and the
+// others on threads of their own, joins them, and rethrows the world's
+// failure: the first rank's exception, or the timeout no rank threw first.
+// rank_main catches its rank's exception and passes it to
+// record_rank_failure while its communicator still lives, so that the
+// communicator's queued async calls fail at once instead of timing out.
+template <class RankMain>
+void run_rank_threads(FaultState& fault, int ranks, RankMain&& rank_main) {
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(ranks - 1));
+    for (int rank = 1; rank < ranks; ++rank) threads.emplace_back(rank_main, rank);
+    rank_main(0);
+    for (auto& thread : threads) thread.join();
+
+    if (!fault.failed()) return;
+    if (auto cause = fault.cause()) std::rethrow_exception(cause);
+    fault.throw_failure();  // a timeout: no rank threw first
+}
+
+}  // namespace detail
 
 }  // namespace loom::comm

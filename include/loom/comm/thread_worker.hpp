@@ -133,4 +133,20 @@ private:
     std::thread thread_;  // last: starts after the members it uses exist
 };
 
+namespace detail {
+
+// Runs a rank's synchronous call now, or, while async calls it issued
+// earlier are still queued on its `worker` (null before the first async call),
+// behind them on the worker, so the call keeps its place in the issue order.
+template <class Call>
+void in_issue_order(ThreadWorker* worker, Call&& call) {
+    if (worker != nullptr && worker->busy() && !worker->on_worker_thread()) {
+        worker->submit([&] { call(); }).wait();
+        return;
+    }
+    call();
+}
+
+}  // namespace detail
+
 }  // namespace loom::comm

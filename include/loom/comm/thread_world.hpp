@@ -12,12 +12,8 @@
 // others after CommOptions::timeout, naming it.
 #pragma once
 
-#include <exception>
 #include <memory>
-#include <numeric>
-#include <thread>
 #include <type_traits>
-#include <vector>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/comm/thread_comm.hpp"
@@ -42,29 +38,15 @@ public:
         requires std::is_invocable_v<Body&, ThreadComm&>
     void run(Body&& body) const {
         auto fault = std::make_shared<FaultState>(ranks_, options_.timeout);
-        std::vector<int> world_ranks(static_cast<std::size_t>(ranks_));
-        std::iota(world_ranks.begin(), world_ranks.end(), 0);
-        auto group = std::make_shared<detail::ThreadGroup>(fault, std::move(world_ranks));
-
-        auto rank_main = [&](int rank) {
+        auto group = std::make_shared<detail::ThreadGroup>(fault, detail::first_world_ranks(ranks_));
+        detail::run_rank_threads(*fault, ranks_, [&](int rank) {
             ThreadComm comm(group, rank);
             try {
                 body(comm);
             } catch (...) {
-                const auto error = std::current_exception();
-                fault->fail(loom::detail::concat("rank ", rank, " failed: ", detail::exception_text(error)), rank,
-                            error);
+                detail::record_rank_failure(*fault, rank);
             }
-        };
-        std::vector<std::thread> threads;
-        threads.reserve(static_cast<std::size_t>(ranks_ - 1));
-        for (int rank = 1; rank < ranks_; ++rank) threads.emplace_back(rank_main, rank);
-        rank_main(0);
-        for (auto& thread : threads) thread.join();
-
-        if (!fault->failed()) return;
-        if (auto cause = fault->cause()) std::rethrow_exception(cause);
-        fault->throw_failure();  // a timeout: no rank threw first
+        });
     }
 
 private:

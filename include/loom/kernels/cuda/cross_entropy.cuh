@@ -95,6 +95,23 @@ __global__ void cross_entropy_check_targets_kernel(const std::int32_t* __restric
     }
 }
 
+// The max of a row's V values over its group: each thread's strided slice,
+// then the group's fixed tree; fmaxf passes NaN over.
+template <int RowThreads>
+__device__ inline float row_max_of(const float* xr, std::int64_t V, int lane, float* shared) {
+    float m = -INFINITY;
+    for (std::int64_t j = lane; j < V; j += RowThreads) m = fmaxf(m, xr[j]);
+    return group_reduce<RowThreads>(m, MaxOp{}, shared);
+}
+
+// sum_j e^(x_j - m) over a row's V values, in the same order.
+template <int RowThreads>
+__device__ inline float row_exp_sum(const float* xr, std::int64_t V, float m, int lane, float* shared) {
+    float sum = 0.0f;
+    for (std::int64_t j = lane; j < V; j += RowThreads) sum += expf(xr[j] - m);
+    return group_reduce<RowThreads>(sum, SumOp{}, shared);
+}
+
 // logsumexp per row, and the row's loss in double. Writes nothing after a bad
 // target (the check is uniform over the grid, so no group is split by it).
 template <int RowThreads>
@@ -109,12 +126,8 @@ __global__ void cross_entropy_logsumexp_kernel(const float* __restrict__ logits,
     const int lane = Group::lane();
     for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
         const float* xr = logits + r * V;
-        float row_max = -INFINITY;
-        for (std::int64_t j = lane; j < V; j += RowThreads) row_max = fmaxf(row_max, xr[j]);
-        row_max = group_reduce<RowThreads>(row_max, MaxOp{}, shared);
-        float sum = 0.0f;
-        for (std::int64_t j = lane; j < V; j += RowThreads) sum += expf(xr[j] - row_max);
-        sum = group_reduce<RowThreads>(sum, SumOp{}, shared);
+        const float row_max = row_max_of<RowThreads>(xr, V, lane, shared);
+        const float sum = row_exp_sum<RowThreads>(xr, V, row_max, lane, shared);
         const float lse = row_max + logf(sum);
         if (lane == 0) {
             logsumexp[r] = lse;
@@ -174,9 +187,7 @@ __global__ void cross_entropy_slice_max_kernel(const float* __restrict__ logits,
     const int lane = Group::lane();
     for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
         const float* xr = logits + r * V;
-        float m = -INFINITY;
-        for (std::int64_t j = lane; j < V; j += RowThreads) m = fmaxf(m, xr[j]);
-        m = group_reduce<RowThreads>(m, MaxOp{}, shared);
+        const float m = row_max_of<RowThreads>(xr, V, lane, shared);
         if (lane == 0) row_max[r] = isnan(xr[0]) ? xr[0] : m;
     }
 }
@@ -193,10 +204,7 @@ __global__ void cross_entropy_slice_sums_kernel(const float* __restrict__ logits
     const int lane = Group::lane();
     for (std::int64_t r = Group::first_row(); r < rows; r += Group::row_stride()) {
         const float* xr = logits + r * V;
-        const float m = row_max[r];
-        float sum = 0.0f;
-        for (std::int64_t j = lane; j < V; j += RowThreads) sum += expf(xr[j] - m);
-        sum = group_reduce<RowThreads>(sum, SumOp{}, shared);
+        const float sum = row_exp_sum<RowThreads>(xr, V, row_max[r], lane, shared);
         if (lane == 0) {
             const std::int64_t t = targets[r] - start;
             sums[r] = sum;
@@ -220,6 +228,14 @@ public:
 
     [[nodiscard]] CrossEntropyReport* report() const { return static_cast<CrossEntropyReport*>(memory_); }
     [[nodiscard]] double* row_losses() const { return reinterpret_cast<double*>(report() + 1); }
+
+    // Queues the check of targets [rows] against [0, classes) on the stream:
+    // the report's first bad row (rows if none), and a zero loss sum.
+    void check_targets(const std::int32_t* targets, std::int64_t rows, std::int64_t classes) const {
+        cross_entropy_check_targets_kernel<threads_per_block>
+            <<<1, threads_per_block, 0, stream_>>>(targets, rows, classes, report());
+        LOOM_CUDA_CHECK_LAUNCH();
+    }
 
     // Waits for the stream and returns the report.
     [[nodiscard]] CrossEntropyReport read_report() const {
@@ -245,6 +261,31 @@ inline void throw_if_bad_target(const CrossEntropyReport& report, const std::int
     LOOM_FAIL("cross_entropy: target ", target, " at row ", r, " is outside the classes [0, ", V, ")");
 }
 
+// Launches `launch.template operator()<RowThreads>()` with RowThreads = a
+// warp per row when a row holds V <= warp_row_limit values, else the whole
+// thread block, and checks the launch. The kernel's grid is
+// blocks_for(rows * RowThreads).
+template <class Launch>
+void launch_per_row(std::int64_t V, Launch&& launch) {
+    if (V <= warp_row_limit)
+        launch.template operator()<32>();
+    else
+        launch.template operator()<threads_per_block>();
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// dlogits on columns [start, start + V) of each row (start = 0, V = all:
+// the whole row), scaled by dloss / rows, after the report's target check.
+inline void launch_backward(const float* logits, const std::int32_t* targets, const float* logsumexp, float dloss,
+                            float* dlogits, std::int64_t rows, std::int64_t V, std::int64_t start,
+                            const CrossEntropyReport* report, cudaStream_t stream) {
+    const float scale = dloss / static_cast<float>(rows);
+    launch_per_row(V, [&]<int RowThreads>() {
+        cross_entropy_backward_kernel<RowThreads><<<blocks_for(rows * RowThreads), threads_per_block, 0, stream>>>(
+            logits, targets, logsumexp, scale, dlogits, report, rows, V, start);
+    });
+}
+
 }  // namespace detail
 
 // logits: [rows, V]; targets: [rows]; logsumexp: [rows], written; all on the
@@ -253,18 +294,13 @@ inline void throw_if_bad_target(const CrossEntropyReport& report, const std::int
 [[nodiscard]] inline float cross_entropy_forward(const float* logits, const std::int32_t* targets, float* logsumexp,
                                                  std::int64_t rows, std::int64_t V, cudaStream_t stream = nullptr) {
     detail::check_cross_entropy_sizes(rows, V);
-    detail::CrossEntropyScratch scratch(rows, stream);
-    detail::cross_entropy_check_targets_kernel<threads_per_block>
-        <<<1, threads_per_block, 0, stream>>>(targets, rows, V, scratch.report());
-    LOOM_CUDA_CHECK_LAUNCH();
-    if (V <= warp_row_limit)
-        detail::cross_entropy_logsumexp_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
-            logits, targets, logsumexp, scratch.row_losses(), scratch.report(), rows, V);
-    else
-        detail::cross_entropy_logsumexp_kernel<threads_per_block>
-            <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(
+    const detail::CrossEntropyScratch scratch(rows, stream);
+    scratch.check_targets(targets, rows, V);
+    detail::launch_per_row(V, [&]<int RowThreads>() {
+        detail::cross_entropy_logsumexp_kernel<RowThreads>
+            <<<blocks_for(rows * RowThreads), threads_per_block, 0, stream>>>(
                 logits, targets, logsumexp, scratch.row_losses(), scratch.report(), rows, V);
-    LOOM_CUDA_CHECK_LAUNCH();
+    });
     detail::cross_entropy_loss_sum_kernel<threads_per_block>
         <<<1, threads_per_block, 0, stream>>>(scratch.row_losses(), rows, scratch.report());
     LOOM_CUDA_CHECK_LAUNCH();
@@ -280,19 +316,9 @@ inline void cross_entropy_backward(const float* logits, const std::int32_t* targ
                                    float dloss, float* dlogits, std::int64_t rows, std::int64_t V,
                                    cudaStream_t stream = nullptr) {
     detail::check_cross_entropy_sizes(rows, V);
-    detail::CrossEntropyScratch scratch(0, stream);
-    detail::cross_entropy_check_targets_kernel<threads_per_block>
-        <<<1, threads_per_block, 0, stream>>>(targets, rows, V, scratch.report());
-    LOOM_CUDA_CHECK_LAUNCH();
-    const float scale = dloss / static_cast<float>(rows);
-    if (V <= warp_row_limit)
-        detail::cross_entropy_backward_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
-            logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, 0);
-    else
-        detail::cross_entropy_backward_kernel<threads_per_block>
-            <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(
-                logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, 0);
-    LOOM_CUDA_CHECK_LAUNCH();
+    const detail::CrossEntropyScratch scratch(0, stream);
+    scratch.check_targets(targets, rows, V);
+    detail::launch_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, 0, scratch.report(), stream);
     detail::throw_if_bad_target(scratch.read_report(), targets, rows, V, stream);
 }
 
@@ -308,20 +334,14 @@ inline void cross_entropy_slice_max(const float* logits, const std::int32_t* tar
                                     std::int64_t rows, std::int64_t V, std::int64_t classes,
                                     cudaStream_t stream = nullptr) {
     detail::check_cross_entropy_sizes(rows, classes);
-    detail::CrossEntropyScratch scratch(0, stream);
-    detail::cross_entropy_check_targets_kernel<threads_per_block>
-        <<<1, threads_per_block, 0, stream>>>(targets, rows, classes, scratch.report());
-    LOOM_CUDA_CHECK_LAUNCH();
-    if (V >= 1) {
-        if (V <= warp_row_limit)
-            detail::cross_entropy_slice_max_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
-                logits, row_max, scratch.report(), rows, V);
-        else
-            detail::cross_entropy_slice_max_kernel<threads_per_block>
-                <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(logits, row_max,
-                                                                                         scratch.report(), rows, V);
-        LOOM_CUDA_CHECK_LAUNCH();
-    }
+    const detail::CrossEntropyScratch scratch(0, stream);
+    scratch.check_targets(targets, rows, classes);
+    if (V >= 1)
+        detail::launch_per_row(V, [&]<int RowThreads>() {
+            detail::cross_entropy_slice_max_kernel<RowThreads>
+                <<<blocks_for(rows * RowThreads), threads_per_block, 0, stream>>>(logits, row_max, scratch.report(),
+                                                                                 rows, V);
+        });
     detail::throw_if_bad_target(scratch.read_report(), targets, rows, classes, stream);
     LOOM_CHECK(V >= 1, "cross_entropy: V = ", V, " has no classes; pass V >= 1");
 }
@@ -335,14 +355,11 @@ inline void cross_entropy_slice_sums(const float* logits, const std::int32_t* ta
                                      float* sums, std::int64_t rows, std::int64_t V, std::int64_t start,
                                      cudaStream_t stream = nullptr) {
     if (rows <= 0) return;
-    if (V <= warp_row_limit)
-        detail::cross_entropy_slice_sums_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
-            logits, targets, row_max, sums, rows, V, start);
-    else
-        detail::cross_entropy_slice_sums_kernel<threads_per_block>
-            <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(logits, targets, row_max, sums,
-                                                                                     rows, V, start);
-    LOOM_CUDA_CHECK_LAUNCH();
+    detail::launch_per_row(V, [&]<int RowThreads>() {
+        detail::cross_entropy_slice_sums_kernel<RowThreads>
+            <<<blocks_for(rows * RowThreads), threads_per_block, 0, stream>>>(logits, targets, row_max, sums, rows, V,
+                                                                             start);
+    });
 }
 
 // dlogits = (softmax(logits) - onehot(targets)) * dloss / rows on this slice,
@@ -353,21 +370,10 @@ inline void cross_entropy_slice_backward(const float* logits, const std::int32_t
                                          float dloss, float* dlogits, std::int64_t rows, std::int64_t V,
                                          std::int64_t start, std::int64_t classes, cudaStream_t stream = nullptr) {
     detail::check_cross_entropy_sizes(rows, classes);
-    detail::CrossEntropyScratch scratch(0, stream);
-    detail::cross_entropy_check_targets_kernel<threads_per_block>
-        <<<1, threads_per_block, 0, stream>>>(targets, rows, classes, scratch.report());
-    LOOM_CUDA_CHECK_LAUNCH();
-    const float scale = dloss / static_cast<float>(rows);
-    if (V >= 1) {
-        if (V <= warp_row_limit)
-            detail::cross_entropy_backward_kernel<32><<<blocks_for(rows * 32), threads_per_block, 0, stream>>>(
-                logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, start);
-        else
-            detail::cross_entropy_backward_kernel<threads_per_block>
-                <<<blocks_for(rows * threads_per_block), threads_per_block, 0, stream>>>(
-                    logits, targets, logsumexp, scale, dlogits, scratch.report(), rows, V, start);
-        LOOM_CUDA_CHECK_LAUNCH();
-    }
+    const detail::CrossEntropyScratch scratch(0, stream);
+    scratch.check_targets(targets, rows, classes);
+    if (V >= 1)
+        detail::launch_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, start, scratch.report(), stream);
     detail::throw_if_bad_target(scratch.read_report(), targets, rows, classes, stream);
 }
 
