@@ -68,6 +68,7 @@
 #include <cstdint>
 
 #include "loom/core/error.hpp"
+#include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/cuda/attention_tiles.cuh"
 #include "loom/kernels/cuda/group_reduce.cuh"
 #include "loom/kernels/cuda/launch.cuh"
@@ -76,16 +77,10 @@ namespace loom::kernels::cuda {
 
 namespace attention_detail {
 
-// The host's checks, word for word (the tests compare the messages), then
-// the device's own limit on D. The host's int bound on 3*H*D is kept so
-// that both accept the same shapes below D = 128.
+// The host's checks (kernels/attention_shape.hpp), then the device's own
+// limit on D.
 inline void check_shape(const char* who, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
-    LOOM_CHECK(B >= 0, who, ": batch size B = ", B, " must be >= 0");
-    LOOM_CHECK(T >= 0, who, ": sequence length T = ", T, " must be >= 0");
-    LOOM_CHECK(H >= 1, who, ": head count H = ", H, " must be >= 1");
-    LOOM_CHECK(D >= 1, who, ": head size D = ", D, " must be >= 1");
-    LOOM_CHECK(H <= INT_MAX / 3 / D, who, ": qkv row width 3*H*D = 3*", H, "*", D,
-               " exceeds the BLAS's int range (at most ", INT_MAX, ")");
+    check_attention_shape(who, B, T, H, D);
     LOOM_CHECK(D <= max_head_size, who, ": head size D = ", D, " exceeds the CUDA kernel's limit of ", max_head_size,
                " (its shared-memory tiles hold 128 floats per row); use the host kernel for larger heads");
 }

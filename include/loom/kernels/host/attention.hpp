@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "loom/core/error.hpp"
+#include "loom/kernels/attention_shape.hpp"
 
 namespace loom::kernels::host {
 
@@ -147,16 +148,6 @@ inline void gemm_tn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
                 static_cast<int>(ldc));
-}
-
-inline void check_shape(const char* who, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
-    LOOM_CHECK(B >= 0, who, ": batch size B = ", B, " must be >= 0");
-    LOOM_CHECK(T >= 0, who, ": sequence length T = ", T, " must be >= 0");
-    LOOM_CHECK(H >= 1, who, ": head count H = ", H, " must be >= 1");
-    LOOM_CHECK(D >= 1, who, ": head size D = ", D, " must be >= 1");
-    // The BLAS takes int leading dimensions; a qkv row is 3 * H * D floats.
-    LOOM_CHECK(H <= INT_MAX / 3 / D, who, ": qkv row width 3*H*D = 3*", H, "*", D,
-               " exceeds the BLAS's int range (at most ", INT_MAX, ")");
 }
 
 // One head of one sequence: rows of q are `ld_q` floats apart, rows of k and v
@@ -323,7 +314,7 @@ void backward_head(const HeadQkv& in, const float* out, const float* dout, std::
 // independent, so a caller may run slices of the batch on different threads.
 inline void attention_forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                               std::int64_t H, std::int64_t D) {
-    attention_detail::check_shape("attention_forward", B, T, H, D);
+    check_attention_shape("attention_forward", B, T, H, D);
     if (B == 0 || T == 0) return;
     LOOM_CHECK(qkv != nullptr && out != nullptr && lse != nullptr,
                "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
@@ -344,7 +335,7 @@ inline void attention_forward(const float* qkv, float* out, float* lse, std::int
 // dK = dS^T Q * scale). dqkv must not overlap the inputs.
 inline void attention_backward(const float* qkv, const float* out, const float* dout, const float* lse, float* dqkv,
                                std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
-    attention_detail::check_shape("attention_backward", B, T, H, D);
+    check_attention_shape("attention_backward", B, T, H, D);
     if (B == 0 || T == 0) return;
     LOOM_CHECK(qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr,
                "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
