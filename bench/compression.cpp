@@ -171,17 +171,8 @@ std::vector<StepRun> run_round_robin(const BenchConfig& config, int dp, const st
     const std::int64_t B = config.batch, T = config.model.seq;
     const int total = warmup + steps;
     const auto K = compressors.size();
-    const auto corpus = loom::data::ByteCorpus::synthetic(1 << 18, data_seed, static_cast<int>(config.model.vocab));
-    const auto tokens = static_cast<std::size_t>(B * T);
-    std::vector<std::vector<std::int32_t>> inputs(static_cast<std::size_t>(dp * total)), targets(inputs.size());
-    for (int r = 0; r < dp; ++r)
-        for (int s = 0; s < total; ++s) {
-            auto& in = inputs[static_cast<std::size_t>(r * total + s)];
-            auto& out = targets[static_cast<std::size_t>(r * total + s)];
-            in.resize(tokens);
-            out.resize(tokens);
-            corpus.rows(data_seed, s, r * B, B, T, in, out);
-        }
+    // Before the clock: every rank's rows of every step's global batch.
+    auto batches = bench::pregenerated_batches(config, dp, total, data_seed);
     // [rank][compressor][timed step]
     using Grid = std::vector<std::vector<std::vector<double>>>;
     Grid seconds(static_cast<std::size_t>(dp), std::vector<std::vector<double>>(K, std::vector<double>(static_cast<std::size_t>(steps))));
@@ -212,8 +203,8 @@ std::vector<StepRun> run_round_robin(const BenchConfig& config, int dp, const st
             execs.back()->initialize(init_seed);
         }
         for (int s = 0; s < total; ++s) {
-            auto& in = inputs[static_cast<std::size_t>(r * total + s)];
-            auto& out = targets[static_cast<std::size_t>(r * total + s)];
+            auto& in = batches.inputs[batches.at(r, s)];
+            auto& out = batches.targets[batches.at(r, s)];
             for (std::size_t j = 0; j < K; ++j) {
                 const std::size_t k = (j + static_cast<std::size_t>(s)) % K;
                 comm.inner().barrier();  // the wrapped one: neither counted nor shaped

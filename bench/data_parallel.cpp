@@ -143,17 +143,7 @@ LoomRun run_loom(const BenchConfig& config, int dp, int stage, std::int64_t buck
     const std::int64_t B = config.batch, T = config.model.seq;
     const int total = warmup + steps;
     // Before the clock: every rank's rows of every step's global batch.
-    const auto corpus = loom::data::ByteCorpus::synthetic(1 << 18, data_seed, static_cast<int>(config.model.vocab));
-    const auto tokens = static_cast<std::size_t>(B * T);
-    std::vector<std::vector<std::int32_t>> inputs(static_cast<std::size_t>(dp * total)), targets(inputs.size());
-    for (int r = 0; r < dp; ++r)
-        for (int s = 0; s < total; ++s) {
-            auto& in = inputs[static_cast<std::size_t>(r * total + s)];
-            auto& out = targets[static_cast<std::size_t>(r * total + s)];
-            in.resize(tokens);
-            out.resize(tokens);
-            corpus.rows(data_seed, s, r * B, B, T, in, out);
-        }
+    auto batches = bench::pregenerated_batches(config, dp, total, data_seed);
 
     std::vector<std::vector<double>> seconds(static_cast<std::size_t>(dp),
                                              std::vector<double>(static_cast<std::size_t>(steps)));
@@ -178,8 +168,8 @@ LoomRun run_loom(const BenchConfig& config, int dp, int stage, std::int64_t buck
         exec.initialize(init_seed);
         float loss = 0;
         for (int s = 0; s < total; ++s) {
-            auto& in = inputs[static_cast<std::size_t>(r * total + s)];
-            auto& out = targets[static_cast<std::size_t>(r * total + s)];
+            auto& in = batches.inputs[batches.at(r, s)];
+            auto& out = batches.targets[batches.at(r, s)];
             const auto t0 = std::chrono::steady_clock::now();
             loss = exec.step(loom::Tensor::of(in.data(), {B, T}), loom::Tensor::of(out.data(), {B, T}), adamw.lr);
             const auto t1 = std::chrono::steady_clock::now();

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include <loom/data/corpus.hpp>
 #include <loom/gpt/model.hpp>
 
 namespace bench {
@@ -93,5 +94,26 @@ private:
     }
     Sample start_;
 };
+
+// Every rank's rows of every step's global batch, generated before the
+// clock starts: step s of rank r is inputs[r * steps + s] (and targets).
+struct Batches {
+    int steps = 0;
+    std::vector<std::vector<std::int32_t>> inputs, targets;
+    [[nodiscard]] std::size_t at(int rank, int step) const { return static_cast<std::size_t>(rank * steps + step); }
+};
+
+inline Batches pregenerated_batches(const BenchConfig& config, int dp, int steps, std::uint64_t data_seed) {
+    const std::int64_t B = config.batch, T = config.model.seq;
+    const auto corpus = loom::data::ByteCorpus::synthetic(1 << 18, data_seed, static_cast<int>(config.model.vocab));
+    Batches batches;
+    batches.steps = steps;
+    batches.inputs.assign(static_cast<std::size_t>(dp * steps), std::vector<std::int32_t>(static_cast<std::size_t>(B * T)));
+    batches.targets = batches.inputs;
+    for (int r = 0; r < dp; ++r)
+        for (int s = 0; s < steps; ++s)
+            corpus.rows(data_seed, s, r * B, B, T, batches.inputs[batches.at(r, s)], batches.targets[batches.at(r, s)]);
+    return batches;
+}
 
 }  // namespace bench

@@ -172,13 +172,22 @@ public:
             ++skipped_;
             return false;
         }
-        if (from == 1) drop_oldest();
+        // The dropped point's arrays take the new one: no allocation (and no
+        // fresh pages to fault in) per point once the history is full.
+        std::vector<float> point, gradient;
+        if (from == 1) {
+            point = std::move(points_.front());
+            gradient = std::move(gradients_.front());
+            drop_oldest();
+        }
         for (std::size_t m = 0; m < missing.size(); ++m) row[static_cast<std::size_t>(missing[m] - from)] = partial[m];
         const double norm = known != nullptr ? known->squared_norm : partial[missing.size()];
         for (std::size_t i = 0; i < points_.size(); ++i) distances_[i].push_back(row[i]);
         distances_.push_back(std::move(row));
-        points_.emplace_back(x.begin(), x.end());
-        gradients_.emplace_back(g.begin(), g.end());
+        point.assign(x.begin(), x.end());
+        gradient.assign(g.begin(), g.end());
+        points_.push_back(std::move(point));
+        gradients_.push_back(std::move(gradient));
         root_norms_.push_back(std::sqrt(std::sqrt(norm)));
         prepared_ = false;
         return true;
