@@ -38,6 +38,7 @@
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/compressed_exchange.hpp"
+#include "loom/exec/rank_program.hpp"
 #include "loom/exec/execution_plan.hpp"
 #include "loom/exec/memory.hpp"
 #include "loom/comm/mesh.hpp"
@@ -119,29 +120,14 @@ public:
           micro_batches_(options.micro_batches),
           adamw_(options.adamw),
           pipelined_(check_pipeline(plan, pp)),
-          pipe_(pipelined_ ? schedule::pipeline_program(plan.schedule, pp_size(), micro_batches_, plan.chunks)
-                           : schedule::PipelineProgram{}),
-          stages_(pipelined_ ? exec::stage_bounds(static_cast<int>(units_.size()), pipe_.virtual_stages(), options)
-                             : schedule::StageBounds{{0, static_cast<int>(units_.size())}}),
-          chunk_of_unit_(stages_.chunk_of_unit(pipelined_ ? pipe_.rank_of_chunk : std::vector<int>{0}, pp_rank())),
-          layout_(units_, dp.size(), grouping(plan), plan.bucket_bytes,
-                  pipelined_ ? chunk_of_unit_ : std::vector<int>{}),
-          program_(pipelined_ ? schedule::pipeline_step_program(pipe_, pp_rank(), stages_, layout_, plan.zero_stage)
-                              : schedule::data_parallel_program(layout_, static_cast<int>(units_.size()),
-                                                                plan.zero_stage, options.micro_batches)),
+          rank_(exec::rank_program(units_, dp.size(), pp_size(), pp_rank(), plan, options)),
           trace_(options.trace) {
         optim::check_config(options.adamw);
-        if (pipelined_) {
-            schedule::verify_pipeline(pipe_);
-            schedule::verify(program_, layout_, chunk_of_unit_);
-        } else {
-            schedule::verify(program_, layout_, static_cast<int>(units_.size()));
-        }
         initialize_range_ = [&model](std::uint64_t seed, std::span<float> out, std::int64_t first) {
             loom::initialize_range(model, seed, out, first);
         };
         allocate();
-        pending_.resize(program_.code.size());
+        pending_.resize(rank_.program.code.size());
         if (plan.dp_compression.on() && dp.size() > 1) start_compression(plan.dp_compression, options);
         LOOM_CHECK(!plan.pp_compression.on() || plan.pipelined, "Executor: GradCompress<",
                    plan.pp_compression.describe(), ", PpAxis> casts what pipeline stages send; add Pipeline<Schedule>");
@@ -184,17 +170,17 @@ public:
     Executor(const Executor&) = delete;
     Executor& operator=(const Executor&) = delete;
 
-    [[nodiscard]] const schedule::StepProgram& program() const noexcept { return program_; }
+    [[nodiscard]] const schedule::StepProgram& program() const noexcept { return rank_.program; }
     // The pipeline schedule (every rank's chunk-level program; empty unless pipelined).
-    [[nodiscard]] const schedule::PipelineProgram& pipeline() const noexcept { return pipe_; }
-    [[nodiscard]] const schedule::StageBounds& stage_bounds() const noexcept { return stages_; }
+    [[nodiscard]] const schedule::PipelineProgram& pipeline() const noexcept { return rank_.pipe; }
+    [[nodiscard]] const schedule::StageBounds& stage_bounds() const noexcept { return rank_.stages; }
     [[nodiscard]] bool pipelined() const noexcept { return pipelined_; }
     // Elements of the whole model (what gather_state and load_state exchange);
     // layout().dense_size() is this rank's, smaller when tp cuts the model.
     [[nodiscard]] std::int64_t parameter_count() const noexcept { return shards_.whole_size(); }
     // Whether this rank holds unit u (every unit, without a pipeline).
-    [[nodiscard]] bool holds_unit(int u) const { return chunk_of_unit_.at(static_cast<std::size_t>(u)) >= 0; }
-    [[nodiscard]] const parallel::ShardLayout& layout() const noexcept { return layout_; }
+    [[nodiscard]] bool holds_unit(int u) const { return rank_.chunk_of_unit.at(static_cast<std::size_t>(u)) >= 0; }
+    [[nodiscard]] const parallel::ShardLayout& layout() const noexcept { return rank_.layout; }
     [[nodiscard]] const std::vector<nn::Unit>& units() const noexcept { return units_; }
     [[nodiscard]] int zero_stage() const noexcept { return stage_; }
     [[nodiscard]] int micro_batches() const noexcept { return micro_batches_; }
@@ -206,7 +192,7 @@ public:
     // run's values, on every rank, whatever it keeps of them.
     void initialize(std::uint64_t seed) {
         const int r = comm_->rank();
-        for (const auto& g : layout_.groups()) {
+        for (const auto& g : rank_.layout.groups()) {
             const std::int64_t lo = stage_ == 3 ? r * g.block : 0;
             const std::int64_t hi = std::min(g.numel, stage_ == 3 ? lo + g.block : g.numel);
             float* base = stage_ == 3 ? value_shard_.data<float>() + g.shard_offset : values_.data<float>() + g.offset;
@@ -240,8 +226,8 @@ public:
         if (sp_ != nullptr) keep_local_positions();
         rows_per_micro_batch_ = rows / micro_batches_;
         loss_sum_ = 0;
-        pool_.start_step(stages_.stages(), micro_batches_);
-        for (std::size_t i = 0; i < program_.code.size(); ++i) execute(static_cast<int>(i), program_.code[i]);
+        pool_.start_step(rank_.stages.stages(), micro_batches_);
+        for (std::size_t i = 0; i < rank_.program.code.size(); ++i) execute(static_cast<int>(i), rank_.program.code[i]);
         ++step_count_;
         return loss_;
     }
@@ -333,20 +319,20 @@ private:
 
     void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                           std::int64_t optimizer_steps) {
-        Buffer<Host> padded(DType::f32, Shape{layout_.padded_size()});
+        Buffer<Host> padded(DType::f32, Shape{rank_.layout.padded_size()});
         const auto whole = all(padded);
         auto keep_blocks = [&](Buffer<Host>& sharded) {
-            for (int gi = 0; gi < static_cast<int>(layout_.groups().size()); ++gi) {
-                const auto& g = layout_.group(gi);
-                std::copy_n(whole.data() + layout_.block_offset(gi, comm_->rank()), g.block,
+            for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
+                const auto& g = rank_.layout.group(gi);
+                std::copy_n(whole.data() + rank_.layout.block_offset(gi, comm_->rank()), g.block,
                             sharded.data<float>() + g.shard_offset);
             }
         };
-        layout_.from_dense(values, whole);
+        rank_.layout.from_dense(values, whole);
         if (stage_ == 3) keep_blocks(value_shard_);
         else std::copy(whole.begin(), whole.end(), values_.data<float>());
         for (auto [dense, state] : {std::pair{m, &m_}, std::pair{v, &v_}}) {
-            layout_.from_dense(dense, whole);
+            rank_.layout.from_dense(dense, whole);
             if (stage_ == 0) std::copy(whole.begin(), whole.end(), state->template data<float>());
             else keep_blocks(*state);
         }
@@ -356,27 +342,27 @@ private:
 
     // This rank's units' state into the dense arrays (collective over dp).
     void gather_held_state(std::span<float> values, std::span<float> m, std::span<float> v) {
-        Buffer<Host> padded(DType::f32, Shape{layout_.padded_size()});
+        Buffer<Host> padded(DType::f32, Shape{rank_.layout.padded_size()});
         const auto whole = all(padded);
         auto gather_into_padded = [&](const Buffer<Host>& sharded) {
-            for (const auto& g : layout_.groups())
+            for (const auto& g : rank_.layout.groups())
                 comm_->all_gather(Tensor::of(sharded.data<float>() + g.shard_offset, {g.block}),
                                   Tensor::of(whole.data() + g.offset, {g.padded}));
         };
         if (stage_ == 3) {
             gather_into_padded(value_shard_);
-            layout_.to_dense(whole, values);
+            rank_.layout.to_dense(whole, values);
         } else {
-            layout_.to_dense(all(values_), values);
+            rank_.layout.to_dense(all(values_), values);
         }
         if (stage_ == 0) {
-            layout_.to_dense(all(m_), m);
-            layout_.to_dense(all(v_), v);
+            rank_.layout.to_dense(all(m_), m);
+            rank_.layout.to_dense(all(v_), v);
         } else {
             gather_into_padded(m_);
-            layout_.to_dense(whole, m);
+            rank_.layout.to_dense(whole, m);
             gather_into_padded(v_);
-            layout_.to_dense(whole, v);
+            rank_.layout.to_dense(whole, v);
         }
     }
 
@@ -396,7 +382,7 @@ private:
             notice = options.notice ? options.notice : PowerSgdBuckets::Notice([](const std::string& line) {
                 std::cerr << "loom: " << line << "\n";
             });
-        compress_ = std::make_unique<CompressedExchange<C>>(*comm_, layout_, units_, compression, notice);
+        compress_ = std::make_unique<CompressedExchange<C>>(*comm_, rank_.layout, units_, compression, notice);
     }
     // After the warm-up: compressed from the step whose optimizer step is compress_warmup_ + 1.
     [[nodiscard]] bool compressing() const noexcept { return compress_ && optimizer_steps_ >= compress_warmup_; }
@@ -406,7 +392,7 @@ private:
     }
 
     void reduce_compressed(int index, const schedule::Instruction& in) {
-        const auto& g = layout_.group(in.group);
+        const auto& g = rank_.layout.group(in.group);
         const int r = comm_->rank();
         const auto span_of = [](const Buffer<Host>& b, std::int64_t offset, std::int64_t n) {
             return std::span<float>(const_cast<float*>(b.data<float>()) + offset, static_cast<std::size_t>(n));
@@ -420,7 +406,7 @@ private:
             issue(index, compress_->reduce_async(in.group, grad,
                                                  in.reduction == schedule::Reduction::all_reduce
                                                      ? grad
-                                                     : span_of(grads_, layout_.block_offset(in.group, r), g.block)));
+                                                     : span_of(grads_, rank_.layout.block_offset(in.group, r), g.block)));
             return;
         }
         // As the uncompressed slot reduction: the first writes the shard, later ones are added when done.
@@ -512,11 +498,6 @@ private:
                    " ranks for a strategy without Pipeline<...>; add Pipeline<Schedule> or use a pp axis of 1");
         return plan.pipelined;
     }
-    // ZeRO-3 gathers per unit; a pipeline at ZeRO 2/3 (ZeroPP) per chunk, once a step.
-    [[nodiscard]] static parallel::Grouping grouping(const ExecutionPlan& plan) {
-        if (plan.zero_stage >= 2 && plan.pipelined) return parallel::Grouping::per_segment;
-        return plan.zero_stage == 3 ? parallel::Grouping::per_unit : parallel::Grouping::buckets;
-    }
     // DP programs name no chunk: the whole model is chunk 0.
     [[nodiscard]] static int chunk_of(const schedule::Instruction& in) { return in.chunk < 0 ? 0 : in.chunk; }
 
@@ -526,18 +507,18 @@ private:
     }
 
     void allocate() {
-        const std::int64_t padded = layout_.padded_size(), shard = layout_.shard_size();
+        const std::int64_t padded = rank_.layout.padded_size(), shard = rank_.layout.shard_size();
         if (stage_ < 3) values_ = floats(padded);
         else value_shard_ = floats(shard);
         if (stage_ < 2) grads_ = floats(padded);
         else grad_shard_ = floats(shard);
         m_ = floats(stage_ == 0 ? padded : shard);
         v_ = floats(stage_ == 0 ? padded : shard);
-        for (int s = 0; s < program_.grad_slots; ++s) grad_slots_.push_back(floats(layout_.largest_group()));
-        for (int s = 0; s < program_.param_slots; ++s) param_slots_.push_back(floats(layout_.largest_group()));
+        for (int s = 0; s < rank_.program.grad_slots; ++s) grad_slots_.push_back(floats(rank_.layout.largest_group()));
+        for (int s = 0; s < rank_.program.param_slots; ++s) param_slots_.push_back(floats(rank_.layout.largest_group()));
         // Unsharded parameters and gradients are bound once, here.
-        for (int g = 0; g < static_cast<int>(layout_.groups().size()); ++g) {
-            const auto& group = layout_.group(g);
+        for (int g = 0; g < static_cast<int>(rank_.layout.groups().size()); ++g) {
+            const auto& group = rank_.layout.group(g);
             bind(g, stage_ < 3 ? values_.data<float>() + group.offset : nullptr,
                  stage_ < 2 ? grads_.data<float>() + group.offset : nullptr);
         }
@@ -546,7 +527,7 @@ private:
     // Points the Params of group g at `values` / `grads` (the group's first
     // element; nullptr unbinds, so a use outside the schedule fails loudly).
     void bind(int g, float* values, float* grads, bool set_values = true, bool set_grads = true) {
-        const auto& group = layout_.group(g);
+        const auto& group = rank_.layout.group(g);
         std::int64_t at = 0;
         for (int u = group.first_unit; u <= group.last_unit; ++u)
             for (Param* p : units_[static_cast<std::size_t>(u)].params) {
@@ -587,7 +568,7 @@ private:
         if (in.op == schedule::Op::send)
             return loom::detail::concat("send ", name(in.payload), " c", in.chunk, " mb", in.micro_batch, " to rank ",
                                         in.peer);
-        const auto& g = layout_.group(in.group);
+        const auto& g = rank_.layout.group(in.group);
         std::string what = in.op == schedule::Op::gather_params ? "all_gather"
                            : in.reduction == schedule::Reduction::all_reduce ? "all_reduce"
                                                                               : "reduce_scatter";
@@ -603,13 +584,13 @@ private:
                     Buffer<Host>& g = stage_ < 2 ? grads_ : grad_shard_;
                     std::fill_n(g.data<float>(), g.numel(), 0.0f);
                 });
-                reduced_.assign(layout_.groups().size(), false);
+                reduced_.assign(rank_.layout.groups().size(), false);
                 return;
             case Op::forward: {
                 auto& unit = units_[static_cast<std::size_t>(in.unit)];
                 const int v = chunk_of(in), mb = in.micro_batch;
                 timed([&] { return "forward " + unit.name; }, "forward", mb, [&] {
-                    if (in.unit == stages_.first(v)) {
+                    if (in.unit == rank_.stages.first(v)) {
                         nn::Context& ctx = pool_.open(v, mb);
                         ctx.set_targets(rows_of(targets_, mb));
                         activation_ = v == 0 ? rows_of(inputs_, mb) : pool_.inbox(schedule::Payload::activation, v, mb);
@@ -617,7 +598,7 @@ private:
                     nn::Context& ctx = pool_.context(v, mb);
                     activation_ = unit.forward(ctx, activation_);
                     if (in.unit + 1 == static_cast<int>(units_.size())) loss_sum_ += ctx.loss();
-                    if (in.unit + 1 == stages_.end(v) && v + 1 < stages_.stages()) hand_on(schedule::Payload::activation, v, v + 1, mb, activation_);
+                    if (in.unit + 1 == rank_.stages.end(v) && v + 1 < rank_.stages.stages()) hand_on(schedule::Payload::activation, v, v + 1, mb, activation_);
                 });
                 return;
             }
@@ -635,27 +616,27 @@ private:
                             // Each micro-batch's mean loss counts 1/M of the step's.
                             seed_ = 1.0f / static_cast<float>(micro_batches_);
                             activation_ = Tensor::of(&seed_, {1});
-                        } else if (in.unit + 1 == stages_.end(v)) {
+                        } else if (in.unit + 1 == rank_.stages.end(v)) {
                             activation_ = pool_.inbox(schedule::Payload::gradient, v, mb);
                         }
                         activation_ = unit.backward_input(ctx, activation_);
-                        if (in.unit == stages_.first(v) && v > 0) hand_on(schedule::Payload::gradient, v, v - 1, mb, activation_);
+                        if (in.unit == rank_.stages.first(v) && v > 0) hand_on(schedule::Payload::gradient, v, v - 1, mb, activation_);
                     }
                     if (in.op != Op::backward_input) unit.backward_weight(ctx);
                     // The chunk's last use of this micro-batch: its memory goes back to the pool.
-                    if (in.unit == stages_.first(v) && in.op != Op::backward_input) pool_.close(v, mb);
+                    if (in.unit == rank_.stages.first(v) && in.op != Op::backward_input) pool_.close(v, mb);
                 });
                 return;
             }
             case Op::gather_params: {
-                const auto& g = layout_.group(in.group);
+                const auto& g = rank_.layout.group(in.group);
                 if (in.slot >= 0) {
                     Buffer<Host>& slot = param_slots_[static_cast<std::size_t>(in.slot)];
                     issue(index, comm_->all_gather_async(slice(value_shard_, g.shard_offset, g.block),
                                                          slice(slot, 0, g.padded)));
                     bind(in.group, slot.data<float>(), nullptr, true, false);
                 } else {
-                    issue(index, comm_->all_gather_async(slice(values_, layout_.block_offset(in.group, r), g.block),
+                    issue(index, comm_->all_gather_async(slice(values_, rank_.layout.block_offset(in.group, r), g.block),
                                                          slice(values_, g.offset, g.padded)));
                 }
                 return;
@@ -666,12 +647,12 @@ private:
             case Op::bind_grads: {
                 Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
                 timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
-                      [&] { std::fill_n(slot.data<float>(), layout_.group(in.group).padded, 0.0f); });
+                      [&] { std::fill_n(slot.data<float>(), rank_.layout.group(in.group).padded, 0.0f); });
                 bind(in.group, nullptr, slot.data<float>(), false, true);
                 return;
             }
             case Op::reduce_grads: {
-                const auto& g = layout_.group(in.group);
+                const auto& g = rank_.layout.group(in.group);
                 if (compressing()) {
                     reduce_compressed(index, in);
                 } else if (in.reduction == schedule::Reduction::all_reduce) {
@@ -679,7 +660,7 @@ private:
                     issue(index, comm_->all_reduce_async(whole, whole, comm::ReduceOp::avg));
                 } else if (in.slot < 0) {
                     issue(index, comm_->reduce_scatter_async(slice(grads_, g.offset, g.padded),
-                                                             slice(grads_, layout_.block_offset(in.group, r), g.block),
+                                                             slice(grads_, rank_.layout.block_offset(in.group, r), g.block),
                                                              comm::ReduceOp::avg));
                 } else {
                     // The group's first reduction of the step writes the
@@ -735,7 +716,7 @@ private:
         }
     }
     [[nodiscard]] bool chunk_held(int v) const {
-        return !pipelined_ || pipe_.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
+        return !pipelined_ || rank_.pipe.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
     }
 
     [[nodiscard]] static kernels::host::Cast cast_of(const Compression& c) {
@@ -758,7 +739,7 @@ private:
                        pending_[static_cast<std::size_t>(target)].in_flight,
                    "Executor: wait for #", target, ", which is not in flight");
         InFlight& flight = pending_[static_cast<std::size_t>(target)];
-        const auto& in = program_.code[static_cast<std::size_t>(target)];
+        const auto& in = rank_.program.code[static_cast<std::size_t>(target)];
         const auto t0 = std::chrono::steady_clock::now();
         flight.request.wait();
         flight.second.wait();
@@ -776,7 +757,7 @@ private:
                 trace_.add("wait for " + what, "wait", compute_lane, t0, t1, step_count_, in.micro_batch);
         }
         if (flight.accumulate) {
-            const auto& g = layout_.group(in.group);
+            const auto& g = rank_.layout.group(in.group);
             const Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
             kernels::host::accumulate(grad_shard_.data<float>() + g.shard_offset,
                                       slot.data<float>() + comm_->rank() * g.block, g.block);
@@ -799,9 +780,9 @@ private:
                               step, adamw_);
         } else {
             const int r = comm_->rank();
-            for (int gi = 0; gi < static_cast<int>(layout_.groups().size()); ++gi) {
-                const auto& g = layout_.group(gi);
-                const std::int64_t own = layout_.block_offset(gi, r);
+            for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
+                const auto& g = rank_.layout.group(gi);
+                const std::int64_t own = rank_.layout.block_offset(gi, r);
                 optim::adamw_step(span_of(values_, own, g.block),
                                   stage_ == 1 ? span_of(grads_, own, g.block) : span_of(grad_shard_, g.shard_offset, g.block),
                                   span_of(m_, g.shard_offset, g.block), span_of(v_, g.shard_offset, g.block), step, adamw_);
@@ -819,11 +800,7 @@ private:
     int micro_batches_;
     optim::AdamWConfig adamw_;
     bool pipelined_;
-    schedule::PipelineProgram pipe_;
-    schedule::StageBounds stages_;
-    std::vector<int> chunk_of_unit_;  // -1: a unit held by another stage
-    parallel::ShardLayout layout_;
-    schedule::StepProgram program_;
+    RankProgram rank_;  // the schedule, this rank's units and layout, and its verified step program
     Trace trace_;
     std::function<void(std::uint64_t, std::span<float>, std::int64_t)> initialize_range_;
 
