@@ -7,7 +7,9 @@
 // Each collective first exchanges the ranks' arrival times (a one-element
 // max all-reduce); the operation then ends, on every rank, at the last arrival
 // plus the modelled cost (Links::cost), or when the real transfer ends if that
-// is later. A receive ends at max(send posted, receive posted) plus the link's
+// is later. Collectives on one communicator queue: one starts no earlier than
+// the previous one ended, as they would on shared links (an all-reduce per
+// gradient bucket costs the sum, not the largest). A receive ends at max(send posted, receive posted) plus the link's
 // time. Clocks are std::chrono::steady_clock, shared by the threads and the
 // processes of one machine: across machines Shaped is not meaningful.
 #pragma once
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -43,33 +46,54 @@ inline void sleep_until_ns(std::int64_t deadline) {
     return static_cast<std::int64_t>(seconds * 1e9 + 0.5);
 }
 
-// Waits for the real operation (and its timing message), then for the
-// modelled time. `start` is filled by the timing message: the last arrival
-// (collectives) or the send's posting time (receives).
+// When a shaped operation ends: at its start (the last arrival, or the
+// send's posting time, filled in by the `timing` message) plus its modelled
+// cost, and never before the collective issued before it on the same
+// communicator has ended: collectives on one communicator share its links,
+// so they queue (as NCCL's do on a stream) rather than overlap for free.
+struct ShapedDeadline {
+    std::unique_ptr<std::int64_t> start;
+    Request timing;
+    std::int64_t floor = 0, cost = 0;
+    std::shared_ptr<ShapedDeadline> previous;  // dropped once this deadline is known
+    std::optional<std::int64_t> known;
+
+    [[nodiscard]] bool ready() {
+        if (known) return true;
+        if (!timing.test() || (previous && !previous->ready())) return false;
+        (void)wait();
+        return true;
+    }
+    std::int64_t wait() {
+        if (!known) {
+            timing.wait();
+            const std::int64_t after = previous ? previous->wait() : 0;
+            known = std::max({*start, floor, after}) + cost;
+            previous.reset();
+        }
+        return *known;
+    }
+};
+
+// Waits for the real operation and the deadline, then sleeps until it.
 class ShapedPending final : public Request::Pending {
 public:
-    ShapedPending(std::unique_ptr<std::int64_t> start, Request timing, Request operation, std::int64_t floor_ns,
-                  std::int64_t cost_ns)
-        : start_(std::move(start)), timing_(std::move(timing)), operation_(std::move(operation)), floor_(floor_ns),
-          cost_(cost_ns) {}
+    ShapedPending(std::shared_ptr<ShapedDeadline> deadline, Request operation)
+        : deadline_(std::move(deadline)), operation_(std::move(operation)) {}
 
     bool test() override {
-        if (!timing_.test() || !operation_.test()) return false;
-        return steady_now_ns() >= deadline();
+        if (!deadline_->ready() || !operation_.test()) return false;
+        return steady_now_ns() >= deadline_->wait();
     }
     void wait() override {
-        timing_.wait();
+        const std::int64_t until = deadline_->wait();
         operation_.wait();
-        sleep_until_ns(deadline());
+        sleep_until_ns(until);
     }
 
 private:
-    [[nodiscard]] std::int64_t deadline() const { return std::max(*start_, floor_) + cost_; }
-
-    std::unique_ptr<std::int64_t> start_;
-    Request timing_;
+    std::shared_ptr<ShapedDeadline> deadline_;
     Request operation_;
-    std::int64_t floor_, cost_;
 };
 
 }  // namespace detail
@@ -134,16 +158,14 @@ public:
         auto posted = std::make_unique<std::int64_t>(now);
         Request timing = inner_.send_async(Tensor::of(posted.get(), {1}), peer, tag);
         Request payload = inner_.send_async(buffer, peer, tag);
-        return Request(std::make_unique<detail::ShapedPending>(std::move(posted), std::move(timing), std::move(payload),
-                                                               now, link_ns(peer, buffer.nbytes())));
+        return point_to_point(std::move(posted), std::move(timing), std::move(payload), now, peer, buffer.nbytes());
     }
     [[nodiscard]] Request recv_async(const Tensor& buffer, int peer, int tag) {
         const std::int64_t now = detail::steady_now_ns();
         auto posted = std::make_unique<std::int64_t>(0);
         Request timing = inner_.recv_async(Tensor::of(posted.get(), {1}), peer, tag);
         Request payload = inner_.recv_async(buffer, peer, tag);
-        return Request(std::make_unique<detail::ShapedPending>(std::move(posted), std::move(timing), std::move(payload),
-                                                               now, link_ns(peer, buffer.nbytes())));
+        return point_to_point(std::move(posted), std::move(timing), std::move(payload), now, peer, buffer.nbytes());
     }
 
     [[nodiscard]] Shaped split(int color, int key) {
@@ -172,8 +194,19 @@ private:
 
     [[nodiscard]] Request finish(OpKind kind, std::size_t bytes, int root, Arrival arrival, Request operation) {
         const double seconds = links_->cost(kind, members_, static_cast<double>(bytes), root);
-        return Request(std::make_unique<detail::ShapedPending>(std::move(arrival.last), std::move(arrival.exchange),
-                                                               std::move(operation), 0, detail::seconds_to_ns(seconds)));
+        auto deadline = std::make_shared<detail::ShapedDeadline>(detail::ShapedDeadline{
+            std::move(arrival.last), std::move(arrival.exchange), 0, detail::seconds_to_ns(seconds), last_collective_, {}});
+        last_collective_ = deadline;
+        return Request(std::make_unique<detail::ShapedPending>(std::move(deadline), std::move(operation)));
+    }
+
+    // A transfer over one link: it starts when the send was posted (the
+    // timing message says when) and does not queue behind collectives.
+    [[nodiscard]] Request point_to_point(std::unique_ptr<std::int64_t> posted, Request timing, Request payload,
+                                         std::int64_t now, int peer, std::size_t bytes) const {
+        auto deadline = std::make_shared<detail::ShapedDeadline>(
+            detail::ShapedDeadline{std::move(posted), std::move(timing), now, link_ns(peer, bytes), nullptr, {}});
+        return Request(std::make_unique<detail::ShapedPending>(std::move(deadline), std::move(payload)));
     }
 
     [[nodiscard]] std::int64_t link_ns(int peer, std::size_t bytes) const {
@@ -186,6 +219,7 @@ private:
     C inner_;
     std::shared_ptr<const Links> links_;
     std::vector<int> members_;
+    std::shared_ptr<detail::ShapedDeadline> last_collective_;  // what the next collective queues behind
 };
 
 }  // namespace loom::comm
