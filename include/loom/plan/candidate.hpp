@@ -1,0 +1,165 @@
+// Candidate: one way to train a model on a cluster, the point the planner
+// searches over: the degrees of data, pipeline, tensor (Megatron 1D or an
+// Optimus 2D grid) and sequence (ring or Ulysses) parallelism, the pipeline
+// schedule, the micro-batches per step, the ZeRO stage and the layers of
+// each virtual stage. It says which loom::Strategy realises it and which
+// train_gpt flags run it, and why_invalid() names the first rule a
+// candidate breaks for a model and a cluster.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/parallel/pipeline.hpp"
+#include "loom/plan/cluster.hpp"
+#include "loom/plan/model_description.hpp"
+#include "loom/schedule/pipeline.hpp"
+
+namespace loom::plan {
+
+struct Candidate {
+    int dp = 1, pp = 1, tp = 1, sp = 1;
+    bool tp_grid = false;  // Optimus 2D: tp = q x q
+    bool ulysses = false;  // sequence parallelism by Ulysses all-to-alls instead of ring attention
+    ScheduleKind schedule = ScheduleKind::one_f_one_b;
+    int chunks = 1;        // virtual stages per pipeline rank (Interleaved<V>, ZB-V)
+    int micro_batches = 1;
+    int zero = 0;
+    std::vector<int> partition;  // layers per virtual stage; empty: balanced by the planner
+
+    [[nodiscard]] int devices() const noexcept { return dp * pp * tp * sp; }
+    [[nodiscard]] int virtual_stages() const noexcept { return pp > 1 ? pp * chunks : 1; }
+    // The world rank of coordinates (pipeline stage, replica, sequence, tensor)
+    // in loom's Mesh order: pp outermost, then dp, sp, and tp innermost.
+    [[nodiscard]] int device(int stage, int replica, int sequence, int tensor) const noexcept {
+        return ((stage * dp + replica) * sp + sequence) * tp + tensor;
+    }
+
+    // "loom::Strategy<loom::DataParallel<>, loom::Pipeline<loom::OneFOneB>, loom::TensorParallel, loom::ZeroShard<1>>"
+    [[nodiscard]] std::string strategy() const {
+        std::string s = "loom::Strategy<loom::DataParallel<>";
+        if (pp > 1) {
+            s += ", loom::Pipeline<loom::";
+            switch (schedule) {
+                case ScheduleKind::gpipe: s += "GPipe"; break;
+                case ScheduleKind::one_f_one_b: s += "OneFOneB"; break;
+                case ScheduleKind::interleaved: s += "Interleaved<" + std::to_string(chunks) + ">"; break;
+                case ScheduleKind::zero_bubble_h1: s += "ZeroBubbleH1"; break;
+                case ScheduleKind::zero_bubble_v: s += "ZeroBubbleV"; break;
+            }
+            s += ">";
+        }
+        if (tp > 1) s += tp_grid ? ", loom::Optimus2D" : ", loom::TensorParallel";
+        if (sp > 1) s += ulysses ? ", loom::SequenceParallel<loom::Ulysses>" : ", loom::SequenceParallel<loom::RingAttention>";
+        if (zero > 0) s += ", loom::ZeroShard<" + std::to_string(zero) + ">";
+        return s + ">";
+    }
+
+    // The train_gpt flags of this candidate (the model's own flags aside).
+    [[nodiscard]] std::string flags(std::int64_t batch) const {
+        std::ostringstream f;
+        f << "--dp " << dp;
+        if (pp > 1) {
+            static constexpr const char* names[] = {"gpipe", "1f1b", "interleaved", "zb", "zbv"};
+            f << " --pp " << pp << " --schedule " << names[static_cast<int>(schedule)];
+            if (schedule == ScheduleKind::interleaved) f << " --chunks " << chunks;
+        }
+        if (tp > 1) f << " --tp " << tp << (tp_grid ? " --tp-mode 2d" : "");
+        if (sp > 1) f << " --sp " << sp << (ulysses ? " --sp-mode ulysses" : "");
+        f << " --micro-batches " << micro_batches << " --batch " << batch;
+        if (zero > 0) f << " --zero " << zero;
+        if (pp > 1 && !partition.empty()) {
+            f << " --partition ";
+            for (std::size_t i = 0; i < partition.size(); ++i) f << (i ? "," : "") << partition[i];
+        }
+        return f.str();
+    }
+
+    // "dp 2 x pp 2 x tp 2, 1F1B, 8 micro-batches, ZeRO-1, partition 12,12".
+    friend std::ostream& operator<<(std::ostream& out, const Candidate& c) {
+        out << "dp " << c.dp;
+        if (c.pp > 1) out << " x pp " << c.pp;
+        if (c.tp > 1) out << " x tp " << c.tp << (c.tp_grid ? " (2D)" : "");
+        if (c.sp > 1) out << " x sp " << c.sp << (c.ulysses ? " (Ulysses)" : " (ring)");
+        if (c.pp > 1) {
+            out << ", " << name(c.schedule);
+            if (c.schedule == ScheduleKind::interleaved) out << "<" << c.chunks << ">";
+        }
+        out << ", " << c.micro_batches << " micro-batch" << (c.micro_batches == 1 ? "" : "es");
+        if (c.zero > 0) out << ", ZeRO-" << c.zero;
+        if (c.pp > 1 && !c.partition.empty()) {
+            out << ", partition ";
+            for (std::size_t i = 0; i < c.partition.size(); ++i) out << (i ? "," : "") << c.partition[i];
+        }
+        return out;
+    }
+};
+
+// The side of a square grid of `tp` ranks, or 0 if `tp` is not a square.
+[[nodiscard]] constexpr int grid_side(int tp) noexcept {
+    int q = 1;
+    while ((q + 1) * (q + 1) <= tp) ++q;
+    return q * q == tp ? q : 0;
+}
+
+// Empty when `c` can train `model` on `cluster`; else the first rule it
+// breaks, as a sentence naming the values.
+[[nodiscard]] inline std::string why_invalid(const ModelDescription& model, const Cluster& cluster, const Candidate& c) {
+    std::ostringstream why;
+    const auto layers = static_cast<int>(model.layers.size());
+    if (c.dp < 1 || c.pp < 1 || c.tp < 1 || c.sp < 1)
+        why << "the degrees dp " << c.dp << ", pp " << c.pp << ", tp " << c.tp << ", sp " << c.sp << " must be 1 or more";
+    else if (c.devices() != cluster.size())
+        why << "dp " << c.dp << " x pp " << c.pp << " x tp " << c.tp << " x sp " << c.sp << " = " << c.devices()
+            << " ranks, but the cluster has " << cluster.size() << " devices; the degrees must multiply to "
+            << cluster.size();
+    else if (c.micro_batches < 1 || model.batch % (static_cast<std::int64_t>(c.dp) * c.micro_batches) != 0)
+        why << "batch " << model.batch << " does not split into dp " << c.dp << " x " << c.micro_batches
+            << " micro-batches of whole samples";
+    else if (c.zero < 0 || c.zero > 3)
+        why << "ZeRO stage " << c.zero << " is not 0, 1, 2 or 3";
+    else if (c.pp > 1 && c.virtual_stages() > layers)
+        why << c.virtual_stages() << " pipeline stages for " << layers << " layers; every stage needs a layer";
+    else if (c.tp_grid && grid_side(c.tp) == 0)
+        why << "a 2D tensor grid of " << c.tp << " ranks is not a square";
+    else if (c.tp > 1 && !c.tp_grid && model.heads > 0 && model.heads % c.tp != 0)
+        why << "tp " << c.tp << " does not divide the " << model.heads << " attention heads";
+    else if (c.tp > 1 && model.vocab > 0 && model.vocab % (c.tp_grid ? grid_side(c.tp) : c.tp) != 0)
+        why << "tp " << c.tp << " does not divide the vocabulary of " << model.vocab;
+    else if (c.tp_grid && model.heads > 0 && model.heads % grid_side(c.tp) != 0)
+        why << "the 2D grid's side " << grid_side(c.tp) << " does not divide the " << model.heads << " heads";
+    else if (c.tp_grid && (model.batch / (c.dp * c.micro_batches)) % grid_side(c.tp) != 0)
+        why << "the 2D grid's side " << grid_side(c.tp) << " does not divide the "
+            << model.batch / (c.dp * c.micro_batches) << " samples of a micro-batch";
+    else if (c.sp > 1 && model.sequence == 0)
+        why << "sequence parallelism needs the model's sequence length";
+    else if (c.sp > 1 && model.sequence % (2 * c.sp) != 0)
+        why << "sp " << c.sp << " does not cut the sequence of " << model.sequence << " into " << 2 * c.sp
+            << " equal chunks (the zigzag layout)";
+    else if (c.sp > 1 && c.tp_grid)
+        why << "sequence parallelism does not combine with a 2D tensor grid";
+    else if (c.sp > 1 && c.ulysses && model.heads > 0 && (model.heads / c.tp) % c.sp != 0)
+        why << "Ulysses over sp " << c.sp << " needs it to divide the " << model.heads / c.tp << " heads per tp rank";
+    if (!why.str().empty()) return why.str();
+    if (c.pp > 1) {
+        try {
+            (void)schedule::pipeline_program(c.schedule, c.pp, c.micro_batches, c.chunks);
+        } catch (const Error& e) {
+            return e.message();
+        }
+        if (!c.partition.empty()) {
+            int sum = 0;
+            for (int n : c.partition) sum += n < 1 ? layers + 1 : n;
+            if (static_cast<int>(c.partition.size()) != c.virtual_stages() || sum != layers)
+                return "partition of " + std::to_string(c.partition.size()) + " stages summing to " +
+                       std::to_string(sum) + " layers; give " + std::to_string(c.virtual_stages()) +
+                       " counts of 1 or more summing to " + std::to_string(layers);
+        }
+    }
+    return {};
+}
+
+}  // namespace loom::plan

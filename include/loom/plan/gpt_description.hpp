@@ -1,0 +1,61 @@
+// The planner's description of loom's reference GPT (gpt/model.hpp): one
+// layer per transformer block, the embedding folded into the first and the
+// final layernorm, head and loss into the last, which is how train_gpt's
+// --partition counts layers (blocks per stage). Per sample of T tokens,
+// width C, H heads, vocabulary V, f32 activations:
+//   - a block's forward: 24 T C^2 FLOPs of matmuls (QKV, projection, the
+//     MLP's two) and 2 T^2 C of causal attention; 12 C^2 + 13 C parameters;
+//     it passes on T C floats and keeps about 16 T C + T H for its backward;
+//     Megatron all-reduces two T x C activations in its forward; K and V
+//     are 2 T C floats;
+//   - the head: 2 T C V FLOPs and V C parameters, keeping the T x V logits
+//     and probabilities.
+#pragma once
+
+#include <string>
+
+#include "loom/gpt/model.hpp"
+#include "loom/plan/model_description.hpp"
+
+namespace loom::plan {
+
+[[nodiscard]] inline ModelDescription describe_gpt(const gpt::Config& config, std::int64_t batch) {
+    config.validate();
+    const auto T = static_cast<double>(config.seq), C = static_cast<double>(config.width),
+               H = static_cast<double>(config.heads), V = static_cast<double>(config.vocab);
+    ModelDescription m;
+    m.name = "gpt(layers " + std::to_string(config.layers) + ", width " + std::to_string(config.width) + ", heads " +
+             std::to_string(config.heads) + ", seq " + std::to_string(config.seq) + ", vocab " +
+             std::to_string(config.vocab) + ")";
+    m.batch = batch;
+    m.sequence = config.seq;
+    m.heads = config.heads;
+    m.width = config.width;
+    m.vocab = config.vocab;
+    for (std::int64_t i = 0; i < config.layers; ++i) {
+        LayerSpec block;
+        block.name = "blocks[" + std::to_string(i) + "]";
+        block.forward_flops = 24 * T * C * C + 2 * T * T * C;
+        block.params = 12 * config.width * config.width + 13 * config.width;
+        block.output_bytes = 4 * T * C;
+        block.saved_bytes = 4 * (16 * T * C + T * H);
+        block.tp_bytes = 2 * 4 * T * C;
+        block.sequence_bytes = 2 * 4 * T * C;
+        m.layers.push_back(block);
+    }
+    LayerSpec& first = m.layers.front();
+    first.name = "embed + " + first.name;
+    first.params += config.vocab * config.width + config.seq * config.width;
+    first.forward_flops += T * C;  // the position add; the lookup is a copy
+    first.saved_bytes += 4 * T * C;
+    first.tp_bytes += 4 * T * C;  // the vocab-parallel lookup's sum
+    LayerSpec& last = m.layers.back();
+    last.name += " + ln_f, head, loss";
+    last.params += 2 * config.width + config.vocab * config.width;
+    last.forward_flops += 2 * T * C * V + 5 * T * V;  // the head's matmul, then softmax and the loss
+    last.saved_bytes += 4 * (T * C + 2 * T * V);
+    last.tp_bytes += 4 * T * C;  // the head's input gradient, summed over the vocabulary's shards
+    return m;
+}
+
+}  // namespace loom::plan

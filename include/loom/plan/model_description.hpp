@@ -1,0 +1,81 @@
+// ModelDescription: what the planner needs to know of a model, layer by
+// layer, per sample of the batch (one sequence for a language model): the
+// FLOPs of its forward and backward, its parameters, the activation it hands
+// to the next layer (what a pipeline boundary after it sends), the
+// activations it keeps for its backward, and the bytes tensor and sequence
+// parallelism exchange inside it. Layers may differ (uneven blocks, a GAN's
+// generator and discriminator): the planner partitions them as they are.
+//
+// Made from a loom model type (plan/gpt_description.hpp for the GPT), read
+// from JSON (plan/model_json.hpp), or written by hand.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.hpp"
+
+namespace loom::plan {
+
+struct LayerSpec {
+    std::string name;
+    double forward_flops = 0;    // per sample
+    double backward_flops = -1;  // per sample; negative: twice the forward (input and weight gradients)
+    std::int64_t params = 0;     // parameter elements
+    double output_bytes = 0;     // per sample: the activation it passes on
+    double saved_bytes = 0;      // per sample: what its forward keeps until its backward
+    double tp_bytes = 0;         // per sample: all-reduced over the tp group in its forward, and again in its backward
+    double sequence_bytes = 0;   // per sample: what sequence-parallel attention exchanges in its forward (K and V)
+
+    [[nodiscard]] double backward() const { return backward_flops < 0 ? 2 * forward_flops : backward_flops; }
+};
+
+struct ModelDescription {
+    std::string name;
+    std::vector<LayerSpec> layers;
+    std::int64_t batch = 1;       // samples per optimizer step, over all data-parallel ranks
+    std::int64_t sequence = 0;    // tokens per sample; > 0 allows sequence parallelism (sp must divide it)
+    std::int64_t heads = 0;       // attention heads; > 0: tensor parallelism must divide them
+    std::int64_t width = 0;       // hidden width; > 0: a 2D tensor grid's side must divide it
+    std::int64_t vocab = 0;       // vocabulary; > 0: tensor parallelism (vocab-parallel head) must divide it
+    double bytes_per_param = 16;  // f32 value, gradient and AdamW's two moments
+    double gradient_bytes = 4;    // per parameter, what data parallelism reduces
+
+    [[nodiscard]] std::int64_t parameters() const {
+        std::int64_t n = 0;
+        for (const LayerSpec& l : layers) n += l.params;
+        return n;
+    }
+    [[nodiscard]] double flops_per_step() const {
+        double f = 0;
+        for (const LayerSpec& l : layers) f += l.forward_flops + l.backward();
+        return f * static_cast<double>(batch);
+    }
+
+    // Throws with the first field that cannot describe a model.
+    void validate() const {
+        LOOM_CHECK(!layers.empty(), "model ", name, ": it has no layers; describe at least one");
+        LOOM_CHECK(batch >= 1, "model ", name, ": batch ", batch, " must be at least 1 sample");
+        LOOM_CHECK(sequence >= 0 && heads >= 0 && width >= 0 && vocab >= 0, "model ", name, ": sequence ", sequence,
+                   ", heads ", heads, ", width ", width, " and vocab ", vocab, " must be 0 (unknown) or more");
+        LOOM_CHECK(bytes_per_param > 0 && gradient_bytes > 0, "model ", name, ": bytes_per_param ", bytes_per_param,
+                   " and gradient_bytes ", gradient_bytes, " must be positive");
+        for (const LayerSpec& l : layers)
+            LOOM_CHECK(l.forward_flops >= 0 && l.params >= 0 && l.output_bytes >= 0 && l.saved_bytes >= 0 &&
+                           l.tp_bytes >= 0 && l.sequence_bytes >= 0,
+                       "model ", name, ": layer ", l.name, " has a negative size (forward_flops ", l.forward_flops,
+                       ", params ", l.params, ", output_bytes ", l.output_bytes, ", saved_bytes ", l.saved_bytes,
+                       ", tp_bytes ", l.tp_bytes, ", sequence_bytes ", l.sequence_bytes, ")");
+    }
+
+    // "gpt2-24: 26 layers, 354.9 M parameters, batch 32, 2.1 PFLOP per step".
+    friend std::ostream& operator<<(std::ostream& out, const ModelDescription& m) {
+        return out << m.name << ": " << m.layers.size() << " layer" << (m.layers.size() == 1 ? "" : "s") << ", "
+                   << static_cast<double>(m.parameters()) / 1e6 << " M parameters, batch " << m.batch << ", "
+                   << m.flops_per_step() / 1e12 << " TFLOP per step";
+    }
+};
+
+}  // namespace loom::plan

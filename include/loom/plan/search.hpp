@@ -1,0 +1,169 @@
+// The strategy search (AMP's, with loom's whole space): every way to factor
+// the cluster's devices into dp x pp x tp x sp (tensor groups inside a
+// node), Megatron or 2D tensor parallelism, ring or Ulysses sequence
+// parallelism, every pipeline schedule, every micro-batch count and ZeRO
+// stage, with the layers split by the min-max partition over the stages'
+// device speeds (plan/partition.hpp). Candidates that cannot hold their
+// memory are dropped; the rest are sorted by a lower bound on their step
+// (the busiest rank's compute) and simulated in that order until the bound
+// passes the k-th best step found, so a 64-device search simulates a few
+// dozen of its thousands of candidates.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/plan/candidate.hpp"
+#include "loom/plan/cluster.hpp"
+#include "loom/plan/cost_model.hpp"
+#include "loom/plan/model_description.hpp"
+
+namespace loom::plan {
+
+struct SearchOptions {
+    int top = 5;
+    bool tensor_grid = true;         // consider Optimus 2D
+    bool sequence = true;            // consider sequence parallelism
+    int max_micro_batches = 64;
+    std::vector<ScheduleKind> schedules{ScheduleKind::one_f_one_b, ScheduleKind::gpipe, ScheduleKind::interleaved,
+                                        ScheduleKind::zero_bubble_h1, ScheduleKind::zero_bubble_v};
+    std::vector<int> zero_stages{0, 1, 2, 3};
+};
+
+struct RankedPlan {
+    Candidate candidate;
+    Estimate estimate;
+};
+
+struct SearchReport {
+    std::vector<RankedPlan> plans;   // best first, at most `top`
+    std::int64_t candidates = 0;     // valid candidates enumerated
+    std::int64_t over_memory = 0;    // dropped because some device cannot hold them
+    std::int64_t simulated = 0;
+    double seconds = 0;              // the search's own wall time
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::vector<int> divisors(std::int64_t n) {
+    std::vector<int> out;
+    for (std::int64_t k = 1; k <= n; ++k)
+        if (n % k == 0) out.push_back(static_cast<int>(k));
+    return out;
+}
+
+// Every valid candidate, partition left to the cost model.
+[[nodiscard]] inline std::vector<Candidate> enumerate(const ModelDescription& model, const Cluster& cluster,
+                                                      const SearchOptions& options) {
+    std::vector<Candidate> out;
+    const int n = cluster.size(), node = cluster.smallest_node();
+    const auto layers = static_cast<int>(model.layers.size());
+    for (int tp : divisors(n)) {
+        if (tp > node && tp > 1) continue;  // tensor groups stay inside a node
+        for (int grid = 0; grid <= (options.tensor_grid && tp > 1 && grid_side(tp) > 1 ? 1 : 0); ++grid)
+            for (int sp : divisors(n / tp))
+                for (int ulysses = 0; ulysses <= (sp > 1 ? 1 : 0); ++ulysses) {
+                    if (sp > 1 && !options.sequence) continue;
+                    for (int pp : divisors(n / (tp * sp))) {
+                        if (pp > layers) continue;
+                        const int dp = n / (tp * sp * pp);
+                        if (model.batch % dp != 0) continue;
+                        for (int m : divisors(model.batch / dp)) {
+                            if (m > options.max_micro_batches) continue;
+                            std::vector<std::pair<ScheduleKind, int>> schedules{{ScheduleKind::one_f_one_b, 1}};
+                            if (pp > 1) {
+                                schedules.clear();
+                                for (ScheduleKind s : options.schedules)
+                                    schedules.emplace_back(s, s == ScheduleKind::interleaved || s == ScheduleKind::zero_bubble_v ? 2 : 1);
+                            } else if (m > 1 && (dp * sp == 1)) {
+                                continue;  // one rank: more micro-batches only cost time
+                            }
+                            for (const auto& [schedule, chunks] : schedules)
+                                for (int zero : options.zero_stages) {
+                                    if (zero > 0 && dp * sp == 1) continue;
+                                    Candidate c{dp, pp, tp, sp, grid == 1, ulysses == 1, schedule, chunks, m, zero, {}};
+                                    if (why_invalid(model, cluster, c).empty()) out.push_back(c);
+                                }
+                        }
+                    }
+                }
+    }
+    return out;
+}
+
+}  // namespace detail
+
+// The best `options.top` plans, fastest first. Throws loom::Error when no
+// candidate fits the devices' memory, naming the least memory any needs.
+[[nodiscard]] inline SearchReport search(const ModelDescription& model, const Cluster& cluster,
+                                         const SearchOptions& options = {}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    model.validate();
+    LOOM_CHECK(options.top >= 1, "search: top ", options.top, "; ask for 1 or more plans");
+    SearchReport report;
+    const std::vector<Candidate> all = detail::enumerate(model, cluster, options);
+    report.candidates = static_cast<std::int64_t>(all.size());
+    LOOM_CHECK(!all.empty(), "search: no way to place ", model.name, " on ", cluster.size(),
+               " devices (check that the batch of ", model.batch, " splits over the devices)");
+
+    struct Scored {
+        Candidate candidate;
+        double bound;
+    };
+    std::vector<Scored> scored;
+    double least_memory = std::numeric_limits<double>::infinity();
+    std::string least_plan;
+    int least_device = 0;
+    for (Candidate c : all) {
+        detail::CostModel model_of(model, cluster, c);
+        if (c.pp > 1) c.partition = model_of.balanced_partition();
+        detail::CostModel priced(model, cluster, c);
+        // Memory first: it is cheap and prunes the most.
+        Estimate e;
+        e.partition = c.partition;
+        const double need = priced.memory_only(e);
+        if (!e.fits) {
+            ++report.over_memory;
+            if (need < least_memory) {
+                least_memory = need;
+                std::ostringstream s;
+                s << c;
+                least_plan = s.str();
+                least_device = e.peak_device;
+            }
+            continue;
+        }
+        scored.push_back({c, priced.lower_bound()});
+    }
+    if (scored.empty()) {
+        std::ostringstream message;
+        message << "no plan fits " << model.name << " in the memory of the cluster's devices: the least any plan needs is "
+                << least_memory / 1e9 << " GB on device " << cluster.device(least_device).name << " (which has "
+                << cluster.device(least_device).memory / 1e9 << " GB), with " << least_plan
+                << "; add devices or memory, or shrink the batch or the model";
+        LOOM_FAIL(message.str());
+    }
+    std::stable_sort(scored.begin(), scored.end(), [](const Scored& a, const Scored& b) { return a.bound < b.bound; });
+    for (const Scored& s : scored) {
+        if (static_cast<int>(report.plans.size()) >= options.top &&
+            s.bound >= report.plans.back().estimate.step_seconds)
+            break;  // sorted by bound: nothing later can enter the top k
+        Estimate e = detail::CostModel(model, cluster, s.candidate).run(false);
+        ++report.simulated;
+        RankedPlan ranked{s.candidate, std::move(e)};
+        const auto at = std::upper_bound(report.plans.begin(), report.plans.end(), ranked.estimate.step_seconds,
+                                         [](double t, const RankedPlan& p) { return t < p.estimate.step_seconds; });
+        report.plans.insert(at, std::move(ranked));
+        if (static_cast<int>(report.plans.size()) > options.top) report.plans.pop_back();
+    }
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return report;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,206 @@
+// The cost model against closed forms it must reproduce, the simulator's
+// queueing and processor sharing, and the search against brute force.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "loom/plan/cost_model.hpp"
+#include "loom/plan/gpt_description.hpp"
+#include "loom/plan/search.hpp"
+#include "support/message_of.hpp"
+
+using loom::plan::Candidate;
+using loom::plan::Cluster;
+using loom::plan::estimate;
+using loom::plan::LayerSpec;
+using loom::plan::ModelDescription;
+using loom::comm::Link;
+using Catch::Contains;
+
+namespace {
+
+// `layers` equal layers of 1 GFLOP forward per sample, 2 backward.
+ModelDescription even_model(int layers, std::int64_t batch, std::int64_t params = 1000) {
+    ModelDescription m;
+    m.name = "even";
+    m.batch = batch;
+    for (int i = 0; i < layers; ++i)
+        m.layers.push_back(LayerSpec{std::to_string(i), 1e9, -1, params, 1e6, 1e6, 0, 0});
+    return m;
+}
+
+// dp x pp x tp x sp, then the fields that follow.
+Candidate degrees(int dp, int pp, int tp, int sp) {
+    Candidate c;
+    c.dp = dp;
+    c.pp = pp;
+    c.tp = tp;
+    c.sp = sp;
+    return c;
+}
+
+// Devices of 1 TFLOP/s: one sample through one layer takes 1 ms forward, 2 ms backward.
+Cluster fast_cluster(int devices, Link inter = Link::unlimited(), int per_node = 0) {
+    if (per_node == 0) per_node = devices;
+    return Cluster::uniform(devices / per_node, per_node, 1e12, 1e12, Link::unlimited(), inter);
+}
+
+}  // namespace
+
+TEST_CASE("plan: one device runs every layer's forward and backward for every sample", "[plan]") {
+    const auto model = even_model(4, 8);
+    const auto e = estimate(model, fast_cluster(1), Candidate{});
+    CHECK(e.step_seconds == Approx(8 * 4 * 3e-3));
+    CHECK(e.compute_seconds == Approx(8 * 4 * 3e-3));
+}
+
+TEST_CASE("plan: a GPipe pipeline takes (m + p - 1) stage times", "[plan]") {
+    // 4 layers on 2 stages of 2, 4 micro-batches of 2 samples: a stage's
+    // forward is 4 ms and its backward 8 ms; free links.
+    const auto model = even_model(4, 8);
+    for (auto schedule : {loom::ScheduleKind::gpipe, loom::ScheduleKind::one_f_one_b}) {
+        Candidate c;
+        c.pp = 2;
+        c.schedule = schedule;
+        c.micro_batches = 4;
+        const auto e = estimate(model, fast_cluster(2), c);
+        CHECK(e.partition == std::vector<int>{2, 2});
+        CHECK(e.step_seconds == Approx((4 + 2 - 1) * 12e-3));
+    }
+}
+
+TEST_CASE("plan: a pipeline transfer costs its link's time on the critical path", "[plan]") {
+    // 1 MB boundary activations over 1 GB/s with 1 ms latency: 2 ms each way.
+    const auto model = even_model(2, 1);
+    Candidate c;
+    c.pp = 2;
+    c.micro_batches = 1;
+    const auto e = estimate(model, fast_cluster(2, Link::gbytes(1, 1e-3), 1), c);
+    // F0, send (2 ms), F1, B1, send back (2 ms), B0; the loss all-reduce of 4 bytes costs 2 x 1 ms more.
+    CHECK(e.step_seconds == Approx(1e-3 + 2e-3 + 1e-3 + 2e-3 + 2e-3 + 2e-3 + 2 * (1e-3 + 2e-9)));
+}
+
+TEST_CASE("plan: data parallelism pays the all-reduce after the last backward", "[plan]") {
+    // One layer, so its bucket's reduction cannot overlap any backward.
+    const auto model = even_model(1, 2, 250000);  // 1 MB of gradients
+    Candidate c;
+    c.dp = 2;
+    const auto link = Link::gbytes(1, 0);
+    const auto e = estimate(model, fast_cluster(2, link, 1), c);
+    const double all_reduce = 2.0 * (2 - 1) * link.seconds(1e6 / 2);
+    const double loss = 2.0 * link.seconds(4.0 / 2);
+    CHECK(e.step_seconds == Approx(3e-3 + all_reduce + loss));
+}
+
+TEST_CASE("plan: collectives on one group queue behind each other", "[plan]") {
+    // Two 1 MB buckets (the default bucket is 2 MiB): both are issued during
+    // the backward, and the second waits for the first's links.
+    const auto model = even_model(2, 2, 400000);
+    Candidate c;
+    c.dp = 2;
+    const auto link = Link::gbytes(0.01, 0);  // 100 ms per MB: far longer than the compute
+    const auto e = estimate(model, fast_cluster(2, link, 1), c);
+    const double one = 2.0 * link.seconds(1.6e6 / 2);
+    REQUIRE(e.step_seconds > 2 * one);
+    CHECK(e.step_seconds < 2 * one + 10e-3);
+}
+
+TEST_CASE("plan: devices sharing cores run by processor sharing", "[plan]") {
+    const auto model = even_model(2, 4);
+    Candidate c;
+    c.dp = 4;
+    auto shared = Cluster(
+        {{"local", 0}},
+        {{"local/0", 0, 1e12, 1e12, 0}, {"local/1", 0, 1e12, 1e12, 0}, {"local/2", 0, 1e12, 1e12, 0},
+         {"local/3", 0, 1e12, 1e12, 0}},
+        loom::comm::Links(4), 2);
+    // Each rank's 6 ms of work, four at once on two cores: 12 ms.
+    CHECK(estimate(model, shared, c).step_seconds == Approx(12e-3));
+    CHECK(estimate(model, fast_cluster(4), c).step_seconds == Approx(6e-3));
+}
+
+TEST_CASE("plan: ZeRO stages shrink the memory per device", "[plan]") {
+    const auto model = even_model(4, 8, 1000000);
+    double previous = std::numeric_limits<double>::infinity();
+    for (int zero = 0; zero <= 3; ++zero) {
+        Candidate c;
+        c.dp = 4;
+        c.zero = zero;
+        const auto e = estimate(model, fast_cluster(4), c);
+        CHECK(e.peak_memory < previous);
+        previous = e.peak_memory;
+    }
+}
+
+TEST_CASE("plan: the search's best plans are the brute force's", "[plan]") {
+    const auto model = loom::plan::describe_gpt({4, 64, 4, 32, 256}, 8);
+    const auto cluster = fast_cluster(4, Link::gbit(1, 50e-6), 2);
+    const auto report = loom::plan::search(model, cluster, {.top = 3});
+    REQUIRE(report.plans.size() == 3);
+    CHECK(report.simulated <= report.candidates);
+    // Every candidate, simulated: none beats the search's best.
+    double best = std::numeric_limits<double>::infinity();
+    for (Candidate c : loom::plan::detail::enumerate(model, cluster, {})) {
+        const auto e = estimate(model, cluster, c);
+        if (e.fits) best = std::min(best, e.step_seconds);
+    }
+    CHECK(report.plans.front().estimate.step_seconds == Approx(best));
+    for (std::size_t i = 1; i < report.plans.size(); ++i)
+        CHECK(report.plans[i - 1].estimate.step_seconds <= report.plans[i].estimate.step_seconds);
+}
+
+TEST_CASE("plan: a cluster too small for the model says the least memory any plan needs", "[plan]") {
+    const auto model = even_model(4, 8, 100000000);  // 1.6 GB of state per copy
+    const auto cluster = Cluster::uniform(1, 4, 1e12, 0.1e9, Link::unlimited(), Link::unlimited());
+    CHECK_THAT(loom_test::message_of([&] { (void)loom::plan::search(model, cluster); }),
+               Contains("in the memory of the cluster's devices: the least any plan needs is") &&
+                   Contains("which has 0.1 GB"));
+}
+
+TEST_CASE("plan: candidates print themselves as a Strategy and as train_gpt flags", "[plan]") {
+    Candidate c{2, 2, 2, 1, false, false, loom::ScheduleKind::interleaved, 2, 4, 1, {3, 3, 3, 3}};
+    CHECK(c.strategy() ==
+          "loom::Strategy<loom::DataParallel<>, loom::Pipeline<loom::Interleaved<2>>, loom::TensorParallel, loom::ZeroShard<1>>");
+    CHECK(c.flags(16) ==
+          "--dp 2 --pp 2 --schedule interleaved --chunks 2 --tp 2 --micro-batches 4 --batch 16 --zero 1 --partition 3,3,3,3");
+}
+
+TEST_CASE("plan: invalid candidates are refused with the rule they break", "[plan]") {
+    const auto model = loom::plan::describe_gpt({4, 64, 4, 32, 256}, 8);
+    const auto cluster = fast_cluster(4);
+    const auto refused = [&](Candidate c) { return loom_test::message_of([&] { (void)estimate(model, cluster, c); }); };
+    CHECK_THAT(refused(degrees(2, 1, 1, 1)), Contains("= 2 ranks, but the cluster has 4 devices"));
+    CHECK_THAT(refused([] {
+                   auto c = degrees(4, 1, 1, 1);
+                   c.micro_batches = 3;
+                   return c;
+               }()),
+               Contains("batch 8 does not split into dp 4 x 3 micro-batches"));
+    CHECK_THAT(refused(degrees(1, 1, 4, 1)), Contains("(no error)"));  // 4 heads, 256 tokens
+    const auto odd = loom::plan::describe_gpt({4, 64, 2, 36, 256}, 8);
+    const auto refused_odd = [&](Candidate c) { return loom_test::message_of([&] { (void)estimate(odd, cluster, c); }); };
+    CHECK_THAT(refused_odd(degrees(1, 1, 4, 1)), Contains("tp 4 does not divide the 2 attention heads"));
+    CHECK_THAT(refused_odd(degrees(1, 1, 1, 4)),
+               Contains("sp 4 does not cut the sequence of 36 into 8 equal chunks"));
+    CHECK_THAT(refused([] {
+                   auto c = degrees(1, 1, 2, 2);
+                   c.tp_grid = true;
+                   return c;
+               }()), Contains("a 2D tensor grid of 2 ranks is not a square"));
+    CHECK_THAT(refused([] {
+                   auto c = degrees(1, 4, 1, 1);
+                   c.micro_batches = 4;
+                   c.partition = {1, 1, 1};
+                   return c;
+               }()),
+               Contains("partition of 3 stages summing to 3 layers; give 4 counts"));
+    CHECK_THAT(refused([] {
+                   auto c = degrees(2, 2, 1, 1);
+                   c.zero = 5;
+                   return c;
+               }()),
+               Contains("ZeRO stage 5 is not 0, 1, 2 or 3"));
+}
