@@ -32,6 +32,7 @@
 // every step is one sequential iteration of N - 1 proxy steps and N true
 // gradients, each worker on its own batch.
 #include <loom/comm/mesh.hpp>
+#include <loom/comm/shaped.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
@@ -43,6 +44,7 @@
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/optex.hpp>
+#include <loom/plan/cluster_json.hpp>
 #include <loom/plan/partition.hpp>
 #include <loom/plan/profile.hpp>
 #include <loom/schedule/pipeline.hpp>
@@ -99,6 +101,7 @@ struct Flags {
     int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
     std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
     std::string data, metrics, save, resume, trace;
+    std::string cluster;           // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan prices them
     loom::Compression compress{};      // --compress: the dp gradient exchange
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
     loom::Compression compress_pp{}, compress_tp{};  // casts of the pp / tp traffic
@@ -237,6 +240,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--save") f.save = value;
         else if (flag == "--resume") f.resume = value;
         else if (flag == "--trace") f.trace = value;
+        else if (flag == "--cluster") f.cluster = value;
         else if (flag == "--lr") {
             char* end = nullptr;
             f.lr = std::strtof(value, &end);
@@ -904,6 +908,9 @@ bool launched_by_mpi() {
 int run(int argc, char** argv) {
     const Flags flags = parse(argc, argv);
     if (launched_by_mpi()) {
+        if (!flags.cluster.empty())
+            usage_error("--cluster " + flags.cluster + " shapes the links between rank threads; under mpirun the "
+                        "processes use the real ones: drop --cluster");
 #if LOOM_EXAMPLE_WITH_MPI
         loom::comm::MpiSession session(argc, argv);
         auto world = loom::comm::Mpi::world();
@@ -920,6 +927,23 @@ int run(int argc, char** argv) {
 #endif
     }
     const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
+    if (!flags.cluster.empty()) {
+        // The rank threads' traffic takes as long as it would over the
+        // cluster's links (comm/shaped.hpp): the runs loom-plan's cost model is checked against.
+        const loom::plan::Cluster cluster = loom::plan::load_cluster(flags.cluster);
+        if (cluster.size() != ranks)
+            usage_error("--cluster " + flags.cluster + " describes " + std::to_string(cluster.size()) +
+                        " devices but the run has " + std::to_string(ranks) +
+                        " ranks; give a cluster with one device per rank");
+        std::ostringstream links;
+        links << cluster.links();
+        std::printf("links of %s: %s\n", flags.cluster.c_str(), links.str().c_str());
+        loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
+            loom::comm::Shaped<loom::comm::ThreadComm> shaped(std::move(comm), cluster.links());
+            train(shaped, flags, "rank threads");
+        });
+        return 0;
+    }
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });
