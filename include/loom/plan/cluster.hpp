@@ -92,6 +92,17 @@ public:
     // > 0: all devices share this many cores, whatever the nodes say.
     [[nodiscard]] double shared_cores() const noexcept { return shared_cores_; }
 
+    // Rank threads on shared cores: how long one takes to run again after
+    // its wait ends while the other threads keep the cores busy (the
+    // scheduler's turn). 0 for devices of their own.
+    [[nodiscard]] double wake_seconds() const noexcept { return wake_seconds_; }
+    Cluster& set_wake_seconds(double seconds) {
+        LOOM_CHECK(seconds >= 0 && std::isfinite(seconds), "cluster: wake_us is ", seconds * 1e6,
+                   "; give 0 or more microseconds");
+        wake_seconds_ = seconds;
+        return *this;
+    }
+
     // The fewest devices on one node: the largest tensor-parallel group that
     // stays inside every node.
     [[nodiscard]] int smallest_node() const {
@@ -135,6 +146,7 @@ private:
     std::vector<DeviceSpec> devices_;
     comm::Links links_;
     double shared_cores_ = 0;
+    double wake_seconds_ = 0;
 };
 
 }  // namespace loom::plan

@@ -89,7 +89,7 @@ double number_or_measure(const jf::Node& field, std::string_view unit, std::opti
     namespace jf = json_fields;
     using namespace detail_cluster_json;
     const jf::Document doc(text, source);
-    const jf::Object top = doc.top({"nodes", "inter_node", "links", "shared_cores"});
+    const jf::Object top = doc.top({"nodes", "inter_node", "links", "shared_cores", "wake_us"});
 
     const double shared_cores = top.non_negative_or("shared_cores", 0, "cores");
     const std::string nodes_hint =
@@ -223,7 +223,9 @@ double number_or_measure(const jf::Node& field, std::string_view unit, std::opti
                 for (int j = 0; j < device_count[b]; ++j)
                     links.set(first_device[a] + i, first_device[b] + j, link);
         }
-    return Cluster(std::move(nodes), std::move(devices), std::move(links), shared_cores);
+    Cluster cluster(std::move(nodes), std::move(devices), std::move(links), shared_cores);
+    cluster.set_wake_seconds(top.non_negative_or("wake_us", 0, "microseconds") / 1e6);
+    return cluster;
 }
 
 // Reads and parses a cluster file; messages name `path`.

@@ -281,6 +281,7 @@ private:
         const int world_group = static_cast<int>(out.groups.size());
         out.groups.push_back(everyone);
         out.devices.assign(static_cast<std::size_t>(n), c_.tp * c_.sp);
+        out.wake = cluster_.wake_seconds();
         out.pool.assign(static_cast<std::size_t>(n), -1);
         if (cluster_.shared_cores() > 0) {
             out.pool_cores.push_back(cluster_.shared_cores());
@@ -333,16 +334,19 @@ private:
                 case Op::forward: {
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
                     s = compute(s, "F", l.forward_flops * work_scale, comm_of(in.unit));
+                    s.syncs = syncs_of(l);
                     break;
                 }
                 case Op::backward: {
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
                     s = compute(s, "B", l.backward() * work_scale, 2 * comm_of(in.unit));
+                    s.syncs = 2 * syncs_of(l);
                     break;
                 }
                 case Op::backward_input: {
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
                     s = compute(s, "B", l.backward() / 2 * work_scale, 2 * comm_of(in.unit));
+                    s.syncs = 2 * syncs_of(l);
                     break;
                 }
                 case Op::backward_weight: {
@@ -410,6 +414,16 @@ private:
             steps.push_back(s);
         }
         return steps;
+    }
+
+    // Exchanges inside one forward of layer l that wait for every member:
+    // Megatron's two all-reduces (a 2D grid's row and column gathers), and
+    // ring attention's sp - 1 hand-offs or Ulysses's four all-to-alls.
+    [[nodiscard]] int syncs_of(const LayerSpec& l) const {
+        int n = 0;
+        if (c_.tp > 1 && l.tp_bytes > 0) n += 2;
+        if (c_.sp > 1 && l.sequence_bytes > 0) n += c_.ulysses ? 4 : c_.sp - 1;
+        return n;
     }
 
     [[nodiscard]] static SimStep compute(SimStep s, const char* label, double work, double comm) {

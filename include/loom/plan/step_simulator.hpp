@@ -44,6 +44,7 @@ struct SimStep {
     int source = -1;          // the instruction of the step program it prices, for traces
     const char* label = "";   // "F", "B", "W", "opt", "send", "recv", "reduce", "gather", "loss", ...
     int micro_batch = -1;
+    int syncs = 0;            // compute: the exchanges inside it that each wait for every member
 };
 
 struct SimProgram {
@@ -52,6 +53,10 @@ struct SimProgram {
     std::vector<int> devices;                    // simulated rank -> devices it stands for (processor sharing)
     std::vector<int> pool;                       // simulated rank -> its core pool, -1: none
     std::vector<double> pool_cores;              // cores of each pool
+    // Seconds a rank thread takes to run again after its wait ends while its
+    // pool's cores are all busy (the scheduler's turn): paid per wait, and
+    // per exchange inside a compute step.
+    double wake = 0;
 };
 
 struct SimEvent {
@@ -190,6 +195,7 @@ private:
     // (the instruction completes when it wakes).
     bool sleep_until(int r, double end, const SimStep& in) {
         State& s = state_[static_cast<std::size_t>(r)];
+        if (end > now_ + epsilon && oversubscribed(r)) end += p_.wake;
         if (end <= now_ + epsilon) return true;
         note(r, in, 1, now_, end - now_);
         s.phase = Phase::sleeping;
@@ -258,10 +264,11 @@ private:
                 if (s.remaining > epsilon * std::max(1.0, rate_[r])) continue;
                 const SimStep& in = p_.ranks[r][s.pc - 1];
                 note(static_cast<int>(r), in, 0, s.started, now_ - s.started);
-                if (s.then > 0) {
+                const double then = s.then + (in.syncs > 0 && oversubscribed(static_cast<int>(r)) ? in.syncs * p_.wake : 0.0);
+                if (then > 0) {
                     s.phase = Phase::sleeping;
-                    s.until = now_ + s.then;
-                    note(static_cast<int>(r), in, 1, now_, s.then);
+                    s.until = now_ + then;
+                    note(static_cast<int>(r), in, 1, now_, then);
                 } else {
                     s.phase = Phase::ready;
                 }
@@ -269,6 +276,18 @@ private:
                 s.phase = Phase::ready;
             }
         }
+    }
+
+    // Whether r's own threads and the other computing ranks of its pool
+    // outnumber the pool's cores, so a thread whose wait ends must queue.
+    [[nodiscard]] bool oversubscribed(int r) const {
+        if (p_.wake <= 0) return false;
+        const int pool = p_.pool[static_cast<std::size_t>(r)];
+        if (pool < 0) return false;
+        double busy = p_.devices[static_cast<std::size_t>(r)];
+        for (std::size_t k = 0; k < state_.size(); ++k)
+            if (static_cast<int>(k) != r && p_.pool[k] == pool && state_[k].phase == Phase::computing) busy += p_.devices[k];
+        return busy > p_.pool_cores[static_cast<std::size_t>(pool)];
     }
 
     [[noreturn]] void fail_stuck() const {
