@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/plan/cluster_json.hpp"
 #include "loom/plan/cost_model.hpp"
 #include "loom/plan/gpt_description.hpp"
 #include "loom/plan/search.hpp"
@@ -203,4 +204,22 @@ TEST_CASE("plan: invalid candidates are refused with the rule they break", "[pla
                    return c;
                }()),
                Contains("ZeRO stage 5 is not 0, 1, 2 or 3"));
+}
+
+TEST_CASE("plan: a rank thread whose exchange ends while the cores are taken pays a scheduler turn", "[plan]") {
+    // One layer split over tp 2 on one shared core: its forward has Megatron's
+    // 2 all-reduces and its backward 4, each followed by a 1 ms turn.
+    ModelDescription m = even_model(1, 2);
+    m.layers[0].tp_bytes = 1e3;
+    const auto cluster_with = [](double wake) {
+        Cluster c({{"local", 0}}, {{"local/0", 0, 1e12, 1e12, 0}, {"local/1", 0, 1e12, 1e12, 0}}, loom::comm::Links(2), 1);
+        c.set_wake_seconds(wake);
+        return c;
+    };
+    const Candidate tp2 = degrees(1, 1, 2, 1);
+    const double without = estimate(m, cluster_with(0), tp2).step_seconds;
+    CHECK(estimate(m, cluster_with(1e-3), tp2).step_seconds == Approx(without + 6e-3));
+    const auto read = loom::plan::read_cluster(
+        R"({"shared_cores": 2, "wake_us": 250, "nodes": [{"name": "a", "devices": 2, "tflops": 1, "link": {"unlimited": true}}]})");
+    CHECK(read.wake_seconds() == Approx(250e-6));
 }
