@@ -131,12 +131,12 @@ loom::gpt::Config gpt_config(std::string_view text) {
 loom::plan::Candidate candidate_of(std::string_view text, const loom::plan::ModelDescription& model) {
     loom::plan::Candidate c;
     const auto words = split(text, ' ');
-    bool dp_given = false, chunks_given = false;
+    bool chunks_given = false;
     for (std::size_t i = 0; i < words.size(); ++i) {
         const std::string& flag = words[i];
         if (i + 1 >= words.size()) usage_error("--evaluate: " + flag + " needs a value");
         const std::string& value = words[++i];
-        if (flag == "--dp") { c.dp = static_cast<int>(parse_int(flag, value, 1, 1 << 20)); dp_given = true; }
+        if (flag == "--dp") c.dp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
         else if (flag == "--pp") c.pp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
         else if (flag == "--tp") c.tp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
         else if (flag == "--sp") c.sp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
@@ -167,7 +167,6 @@ loom::plan::Candidate candidate_of(std::string_view text, const loom::plan::Mode
     }
     if (!chunks_given)
         c.chunks = c.schedule == loom::ScheduleKind::interleaved || c.schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
-    (void)dp_given;
     return c;
 }
 
@@ -181,14 +180,13 @@ std::string plan_json(const loom::plan::Candidate& c, const loom::plan::Estimate
                       const std::string& extra_flags, int rank) {
     using loom::io::json::number;
     using loom::io::json::quote;
-    static constexpr const char* schedules[] = {"gpipe", "1f1b", "interleaved", "zb", "zbv"};
     std::ostringstream out;
     out << "{\"rank\": " << rank << ", \"step_seconds\": " << number(e.step_seconds)
         << ", \"compute_seconds\": " << number(e.compute_seconds) << ", \"memory_bytes\": " << number(e.peak_memory)
         << ", \"fits\": " << (e.fits ? "true" : "false") << ", \"dp\": " << c.dp << ", \"pp\": " << c.pp
         << ", \"tp\": " << c.tp << ", \"tp_mode\": \"" << (c.tp_grid ? "2d" : "1d") << "\", \"sp\": " << c.sp
         << ", \"sp_mode\": \"" << (c.ulysses ? "ulysses" : "ring") << "\", \"schedule\": \""
-        << schedules[static_cast<int>(c.schedule)] << "\", \"chunks\": " << c.chunks
+        << loom::plan::schedule_flag(c.schedule) << "\", \"chunks\": " << c.chunks
         << ", \"micro_batches\": " << c.micro_batches << ", \"zero\": " << c.zero << ", \"partition\": [";
     for (std::size_t i = 0; i < e.partition.size(); ++i) out << (i ? ", " : "") << e.partition[i];
     loom::plan::Candidate with = c;

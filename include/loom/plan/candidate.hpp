@@ -20,6 +20,18 @@
 
 namespace loom::plan {
 
+// The schedule as train_gpt's --schedule names it (parse_schedule's inverse).
+[[nodiscard]] constexpr const char* schedule_flag(ScheduleKind kind) noexcept {
+    switch (kind) {
+        case ScheduleKind::gpipe: return "gpipe";
+        case ScheduleKind::one_f_one_b: return "1f1b";
+        case ScheduleKind::interleaved: return "interleaved";
+        case ScheduleKind::zero_bubble_h1: return "zb";
+        case ScheduleKind::zero_bubble_v: return "zbv";
+    }
+    return "?";
+}
+
 struct Candidate {
     int dp = 1, pp = 1, tp = 1, sp = 1;
     bool tp_grid = false;  // Optimus 2D: tp = q x q
@@ -63,8 +75,7 @@ struct Candidate {
         std::ostringstream f;
         f << "--dp " << dp;
         if (pp > 1) {
-            static constexpr const char* names[] = {"gpipe", "1f1b", "interleaved", "zb", "zbv"};
-            f << " --pp " << pp << " --schedule " << names[static_cast<int>(schedule)];
+            f << " --pp " << pp << " --schedule " << schedule_flag(schedule);
             if (schedule == ScheduleKind::interleaved) f << " --chunks " << chunks;
         }
         if (tp > 1) f << " --tp " << tp << (tp_grid ? " --tp-mode 2d" : "");

@@ -172,31 +172,25 @@ private:
 
     [[nodiscard]] int sim(int stage, int replica) const { return stage * c_.dp + replica; }
 
-    [[nodiscard]] double slowest(int stage) const {
-        double speed = std::numeric_limits<double>::infinity();
-        for (int d = 0; d < c_.dp; ++d)
+    // The least `field` over the devices of a stage: of one replica, or of
+    // every replica (replica -1).
+    template <class Field>
+    [[nodiscard]] double least(int stage, int replica, Field field) const {
+        double least = std::numeric_limits<double>::infinity();
+        for (int d = replica < 0 ? 0 : replica; d < (replica < 0 ? c_.dp : replica + 1); ++d)
             for (int s = 0; s < c_.sp; ++s)
-                for (int t = 0; t < c_.tp; ++t) speed = std::min(speed, cluster_.device(c_.device(stage, d, s, t)).flops);
-        return speed;
+                for (int t = 0; t < c_.tp; ++t)
+                    least = std::min(least, field(cluster_.device(c_.device(stage, d, s, t))));
+        return least;
     }
-    [[nodiscard]] double slowest(int stage, int replica) const {
-        double speed = std::numeric_limits<double>::infinity();
-        for (int s = 0; s < c_.sp; ++s)
-            for (int t = 0; t < c_.tp; ++t) speed = std::min(speed, cluster_.device(c_.device(stage, replica, s, t)).flops);
-        return speed;
+    [[nodiscard]] double slowest(int stage, int replica = -1) const {
+        return least(stage, replica, [](const DeviceSpec& d) { return d.flops; });
     }
     [[nodiscard]] double bandwidth(int stage, int replica) const {
-        double bw = std::numeric_limits<double>::infinity();
-        for (int s = 0; s < c_.sp; ++s)
-            for (int t = 0; t < c_.tp; ++t) bw = std::min(bw, cluster_.device(c_.device(stage, replica, s, t)).bandwidth);
-        return bw;
+        return least(stage, replica, [](const DeviceSpec& d) { return d.bandwidth; });
     }
     [[nodiscard]] double smallest_memory(int stage) const {
-        double memory = std::numeric_limits<double>::infinity();
-        for (int d = 0; d < c_.dp; ++d)
-            for (int s = 0; s < c_.sp; ++s)
-                for (int t = 0; t < c_.tp; ++t) memory = std::min(memory, cluster_.device(c_.device(stage, d, s, t)).memory);
-        return memory;
+        return least(stage, -1, [](const DeviceSpec& d) { return d.memory; });
     }
 
     // The slowest of the parallel groups along one axis of simulated rank
@@ -294,7 +288,6 @@ private:
                     if (cluster_.nodes()[static_cast<std::size_t>(node)].cores > 0) out.pool[static_cast<std::size_t>(sim(p, d))] = node;
                 }
         }
-        std::vector<double> all_devices(static_cast<std::size_t>(cluster_.size()));
         std::vector<int> world(static_cast<std::size_t>(cluster_.size()));
         for (int i = 0; i < cluster_.size(); ++i) world[static_cast<std::size_t>(i)] = i;
         const double loss_cost = cluster_.links().cost(comm::OpKind::all_reduce, world, 4);

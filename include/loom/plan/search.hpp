@@ -121,9 +121,8 @@ namespace detail {
     std::string least_plan;
     int least_device = 0;
     for (Candidate c : all) {
-        detail::CostModel model_of(model, cluster, c);
-        if (c.pp > 1) c.partition = model_of.balanced_partition();
-        detail::CostModel priced(model, cluster, c);
+        detail::CostModel priced(model, cluster, c);  // holds c by reference: it sees the partition set next
+        if (c.pp > 1) c.partition = priced.balanced_partition();
         // Memory first: it is cheap and prunes the most.
         Estimate e;
         e.partition = c.partition;
