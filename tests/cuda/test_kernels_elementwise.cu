@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -140,6 +141,22 @@ TEST_CASE("cuda::add_bias equals host::add_bias bit for bit", "[kernels]") {
         host::add_bias(y.data(), bias.data(), rows, n);
         device::add_bias(d_y.get(), d_bias.get(), rows, n);
         CHECK_NO_MISMATCHES("add_bias", compare_bits(d_y.to_host(), y));
+    }
+}
+
+// repeat_rows copies the row into every row of y: the host's loop in
+// kernels::repeat_rows (kernels/ops.hpp), bit for bit, NaN payloads included.
+TEST_CASE("cuda::repeat_rows equals the host's row copies bit for bit", "[kernels]") {
+    for (const auto [rows, n] : test_shapes) {
+        CAPTURE(rows, n);
+        std::vector<float> row = uniform(static_cast<std::size_t>(n), -1.0f, 1.0f, 33u + static_cast<std::uint32_t>(n));
+        row[static_cast<std::size_t>(n / 2)] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<float> y(static_cast<std::size_t>(rows * n));
+        for (std::int64_t r = 0; r < rows; ++r) std::copy(row.begin(), row.end(), y.begin() + r * n);
+        DeviceArray<float> d_row(row), d_y(static_cast<std::size_t>(rows * n));
+        d_y.fill_bytes(0xff);  // garbage the kernel must overwrite
+        device::repeat_rows(d_row.get(), d_y.get(), rows, n);
+        CHECK_NO_MISMATCHES("repeat_rows", compare_bits(d_y.to_host(), y));
     }
 }
 
@@ -382,6 +399,7 @@ TEST_CASE("the CUDA kernels launch nothing for zero elements", "[kernels]") {
     CHECK_NOTHROW(device::add(nullptr, nullptr, nullptr, 0));
     CHECK_NOTHROW(device::accumulate(nullptr, nullptr, 0));
     CHECK_NOTHROW(device::add_bias(nullptr, nullptr, 0, 5));
+    CHECK_NOTHROW(device::repeat_rows(nullptr, nullptr, 0, 5));
     CHECK_NOTHROW(device::add_bias(nullptr, nullptr, 5, 0));
     CHECK_NOTHROW(device::bias_grad(nullptr, nullptr, 0, 5));
     CHECK_NOTHROW(device::gelu_forward(nullptr, nullptr, 0));

@@ -7,7 +7,8 @@
 
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/attention.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/linear.hpp"
 #include "loom/nn/ring_attention.hpp"
@@ -56,6 +57,7 @@ struct CausalSelfAttention {
             // Sequence parallel: this rank's T tokens are some positions of
             // each sequence; attention reaches the others across the sp axis.
             const SequenceParallelism& sp = ctx.sequence();
+            require_host(x, "CausalSelfAttention with sequence parallelism");
             if (sp.attention != SequenceAttention::ring)
                 ulysses_attention_forward(ctx, ulysses_groups(sp), sp.layout(), /*causal=*/true, saved.qkv, B, T, H, D,
                                           saved.out,
@@ -66,8 +68,7 @@ struct CausalSelfAttention {
             return proj.forward(ctx, saved.out);
         }
         saved.lse = ctx.alloc(Shape{B, H, T});
-        kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B,
-                                         T, H, D);
+        kernels::attention_forward(saved.qkv, saved.out, saved.lse, B, T, H, D);
         return proj.forward(ctx, saved.out);
     }
 
@@ -86,8 +87,7 @@ struct CausalSelfAttention {
                                         ctx.saved<RingSaved>(this), dout, {B, T, H, D}, dqkv);
             return qkv.backward_input(ctx, dqkv);
         }
-        kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout.data<float>(),
-                                          saved.lse.data<float>(), dqkv.data<float>(), B, T, H, D);
+        kernels::attention_backward(saved.qkv, saved.out, dout, saved.lse, dqkv, B, T, H, D);
         return qkv.backward_input(ctx, dqkv);
     }
 

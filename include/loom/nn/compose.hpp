@@ -134,8 +134,9 @@ template <class L>
 template <class Model>
 float forward_backward(Model& model, Context& ctx, const Tensor& inputs, const Tensor& targets) {
     ctx.reset();
-    ctx.set_targets(targets);
-    (void)forward(model, ctx, inputs);
+    // On a device context the host's batch is copied there first.
+    ctx.set_targets(ctx.on_device(targets));
+    (void)forward(model, ctx, ctx.on_device(inputs));
     float one = 1.0f;
     (void)backward(model, ctx, Tensor::of(&one, {1}));
     return ctx.loss();
@@ -145,8 +146,8 @@ float forward_backward(Model& model, Context& ctx, const Tensor& inputs, const T
 template <class Model>
 float evaluate(Model& model, Context& ctx, const Tensor& inputs, const Tensor& targets) {
     ctx.reset();
-    ctx.set_targets(targets);
-    (void)forward(model, ctx, inputs);
+    ctx.set_targets(ctx.on_device(targets));
+    (void)forward(model, ctx, ctx.on_device(inputs));
     return ctx.loss();
 }
 

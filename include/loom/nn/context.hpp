@@ -21,7 +21,8 @@
 #include <malloc.h>
 #endif
 
-#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
 #include "loom/core/tensor.hpp"
@@ -51,7 +52,30 @@ public:
         void* at = static_cast<std::byte*>(chunks_.back().raw()) + used_;
         used_ += bytes;
         total_ += bytes;
-        return Tensor(at, dtype, shape);
+        return Tensor(at, dtype, shape, device_);
+    }
+
+    // Where this context's activations live: the host (the default) or a
+    // device whose backend is built in. Set before the first alloc, or
+    // between micro-batches; the memory moves on the next alloc.
+    void set_device(Device where) {
+        if (where == device_) return;
+        check_device_usable(where);
+        chunks_.clear();
+        used_ = 0;
+        total_ = 0;
+        device_ = where;
+    }
+    [[nodiscard]] Device device() const noexcept { return device_; }
+
+    // `t` on this context's device: itself when it is there already, else a
+    // copy in activation memory (valid until reset()). Inputs and targets
+    // arrive from the host's data loader.
+    [[nodiscard]] Tensor on_device(const Tensor& t) {
+        if (t.device() == device_ || t.numel() == 0) return t;
+        Tensor copy = alloc(t.shape(), t.dtype());
+        copy_tensor(copy, t);
+        return copy;
     }
 
     // Starts a new micro-batch: all activations are released at once. The
@@ -132,8 +156,8 @@ private:
         }
     };
 
-    [[nodiscard]] static Buffer<Host> chunk(std::size_t bytes) {
-        return Buffer<Host>(DType::f32, Shape{static_cast<std::int64_t>((bytes + 63) / 64 * 16)});
+    [[nodiscard]] DeviceBuffer chunk(std::size_t bytes) const {
+        return DeviceBuffer(DType::f32, Shape{static_cast<std::int64_t>((bytes + 63) / 64 * 16)}, device_);
     }
 
     [[nodiscard]] std::size_t capacity() const {
@@ -142,7 +166,8 @@ private:
         return sum;
     }
 
-    std::vector<Buffer<Host>> chunks_;
+    std::vector<DeviceBuffer> chunks_;
+    Device device_ = host_device;
     std::size_t used_ = 0;   // bytes used in the last chunk
     std::size_t total_ = 0;  // bytes handed out since reset()
     std::size_t peak_ = 0;

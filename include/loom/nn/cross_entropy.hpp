@@ -24,7 +24,9 @@
 
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
 #include "loom/nn/tensor_group.hpp"
@@ -43,14 +45,13 @@ struct CrossEntropy {
 
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& logits) {
         const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
+        if (vocab_parallel()) require_host(logits, "CrossEntropy over a vocabulary split by tensor parallelism");
         const Tensor targets = local_targets(ctx, rows, V);
         auto& saved = ctx.saved<Saved>(this);
         saved.logits = logits;
         saved.logsumexp = ctx.alloc(Shape{rows});
         float loss = vocab_parallel() ? forward_vocab_parallel(ctx, logits, targets, saved.logsumexp)
-                                      : kernels::host::cross_entropy_forward(
-                                            logits.data<float>(), targets.data<std::int32_t>(),
-                                            saved.logsumexp.data<float>(), rows, V);
+                                      : kernels::cross_entropy_forward(logits, targets, saved.logsumexp, rows, V);
         if (grid) {
             // Each grid row's mean over its rows; the rows blocks are equal, so
             // the whole mean is their average.
@@ -62,7 +63,7 @@ struct CrossEntropy {
         }
         ctx.set_loss(loss);
         Tensor out = ctx.alloc(Shape{1});
-        *out.data<float>() = loss;
+        write_scalar(out, loss);
         return out;
     }
 
@@ -76,12 +77,11 @@ struct CrossEntropy {
             const float scale = grid ? 1.0f / static_cast<float>(grid_of(ctx, "CrossEntropy").q) : 1.0f;
             kernels::host::cross_entropy_slice_backward(
                 saved.logits.data<float>(), targets.data<std::int32_t>(), saved.logsumexp.data<float>(),
-                *dloss.data<float>() * scale, dlogits.data<float>(), rows, V, first_class(ctx, V), V * group(ctx).size());
+                read_scalar<float>(dloss) * scale, dlogits.data<float>(), rows, V, first_class(ctx, V), V * group(ctx).size());
             return dlogits;
         }
-        kernels::host::cross_entropy_backward(saved.logits.data<float>(), targets.data<std::int32_t>(),
-                                              saved.logsumexp.data<float>(), *dloss.data<float>(), dlogits.data<float>(),
-                                              rows, V);
+        kernels::cross_entropy_backward(saved.logits, targets, saved.logsumexp, read_scalar<float>(dloss), dlogits,
+                                        rows, V);
         return dlogits;
     }
 

@@ -27,7 +27,8 @@
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/embedding.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
 #include "loom/nn/tensor_group.hpp"
@@ -67,6 +68,8 @@ struct Embedding {
         LOOM_CHECK(whole_T <= max_sequence(), "Embedding: sequence of ", whole_T, " tokens is longer than the ",
                    max_sequence(), " positions the model has");
         ctx.saved<Saved>(this).tokens = tokens;
+        if (grid() || vocab_parallel() || ctx.sequence().active())
+            require_host(token.value, "Embedding sharded by tensor or sequence parallelism");
         if (grid()) {
             LOOM_CHECK(!ctx.sequence().active(), "Embedding: Optimus 2D with sequence parallelism is not supported; "
                                                  "use TensorParallel (1D) with an sp axis");
@@ -77,8 +80,7 @@ struct Embedding {
             forward_by_rows(ctx, tokens, y);
             return y;
         }
-        kernels::host::embedding_forward(tokens.data<std::int32_t>(), token.value.data<float>(),
-                                         position.value.data<float>(), y.data<float>(), B, T, width(), vocab());
+        kernels::embedding_forward(tokens, token.value, position.value, y, B, T, width(), vocab());
         return y;
     }
 
@@ -97,9 +99,8 @@ struct Embedding {
             backward_weight_by_rows(saved, positions_of(ctx.sequence(), saved.tokens.dim(1)));
             return;
         }
-        kernels::host::embedding_backward(saved.tokens.data<std::int32_t>(), saved.dy.data<float>(),
-                                          token.grad.data<float>(), position.grad.data<float>(), saved.tokens.dim(0),
-                                          saved.tokens.dim(1), width());
+        kernels::embedding_backward(saved.tokens, saved.dy, token.grad, position.grad, saved.tokens.dim(0),
+                                    saved.tokens.dim(1), width());
     }
 
 private:  // functions only: Embedding stays an aggregate

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/gelu.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 
 namespace loom::nn {
@@ -15,14 +15,14 @@ struct Gelu {
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& x) {
         ctx.saved<Saved>(this).x = x;
         Tensor y = ctx.alloc(x.shape());
-        kernels::host::gelu_forward(x.data<float>(), y.data<float>(), x.numel());
+        kernels::gelu_forward(x, y);
         return y;
     }
 
     [[nodiscard]] Tensor backward_input(Context& ctx, const Tensor& dy) {
         const Tensor& x = ctx.saved<Saved>(this).x;
         Tensor dx = ctx.alloc(dy.shape());
-        kernels::host::gelu_backward(x.data<float>(), dy.data<float>(), dx.data<float>(), dy.numel());
+        kernels::gelu_backward(x, dy, dx);
         return dx;
     }
 };

@@ -17,7 +17,9 @@
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
 
@@ -51,12 +53,11 @@ struct LayerNorm {
         saved.rstd = ctx.alloc(Shape{rows});
         Tensor y = ctx.alloc(x.shape());
         if (grid()) {
+            require_host(x, "LayerNorm on an Optimus 2D grid");
             forward_grid(grid_of(ctx, "LayerNorm"), saved, y, rows);
             return y;
         }
-        kernels::host::layernorm_forward(x.data<float>(), gain.value.data<float>(), shift.value.data<float>(),
-                                         y.data<float>(), saved.mean.data<float>(), saved.rstd.data<float>(), rows,
-                                         features(), eps);
+        kernels::layernorm_forward(x, gain.value, shift.value, y, saved.mean, saved.rstd, rows, features(), eps);
         return y;
     }
 
@@ -66,12 +67,11 @@ struct LayerNorm {
         const std::int64_t rows = dy.numel() / features();
         Tensor dx = ctx.alloc(dy.shape());
         if (grid()) {
+            require_host(dy, "LayerNorm on an Optimus 2D grid");
             backward_input_grid(ctx, saved, dx, rows);
             return dx;
         }
-        kernels::host::layernorm_backward_input(dy.data<float>(), saved.x.data<float>(), gain.value.data<float>(),
-                                                saved.mean.data<float>(), saved.rstd.data<float>(), dx.data<float>(),
-                                                rows, features());
+        kernels::layernorm_backward_input(dy, saved.x, gain.value, saved.mean, saved.rstd, dx, rows, features());
         return dx;
     }
 
@@ -79,12 +79,12 @@ struct LayerNorm {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t rows = saved.dy.numel() / features();
         if (grid()) {
+            require_host(saved.dy, "LayerNorm on an Optimus 2D grid");
             backward_weight_grid(grid_of(ctx, "LayerNorm"), saved, rows);
             return;
         }
-        kernels::host::layernorm_backward_weight(saved.dy.data<float>(), saved.x.data<float>(),
-                                                 saved.mean.data<float>(), saved.rstd.data<float>(),
-                                                 gain.grad.data<float>(), shift.grad.data<float>(), rows, features());
+        kernels::layernorm_backward_weight(saved.dy, saved.x, saved.mean, saved.rstd, gain.grad, shift.grad, rows,
+                                           features());
     }
 
 private:  // functions only: LayerNorm stays an aggregate

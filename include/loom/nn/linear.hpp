@@ -24,8 +24,9 @@
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/kernels/host/elementwise.hpp"
-#include "loom/kernels/host/gemm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
 #include "loom/nn/tensor_group.hpp"
@@ -60,7 +61,9 @@ struct Linear {
         shape[shape.rank() - 1] = out();
         Tensor y = ctx.alloc(shape);
         float beta = 0.0f;
+        using kernels::Trans;
         if (split == Split::grid) {
+            require_host(x, "Linear on an Optimus 2D grid");
             summa_abt(grid_of(ctx, "Linear"), x, weight.value, y, rows, in(), out());
             if (has_bias()) add_bias(y, rows);
             ctx.saved<Saved>(this).x = x;
@@ -68,9 +71,7 @@ struct Linear {
         }
         if (split == Split::rows) {
             // g: the partial products are summed over the group, then the bias added once.
-            using kernels::host::Trans;
-            kernels::host::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x.data<float>(), in(),
-                                weight.value.data<float>(), in(), 0.0f, y.data<float>(), out());
+            kernels::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f, y, out());
             group(ctx).all_reduce_activations(y);
             if (has_bias()) add_bias(y, rows);
             ctx.saved<Saved>(this).x = x;
@@ -78,15 +79,10 @@ struct Linear {
         }
         if (has_bias()) {
             // Bias rows first, then the GEMM accumulates onto them (beta = 1).
-            float* py = y.data<float>();
-            const float* pb = bias.value.data<float>();
-            for (std::int64_t r = 0; r < rows; ++r)
-                for (std::int64_t j = 0; j < out(); ++j) py[r * out() + j] = pb[j];
+            kernels::repeat_rows(bias.value, y, rows, out());
             beta = 1.0f;
         }
-        using kernels::host::Trans;
-        kernels::host::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x.data<float>(), in(),
-                            weight.value.data<float>(), in(), beta, y.data<float>(), out());
+        kernels::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), beta, y, out());
         ctx.saved<Saved>(this).x = x;
         return y;
     }
@@ -97,12 +93,12 @@ struct Linear {
         const std::int64_t rows = dy.numel() / out();
         Tensor dx = ctx.alloc(saved.x.shape());
         if (split == Split::grid) {
+            require_host(dy, "Linear on an Optimus 2D grid");
             summa_ab(grid_of(ctx, "Linear"), dy, weight.value, dx, rows, out(), in());
             return dx;
         }
-        using kernels::host::Trans;
-        kernels::host::gemm(Trans::no, Trans::no, rows, in(), out(), 1.0f, dy.data<float>(), out(),
-                            weight.value.data<float>(), in(), 0.0f, dx.data<float>(), in());
+        using kernels::Trans;
+        kernels::gemm(Trans::no, Trans::no, rows, in(), out(), 1.0f, dy, out(), weight.value, in(), 0.0f, dx, in());
         // f: each rank's slice of the features contributed to the whole input's gradient.
         if (split == Split::columns) group(ctx).all_reduce_activations(dx);
         return dx;
@@ -119,18 +115,19 @@ struct Linear {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t rows = saved.dy.numel() / out();
         if (split == Split::grid) {
+            require_host(saved.dy, "Linear on an Optimus 2D grid");
             backward_weight_grid(grid_of(ctx, "Linear"), saved, rows);
             return;
         }
-        using kernels::host::Trans;
-        kernels::host::gemm(Trans::yes, Trans::no, out(), in(), rows, 1.0f, saved.dy.data<float>(), out(),
-                            saved.x.data<float>(), in(), 1.0f, weight.grad.data<float>(), in());
-        if (has_bias()) kernels::host::bias_grad(saved.dy.data<float>(), bias.grad.data<float>(), rows, out());
+        using kernels::Trans;
+        kernels::gemm(Trans::yes, Trans::no, out(), in(), rows, 1.0f, saved.dy, out(), saved.x, in(), 1.0f, weight.grad,
+                      in());
+        if (has_bias()) kernels::bias_grad(saved.dy, bias.grad, rows, out());
     }
 
 private:  // functions only: Linear stays an aggregate
     void add_bias(const Tensor& y, std::int64_t rows) const {
-        kernels::host::add_bias(y.data<float>(), bias.value.data<float>(), rows, out());
+        kernels::add_bias(y, bias.value, rows, out());
     }
 
     // dW(i,j) = sum over l of dY(l,i)^T X(l,j); this micro-batch's share is

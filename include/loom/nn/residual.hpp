@@ -8,7 +8,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/context.hpp"
 
@@ -29,7 +29,7 @@ struct Residual {
         LOOM_CHECK(h.shape() == x.shape(), "Residual: the inner layers turned shape ", x.shape(), " into ", h.shape(),
                    "; a skip connection needs them equal");
         Tensor y = ctx.alloc(x.shape());
-        kernels::host::add(x.data<float>(), h.data<float>(), y.data<float>(), x.numel());
+        kernels::add(x, h, y);
         return y;
     }
 
@@ -37,7 +37,7 @@ struct Residual {
         Tensor g = dy;
         detail::for_each_reversed(layers, [&](auto& each) { g = nn::backward_input(each, ctx, g); });
         Tensor dx = ctx.alloc(dy.shape());
-        kernels::host::add(dy.data<float>(), g.data<float>(), dx.data<float>(), dy.numel());
+        kernels::add(dy, g, dx);
         return dx;
     }
 

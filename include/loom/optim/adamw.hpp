@@ -19,6 +19,8 @@
 
 #include "loom/core/buffer.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/kernels/device_kernels.hpp"
 
 namespace loom::optim {
 
@@ -214,6 +216,36 @@ inline void adamw_step(std::span<float> params, std::span<const float> grads, st
                    !detail::overlap(m.data(), n, grads.data(), n) && !detail::overlap(v.data(), n, grads.data(), n),
                "adamw_step: params, grads, m and v overlap in memory; they must be distinct arrays");
     detail::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, detail::adamw_scalars(config, step));
+}
+
+// The same step on tensors wherever they live: params, grads, m and v are
+// contiguous f32 of one length on one device. Host tensors take the span
+// form above; a device's take its backend's kernel with the same constants
+// (adamw_scalars), so the two agree bit for bit where the device rounds as
+// the host does (optim/adamw.cuh).
+inline void adamw_step(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v, std::int64_t step,
+                       const AdamWConfig& config) {
+    const Device where = params.device();
+    for (const Tensor* t : {&params, &grads, &m, &v}) {
+        LOOM_CHECK(t->dtype() == DType::f32 && t->is_contiguous() && t->numel() == params.numel(), "adamw_step: ",
+                   *t, " does not match params ", params, "; all four must be contiguous f32 of one length");
+        LOOM_CHECK(t->device() == where, "adamw_step: ", *t, " is not on ", where, " with params; move all four to one device");
+    }
+    const auto n = static_cast<std::size_t>(params.numel());
+    if (where.kind == DeviceKind::host) {
+        adamw_step(std::span<float>(params.data<float>(), n), std::span<const float>(grads.data<float>(), n),
+                   std::span<float>(m.data<float>(), n), std::span<float>(v.data<float>(), n), step, config);
+        return;
+    }
+    check_config(config);
+    LOOM_CHECK(step >= 1, "adamw_step: step = ", step, " is invalid; steps count from 1");
+    const float *p = params.data<float>(), *g = grads.data<float>(), *pm = m.data<float>(), *pv = v.data<float>();
+    LOOM_CHECK(!detail::overlap(p, n, g, n) && !detail::overlap(p, n, pm, n) && !detail::overlap(p, n, pv, n) &&
+                   !detail::overlap(pm, n, pv, n) && !detail::overlap(pm, n, g, n) && !detail::overlap(pv, n, g, n),
+               "adamw_step: params, grads, m and v overlap in memory; they must be distinct arrays");
+    const detail::AdamWScalars scalars = detail::adamw_scalars(config, step);
+    kernels::device_kernels(where).adamw_update(where, params.data<float>(), grads.data<float>(), m.data<float>(),
+                                                v.data<float>(), params.numel(), scalars);
 }
 
 // AdamW over `n` elements: owns m and v (zero-initialised, 64-byte aligned)

@@ -1,5 +1,5 @@
 // Device mirrors of the elementwise kernels in kernels/host/elementwise.hpp
-// that layers call: add, accumulate, add_bias and bias_grad (f32, row-major,
+// that layers call: add, accumulate, add_bias, bias_grad and repeat_rows (f32, row-major,
 // raw device pointers, same arguments in the same order, plus the stream).
 // Each result is bit for bit the host kernel's: add, accumulate and add_bias
 // are one rounding per element, and bias_grad adds the rows of each column in
@@ -58,6 +58,13 @@ __global__ void bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dbias
     }
 }
 
+// y[r, j] = row[j]: copies only, so the host's bits.
+template <class T>
+__global__ void repeat_rows_kernel(const T* __restrict__ row, T* __restrict__ y, std::int64_t rows, std::int64_t n) {
+    const std::int64_t count = rows * n;
+    for (std::int64_t i = grid_index(); i < count; i += grid_stride()) y[i] = row[i % n];
+}
+
 }  // namespace detail
 
 // out = a + b for n elements. out may be a or b (a residual add in place).
@@ -88,6 +95,14 @@ inline void bias_grad(const float* dy, float* dbias, std::int64_t rows, std::int
                       cudaStream_t stream = nullptr) {
     if (rows <= 0 || n <= 0) return;
     detail::bias_grad_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(dy, dbias, rows, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// y[r, :] = row for each of `rows` rows of n (a Linear's bias before the
+// GEMM accumulates onto it); row and y do not overlap.
+inline void repeat_rows(const float* row, float* y, std::int64_t rows, std::int64_t n, cudaStream_t stream = nullptr) {
+    if (rows <= 0 || n <= 0) return;
+    detail::repeat_rows_kernel<float><<<blocks_for(rows * n), threads_per_block, 0, stream>>>(row, y, rows, n);
     LOOM_CUDA_CHECK_LAUNCH();
 }
 

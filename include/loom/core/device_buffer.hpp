@@ -1,0 +1,127 @@
+// DeviceBuffer: owning, zero-filled storage on a device chosen at run time
+// (Buffer<D> fixes the device at compile time). The host's bytes come from
+// Allocator<Host>, a device's from its registered DeviceRuntime. Also the
+// whole-tensor copies between places: to_host, copy_tensor.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <ostream>
+#include <utility>
+#include <vector>
+
+#include "loom/core/buffer.hpp"
+#include "loom/core/device.hpp"
+#include "loom/core/device_runtime.hpp"
+#include "loom/core/dtype.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/shape.hpp"
+#include "loom/core/tensor.hpp"
+
+namespace loom {
+
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+
+    DeviceBuffer(DType dtype, Shape shape, Device where) : dtype_(dtype), shape_(shape), device_(where) {
+        const auto numel = static_cast<std::size_t>(shape.numel());
+        LOOM_CHECK(numel <= (std::numeric_limits<std::size_t>::max() - 64) / size_of(dtype), "a DeviceBuffer of ",
+                   shape, " ", dtype, " elements exceeds the address space");
+        bytes_ = numel * size_of(dtype);
+        data_ = where.kind == DeviceKind::host ? Allocator<Host>::allocate(bytes_, where)
+                                               : device_runtime(where).allocate(bytes_, where);
+    }
+
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
+    DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+        DeviceBuffer(std::move(other)).swap(*this);
+        return *this;
+    }
+    ~DeviceBuffer() {
+        if (data_ == nullptr) return;
+        if (device_.kind == DeviceKind::host) Allocator<Host>::deallocate(data_, bytes_, device_);
+        else if (DeviceRuntime* runtime = find_device_runtime(device_.kind)) runtime->deallocate(data_, bytes_, device_);
+    }
+
+    void swap(DeviceBuffer& other) noexcept {
+        std::swap(data_, other.data_);
+        std::swap(bytes_, other.bytes_);
+        std::swap(dtype_, other.dtype_);
+        std::swap(shape_, other.shape_);
+        std::swap(device_, other.device_);
+    }
+
+    [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+    [[nodiscard]] const Shape& shape() const noexcept { return shape_; }
+    [[nodiscard]] Device device() const noexcept { return device_; }
+    [[nodiscard]] std::int64_t numel() const noexcept { return shape_.numel(); }
+    [[nodiscard]] std::size_t nbytes() const noexcept { return bytes_; }
+    [[nodiscard]] void* raw() const noexcept { return data_; }
+
+    // Typed pointer (a device pointer on a device: never dereference it on the host).
+    template <class T>
+    [[nodiscard]] T* data() const {
+        return tensor().template data<T>();
+    }
+
+    [[nodiscard]] Tensor tensor() const { return Tensor(data_, dtype_, shape_, device_); }
+    [[nodiscard]] Tensor tensor(Shape shape) const { return tensor().reshape(shape); }
+
+    friend std::ostream& operator<<(std::ostream& out, const DeviceBuffer& b) {
+        return out << "DeviceBuffer(" << b.dtype_ << ", " << b.shape_ << ", " << b.device_ << ')';
+    }
+
+private:
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+    DType dtype_ = DType::f32;
+    Shape shape_{};
+    Device device_ = host_device;
+};
+
+// Copies the elements of `from` into `to`: same dtype and element count,
+// both contiguous, on any two places.
+inline void copy_tensor(const Tensor& to, const Tensor& from) {
+    LOOM_CHECK(to.dtype() == from.dtype() && to.numel() == from.numel(), "copy_tensor: ", from, " does not fit ", to,
+               "; the dtype and the element count must match");
+    LOOM_CHECK(to.is_contiguous() && from.is_contiguous(), "copy_tensor: ", from, " -> ", to,
+               " needs contiguous tensors");
+    copy_bytes(to.raw(), to.device(), from.raw(), from.device(), from.nbytes());
+}
+
+// The elements of a contiguous tensor on any device, as host values.
+template <class T>
+[[nodiscard]] std::vector<T> to_host(const Tensor& t) {
+    LOOM_CHECK(t.dtype() == dtype_of<T>, "to_host: ", t, " does not hold ", dtype_of<T>, " elements");
+    std::vector<T> out(static_cast<std::size_t>(t.numel()));
+    copy_tensor(Tensor::of(out.data(), t.shape()), t);
+    return out;
+}
+
+// One element of a tensor on any device (a loss, a scale).
+template <class T>
+[[nodiscard]] T read_scalar(const Tensor& t) {
+    LOOM_CHECK(t.numel() >= 1 && t.dtype() == dtype_of<T>, "read_scalar: ", t, " holds no ", dtype_of<T>, " element");
+    T value{};
+    copy_bytes(&value, host_device, t.raw(), t.device(), sizeof(T));
+    return value;
+}
+
+// Writes `value` into the first element of a tensor on any device.
+template <class T>
+void write_scalar(const Tensor& t, T value) {
+    LOOM_CHECK(t.numel() >= 1 && t.dtype() == dtype_of<T>, "write_scalar: ", t, " holds no ", dtype_of<T>, " element");
+    copy_bytes(t.raw(), t.device(), &value, host_device, sizeof(T));
+}
+
+// Throws unless `t` is in host memory: for the code paths that read and write
+// elements on the host (the sharded layers' bookkeeping), named by `what`.
+inline void require_host(const Tensor& t, const char* what) {
+    LOOM_CHECK(t.device().kind == DeviceKind::host, what, " runs on the host only so far, but its tensor is on ",
+               t.device(), "; run this configuration on the host (--device host)");
+}
+
+}  // namespace loom

@@ -1,0 +1,118 @@
+// DeviceRuntime: memory and copies on a device chosen at run time (a Tensor's
+// device()), behind an interface the host core defines and a backend
+// implements. The host core never names a CUDA type: the CUDA backend
+// (loom/cuda_backend.cuh, compiled by nvcc) registers its runtime when a
+// translation unit of the program includes it, and until then a tensor on a
+// CUDA device is refused with a message that says how to get the backend.
+//
+// Layers, contexts and arenas allocate and copy through this interface, so
+// one layer type runs on the host or on a device without being a template.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstring>
+
+#include "loom/core/device.hpp"
+#include "loom/core/error.hpp"
+
+namespace loom {
+
+class DeviceRuntime {
+public:
+    virtual ~DeviceRuntime() = default;
+
+    // "CUDA": how messages name the backend.
+    [[nodiscard]] virtual const char* name() const noexcept = 0;
+    // Throws, naming the reason (no driver, no device, index out of range),
+    // unless device `index` can run work.
+    virtual void check_usable(int index) const = 0;
+    // Zero-filled memory on `where`, ordered before any later work of any
+    // thread on that device.
+    [[nodiscard]] virtual void* allocate(std::size_t bytes, Device where) = 0;
+    virtual void deallocate(void* p, std::size_t bytes, Device where) noexcept = 0;
+    // Copies `bytes` between two places, at least one of them on this
+    // backend's devices, in the calling thread's order of work; returns once
+    // any host memory involved may be reused or read.
+    virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
+    virtual void fill_zero(void* p, Device where, std::size_t bytes) = 0;
+    // Waits for the calling thread's work on `where` to finish.
+    virtual void synchronize(Device where) = 0;
+};
+
+namespace detail {
+
+[[nodiscard]] inline DeviceRuntime*& runtime_slot(DeviceKind kind) {
+    static std::array<DeviceRuntime*, 2> slots{};  // indexed by DeviceKind; host's stays null
+    return slots[static_cast<std::size_t>(kind)];
+}
+
+}  // namespace detail
+
+// Installs `runtime` (which must outlive its use) for `kind`; returns the one
+// it replaces, so a scope can put it back. Null removes it. The host has no
+// runtime: its memory and copies are handled inline.
+inline DeviceRuntime* register_device_runtime(DeviceKind kind, DeviceRuntime* runtime) {
+    LOOM_CHECK(kind != DeviceKind::host, "register_device_runtime: the host needs no runtime; register one for cuda");
+    DeviceRuntime* previous = detail::runtime_slot(kind);
+    detail::runtime_slot(kind) = runtime;
+    return previous;
+}
+
+// The runtime for `kind`, or null when the program was built without it.
+[[nodiscard]] inline DeviceRuntime* find_device_runtime(DeviceKind kind) {
+    return kind == DeviceKind::host ? nullptr : detail::runtime_slot(kind);
+}
+
+// The runtime of a device that is not the host; throws naming how to build
+// the backend in when it is missing.
+[[nodiscard]] inline DeviceRuntime& device_runtime(Device where) {
+    LOOM_CHECK(where.kind != DeviceKind::host, "device_runtime: ", where, " is the host, which has no device runtime");
+    DeviceRuntime* runtime = find_device_runtime(where.kind);
+    LOOM_CHECK(runtime != nullptr, "memory on ", where, " needs the ", where.kind,
+               " backend, which this program was built without: compile one .cu file that includes "
+               "loom/cuda_backend.cuh and link loom::cuda");
+    return *runtime;
+}
+
+// Throws unless `where` can hold tensors and run work now: the host always
+// can; a device needs its backend built in and the device present.
+inline void check_device_usable(Device where) {
+    if (where.kind == DeviceKind::host) return;
+    device_runtime(where).check_usable(where.index);
+}
+
+// Copies `bytes` from `from` on `from_device` to `to` on `to_device`.
+inline void copy_bytes(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (to_device.kind == DeviceKind::host && from_device.kind == DeviceKind::host) {
+        std::memmove(to, from, bytes);
+        return;
+    }
+    device_runtime(to_device.kind != DeviceKind::host ? to_device : from_device)
+        .copy(to, to_device, from, from_device, bytes);
+}
+
+// Sets `bytes` at `p` on `where` to zero.
+inline void fill_zero_bytes(void* p, Device where, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (where.kind == DeviceKind::host) std::memset(p, 0, bytes);
+    else device_runtime(where).fill_zero(p, where, bytes);
+}
+
+// Installs a runtime for a scope and restores the previous one (tests, and
+// programs that pick a backend instance of their own).
+class DeviceRuntimeScope {
+public:
+    DeviceRuntimeScope(DeviceKind kind, DeviceRuntime* runtime)
+        : kind_(kind), previous_(register_device_runtime(kind, runtime)) {}
+    DeviceRuntimeScope(const DeviceRuntimeScope&) = delete;
+    DeviceRuntimeScope& operator=(const DeviceRuntimeScope&) = delete;
+    ~DeviceRuntimeScope() { register_device_runtime(kind_, previous_); }
+
+private:
+    DeviceKind kind_;
+    DeviceRuntime* previous_;
+};
+
+}  // namespace loom

@@ -1,0 +1,244 @@
+// The CUDA backend of loom's layers: a DeviceRuntime (memory, copies) and the
+// DeviceKernels (kernels/cuda/, optim/adamw.cuh) for DeviceKind::cuda,
+// registered when the program starts. Include it from one .cu file of the
+// program (compiled by nvcc, linked with loom::cuda); the rest of the program,
+// layers, executor and trainer alike, stays host C++ and reaches the GPU
+// through the registered interfaces:
+//
+//   // cuda_backend.cu
+//   #include "loom/cuda_backend.cuh"
+//
+// Work runs on the calling thread's current stream: cudaStreamPerThread
+// unless a StreamScope names another (a DeviceThreadComm rank runs its layers
+// on its communicator's stream, so compute and collectives stay in order).
+// Every call makes the tensor's device current for its duration.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "loom/core/buffer_cuda.hpp"
+#include "loom/core/check_cuda.hpp"
+#include "loom/core/device_runtime.hpp"
+#include "loom/kernels/cuda/attention.cuh"
+#include "loom/kernels/cuda/cross_entropy.cuh"
+#include "loom/kernels/cuda/elementwise.cuh"
+#include "loom/kernels/cuda/embedding.cuh"
+#include "loom/kernels/cuda/gelu.cuh"
+#include "loom/kernels/cuda/gemm.cuh"
+#include "loom/kernels/cuda/layernorm.cuh"
+#include "loom/kernels/device_kernels.hpp"
+#include "loom/optim/adamw.cuh"
+
+namespace loom::cuda_backend {
+
+namespace detail {
+
+[[nodiscard]] inline cudaStream_t& current_stream_slot() {
+    thread_local cudaStream_t stream = cudaStreamPerThread;
+    return stream;
+}
+
+// One cuBLASLt context per (thread, device, stream): contexts are not
+// thread-safe, and cudaStreamPerThread names a different stream per device.
+[[nodiscard]] inline kernels::cuda::GemmContext& gemm_context(int device, cudaStream_t stream) {
+    thread_local std::map<std::pair<int, cudaStream_t>, std::unique_ptr<kernels::cuda::GemmContext>> contexts;
+    auto& slot = contexts[{device, stream}];
+    if (!slot) slot = std::make_unique<kernels::cuda::GemmContext>(stream);
+    return *slot;
+}
+
+[[nodiscard]] inline cudaMemcpyKind copy_kind(Device to, Device from) {
+    const bool to_host = to.kind == DeviceKind::host, from_host = from.kind == DeviceKind::host;
+    if (to_host) return from_host ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost;
+    return from_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+}
+
+}  // namespace detail
+
+// The stream this thread's layers run on.
+[[nodiscard]] inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
+
+// Makes `stream` this thread's stream for a scope, then restores the previous.
+class StreamScope {
+public:
+    explicit StreamScope(cudaStream_t stream) : previous_(std::exchange(detail::current_stream_slot(), stream)) {}
+    StreamScope(const StreamScope&) = delete;
+    StreamScope& operator=(const StreamScope&) = delete;
+    ~StreamScope() { detail::current_stream_slot() = previous_; }
+
+private:
+    cudaStream_t previous_;
+};
+
+class CudaRuntime final : public DeviceRuntime {
+public:
+    [[nodiscard]] const char* name() const noexcept override { return "CUDA"; }
+
+    void check_usable(int index) const override {
+        int count = 0;
+        const cudaError_t status = cudaGetDeviceCount(&count);
+        if (status != cudaSuccess) {
+            (void)cudaGetLastError();  // clear it, so the next CUDA call does not report it again
+            LOOM_FAIL("no CUDA device is usable: cudaGetDeviceCount failed with ", cudaGetErrorName(status), " (",
+                      cudaGetErrorString(status), "); run on a machine with an NVIDIA GPU and its driver, or on the host");
+        }
+        LOOM_CHECK(count > 0, "no CUDA device is visible (cudaGetDeviceCount found 0; check CUDA_VISIBLE_DEVICES); "
+                              "run on a machine with an NVIDIA GPU, or on the host");
+        LOOM_CHECK(index >= 0 && index < count, "cuda:", index, " does not exist: this machine has ", count,
+                   " CUDA device", count == 1 ? "" : "s", " (cuda:0 to cuda:", count - 1, ")");
+    }
+
+    [[nodiscard]] void* allocate(std::size_t bytes, Device where) override {
+        return Allocator<Cuda>::allocate(bytes, where);
+    }
+    void deallocate(void* p, std::size_t bytes, Device where) noexcept override {
+        Allocator<Cuda>::deallocate(p, bytes, where);
+    }
+
+    // Host memory involved: waits for the copy, so the host may read what it
+    // asked for, or reuse what it gave, as soon as this returns.
+    void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) override {
+        const Device on = to_device.kind == DeviceKind::cuda ? to_device : from_device;
+        loom::detail::CudaDeviceScope scope(on.index);
+        const cudaStream_t stream = current_stream();
+        if (to_device.kind == DeviceKind::cuda && from_device.kind == DeviceKind::cuda &&
+            to_device.index != from_device.index)
+            LOOM_CUDA_CHECK(cudaMemcpyPeerAsync(to, to_device.index, from, from_device.index, bytes, stream));
+        else
+            LOOM_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, detail::copy_kind(to_device, from_device), stream));
+        if (to_device.kind == DeviceKind::host || from_device.kind == DeviceKind::host)
+            LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+
+    void fill_zero(void* p, Device where, std::size_t bytes) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
+    }
+
+    void synchronize(Device where) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        LOOM_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    }
+};
+
+// Each kernel on the calling thread's stream, with the tensor's device current.
+class CudaKernels final : public kernels::DeviceKernels {
+public:
+    void gemm(Device where, kernels::Trans ta, kernels::Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+              float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+              std::int64_t ldc) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                            detail::gemm_context(where.index, current_stream()));
+    }
+    void repeat_rows(Device where, const float* row, float* y, std::int64_t rows, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::repeat_rows(row, y, rows, n, current_stream());
+    }
+    void add(Device where, const float* a, const float* b, float* out, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::add(a, b, out, n, current_stream());
+    }
+    void accumulate(Device where, float* into, const float* x, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::accumulate(into, x, n, current_stream());
+    }
+    void add_bias(Device where, float* y, const float* bias, std::int64_t rows, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::add_bias(y, bias, rows, n, current_stream());
+    }
+    void bias_grad(Device where, const float* dy, float* dbias, std::int64_t rows, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::bias_grad(dy, dbias, rows, n, current_stream());
+    }
+    void gelu_forward(Device where, const float* x, float* y, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::gelu_forward(x, y, n, current_stream());
+    }
+    void gelu_backward(Device where, const float* x, const float* dy, float* dx, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::gelu_backward(x, dy, dx, n, current_stream());
+    }
+    void layernorm_forward(Device where, const float* x, const float* gain, const float* shift, float* y, float* mean,
+                           float* rstd, std::int64_t rows, std::int64_t C, float eps) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_forward(x, gain, shift, y, mean, rstd, rows, C, eps, current_stream());
+    }
+    void layernorm_backward_input(Device where, const float* dy, const float* x, const float* gain, const float* mean,
+                                  const float* rstd, float* dx, std::int64_t rows, std::int64_t C) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_backward_input(dy, x, gain, mean, rstd, dx, rows, C, current_stream());
+    }
+    void layernorm_backward_weight(Device where, const float* dy, const float* x, const float* mean, const float* rstd,
+                                   float* dgain, float* dshift, std::int64_t rows, std::int64_t C) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_backward_weight(dy, x, mean, rstd, dgain, dshift, rows, C, current_stream());
+    }
+    void embedding_forward(Device where, const std::int32_t* tokens, const float* token_table,
+                           const float* position_table, float* out, std::int64_t B, std::int64_t T, std::int64_t C,
+                           std::int64_t vocab) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::embedding_forward(tokens, token_table, position_table, out, B, T, C, vocab, current_stream());
+    }
+    void embedding_backward(Device where, const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                            float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::embedding_backward(tokens, dout, dtoken_table, dposition_table, B, T, C, current_stream());
+    }
+    void attention_forward(Device where, const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
+                           std::int64_t H, std::int64_t D) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::attention_forward(qkv, out, lse, B, T, H, D, current_stream());
+    }
+    void attention_backward(Device where, const float* qkv, const float* out, const float* dout, const float* lse,
+                            float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::attention_backward(qkv, out, dout, lse, dqkv, B, T, H, D, current_stream());
+    }
+    [[nodiscard]] float cross_entropy_forward(Device where, const float* logits, const std::int32_t* targets,
+                                              float* logsumexp, std::int64_t rows, std::int64_t V) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        return kernels::cuda::cross_entropy_forward(logits, targets, logsumexp, rows, V, current_stream());
+    }
+    void cross_entropy_backward(Device where, const float* logits, const std::int32_t* targets, const float* logsumexp,
+                                float dloss, float* dlogits, std::int64_t rows, std::int64_t V) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::cross_entropy_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, current_stream());
+    }
+    void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,
+                      const optim::detail::AdamWScalars& scalars) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        optim::cuda::adamw_update(params, grads, m, v, n, scalars, current_stream());
+    }
+};
+
+// The process's instances (function statics: usable during static
+// initialisation, whatever the order of translation units).
+[[nodiscard]] inline CudaRuntime& runtime() {
+    static CudaRuntime instance;
+    return instance;
+}
+[[nodiscard]] inline CudaKernels& device_kernels() {
+    static CudaKernels instance;
+    return instance;
+}
+
+// Installs the CUDA backend; idempotent. Called at start-up by the variable
+// below; call it yourself only after something unregistered it.
+inline bool install() {
+    register_device_runtime(DeviceKind::cuda, &runtime());
+    kernels::register_device_kernels(DeviceKind::cuda, &device_kernels());
+    return true;
+}
+
+// An inline variable: initialised once per program, before main, in whichever
+// translation unit that includes this header the linker keeps.
+inline const bool installed = install();
+
+}  // namespace loom::cuda_backend

@@ -1,0 +1,118 @@
+// DeviceKernels: the math a layer needs, on a device chosen at run time. The
+// interface mirrors kernels/host/ (same arguments, device pointers, f32);
+// loom/cuda_backend.cuh implements it over kernels/cuda/ and registers it
+// with the device runtime. Every call runs in the calling thread's order of
+// work on the device (for CUDA: the thread's current stream), so a rank
+// thread's layers, copies and collectives stay ordered without waits.
+// Layers do not call this directly: kernels/ops.hpp takes Tensors, checks
+// they share a device and sends host tensors to kernels/host/.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "loom/core/device.hpp"
+#include "loom/core/error.hpp"
+#include "loom/kernels/trans.hpp"
+
+namespace loom::optim::detail {
+struct AdamWScalars;  // optim/adamw.hpp: one step's constants
+}  // namespace loom::optim::detail
+
+namespace loom::kernels {
+
+class DeviceKernels {
+public:
+    virtual ~DeviceKernels() = default;
+
+    // C[M, N] = alpha op(A) op(B) + beta C, row-major (kernels/host/gemm.hpp).
+    virtual void gemm(Device where, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                      const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                      std::int64_t ldc) = 0;
+    // y[r, :] = row for r < rows (a bias before an accumulating GEMM).
+    virtual void repeat_rows(Device where, const float* row, float* y, std::int64_t rows, std::int64_t n) = 0;
+    virtual void add(Device where, const float* a, const float* b, float* out, std::int64_t n) = 0;
+    virtual void accumulate(Device where, float* into, const float* x, std::int64_t n) = 0;
+    virtual void add_bias(Device where, float* y, const float* bias, std::int64_t rows, std::int64_t n) = 0;
+    virtual void bias_grad(Device where, const float* dy, float* dbias, std::int64_t rows, std::int64_t n) = 0;
+
+    virtual void gelu_forward(Device where, const float* x, float* y, std::int64_t n) = 0;
+    virtual void gelu_backward(Device where, const float* x, const float* dy, float* dx, std::int64_t n) = 0;
+
+    virtual void layernorm_forward(Device where, const float* x, const float* gain, const float* shift, float* y,
+                                   float* mean, float* rstd, std::int64_t rows, std::int64_t C, float eps) = 0;
+    virtual void layernorm_backward_input(Device where, const float* dy, const float* x, const float* gain,
+                                          const float* mean, const float* rstd, float* dx, std::int64_t rows,
+                                          std::int64_t C) = 0;
+    virtual void layernorm_backward_weight(Device where, const float* dy, const float* x, const float* mean,
+                                           const float* rstd, float* dgain, float* dshift, std::int64_t rows,
+                                           std::int64_t C) = 0;
+
+    virtual void embedding_forward(Device where, const std::int32_t* tokens, const float* token_table,
+                                   const float* position_table, float* out, std::int64_t B, std::int64_t T,
+                                   std::int64_t C, std::int64_t vocab) = 0;
+    virtual void embedding_backward(Device where, const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                                    float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) = 0;
+
+    virtual void attention_forward(Device where, const float* qkv, float* out, float* lse, std::int64_t B,
+                                   std::int64_t T, std::int64_t H, std::int64_t D) = 0;
+    virtual void attention_backward(Device where, const float* qkv, const float* out, const float* dout,
+                                    const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                                    std::int64_t D) = 0;
+
+    // Returns the mean loss (waits for the device).
+    [[nodiscard]] virtual float cross_entropy_forward(Device where, const float* logits, const std::int32_t* targets,
+                                                      float* logsumexp, std::int64_t rows, std::int64_t V) = 0;
+    virtual void cross_entropy_backward(Device where, const float* logits, const std::int32_t* targets,
+                                        const float* logsumexp, float dloss, float* dlogits, std::int64_t rows,
+                                        std::int64_t V) = 0;
+
+    // One AdamW step of n elements with this step's constants.
+    virtual void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,
+                              const optim::detail::AdamWScalars& scalars) = 0;
+};
+
+namespace detail {
+
+[[nodiscard]] inline DeviceKernels*& kernels_slot(DeviceKind kind) {
+    static std::array<DeviceKernels*, 2> slots{};  // indexed by DeviceKind; host's stays null
+    return slots[static_cast<std::size_t>(kind)];
+}
+
+}  // namespace detail
+
+// Installs `kernels` for `kind`; returns the ones replaced (null removes).
+inline DeviceKernels* register_device_kernels(DeviceKind kind, DeviceKernels* kernels) {
+    LOOM_CHECK(kind != DeviceKind::host, "register_device_kernels: the host's kernels are kernels/host/");
+    DeviceKernels* previous = detail::kernels_slot(kind);
+    detail::kernels_slot(kind) = kernels;
+    return previous;
+}
+
+// The kernels of a device that is not the host; throws naming how to build
+// the backend in when they are missing.
+[[nodiscard]] inline DeviceKernels& device_kernels(Device where) {
+    LOOM_CHECK(where.kind != DeviceKind::host, "device_kernels: ", where, " is the host; use kernels/host/");
+    DeviceKernels* kernels = detail::kernels_slot(where.kind);
+    LOOM_CHECK(kernels != nullptr, "tensors on ", where, " need the ", where.kind,
+               " backend's kernels, which this program was built without: compile one .cu file that includes "
+               "loom/cuda_backend.cuh and link loom::cuda");
+    return *kernels;
+}
+
+// Installs kernels for a scope and restores the previous ones.
+class DeviceKernelsScope {
+public:
+    DeviceKernelsScope(DeviceKind kind, DeviceKernels* kernels)
+        : kind_(kind), previous_(register_device_kernels(kind, kernels)) {}
+    DeviceKernelsScope(const DeviceKernelsScope&) = delete;
+    DeviceKernelsScope& operator=(const DeviceKernelsScope&) = delete;
+    ~DeviceKernelsScope() { register_device_kernels(kind_, previous_); }
+
+private:
+    DeviceKind kind_;
+    DeviceKernels* previous_;
+};
+
+}  // namespace loom::kernels

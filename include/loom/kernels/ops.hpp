@@ -1,0 +1,215 @@
+// The kernels on Tensors, wherever they live: each op checks that its
+// operands share one device, then runs kernels/host/ for host tensors or the
+// registered DeviceKernels (kernels/device_kernels.hpp) for a device's. This
+// is how one layer type runs on the host and on a GPU without being a
+// template, and without the host core naming a CUDA type. Sizes are the
+// callers' (as in kernels/host/); operands are f32 unless named otherwise.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "loom/core/device.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/kernels/device_kernels.hpp"
+#include "loom/kernels/host/attention.hpp"
+#include "loom/kernels/host/cross_entropy.hpp"
+#include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/host/embedding.hpp"
+#include "loom/kernels/host/gelu.hpp"
+#include "loom/kernels/host/gemm.hpp"
+#include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/trans.hpp"
+
+namespace loom::kernels {
+
+namespace detail {
+
+// The device every operand with elements is on; an empty operand (a missing
+// bias) does not count. Throws naming the first operand that differs.
+[[nodiscard]] inline Device common_device(const char* op, std::initializer_list<const Tensor*> operands) {
+    const Tensor* first = nullptr;
+    for (const Tensor* t : operands) {
+        if (t->numel() == 0) continue;
+        if (first == nullptr) first = t;
+        else
+            LOOM_CHECK(t->device() == first->device(), op, ": operands on ", first->device(), " and ", t->device(),
+                       " (", *first, " and ", *t, "); every operand must be on one device");
+    }
+    return first == nullptr ? host_device : first->device();
+}
+
+[[nodiscard]] inline bool on_host(Device d) noexcept { return d.kind == DeviceKind::host; }
+
+template <class T>
+[[nodiscard]] T* ptr(const Tensor& t) {
+    return t.numel() == 0 ? nullptr : t.data<T>();
+}
+
+}  // namespace detail
+
+
+inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const Tensor& A,
+                 std::int64_t lda, const Tensor& B, std::int64_t ldb, float beta, const Tensor& C, std::int64_t ldc) {
+    const Device d = detail::common_device("gemm", {&A, &B, &C});
+    if (detail::on_host(d))
+        host::gemm(ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta, detail::ptr<float>(C), ldc);
+    else
+        device_kernels(d).gemm(d, ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta,
+                               detail::ptr<float>(C), ldc);
+}
+
+// y[r, :] = row for each of `rows` rows of n.
+inline void repeat_rows(const Tensor& row, const Tensor& y, std::int64_t rows, std::int64_t n) {
+    const Device d = detail::common_device("repeat_rows", {&row, &y});
+    if (!detail::on_host(d)) {
+        device_kernels(d).repeat_rows(d, detail::ptr<float>(row), detail::ptr<float>(y), rows, n);
+        return;
+    }
+    float* py = detail::ptr<float>(y);
+    const float* pb = detail::ptr<float>(row);
+    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(pb, n, py + r * n);
+}
+
+inline void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+    const Device d = detail::common_device("add", {&a, &b, &out});
+    if (detail::on_host(d)) host::add(detail::ptr<float>(a), detail::ptr<float>(b), detail::ptr<float>(out), out.numel());
+    else device_kernels(d).add(d, detail::ptr<float>(a), detail::ptr<float>(b), detail::ptr<float>(out), out.numel());
+}
+
+// into += x, the first n elements.
+inline void accumulate(const Tensor& into, const Tensor& x, std::int64_t n) {
+    const Device d = detail::common_device("accumulate", {&into, &x});
+    if (detail::on_host(d)) host::accumulate(detail::ptr<float>(into), detail::ptr<float>(x), n);
+    else device_kernels(d).accumulate(d, detail::ptr<float>(into), detail::ptr<float>(x), n);
+}
+
+inline void add_bias(const Tensor& y, const Tensor& bias, std::int64_t rows, std::int64_t n) {
+    const Device d = detail::common_device("add_bias", {&y, &bias});
+    if (detail::on_host(d)) host::add_bias(detail::ptr<float>(y), detail::ptr<float>(bias), rows, n);
+    else device_kernels(d).add_bias(d, detail::ptr<float>(y), detail::ptr<float>(bias), rows, n);
+}
+
+// dbias += the column sums of dy [rows, n].
+inline void bias_grad(const Tensor& dy, const Tensor& dbias, std::int64_t rows, std::int64_t n) {
+    const Device d = detail::common_device("bias_grad", {&dy, &dbias});
+    if (detail::on_host(d)) host::bias_grad(detail::ptr<float>(dy), detail::ptr<float>(dbias), rows, n);
+    else device_kernels(d).bias_grad(d, detail::ptr<float>(dy), detail::ptr<float>(dbias), rows, n);
+}
+
+inline void gelu_forward(const Tensor& x, const Tensor& y) {
+    const Device d = detail::common_device("gelu_forward", {&x, &y});
+    if (detail::on_host(d)) host::gelu_forward(detail::ptr<float>(x), detail::ptr<float>(y), x.numel());
+    else device_kernels(d).gelu_forward(d, detail::ptr<float>(x), detail::ptr<float>(y), x.numel());
+}
+
+inline void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+    const Device d = detail::common_device("gelu_backward", {&x, &dy, &dx});
+    if (detail::on_host(d)) host::gelu_backward(detail::ptr<float>(x), detail::ptr<float>(dy), detail::ptr<float>(dx), dy.numel());
+    else device_kernels(d).gelu_backward(d, detail::ptr<float>(x), detail::ptr<float>(dy), detail::ptr<float>(dx), dy.numel());
+}
+
+inline void layernorm_forward(const Tensor& x, const Tensor& gain, const Tensor& shift, const Tensor& y,
+                              const Tensor& mean, const Tensor& rstd, std::int64_t rows, std::int64_t C, float eps) {
+    const Device d = detail::common_device("layernorm_forward", {&x, &gain, &shift, &y, &mean, &rstd});
+    if (detail::on_host(d))
+        host::layernorm_forward(detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(shift), detail::ptr<float>(y), detail::ptr<float>(mean),
+                                detail::ptr<float>(rstd), rows, C, eps);
+    else
+        device_kernels(d).layernorm_forward(d, detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(shift), detail::ptr<float>(y),
+                                            detail::ptr<float>(mean), detail::ptr<float>(rstd), rows, C, eps);
+}
+
+inline void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gain, const Tensor& mean,
+                                     const Tensor& rstd, const Tensor& dx, std::int64_t rows, std::int64_t C) {
+    const Device d = detail::common_device("layernorm_backward_input", {&dy, &x, &gain, &mean, &rstd, &dx});
+    if (detail::on_host(d))
+        host::layernorm_backward_input(detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(mean),
+                                       detail::ptr<float>(rstd), detail::ptr<float>(dx), rows, C);
+    else
+        device_kernels(d).layernorm_backward_input(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain),
+                                                   detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(dx), rows, C);
+}
+
+// dgain and dshift are accumulated.
+inline void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& dgain, const Tensor& dshift, std::int64_t rows, std::int64_t C) {
+    const Device d = detail::common_device("layernorm_backward_weight", {&dy, &x, &mean, &rstd, &dgain, &dshift});
+    if (detail::on_host(d))
+        host::layernorm_backward_weight(detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(mean), detail::ptr<float>(rstd),
+                                        detail::ptr<float>(dgain), detail::ptr<float>(dshift), rows, C);
+    else
+        device_kernels(d).layernorm_backward_weight(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(mean),
+                                                    detail::ptr<float>(rstd), detail::ptr<float>(dgain), detail::ptr<float>(dshift), rows, C);
+}
+
+// tokens: i32 [B, T]; out [B, T, C] written.
+inline void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
+                              const Tensor& out, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab) {
+    const Device d = detail::common_device("embedding_forward", {&tokens, &token_table, &position_table, &out});
+    if (detail::on_host(d))
+        host::embedding_forward(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table), detail::ptr<float>(position_table),
+                                detail::ptr<float>(out), B, T, C, vocab);
+    else
+        device_kernels(d).embedding_forward(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table),
+                                            detail::ptr<float>(position_table), detail::ptr<float>(out), B, T, C, vocab);
+}
+
+// The tables' gradients are accumulated.
+inline void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
+                               const Tensor& dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) {
+    const Device d = detail::common_device("embedding_backward", {&tokens, &dout, &dtoken_table, &dposition_table});
+    if (detail::on_host(d))
+        host::embedding_backward(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout), detail::ptr<float>(dtoken_table),
+                                 detail::ptr<float>(dposition_table), B, T, C);
+    else
+        device_kernels(d).embedding_backward(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout), detail::ptr<float>(dtoken_table),
+                                             detail::ptr<float>(dposition_table), B, T, C);
+}
+
+// Causal attention over qkv [B, T, 3 H D]: out [B, T, H D] and lse [B, H, T] written.
+inline void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, std::int64_t B, std::int64_t T,
+                              std::int64_t H, std::int64_t D) {
+    const Device d = detail::common_device("attention_forward", {&qkv, &out, &lse});
+    if (detail::on_host(d))
+        host::attention_forward(detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(lse), B, T, H, D);
+    else
+        device_kernels(d).attention_forward(d, detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(lse), B, T, H, D);
+}
+
+inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                               const Tensor& dqkv, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
+    const Device d = detail::common_device("attention_backward", {&qkv, &out, &dout, &lse, &dqkv});
+    if (detail::on_host(d))
+        host::attention_backward(detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(dout), detail::ptr<float>(lse), detail::ptr<float>(dqkv),
+                                 B, T, H, D);
+    else
+        device_kernels(d).attention_backward(d, detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(dout), detail::ptr<float>(lse),
+                                             detail::ptr<float>(dqkv), B, T, H, D);
+}
+
+// Returns the mean loss over rows (on a device this waits for it).
+[[nodiscard]] inline float cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& logsumexp,
+                                                 std::int64_t rows, std::int64_t V) {
+    const Device d = detail::common_device("cross_entropy_forward", {&logits, &targets, &logsumexp});
+    if (detail::on_host(d))
+        return host::cross_entropy_forward(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(logsumexp), rows,
+                                           V);
+    return device_kernels(d).cross_entropy_forward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                                   detail::ptr<float>(logsumexp), rows, V);
+}
+
+inline void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& logsumexp, float dloss,
+                                   const Tensor& dlogits, std::int64_t rows, std::int64_t V) {
+    const Device d = detail::common_device("cross_entropy_backward", {&logits, &targets, &logsumexp, &dlogits});
+    if (detail::on_host(d))
+        host::cross_entropy_backward(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(logsumexp), dloss,
+                                     detail::ptr<float>(dlogits), rows, V);
+    else
+        device_kernels(d).cross_entropy_backward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                                 detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V);
+}
+
+}  // namespace loom::kernels

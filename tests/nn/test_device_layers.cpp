@@ -1,0 +1,213 @@
+// The layers on a device chosen at run time, without a GPU: the fenced test
+// device (tests/support/fenced_device.hpp) stands in for CUDA, handing out
+// pointers that crash if the host touches them and running the host kernels
+// behind the kernel table. The GPT must then train through the device
+// runtime and kernels/ops.hpp alone, and equal the host bit for bit; the
+// SerialTrainer must equal the Executor's one-rank run bit for bit; and a
+// device without its backend, or mixed devices, must be refused by name.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/comm/thread_world.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/exec/executor.hpp"
+#include "loom/exec/serial_trainer.hpp"
+#include "loom/gpt/model.hpp"
+#include "loom/kernels/ops.hpp"
+#include "loom/nn/compose.hpp"
+#include "loom/nn/param_arena.hpp"
+#include "support/fenced_device.hpp"
+#include "support/message_of.hpp"
+
+namespace {
+
+using loom::Tensor;
+namespace nn = loom::nn;
+
+const loom::gpt::Config tiny{.layers = 2, .width = 32, .heads = 2, .seq = 16, .vocab = 64};
+constexpr std::int64_t batch = 4;
+
+// Token ids and next-token targets for step `step`, on the host.
+struct Batch {
+    std::vector<std::int32_t> inputs, targets;
+    [[nodiscard]] Tensor input_tensor() const { return Tensor::of(inputs.data(), {batch, tiny.seq}); }
+    [[nodiscard]] Tensor target_tensor() const { return Tensor::of(targets.data(), {batch, tiny.seq}); }
+};
+
+Batch make_batch(std::uint64_t step) {
+    Batch b;
+    b.inputs.resize(static_cast<std::size_t>(batch * tiny.seq));
+    b.targets.resize(b.inputs.size());
+    std::mt19937 rng(static_cast<std::uint32_t>(21 + step));
+    std::uniform_int_distribution<std::int32_t> id(0, static_cast<std::int32_t>(tiny.vocab) - 1);
+    for (std::size_t i = 0; i < b.inputs.size(); ++i) {
+        b.inputs[i] = id(rng);
+        b.targets[i] = id(rng);
+    }
+    return b;
+}
+
+// How many elements of two arrays differ in their bits.
+std::size_t differing_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return a.size() + b.size();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) bad += std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]);
+    return bad;
+}
+
+std::vector<float> host_copy(std::span<const float> values) { return {values.begin(), values.end()}; }
+
+}  // namespace
+
+TEST_CASE("the GPT runs on a device through the runtime and kernel table, bit for bit the host's", "[device][nn]") {
+    loom_test::FencedDevice device;
+    const Batch b = make_batch(0);
+
+    auto host_model = loom::gpt::make_model(tiny);
+    nn::ParamArena host_arena(host_model);
+    host_arena.initialize(host_model, 7);
+    nn::Context host_ctx;
+    const float host_loss = nn::forward_backward(host_model, host_ctx, b.input_tensor(), b.target_tensor());
+
+    auto device_model = loom::gpt::make_model(tiny);
+    nn::ParamArena device_arena(device_model, loom::cuda_device(0));
+    device_arena.initialize(device_model, 7);
+    nn::Context device_ctx;
+    device_ctx.set_device(loom::cuda_device(0));
+    const float device_loss = nn::forward_backward(device_model, device_ctx, b.input_tensor(), b.target_tensor());
+
+    CHECK(device_arena.device() == loom::cuda_device(0));
+    CHECK(std::bit_cast<std::uint32_t>(device_loss) == std::bit_cast<std::uint32_t>(host_loss));
+    CHECK(differing_bits(loom::to_host<float>(device_arena.values_tensor()), host_copy(host_arena.values())) == 0);
+    CHECK(differing_bits(loom::to_host<float>(device_arena.grads_tensor()), host_copy(host_arena.grads())) == 0);
+    // Every kernel the GPT needs went through the table (none ran on the
+    // host behind its back: that would have crashed on a fenced pointer).
+    for (const char* kernel : {"gemm", "repeat_rows", "add", "bias_grad", "gelu_forward", "gelu_backward",
+                               "layernorm_forward", "layernorm_backward_input", "layernorm_backward_weight",
+                               "embedding_forward", "embedding_backward", "attention_forward", "attention_backward",
+                               "cross_entropy_forward", "cross_entropy_backward"}) {
+        CAPTURE(kernel);
+        CHECK(device.calls[kernel] > 0);
+    }
+}
+
+TEST_CASE("SerialTrainer equals the Executor's one-rank run bit for bit, on the host and on a device", "[device][exec]") {
+    loom_test::FencedDevice device;
+    constexpr int steps = 3;
+    const loom::optim::AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
+
+    std::vector<float> executor_losses, executor_values;
+    loom::comm::ThreadWorld(1).run([&](loom::comm::ThreadComm& comm) {
+        auto model = loom::gpt::make_model(tiny);
+        loom::exec::Executor<loom::comm::ThreadComm> exec(model, comm, loom::exec::ExecutionPlan{},
+                                                          {.micro_batches = 2, .adamw = adamw});
+        exec.initialize(7);
+        for (int s = 0; s < steps; ++s) {
+            const Batch b = make_batch(static_cast<std::uint64_t>(s));
+            executor_losses.push_back(exec.step(b.input_tensor(), b.target_tensor(), 1e-3f));
+        }
+        executor_values.resize(static_cast<std::size_t>(exec.parameter_count()));
+        std::vector<float> m(executor_values.size()), v(executor_values.size());
+        exec.gather_state(executor_values, m, v);
+    });
+
+    for (const loom::Device where : {loom::host_device, loom::cuda_device(0)}) {
+        CAPTURE(where.kind);
+        auto model = loom::gpt::make_model(tiny);
+        loom::exec::SerialTrainer trainer(model, where, {.micro_batches = 2, .adamw = adamw});
+        trainer.initialize(7);
+        std::vector<float> losses;
+        for (int s = 0; s < steps; ++s) {
+            const Batch b = make_batch(static_cast<std::uint64_t>(s));
+            losses.push_back(trainer.step(b.input_tensor(), b.target_tensor(), 1e-3f));
+        }
+        std::vector<float> values(static_cast<std::size_t>(trainer.parameter_count())), m(values.size()), v(values.size());
+        trainer.gather_state(values, m, v);
+        CHECK(trainer.optimizer_steps() == steps);
+        CHECK(differing_bits(losses, executor_losses) == 0);
+        CHECK(differing_bits(values, executor_values) == 0);
+    }
+    CHECK(device.calls["adamw_update"] == steps);
+}
+
+TEST_CASE("a checkpoint's state loads on a device and training continues as on the host", "[device][exec]") {
+    loom_test::FencedDevice device;
+    const loom::optim::AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
+    auto host_model = loom::gpt::make_model(tiny);
+    loom::exec::SerialTrainer host(host_model, loom::host_device, {.adamw = adamw});
+    host.initialize(3);
+    const Batch first = make_batch(0), second = make_batch(1);
+    (void)host.step(first.input_tensor(), first.target_tensor(), 1e-3f);
+    const auto n = static_cast<std::size_t>(host.parameter_count());
+    std::vector<float> values(n), m(n), v(n);
+    host.gather_state(values, m, v);  // what a checkpoint saved on the host holds
+
+    auto device_model = loom::gpt::make_model(tiny);
+    loom::exec::SerialTrainer on_device(device_model, loom::cuda_device(0), {.adamw = adamw});
+    on_device.load_state(values, m, v, host.optimizer_steps());
+    const float host_loss = host.step(second.input_tensor(), second.target_tensor(), 1e-3f);
+    const float device_loss = on_device.step(second.input_tensor(), second.target_tensor(), 1e-3f);
+    CHECK(std::bit_cast<std::uint32_t>(device_loss) == std::bit_cast<std::uint32_t>(host_loss));
+    std::vector<float> host_after(n), device_after(n);
+    host.gather_state(host_after, m, v);
+    on_device.gather_state(device_after, m, v);
+    CHECK(differing_bits(device_after, host_after) == 0);
+    CHECK(on_device.optimizer_steps() == 2);
+    CHECK(loom_test::message_of([&] { on_device.load_state(std::vector<float>(3), m, v, 0); }) ==
+          "SerialTrainer::load_state: arrays of 3, " + std::to_string(n) + " and " + std::to_string(n) +
+              " elements; the model has " + std::to_string(n) + " parameters");
+}
+
+TEST_CASE("device memory and kernels without their backend are refused, naming how to build it in", "[device][nn]") {
+    // No backend registered for CUDA in this host-only test binary.
+    auto model = loom::gpt::make_model(tiny);
+    CHECK(loom_test::message_of([&] { nn::ParamArena arena(model, loom::cuda_device(0)); }) ==
+          "memory on cuda:0 needs the cuda backend, which this program was built without: compile one .cu file "
+          "that includes loom/cuda_backend.cuh and link loom::cuda");
+    nn::Context ctx;
+    CHECK(loom_test::message_of([&] { ctx.set_device(loom::cuda_device(1)); }).find("memory on cuda:1 needs the cuda backend") == 0);
+    float x = 1.0f, y = 0.0f;
+    const Tensor on_device(&x, loom::DType::f32, {1}, loom::cuda_device(0));
+    CHECK(loom_test::message_of([&] { loom::kernels::gelu_forward(on_device, on_device); }) ==
+          "tensors on cuda:0 need the cuda backend's kernels, which this program was built without: compile one .cu "
+          "file that includes loom/cuda_backend.cuh and link loom::cuda");
+    CHECK(loom_test::message_of([&] { loom::kernels::gelu_forward(on_device, Tensor::of(&y, {1})); }) ==
+          "gelu_forward: operands on cuda:0 and host (Tensor(f32, [1], cuda:0) and Tensor(f32, [1], host)); every "
+          "operand must be on one device");
+}
+
+TEST_CASE("a device that does not exist, mixed devices and host-only paths are refused by name", "[device][nn]") {
+    loom_test::FencedDevice device;
+    auto model = loom::gpt::make_model(tiny);
+    CHECK(loom_test::message_of([&] { nn::ParamArena arena(model, loom::cuda_device(2)); }) ==
+          "cuda:2 does not exist: the fenced test device has cuda:0 only");
+
+    // Parameters on the device, activations on the host: the first kernel names both.
+    nn::ParamArena arena(model, loom::cuda_device(0));
+    arena.initialize(model, 1);
+    nn::Context host_ctx;
+    const Batch b = make_batch(0);
+    CHECK(loom_test::message_of([&] { (void)nn::forward_backward(model, host_ctx, b.input_tensor(), b.target_tensor()); })
+              .find("embedding_forward: operands on host and cuda:0") == 0);
+    CHECK(loom_test::message_of([&] { (void)arena.values(); }) ==
+          "ParamArena: the parameters live on cuda:0; read them on the host through a copy (copy_tensor of "
+          "values_tensor())");
+
+    // A layer cut over an Optimus 2D grid keeps its bookkeeping on the host.
+    auto norm = nn::LayerNorm::make(8);
+    norm.gain.slice.full = loom::Shape{16};
+    norm.gain.slice.cuts[0] = loom::ParamCut{0, 8, 2};
+    nn::ParamArena norm_arena(norm, loom::cuda_device(0));
+    nn::Context ctx;
+    ctx.set_device(loom::cuda_device(0));
+    const Tensor x = ctx.alloc({2, 8});
+    CHECK(loom_test::message_of([&] { (void)norm.forward(ctx, x); }) ==
+          "LayerNorm on an Optimus 2D grid runs on the host only so far, but its tensor is on cuda:0; run this "
+          "configuration on the host (--device host)");
+}
