@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "loom/core/buffer_cuda.hpp"
@@ -92,6 +93,13 @@ public:
                               "run on a machine with an NVIDIA GPU, or on the host");
         LOOM_CHECK(index >= 0 && index < count, "cuda:", index, " does not exist: this machine has ", count,
                    " CUDA device", count == 1 ? "" : "s", " (cuda:0 to cuda:", count - 1, ")");
+    }
+
+    [[nodiscard]] std::string describe(int index) const override {
+        cudaDeviceProp props{};
+        LOOM_CUDA_CHECK(cudaGetDeviceProperties(&props, index));
+        return std::string(props.name) + " (sm_" + std::to_string(props.major) + std::to_string(props.minor) + ", " +
+               std::to_string(props.totalGlobalMem >> 30) + " GiB)";
     }
 
     [[nodiscard]] void* allocate(std::size_t bytes, Device where) override {
@@ -232,8 +240,8 @@ public:
 // Installs the CUDA backend; idempotent. Called at start-up by the variable
 // below; call it yourself only after something unregistered it.
 inline bool install() {
-    register_device_runtime(DeviceKind::cuda, &runtime());
-    kernels::register_device_kernels(DeviceKind::cuda, &device_kernels());
+    install_backend<DeviceRuntime>(DeviceKind::cuda, &runtime());
+    install_backend<kernels::DeviceKernels>(DeviceKind::cuda, &device_kernels());
     return true;
 }
 

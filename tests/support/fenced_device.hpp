@@ -42,7 +42,9 @@ T* unfence(T* p) {
 
 class FencedDevice final : public loom::DeviceRuntime, public loom::kernels::DeviceKernels {
 public:
-    FencedDevice() : runtime_scope_(loom::DeviceKind::cuda, this), kernels_scope_(loom::DeviceKind::cuda, this) {}
+    FencedDevice()
+        : runtime_scope_(loom::DeviceKind::cuda, static_cast<loom::DeviceRuntime*>(this)),
+          kernels_scope_(loom::DeviceKind::cuda, static_cast<loom::kernels::DeviceKernels*>(this)) {}
 
     // Calls made, by name: a test can check that work went through the table.
     std::map<std::string, int> calls;
@@ -52,6 +54,7 @@ public:
     void check_usable(int index) const override {
         LOOM_CHECK(index == 0, "cuda:", index, " does not exist: the fenced test device has cuda:0 only");
     }
+    std::string describe(int) const override { return "fenced test device"; }
     void* allocate(std::size_t bytes, loom::Device where) override {
         ++live_allocations;
         return fence(loom::Allocator<loom::Host>::allocate(bytes, where));
@@ -168,8 +171,8 @@ public:
     }
 
 private:
-    loom::DeviceRuntimeScope runtime_scope_;
-    loom::kernels::DeviceKernelsScope kernels_scope_;
+    loom::BackendScope<loom::DeviceRuntime> runtime_scope_;
+    loom::BackendScope<loom::kernels::DeviceKernels> kernels_scope_;
 };
 
 }  // namespace loom_test

@@ -46,40 +46,13 @@ struct Allocator<Host> {
     }
 };
 
-template <DeviceTag D>
-class Buffer {
+namespace detail {
+
+// What an owning buffer holds and shows, whoever allocated it: Buffer<D>
+// (device fixed at compile time) and DeviceBuffer (chosen at run time)
+// differ only in how the bytes are obtained and returned.
+class BufferBase {
 public:
-    Buffer() = default;
-
-    // Zero-filled storage for `shape` elements of `dtype` on `where`.
-    Buffer(DType dtype, Shape shape, Device where = Device{D::kind, 0})
-        : dtype_(dtype), shape_(shape), device_(where) {
-        LOOM_CHECK(where.kind == D::kind, "a Buffer<", D::kind, "> cannot live on ", where);
-        // The margin leaves room for the host allocator's rounding up to its alignment.
-        const auto numel = static_cast<std::size_t>(shape.numel());
-        LOOM_CHECK(numel <= (std::numeric_limits<std::size_t>::max() - 64) / size_of(dtype), "a Buffer of ", shape,
-                   " ", dtype, " elements exceeds the address space");
-        bytes_ = numel * size_of(dtype);
-        data_ = Allocator<D>::allocate(bytes_, device_);
-    }
-
-    Buffer(const Buffer&) = delete;
-    Buffer& operator=(const Buffer&) = delete;
-    Buffer(Buffer&& other) noexcept { swap(other); }
-    Buffer& operator=(Buffer&& other) noexcept {
-        Buffer(std::move(other)).swap(*this);
-        return *this;
-    }
-    ~Buffer() { Allocator<D>::deallocate(data_, bytes_, device_); }
-
-    void swap(Buffer& other) noexcept {
-        std::swap(data_, other.data_);
-        std::swap(bytes_, other.bytes_);
-        std::swap(dtype_, other.dtype_);
-        std::swap(shape_, other.shape_);
-        std::swap(device_, other.device_);
-    }
-
     [[nodiscard]] DType dtype() const noexcept { return dtype_; }
     [[nodiscard]] const Shape& shape() const noexcept { return shape_; }
     [[nodiscard]] Device device() const noexcept { return device_; }
@@ -87,6 +60,7 @@ public:
     [[nodiscard]] std::size_t nbytes() const noexcept { return bytes_; }
     [[nodiscard]] void* raw() const noexcept { return data_; }
 
+    // Typed pointer (on a device, a device pointer: never dereference it on the host).
     template <class T>
     [[nodiscard]] T* data() const {
         return tensor().template data<T>();
@@ -97,16 +71,64 @@ public:
     // A view of the same bytes under another shape with as many elements.
     [[nodiscard]] Tensor tensor(Shape shape) const { return tensor().reshape(shape); }
 
+protected:
+    BufferBase() = default;
+    BufferBase(DType dtype, Shape shape, Device where) : dtype_(dtype), shape_(shape), device_(where) {
+        // The margin leaves room for the host allocator's rounding up to its alignment.
+        const auto numel = static_cast<std::size_t>(shape.numel());
+        LOOM_CHECK(numel <= (std::numeric_limits<std::size_t>::max() - 64) / size_of(dtype), "a Buffer of ", shape,
+                   " ", dtype, " elements exceeds the address space");
+        bytes_ = numel * size_of(dtype);
+    }
+
+    void swap_base(BufferBase& other) noexcept {
+        std::swap(data_, other.data_);
+        std::swap(bytes_, other.bytes_);
+        std::swap(dtype_, other.dtype_);
+        std::swap(shape_, other.shape_);
+        std::swap(device_, other.device_);
+    }
+
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+    DType dtype_ = DType::f32;
+    Shape shape_{};
+    Device device_ = host_device;
+};
+
+}  // namespace detail
+
+template <DeviceTag D>
+class Buffer : public detail::BufferBase {
+public:
+    Buffer() { device_ = Device{D::kind, 0}; }
+
+    // Zero-filled storage for `shape` elements of `dtype` on `where`.
+    Buffer(DType dtype, Shape shape, Device where = Device{D::kind, 0})
+        : BufferBase(dtype, shape, checked(where)) {
+        data_ = Allocator<D>::allocate(bytes_, device_);
+    }
+
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    Buffer(Buffer&& other) noexcept : Buffer() { swap(other); }
+    Buffer& operator=(Buffer&& other) noexcept {
+        Buffer(std::move(other)).swap(*this);
+        return *this;
+    }
+    ~Buffer() { Allocator<D>::deallocate(data_, bytes_, device_); }
+
+    void swap(Buffer& other) noexcept { swap_base(other); }
+
     friend std::ostream& operator<<(std::ostream& out, const Buffer& b) {
         return out << "Buffer(" << b.dtype_ << ", " << b.shape_ << ", " << b.device_ << ')';
     }
 
 private:
-    void* data_ = nullptr;
-    std::size_t bytes_ = 0;
-    DType dtype_ = DType::f32;
-    Shape shape_{};
-    Device device_{D::kind, 0};
+    static Device checked(Device where) {
+        LOOM_CHECK(where.kind == D::kind, "a Buffer<", D::kind, "> cannot live on ", where);
+        return where;
+    }
 };
 
 }  // namespace loom

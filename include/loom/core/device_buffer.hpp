@@ -20,15 +20,11 @@
 
 namespace loom {
 
-class DeviceBuffer {
+class DeviceBuffer : public detail::BufferBase {
 public:
     DeviceBuffer() = default;
 
-    DeviceBuffer(DType dtype, Shape shape, Device where) : dtype_(dtype), shape_(shape), device_(where) {
-        const auto numel = static_cast<std::size_t>(shape.numel());
-        LOOM_CHECK(numel <= (std::numeric_limits<std::size_t>::max() - 64) / size_of(dtype), "a DeviceBuffer of ",
-                   shape, " ", dtype, " elements exceeds the address space");
-        bytes_ = numel * size_of(dtype);
+    DeviceBuffer(DType dtype, Shape shape, Device where) : BufferBase(dtype, shape, where) {
         data_ = where.kind == DeviceKind::host ? Allocator<Host>::allocate(bytes_, where)
                                                : device_runtime(where).allocate(bytes_, where);
     }
@@ -46,40 +42,11 @@ public:
         else if (DeviceRuntime* runtime = find_device_runtime(device_.kind)) runtime->deallocate(data_, bytes_, device_);
     }
 
-    void swap(DeviceBuffer& other) noexcept {
-        std::swap(data_, other.data_);
-        std::swap(bytes_, other.bytes_);
-        std::swap(dtype_, other.dtype_);
-        std::swap(shape_, other.shape_);
-        std::swap(device_, other.device_);
-    }
-
-    [[nodiscard]] DType dtype() const noexcept { return dtype_; }
-    [[nodiscard]] const Shape& shape() const noexcept { return shape_; }
-    [[nodiscard]] Device device() const noexcept { return device_; }
-    [[nodiscard]] std::int64_t numel() const noexcept { return shape_.numel(); }
-    [[nodiscard]] std::size_t nbytes() const noexcept { return bytes_; }
-    [[nodiscard]] void* raw() const noexcept { return data_; }
-
-    // Typed pointer (a device pointer on a device: never dereference it on the host).
-    template <class T>
-    [[nodiscard]] T* data() const {
-        return tensor().template data<T>();
-    }
-
-    [[nodiscard]] Tensor tensor() const { return Tensor(data_, dtype_, shape_, device_); }
-    [[nodiscard]] Tensor tensor(Shape shape) const { return tensor().reshape(shape); }
+    void swap(DeviceBuffer& other) noexcept { swap_base(other); }
 
     friend std::ostream& operator<<(std::ostream& out, const DeviceBuffer& b) {
         return out << "DeviceBuffer(" << b.dtype_ << ", " << b.shape_ << ", " << b.device_ << ')';
     }
-
-private:
-    void* data_ = nullptr;
-    std::size_t bytes_ = 0;
-    DType dtype_ = DType::f32;
-    Shape shape_{};
-    Device device_ = host_device;
 };
 
 // Copies the elements of `from` into `to`: same dtype and element count,

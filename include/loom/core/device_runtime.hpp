@@ -12,6 +12,8 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "loom/core/device.hpp"
 #include "loom/core/error.hpp"
@@ -27,6 +29,8 @@ public:
     // Throws, naming the reason (no driver, no device, index out of range),
     // unless device `index` can run work.
     virtual void check_usable(int index) const = 0;
+    // "NVIDIA H200 (sm_90, 139 GiB)": device `index` for a person to read.
+    [[nodiscard]] virtual std::string describe(int index) const = 0;
     // Zero-filled memory on `where`, ordered before any later work of any
     // thread on that device.
     [[nodiscard]] virtual void* allocate(std::size_t bytes, Device where) = 0;
@@ -42,26 +46,45 @@ public:
 
 namespace detail {
 
-[[nodiscard]] inline DeviceRuntime*& runtime_slot(DeviceKind kind) {
-    static std::array<DeviceRuntime*, 2> slots{};  // indexed by DeviceKind; host's stays null
+// The implementation of `Interface` installed for each device kind (the
+// host's slot stays empty). One per interface across the program: a static
+// in a function template is shared by every translation unit.
+template <class Interface>
+[[nodiscard]] Interface*& backend_slot(DeviceKind kind) {
+    static std::array<Interface*, 2> slots{};
     return slots[static_cast<std::size_t>(kind)];
 }
 
 }  // namespace detail
 
-// Installs `runtime` (which must outlive its use) for `kind`; returns the one
-// it replaces, so a scope can put it back. Null removes it. The host has no
-// runtime: its memory and copies are handled inline.
-inline DeviceRuntime* register_device_runtime(DeviceKind kind, DeviceRuntime* runtime) {
-    LOOM_CHECK(kind != DeviceKind::host, "register_device_runtime: the host needs no runtime; register one for cuda");
-    DeviceRuntime* previous = detail::runtime_slot(kind);
-    detail::runtime_slot(kind) = runtime;
-    return previous;
+// Installs `implementation` of `Interface` (DeviceRuntime, or
+// kernels::DeviceKernels) for `kind`; it must outlive its use. Returns the
+// one it replaces, so a scope can put it back; null removes it.
+template <class Interface>
+Interface* install_backend(DeviceKind kind, Interface* implementation) {
+    LOOM_CHECK(kind != DeviceKind::host, "install_backend: the host needs none; its memory and kernels are built in");
+    return std::exchange(detail::backend_slot<Interface>(kind), implementation);
 }
+
+// Installs an implementation for a scope and restores the previous one
+// (tests, and programs that bring a backend instance of their own).
+template <class Interface>
+class BackendScope {
+public:
+    BackendScope(DeviceKind kind, Interface* implementation)
+        : kind_(kind), previous_(install_backend(kind, implementation)) {}
+    BackendScope(const BackendScope&) = delete;
+    BackendScope& operator=(const BackendScope&) = delete;
+    ~BackendScope() { install_backend(kind_, previous_); }
+
+private:
+    DeviceKind kind_;
+    Interface* previous_;
+};
 
 // The runtime for `kind`, or null when the program was built without it.
 [[nodiscard]] inline DeviceRuntime* find_device_runtime(DeviceKind kind) {
-    return kind == DeviceKind::host ? nullptr : detail::runtime_slot(kind);
+    return kind == DeviceKind::host ? nullptr : detail::backend_slot<DeviceRuntime>(kind);
 }
 
 // The runtime of a device that is not the host; throws naming how to build
@@ -99,20 +122,5 @@ inline void fill_zero_bytes(void* p, Device where, std::size_t bytes) {
     if (where.kind == DeviceKind::host) std::memset(p, 0, bytes);
     else device_runtime(where).fill_zero(p, where, bytes);
 }
-
-// Installs a runtime for a scope and restores the previous one (tests, and
-// programs that pick a backend instance of their own).
-class DeviceRuntimeScope {
-public:
-    DeviceRuntimeScope(DeviceKind kind, DeviceRuntime* runtime)
-        : kind_(kind), previous_(register_device_runtime(kind, runtime)) {}
-    DeviceRuntimeScope(const DeviceRuntimeScope&) = delete;
-    DeviceRuntimeScope& operator=(const DeviceRuntimeScope&) = delete;
-    ~DeviceRuntimeScope() { register_device_runtime(kind_, previous_); }
-
-private:
-    DeviceKind kind_;
-    DeviceRuntime* previous_;
-};
 
 }  // namespace loom

@@ -8,11 +8,11 @@
 // they share a device and sends host tensors to kernels/host/.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 
 #include "loom/core/device.hpp"
+#include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/trans.hpp"
 
@@ -73,46 +73,15 @@ public:
                               const optim::detail::AdamWScalars& scalars) = 0;
 };
 
-namespace detail {
-
-[[nodiscard]] inline DeviceKernels*& kernels_slot(DeviceKind kind) {
-    static std::array<DeviceKernels*, 2> slots{};  // indexed by DeviceKind; host's stays null
-    return slots[static_cast<std::size_t>(kind)];
-}
-
-}  // namespace detail
-
-// Installs `kernels` for `kind`; returns the ones replaced (null removes).
-inline DeviceKernels* register_device_kernels(DeviceKind kind, DeviceKernels* kernels) {
-    LOOM_CHECK(kind != DeviceKind::host, "register_device_kernels: the host's kernels are kernels/host/");
-    DeviceKernels* previous = detail::kernels_slot(kind);
-    detail::kernels_slot(kind) = kernels;
-    return previous;
-}
-
 // The kernels of a device that is not the host; throws naming how to build
 // the backend in when they are missing.
 [[nodiscard]] inline DeviceKernels& device_kernels(Device where) {
     LOOM_CHECK(where.kind != DeviceKind::host, "device_kernels: ", where, " is the host; use kernels/host/");
-    DeviceKernels* kernels = detail::kernels_slot(where.kind);
+    DeviceKernels* kernels = detail::backend_slot<DeviceKernels>(where.kind);
     LOOM_CHECK(kernels != nullptr, "tensors on ", where, " need the ", where.kind,
                " backend's kernels, which this program was built without: compile one .cu file that includes "
                "loom/cuda_backend.cuh and link loom::cuda");
     return *kernels;
 }
-
-// Installs kernels for a scope and restores the previous ones.
-class DeviceKernelsScope {
-public:
-    DeviceKernelsScope(DeviceKind kind, DeviceKernels* kernels)
-        : kind_(kind), previous_(register_device_kernels(kind, kernels)) {}
-    DeviceKernelsScope(const DeviceKernelsScope&) = delete;
-    DeviceKernelsScope& operator=(const DeviceKernelsScope&) = delete;
-    ~DeviceKernelsScope() { register_device_kernels(kind_, previous_); }
-
-private:
-    DeviceKind kind_;
-    DeviceKernels* previous_;
-};
 
 }  // namespace loom::kernels
