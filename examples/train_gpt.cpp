@@ -16,7 +16,7 @@
 //             [--optex-select last|lowest-loss|smallest-gradient] [--optex-tune N] [--optex-effective-dim N]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
-//             [--sample N]
+//             [--sample N] [--device host|cuda|cuda:N]
 //
 // --batch is the global batch per optimizer step: --dp 2 --batch 16 is 8
 // sequences per rank, so the same flags with another --dp train the same
@@ -30,12 +30,15 @@
 // cast what crosses the pipeline and tensor axes (the hybrid setting).
 // --optex N trains with OptEx<AdamW> over N workers (each a --dp group):
 // every step is one sequential iteration of N - 1 proxy steps and N true
-// gradients, each worker on its own batch.
+// gradients, each worker on its own batch. --device cuda trains one rank on
+// a GPU (train_gpt_device.hpp), when this build has the CUDA backend.
 #include <loom/comm/mesh.hpp>
 #include <loom/comm/shaped.hpp>
 #include <loom/comm/thread_world.hpp>
+#include <loom/core/device_runtime.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
+#include <loom/exec/serial_trainer.hpp>
 #include <loom/exec/trace.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
@@ -101,6 +104,7 @@ struct Flags {
     int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
     std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
     std::string data, metrics, save, resume, trace;
+    loom::Device device = loom::host_device;  // --device: where one rank's layers run
     std::string cluster;           // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan prices them
     loom::Compression compress{};      // --compress: the dp gradient exchange
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
@@ -135,7 +139,8 @@ struct Flags {
                       "--save FILE --resume FILE --sample N --compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit "
                       "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16 "
                       "--freeze-variance N --optex N --optex-history N --optex-length-scale X "
-                      "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N)");
+                      "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N "
+                      "--device host|cuda|cuda:N)");
 }
 
 std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low, std::int64_t high) {
@@ -145,6 +150,19 @@ std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low
         usage_error(std::string(flag) + " " + text + " is not a whole number in " + std::to_string(low) + ".." +
                     std::to_string(high));
     return value;
+}
+
+// "host", "cuda" (cuda:0) or "cuda:N".
+loom::Device parse_device(std::string_view text) {
+    if (text == "host") return loom::host_device;
+    if (text == "cuda") return loom::cuda_device(0);
+    if (text.starts_with("cuda:")) {
+        const std::string index(text.substr(5));
+        char* end = nullptr;
+        const long value = std::strtol(index.c_str(), &end, 10);
+        if (!index.empty() && *end == '\0' && value >= 0 && value < 1024) return loom::cuda_device(static_cast<int>(value));
+    }
+    usage_error("--device " + std::string(text) + " is not host, cuda or cuda:N (N a device index)");
 }
 
 Flags parse(int argc, char** argv) {
@@ -241,6 +259,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--resume") f.resume = value;
         else if (flag == "--trace") f.trace = value;
         else if (flag == "--cluster") f.cluster = value;
+        else if (flag == "--device") f.device = parse_device(value);
         else if (flag == "--lr") {
             char* end = nullptr;
             f.lr = std::strtof(value, &end);
@@ -616,6 +635,8 @@ struct RunReport {
     }
 };
 
+#include "train_gpt_device.hpp"
+
 // --optex N: OptEx<AdamW> on an optex axis of N workers, each a group of
 // --dp ranks that averages its worker's gradient. Worker k of iteration t
 // reads batch t N + k, so --optex 1 is plain AdamW on the same batches.
@@ -907,6 +928,13 @@ bool launched_by_mpi() {
 
 int run(int argc, char** argv) {
     const Flags flags = parse(argc, argv);
+    check_device_flags(flags);
+    if (flags.device.kind != loom::DeviceKind::host) {
+        if (launched_by_mpi())
+            usage_error("--device cuda trains one rank so far; under mpirun the processes train on the host: drop --device");
+        train_on_device(flags);
+        return 0;
+    }
     if (launched_by_mpi()) {
         if (!flags.cluster.empty())
             usage_error("--cluster " + flags.cluster + " shapes the links between rank threads; under mpirun the "
