@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds here, on a machine without a GPU, what one call of the device tool
+# needs, into .gpu/ (ignored by git; name it in the call's `carry`):
+#   .gpu/bin: loom_cuda_tests, train_gpt, bench_gpu_kernels, bench_gpu_train
+#             (Release, sm_90 cubins only, MPI and NCCL off: the GPU machine
+#             has neither Open MPI nor Debian's libraries)
+#   .gpu/lib: the shared libraries they need that a CUDA image lacks (OpenBLAS
+#             and its Fortran runtime); cuBLAS comes from the image.
+# Then, in the device call: bash scripts/gpu_run.sh (it writes to $OUT).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DLOOM_WITH_MPI=OFF -DLOOM_WITH_NCCL=OFF \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_EXAMPLES=ON -DLOOM_BUILD_BENCH=ON >/dev/null
+cmake --build build/gpu --target loom_cuda_tests train_gpt bench_gpu_kernels bench_gpu_train --parallel 2
+rm -rf .gpu
+mkdir -p .gpu/bin .gpu/lib
+cp build/gpu/tests/loom_cuda_tests build/gpu/examples/train_gpt build/gpu/bench/bench_gpu_kernels \
+   build/gpu/bench/bench_gpu_train .gpu/bin/
+strip --strip-debug .gpu/bin/*
+ldd .gpu/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libopenblas*|libblas*|liblapack*|libgfortran*|libquadmath*) cp -L "$lib" .gpu/lib/ ;;
+  esac
+done
+du -sh .gpu/bin .gpu/lib
+echo "gpu_prepare: .gpu/ is ready; carry it and run: bash scripts/gpu_run.sh"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool), from the repository root, with
+# .gpu/ carried from scripts/gpu_prepare.sh: the CUDA tests (a JUnit file with
+# every test case's result, and the console summary), train_gpt --device cuda
+# with a checkpoint saved on the host resumed on the GPU, and the GPU benches
+# beside PyTorch on the same GPU, then the ratios (bench/gpu/compare.py).
+# Everything goes to $OUT (or /tmp/loom-gpu). Give the call timeout_s 540.
+# LOOM_GPU_PARTS picks parts: tests,train,bench (default: all three).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/loom-gpu}
+mkdir -p "$out"
+parts=${LOOM_GPU_PARTS:-tests,train,bench}
+export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export OPENBLAS_NUM_THREADS=4 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+for binary in .gpu/bin/*; do
+  if ldd "$binary" | grep -q "not found"; then echo "$binary is missing:"; ldd "$binary" | grep "not found"; fi
+done
+status=0
+if [[ $parts == *tests* ]]; then
+  echo "== CUDA tests"
+  timeout 240 .gpu/bin/loom_cuda_tests -r junit -o "$out/cuda_tests.xml"; rc=$?
+  echo "loom_cuda_tests exit $rc"; [ $rc -eq 0 ] || status=1
+  # One line per test case, from the JUnit file.
+  python3 - "$out/cuda_tests.xml" <<'PY' | tee "$out/cuda_tests.txt"
+import sys, xml.etree.ElementTree as ET
+cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+failed = 0
+for c in cases:
+    bad = c.find("failure") is not None or c.find("error") is not None
+    failed += bad
+    print(("FAIL " if bad else "pass ") + c.get("name", "?"))
+print(f"{len(cases) - failed} passed, {failed} failed")
+PY
+fi
+if [[ $parts == *train* ]]; then
+  echo "== train_gpt --device cuda"
+  flags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 60 --lr 3e-3"
+  .gpu/bin/train_gpt $flags --until 30 --save "$out/host.safetensors" --metrics "$out/host.jsonl" > "$out/train_host.txt" 2>&1 || status=1
+  .gpu/bin/train_gpt $flags --device cuda --resume "$out/host.safetensors" --metrics "$out/gpu.jsonl" --sample 80 2>&1 | tee "$out/train_gpu.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  .gpu/bin/train_gpt $flags --device cuda --metrics "$out/gpu_from_start.jsonl" > "$out/train_gpu_from_start.txt" 2>&1 || status=1
+  .gpu/bin/train_gpt $flags --metrics "$out/host_from_start.jsonl" > "$out/train_host_from_start.txt" 2>&1 || status=1
+  python3 bench/gpu/compare.py --losses "$out/host_from_start.jsonl" "$out/gpu_from_start.jsonl"
+  rm -f "$out/host.safetensors"
+fi
+if [[ $parts == *bench* ]]; then
+  echo "== benches"
+  { timeout 150 .gpu/bin/bench_gpu_kernels; timeout 150 python3 bench/gpu/torch_peer.py --kernels;
+    timeout 120 .gpu/bin/bench_gpu_train; timeout 240 python3 bench/gpu/torch_peer.py --gpt --compile; } 2>&1 | tee "$out/bench.txt"
+  python3 bench/gpu/compare.py "$out/bench.txt" | tee "$out/ratios.txt"
+fi
+exit $status
