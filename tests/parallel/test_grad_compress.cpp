@@ -96,7 +96,12 @@ TEST_CASE("a lossless compressor composes with pipelines, tensor and sequence pa
     }
     for (auto& c : cases) {
         c.dp_compress = topk1;
-        loom_test::check_equivalence_on_threads(c, serial);
+        // dp x sp sums 4 token-partial gradients in the exchange's order. Block
+        // 0's attn.qkv.weight[77, 8] (a V weight) has a first-step gradient of
+        // -8.4e-9, about AdamW's eps, so the last-bit difference moves it by
+        // 1.56e-5 of the model's largest parameter after 3 steps (measured on
+        // an AVX-512 machine; docs/testing.md). Every other case stays in 1e-5.
+        loom_test::check_equivalence_on_threads(c, serial, c.sp > 1 ? 2e-5 : 1e-5);
     }
 }
 
