@@ -1,5 +1,6 @@
-// The CUDA backend of loom's layers: a DeviceRuntime (memory, copies) and the
-// DeviceKernels (kernels/cuda/, optim/adamw.cuh) for DeviceKind::cuda,
+// The CUDA backend of loom's layers: a DeviceRuntime (memory, copies), the
+// DeviceKernels (kernels/cuda/, optim/adamw.cuh) and a DeviceRankRunner
+// (rank threads on one GPU over DeviceThreadWorld) for DeviceKind::cuda,
 // registered when the program starts. Include it from one .cu file of the
 // program (compiled by nvcc, linked with loom::cuda); the rest of the program,
 // layers, executor and trainer alike, stays host C++ and reaches the GPU
@@ -18,11 +19,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "loom/comm/any_comm.hpp"
+#include "loom/comm/device_ranks.hpp"
+#include "loom/comm/device_thread_world.cuh"
 #include "loom/core/buffer_cuda.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/device_runtime.hpp"
@@ -226,6 +231,20 @@ public:
     }
 };
 
+// Ranks as threads on one GPU (DeviceThreadWorld), each running its layers on
+// its communicator's stream, so compute, copies and collectives are ordered
+// without waits; host code sees each rank's communicator as an AnyComm.
+class CudaRankRunner final : public comm::DeviceRankRunner {
+public:
+    void run(int ranks, Device device, const std::function<void(comm::AnyComm&)>& body) const override {
+        comm::DeviceThreadWorld(ranks, device.index).run([&](comm::DeviceThreadComm& rank_comm) {
+            const StreamScope stream(rank_comm.stream());
+            comm::AnyComm any = comm::AnyComm::view(rank_comm);
+            body(any);
+        });
+    }
+};
+
 // The process's instances (function statics: usable during static
 // initialisation, whatever the order of translation units).
 [[nodiscard]] inline CudaRuntime& runtime() {
@@ -236,12 +255,17 @@ public:
     static CudaKernels instance;
     return instance;
 }
+[[nodiscard]] inline CudaRankRunner& rank_runner() {
+    static CudaRankRunner instance;
+    return instance;
+}
 
 // Installs the CUDA backend; idempotent. Called at start-up by the variable
 // below; call it yourself only after something unregistered it.
 inline bool install() {
     install_backend<DeviceRuntime>(DeviceKind::cuda, &runtime());
     install_backend<kernels::DeviceKernels>(DeviceKind::cuda, &device_kernels());
+    install_backend<comm::DeviceRankRunner>(DeviceKind::cuda, &rank_runner());
     return true;
 }
 

@@ -4,8 +4,10 @@
 // backend's translation unit is nvcc's. Tolerances are relative to the
 // norm of the host's array: 1e-4 for the loss and gradients after one step
 // (f32 throughout; cuBLASLt and the blockwise attention sum in other orders),
-// 1e-4 for the losses and parameters after 5 AdamW steps. Skipped with the
-// rest of the CUDA tests when no GPU is present.
+// 1e-4 for the losses and parameters after 5 AdamW steps, and for the
+// executor's dp 2 on one GPU (run_ranks_on, DeviceThreadWorld behind AnyComm)
+// against dp 2 on the host. Skipped with the rest of the CUDA tests when no
+// GPU is present.
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
@@ -16,8 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/any_comm.hpp"
+#include "loom/comm/device_ranks.hpp"
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/device_runtime.hpp"
+#include "loom/exec/executor.hpp"
 #include "loom/exec/serial_trainer.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/nn/compose.hpp"
@@ -152,4 +157,39 @@ TEST_CASE("a CUDA device index past the last is refused, naming how many there a
     const std::string message = loom_test::message_of([&] { nn::ParamArena arena(model, loom::cuda_device(count)); });
     CHECK(message.find("cuda:" + std::to_string(count) + " does not exist: this machine has " + std::to_string(count) +
                        " CUDA device") == 0);
+}
+
+TEST_CASE("the Executor's dp 2 on one GPU (run_ranks_on, AnyComm) follows the host's dp 2 within 1e-4", "[device]") {
+    const loom::optim::AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
+    const auto train = [&](loom::Device where, std::vector<float>& losses, std::vector<float>& values) {
+        loom::comm::run_ranks_on(where, 2, [&](loom::comm::AnyComm& comm) {
+            auto model = loom::gpt::make_model(config);
+            loom::exec::Executor<loom::comm::AnyComm> exec(model, comm, loom::exec::ExecutionPlan{},
+                                                           {.micro_batches = 2, .adamw = adamw, .device = where});
+            exec.initialize(13);
+            std::vector<float> mine;
+            for (std::uint32_t step = 0; step < 4; ++step) {
+                const Batch b = make_batch(step);
+                const std::int64_t half = batch / 2, first = comm.rank() * half;
+                mine.push_back(exec.step(b.input_tensor().slice(0, first, first + half),
+                                         b.target_tensor().slice(0, first, first + half), 1e-3f));
+            }
+            std::vector<float> gathered(static_cast<std::size_t>(exec.parameter_count())), m(gathered.size()),
+                v(gathered.size());
+            exec.gather_state(gathered, m, v);
+            if (comm.rank() == 0) {
+                losses = mine;
+                values = gathered;
+            }
+        });
+    };
+    std::vector<float> host_losses, host_values, gpu_losses, gpu_values;
+    train(loom::host_device, host_losses, host_values);
+    train(loom::cuda_device(0), gpu_losses, gpu_values);
+    REQUIRE(gpu_losses.size() == host_losses.size());
+    for (std::size_t i = 0; i < host_losses.size(); ++i) {
+        CAPTURE(i);
+        CHECK(std::abs(gpu_losses[i] - host_losses[i]) <= 1e-4f * std::abs(host_losses[i]));
+    }
+    CHECK(relative_difference(gpu_values, host_values) < 1e-4);
 }

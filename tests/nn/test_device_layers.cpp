@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/device_ranks.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/device_buffer.hpp"
 #include "loom/exec/executor.hpp"
@@ -22,6 +23,7 @@
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/param_arena.hpp"
+#include "support/fenced_comm.hpp"
 #include "support/fenced_device.hpp"
 #include "support/message_of.hpp"
 
@@ -93,7 +95,7 @@ TEST_CASE("the GPT runs on a device through the runtime and kernel table, bit fo
                                "embedding_forward", "embedding_backward", "attention_forward", "attention_backward",
                                "cross_entropy_forward", "cross_entropy_backward"}) {
         CAPTURE(kernel);
-        CHECK(device.calls[kernel] > 0);
+        CHECK(device.calls(kernel) > 0);
     }
 }
 
@@ -133,7 +135,7 @@ TEST_CASE("SerialTrainer equals the Executor's one-rank run bit for bit, on the 
         CHECK(differing_bits(losses, executor_losses) == 0);
         CHECK(differing_bits(values, executor_values) == 0);
     }
-    CHECK(device.calls["adamw_update"] == steps);
+    CHECK(device.calls("adamw_update") == steps);
 }
 
 TEST_CASE("a checkpoint's state loads on a device and training continues as on the host", "[device][exec]") {
@@ -210,4 +212,61 @@ TEST_CASE("a device that does not exist, mixed devices and host-only paths are r
     CHECK(loom_test::message_of([&] { (void)norm.forward(ctx, x); }) ==
           "LayerNorm on an Optimus 2D grid runs on the host only so far, but its tensor is on cuda:0; run this "
           "configuration on the host (--device host)");
+}
+
+namespace {
+
+// Losses of `steps` steps of dp 2 x 2 micro-batches on `where`, and the
+// gathered parameters; each rank trains on its half of every global batch.
+// The ranks come from run_ranks_on, as in train_gpt: ThreadWorld on the host,
+// the registered runner (here FencedRanks) on a device.
+void train_data_parallel(loom::Device where, std::vector<float>& losses, std::vector<float>& values) {
+    constexpr int steps = 3;
+    loom::comm::run_ranks_on(where, 2, [&](loom::comm::AnyComm& comm) {
+        auto model = loom::gpt::make_model(tiny);
+        loom::exec::Executor<loom::comm::AnyComm> exec(
+            model, comm, loom::exec::ExecutionPlan{},
+            {.micro_batches = 2, .adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0}, .device = where});
+        exec.initialize(9);
+        std::vector<float> mine;
+        for (int s = 0; s < steps; ++s) {
+            const Batch b = make_batch(static_cast<std::uint64_t>(s));
+            const std::int64_t half = batch / 2, first = comm.rank() * half;
+            mine.push_back(exec.step(b.input_tensor().slice(0, first, first + half),
+                                     b.target_tensor().slice(0, first, first + half), 1e-3f));
+        }
+        std::vector<float> gathered(static_cast<std::size_t>(exec.parameter_count())), m(gathered.size()), v(gathered.size());
+        exec.gather_state(gathered, m, v);
+        if (comm.rank() == 0) {
+            losses = mine;
+            values = gathered;
+        }
+    });
+}
+
+}  // namespace
+
+TEST_CASE("the Executor's data parallelism on a device equals the host's bit for bit", "[device][exec]") {
+    loom_test::FencedDevice device;
+    loom_test::FencedRanks ranks;
+    std::vector<float> host_losses, host_values, device_losses, device_values;
+    train_data_parallel(loom::host_device, host_losses, host_values);
+    train_data_parallel(loom::cuda_device(0), device_losses, device_values);
+    REQUIRE(host_losses.size() == 3);
+    CHECK(differing_bits(device_losses, host_losses) == 0);
+    CHECK(differing_bits(device_values, host_values) == 0);
+    CHECK(device.calls("adamw_update") == 2 * 3);  // each rank's optimizer ran on the device
+}
+
+TEST_CASE("the Executor on a device refuses the policies that run on the host only, by name", "[device][exec]") {
+    loom_test::FencedDevice device;
+    loom::comm::ThreadWorld(1).run([&](loom::comm::ThreadComm& comm) {
+        auto model = loom::gpt::make_model(tiny);
+        loom::exec::ExecutionPlan plan;
+        plan.zero_stage = 2;
+        CHECK(loom_test::message_of([&] {
+                  loom::exec::Executor<loom::comm::ThreadComm> exec(model, comm, plan, {.device = loom::cuda_device(0)});
+              }) == "Executor on cuda:0: ZeroShard<2> runs on the host only so far; on a device use DataParallel at "
+                    "ZeRO 0 (any micro-batches), or run this strategy on the host");
+    });
 }

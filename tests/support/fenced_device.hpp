@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "loom/core/buffer.hpp"
@@ -47,8 +48,12 @@ public:
           kernels_scope_(loom::DeviceKind::cuda, static_cast<loom::kernels::DeviceKernels*>(this)) {}
 
     // Calls made, by name: a test can check that work went through the table.
-    std::map<std::string, int> calls;
-    int live_allocations = 0;
+    // Rank threads share the device, so the counts are behind a lock.
+    [[nodiscard]] int calls(const std::string& name) const {
+        const std::lock_guard lock(mutex_);
+        const auto it = counts_.find(name);
+        return it == counts_.end() ? 0 : it->second;
+    }
 
     const char* name() const noexcept override { return "fenced test device"; }
     void check_usable(int index) const override {
@@ -56,17 +61,15 @@ public:
     }
     std::string describe(int) const override { return "fenced test device"; }
     void* allocate(std::size_t bytes, loom::Device where) override {
-        ++live_allocations;
         return fence(loom::Allocator<loom::Host>::allocate(bytes, where));
     }
     void deallocate(void* p, std::size_t bytes, loom::Device where) noexcept override {
         if (p == nullptr) return;
-        --live_allocations;
         loom::Allocator<loom::Host>::deallocate(unfence(p), bytes, where);
     }
     void copy(void* to, loom::Device to_device, const void* from, loom::Device from_device,
               std::size_t bytes) override {
-        ++calls["copy"];
+        count("copy");
         void* t = to_device.kind == loom::DeviceKind::host ? to : unfence(to);
         const void* f = from_device.kind == loom::DeviceKind::host ? from : unfence(from);
         std::memmove(t, f, bytes);
@@ -77,100 +80,107 @@ public:
     void gemm(loom::Device, loom::kernels::Trans ta, loom::kernels::Trans tb, std::int64_t M, std::int64_t N,
               std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
               float beta, float* C, std::int64_t ldc) override {
-        ++calls["gemm"];
+        count("gemm");
         loom::kernels::host::gemm(ta, tb, M, N, K, alpha, unfence(A), lda, unfence(B), ldb, beta, unfence(C), ldc);
     }
     void repeat_rows(loom::Device, const float* row, float* y, std::int64_t rows, std::int64_t n) override {
-        ++calls["repeat_rows"];
+        count("repeat_rows");
         for (std::int64_t r = 0; r < rows; ++r) std::memcpy(unfence(y) + r * n, unfence(row), sizeof(float) * n);
     }
     void add(loom::Device, const float* a, const float* b, float* out, std::int64_t n) override {
-        ++calls["add"];
+        count("add");
         loom::kernels::host::add(unfence(a), unfence(b), unfence(out), n);
     }
     void accumulate(loom::Device, float* into, const float* x, std::int64_t n) override {
-        ++calls["accumulate"];
+        count("accumulate");
         loom::kernels::host::accumulate(unfence(into), unfence(x), n);
     }
     void add_bias(loom::Device, float* y, const float* bias, std::int64_t rows, std::int64_t n) override {
-        ++calls["add_bias"];
+        count("add_bias");
         loom::kernels::host::add_bias(unfence(y), unfence(bias), rows, n);
     }
     void bias_grad(loom::Device, const float* dy, float* dbias, std::int64_t rows, std::int64_t n) override {
-        ++calls["bias_grad"];
+        count("bias_grad");
         loom::kernels::host::bias_grad(unfence(dy), unfence(dbias), rows, n);
     }
     void gelu_forward(loom::Device, const float* x, float* y, std::int64_t n) override {
-        ++calls["gelu_forward"];
+        count("gelu_forward");
         loom::kernels::host::gelu_forward(unfence(x), unfence(y), n);
     }
     void gelu_backward(loom::Device, const float* x, const float* dy, float* dx, std::int64_t n) override {
-        ++calls["gelu_backward"];
+        count("gelu_backward");
         loom::kernels::host::gelu_backward(unfence(x), unfence(dy), unfence(dx), n);
     }
     void layernorm_forward(loom::Device, const float* x, const float* gain, const float* shift, float* y, float* mean,
                            float* rstd, std::int64_t rows, std::int64_t C, float eps) override {
-        ++calls["layernorm_forward"];
+        count("layernorm_forward");
         loom::kernels::host::layernorm_forward(unfence(x), unfence(gain), unfence(shift), unfence(y), unfence(mean),
                                                unfence(rstd), rows, C, eps);
     }
     void layernorm_backward_input(loom::Device, const float* dy, const float* x, const float* gain, const float* mean,
                                   const float* rstd, float* dx, std::int64_t rows, std::int64_t C) override {
-        ++calls["layernorm_backward_input"];
+        count("layernorm_backward_input");
         loom::kernels::host::layernorm_backward_input(unfence(dy), unfence(x), unfence(gain), unfence(mean),
                                                       unfence(rstd), unfence(dx), rows, C);
     }
     void layernorm_backward_weight(loom::Device, const float* dy, const float* x, const float* mean,
                                    const float* rstd, float* dgain, float* dshift, std::int64_t rows,
                                    std::int64_t C) override {
-        ++calls["layernorm_backward_weight"];
+        count("layernorm_backward_weight");
         loom::kernels::host::layernorm_backward_weight(unfence(dy), unfence(x), unfence(mean), unfence(rstd),
                                                        unfence(dgain), unfence(dshift), rows, C);
     }
     void embedding_forward(loom::Device, const std::int32_t* tokens, const float* token_table,
                            const float* position_table, float* out, std::int64_t B, std::int64_t T, std::int64_t C,
                            std::int64_t vocab) override {
-        ++calls["embedding_forward"];
+        count("embedding_forward");
         loom::kernels::host::embedding_forward(unfence(tokens), unfence(token_table), unfence(position_table),
                                                unfence(out), B, T, C, vocab);
     }
     void embedding_backward(loom::Device, const std::int32_t* tokens, const float* dout, float* dtoken_table,
                             float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) override {
-        ++calls["embedding_backward"];
+        count("embedding_backward");
         loom::kernels::host::embedding_backward(unfence(tokens), unfence(dout), unfence(dtoken_table),
                                                 unfence(dposition_table), B, T, C);
     }
     void attention_forward(loom::Device, const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                            std::int64_t H, std::int64_t D) override {
-        ++calls["attention_forward"];
+        count("attention_forward");
         loom::kernels::host::attention_forward(unfence(qkv), unfence(out), unfence(lse), B, T, H, D);
     }
     void attention_backward(loom::Device, const float* qkv, const float* out, const float* dout, const float* lse,
                             float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) override {
-        ++calls["attention_backward"];
+        count("attention_backward");
         loom::kernels::host::attention_backward(unfence(qkv), unfence(out), unfence(dout), unfence(lse), unfence(dqkv),
                                                 B, T, H, D);
     }
     float cross_entropy_forward(loom::Device, const float* logits, const std::int32_t* targets, float* logsumexp,
                                 std::int64_t rows, std::int64_t V) override {
-        ++calls["cross_entropy_forward"];
+        count("cross_entropy_forward");
         return loom::kernels::host::cross_entropy_forward(unfence(logits), unfence(targets), unfence(logsumexp), rows,
                                                           V);
     }
     void cross_entropy_backward(loom::Device, const float* logits, const std::int32_t* targets, const float* logsumexp,
                                 float dloss, float* dlogits, std::int64_t rows, std::int64_t V) override {
-        ++calls["cross_entropy_backward"];
+        count("cross_entropy_backward");
         loom::kernels::host::cross_entropy_backward(unfence(logits), unfence(targets), unfence(logsumexp), dloss,
                                                     unfence(dlogits), rows, V);
     }
     void adamw_update(loom::Device, float* params, const float* grads, float* m, float* v, std::int64_t n,
                       const loom::optim::detail::AdamWScalars& scalars) override {
-        ++calls["adamw_update"];
+        count("adamw_update");
         loom::optim::detail::adamw_update(unfence(params), unfence(grads), unfence(m), unfence(v),
                                           static_cast<std::size_t>(n), scalars);
     }
 
 private:
+    void count(const char* name) {
+        const std::lock_guard lock(mutex_);
+        ++counts_[name];
+    }
+
+    mutable std::mutex mutex_;
+    std::map<std::string, int> counts_;
     loom::BackendScope<loom::DeviceRuntime> runtime_scope_;
     loom::BackendScope<loom::kernels::DeviceKernels> kernels_scope_;
 };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/device.hpp"
 #include "loom/core/error.hpp"
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/optim/adamw.hpp"
@@ -36,6 +37,11 @@ struct ExecutorOptions {
     // Where a compressor's one-time notices go (PowerSGD's matrices too small
     // for its rank), from the first rank of the gradient group; empty: stderr.
     std::function<void(const std::string&)> notice{};
+    // Where the parameters, gradients, AdamW state and activations live. A
+    // device needs its backend built in and a communicator that moves that
+    // device's memory; so far data parallelism at ZeRO 0 (any micro-batches)
+    // runs there, and the other policies on the host only.
+    Device device = host_device;
 };
 
 // What a Strategy asks of the executor, as run-time values.

@@ -34,6 +34,7 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
@@ -47,6 +48,7 @@
 #include "loom/exec/tensor_shards.hpp"
 #include "loom/exec/trace.hpp"
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/tensor_group.hpp"
 #include "loom/nn/units.hpp"
@@ -119,10 +121,13 @@ public:
           stage_(plan.zero_stage),
           micro_batches_(options.micro_batches),
           adamw_(options.adamw),
+          device_(options.device),
           pipelined_(check_pipeline(plan, pp)),
           rank_(exec::rank_program(units_, dp.size(), pp_size(), pp_rank(), plan, options)),
           trace_(options.trace) {
         optim::check_config(options.adamw);
+        check_device(plan);
+        pool_.set_device(device_);
         initialize_range_ = [&model](std::uint64_t seed, std::span<float> out, std::int64_t first) {
             loom::initialize_range(model, seed, out, first);
         };
@@ -196,12 +201,21 @@ public:
             const std::int64_t lo = stage_ == 3 ? r * g.block : 0;
             const std::int64_t hi = std::min(g.numel, stage_ == 3 ? lo + g.block : g.numel);
             float* base = stage_ == 3 ? value_shard_.data<float>() + g.shard_offset : values_.data<float>() + g.offset;
-            if (hi > lo) initialize_range_(seed, {base, static_cast<std::size_t>(hi - lo)}, g.dense_offset + lo);
+            if (hi <= lo) continue;
+            const auto n = static_cast<std::size_t>(hi - lo);
+            if (device_.kind == DeviceKind::host) {
+                initialize_range_(seed, {base, n}, g.dense_offset + lo);
+                continue;
+            }
+            // Drawn on the host and copied: the same bits on every device.
+            std::vector<float> staged(n);
+            initialize_range_(seed, staged, g.dense_offset + lo);
+            copy_bytes(base, device_, staged.data(), host_device, n * sizeof(float));
         }
         optimizer_steps_ = 0;
         if (compress_) compress_->reset();
-        std::fill_n(m_.data<float>(), m_.numel(), 0.0f);
-        std::fill_n(v_.data<float>(), v_.numel(), 0.0f);
+        fill_zero_bytes(m_.raw(), device_, m_.nbytes());
+        fill_zero_bytes(v_.raw(), device_, v_.nbytes());
     }
 
     // One training step on this rank's rows of the global batch (inputs and
@@ -321,7 +335,7 @@ private:
                           std::int64_t optimizer_steps) {
         Buffer<Host> padded(DType::f32, Shape{rank_.layout.padded_size()});
         const auto whole = all(padded);
-        auto keep_blocks = [&](Buffer<Host>& sharded) {
+        auto keep_blocks = [&](DeviceBuffer& sharded) {
             for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
                 const auto& g = rank_.layout.group(gi);
                 std::copy_n(whole.data() + rank_.layout.block_offset(gi, comm_->rank()), g.block,
@@ -330,10 +344,10 @@ private:
         };
         rank_.layout.from_dense(values, whole);
         if (stage_ == 3) keep_blocks(value_shard_);
-        else std::copy(whole.begin(), whole.end(), values_.data<float>());
+        else copy_tensor(values_.tensor(), padded.tensor());
         for (auto [dense, state] : {std::pair{m, &m_}, std::pair{v, &v_}}) {
             rank_.layout.from_dense(dense, whole);
-            if (stage_ == 0) std::copy(whole.begin(), whole.end(), state->template data<float>());
+            if (stage_ == 0) copy_tensor(state->tensor(), padded.tensor());
             else keep_blocks(*state);
         }
         LOOM_CHECK(optimizer_steps >= 0, "Executor::load_state: optimizer_steps = ", optimizer_steps, " is negative");
@@ -344,7 +358,7 @@ private:
     void gather_held_state(std::span<float> values, std::span<float> m, std::span<float> v) {
         Buffer<Host> padded(DType::f32, Shape{rank_.layout.padded_size()});
         const auto whole = all(padded);
-        auto gather_into_padded = [&](const Buffer<Host>& sharded) {
+        auto gather_into_padded = [&](const DeviceBuffer& sharded) {
             for (const auto& g : rank_.layout.groups())
                 comm_->all_gather(Tensor::of(sharded.data<float>() + g.shard_offset, {g.block}),
                                   Tensor::of(whole.data() + g.offset, {g.padded}));
@@ -353,11 +367,11 @@ private:
             gather_into_padded(value_shard_);
             rank_.layout.to_dense(whole, values);
         } else {
-            rank_.layout.to_dense(all(values_), values);
+            rank_.layout.to_dense(on_host(values_, padded), values);
         }
         if (stage_ == 0) {
-            rank_.layout.to_dense(all(m_), m);
-            rank_.layout.to_dense(all(v_), v);
+            rank_.layout.to_dense(on_host(m_, padded), m);
+            rank_.layout.to_dense(on_host(v_, padded), v);
         } else {
             gather_into_padded(m_);
             rank_.layout.to_dense(whole, m);
@@ -394,8 +408,8 @@ private:
     void reduce_compressed(int index, const schedule::Instruction& in) {
         const auto& g = rank_.layout.group(in.group);
         const int r = comm_->rank();
-        const auto span_of = [](const Buffer<Host>& b, std::int64_t offset, std::int64_t n) {
-            return std::span<float>(const_cast<float*>(b.data<float>()) + offset, static_cast<std::size_t>(n));
+        const auto span_of = [](const DeviceBuffer& b, std::int64_t offset, std::int64_t n) {
+            return std::span<float>(b.data<float>() + offset, static_cast<std::size_t>(n));
         };
         if (in.slot < 0) {
             const auto grad = span_of(grads_, g.offset, g.padded);
@@ -410,7 +424,7 @@ private:
             return;
         }
         // As the uncompressed slot reduction: the first writes the shard, later ones are added when done.
-        const Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+        const DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
         const bool first = !reduced_[static_cast<std::size_t>(in.group)];
         reduced_[static_cast<std::size_t>(in.group)] = true;
         issue(index, compress_->reduce_async(in.group, span_of(slot, 0, g.padded),
@@ -501,9 +515,32 @@ private:
     // DP programs name no chunk: the whole model is chunk 0.
     [[nodiscard]] static int chunk_of(const schedule::Instruction& in) { return in.chunk < 0 ? 0 : in.chunk; }
 
-    [[nodiscard]] static Buffer<Host> floats(std::int64_t n) { return Buffer<Host>(DType::f32, Shape{n}); }
-    [[nodiscard]] static std::span<float> all(const Buffer<Host>& b) {
+    [[nodiscard]] DeviceBuffer floats(std::int64_t n) const { return DeviceBuffer(DType::f32, Shape{n}, device_); }
+    // The elements of a host buffer (the host-only paths: ZeRO, compression).
+    [[nodiscard]] static std::span<float> all(const loom::detail::BufferBase& b) {
         return {b.data<float>(), static_cast<std::size_t>(b.numel())};
+    }
+    // The elements of `b` readable on the host: itself, or a copy in `scratch`
+    // (as large as b) when it lives on a device.
+    [[nodiscard]] std::span<float> on_host(const DeviceBuffer& b, const Buffer<Host>& scratch) const {
+        if (device_.kind == DeviceKind::host) return all(b);
+        copy_tensor(scratch.tensor(), b.tensor());
+        return all(scratch);
+    }
+
+    // What runs on a device so far: data parallelism at ZeRO 0, any
+    // micro-batches; checked before anything is allocated there.
+    void check_device(const ExecutionPlan& plan) const {
+        if (device_.kind == DeviceKind::host) return;
+        check_device_usable(device_);
+        std::string host_only;
+        if (stage_ > 0) host_only = "ZeroShard<" + std::to_string(stage_) + ">";
+        else if (pipelined_) host_only = "Pipeline<...>";
+        else if (tp_ != nullptr) host_only = "tensor parallelism";
+        else if (sp_ != nullptr) host_only = "sequence parallelism";
+        else if (plan.dp_compression.on() && comm_->size() > 1) host_only = "GradCompress<" + plan.dp_compression.describe() + ">";
+        LOOM_CHECK(host_only.empty(), "Executor on ", device_, ": ", host_only, " runs on the host only so far; on a "
+                   "device use DataParallel at ZeRO 0 (any micro-batches), or run this strategy on the host");
     }
 
     void allocate() {
@@ -531,8 +568,8 @@ private:
         std::int64_t at = 0;
         for (int u = group.first_unit; u <= group.last_unit; ++u)
             for (Param* p : units_[static_cast<std::size_t>(u)].params) {
-                if (set_values) p->value = values ? Tensor::of(values + at, p->shape) : Tensor{};
-                if (set_grads) p->grad = grads ? Tensor::of(grads + at, p->shape) : Tensor{};
+                if (set_values) p->value = values ? Tensor::of(values + at, p->shape, device_) : Tensor{};
+                if (set_grads) p->grad = grads ? Tensor::of(grads + at, p->shape, device_) : Tensor{};
                 at += p->numel();
             }
     }
@@ -543,8 +580,8 @@ private:
                       Shape{rows_per_micro_batch_, T});
     }
 
-    [[nodiscard]] Tensor slice(const Buffer<Host>& b, std::int64_t offset, std::int64_t n) const {
-        return Tensor::of(const_cast<float*>(b.data<float>()) + offset, {n});
+    [[nodiscard]] Tensor slice(const DeviceBuffer& b, std::int64_t offset, std::int64_t n) const {
+        return Tensor::of(b.data<float>() + offset, {n}, device_);
     }
 
     // Runs f; with tracing on, records it under the name `name_of()` gives,
@@ -581,8 +618,8 @@ private:
         switch (in.op) {
             case Op::zero_grads:
                 timed([] { return std::string("zero gradients"); }, "zero_grads", -1, [&] {
-                    Buffer<Host>& g = stage_ < 2 ? grads_ : grad_shard_;
-                    std::fill_n(g.data<float>(), g.numel(), 0.0f);
+                    const DeviceBuffer& g = stage_ < 2 ? grads_ : grad_shard_;
+                    fill_zero_bytes(g.raw(), device_, g.nbytes());
                 });
                 reduced_.assign(rank_.layout.groups().size(), false);
                 return;
@@ -592,8 +629,10 @@ private:
                 timed([&] { return "forward " + unit.name; }, "forward", mb, [&] {
                     if (in.unit == rank_.stages.first(v)) {
                         nn::Context& ctx = pool_.open(v, mb);
-                        ctx.set_targets(rows_of(targets_, mb));
-                        activation_ = v == 0 ? rows_of(inputs_, mb) : pool_.inbox(schedule::Payload::activation, v, mb);
+                        // The host's batch goes to the context's device (a copy there, none on the host).
+                        ctx.set_targets(ctx.on_device(rows_of(targets_, mb)));
+                        activation_ = v == 0 ? ctx.on_device(rows_of(inputs_, mb))
+                                             : pool_.inbox(schedule::Payload::activation, v, mb);
                     }
                     nn::Context& ctx = pool_.context(v, mb);
                     activation_ = unit.forward(ctx, activation_);
@@ -631,7 +670,7 @@ private:
             case Op::gather_params: {
                 const auto& g = rank_.layout.group(in.group);
                 if (in.slot >= 0) {
-                    Buffer<Host>& slot = param_slots_[static_cast<std::size_t>(in.slot)];
+                    DeviceBuffer& slot = param_slots_[static_cast<std::size_t>(in.slot)];
                     issue(index, comm_->all_gather_async(slice(value_shard_, g.shard_offset, g.block),
                                                          slice(slot, 0, g.padded)));
                     bind(in.group, slot.data<float>(), nullptr, true, false);
@@ -645,7 +684,7 @@ private:
                 bind(in.group, nullptr, nullptr, true, false);
                 return;
             case Op::bind_grads: {
-                Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+                DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
                 timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
                       [&] { std::fill_n(slot.data<float>(), rank_.layout.group(in.group).padded, 0.0f); });
                 bind(in.group, nullptr, slot.data<float>(), false, true);
@@ -666,7 +705,7 @@ private:
                     // The group's first reduction of the step writes the
                     // shard; later ones reduce in place and are added when
                     // waited for.
-                    const Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+                    const DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
                     const bool first = !reduced_[static_cast<std::size_t>(in.group)];
                     reduced_[static_cast<std::size_t>(in.group)] = true;
                     const Tensor out = first ? slice(grad_shard_, g.shard_offset, g.block)
@@ -689,6 +728,14 @@ private:
                 // Only the rank holding the loss unit has a loss; the pp sum
                 // (of it and zeros) gives it to every stage.
                 float loss = loss_sum_ / static_cast<float>(micro_batches_);
+                if (device_.kind != DeviceKind::host) {
+                    // A device communicator averages device memory.
+                    if (loss_buffer_.raw() == nullptr) loss_buffer_ = floats(1);
+                    write_scalar(loss_buffer_.tensor(), loss);
+                    comm_->all_reduce(loss_buffer_.tensor(), loss_buffer_.tensor(), comm::ReduceOp::avg);
+                    loss_ = read_scalar<float>(loss_buffer_.tensor());
+                    return;
+                }
                 const Tensor t = Tensor::of(&loss, {1});
                 if (pipelined_ && pp_ != nullptr) pp_->all_reduce(t, t, comm::ReduceOp::sum);
                 comm_->all_reduce(t, t, comm::ReduceOp::avg);
@@ -758,7 +805,7 @@ private:
         }
         if (flight.accumulate) {
             const auto& g = rank_.layout.group(in.group);
-            const Buffer<Host>& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+            const DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
             kernels::host::accumulate(grad_shard_.data<float>() + g.shard_offset,
                                       slot.data<float>() + comm_->rank() * g.block, g.block);
         }
@@ -767,14 +814,14 @@ private:
 
     void optimizer_step() {
         const std::int64_t step = ++optimizer_steps_;
-        auto span_of = [](Buffer<Host>& b, std::int64_t offset, std::int64_t n) {
+        auto span_of = [](DeviceBuffer& b, std::int64_t offset, std::int64_t n) {
             return std::span<float>(b.data<float>() + offset, static_cast<std::size_t>(n));
         };
         if (stage_ == 0) {
             if (momentum_mixed_) unmix_momentum(all(grads_), all(m_), adamw_.beta1);
             momentum_mixed_ = false;
-            optim::adamw_step(all(values_), all(grads_), all(m_), all(v_), step,
-                              adamw_);
+            // On tensors: the host's span update, or the device's kernel.
+            optim::adamw_step(values_.tensor(), grads_.tensor(), m_.tensor(), v_.tensor(), step, adamw_);
         } else if (stage_ == 3) {
             optim::adamw_step(all(value_shard_), all(grad_shard_), all(m_), all(v_),
                               step, adamw_);
@@ -799,13 +846,15 @@ private:
     int stage_;
     int micro_batches_;
     optim::AdamWConfig adamw_;
+    Device device_;
     bool pipelined_;
     RankProgram rank_;  // the schedule, this rank's units and layout, and its verified step program
     Trace trace_;
     std::function<void(std::uint64_t, std::span<float>, std::int64_t)> initialize_range_;
 
-    Buffer<Host> values_, value_shard_, grads_, grad_shard_, m_, v_;
-    std::vector<Buffer<Host>> grad_slots_, param_slots_;
+    DeviceBuffer values_, value_shard_, grads_, grad_shard_, m_, v_;
+    DeviceBuffer loss_buffer_;  // the step's loss on a device, for a device communicator
+    std::vector<DeviceBuffer> grad_slots_, param_slots_;
     std::int64_t optimizer_steps_ = 0;
     std::int64_t step_count_ = 0;
 

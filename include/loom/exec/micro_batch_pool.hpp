@@ -71,6 +71,12 @@ public:
         for (auto& c : contexts_) c->set_sequence_parallelism(sp);
     }
 
+    // Where every context's activations live (the host by default).
+    void set_device(Device where) {
+        device_ = where;
+        for (auto& c : contexts_) c->set_device(where);
+    }
+
     // A fresh context for (chunk, mb): its forward starts.
     nn::Context& open(int chunk, int mb) {
         int& at = open_[at_of(chunk, mb)];
@@ -81,6 +87,7 @@ public:
             contexts_.back()->set_tensor_group(group_);
             contexts_.back()->set_tensor_grid(grid_);
             contexts_.back()->set_sequence_parallelism(sequence_);
+            contexts_.back()->set_device(device_);
             free.push_back(static_cast<int>(contexts_.size()) - 1);
         }
         at = free.back();
@@ -163,6 +170,7 @@ private:
     const nn::TensorGroup* group_ = nullptr;
     const nn::TensorGrid* grid_ = nullptr;
     nn::SequenceParallelism sequence_{};
+    Device device_ = host_device;
     std::vector<std::unique_ptr<nn::Context>> contexts_;
     std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight

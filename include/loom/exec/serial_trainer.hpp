@@ -1,6 +1,6 @@
 // SerialTrainer: one rank trains a whole model on the host or on a device,
-// with AdamW, micro-batches and checkpoints; the serial run that every
-// strategy is compared with, and (for now) the way a model trains on a GPU.
+// with AdamW, micro-batches and checkpoints, and no communicator: the serial
+// run that every strategy is compared with, and the GPU benchmark's trainer.
 // The parameters, gradients and moments live on `device` (nn::ParamArena);
 // the data loader's batches arrive on the host and are copied over per
 // micro-batch. The arithmetic is the Executor's with one rank and no
