@@ -30,15 +30,16 @@
 // cast what crosses the pipeline and tensor axes (the hybrid setting).
 // --optex N trains with OptEx<AdamW> over N workers (each a --dp group):
 // every step is one sequential iteration of N - 1 proxy steps and N true
-// gradients, each worker on its own batch. --device cuda trains one rank on
-// a GPU (train_gpt_device.hpp), when this build has the CUDA backend.
+// gradients, each worker on its own batch. --device cuda trains --dp rank
+// threads on one GPU (train_gpt_device.hpp), when this build has the CUDA backend.
+#include <loom/comm/any_comm.hpp>
+#include <loom/comm/device_ranks.hpp>
 #include <loom/comm/mesh.hpp>
 #include <loom/comm/shaped.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/core/device_runtime.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
-#include <loom/exec/serial_trainer.hpp>
 #include <loom/exec/trace.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
@@ -807,7 +808,8 @@ void train(C& world, const Flags& flags, const char* transport) {
                                   .trace = !flags.trace.empty(),
                                   .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
                                   .partition = partition,
-                                  .compress_warmup = flags.warmup_steps()});
+                                  .compress_warmup = flags.warmup_steps(),
+                                  .device = flags.device});
     const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds
     std::int64_t first_step = 0;
     const std::string compression_signature =
@@ -931,8 +933,11 @@ int run(int argc, char** argv) {
     check_device_flags(flags);
     if (flags.device.kind != loom::DeviceKind::host) {
         if (launched_by_mpi())
-            usage_error("--device cuda trains one rank so far; under mpirun the processes train on the host: drop --device");
-        train_on_device(flags);
+            usage_error("--device runs rank threads on one GPU; under mpirun the processes train on the host: drop --device");
+        // Rank threads on the GPU (the backend's world), each with its own stream.
+        const std::string transport = device_transport(flags);
+        loom::comm::run_ranks_on(flags.device, flags.dp > 0 ? flags.dp : 1,
+                                 [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
         return 0;
     }
     if (launched_by_mpi()) {

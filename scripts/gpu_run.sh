@@ -2,7 +2,8 @@
 # Runs on the GPU machine (the device tool), from the repository root, with
 # .gpu/ carried from scripts/gpu_prepare.sh: the CUDA tests (a JUnit file with
 # every test case's result, and the console summary), train_gpt --device cuda
-# with a checkpoint saved on the host resumed on the GPU, and the GPU benches
+# --dp 2 against the same run on the host, and a checkpoint saved on the host
+# resumed on the GPU, and the GPU benches
 # beside PyTorch on the same GPU, then the ratios (bench/gpu/compare.py).
 # Everything goes to $OUT (or /tmp/loom-gpu). Give the call timeout_s 540.
 # LOOM_GPU_PARTS picks parts: tests,train,bench (default: all three).
@@ -36,13 +37,16 @@ PY
 fi
 if [[ $parts == *train* ]]; then
   echo "== train_gpt --device cuda"
-  flags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 60 --lr 3e-3"
-  .gpu/bin/train_gpt $flags --until 30 --save "$out/host.safetensors" --metrics "$out/host.jsonl" > "$out/train_host.txt" 2>&1 || status=1
-  .gpu/bin/train_gpt $flags --device cuda --resume "$out/host.safetensors" --metrics "$out/gpu.jsonl" --sample 80 2>&1 | tee "$out/train_gpu.txt"
+  flags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 60 --lr 3e-3 --dp 2 --micro-batches 2"
+  # A checkpoint saved on the host resumes on the GPU; the GPU run from the
+  # start is compared loss for loss with the host run of the same flags.
+  .gpu/bin/train_gpt $flags --until 30 --save "$out/host.safetensors" > "$out/train_host_half.txt" 2>&1 || status=1
+  .gpu/bin/train_gpt $flags --device cuda --resume "$out/host.safetensors" --sample 80 2>&1 | tee "$out/train_gpu_resumed.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  .gpu/bin/train_gpt $flags --device cuda --metrics "$out/gpu_from_start.jsonl" > "$out/train_gpu_from_start.txt" 2>&1 || status=1
-  .gpu/bin/train_gpt $flags --metrics "$out/host_from_start.jsonl" > "$out/train_host_from_start.txt" 2>&1 || status=1
-  python3 bench/gpu/compare.py --losses "$out/host_from_start.jsonl" "$out/gpu_from_start.jsonl"
+  .gpu/bin/train_gpt $flags --device cuda --metrics "$out/gpu.jsonl" 2>&1 | tee "$out/train_gpu.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  .gpu/bin/train_gpt $flags --metrics "$out/host.jsonl" > "$out/train_host.txt" 2>&1 || status=1
+  python3 bench/gpu/compare.py --losses "$out/host.jsonl" "$out/gpu.jsonl" | tee "$out/losses.txt"
   rm -f "$out/host.safetensors"
 fi
 if [[ $parts == *bench* ]]; then
