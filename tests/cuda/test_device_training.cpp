@@ -13,58 +13,29 @@
 
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "loom/comm/any_comm.hpp"
-#include "loom/comm/device_ranks.hpp"
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/device_runtime.hpp"
-#include "loom/exec/executor.hpp"
 #include "loom/exec/serial_trainer.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/param_arena.hpp"
+#include "support/device_training.hpp"
 #include "support/message_of.hpp"
 
 namespace {
 
 using loom::Tensor;
+using loom_test::relative_difference;
 namespace nn = loom::nn;
 
 const loom::gpt::Config config{.layers = 2, .width = 64, .heads = 4, .seq = 64, .vocab = 96};
 constexpr std::int64_t batch = 4;
 
-struct Batch {
-    std::vector<std::int32_t> inputs, targets;
-    [[nodiscard]] Tensor input_tensor() const { return Tensor::of(inputs.data(), {batch, config.seq}); }
-    [[nodiscard]] Tensor target_tensor() const { return Tensor::of(targets.data(), {batch, config.seq}); }
-};
-
-Batch make_batch(std::uint32_t step) {
-    Batch b;
-    b.inputs.resize(static_cast<std::size_t>(batch * config.seq));
-    b.targets.resize(b.inputs.size());
-    std::mt19937 rng(100 + step);
-    std::uniform_int_distribution<std::int32_t> id(0, static_cast<std::int32_t>(config.vocab) - 1);
-    for (std::size_t i = 0; i < b.inputs.size(); ++i) {
-        b.inputs[i] = id(rng);
-        b.targets[i] = id(rng);
-    }
-    return b;
-}
-
-// ||a - b|| / ||b||.
-double relative_difference(const std::vector<float>& a, std::span<const float> b) {
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < b.size(); ++i) {
-        diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-        norm += static_cast<double>(b[i]) * b[i];
-    }
-    return std::sqrt(diff / norm);
-}
+loom_test::TokenBatch make_batch(std::uint32_t step) { return {batch, config.seq, config.vocab, 100 + step}; }
 
 }  // namespace
 
@@ -86,23 +57,12 @@ TEST_CASE("DeviceBuffer and the tensor copies move bits to the GPU and back unch
 }
 
 TEST_CASE("the GPT's loss and gradients on the GPU are within 1e-4 of the host's", "[device]") {
-    const Batch b = make_batch(0);
-    auto host_model = loom::gpt::make_model(config);
-    nn::ParamArena host_arena(host_model);
-    host_arena.initialize(host_model, 7);
-    nn::Context host_ctx;
-    const float host_loss = nn::forward_backward(host_model, host_ctx, b.input_tensor(), b.target_tensor());
-
-    auto device_model = loom::gpt::make_model(config);
-    nn::ParamArena device_arena(device_model, loom::cuda_device(0));
-    device_arena.initialize(device_model, 7);
-    CHECK(loom::to_host<float>(device_arena.values_tensor()) ==
-          std::vector<float>(host_arena.values().begin(), host_arena.values().end()));  // drawn on the host, bit for bit
-    nn::Context device_ctx;
-    device_ctx.set_device(loom::cuda_device(0));
-    const float device_loss = nn::forward_backward(device_model, device_ctx, b.input_tensor(), b.target_tensor());
-    CHECK(std::abs(device_loss - host_loss) <= 1e-4f * std::abs(host_loss));
-    CHECK(relative_difference(loom::to_host<float>(device_arena.grads_tensor()), host_arena.grads()) < 1e-4);
+    const loom_test::TokenBatch b = make_batch(0);
+    const auto host = loom_test::forward_backward_on(loom::host_device, config, 7, b);
+    const auto gpu = loom_test::forward_backward_on(loom::cuda_device(0), config, 7, b);
+    CHECK(gpu.values == host.values);  // drawn on the host and copied: bit for bit
+    CHECK(std::abs(gpu.loss - host.loss) <= 1e-4f * std::abs(host.loss));
+    CHECK(relative_difference(gpu.grads, host.grads) < 1e-4);
 }
 
 TEST_CASE("SerialTrainer on the GPU follows the host run for 5 AdamW steps within 1e-4", "[device]") {
@@ -115,7 +75,7 @@ TEST_CASE("SerialTrainer on the GPU follows the host run for 5 AdamW steps withi
     gpu.initialize(11);
     for (std::uint32_t step = 0; step < 5; ++step) {
         CAPTURE(step);
-        const Batch b = make_batch(step);
+        const loom_test::TokenBatch b = make_batch(step);
         const float host_loss = host.step(b.input_tensor(), b.target_tensor(), 1e-3f);
         const float gpu_loss = gpu.step(b.input_tensor(), b.target_tensor(), 1e-3f);
         CHECK(std::abs(gpu_loss - host_loss) <= 1e-4f * std::abs(host_loss));
@@ -128,26 +88,11 @@ TEST_CASE("SerialTrainer on the GPU follows the host run for 5 AdamW steps withi
 }
 
 TEST_CASE("a host checkpoint's state continues on the GPU", "[device]") {
-    const loom::optim::AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
-    auto host_model = loom::gpt::make_model(config);
-    loom::exec::SerialTrainer host(host_model, loom::host_device, {.adamw = adamw});
-    host.initialize(5);
-    const Batch first = make_batch(0), second = make_batch(1);
-    (void)host.step(first.input_tensor(), first.target_tensor(), 1e-3f);
-    const auto n = static_cast<std::size_t>(host.parameter_count());
-    std::vector<float> values(n), m(n), v(n);
-    host.gather_state(values, m, v);
-
-    auto device_model = loom::gpt::make_model(config);
-    loom::exec::SerialTrainer gpu(device_model, loom::cuda_device(0), {.adamw = adamw});
-    gpu.load_state(values, m, v, host.optimizer_steps());
-    std::vector<float> back(n), back_m(n), back_v(n);
-    gpu.gather_state(back, back_m, back_v);
-    CHECK(back == values);  // the round trip through the GPU is exact
-    const float host_loss = host.step(second.input_tensor(), second.target_tensor(), 1e-3f);
-    const float gpu_loss = gpu.step(second.input_tensor(), second.target_tensor(), 1e-3f);
-    CHECK(std::abs(gpu_loss - host_loss) <= 1e-4f * std::abs(host_loss));
-    CHECK(gpu.optimizer_steps() == 2);
+    const auto run = loom_test::resume_on(loom::cuda_device(0), config, 5, make_batch(0), make_batch(1));
+    CHECK(run.loaded == run.saved);  // the round trip through the GPU is exact
+    CHECK(std::abs(run.device_loss - run.host_loss) <= 1e-4f * std::abs(run.host_loss));
+    CHECK(relative_difference(run.device_values, run.host_values) < 1e-4);
+    CHECK(run.device_steps == 2);
 }
 
 TEST_CASE("a CUDA device index past the last is refused, naming how many there are", "[device]") {
@@ -160,36 +105,12 @@ TEST_CASE("a CUDA device index past the last is refused, naming how many there a
 }
 
 TEST_CASE("the Executor's dp 2 on one GPU (run_ranks_on, AnyComm) follows the host's dp 2 within 1e-4", "[device]") {
-    const loom::optim::AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
-    const auto train = [&](loom::Device where, std::vector<float>& losses, std::vector<float>& values) {
-        loom::comm::run_ranks_on(where, 2, [&](loom::comm::AnyComm& comm) {
-            auto model = loom::gpt::make_model(config);
-            loom::exec::Executor<loom::comm::AnyComm> exec(model, comm, loom::exec::ExecutionPlan{},
-                                                           {.micro_batches = 2, .adamw = adamw, .device = where});
-            exec.initialize(13);
-            std::vector<float> mine;
-            for (std::uint32_t step = 0; step < 4; ++step) {
-                const Batch b = make_batch(step);
-                const std::int64_t half = batch / 2, first = comm.rank() * half;
-                mine.push_back(exec.step(b.input_tensor().slice(0, first, first + half),
-                                         b.target_tensor().slice(0, first, first + half), 1e-3f));
-            }
-            std::vector<float> gathered(static_cast<std::size_t>(exec.parameter_count())), m(gathered.size()),
-                v(gathered.size());
-            exec.gather_state(gathered, m, v);
-            if (comm.rank() == 0) {
-                losses = mine;
-                values = gathered;
-            }
-        });
-    };
-    std::vector<float> host_losses, host_values, gpu_losses, gpu_values;
-    train(loom::host_device, host_losses, host_values);
-    train(loom::cuda_device(0), gpu_losses, gpu_values);
-    REQUIRE(gpu_losses.size() == host_losses.size());
-    for (std::size_t i = 0; i < host_losses.size(); ++i) {
+    const auto host = loom_test::train_data_parallel(loom::host_device, config, batch, 4, 100);
+    const auto gpu = loom_test::train_data_parallel(loom::cuda_device(0), config, batch, 4, 100);
+    REQUIRE(gpu.losses.size() == host.losses.size());
+    for (std::size_t i = 0; i < host.losses.size(); ++i) {
         CAPTURE(i);
-        CHECK(std::abs(gpu_losses[i] - host_losses[i]) <= 1e-4f * std::abs(host_losses[i]));
+        CHECK(std::abs(gpu.losses[i] - host.losses[i]) <= 1e-4f * std::abs(host.losses[i]));
     }
-    CHECK(relative_difference(gpu_values, host_values) < 1e-4);
+    CHECK(relative_difference(gpu.values, host.values) < 1e-4);
 }

@@ -23,6 +23,7 @@
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/param_arena.hpp"
+#include "support/device_training.hpp"
 #include "support/fenced_comm.hpp"
 #include "support/fenced_device.hpp"
 #include "support/message_of.hpp"
@@ -30,64 +31,27 @@
 namespace {
 
 using loom::Tensor;
+using loom_test::differing_bits;
 namespace nn = loom::nn;
 
 const loom::gpt::Config tiny{.layers = 2, .width = 32, .heads = 2, .seq = 16, .vocab = 64};
 constexpr std::int64_t batch = 4;
 
-// Token ids and next-token targets for step `step`, on the host.
-struct Batch {
-    std::vector<std::int32_t> inputs, targets;
-    [[nodiscard]] Tensor input_tensor() const { return Tensor::of(inputs.data(), {batch, tiny.seq}); }
-    [[nodiscard]] Tensor target_tensor() const { return Tensor::of(targets.data(), {batch, tiny.seq}); }
-};
-
-Batch make_batch(std::uint64_t step) {
-    Batch b;
-    b.inputs.resize(static_cast<std::size_t>(batch * tiny.seq));
-    b.targets.resize(b.inputs.size());
-    std::mt19937 rng(static_cast<std::uint32_t>(21 + step));
-    std::uniform_int_distribution<std::int32_t> id(0, static_cast<std::int32_t>(tiny.vocab) - 1);
-    for (std::size_t i = 0; i < b.inputs.size(); ++i) {
-        b.inputs[i] = id(rng);
-        b.targets[i] = id(rng);
-    }
-    return b;
+// Step `step`'s batch of token ids and next-token targets, on the host.
+loom_test::TokenBatch make_batch(std::uint64_t step) {
+    return {batch, tiny.seq, tiny.vocab, static_cast<std::uint32_t>(21 + step)};
 }
-
-// How many elements of two arrays differ in their bits.
-std::size_t differing_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return a.size() + b.size();
-    std::size_t bad = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) bad += std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]);
-    return bad;
-}
-
-std::vector<float> host_copy(std::span<const float> values) { return {values.begin(), values.end()}; }
 
 }  // namespace
 
 TEST_CASE("the GPT runs on a device through the runtime and kernel table, bit for bit the host's", "[device][nn]") {
     loom_test::FencedDevice device;
-    const Batch b = make_batch(0);
-
-    auto host_model = loom::gpt::make_model(tiny);
-    nn::ParamArena host_arena(host_model);
-    host_arena.initialize(host_model, 7);
-    nn::Context host_ctx;
-    const float host_loss = nn::forward_backward(host_model, host_ctx, b.input_tensor(), b.target_tensor());
-
-    auto device_model = loom::gpt::make_model(tiny);
-    nn::ParamArena device_arena(device_model, loom::cuda_device(0));
-    device_arena.initialize(device_model, 7);
-    nn::Context device_ctx;
-    device_ctx.set_device(loom::cuda_device(0));
-    const float device_loss = nn::forward_backward(device_model, device_ctx, b.input_tensor(), b.target_tensor());
-
-    CHECK(device_arena.device() == loom::cuda_device(0));
-    CHECK(std::bit_cast<std::uint32_t>(device_loss) == std::bit_cast<std::uint32_t>(host_loss));
-    CHECK(differing_bits(loom::to_host<float>(device_arena.values_tensor()), host_copy(host_arena.values())) == 0);
-    CHECK(differing_bits(loom::to_host<float>(device_arena.grads_tensor()), host_copy(host_arena.grads())) == 0);
+    const loom_test::TokenBatch b = make_batch(0);
+    const auto host = loom_test::forward_backward_on(loom::host_device, tiny, 7, b);
+    const auto on_device = loom_test::forward_backward_on(loom::cuda_device(0), tiny, 7, b);
+    CHECK(std::bit_cast<std::uint32_t>(on_device.loss) == std::bit_cast<std::uint32_t>(host.loss));
+    CHECK(differing_bits(on_device.values, host.values) == 0);
+    CHECK(differing_bits(on_device.grads, host.grads) == 0);
     // Every kernel the GPT needs went through the table (none ran on the
     // host behind its back: that would have crashed on a fenced pointer).
     for (const char* kernel : {"gemm", "repeat_rows", "add", "bias_grad", "gelu_forward", "gelu_backward",
@@ -111,7 +75,7 @@ TEST_CASE("SerialTrainer equals the Executor's one-rank run bit for bit, on the 
                                                           {.micro_batches = 2, .adamw = adamw});
         exec.initialize(7);
         for (int s = 0; s < steps; ++s) {
-            const Batch b = make_batch(static_cast<std::uint64_t>(s));
+            const loom_test::TokenBatch b = make_batch(static_cast<std::uint64_t>(s));
             executor_losses.push_back(exec.step(b.input_tensor(), b.target_tensor(), 1e-3f));
         }
         executor_values.resize(static_cast<std::size_t>(exec.parameter_count()));
@@ -126,7 +90,7 @@ TEST_CASE("SerialTrainer equals the Executor's one-rank run bit for bit, on the 
         trainer.initialize(7);
         std::vector<float> losses;
         for (int s = 0; s < steps; ++s) {
-            const Batch b = make_batch(static_cast<std::uint64_t>(s));
+            const loom_test::TokenBatch b = make_batch(static_cast<std::uint64_t>(s));
             losses.push_back(trainer.step(b.input_tensor(), b.target_tensor(), 1e-3f));
         }
         std::vector<float> values(static_cast<std::size_t>(trainer.parameter_count())), m(values.size()), v(values.size());
@@ -140,27 +104,16 @@ TEST_CASE("SerialTrainer equals the Executor's one-rank run bit for bit, on the 
 
 TEST_CASE("a checkpoint's state loads on a device and training continues as on the host", "[device][exec]") {
     loom_test::FencedDevice device;
-    const loom::optim::AdamWConfig adamw{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
-    auto host_model = loom::gpt::make_model(tiny);
-    loom::exec::SerialTrainer host(host_model, loom::host_device, {.adamw = adamw});
-    host.initialize(3);
-    const Batch first = make_batch(0), second = make_batch(1);
-    (void)host.step(first.input_tensor(), first.target_tensor(), 1e-3f);
-    const auto n = static_cast<std::size_t>(host.parameter_count());
-    std::vector<float> values(n), m(n), v(n);
-    host.gather_state(values, m, v);  // what a checkpoint saved on the host holds
+    const auto run = loom_test::resume_on(loom::cuda_device(0), tiny, 3, make_batch(0), make_batch(1));
+    CHECK(differing_bits(run.loaded, run.saved) == 0);
+    CHECK(std::bit_cast<std::uint32_t>(run.device_loss) == std::bit_cast<std::uint32_t>(run.host_loss));
+    CHECK(differing_bits(run.device_values, run.host_values) == 0);
+    CHECK(run.device_steps == 2);
 
-    auto device_model = loom::gpt::make_model(tiny);
-    loom::exec::SerialTrainer on_device(device_model, loom::cuda_device(0), {.adamw = adamw});
-    on_device.load_state(values, m, v, host.optimizer_steps());
-    const float host_loss = host.step(second.input_tensor(), second.target_tensor(), 1e-3f);
-    const float device_loss = on_device.step(second.input_tensor(), second.target_tensor(), 1e-3f);
-    CHECK(std::bit_cast<std::uint32_t>(device_loss) == std::bit_cast<std::uint32_t>(host_loss));
-    std::vector<float> host_after(n), device_after(n);
-    host.gather_state(host_after, m, v);
-    on_device.gather_state(device_after, m, v);
-    CHECK(differing_bits(device_after, host_after) == 0);
-    CHECK(on_device.optimizer_steps() == 2);
+    auto model = loom::gpt::make_model(tiny);
+    loom::exec::SerialTrainer on_device(model, loom::cuda_device(0));
+    const auto n = static_cast<std::size_t>(on_device.parameter_count());
+    std::vector<float> m(n), v(n);
     CHECK(loom_test::message_of([&] { on_device.load_state(std::vector<float>(3), m, v, 0); }) ==
           "SerialTrainer::load_state: arrays of 3, " + std::to_string(n) + " and " + std::to_string(n) +
               " elements; the model has " + std::to_string(n) + " parameters");
@@ -194,7 +147,7 @@ TEST_CASE("a device that does not exist, mixed devices and host-only paths are r
     nn::ParamArena arena(model, loom::cuda_device(0));
     arena.initialize(model, 1);
     nn::Context host_ctx;
-    const Batch b = make_batch(0);
+    const loom_test::TokenBatch b = make_batch(0);
     CHECK(loom_test::message_of([&] { (void)nn::forward_backward(model, host_ctx, b.input_tensor(), b.target_tensor()); })
               .find("embedding_forward: operands on host and cuda:0") == 0);
     CHECK(loom_test::message_of([&] { (void)arena.values(); }) ==
@@ -214,47 +167,14 @@ TEST_CASE("a device that does not exist, mixed devices and host-only paths are r
           "configuration on the host (--device host)");
 }
 
-namespace {
-
-// Losses of `steps` steps of dp 2 x 2 micro-batches on `where`, and the
-// gathered parameters; each rank trains on its half of every global batch.
-// The ranks come from run_ranks_on, as in train_gpt: ThreadWorld on the host,
-// the registered runner (here FencedRanks) on a device.
-void train_data_parallel(loom::Device where, std::vector<float>& losses, std::vector<float>& values) {
-    constexpr int steps = 3;
-    loom::comm::run_ranks_on(where, 2, [&](loom::comm::AnyComm& comm) {
-        auto model = loom::gpt::make_model(tiny);
-        loom::exec::Executor<loom::comm::AnyComm> exec(
-            model, comm, loom::exec::ExecutionPlan{},
-            {.micro_batches = 2, .adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0}, .device = where});
-        exec.initialize(9);
-        std::vector<float> mine;
-        for (int s = 0; s < steps; ++s) {
-            const Batch b = make_batch(static_cast<std::uint64_t>(s));
-            const std::int64_t half = batch / 2, first = comm.rank() * half;
-            mine.push_back(exec.step(b.input_tensor().slice(0, first, first + half),
-                                     b.target_tensor().slice(0, first, first + half), 1e-3f));
-        }
-        std::vector<float> gathered(static_cast<std::size_t>(exec.parameter_count())), m(gathered.size()), v(gathered.size());
-        exec.gather_state(gathered, m, v);
-        if (comm.rank() == 0) {
-            losses = mine;
-            values = gathered;
-        }
-    });
-}
-
-}  // namespace
-
 TEST_CASE("the Executor's data parallelism on a device equals the host's bit for bit", "[device][exec]") {
     loom_test::FencedDevice device;
     loom_test::FencedRanks ranks;
-    std::vector<float> host_losses, host_values, device_losses, device_values;
-    train_data_parallel(loom::host_device, host_losses, host_values);
-    train_data_parallel(loom::cuda_device(0), device_losses, device_values);
-    REQUIRE(host_losses.size() == 3);
-    CHECK(differing_bits(device_losses, host_losses) == 0);
-    CHECK(differing_bits(device_values, host_values) == 0);
+    const auto host = loom_test::train_data_parallel(loom::host_device, tiny, batch, 3, 21);
+    const auto on_device = loom_test::train_data_parallel(loom::cuda_device(0), tiny, batch, 3, 21);
+    REQUIRE(host.losses.size() == 3);
+    CHECK(differing_bits(on_device.losses, host.losses) == 0);
+    CHECK(differing_bits(on_device.values, host.values) == 0);
     CHECK(device.calls("adamw_update") == 2 * 3);  // each rank's optimizer ran on the device
 }
 
