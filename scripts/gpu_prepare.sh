@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds here, on a machine without a GPU, what one call of the device tool
-# needs, into .gpu/ (ignored by git; name it in the call's `carry`):
+# needs, into .gpu/ and packs it as .gpu.tar.xz (both ignored by git; name
+# .gpu.tar.xz in the call's `carry`: OpenBLAS alone is 36 MB, and what
+# travels is limited to 64 MiB):
 #   .gpu/bin: loom_cuda_tests, train_gpt, bench_gpu_kernels, bench_gpu_train
 #             (Release, sm_90 cubins only, MPI and NCCL off: the GPU machine
 #             has neither Open MPI nor Debian's libraries)
@@ -23,4 +25,8 @@ ldd .gpu/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
   esac
 done
 du -sh .gpu/bin .gpu/lib
-echo "gpu_prepare: .gpu/ is ready; carry it and run: bash scripts/gpu_run.sh"
+tar -cJf .gpu.tar.xz .gpu
+tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+pack_bytes=$(stat -c %s .gpu.tar.xz)
+echo "gpu_prepare: .gpu.tar.xz is $((pack_bytes >> 20)) MiB, the tracked tree $((tree_bytes >> 20)) MiB (the limit is 64 MiB together)"
+echo "gpu_prepare: ready; in the device call carry .gpu.tar.xz and run: bash scripts/gpu_run.sh"

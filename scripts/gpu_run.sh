@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), from the repository root, with
-# .gpu/ carried from scripts/gpu_prepare.sh: the CUDA tests (a JUnit file with
+# .gpu.tar.xz carried from scripts/gpu_prepare.sh (unpacked here into .gpu/): the CUDA tests (a JUnit file with
 # every test case's result, and the console summary), train_gpt --device cuda
 # --dp 2 against the same run on the host, and a checkpoint saved on the host
 # resumed on the GPU, and the GPU benches
@@ -9,6 +9,7 @@
 # LOOM_GPU_PARTS picks parts: tests,train,bench (default: all three).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+[ -d .gpu ] || tar -xJf .gpu.tar.xz || { echo "gpu_run: no .gpu/ and no .gpu.tar.xz: run scripts/gpu_prepare.sh here first"; exit 2; }
 out=${OUT:-/tmp/loom-gpu}
 mkdir -p "$out"
 parts=${LOOM_GPU_PARTS:-tests,train,bench}
