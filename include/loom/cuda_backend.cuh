@@ -52,11 +52,23 @@ namespace detail {
 
 // One cuBLASLt context per (thread, device, stream): contexts are not
 // thread-safe, and cudaStreamPerThread names a different stream per device.
+using GemmContexts = std::map<std::pair<int, cudaStream_t>, std::unique_ptr<kernels::cuda::GemmContext>>;
+
+[[nodiscard]] inline GemmContexts& gemm_contexts() {
+    thread_local GemmContexts contexts;
+    return contexts;
+}
+
 [[nodiscard]] inline kernels::cuda::GemmContext& gemm_context(int device, cudaStream_t stream) {
-    thread_local std::map<std::pair<int, cudaStream_t>, std::unique_ptr<kernels::cuda::GemmContext>> contexts;
-    auto& slot = contexts[{device, stream}];
+    auto& slot = gemm_contexts()[{device, stream}];
     if (!slot) slot = std::make_unique<kernels::cuda::GemmContext>(stream);
     return *slot;
+}
+
+// Drops this thread's contexts on `stream` (their workspaces are freed on
+// it), while the stream still exists.
+inline void release_gemm_contexts(cudaStream_t stream) noexcept {
+    std::erase_if(gemm_contexts(), [&](const auto& entry) { return entry.first.second == stream; });
 }
 
 [[nodiscard]] inline cudaMemcpyKind copy_kind(Device to, Device from) {
@@ -71,14 +83,22 @@ namespace detail {
 [[nodiscard]] inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
 
 // Makes `stream` this thread's stream for a scope, then restores the previous.
+// The scope's GEMM contexts on `stream` end with it: the stream may be
+// destroyed right after (a rank's communicator stream), and a context frees
+// its workspace on its stream.
 class StreamScope {
 public:
-    explicit StreamScope(cudaStream_t stream) : previous_(std::exchange(detail::current_stream_slot(), stream)) {}
+    explicit StreamScope(cudaStream_t stream)
+        : stream_(stream), previous_(std::exchange(detail::current_stream_slot(), stream)) {}
     StreamScope(const StreamScope&) = delete;
     StreamScope& operator=(const StreamScope&) = delete;
-    ~StreamScope() { detail::current_stream_slot() = previous_; }
+    ~StreamScope() {
+        if (stream_ != previous_) detail::release_gemm_contexts(stream_);
+        detail::current_stream_slot() = previous_;
+    }
 
 private:
+    cudaStream_t stream_;
     cudaStream_t previous_;
 };
 
