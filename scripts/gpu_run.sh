@@ -26,7 +26,9 @@ if [[ $parts == *tests* ]]; then
   echo "loom_cuda_tests exit $rc"; [ $rc -eq 0 ] || status=1
   # One line per test case, from the JUnit file.
   python3 - "$out/cuda_tests.xml" <<'PY' | tee "$out/cuda_tests.txt"
-import sys, xml.etree.ElementTree as ET
+import os, sys, xml.etree.ElementTree as ET
+if not os.path.exists(sys.argv[1]):
+    sys.exit("no JUnit file: the CUDA tests did not run (see their exit code above)")
 cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
 failed = 0
 for c in cases:

@@ -11,6 +11,7 @@
 """
 
 import json
+import os
 import re
 import sys
 
@@ -60,6 +61,10 @@ def losses(a_path, b_path):
     def read(path):
         return {r["step"]: r["loss"] for r in map(json.loads, open(path, encoding="utf-8"))}
 
+    for path in (a_path, b_path):
+        if not os.path.exists(path):
+            print(f"no losses to compare: {path} was not written (its run failed; see its output)")
+            return
     a, b = read(a_path), read(b_path)
     common = sorted(set(a) & set(b))
     if not common:
