@@ -104,8 +104,6 @@ private:
 
 class CudaRuntime final : public DeviceRuntime {
 public:
-    [[nodiscard]] const char* name() const noexcept override { return "CUDA"; }
-
     void check_usable(int index) const override {
         int count = 0;
         const cudaError_t status = cudaGetDeviceCount(&count);
@@ -152,11 +150,6 @@ public:
     void fill_zero(void* p, Device where, std::size_t bytes) override {
         loom::detail::CudaDeviceScope scope(where.index);
         LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
-    }
-
-    void synchronize(Device where) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        LOOM_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     }
 };
 

@@ -55,7 +55,6 @@ public:
         return it == counts_.end() ? 0 : it->second;
     }
 
-    const char* name() const noexcept override { return "fenced test device"; }
     void check_usable(int index) const override {
         LOOM_CHECK(index == 0, "cuda:", index, " does not exist: the fenced test device has cuda:0 only");
     }
@@ -75,7 +74,6 @@ public:
         std::memmove(t, f, bytes);
     }
     void fill_zero(void* p, loom::Device, std::size_t bytes) override { std::memset(unfence(p), 0, bytes); }
-    void synchronize(loom::Device) override {}
 
     void gemm(loom::Device, loom::kernels::Trans ta, loom::kernels::Trans tb, std::int64_t M, std::int64_t N,
               std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,

@@ -24,8 +24,6 @@ class DeviceRuntime {
 public:
     virtual ~DeviceRuntime() = default;
 
-    // "CUDA": how messages name the backend.
-    [[nodiscard]] virtual const char* name() const noexcept = 0;
     // Throws, naming the reason (no driver, no device, index out of range),
     // unless device `index` can run work.
     virtual void check_usable(int index) const = 0;
@@ -40,8 +38,6 @@ public:
     // any host memory involved may be reused or read.
     virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
     virtual void fill_zero(void* p, Device where, std::size_t bytes) = 0;
-    // Waits for the calling thread's work on `where` to finish.
-    virtual void synchronize(Device where) = 0;
 };
 
 namespace detail {

@@ -6,7 +6,7 @@
 // micro-batch. The arithmetic is the Executor's with one rank and no
 // policies: gradients seeded with 1/M per micro-batch and accumulated in
 // order, the loss averaged over the micro-batches, AdamW over the whole arena;
-// on the host the two agree bit for bit (tests/exec/test_serial_trainer.cpp).
+// on the host the two agree bit for bit (tests/nn/test_device_layers.cpp).
 //
 //   loom::exec::SerialTrainer trainer(model, loom::cuda_device(0), {.micro_batches = 2, .adamw = config});
 //   trainer.initialize(seed);
@@ -45,11 +45,8 @@ public:
           options_(checked(options)),
           m_(DType::f32, Shape{arena_.size()}, device),
           v_(DType::f32, Shape{arena_.size()}, device),
-          forward_backward_([&model](nn::Context& ctx, const Tensor& inputs, float seed) {
-              (void)nn::forward(model, ctx, inputs);
-              const Tensor dloss = Tensor::of(&seed, {1});
-              (void)nn::backward(model, ctx, dloss);
-              return ctx.loss();
+          forward_backward_([&model](nn::Context& ctx, const Tensor& inputs, const Tensor& targets, float dloss) {
+              return nn::forward_backward(model, ctx, inputs, targets, dloss);
           }),
           initialize_([&model](const nn::ParamArena& arena, std::uint64_t seed) { arena.initialize(model, seed); }) {
         ctx_.set_device(device);
@@ -87,12 +84,9 @@ public:
         arena_.zero_grads();
         const std::int64_t per = rows / M;
         float loss_sum = 0;
-        for (std::int64_t mb = 0; mb < M; ++mb) {
-            ctx_.reset();
-            ctx_.set_targets(ctx_.on_device(targets.slice(0, mb * per, (mb + 1) * per)));
-            loss_sum += forward_backward_(ctx_, ctx_.on_device(inputs.slice(0, mb * per, (mb + 1) * per)),
-                                          1.0f / static_cast<float>(M));
-        }
+        for (std::int64_t mb = 0; mb < M; ++mb)
+            loss_sum += forward_backward_(ctx_, inputs.slice(0, mb * per, (mb + 1) * per),
+                                          targets.slice(0, mb * per, (mb + 1) * per), 1.0f / static_cast<float>(M));
         optim::adamw_step(arena_.values_tensor(), arena_.grads_tensor(), m_.tensor(), v_.tensor(), steps_ + 1, config);
         ++steps_;  // only after a step that happened
         return loss_sum / static_cast<float>(M);
@@ -143,7 +137,7 @@ private:
     SerialTrainerOptions options_;
     DeviceBuffer m_, v_;
     nn::Context ctx_;
-    std::function<float(nn::Context&, const Tensor&, float)> forward_backward_;
+    std::function<float(nn::Context&, const Tensor&, const Tensor&, float)> forward_backward_;
     std::function<void(const nn::ParamArena&, std::uint64_t)> initialize_;
     std::int64_t steps_ = 0;
 };

@@ -129,16 +129,16 @@ template <class L>
 }
 
 // One training micro-batch of a model whose last layer is a loss: forward to
-// the loss, then the whole backward pass from dloss = 1. Gradients accumulate
-// into the bound Params' grads; returns the loss.
+// the loss, then the whole backward pass from `dloss` (1; 1/M for one of M
+// micro-batches of a step). Gradients accumulate into the bound Params'
+// grads; returns the loss.
 template <class Model>
-float forward_backward(Model& model, Context& ctx, const Tensor& inputs, const Tensor& targets) {
+float forward_backward(Model& model, Context& ctx, const Tensor& inputs, const Tensor& targets, float dloss = 1.0f) {
     ctx.reset();
     // On a device context the host's batch is copied there first.
     ctx.set_targets(ctx.on_device(targets));
     (void)forward(model, ctx, ctx.on_device(inputs));
-    float one = 1.0f;
-    (void)backward(model, ctx, Tensor::of(&one, {1}));
+    (void)backward(model, ctx, Tensor::of(&dloss, {1}));
     return ctx.loss();
 }
 
