@@ -37,6 +37,7 @@
 #include <loom/comm/mesh.hpp>
 #include <loom/comm/shaped.hpp>
 #include <loom/comm/thread_world.hpp>
+#include <loom/core/device_buffer.hpp>
 #include <loom/core/device_runtime.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
@@ -599,11 +600,17 @@ std::vector<double> profiled_unit_seconds(C& world, const Flags& flags, const lo
         loom::gpt::Model probe = loom::gpt::make_model(flags.model);
         std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * flags.model.seq)), targets(inputs.size());
         corpus.rows(flags.seed, 0, 0, rows, flags.model.seq, inputs, targets);
+        // Timed where the stages will run: a GPU's costs are not the host's.
         seconds = loom::plan::profile_units(probe, flags.seed, loom::Tensor::of(inputs.data(), {rows, flags.model.seq}),
-                                            loom::Tensor::of(targets.data(), {rows, flags.model.seq}));
+                                            loom::Tensor::of(targets.data(), {rows, flags.model.seq}), 3, flags.device);
     }
     // Sent as 8-byte words (there is no f64 dtype): a broadcast copies bits.
-    world.broadcast(loom::Tensor(seconds.data(), loom::DType::i64, loom::Shape{static_cast<std::int64_t>(seconds.size())}), 0);
+    // A device's communicator moves device memory, so the words go through it.
+    const loom::Tensor words(seconds.data(), loom::DType::i64, loom::Shape{static_cast<std::int64_t>(seconds.size())});
+    const loom::DeviceBuffer staged(loom::DType::i64, words.shape(), flags.device);
+    loom::copy_tensor(staged.tensor(), words);
+    world.broadcast(staged.tensor(), 0);
+    loom::copy_tensor(words, staged.tensor());
     return seconds;
 }
 
@@ -936,7 +943,7 @@ int run(int argc, char** argv) {
             usage_error("--device runs rank threads on one GPU; under mpirun the processes train on the host: drop --device");
         // Rank threads on the GPU (the backend's world), each with its own stream.
         const std::string transport = device_transport(flags);
-        loom::comm::run_ranks_on(flags.device, flags.dp > 0 ? flags.dp : 1,
+        loom::comm::run_ranks_on(flags.device, device_ranks(flags),
                                  [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
         return 0;
     }

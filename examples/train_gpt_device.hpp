@@ -2,8 +2,10 @@
 // checkpoints as on the host, with the executor's buffers and the layers'
 // activations on that GPU and --dp rank threads sharing it (the backend's
 // world of rank threads, each on its own stream; train_gpt_cuda.cu builds the
-// backend in). Data parallelism at ZeRO 0 with any micro-batches runs there so
-// far; the other strategies are refused here, by flag, before anything runs.
+// backend in). Data parallelism at every ZeRO stage, pipelines of every
+// schedule and Megatron (1D) tensor parallelism, with any micro-batches, run
+// there so far; the other strategies are refused here, by flag, before
+// anything runs.
 // Included by train_gpt.cpp inside its anonymous namespace, after its Flags;
 // train_gpt.cpp includes the loom headers this uses at its top.
 #pragma once
@@ -14,18 +16,21 @@ inline void check_device_flags(const Flags& flags) {
     where << flags.device;
     const auto refuse = [&](bool given, const std::string& what) {
         if (given)
-            usage_error("--device " + where.str() + " runs data parallelism (--dp, --micro-batches) so far; drop " +
-                        what + " or use --device host");
+            usage_error("--device " + where.str() + " runs data, pipeline and Megatron tensor parallelism (--dp, --zero, "
+                        "--pp, --schedule, --tp, --micro-batches) so far; drop " + what + " or use --device host");
     };
-    refuse(flags.pp > 1, "--pp " + std::to_string(flags.pp));
-    refuse(flags.tp > 1, "--tp " + std::to_string(flags.tp));
+    refuse(flags.tp > 1 && flags.tp_grid, "--tp-mode 2d");
+    refuse(flags.compress_tp.on(), "--compress-tp " + flags.compress_tp.describe());
     refuse(flags.sp > 1, "--sp " + std::to_string(flags.sp));
-    refuse(flags.zero > 0, "--zero " + std::to_string(flags.zero));
     refuse(flags.optex > 0, "--optex " + std::to_string(flags.optex));
     refuse(flags.compress.on(), "--compress " + flags.compress.describe());
+    refuse(flags.compress_pp.on(), "--compress-pp " + flags.compress_pp.describe());
     refuse(!flags.trace.empty(), "--trace");
     refuse(!flags.cluster.empty(), "--cluster");
 }
+
+// The rank threads a --device run starts: --dp x --pp x --tp.
+inline int device_ranks(const Flags& flags) { return (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp; }
 
 // "rank thread on cuda:0 (NVIDIA H200 (sm_90, 139 GiB))", after checking that
 // the device is there: the one-line reason otherwise.
@@ -37,7 +42,7 @@ inline std::string device_transport(const Flags& flags) {
     } catch (const loom::Error& e) {
         usage_error("--device " + where.str() + ": " + e.message());
     }
-    const int ranks = flags.dp > 0 ? flags.dp : 1;
+    const int ranks = device_ranks(flags);
     return std::string(ranks == 1 ? "rank thread" : "rank threads") + " on " + where.str() + " (" +
            loom::device_runtime(flags.device).describe(flags.device.index) + ")";
 }

@@ -2,7 +2,8 @@
 # Runs on the GPU machine (the device tool), from the repository root, with
 # .gpu.tar.xz carried from scripts/gpu_prepare.sh (unpacked here into .gpu/): the CUDA tests (a JUnit file with
 # every test case's result, and the console summary), train_gpt --device cuda
-# --dp 2 against the same run on the host, and a checkpoint saved on the host
+# --dp 2 (and --dp 2 --pp 2 --tp 2 --zero 1) against the same run on the host, and a
+# checkpoint saved on the host
 # resumed on the GPU, and the GPU benches
 # beside PyTorch on the same GPU, then the ratios (bench/gpu/compare.py).
 # Everything goes to $OUT (or /tmp/loom-gpu). Give the call timeout_s 540.
@@ -50,6 +51,13 @@ if [[ $parts == *train* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   .gpu/bin/train_gpt $flags --metrics "$out/host.jsonl" > "$out/train_host.txt" 2>&1 || status=1
   python3 bench/gpu/compare.py --losses "$out/host.jsonl" "$out/gpu.jsonl" | tee "$out/losses.txt"
+  # ZeRO 1, a 1F1B pipeline and Megatron tp: dp 2 x pp 2 x tp 2 rank threads on the GPU against
+  # the same on the host (a given partition: profiling would differ).
+  zflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --pp 2 --tp 2 --zero 1 --micro-batches 2 --partition 2,2"
+  .gpu/bin/train_gpt $zflags --device cuda --metrics "$out/gpu_pp.jsonl" 2>&1 | tee "$out/train_gpu_pp.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  .gpu/bin/train_gpt $zflags --metrics "$out/host_pp.jsonl" > "$out/train_host_pp.txt" 2>&1 || status=1
+  python3 bench/gpu/compare.py --losses "$out/host_pp.jsonl" "$out/gpu_pp.jsonl" | tee "$out/losses_pp.txt"
   rm -f "$out/host.safetensors"
 fi
 if [[ $parts == *bench* ]]; then

@@ -151,6 +151,11 @@ public:
         loom::detail::CudaDeviceScope scope(where.index);
         LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
     }
+
+    void synchronize(Device where) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        LOOM_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    }
 };
 
 // Each kernel on the calling thread's stream, with the tensor's device current.
@@ -217,6 +222,20 @@ public:
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::embedding_backward(tokens, dout, dtoken_table, dposition_table, B, T, C, current_stream());
     }
+    void embedding_slice_lookup(Device where, const std::int32_t* tokens, const float* token_table, float* out,
+                                std::int64_t n, std::int64_t T, std::int64_t C, std::int64_t start, std::int64_t stop,
+                                std::int64_t whole_vocab) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::embedding_slice_lookup(tokens, token_table, out, n, T, C, start, stop, whole_vocab,
+                                              current_stream());
+    }
+    void embedding_slice_backward(Device where, const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                                  float* dposition_table, std::int64_t n, std::int64_t T, std::int64_t C,
+                                  std::int64_t start, std::int64_t stop) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::embedding_slice_backward(tokens, dout, dtoken_table, dposition_table, n, T, C, start, stop,
+                                                current_stream());
+    }
     void attention_forward(Device where, const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                            std::int64_t H, std::int64_t D) override {
         loom::detail::CudaDeviceScope scope(where.index);
@@ -236,6 +255,23 @@ public:
                                 float dloss, float* dlogits, std::int64_t rows, std::int64_t V) override {
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::cross_entropy_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, current_stream());
+    }
+    void cross_entropy_slice_max(Device where, const float* logits, const std::int32_t* targets, float* row_max,
+                                 std::int64_t rows, std::int64_t V, std::int64_t classes) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::cross_entropy_slice_max(logits, targets, row_max, rows, V, classes, current_stream());
+    }
+    void cross_entropy_slice_sums(Device where, const float* logits, const std::int32_t* targets, const float* row_max,
+                                  float* sums, std::int64_t rows, std::int64_t V, std::int64_t start) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::cross_entropy_slice_sums(logits, targets, row_max, sums, rows, V, start, current_stream());
+    }
+    void cross_entropy_slice_backward(Device where, const float* logits, const std::int32_t* targets,
+                                      const float* logsumexp, float dloss, float* dlogits, std::int64_t rows,
+                                      std::int64_t V, std::int64_t start, std::int64_t classes) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::cross_entropy_slice_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, start, classes,
+                                                    current_stream());
     }
     void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,
                       const optim::detail::AdamWScalars& scalars) override {

@@ -5,8 +5,8 @@
 // norm of the host's array: 1e-4 for the loss and gradients after one step
 // (f32 throughout; cuBLASLt and the blockwise attention sum in other orders),
 // 1e-4 for the losses and parameters after 5 AdamW steps, and for the
-// executor's dp 2 on one GPU (run_ranks_on, DeviceThreadWorld behind AnyComm)
-// against dp 2 on the host. Skipped with the rest of the CUDA tests when no
+// executor's strategies on one GPU (dp, ZeRO 1-3, pipelines, tp; run_ranks_on,
+// DeviceThreadWorld behind AnyComm) against the same on the host. Skipped with the rest of the CUDA tests when no
 // GPU is present.
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
@@ -104,13 +104,40 @@ TEST_CASE("a CUDA device index past the last is refused, naming how many there a
                        " CUDA device") == 0);
 }
 
-TEST_CASE("the Executor's dp 2 on one GPU (run_ranks_on, AnyComm) follows the host's dp 2 within 1e-4", "[device]") {
-    const auto host = loom_test::train_data_parallel(loom::host_device, config, batch, 4, 100);
-    const auto gpu = loom_test::train_data_parallel(loom::cuda_device(0), config, batch, 4, 100);
+namespace {
+
+// A strategy on one GPU (run_ranks_on, DeviceThreadWorld behind AnyComm)
+// against the same strategy on the host: losses and parameters within 1e-4.
+void check_strategy_on_gpu(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid) {
+    const auto host = loom_test::train_strategy(loom::host_device, config, plan, grid, batch, 4, 100);
+    const auto gpu = loom_test::train_strategy(loom::cuda_device(0), config, plan, grid, batch, 4, 100);
     REQUIRE(gpu.losses.size() == host.losses.size());
     for (std::size_t i = 0; i < host.losses.size(); ++i) {
         CAPTURE(i);
         CHECK(std::abs(gpu.losses[i] - host.losses[i]) <= 1e-4f * std::abs(host.losses[i]));
     }
     CHECK(relative_difference(gpu.values, host.values) < 1e-4);
+}
+
+template <class... Policies>
+loom::exec::ExecutionPlan plan_of() {
+    return loom::exec::ExecutionPlan::of<loom::Strategy<Policies...>>();
+}
+
+}  // namespace
+
+TEST_CASE("the Executor's strategies on one GPU follow the host's within 1e-4", "[device]") {
+    using loom::DataParallel, loom::Pipeline, loom::TensorParallel, loom::ZeroShard;
+    SECTION("dp 2") { check_strategy_on_gpu(plan_of<DataParallel<>>(), {.dp = 2}); }
+    SECTION("dp 2, ZeroShard<1>") { check_strategy_on_gpu(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}); }
+    SECTION("dp 2, ZeroShard<3>") { check_strategy_on_gpu(plan_of<DataParallel<>, ZeroShard<3>>(), {.dp = 2}); }
+    SECTION("dp 2 x pp 2, 1F1B, ZeroShard<2>") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, ZeroShard<2>>(), {.dp = 2, .pp = 2});
+    }
+    SECTION("tp 2") { check_strategy_on_gpu(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}); }
+    SECTION("dp 2 x pp 2 x tp 2, 1F1B, ZeroShard<1>") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, TensorParallel, ZeroShard<1>>(),
+                              {.dp = 2, .pp = 2, .tp = 2});
+    }
+    SECTION("pp 2, ZeroBubbleV") { check_strategy_on_gpu(plan_of<DataParallel<>, Pipeline<loom::ZeroBubbleV>>(), {.pp = 2}); }
 }

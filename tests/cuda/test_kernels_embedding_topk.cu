@@ -2,7 +2,8 @@
 // host twins in kernels/host, on the same seeded inputs, and their argument
 // errors against the host's, word for word. Every comparison here is bit for
 // bit (equal bits), because both kernels do exactly the host's arithmetic:
-//   embedding: the forward is one addition per element; the backward adds each
+//   embedding: the forward is one addition per element (a vocabulary slice's
+//              lookup a copy or a zero); the backward adds each
 //              table row's contributions in the host's (b, t) order (a stable
 //              sort by token id, then one thread per run and channel), so the
 //              gradients are the host's sums, not merely close to them;
@@ -151,6 +152,46 @@ TEST_CASE("cuda::embedding_backward accumulates the host's sums in the host's or
                     reverse_order[static_cast<std::size_t>(tokens[r] * C + c)] += dout[static_cast<std::size_t>(r * C + c)];
                 }
             CHECK(compare_floats(forward_order, reverse_order, true).count > 0);
+        }
+    }
+}
+
+// A vocabulary slice (tensor parallelism's embedding): the lookup copies the
+// slice's rows and zeros the rest, and the backward adds the slice's token
+// rows and the whole position table, in the host's order: bit for bit, for a
+// slice at the start, in the middle and at the end of the vocabulary.
+TEST_CASE("cuda::embedding_slice_lookup and embedding_slice_backward equal the host's bit for bit",
+          "[kernels][embedding]") {
+    Stream stream(cudaStreamNonBlocking);
+    std::mt19937 rng(1103);
+    for (const auto [B, T, C, vocab] : embedding_shapes) {
+        const std::int64_t n = B * T, third = std::max<std::int64_t>(1, vocab / 3);
+        const std::int64_t cuts[][2] = {{0, third}, {third, std::min(vocab, 2 * third)}, {std::min(vocab, 2 * third), vocab}};
+        for (const auto [start, stop] : cuts) {
+            if (stop == start) continue;  // a vocabulary of 1 has one slice
+            CAPTURE(B, T, C, vocab, start, stop);
+            const std::vector<std::int32_t> tokens = repeated_tokens(n, vocab, rng);
+            const std::vector<float> table = uniform(static_cast<std::size_t>((stop - start) * C), -1.0f, 1.0f, rng);
+            std::vector<float> expected(static_cast<std::size_t>(n * C));
+            host::embedding_slice_lookup(tokens.data(), table.data(), expected.data(), n, T, C, start, stop, vocab);
+            const std::vector<float> dout = wide_range(static_cast<std::size_t>(n * C), rng);
+            std::vector<float> dtoken = uniform(static_cast<std::size_t>((stop - start) * C), -1.0f, 1.0f, rng);
+            std::vector<float> dposition = uniform(static_cast<std::size_t>((T + 3) * C), -1.0f, 1.0f, rng);
+
+            DeviceArray<std::int32_t> d_tokens(tokens);
+            DeviceArray<float> d_table(table), d_out(expected.size()), d_dout(dout), d_dtoken(dtoken),
+                d_dposition(dposition);
+            d_out.fill_bytes(0xff);
+            uploads_done();
+            dev::embedding_slice_lookup(d_tokens.get(), d_table.get(), d_out.get(), n, T, C, start, stop, vocab,
+                                        stream.get());
+            CHECK_NO_MISMATCHES("out", compare_floats(d_out.to_host(), expected, false));
+            host::embedding_slice_backward(tokens.data(), dout.data(), dtoken.data(), dposition.data(), n, T, C, start,
+                                           stop);
+            dev::embedding_slice_backward(d_tokens.get(), d_dout.get(), d_dtoken.get(), d_dposition.get(), n, T, C,
+                                          start, stop, stream.get());
+            CHECK_NO_MISMATCHES("dtoken", compare_floats(d_dtoken.to_host(), dtoken, false));
+            CHECK_NO_MISMATCHES("dposition", compare_floats(d_dposition.to_host(), dposition, false));
         }
     }
 }

@@ -126,3 +126,63 @@ TEST_CASE("embedding_backward names a negative token id before writing", "[kerne
     CHECK(dtoken == std::vector<float>(vocab * C, 0.0f));
     CHECK(dposition == std::vector<float>(T * C, 0.0f));
 }
+
+// A vocabulary split over 3 ranks ([0, 4), [4, 8), [8, 11)): each slice's
+// lookup holds its own ids' rows and zeros elsewhere, so the slices' sum is
+// the whole table's lookup; their backwards split the token gradient by
+// rows, and each adds the whole position gradient.
+TEST_CASE("embedding_slice_lookup and embedding_slice_backward split the whole vocabulary's", "[kernels][embedding]") {
+    const auto token_table = normal_values(vocab * C, 7);
+    const auto dout = normal_values(B * T * C, 8);
+    const std::int64_t cuts[] = {0, 4, 8, vocab};
+    std::vector<float> summed(B * T * C, 0.0f);
+    std::vector<float> dtoken_whole(vocab * C, 0.0f), dposition_whole(T * C, 0.0f);
+    host::embedding_backward(batch_tokens.data(), dout.data(), dtoken_whole.data(), dposition_whole.data(), B, T, C);
+    for (int s = 0; s < 3; ++s) {
+        CAPTURE(s);
+        const std::int64_t start = cuts[s], stop = cuts[s + 1];
+        std::vector<float> out(B * T * C, 123.0f);
+        host::embedding_slice_lookup(batch_tokens.data(), token_table.data() + start * C, out.data(), B * T, T, C,
+                                     start, stop, vocab);
+        for (std::int64_t i = 0; i < B * T; ++i) {
+            const bool own = batch_tokens[i] >= start && batch_tokens[i] < stop;
+            for (std::int64_t c = 0; c < C; ++c) {
+                CHECK(out[i * C + c] == (own ? token_table[batch_tokens[i] * C + c] : 0.0f));
+                summed[i * C + c] += out[i * C + c];
+            }
+        }
+        std::vector<float> dtoken((stop - start) * C, 0.0f), dposition(T * C, 0.0f);
+        host::embedding_slice_backward(batch_tokens.data(), dout.data(), dtoken.data(), dposition.data(), B * T, T, C,
+                                       start, stop);
+        CHECK(dposition == dposition_whole);
+        CHECK(std::vector<float>(dtoken_whole.begin() + start * C, dtoken_whole.begin() + stop * C) == dtoken);
+    }
+    for (std::int64_t i = 0; i < B * T; ++i)
+        for (std::int64_t c = 0; c < C; ++c) CHECK(summed[i * C + c] == token_table[batch_tokens[i] * C + c]);
+    // Positions from a layout (sequence parallelism): row i takes positions[i % T].
+    const std::vector<std::int64_t> reversed{4, 3, 2, 1, 0};
+    std::vector<float> dtoken(vocab * C, 0.0f), dposition(T * C, 0.0f);
+    host::embedding_slice_backward(batch_tokens.data(), dout.data(), dtoken.data(), dposition.data(), B * T, T, C, 0,
+                                   vocab, reversed.data());
+    for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < C; ++c) {
+            float expected = 0.0f;
+            for (std::int64_t b = 0; b < B; ++b) expected += dout[(b * T + (T - 1 - t)) * C + c];
+            CHECK(dposition[t * C + c] == expected);
+        }
+}
+
+TEST_CASE("embedding_slice_lookup checks every id against the whole vocabulary, writing nothing",
+          "[kernels][embedding]") {
+    auto tokens = batch_tokens;
+    tokens[7] = static_cast<std::int32_t>(vocab);  // batch 1, position 2: past the last id
+    const auto token_table = normal_values(4 * C, 9);
+    std::vector<float> out(B * T * C, 123.0f);
+    CHECK(message_of([&] {
+              host::embedding_slice_lookup(tokens.data(), token_table.data(), out.data(), B * T, T, C, 0, 4, vocab);
+          }) == "embedding: token id 11 at batch 1, position 2 is outside the vocabulary [0, 11)");
+    CHECK(out == std::vector<float>(B * T * C, 123.0f));
+    CHECK(message_of([&] {
+              host::embedding_slice_lookup(tokens.data(), token_table.data(), out.data(), B * T, 4, C, 0, 4, vocab);
+          }) == "embedding: 15 tokens in sequences of T = 4 and C = 7; n must be a multiple of T >= 1 and C >= 0");
+}

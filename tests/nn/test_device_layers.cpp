@@ -3,12 +3,14 @@
 // pointers that crash if the host touches them and running the host kernels
 // behind the kernel table. The GPT must then train through the device
 // runtime and kernels/ops.hpp alone, and equal the host bit for bit; the
-// SerialTrainer must equal the Executor's one-rank run bit for bit; and a
+// SerialTrainer must equal the Executor's one-rank run bit for bit; the
+// Executor's ZeRO stages and pipelines must equal the host's bit for bit; and a
 // device without its backend, or mixed devices, must be refused by name.
 #include <catch2/catch.hpp>
 
 #include <bit>
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <span>
 #include <string>
@@ -167,26 +169,90 @@ TEST_CASE("a device that does not exist, mixed devices and host-only paths are r
           "configuration on the host (--device host)");
 }
 
-TEST_CASE("the Executor's data parallelism on a device equals the host's bit for bit", "[device][exec]") {
+namespace {
+
+// A strategy on the fenced device against the same strategy on the host:
+// losses, parameters and both moments equal bit for bit after 3 steps, and
+// each of `kernels` went through the device's table.
+void check_strategy_on_device(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid,
+                              std::initializer_list<const char*> kernels = {}) {
     loom_test::FencedDevice device;
     loom_test::FencedRanks ranks;
-    const auto host = loom_test::train_data_parallel(loom::host_device, tiny, batch, 3, 21);
-    const auto on_device = loom_test::train_data_parallel(loom::cuda_device(0), tiny, batch, 3, 21);
+    const auto host = loom_test::train_strategy(loom::host_device, tiny, plan, grid, batch, 3, 21);
+    const auto on_device = loom_test::train_strategy(loom::cuda_device(0), tiny, plan, grid, batch, 3, 21);
     REQUIRE(host.losses.size() == 3);
     CHECK(differing_bits(on_device.losses, host.losses) == 0);
     CHECK(differing_bits(on_device.values, host.values) == 0);
-    CHECK(device.calls("adamw_update") == 2 * 3);  // each rank's optimizer ran on the device
+    CHECK(differing_bits(on_device.m, host.m) == 0);
+    CHECK(differing_bits(on_device.v, host.v) == 0);
+    // Every rank's optimizer ran on the device, once or once per group, every step.
+    CHECK(device.calls("adamw_update") >= grid.dp * grid.pp * grid.tp * 3);
+    for (const char* kernel : kernels) {
+        CAPTURE(kernel);
+        CHECK(device.calls(kernel) > 0);
+    }
+}
+
+template <class... Policies>
+loom::exec::ExecutionPlan plan_of() {
+    return loom::exec::ExecutionPlan::of<loom::Strategy<Policies...>>();
+}
+
+}  // namespace
+
+TEST_CASE("the Executor's data parallelism on a device equals the host's bit for bit", "[device][exec]") {
+    using loom::DataParallel, loom::ZeroShard;
+    SECTION("ZeRO 0") { check_strategy_on_device(plan_of<DataParallel<>>(), {.dp = 2}); }
+    SECTION("ZeroShard<1>") { check_strategy_on_device(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}); }
+    SECTION("ZeroShard<2>") { check_strategy_on_device(plan_of<DataParallel<>, ZeroShard<2>>(), {.dp = 2}); }
+    SECTION("ZeroShard<3>") { check_strategy_on_device(plan_of<DataParallel<>, ZeroShard<3>>(), {.dp = 2}); }
+}
+
+TEST_CASE("the Executor's pipelines on a device equal the host's bit for bit", "[device][exec]") {
+    using loom::DataParallel, loom::Pipeline, loom::ZeroShard;
+    SECTION("GPipe, pp 2") { check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::GPipe>>(), {.pp = 2}); }
+    SECTION("1F1B, dp 2 x pp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>>(), {.dp = 2, .pp = 2});
+    }
+    SECTION("Interleaved<2>, pp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::Interleaved<2>>>(), {.pp = 2});
+    }
+    SECTION("ZeroBubbleH1, pp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::ZeroBubbleH1>>(), {.pp = 2});
+    }
+    SECTION("ZeroBubbleV, pp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::ZeroBubbleV>>(), {.pp = 2});
+    }
+    SECTION("1F1B with ZeroShard<2>, dp 2 x pp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, ZeroShard<2>>(), {.dp = 2, .pp = 2});
+    }
+}
+
+TEST_CASE("the Executor's Megatron tensor parallelism on a device equals the host's bit for bit", "[device][exec]") {
+    using loom::DataParallel, loom::Pipeline, loom::TensorParallel, loom::ZeroShard;
+    SECTION("tp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2},
+                                 {"embedding_slice_lookup", "embedding_slice_backward", "cross_entropy_slice_max",
+                                  "cross_entropy_slice_sums", "cross_entropy_slice_backward"});
+    }
+    SECTION("dp 2 x tp 2, ZeroShard<3>") {
+        check_strategy_on_device(plan_of<DataParallel<>, TensorParallel, ZeroShard<3>>(), {.dp = 2, .tp = 2});
+    }
+    SECTION("pp 2 x tp 2, 1F1B") {
+        check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, TensorParallel>(), {.pp = 2, .tp = 2});
+    }
 }
 
 TEST_CASE("the Executor on a device refuses the policies that run on the host only, by name", "[device][exec]") {
     loom_test::FencedDevice device;
     loom::comm::ThreadWorld(1).run([&](loom::comm::ThreadComm& comm) {
         auto model = loom::gpt::make_model(tiny);
-        loom::exec::ExecutionPlan plan;
-        plan.zero_stage = 2;
+        const auto plan = plan_of<loom::DataParallel<>, loom::Pipeline<loom::OneFOneB>,
+                                  loom::GradCompress<loom::CastBf16, loom::PpAxis>>();
         CHECK(loom_test::message_of([&] {
                   loom::exec::Executor<loom::comm::ThreadComm> exec(model, comm, plan, {.device = loom::cuda_device(0)});
-              }) == "Executor on cuda:0: ZeroShard<2> runs on the host only so far; on a device use DataParallel at "
-                    "ZeRO 0 (any micro-batches), or run this strategy on the host");
+              }) == "Executor on cuda:0: GradCompress<CastBf16, PpAxis> runs on the host only so far; on a device use "
+                    "DataParallel, ZeroShard<1-3>, Pipeline<Schedule> and TensorParallel (1D), or run this strategy on "
+                    "the host");
     });
 }

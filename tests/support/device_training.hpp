@@ -1,7 +1,7 @@
 // What the device training tests share, on the fenced test device
 // (tests/nn/test_device_layers.cpp) and on a GPU
 // (tests/cuda/test_device_training.cpp): seeded token batches, the executor's
-// data parallelism run through run_ranks_on on any device, and the two ways
+// strategies run through run_ranks_on on any device, and the two ways
 // their results are compared (equal bits, or a relative norm). Test code only.
 #pragma once
 
@@ -15,6 +15,7 @@
 
 #include "loom/comm/any_comm.hpp"
 #include "loom/comm/device_ranks.hpp"
+#include "loom/comm/mesh.hpp"
 #include "loom/core/device.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/core/device_buffer.hpp"
@@ -125,34 +126,46 @@ inline ResumedRun resume_on(loom::Device where, const loom::gpt::Config& config,
     return run;
 }
 
-struct DataParallelRun {
-    std::vector<float> losses;  // rank 0's, one per step
-    std::vector<float> values;  // the gathered parameters after the last step
+struct StrategyRun {
+    std::vector<float> losses;     // rank 0's, one per step
+    std::vector<float> values, m, v;  // the gathered state after the last step
 };
 
-// `steps` steps of the GPT `config` with dp 2 x 2 micro-batches on `where`,
-// ranks from run_ranks_on (ThreadWorld on the host, the registered runner on
-// a device), as train_gpt runs them: each rank trains on its half of every
-// global batch of `rows` sequences, batch s drawn with seed `seed` + s.
-inline DataParallelRun train_data_parallel(loom::Device where, const loom::gpt::Config& config, std::int64_t rows,
-                                           int steps, std::uint32_t seed) {
-    DataParallelRun run;
-    loom::comm::run_ranks_on(where, 2, [&](loom::comm::AnyComm& comm) {
+// A strategy's ranks: `dp` x `pp` x `tp` rank threads (an axis of 1 is left out).
+struct RankGrid {
+    int dp = 1, pp = 1, tp = 1;
+};
+
+// `steps` steps of the GPT `config` under `plan` with 2 micro-batches on
+// `where`, ranks from run_ranks_on (ThreadWorld on the host, the registered
+// runner on a device), as train_gpt runs them: each dp rank trains on its
+// share of every global batch of `rows` sequences (every stage of a pipeline
+// and every tp rank on the same share), batch s drawn with seed `seed` + s.
+inline StrategyRun train_strategy(loom::Device where, const loom::gpt::Config& config,
+                                  const loom::exec::ExecutionPlan& plan, RankGrid grid, std::int64_t rows, int steps,
+                                  std::uint32_t seed) {
+    StrategyRun run;
+    loom::comm::run_ranks_on(where, grid.dp * grid.pp * grid.tp, [&](loom::comm::AnyComm& world) {
+        loom::comm::Mesh<loom::comm::AnyComm> mesh(world, {{"dp", grid.dp}, {"pp", grid.pp}, {"tp", grid.tp}});
+        auto& dp = mesh.axis("dp");
         auto model = loom::gpt::make_model(config);
         loom::exec::Executor<loom::comm::AnyComm> exec(
-            model, comm, loom::exec::ExecutionPlan{},
-            {.micro_batches = 2, .adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0}, .device = where});
+            model, dp, grid.pp > 1 ? &mesh.axis("pp") : nullptr, grid.tp > 1 ? &mesh.axis("tp") : nullptr, plan,
+            {.micro_batches = 2,
+             .adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0},
+             .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
+             .device = where});
         exec.initialize(9);
         std::vector<float> losses;
-        const std::int64_t half = rows / 2, first = comm.rank() * half;
+        const std::int64_t share = rows / grid.dp, first = dp.rank() * share;
         for (int s = 0; s < steps; ++s) {
             const TokenBatch b(rows, config.seq, config.vocab, seed + static_cast<std::uint32_t>(s));
-            losses.push_back(exec.step(b.input_tensor().slice(0, first, first + half),
-                                       b.target_tensor().slice(0, first, first + half), 1e-3f));
+            losses.push_back(exec.step(b.input_tensor().slice(0, first, first + share),
+                                       b.target_tensor().slice(0, first, first + share), 1e-3f));
         }
         std::vector<float> values(static_cast<std::size_t>(exec.parameter_count())), m(values.size()), v(values.size());
         exec.gather_state(values, m, v);
-        if (comm.rank() == 0) run = {losses, values};
+        if (world.rank() == 0) run = {losses, values, m, v};
     });
     return run;
 }

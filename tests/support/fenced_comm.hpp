@@ -16,6 +16,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/comm/device_ranks.hpp"
 #include "loom/comm/thread_world.hpp"
+#include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "support/fenced_device.hpp"
 
@@ -62,8 +63,12 @@ public:
 
 private:
     // The same elements as a host tensor: fenced device memory is host memory
-    // behind a flipped bit.
+    // behind a flipped bit. Host memory is refused, as DeviceThreadComm and
+    // Nccl refuse it (comm/arguments.hpp), so the executor's device path is
+    // held to moving device memory only.
     static loom::Tensor host(const loom::Tensor& t) {
+        LOOM_CHECK(t.device().kind != loom::DeviceKind::host || t.numel() == 0, "FencedComm: a buffer ", t,
+                   " is on host but this communicator moves cuda memory");
         if (t.device().kind == loom::DeviceKind::host) return t;
         return loom::Tensor(unfence(t.raw()), t.dtype(), t.shape(), t.strides(), loom::host_device);
     }

@@ -74,6 +74,7 @@ public:
         std::memmove(t, f, bytes);
     }
     void fill_zero(void* p, loom::Device, std::size_t bytes) override { std::memset(unfence(p), 0, bytes); }
+    void synchronize(loom::Device) override { count("synchronize"); }
 
     void gemm(loom::Device, loom::kernels::Trans ta, loom::kernels::Trans tb, std::int64_t M, std::int64_t N,
               std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
@@ -141,6 +142,20 @@ public:
         loom::kernels::host::embedding_backward(unfence(tokens), unfence(dout), unfence(dtoken_table),
                                                 unfence(dposition_table), B, T, C);
     }
+    void embedding_slice_lookup(loom::Device, const std::int32_t* tokens, const float* token_table, float* out,
+                                std::int64_t n, std::int64_t T, std::int64_t C, std::int64_t start, std::int64_t stop,
+                                std::int64_t whole_vocab) override {
+        count("embedding_slice_lookup");
+        loom::kernels::host::embedding_slice_lookup(unfence(tokens), unfence(token_table), unfence(out), n, T, C, start,
+                                                    stop, whole_vocab);
+    }
+    void embedding_slice_backward(loom::Device, const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                                  float* dposition_table, std::int64_t n, std::int64_t T, std::int64_t C,
+                                  std::int64_t start, std::int64_t stop) override {
+        count("embedding_slice_backward");
+        loom::kernels::host::embedding_slice_backward(unfence(tokens), unfence(dout), unfence(dtoken_table),
+                                                      unfence(dposition_table), n, T, C, start, stop);
+    }
     void attention_forward(loom::Device, const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                            std::int64_t H, std::int64_t D) override {
         count("attention_forward");
@@ -163,6 +178,25 @@ public:
         count("cross_entropy_backward");
         loom::kernels::host::cross_entropy_backward(unfence(logits), unfence(targets), unfence(logsumexp), dloss,
                                                     unfence(dlogits), rows, V);
+    }
+    void cross_entropy_slice_max(loom::Device, const float* logits, const std::int32_t* targets, float* row_max,
+                                 std::int64_t rows, std::int64_t V, std::int64_t classes) override {
+        count("cross_entropy_slice_max");
+        loom::kernels::host::cross_entropy_slice_max(unfence(logits), unfence(targets), unfence(row_max), rows, V,
+                                                     classes);
+    }
+    void cross_entropy_slice_sums(loom::Device, const float* logits, const std::int32_t* targets, const float* row_max,
+                                  float* sums, std::int64_t rows, std::int64_t V, std::int64_t start) override {
+        count("cross_entropy_slice_sums");
+        loom::kernels::host::cross_entropy_slice_sums(unfence(logits), unfence(targets), unfence(row_max),
+                                                      unfence(sums), rows, V, start);
+    }
+    void cross_entropy_slice_backward(loom::Device, const float* logits, const std::int32_t* targets,
+                                      const float* logsumexp, float dloss, float* dlogits, std::int64_t rows,
+                                      std::int64_t V, std::int64_t start, std::int64_t classes) override {
+        count("cross_entropy_slice_backward");
+        loom::kernels::host::cross_entropy_slice_backward(unfence(logits), unfence(targets), unfence(logsumexp), dloss,
+                                                          unfence(dlogits), rows, V, start, classes);
     }
     void adamw_update(loom::Device, float* params, const float* grads, float* m, float* v, std::int64_t n,
                       const loom::optim::detail::AdamWScalars& scalars) override {

@@ -38,6 +38,9 @@ public:
     // any host memory involved may be reused or read.
     virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
     virtual void fill_zero(void* p, Device where, std::size_t bytes) = 0;
+    // Returns once the work the calling thread ordered on `where` is done
+    // (what a host clock around device work must wait for).
+    virtual void synchronize(Device where) = 0;
 };
 
 namespace detail {
@@ -110,6 +113,12 @@ inline void copy_bytes(void* to, Device to_device, const void* from, Device from
     }
     device_runtime(to_device.kind != DeviceKind::host ? to_device : from_device)
         .copy(to, to_device, from, from_device, bytes);
+}
+
+// Returns once the calling thread's work on `where` is done (the host's is,
+// always).
+inline void synchronize_device(Device where) {
+    if (where.kind != DeviceKind::host) device_runtime(where).synchronize(where);
 }
 
 // Sets `bytes` at `p` on `where` to zero.

@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -280,9 +279,9 @@ public:
         const auto n = static_cast<std::size_t>(shards_.local_size());
         std::vector<float> lv(n), lm(n), lvv(n);
         gather_local_state(lv, lm, lvv);
-        shards_.to_whole(*tp_, lv, values);
-        shards_.to_whole(*tp_, lm, m);
-        shards_.to_whole(*tp_, lvv, v);
+        shards_.to_whole(*tp_, lv, values, device_);
+        shards_.to_whole(*tp_, lm, m, device_);
+        shards_.to_whole(*tp_, lvv, v, device_);
     }
 
     // Sets parameters and moments from the dense arrays every rank holds (a
@@ -325,10 +324,22 @@ private:
             for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);
         gather_held_state(values, m, v);
         if (pipelined_ && pp_ != nullptr)
-            for (auto dense : {values, m, v}) {
-                const Tensor t = Tensor::of(dense.data(), {static_cast<std::int64_t>(dense.size())});
-                pp_->all_reduce(t, t, comm::ReduceOp::sum);
-            }
+            for (auto dense : {values, m, v}) sum_over_pp(dense);
+    }
+
+    // dense += every other pp rank's dense: through device memory when the
+    // communicator moves device memory.
+    void sum_over_pp(std::span<float> dense) {
+        const auto n = static_cast<std::int64_t>(dense.size());
+        const Tensor on_host = Tensor::of(dense.data(), {n});
+        if (device_.kind == DeviceKind::host) {
+            pp_->all_reduce(on_host, on_host, comm::ReduceOp::sum);
+            return;
+        }
+        const DeviceBuffer staged = floats(n);
+        copy_tensor(staged.tensor(), on_host);
+        pp_->all_reduce(staged.tensor(), staged.tensor(), comm::ReduceOp::sum);
+        copy_tensor(on_host, staged.tensor());
     }
 
     void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
@@ -338,8 +349,8 @@ private:
         auto keep_blocks = [&](DeviceBuffer& sharded) {
             for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
                 const auto& g = rank_.layout.group(gi);
-                std::copy_n(whole.data() + rank_.layout.block_offset(gi, comm_->rank()), g.block,
-                            sharded.data<float>() + g.shard_offset);
+                copy_tensor(slice(sharded, g.shard_offset, g.block),
+                            Tensor::of(whole.data() + rank_.layout.block_offset(gi, comm_->rank()), {g.block}));
             }
         };
         rank_.layout.from_dense(values, whole);
@@ -357,27 +368,17 @@ private:
     // This rank's units' state into the dense arrays (collective over dp).
     void gather_held_state(std::span<float> values, std::span<float> m, std::span<float> v) {
         Buffer<Host> padded(DType::f32, Shape{rank_.layout.padded_size()});
-        const auto whole = all(padded);
+        // The shards are gathered where the communicator moves memory (the
+        // executor's device), then read on the host.
+        DeviceBuffer gathered = stage_ > 0 ? floats(rank_.layout.padded_size()) : DeviceBuffer{};
         auto gather_into_padded = [&](const DeviceBuffer& sharded) {
             for (const auto& g : rank_.layout.groups())
-                comm_->all_gather(Tensor::of(sharded.data<float>() + g.shard_offset, {g.block}),
-                                  Tensor::of(whole.data() + g.offset, {g.padded}));
+                comm_->all_gather(slice(sharded, g.shard_offset, g.block), slice(gathered, g.offset, g.padded));
+            return on_host(gathered, padded);
         };
-        if (stage_ == 3) {
-            gather_into_padded(value_shard_);
-            rank_.layout.to_dense(whole, values);
-        } else {
-            rank_.layout.to_dense(on_host(values_, padded), values);
-        }
-        if (stage_ == 0) {
-            rank_.layout.to_dense(on_host(m_, padded), m);
-            rank_.layout.to_dense(on_host(v_, padded), v);
-        } else {
-            gather_into_padded(m_);
-            rank_.layout.to_dense(whole, m);
-            gather_into_padded(v_);
-            rank_.layout.to_dense(whole, v);
-        }
+        rank_.layout.to_dense(stage_ == 3 ? gather_into_padded(value_shard_) : on_host(values_, padded), values);
+        rank_.layout.to_dense(stage_ == 0 ? on_host(m_, padded) : gather_into_padded(m_), m);
+        rank_.layout.to_dense(stage_ == 0 ? on_host(v_, padded) : gather_into_padded(v_), v);
     }
 
     // GradCompress on the dp axis. Notices come from one rank of each
@@ -528,19 +529,21 @@ private:
         return all(scratch);
     }
 
-    // What runs on a device so far: data parallelism at ZeRO 0, any
-    // micro-batches; checked before anything is allocated there.
+    // What runs on a device so far: data parallelism at every ZeRO stage,
+    // pipelines of every schedule and Megatron (1D) tensor parallelism, with
+    // any micro-batches; checked before anything is allocated there.
     void check_device(const ExecutionPlan& plan) const {
         if (device_.kind == DeviceKind::host) return;
         check_device_usable(device_);
         std::string host_only;
-        if (stage_ > 0) host_only = "ZeroShard<" + std::to_string(stage_) + ">";
-        else if (pipelined_) host_only = "Pipeline<...>";
-        else if (tp_ != nullptr) host_only = "tensor parallelism";
+        if (tp_ != nullptr && plan.tensor_grid) host_only = "Optimus2D";
         else if (sp_ != nullptr) host_only = "sequence parallelism";
         else if (plan.dp_compression.on() && comm_->size() > 1) host_only = "GradCompress<" + plan.dp_compression.describe() + ">";
+        else if (plan.pp_compression.on()) host_only = "GradCompress<" + plan.pp_compression.describe() + ", PpAxis>";
+        else if (plan.tp_compression.on()) host_only = "GradCompress<" + plan.tp_compression.describe() + ", TpAxis>";
         LOOM_CHECK(host_only.empty(), "Executor on ", device_, ": ", host_only, " runs on the host only so far; on a "
-                   "device use DataParallel at ZeRO 0 (any micro-batches), or run this strategy on the host");
+                   "device use DataParallel, ZeroShard<1-3>, Pipeline<Schedule> and TensorParallel (1D), or run this "
+                   "strategy on the host");
     }
 
     void allocate() {
@@ -686,7 +689,7 @@ private:
             case Op::bind_grads: {
                 DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
                 timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
-                      [&] { std::fill_n(slot.data<float>(), rank_.layout.group(in.group).padded, 0.0f); });
+                      [&] { fill_zero_bytes(slot.raw(), device_, slot.nbytes()); });
                 bind(in.group, nullptr, slot.data<float>(), false, true);
                 return;
             }
@@ -729,10 +732,12 @@ private:
                 // (of it and zeros) gives it to every stage.
                 float loss = loss_sum_ / static_cast<float>(micro_batches_);
                 if (device_.kind != DeviceKind::host) {
-                    // A device communicator averages device memory.
+                    // A device communicator sums and averages device memory.
                     if (loss_buffer_.raw() == nullptr) loss_buffer_ = floats(1);
-                    write_scalar(loss_buffer_.tensor(), loss);
-                    comm_->all_reduce(loss_buffer_.tensor(), loss_buffer_.tensor(), comm::ReduceOp::avg);
+                    const Tensor t = loss_buffer_.tensor();
+                    write_scalar(t, loss);
+                    if (pipelined_ && pp_ != nullptr) pp_->all_reduce(t, t, comm::ReduceOp::sum);
+                    comm_->all_reduce(t, t, comm::ReduceOp::avg);
                     loss_ = read_scalar<float>(loss_buffer_.tensor());
                     return;
                 }
@@ -755,7 +760,7 @@ private:
                 pool_.put_inbox(payload, to, mb, t);
             } else {
                 const Tensor copy = pool_.inbox_parcel(payload, to, mb, t.dtype(), t.shape());
-                std::memcpy(copy.raw(), t.raw(), t.nbytes());
+                copy_tensor(copy, t);
                 pool_.put_inbox(payload, to, mb, copy);
             }
         } else {
@@ -806,33 +811,29 @@ private:
         if (flight.accumulate) {
             const auto& g = rank_.layout.group(in.group);
             const DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
-            kernels::host::accumulate(grad_shard_.data<float>() + g.shard_offset,
-                                      slot.data<float>() + comm_->rank() * g.block, g.block);
+            kernels::accumulate(slice(grad_shard_, g.shard_offset, g.block), slice(slot, comm_->rank() * g.block, g.block),
+                                g.block);
         }
         flight.in_flight = false;
     }
 
     void optimizer_step() {
         const std::int64_t step = ++optimizer_steps_;
-        auto span_of = [](DeviceBuffer& b, std::int64_t offset, std::int64_t n) {
-            return std::span<float>(b.data<float>() + offset, static_cast<std::size_t>(n));
-        };
+        // On tensors: the host's span update, or the device's kernel.
         if (stage_ == 0) {
             if (momentum_mixed_) unmix_momentum(all(grads_), all(m_), adamw_.beta1);
             momentum_mixed_ = false;
-            // On tensors: the host's span update, or the device's kernel.
             optim::adamw_step(values_.tensor(), grads_.tensor(), m_.tensor(), v_.tensor(), step, adamw_);
         } else if (stage_ == 3) {
-            optim::adamw_step(all(value_shard_), all(grad_shard_), all(m_), all(v_),
-                              step, adamw_);
+            optim::adamw_step(value_shard_.tensor(), grad_shard_.tensor(), m_.tensor(), v_.tensor(), step, adamw_);
         } else {
             const int r = comm_->rank();
             for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
                 const auto& g = rank_.layout.group(gi);
                 const std::int64_t own = rank_.layout.block_offset(gi, r);
-                optim::adamw_step(span_of(values_, own, g.block),
-                                  stage_ == 1 ? span_of(grads_, own, g.block) : span_of(grad_shard_, g.shard_offset, g.block),
-                                  span_of(m_, g.shard_offset, g.block), span_of(v_, g.shard_offset, g.block), step, adamw_);
+                optim::adamw_step(slice(values_, own, g.block),
+                                  stage_ == 1 ? slice(grads_, own, g.block) : slice(grad_shard_, g.shard_offset, g.block),
+                                  slice(m_, g.shard_offset, g.block), slice(v_, g.shard_offset, g.block), step, adamw_);
             }
         }
     }

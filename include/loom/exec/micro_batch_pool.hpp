@@ -18,6 +18,8 @@
 //   outbox: what chunk v produces for another rank, read by the send that
 //           follows the compute (copied then into a parcel that lives until
 //           the send is waited).
+// Parcels live where the contexts' activations do (set_device): a device
+// communicator moves device memory only.
 #pragma once
 
 #include <algorithm>
@@ -26,7 +28,7 @@
 #include <memory>
 #include <vector>
 
-#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/nn/context.hpp"
@@ -71,11 +73,16 @@ public:
         for (auto& c : contexts_) c->set_sequence_parallelism(sp);
     }
 
-    // Where every context's activations live (the host by default).
+    // Where every context's activations and every parcel live (the host by
+    // default); parcels from before are dropped.
     void set_device(Device where) {
         device_ = where;
         for (auto& c : contexts_) c->set_device(where);
+        for (auto* parcels : {&inbox_parcels_, &outbox_parcels_})
+            for (auto& b : *parcels) b = DeviceBuffer{};
+        header_ = DeviceBuffer{};
     }
+    [[nodiscard]] Device device() const noexcept { return device_; }
 
     // A fresh context for (chunk, mb): its forward starts.
     nn::Context& open(int chunk, int mb) {
@@ -129,10 +136,16 @@ public:
     // or outbox (send) entry, reused step after step.
     [[nodiscard]] Tensor inbox_parcel(schedule::Payload p, int chunk, int mb, DType dtype, const Shape& shape) {
         return Tensor(parcel(inbox_parcels_[key(p, chunk, mb)], shape.numel() * static_cast<std::int64_t>(size_of(dtype))),
-                      dtype, shape);
+                      dtype, shape, device_);
     }
+    // `bytes` of storage on device() (a send's header and body).
     [[nodiscard]] void* outbox_parcel(schedule::Payload p, int chunk, int mb, std::int64_t bytes) {
         return parcel(outbox_parcels_[key(p, chunk, mb)], bytes);
+    }
+    // Where a received message header lands (on device()) before the host reads it.
+    [[nodiscard]] Tensor header_parcel(std::int64_t longs) {
+        if (header_.numel() < longs || header_.raw() == nullptr) header_ = DeviceBuffer(DType::i64, Shape{longs}, device_);
+        return Tensor(header_.raw(), DType::i64, Shape{longs}, device_);
     }
 
     // Activation bytes: every pooled context's peak (they can all be live at once).
@@ -160,9 +173,9 @@ private:
         return static_cast<std::size_t>(p == schedule::Payload::gradient ? 1 : 0) * static_cast<std::size_t>(chunks_ * micro_batches_) +
                at_of(chunk, mb);
     }
-    [[nodiscard]] static void* parcel(Buffer<Host>& storage, std::int64_t bytes) {
-        if (static_cast<std::int64_t>(storage.nbytes()) < bytes)
-            storage = Buffer<Host>(DType::f32, Shape{std::max<std::int64_t>((bytes + 3) / 4, 1)});
+    [[nodiscard]] void* parcel(DeviceBuffer& storage, std::int64_t bytes) const {
+        if (storage.raw() == nullptr || static_cast<std::int64_t>(storage.nbytes()) < bytes)
+            storage = DeviceBuffer(DType::f32, Shape{std::max<std::int64_t>((bytes + 3) / 4, 1)}, device_);
         return storage.raw();
     }
 
@@ -175,7 +188,8 @@ private:
     std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight
     std::vector<Tensor> inbox_, outbox_;
-    std::vector<Buffer<Host>> inbox_parcels_, outbox_parcels_;
+    std::vector<DeviceBuffer> inbox_parcels_, outbox_parcels_;
+    DeviceBuffer header_;
 };
 
 }  // namespace loom::exec

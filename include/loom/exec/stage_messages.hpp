@@ -3,18 +3,20 @@
 // needs no knowledge of the model's shapes. A message is named by what
 // travels and the chunk that sent it: each chunk sends its micro-batches in
 // order and its neighbour receives them in the same order, so (payload,
-// sender chunk) tags match them whatever else crosses the same link.
+// sender chunk) tags match them whatever else crosses the same link. Both
+// travel in the pool's parcels, on the pool's device: the header is written
+// there from the host and read back from there after it arrives.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
@@ -49,24 +51,27 @@ template <comm::Communicator C>
     const Tensor& t = pool.outbox(in.payload, in.chunk, in.micro_batch);
     LOOM_CHECK(t.rank() <= longs - 3, "Executor: ", t, " has more than ", longs - 3, " dimensions to send");
     const bool casting = cast.has_value() && t.dtype() == DType::f32;
+    const Device where = pool.device();
+    LOOM_CHECK(!casting || where.kind == DeviceKind::host, "Executor: a cast pipeline message on ", where,
+               "; GradCompress<Cast, PpAxis> runs on the host only so far");
     const std::int64_t words = kernels::host::cast_words(t.numel());
     const std::int64_t body_bytes = casting ? 4 * words : static_cast<std::int64_t>(t.nbytes());
     // One parcel: the header, then the body (64-byte aligned after it).
     auto* parcel =
         static_cast<std::byte*>(pool.outbox_parcel(in.payload, in.chunk, in.micro_batch, longs * 8 + body_bytes));
-    const Tensor header(parcel, DType::i64, Shape{longs});
+    const Tensor header(parcel, DType::i64, Shape{longs}, where);
     const Tensor body = casting ? Tensor(parcel + longs * 8, DType::i32, Shape{words})
-                                : Tensor(parcel + longs * 8, t.dtype(), t.shape());
-    auto* h = static_cast<std::int64_t*>(header.raw());
-    std::fill_n(h, longs, std::int64_t{0});
+                                : Tensor(parcel + longs * 8, t.dtype(), t.shape(), where);
+    std::int64_t h[longs] = {};
     h[0] = static_cast<std::int64_t>(t.dtype());
     h[1] = t.rank();
     for (int d = 0; d < t.rank(); ++d) h[2 + d] = t.dim(d);
     h[longs - 1] = casting ? 1 + static_cast<std::int64_t>(*cast) : 0;
+    copy_tensor(header, Tensor::of(h, {longs}));
     if (casting)
         kernels::host::pack_cast(*cast, t.data<float>(), t.numel(), static_cast<std::uint32_t*>(body.raw()));
     else
-        std::memcpy(body.raw(), t.raw(), t.nbytes());
+        copy_tensor(body, t);
     return {pp.send_async(header, in.peer, stage_tag(in.payload, in.chunk, false)),
             pp.send_async(body, in.peer, stage_tag(in.payload, in.chunk, true))};
 }
@@ -79,7 +84,9 @@ void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction&
     constexpr int longs = stage_header_longs;
     const int sender = in.chunk + (in.payload == schedule::Payload::activation ? -1 : 1);
     std::int64_t h[longs] = {};
-    pp.recv(Tensor::of(h, {longs}), in.peer, stage_tag(in.payload, sender, false));
+    const Tensor header = pool.header_parcel(longs);
+    pp.recv(header, in.peer, stage_tag(in.payload, sender, false));
+    copy_tensor(Tensor::of(h, {longs}), header);
     const std::int64_t cast = h[longs - 1];
     LOOM_CHECK(h[1] >= 0 && h[1] <= longs - 3 && h[0] >= 0 && h[0] <= static_cast<std::int64_t>(DType::i64) &&
                    cast >= 0 && cast <= 2 && (cast == 0 || h[0] == static_cast<std::int64_t>(DType::f32)),

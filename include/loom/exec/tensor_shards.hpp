@@ -14,6 +14,7 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/reflect.hpp"
@@ -42,24 +43,40 @@ public:
     [[nodiscard]] std::int64_t whole_size() const noexcept { return whole_size_; }
 
     // Collective over `tp`: the whole model from every rank's local arrays.
+    // `tp` moves memory on `where`: the shards are gathered there, then read
+    // on the host.
     template <comm::Communicator C>
-    void to_whole(C& tp, std::span<const float> local, std::span<float> whole) const {
+    void to_whole(C& tp, std::span<const float> local, std::span<float> whole, Device where = host_device) const {
         check(local.size(), whole.size());
         LOOM_CHECK(tp.size() == degree_, "TensorShards: a tp axis of ", tp.size(), " ranks for a model cut ", degree_,
                    " ways");
-        Buffer<Host> gathered;
+        const bool staged = where.kind != DeviceKind::host;
+        DeviceBuffer mine, gathered;
+        std::vector<float> arrived;  // the gathered blocks on the host, when they came to a device
         for (const Entry& e : entries_) {
             const std::int64_t n = e.param.numel();
             if (!e.param.slice.sliced()) {
                 std::copy_n(local.begin() + e.local, n, whole.begin() + e.whole);
                 continue;
             }
-            if (gathered.numel() < n * degree_) gathered = Buffer<Host>(DType::f32, Shape{n * degree_});
-            tp.all_gather(Tensor::of(const_cast<float*>(local.data()) + e.local, {n}),
-                          Tensor::of(gathered.data<float>(), {n * degree_}));
+            if (gathered.raw() == nullptr || gathered.numel() < n * degree_) {
+                gathered = DeviceBuffer(DType::f32, Shape{n * degree_}, where);
+                if (staged) mine = DeviceBuffer(DType::f32, Shape{n}, where);
+            }
+            const Tensor own = Tensor::of(const_cast<float*>(local.data()) + e.local, {n});
+            const Tensor send = staged ? Tensor::of(mine.data<float>(), {n}, where) : own;
+            if (staged) copy_tensor(send, own);
+            const Tensor all = Tensor::of(gathered.data<float>(), {n * degree_}, where);
+            tp.all_gather(send, all);
+            const float* blocks = gathered.data<float>();
+            if (staged) {
+                arrived.resize(static_cast<std::size_t>(n * degree_));
+                copy_tensor(Tensor::of(arrived.data(), {n * degree_}), all);
+                blocks = arrived.data();
+            }
             for (int q = 0; q < degree_; ++q) {
                 const Param theirs = shard_of(e.param, q);
-                const float* block = gathered.data<float>() + q * n;
+                const float* block = blocks + q * n;
                 for (std::int64_t k = 0; k < n; ++k) whole[static_cast<std::size_t>(e.whole + theirs.full_index(k))] = block[k];
             }
         }

@@ -55,6 +55,15 @@ public:
     virtual void embedding_backward(Device where, const std::int32_t* tokens, const float* dout, float* dtoken_table,
                                     float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) = 0;
 
+    // Vocabulary-parallel embedding (kernels/host/embedding.hpp): n tokens in
+    // sequences of T, this table holding ids [start, stop).
+    virtual void embedding_slice_lookup(Device where, const std::int32_t* tokens, const float* token_table, float* out,
+                                        std::int64_t n, std::int64_t T, std::int64_t C, std::int64_t start,
+                                        std::int64_t stop, std::int64_t whole_vocab) = 0;
+    virtual void embedding_slice_backward(Device where, const std::int32_t* tokens, const float* dout,
+                                          float* dtoken_table, float* dposition_table, std::int64_t n, std::int64_t T,
+                                          std::int64_t C, std::int64_t start, std::int64_t stop) = 0;
+
     virtual void attention_forward(Device where, const float* qkv, float* out, float* lse, std::int64_t B,
                                    std::int64_t T, std::int64_t H, std::int64_t D) = 0;
     virtual void attention_backward(Device where, const float* qkv, const float* out, const float* dout,
@@ -67,6 +76,16 @@ public:
     virtual void cross_entropy_backward(Device where, const float* logits, const std::int32_t* targets,
                                         const float* logsumexp, float dloss, float* dlogits, std::int64_t rows,
                                         std::int64_t V) = 0;
+
+    // Vocabulary-parallel cross-entropy (kernels/host/cross_entropy.hpp).
+    virtual void cross_entropy_slice_max(Device where, const float* logits, const std::int32_t* targets,
+                                         float* row_max, std::int64_t rows, std::int64_t V, std::int64_t classes) = 0;
+    virtual void cross_entropy_slice_sums(Device where, const float* logits, const std::int32_t* targets,
+                                          const float* row_max, float* sums, std::int64_t rows, std::int64_t V,
+                                          std::int64_t start) = 0;
+    virtual void cross_entropy_slice_backward(Device where, const float* logits, const std::int32_t* targets,
+                                              const float* logsumexp, float dloss, float* dlogits, std::int64_t rows,
+                                              std::int64_t V, std::int64_t start, std::int64_t classes) = 0;
 
     // One AdamW step of n elements with this step's constants.
     virtual void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,

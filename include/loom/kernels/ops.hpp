@@ -169,6 +169,37 @@ inline void embedding_backward(const Tensor& tokens, const Tensor& dout, const T
                                              detail::ptr<float>(dposition_table), B, T, C);
 }
 
+// Vocabulary-parallel lookup: rows of the ids in [start, stop) from this
+// rank's table, zeros for the rest; every id checked against whole_vocab.
+inline void embedding_slice_lookup(const Tensor& tokens, const Tensor& token_table, const Tensor& out, std::int64_t T,
+                                   std::int64_t C, std::int64_t start, std::int64_t stop, std::int64_t whole_vocab) {
+    const Device d = detail::common_device("embedding_slice_lookup", {&tokens, &token_table, &out});
+    const std::int64_t n = tokens.numel();
+    if (detail::on_host(d))
+        host::embedding_slice_lookup(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table),
+                                     detail::ptr<float>(out), n, T, C, start, stop, whole_vocab);
+    else
+        device_kernels(d).embedding_slice_lookup(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table),
+                                                 detail::ptr<float>(out), n, T, C, start, stop, whole_vocab);
+}
+
+// Its gradients, accumulated: the slice's token rows and the whole position
+// table (positions 0..T-1 of each sequence).
+inline void embedding_slice_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
+                                     const Tensor& dposition_table, std::int64_t T, std::int64_t C, std::int64_t start,
+                                     std::int64_t stop) {
+    const Device d = detail::common_device("embedding_slice_backward", {&tokens, &dout, &dtoken_table, &dposition_table});
+    const std::int64_t n = tokens.numel();
+    if (detail::on_host(d))
+        host::embedding_slice_backward(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout),
+                                       detail::ptr<float>(dtoken_table), detail::ptr<float>(dposition_table), n, T, C,
+                                       start, stop);
+    else
+        device_kernels(d).embedding_slice_backward(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout),
+                                                   detail::ptr<float>(dtoken_table), detail::ptr<float>(dposition_table),
+                                                   n, T, C, start, stop);
+}
+
 // Causal attention over qkv [B, T, 3 H D]: out [B, T, H D] and lse [B, H, T] written.
 inline void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, std::int64_t B, std::int64_t T,
                               std::int64_t H, std::int64_t D) {
@@ -210,6 +241,44 @@ inline void cross_entropy_backward(const Tensor& logits, const Tensor& targets, 
     else
         device_kernels(d).cross_entropy_backward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
                                                  detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V);
+}
+
+// Vocabulary-parallel cross-entropy (kernels/host/cross_entropy.hpp): logits
+// [rows, V] are columns [start, start + V) of `classes`.
+inline void cross_entropy_slice_max(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                                    std::int64_t rows, std::int64_t V, std::int64_t classes) {
+    const Device d = detail::common_device("cross_entropy_slice_max", {&logits, &targets, &row_max});
+    if (detail::on_host(d))
+        host::cross_entropy_slice_max(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                      detail::ptr<float>(row_max), rows, V, classes);
+    else
+        device_kernels(d).cross_entropy_slice_max(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                                  detail::ptr<float>(row_max), rows, V, classes);
+}
+
+inline void cross_entropy_slice_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                                     const Tensor& sums, std::int64_t rows, std::int64_t V, std::int64_t start) {
+    const Device d = detail::common_device("cross_entropy_slice_sums", {&logits, &targets, &row_max, &sums});
+    if (detail::on_host(d))
+        host::cross_entropy_slice_sums(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                       detail::ptr<float>(row_max), detail::ptr<float>(sums), rows, V, start);
+    else
+        device_kernels(d).cross_entropy_slice_sums(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                                   detail::ptr<float>(row_max), detail::ptr<float>(sums), rows, V, start);
+}
+
+inline void cross_entropy_slice_backward(const Tensor& logits, const Tensor& targets, const Tensor& logsumexp,
+                                         float dloss, const Tensor& dlogits, std::int64_t rows, std::int64_t V,
+                                         std::int64_t start, std::int64_t classes) {
+    const Device d = detail::common_device("cross_entropy_slice_backward", {&logits, &targets, &logsumexp, &dlogits});
+    if (detail::on_host(d))
+        host::cross_entropy_slice_backward(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                           detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V,
+                                           start, classes);
+    else
+        device_kernels(d).cross_entropy_slice_backward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
+                                                       detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits),
+                                                       rows, V, start, classes);
 }
 
 }  // namespace loom::kernels

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
@@ -45,7 +46,7 @@ struct CrossEntropy {
 
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& logits) {
         const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
-        if (vocab_parallel()) require_host(logits, "CrossEntropy over a vocabulary split by tensor parallelism");
+        if (grid) require_host(logits, "CrossEntropy on an Optimus 2D grid");
         const Tensor targets = local_targets(ctx, rows, V);
         auto& saved = ctx.saved<Saved>(this);
         saved.logits = logits;
@@ -75,9 +76,9 @@ struct CrossEntropy {
         if (vocab_parallel()) {
             // On a grid this rank's rows are 1/q of the mean.
             const float scale = grid ? 1.0f / static_cast<float>(grid_of(ctx, "CrossEntropy").q) : 1.0f;
-            kernels::host::cross_entropy_slice_backward(
-                saved.logits.data<float>(), targets.data<std::int32_t>(), saved.logsumexp.data<float>(),
-                read_scalar<float>(dloss) * scale, dlogits.data<float>(), rows, V, first_class(ctx, V), V * group(ctx).size());
+            kernels::cross_entropy_slice_backward(saved.logits, targets, saved.logsumexp,
+                                                  read_scalar<float>(dloss) * scale, dlogits, rows, V,
+                                                  first_class(ctx, V), V * group(ctx).size());
             return dlogits;
         }
         kernels::cross_entropy_backward(saved.logits, targets, saved.logsumexp, read_scalar<float>(dloss), dlogits,
@@ -129,21 +130,23 @@ private:  // functions only: CrossEntropy stays an aggregate
                    vocab_start + V, ") are not tp rank ", g.rank(), "'s slice of the ", classes,
                    " classes; shard the head and the loss with the group's rank (classes [", g.rank() * V, ", ",
                    (g.rank() + 1) * V, "))");
-        const float* x = logits.data<float>();
-        const std::int32_t* t = targets.data<std::int32_t>();
-        float* lse = logsumexp.data<float>();
-        kernels::host::cross_entropy_slice_max(x, t, lse, rows, V, classes);  // lse holds the max until below
+        kernels::cross_entropy_slice_max(logits, targets, logsumexp, rows, V, classes);  // the max until below
         g.all_reduce_max(logsumexp);
         Tensor sums = ctx.alloc(Shape{2, rows});
-        kernels::host::cross_entropy_slice_sums(x, t, lse, sums.data<float>(), rows, V, start);
+        kernels::cross_entropy_slice_sums(logits, targets, logsumexp, sums, rows, V, start);
         g.all_reduce_sum(sums);
-        const float* sum = sums.data<float>();
-        const float* target_logit = sum + rows;
+        // The row statistics are finished on the host (three floats a row,
+        // copied from a device), in double as the whole kernel sums.
+        const std::vector<float> row_sums = to_host<float>(sums);
+        std::vector<float> lse = to_host<float>(logsumexp);
+        const float* target_logit = row_sums.data() + rows;
         double loss_sum = 0.0;
         for (std::int64_t r = 0; r < rows; ++r) {
-            lse[r] += std::log(sum[r]);
-            loss_sum += static_cast<double>(lse[r]) - static_cast<double>(target_logit[r]);
+            auto& l = lse[static_cast<std::size_t>(r)];
+            l += std::log(row_sums[static_cast<std::size_t>(r)]);
+            loss_sum += static_cast<double>(l) - static_cast<double>(target_logit[r]);
         }
+        copy_tensor(logsumexp, Tensor::of(lse.data(), {rows}));
         return static_cast<float>(loss_sum / static_cast<double>(rows));
     }
 };

@@ -68,8 +68,8 @@ struct Embedding {
         LOOM_CHECK(whole_T <= max_sequence(), "Embedding: sequence of ", whole_T, " tokens is longer than the ",
                    max_sequence(), " positions the model has");
         ctx.saved<Saved>(this).tokens = tokens;
-        if (grid() || vocab_parallel() || ctx.sequence().active())
-            require_host(token.value, "Embedding sharded by tensor or sequence parallelism");
+        if (grid() || ctx.sequence().active())
+            require_host(token.value, "Embedding sharded by Optimus 2D or sequence parallelism");
         if (grid()) {
             LOOM_CHECK(!ctx.sequence().active(), "Embedding: Optimus 2D with sequence parallelism is not supported; "
                                                  "use TensorParallel (1D) with an sp axis");
@@ -110,17 +110,22 @@ private:  // functions only: Embedding stays an aggregate
     }
 
     // Row by row: a vocabulary shard's rows (zeros for others' tokens, then
-    // summed over the tp group), and positions from the sequence layout (sp
-    // ranks hold runs of positions, not 0..T-1).
+    // summed over the tp group), and positions: 0..T-1 (on any device), or
+    // from the sequence layout (sp ranks hold runs of positions; host only).
     void forward_by_rows(const Context& ctx, const Tensor& tokens, const Tensor& y) const {
-        look_up_own_tokens(tokens, y.data<float>());
+        const std::int64_t T = tokens.dim(1), C = width();
+        kernels::embedding_slice_lookup(tokens, token.value, y, T, C, vocab_start(), vocab_start() + vocab(),
+                                        token.full_shape()[0]);
         if (vocab_parallel()) {
             const TensorGroup* group = ctx.tensor_group();
             LOOM_CHECK(group != nullptr, "Embedding: its token table is a vocabulary shard but the context has no "
                                          "tensor-parallel group; run it through an executor with a tp axis");
             group->all_reduce_activations(y);
         }
-        add_positions(y.data<float>(), tokens.numel(), positions_of(ctx.sequence(), tokens.dim(1)));
+        if (ctx.sequence().active())
+            add_positions(y.data<float>(), tokens.numel(), positions_of(ctx.sequence(), T));
+        else
+            kernels::add_bias(y, position.value.slice(0, 0, T), tokens.dim(0), T * C);
     }
 
     // The position of each of a sequence's T local tokens.
@@ -135,25 +140,6 @@ private:  // functions only: Embedding stays an aggregate
             for (std::int64_t t = 0; t < run.length; ++t)
                 positions[static_cast<std::size_t>(run.local + t)] = run.position + t;
         return positions;
-    }
-
-    // Rows of `out` ([tokens, C]) are this rank's token rows for the ids it
-    // holds, zeros for the rest. Every rank checks the whole batch, so a bad
-    // id throws on all of them before any collective and none is left waiting.
-    void look_up_own_tokens(const Tensor& tokens, float* out) const {
-        const std::int64_t rows = tokens.numel(), T = tokens.dim(1), C = width();
-        const std::int64_t whole_vocab = token.full_shape()[0], start = vocab_start(), stop = start + vocab();
-        const std::int32_t* ids = tokens.data<std::int32_t>();
-        for (std::int64_t i = 0; i < rows; ++i) {
-            LOOM_CHECK(ids[i] >= 0 && ids[i] < whole_vocab, "embedding: token id ", ids[i], " at batch ", i / T,
-                       ", position ", i % T, " is outside the vocabulary [0, ", whole_vocab, ")");
-        }
-        const float* table = token.value.data<float>();
-        for (std::int64_t i = 0; i < rows; ++i) {
-            float* row = out + i * C;
-            if (ids[i] >= start && ids[i] < stop) std::copy_n(table + (ids[i] - start) * C, C, row);
-            else std::fill_n(row, C, 0.0f);
-        }
     }
 
     // Adds to each of `rows` rows of [rows, C] its position: positions[row % T]
@@ -174,7 +160,8 @@ private:  // functions only: Embedding stays an aggregate
         LOOM_CHECK(B % g.q == 0, "Embedding: a batch of ", B, " sequences does not split over the ", g.q,
                    " rows of the Optimus 2D grid; use a batch that is a multiple of ", g.q);
         Buffer<Host> partial(DType::f32, Shape{B * T * C});
-        look_up_own_tokens(tokens, partial.data<float>());
+        kernels::embedding_slice_lookup(tokens, token.value, partial.tensor(), T, C, vocab_start(),
+                                        vocab_start() + vocab(), token.full_shape()[0]);
         Tensor y = ctx.alloc(Shape{B / g.q, T, C});
         g.column->reduce_scatter_sum(Tensor::of(partial.data<float>(), {B * T * C}), y);
         add_positions(y.data<float>(), B / g.q * T, positions_of(ctx.sequence(), T));
@@ -196,21 +183,19 @@ private:  // functions only: Embedding stays an aggregate
     // one are replicated, or all-reduce their input gradient): each rank keeps
     // its own tokens' rows, and the whole position gradient, as the unsplit
     // layer does. Under sp, the rows are this rank's positions.
+    // Positions 0..T-1 run on any device; an sp layout's on the host.
     void backward_weight_by_rows(const Saved& saved, const std::vector<std::int64_t>& positions) {
-        const std::int64_t rows = saved.tokens.numel(), T = saved.tokens.dim(1), C = width();
+        const std::int64_t T = saved.tokens.dim(1), C = width();
         const std::int64_t start = vocab_start(), stop = start + vocab();
-        const std::int32_t* ids = saved.tokens.data<std::int32_t>();
-        const float* dy = saved.dy.data<float>();
-        float* dtoken = token.grad.data<float>();
-        float* dposition = position.grad.data<float>();
-        for (std::int64_t i = 0; i < rows; ++i) {
-            const float* g = dy + i * C;
-            float* p = dposition + positions[static_cast<std::size_t>(i % T)] * C;
-            for (std::int64_t c = 0; c < C; ++c) p[c] += g[c];
-            if (ids[i] < start || ids[i] >= stop) continue;
-            float* t = dtoken + (ids[i] - start) * C;
-            for (std::int64_t c = 0; c < C; ++c) t[c] += g[c];
+        bool in_order = true;
+        for (std::int64_t t = 0; t < T; ++t) in_order = in_order && positions[static_cast<std::size_t>(t)] == t;
+        if (in_order) {
+            kernels::embedding_slice_backward(saved.tokens, saved.dy, token.grad, position.grad, T, C, start, stop);
+            return;
         }
+        kernels::host::embedding_slice_backward(saved.tokens.data<std::int32_t>(), saved.dy.data<float>(),
+                                                token.grad.data<float>(), position.grad.data<float>(),
+                                                saved.tokens.numel(), T, C, start, stop, positions.data());
     }
 };
 

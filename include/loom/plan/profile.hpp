@@ -1,6 +1,7 @@
 // The short profiling pass behind balanced pipeline partitions: each unit of
 // a model (nn/units.hpp) timed on one micro-batch, forward plus backward, on
-// this machine. The times are what plan::balance splits (measured costs; a
+// this machine, on the host or on the device the model will train on (the
+// clock waits for the device after each unit). The times are what plan::balance splits (measured costs; a
 // user with a cost model passes its own numbers instead).
 //
 //   auto probe = gpt::make_model(config);   // a model of the same shape, not the training one
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/nn/context.hpp"
@@ -25,29 +27,33 @@
 namespace loom::plan {
 
 // Seconds per unit (forward + backward of one micro-batch of `inputs`), the
-// median of `repeats` passes after one warm-up pass. Binds `model` to a
-// parameter arena of its own, initialised from `seed`.
+// median of `repeats` passes after one warm-up pass, on `where`. Binds
+// `model` to a parameter arena of its own there, initialised from `seed`.
 template <class Model>
 [[nodiscard]] std::vector<double> profile_units(Model& model, std::uint64_t seed, const Tensor& inputs,
-                                                const Tensor& targets, int repeats = 3) {
+                                                const Tensor& targets, int repeats = 3,
+                                                loom::Device where = host_device) {
     LOOM_CHECK(repeats >= 1, "profile_units: ", repeats, " repeats; give at least 1");
-    nn::ParamArena arena(model);
+    nn::ParamArena arena(model, where);
     arena.initialize(model, seed);
     std::vector<nn::Unit> units = nn::units_of(model);
     LOOM_CHECK(!units.empty(), "profile_units: the model has no units to time");
     const std::size_t n = units.size();
     std::vector<std::vector<double>> seconds(n);
     nn::Context ctx;
+    ctx.set_device(where);
     using clock = std::chrono::steady_clock;
     for (int pass = 0; pass <= repeats; ++pass) {
         arena.zero_grads();
         ctx.reset();
-        ctx.set_targets(targets);
+        ctx.set_targets(ctx.on_device(targets));
         std::vector<double> took(n, 0.0);
-        Tensor x = inputs;
+        Tensor x = ctx.on_device(inputs);
+        synchronize_device(where);
         for (std::size_t u = 0; u < n; ++u) {
             const auto t0 = clock::now();
             x = units[u].forward(ctx, x);
+            synchronize_device(where);
             took[u] += std::chrono::duration<double>(clock::now() - t0).count();
         }
         float seed_gradient = 1.0f;
@@ -56,6 +62,7 @@ template <class Model>
             const auto t0 = clock::now();
             g = units[u].backward_input(ctx, g);
             units[u].backward_weight(ctx);
+            synchronize_device(where);
             took[u] += std::chrono::duration<double>(clock::now() - t0).count();
         }
         if (pass == 0) continue;  // warm-up: first-touch of activation memory and caches

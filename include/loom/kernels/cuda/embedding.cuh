@@ -145,6 +145,20 @@ __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ tokens
     }
 }
 
+// A vocabulary slice's lookup: the row of an id in [start, stop), zeros for
+// the rest (the slices' sum over the tp group is the whole lookup).
+template <class Float>
+__global__ void embedding_slice_lookup_kernel(const std::int32_t* __restrict__ tokens,
+                                              const Float* __restrict__ token_table, Float* __restrict__ out,
+                                              std::int64_t C, std::int64_t start, std::int64_t stop,
+                                              std::int64_t count) {
+    for (std::int64_t i = grid_index(); i < count; i += grid_stride()) {
+        const std::int64_t row = i / C, c = i - row * C;
+        const std::int64_t id = tokens[row];
+        out[i] = id >= start && id < stop ? token_table[(id - start) * C + c] : Float(0);
+    }
+}
+
 // Positions 0, 1, ..., n - 1: the values the sort carries along with the ids.
 template <class Index>
 __global__ void embedding_iota_kernel(Index* __restrict__ positions, std::int64_t n) {
@@ -162,20 +176,24 @@ struct EmbeddingRunStart {
 // Neighbouring threads take neighbouring channels of one run, so they read
 // one dout row together (coalesced) and the position index is a broadcast.
 // The grid covers n * C, the most runs * C can be; threads past the runs stop.
+// Only ids in [start, stop) have a row here (a vocabulary slice's table
+// starts at id `start`); the others' runs are skipped.
 template <class Float>
 __global__ void embedding_token_grad_kernel(const std::int32_t* __restrict__ run_starts,
                                             const long long* __restrict__ run_count,
                                             const std::int32_t* __restrict__ sorted_tokens,
                                             const std::int32_t* __restrict__ sorted_positions,
                                             const Float* __restrict__ dout, Float* __restrict__ dtoken_table,
-                                            std::int64_t n, std::int64_t C) {
+                                            std::int64_t n, std::int64_t C, std::int64_t first, std::int64_t stop) {
     const std::int64_t runs = *run_count;
     const std::int64_t count = runs * C;
     for (std::int64_t i = grid_index(); i < count; i += grid_stride()) {
         const std::int64_t r = i / C, c = i - r * C;
         const std::int64_t start = run_starts[r];
         const std::int64_t end = r + 1 < runs ? static_cast<std::int64_t>(run_starts[r + 1]) : n;
-        Float* row = dtoken_table + static_cast<std::int64_t>(sorted_tokens[start]) * C + c;
+        const std::int64_t id = sorted_tokens[start];
+        if (id < first || id >= stop) continue;
+        Float* row = dtoken_table + (id - first) * C + c;
         Float sum = *row;
         for (std::int64_t s = start; s < end; ++s) sum += dout[static_cast<std::int64_t>(sorted_positions[s]) * C + c];
         *row = sum;
@@ -261,18 +279,18 @@ inline void embedding_forward(const std::int32_t* tokens, const float* token_tab
     LOOM_CUDA_CHECK_LAUNCH();
 }
 
-// dtoken_table[tokens[b, t], :] += dout[b, t, :];  dposition_table[t, :] += dout[b, t, :].
-// Accumulated, so a tied output projection can add its gradient to the same
-// table; all on the device. The tokens are those the forward accepted; only
-// their sign is checked again here (there is no vocab to check against),
-// before any write (this waits for `stream`). Deterministic, and bit for bit
-// the host's sums (see the header comment). B * T must fit 32 bits, the
-// positions the sort carries.
-inline void embedding_backward(const std::int32_t* tokens, const float* dout, float* dtoken_table,
-                               float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C,
-                               cudaStream_t stream = nullptr) {
-    detail::check_embedding_sizes(B, T, C);
-    const std::int64_t n = B * T;
+// The gradients of a vocabulary slice's lookup: n tokens in sequences of T,
+// this table holding ids [start, stop). dtoken_table[tokens[i] - start, :] +=
+// dout[i, :] for the slice's ids, dposition_table[i % T, :] += dout[i, :] for
+// every row; accumulated, in the host's order (embedding_backward is the
+// slice of every id). The ids' signs are checked first, before any write
+// (this waits for `stream`). n must fit 32 bits, the positions the sort carries.
+inline void embedding_slice_backward(const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                                     float* dposition_table, std::int64_t n, std::int64_t T, std::int64_t C,
+                                     std::int64_t start, std::int64_t stop, cudaStream_t stream = nullptr) {
+    LOOM_CHECK(n >= 0 && T >= 1 && n % T == 0 && C >= 0 && start >= 0 && stop >= start, "embedding backward: ", n,
+               " tokens in sequences of T = ", T, ", C = ", C, ", ids [", start, ", ", stop,
+               "); n must be a multiple of T >= 1, C >= 0 and the ids a range");
     if (n == 0) return;
     const detail::EmbeddingTokenReport report =
         detail::check_embedding_tokens(tokens, n, std::numeric_limits<std::int64_t>::max(), stream);
@@ -280,7 +298,7 @@ inline void embedding_backward(const std::int32_t* tokens, const float* dout, fl
         LOOM_FAIL("embedding backward: token id ", report.bad_token, " at batch ", i / T, ", position ", i % T,
                   " is negative; token ids are in [0, vocab)");
     if (C == 0) return;
-    LOOM_CHECK(n <= std::numeric_limits<std::int32_t>::max(), "embedding backward on the device: B * T = ", n,
+    LOOM_CHECK(n <= std::numeric_limits<std::int32_t>::max(), "embedding backward on the device: ", n,
                " positions do not fit the 32-bit positions its sort carries");
 
     // The ids are all >= 0 and <= max_token, so the sort needs their low bits
@@ -322,11 +340,48 @@ inline void embedding_backward(const std::int32_t* tokens, const float* dout, fl
     LOOM_CUDA_CHECK(cub::DeviceSelect::If(temp, bytes, positions, run_starts, run_count, n,
                                           detail::EmbeddingRunStart{sorted_tokens}, stream));
     detail::embedding_token_grad_kernel<float><<<blocks_for(n * C), threads_per_block, 0, stream>>>(
-        run_starts, run_count, sorted_tokens, sorted_positions, dout, dtoken_table, n, C);
+        run_starts, run_count, sorted_tokens, sorted_positions, dout, dtoken_table, n, C, start, stop);
     LOOM_CUDA_CHECK_LAUNCH();
     detail::embedding_position_grad_kernel<float>
-        <<<blocks_for(T * C), threads_per_block, 0, stream>>>(dout, dposition_table, B, T, C);
+        <<<blocks_for(T * C), threads_per_block, 0, stream>>>(dout, dposition_table, n / T, T, C);
     LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// A vocabulary slice's lookup: out[i, :] = token_table[tokens[i] - start, :]
+// for ids in [start, stop), zeros for the rest; n tokens in sequences of T.
+// Every id is checked against the whole vocabulary first (this waits for
+// `stream`), so every rank throws on the same bad batch with nothing written.
+inline void embedding_slice_lookup(const std::int32_t* tokens, const float* token_table, float* out, std::int64_t n,
+                                   std::int64_t T, std::int64_t C, std::int64_t start, std::int64_t stop,
+                                   std::int64_t whole_vocab, cudaStream_t stream = nullptr) {
+    LOOM_CHECK(n >= 0 && T >= 1 && n % T == 0 && C >= 0 && start >= 0 && stop >= start, "embedding: ", n,
+               " tokens in sequences of T = ", T, ", C = ", C, ", ids [", start, ", ", stop,
+               "); n must be a multiple of T >= 1, C >= 0 and the ids a range");
+    if (n == 0) return;
+    const detail::EmbeddingTokenReport report = detail::check_embedding_tokens(tokens, n, whole_vocab, stream);
+    if (const std::int64_t i = report.first_bad; i < n)
+        LOOM_FAIL("embedding: token id ", report.bad_token, " at batch ", i / T, ", position ", i % T,
+                  " is outside the vocabulary [0, ", whole_vocab, ")");
+    if (C == 0) return;
+    detail::embedding_slice_lookup_kernel<float>
+        <<<blocks_for(n * C), threads_per_block, 0, stream>>>(tokens, token_table, out, C, start, stop, n * C);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// dtoken_table[tokens[b, t], :] += dout[b, t, :];  dposition_table[t, :] += dout[b, t, :].
+// Accumulated, so a tied output projection can add its gradient to the same
+// table; all on the device. The tokens are those the forward accepted; only
+// their sign is checked again here (there is no vocab to check against),
+// before any write (this waits for `stream`). Deterministic, and bit for bit
+// the host's sums (see the header comment). B * T must fit 32 bits, the
+// positions the sort carries.
+inline void embedding_backward(const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                               float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C,
+                               cudaStream_t stream = nullptr) {
+    detail::check_embedding_sizes(B, T, C);
+    if (B * T == 0) return;
+    embedding_slice_backward(tokens, dout, dtoken_table, dposition_table, B * T, T, C, 0,
+                             std::numeric_limits<std::int64_t>::max(), stream);
 }
 
 }  // namespace loom::kernels::cuda

@@ -49,6 +49,13 @@ LOOM_KERNEL_DISPATCH inline void embedding_backward_rows(const std::int32_t* __r
     }
 }
 
+inline void check_embedding_slice(std::int64_t n, std::int64_t T, std::int64_t C, std::int64_t start,
+                                  std::int64_t stop) {
+    LOOM_CHECK(n >= 0 && T >= 1 && n % T == 0 && C >= 0, "embedding: ", n, " tokens in sequences of T = ", T,
+               " and C = ", C, "; n must be a multiple of T >= 1 and C >= 0");
+    LOOM_CHECK(start >= 0 && stop >= start, "embedding: vocabulary slice [", start, ", ", stop, ") is not a range of ids");
+}
+
 }  // namespace detail
 
 // out: [B, T, C], written. Every token is checked before anything is written,
@@ -77,6 +84,50 @@ inline void embedding_backward(const std::int32_t* tokens, const float* dout, fl
                    i % T, " is negative; token ids are in [0, vocab)");
     }
     detail::embedding_backward_rows(tokens, dout, dtoken_table, dposition_table, B, T, C);
+}
+
+// Vocabulary-parallel pieces: this rank's token table holds ids [start, stop)
+// of a vocabulary of `whole_vocab`; tokens are [n / T, T].
+
+// out[i, :] = token_table[tokens[i] - start, :] for the ids this slice holds,
+// zeros for the rest (summed over the slices' ranks: the whole lookup); no
+// positions. Every id is checked against the whole vocabulary first, so every
+// rank throws on the same bad batch before any collective.
+inline void embedding_slice_lookup(const std::int32_t* tokens, const float* token_table, float* out, std::int64_t n,
+                                   std::int64_t T, std::int64_t C, std::int64_t start, std::int64_t stop,
+                                   std::int64_t whole_vocab) {
+    detail::check_embedding_slice(n, T, C, start, stop);
+    for (std::int64_t i = 0; i < n; ++i) {
+        LOOM_CHECK(tokens[i] >= 0 && tokens[i] < whole_vocab, "embedding: token id ", tokens[i], " at batch ", i / T,
+                   ", position ", i % T, " is outside the vocabulary [0, ", whole_vocab, ")");
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+        float* row = out + i * C;
+        if (tokens[i] >= start && tokens[i] < stop) {
+            const float* from = token_table + (tokens[i] - start) * C;
+            for (std::int64_t c = 0; c < C; ++c) row[c] = from[c];
+        } else {
+            for (std::int64_t c = 0; c < C; ++c) row[c] = 0.0f;
+        }
+    }
+}
+
+// dposition_table[p(i), :] += dout[i, :] for every row, in row order (the
+// whole position gradient, on every rank), with p(i) = positions[i % T], or
+// i % T when positions is null; dtoken_table[tokens[i] - start, :] +=
+// dout[i, :] for the ids this slice holds.
+inline void embedding_slice_backward(const std::int32_t* tokens, const float* dout, float* dtoken_table,
+                                     float* dposition_table, std::int64_t n, std::int64_t T, std::int64_t C,
+                                     std::int64_t start, std::int64_t stop, const std::int64_t* positions = nullptr) {
+    detail::check_embedding_slice(n, T, C, start, stop);
+    for (std::int64_t i = 0; i < n; ++i) {
+        const float* g = dout + i * C;
+        float* p = dposition_table + (positions != nullptr ? positions[i % T] : i % T) * C;
+        for (std::int64_t c = 0; c < C; ++c) p[c] += g[c];
+        if (tokens[i] < start || tokens[i] >= stop) continue;
+        float* t = dtoken_table + (tokens[i] - start) * C;
+        for (std::int64_t c = 0; c < C; ++c) t[c] += g[c];
+    }
 }
 
 }  // namespace loom::kernels::host
