@@ -42,11 +42,12 @@
 #include "loom/exec/execution_plan.hpp"
 #include "loom/exec/memory.hpp"
 #include "loom/comm/mesh.hpp"
+#include "loom/exec/layer_groups.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
+#include "loom/exec/parameter_store.hpp"
 #include "loom/exec/stage_messages.hpp"
 #include "loom/exec/tensor_shards.hpp"
 #include "loom/exec/trace.hpp"
-#include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/tensor_group.hpp"
@@ -55,8 +56,6 @@
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
 #include "loom/parallel/optimus2d.hpp"
-#include "loom/parallel/grid2d.hpp"
-#include "loom/parallel/tensor_parallel_model.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
 #include "loom/schedule/pipeline.hpp"
@@ -113,8 +112,8 @@ public:
     Executor(Model& model, C& dp, C* pp, C* tp, C* sp, const ExecutionPlan& plan, const ExecutorOptions& options)
         : comm_(&dp),
           pp_(pp),
-          tp_(check_tensor_parallel(plan, tp) ? tp : nullptr),
-          sp_(check_sequence_parallel(plan, sp, tp_) ? sp : nullptr),
+          tp_(tensor_parallel_axis(plan, tp) ? tp : nullptr),
+          sp_(sequence_parallel_axis(plan, sp, tp_) ? sp : nullptr),
           shards_(cut_model(model, tp_, plan.tensor_grid)),
           units_(nn::units_of(model, options.field_names)),
           stage_(plan.zero_stage),
@@ -138,36 +137,9 @@ public:
         LOOM_CHECK(!plan.tp_compression.on() || (plan.tensor_parallel && !plan.tensor_grid), "Executor: GradCompress<",
                    plan.tp_compression.describe(), ", TpAxis> casts Megatron's all-reduces; add TensorParallel (1D)");
         if (plan.pp_compression.on()) pp_cast_ = cast_of(plan.pp_compression);
-        if (tp_ != nullptr) {
-            tp_group_ = plan.tp_compression.on()
-                            ? std::make_unique<nn::TensorGroupOf<C>>(*tp_, cast_of(plan.tp_compression))
-                            : std::make_unique<nn::TensorGroupOf<C>>(*tp_);
-            pool_.set_tensor_group(tp_group_.get());
-            if (plan.tensor_grid) {
-                grid_ = std::make_unique<Grid>(*tp_);
-                pool_.set_tensor_grid(&grid_->view);
-            }
-        }
-        if (sp_ != nullptr) {
-            // Without the sp ranks in the gradient group their weights would drift apart.
-            LOOM_CHECK(dp.size() % sp_->size() == 0, "Executor: a gradient axis of ", dp.size(),
-                       " ranks cannot hold the ", sp_->size(), " sp ranks; pass the dp x sp group as dp "
-                       "(mesh.combined({\"dp\", \"sp\"}), which Executor::make does)");
-            sp_group_ = std::make_unique<nn::TensorGroupOf<C>>(*sp_);
-            sequence_ = nn::SequenceParallelism{sp_group_.get(), plan.sequence_zigzag, plan.sequence_attention};
-            if (plan.sequence_attention == nn::SequenceAttention::hybrid) {
-                // Ulysses groups of K consecutive sp ranks, rings across them.
-                const int k = plan.sequence_ulysses, r = sp_->rank();
-                LOOM_CHECK(k >= 2 && sp_->size() % k == 0 && k < sp_->size(), "Executor: UlyssesRing<", k,
-                           "> over an sp axis of ", sp_->size(), " ranks; K must divide the sp ranks and leave a ring "
-                           "of 2 or more (use Ulysses for K = sp)");
-                hybrid_ = std::make_unique<Hybrid>(*sp_, k, r);
-                sequence_.ulysses = k;
-                sequence_.ulysses_group = &hybrid_->within_group;
-                sequence_.ring_group = &hybrid_->across_group;
-            }
-            pool_.set_sequence_parallelism(sequence_);
-        }
+        groups_ = LayerGroups<C>(tp_, sp_, plan, dp.size(),
+                                 plan.tp_compression.on() ? std::optional(cast_of(plan.tp_compression)) : std::nullopt);
+        groups_.attach(pool_);
     }
 
     Executor(Executor&&) noexcept = default;
@@ -195,26 +167,9 @@ public:
     // The parameters' initial values from the counter-based RNG: the serial
     // run's values, on every rank, whatever it keeps of them.
     void initialize(std::uint64_t seed) {
-        const int r = comm_->rank();
-        for (const auto& g : rank_.layout.groups()) {
-            const std::int64_t lo = stage_ == 3 ? r * g.block : 0;
-            const std::int64_t hi = std::min(g.numel, stage_ == 3 ? lo + g.block : g.numel);
-            float* base = stage_ == 3 ? value_shard_.data<float>() + g.shard_offset : values_.data<float>() + g.offset;
-            if (hi <= lo) continue;
-            const auto n = static_cast<std::size_t>(hi - lo);
-            if (device_.kind == DeviceKind::host) {
-                initialize_range_(seed, {base, n}, g.dense_offset + lo);
-                continue;
-            }
-            // Drawn on the host and copied: the same bits on every device.
-            std::vector<float> staged(n);
-            initialize_range_(seed, staged, g.dense_offset + lo);
-            copy_bytes(base, device_, staged.data(), host_device, n * sizeof(float));
-        }
+        store_.initialize(rank_.layout, comm_->rank(), seed, initialize_range_);
         optimizer_steps_ = 0;
         if (compress_) compress_->reset();
-        fill_zero_bytes(m_.raw(), device_, m_.nbytes());
-        fill_zero_bytes(v_.raw(), device_, v_.nbytes());
     }
 
     // One training step on this rank's rows of the global batch (inputs and
@@ -228,10 +183,11 @@ public:
                    micro_batches_, " micro-batches; the rows per rank must be a multiple of the micro-batches");
         // Optimus 2D cuts each micro-batch's sequences over the grid rows; checked
         // here, on every rank, not in the first stage's embedding alone.
-        LOOM_CHECK(grid_ == nullptr || (rows / micro_batches_) % grid_->view.q == 0, "Executor::step: micro-batches of ",
-                   rows / micro_batches_, " sequences do not split over the ", grid_ ? grid_->view.q : 1,
+        const int q = groups_.grid_side();
+        LOOM_CHECK((rows / micro_batches_) % q == 0, "Executor::step: micro-batches of ",
+                   rows / micro_batches_, " sequences do not split over the ", q,
                    " rows of the Optimus 2D grid; use rows per micro-batch that are a multiple of ",
-                   grid_ ? grid_->view.q : 1);
+                   q);
         adamw_.lr = lr;
         optim::check_config(adamw_);
         inputs_ = inputs;
@@ -252,17 +208,16 @@ public:
     [[nodiscard]] MemoryReport memory_report() const {
         MemoryReport report;
         report.rank = comm_->rank();
-        report.parameters = (values_.nbytes() + value_shard_.nbytes());
-        report.gradients = (grads_.nbytes() + grad_shard_.nbytes());
-        report.optimizer_state = m_.nbytes() + v_.nbytes();
+        report.parameters = store_.parameter_bytes();
+        report.gradients = store_.gradient_bytes();
+        report.optimizer_state = store_.optimizer_bytes();
         if (compress_) {
             report.compression_state = compress_->state_bytes();
             report.communication_buffers += compress_->buffer_bytes();
         }
         report.activations = pool_.activation_bytes();
         report.communication_buffers += pool_.parcel_bytes();
-        for (const auto& s : grad_slots_) report.communication_buffers += s.nbytes();
-        for (const auto& s : param_slots_) report.communication_buffers += s.nbytes();
+        report.communication_buffers += store_.slot_bytes();
         return report;
     }
 
@@ -336,7 +291,7 @@ private:
             pp_->all_reduce(on_host, on_host, comm::ReduceOp::sum);
             return;
         }
-        const DeviceBuffer staged = floats(n);
+        const DeviceBuffer staged = store_.floats(n);
         copy_tensor(staged.tensor(), on_host);
         pp_->all_reduce(staged.tensor(), staged.tensor(), comm::ReduceOp::sum);
         copy_tensor(on_host, staged.tensor());
@@ -344,41 +299,14 @@ private:
 
     void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                           std::int64_t optimizer_steps) {
-        Buffer<Host> padded(DType::f32, Shape{rank_.layout.padded_size()});
-        const auto whole = all(padded);
-        auto keep_blocks = [&](DeviceBuffer& sharded) {
-            for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
-                const auto& g = rank_.layout.group(gi);
-                copy_tensor(slice(sharded, g.shard_offset, g.block),
-                            Tensor::of(whole.data() + rank_.layout.block_offset(gi, comm_->rank()), {g.block}));
-            }
-        };
-        rank_.layout.from_dense(values, whole);
-        if (stage_ == 3) keep_blocks(value_shard_);
-        else copy_tensor(values_.tensor(), padded.tensor());
-        for (auto [dense, state] : {std::pair{m, &m_}, std::pair{v, &v_}}) {
-            rank_.layout.from_dense(dense, whole);
-            if (stage_ == 0) copy_tensor(state->tensor(), padded.tensor());
-            else keep_blocks(*state);
-        }
         LOOM_CHECK(optimizer_steps >= 0, "Executor::load_state: optimizer_steps = ", optimizer_steps, " is negative");
+        store_.load(rank_.layout, comm_->rank(), values, m, v);
         optimizer_steps_ = optimizer_steps;
     }
 
     // This rank's units' state into the dense arrays (collective over dp).
     void gather_held_state(std::span<float> values, std::span<float> m, std::span<float> v) {
-        Buffer<Host> padded(DType::f32, Shape{rank_.layout.padded_size()});
-        // The shards are gathered where the communicator moves memory (the
-        // executor's device), then read on the host.
-        DeviceBuffer gathered = stage_ > 0 ? floats(rank_.layout.padded_size()) : DeviceBuffer{};
-        auto gather_into_padded = [&](const DeviceBuffer& sharded) {
-            for (const auto& g : rank_.layout.groups())
-                comm_->all_gather(slice(sharded, g.shard_offset, g.block), slice(gathered, g.offset, g.padded));
-            return on_host(gathered, padded);
-        };
-        rank_.layout.to_dense(stage_ == 3 ? gather_into_padded(value_shard_) : on_host(values_, padded), values);
-        rank_.layout.to_dense(stage_ == 0 ? on_host(m_, padded) : gather_into_padded(m_), m);
-        rank_.layout.to_dense(stage_ == 0 ? on_host(v_, padded) : gather_into_padded(v_), v);
+        store_.gather(rank_.layout, *comm_, values, m, v);
     }
 
     // GradCompress on the dp axis. Notices come from one rank of each
@@ -413,23 +341,23 @@ private:
             return std::span<float>(b.data<float>() + offset, static_cast<std::size_t>(n));
         };
         if (in.slot < 0) {
-            const auto grad = span_of(grads_, g.offset, g.padded);
+            const auto grad = span_of(store_.grads, g.offset, g.padded);
             if (momentum_exchange()) {
-                mix_momentum(grad, span_of(m_, g.offset, g.padded), adamw_.beta1);
+                mix_momentum(grad, span_of(store_.m, g.offset, g.padded), adamw_.beta1);
                 momentum_mixed_ = true;
             }
             issue(index, compress_->reduce_async(in.group, grad,
                                                  in.reduction == schedule::Reduction::all_reduce
                                                      ? grad
-                                                     : span_of(grads_, rank_.layout.block_offset(in.group, r), g.block)));
+                                                     : span_of(store_.grads, rank_.layout.block_offset(in.group, r), g.block)));
             return;
         }
         // As the uncompressed slot reduction: the first writes the shard, later ones are added when done.
-        const DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+        const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
         const bool first = !reduced_[static_cast<std::size_t>(in.group)];
         reduced_[static_cast<std::size_t>(in.group)] = true;
         issue(index, compress_->reduce_async(in.group, span_of(slot, 0, g.padded),
-                                             first ? span_of(grad_shard_, g.shard_offset, g.block)
+                                             first ? span_of(store_.grad_shard, g.shard_offset, g.block)
                                                    : span_of(slot, r * g.block, g.block)));
         pending_[static_cast<std::size_t>(index)].accumulate = !first;
     }
@@ -442,21 +370,11 @@ private:
         bool accumulate = false;  // a slot reduction whose block is added to the shard when done
     };
 
-    [[nodiscard]] static bool check_sequence_parallel(const ExecutionPlan& plan, const C* sp, const C* tp) {
-        LOOM_CHECK(plan.sequence_parallel || sp == nullptr || sp->size() == 1, "Executor: a sequence-parallel axis "
-                   "of ", sp->size(), " ranks for a strategy without SequenceParallel; add SequenceParallel or use an "
-                   "sp axis of 1");
-        const bool on = plan.sequence_parallel && sp != nullptr && sp->size() > 1;
-        LOOM_CHECK(!on || !plan.tensor_grid || tp == nullptr, "Executor: SequenceParallel with Optimus2D is not "
-                   "supported; use TensorParallel (1D) with an sp axis");
-        return on;
-    }
-
     // Sequence parallelism: inputs_ and targets_ become this rank's positions
     // of every sequence, in its layout's order.
     void keep_local_positions() {
         const std::int64_t rows = inputs_.dim(0), T = inputs_.dim(1);
-        const nn::SequenceLayout layout = sequence_.layout();
+        const nn::SequenceLayout layout = groups_.sequence().layout();
         const std::int64_t local = layout.local_tokens(T);
         local_inputs_.resize(static_cast<std::size_t>(rows * local));
         local_targets_.resize(local_inputs_.size());
@@ -472,39 +390,6 @@ private:
         targets_ = Tensor::of(local_targets_.data(), {rows, local});
     }
 
-    [[nodiscard]] static bool check_tensor_parallel(const ExecutionPlan& plan, const C* tp) {
-        LOOM_CHECK(plan.tensor_parallel || tp == nullptr || tp->size() == 1, "Executor: a tensor-parallel axis of ",
-                   tp->size(), " ranks for a strategy without TensorParallel; add TensorParallel or use a tp axis of 1");
-        return plan.tensor_parallel && tp != nullptr && tp->size() > 1;
-    }
-    // Cuts the model for this tp rank (before its units and layout exist).
-    template <class Model>
-    [[nodiscard]] static TensorShards cut_model(Model& model, const C* tp, bool grid) {
-        if (tp != nullptr && grid) tp::shard_model_grid(model, tp->rank(), tp->size());
-        else if (tp != nullptr) tp::shard_model(model, tp->rank(), tp->size());
-        return TensorShards(model, tp != nullptr ? tp->size() : 1);
-    }
-
-    // The hybrid's Ulysses groups and rings, split from the sp axis (heap: the
-    // contexts keep the groups' addresses).
-    struct Hybrid {
-        C within, across;
-        nn::TensorGroupOf<C> within_group, across_group;
-        Hybrid(C& sp, int k, int r)
-            : within(sp.split(r / k, r % k)), across(sp.split(r % k, r / k)), within_group(within),
-              across_group(across) {}
-        Hybrid(const Hybrid&) = delete;
-        Hybrid& operator=(const Hybrid&) = delete;
-    };
-
-    // The Optimus 2D grid and the view of it the contexts point at (heap:
-    // the executor moves, the contexts keep the address).
-    struct Grid {
-        tp::Grid2D<C> comms;
-        nn::TensorGrid view;
-        explicit Grid(C& tp) : comms(tp), view(comms.view()) {}
-    };
-
     [[nodiscard]] int pp_size() const { return pp_ != nullptr ? pp_->size() : 1; }
     [[nodiscard]] int pp_rank() const { return pp_ != nullptr ? pp_->rank() : 0; }
 
@@ -515,19 +400,6 @@ private:
     }
     // DP programs name no chunk: the whole model is chunk 0.
     [[nodiscard]] static int chunk_of(const schedule::Instruction& in) { return in.chunk < 0 ? 0 : in.chunk; }
-
-    [[nodiscard]] DeviceBuffer floats(std::int64_t n) const { return DeviceBuffer(DType::f32, Shape{n}, device_); }
-    // The elements of a host buffer (the host-only paths: ZeRO, compression).
-    [[nodiscard]] static std::span<float> all(const loom::detail::BufferBase& b) {
-        return {b.data<float>(), static_cast<std::size_t>(b.numel())};
-    }
-    // The elements of `b` readable on the host: itself, or a copy in `scratch`
-    // (as large as b) when it lives on a device.
-    [[nodiscard]] std::span<float> on_host(const DeviceBuffer& b, const Buffer<Host>& scratch) const {
-        if (device_.kind == DeviceKind::host) return all(b);
-        copy_tensor(scratch.tensor(), b.tensor());
-        return all(scratch);
-    }
 
     // What runs on a device so far: data parallelism at every ZeRO stage,
     // pipelines of every schedule and Megatron (1D) tensor parallelism, with
@@ -547,20 +419,12 @@ private:
     }
 
     void allocate() {
-        const std::int64_t padded = rank_.layout.padded_size(), shard = rank_.layout.shard_size();
-        if (stage_ < 3) values_ = floats(padded);
-        else value_shard_ = floats(shard);
-        if (stage_ < 2) grads_ = floats(padded);
-        else grad_shard_ = floats(shard);
-        m_ = floats(stage_ == 0 ? padded : shard);
-        v_ = floats(stage_ == 0 ? padded : shard);
-        for (int s = 0; s < rank_.program.grad_slots; ++s) grad_slots_.push_back(floats(rank_.layout.largest_group()));
-        for (int s = 0; s < rank_.program.param_slots; ++s) param_slots_.push_back(floats(rank_.layout.largest_group()));
+        store_ = ParameterStore(rank_.layout, stage_, rank_.program.grad_slots, rank_.program.param_slots, device_);
         // Unsharded parameters and gradients are bound once, here.
         for (int g = 0; g < static_cast<int>(rank_.layout.groups().size()); ++g) {
             const auto& group = rank_.layout.group(g);
-            bind(g, stage_ < 3 ? values_.data<float>() + group.offset : nullptr,
-                 stage_ < 2 ? grads_.data<float>() + group.offset : nullptr);
+            bind(g, stage_ < 3 ? store_.values.data<float>() + group.offset : nullptr,
+                 stage_ < 2 ? store_.grads.data<float>() + group.offset : nullptr);
         }
     }
 
@@ -584,7 +448,7 @@ private:
     }
 
     [[nodiscard]] Tensor slice(const DeviceBuffer& b, std::int64_t offset, std::int64_t n) const {
-        return Tensor::of(b.data<float>() + offset, {n}, device_);
+        return store_.slice(b, offset, n);
     }
 
     // Runs f; with tracing on, records it under the name `name_of()` gives,
@@ -621,7 +485,7 @@ private:
         switch (in.op) {
             case Op::zero_grads:
                 timed([] { return std::string("zero gradients"); }, "zero_grads", -1, [&] {
-                    const DeviceBuffer& g = stage_ < 2 ? grads_ : grad_shard_;
+                    const DeviceBuffer& g = stage_ < 2 ? store_.grads : store_.grad_shard;
                     fill_zero_bytes(g.raw(), device_, g.nbytes());
                 });
                 reduced_.assign(rank_.layout.groups().size(), false);
@@ -673,13 +537,13 @@ private:
             case Op::gather_params: {
                 const auto& g = rank_.layout.group(in.group);
                 if (in.slot >= 0) {
-                    DeviceBuffer& slot = param_slots_[static_cast<std::size_t>(in.slot)];
-                    issue(index, comm_->all_gather_async(slice(value_shard_, g.shard_offset, g.block),
+                    DeviceBuffer& slot = store_.param_slots[static_cast<std::size_t>(in.slot)];
+                    issue(index, comm_->all_gather_async(slice(store_.value_shard, g.shard_offset, g.block),
                                                          slice(slot, 0, g.padded)));
                     bind(in.group, slot.data<float>(), nullptr, true, false);
                 } else {
-                    issue(index, comm_->all_gather_async(slice(values_, rank_.layout.block_offset(in.group, r), g.block),
-                                                         slice(values_, g.offset, g.padded)));
+                    issue(index, comm_->all_gather_async(slice(store_.values, rank_.layout.block_offset(in.group, r), g.block),
+                                                         slice(store_.values, g.offset, g.padded)));
                 }
                 return;
             }
@@ -687,7 +551,7 @@ private:
                 bind(in.group, nullptr, nullptr, true, false);
                 return;
             case Op::bind_grads: {
-                DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+                DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
                 timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
                       [&] { fill_zero_bytes(slot.raw(), device_, slot.nbytes()); });
                 bind(in.group, nullptr, slot.data<float>(), false, true);
@@ -698,20 +562,20 @@ private:
                 if (compressing()) {
                     reduce_compressed(index, in);
                 } else if (in.reduction == schedule::Reduction::all_reduce) {
-                    const Tensor whole = slice(grads_, g.offset, g.padded);
+                    const Tensor whole = slice(store_.grads, g.offset, g.padded);
                     issue(index, comm_->all_reduce_async(whole, whole, comm::ReduceOp::avg));
                 } else if (in.slot < 0) {
-                    issue(index, comm_->reduce_scatter_async(slice(grads_, g.offset, g.padded),
-                                                             slice(grads_, rank_.layout.block_offset(in.group, r), g.block),
+                    issue(index, comm_->reduce_scatter_async(slice(store_.grads, g.offset, g.padded),
+                                                             slice(store_.grads, rank_.layout.block_offset(in.group, r), g.block),
                                                              comm::ReduceOp::avg));
                 } else {
                     // The group's first reduction of the step writes the
                     // shard; later ones reduce in place and are added when
                     // waited for.
-                    const DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
+                    const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
                     const bool first = !reduced_[static_cast<std::size_t>(in.group)];
                     reduced_[static_cast<std::size_t>(in.group)] = true;
-                    const Tensor out = first ? slice(grad_shard_, g.shard_offset, g.block)
+                    const Tensor out = first ? slice(store_.grad_shard, g.shard_offset, g.block)
                                              : slice(slot, r * g.block, g.block);
                     issue(index, comm_->reduce_scatter_async(slice(slot, 0, g.padded), out, comm::ReduceOp::avg));
                     pending_[static_cast<std::size_t>(index)].accumulate = !first;
@@ -733,7 +597,7 @@ private:
                 float loss = loss_sum_ / static_cast<float>(micro_batches_);
                 if (device_.kind != DeviceKind::host) {
                     // A device communicator sums and averages device memory.
-                    if (loss_buffer_.raw() == nullptr) loss_buffer_ = floats(1);
+                    if (loss_buffer_.raw() == nullptr) loss_buffer_ = store_.floats(1);
                     const Tensor t = loss_buffer_.tensor();
                     write_scalar(t, loss);
                     if (pipelined_ && pp_ != nullptr) pp_->all_reduce(t, t, comm::ReduceOp::sum);
@@ -810,8 +674,8 @@ private:
         }
         if (flight.accumulate) {
             const auto& g = rank_.layout.group(in.group);
-            const DeviceBuffer& slot = grad_slots_[static_cast<std::size_t>(in.slot)];
-            kernels::accumulate(slice(grad_shard_, g.shard_offset, g.block), slice(slot, comm_->rank() * g.block, g.block),
+            const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
+            kernels::accumulate(slice(store_.grad_shard, g.shard_offset, g.block), slice(slot, comm_->rank() * g.block, g.block),
                                 g.block);
         }
         flight.in_flight = false;
@@ -819,23 +683,13 @@ private:
 
     void optimizer_step() {
         const std::int64_t step = ++optimizer_steps_;
-        // On tensors: the host's span update, or the device's kernel.
-        if (stage_ == 0) {
-            if (momentum_mixed_) unmix_momentum(all(grads_), all(m_), adamw_.beta1);
+        if (momentum_mixed_) {
+            unmix_momentum(std::span<float>(store_.grads.data<float>(), static_cast<std::size_t>(store_.grads.numel())),
+                           std::span<float>(store_.m.data<float>(), static_cast<std::size_t>(store_.m.numel())),
+                           adamw_.beta1);
             momentum_mixed_ = false;
-            optim::adamw_step(values_.tensor(), grads_.tensor(), m_.tensor(), v_.tensor(), step, adamw_);
-        } else if (stage_ == 3) {
-            optim::adamw_step(value_shard_.tensor(), grad_shard_.tensor(), m_.tensor(), v_.tensor(), step, adamw_);
-        } else {
-            const int r = comm_->rank();
-            for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
-                const auto& g = rank_.layout.group(gi);
-                const std::int64_t own = rank_.layout.block_offset(gi, r);
-                optim::adamw_step(slice(values_, own, g.block),
-                                  stage_ == 1 ? slice(grads_, own, g.block) : slice(grad_shard_, g.shard_offset, g.block),
-                                  slice(m_, g.shard_offset, g.block), slice(v_, g.shard_offset, g.block), step, adamw_);
-            }
         }
+        store_.optimizer_step(rank_.layout, comm_->rank(), step, adamw_);
     }
 
     C* comm_;
@@ -851,19 +705,14 @@ private:
     bool pipelined_;
     RankProgram rank_;  // the schedule, this rank's units and layout, and its verified step program
     Trace trace_;
-    std::function<void(std::uint64_t, std::span<float>, std::int64_t)> initialize_range_;
+    InitializeRange initialize_range_;
 
-    DeviceBuffer values_, value_shard_, grads_, grad_shard_, m_, v_;
+    ParameterStore store_;      // parameters, gradients, moments and slots, placed for the ZeRO stage
     DeviceBuffer loss_buffer_;  // the step's loss on a device, for a device communicator
-    std::vector<DeviceBuffer> grad_slots_, param_slots_;
     std::int64_t optimizer_steps_ = 0;
     std::int64_t step_count_ = 0;
 
-    std::unique_ptr<nn::TensorGroupOf<C>> tp_group_;  // what sharded layers talk to
-    std::unique_ptr<Grid> grid_;                      // Optimus2D only
-    std::unique_ptr<nn::TensorGroupOf<C>> sp_group_;  // ring attention's neighbours
-    std::unique_ptr<Hybrid> hybrid_;                  // UlyssesRing<K> only
-    nn::SequenceParallelism sequence_{};
+    LayerGroups<C> groups_;  // the tp and sp groups the layers talk to
     std::vector<std::int32_t> local_inputs_, local_targets_;  // this rank's positions of the step's sequences
     MicroBatchPool pool_;
     // Before pending_: a compressed request still in flight when the executor

@@ -1,0 +1,178 @@
+// Where one rank keeps its parameters, gradients and AdamW moments for its
+// ZeRO stage (Rajbhandari et al., arXiv 1910.02054), on the executor's device:
+//
+//   stage 0: values, grads, m and v whole (the padded layout);
+//   stage 1: values and grads whole; m and v this rank's blocks (the shard);
+//   stage 2: values whole; the gradient, m and v shards;
+//   stage 3: the value, gradient, m and v shards;
+//
+// plus the gradient and parameter slots the step program names (working
+// space for one group at a time). The store also does what only depends on
+// that placement: the serial run's initial values, the optimizer step on what
+// this rank owns, and a checkpoint's dense arrays in and out. The executor
+// decides when; the store knows where.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/core/device_runtime.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/optim/adamw.hpp"
+#include "loom/parallel/shard_layout.hpp"
+
+namespace loom::exec {
+
+// Fills `out` with the model's initial values of its dense elements
+// [first, first + out.size()) for `seed` (loom::initialize_range on the model).
+using InitializeRange = std::function<void(std::uint64_t seed, std::span<float> out, std::int64_t first)>;
+
+class ParameterStore {
+public:
+    ParameterStore() = default;
+    // Sized for `layout` at ZeRO `stage`, with the step program's slots, on `where`.
+    ParameterStore(const parallel::ShardLayout& layout, int stage, int grad_slot_count, int param_slot_count,
+                   Device where)
+        : stage_(stage), device_(where) {
+        const std::int64_t padded = layout.padded_size(), shard = layout.shard_size();
+        if (stage < 3) values = floats(padded);
+        else value_shard = floats(shard);
+        if (stage < 2) grads = floats(padded);
+        else grad_shard = floats(shard);
+        m = floats(stage == 0 ? padded : shard);
+        v = floats(stage == 0 ? padded : shard);
+        for (int s = 0; s < grad_slot_count; ++s) grad_slots.push_back(floats(layout.largest_group()));
+        for (int s = 0; s < param_slot_count; ++s) param_slots.push_back(floats(layout.largest_group()));
+    }
+
+    DeviceBuffer values, value_shard, grads, grad_shard, m, v;
+    std::vector<DeviceBuffer> grad_slots, param_slots;
+
+    [[nodiscard]] Device device() const noexcept { return device_; }
+    // n floats of `b` from `offset`, as a tensor on the store's device.
+    [[nodiscard]] Tensor slice(const DeviceBuffer& b, std::int64_t offset, std::int64_t n) const {
+        return Tensor::of(b.data<float>() + offset, {n}, device_);
+    }
+    // n floats of scratch on the store's device.
+    [[nodiscard]] DeviceBuffer floats(std::int64_t n) const { return DeviceBuffer(DType::f32, Shape{n}, device_); }
+
+    // The serial run's initial values of what this rank keeps (every rank of
+    // the shard group the same bits), and zero moments. On a device they are
+    // drawn on the host and copied.
+    void initialize(const parallel::ShardLayout& layout, int rank, std::uint64_t seed, const InitializeRange& init) {
+        for (const auto& g : layout.groups()) {
+            const std::int64_t lo = stage_ == 3 ? rank * g.block : 0;
+            const std::int64_t hi = std::min(g.numel, stage_ == 3 ? lo + g.block : g.numel);
+            if (hi <= lo) continue;
+            float* base = stage_ == 3 ? value_shard.data<float>() + g.shard_offset : values.data<float>() + g.offset;
+            const auto n = static_cast<std::size_t>(hi - lo);
+            if (device_.kind == DeviceKind::host) {
+                init(seed, {base, n}, g.dense_offset + lo);
+                continue;
+            }
+            std::vector<float> staged(n);
+            init(seed, staged, g.dense_offset + lo);
+            copy_bytes(base, device_, staged.data(), host_device, n * sizeof(float));
+        }
+        fill_zero_bytes(m.raw(), device_, m.nbytes());
+        fill_zero_bytes(v.raw(), device_, v.nbytes());
+    }
+
+    // AdamW step `step` on what this rank owns: everything at stage 0, its
+    // blocks of every group at stages 1 and 2, its shards at stage 3. On
+    // tensors: the host's span update, or the device's kernel.
+    void optimizer_step(const parallel::ShardLayout& layout, int rank, std::int64_t step,
+                        const optim::AdamWConfig& adamw) {
+        if (stage_ == 0) {
+            optim::adamw_step(values.tensor(), grads.tensor(), m.tensor(), v.tensor(), step, adamw);
+            return;
+        }
+        if (stage_ == 3) {
+            optim::adamw_step(value_shard.tensor(), grad_shard.tensor(), m.tensor(), v.tensor(), step, adamw);
+            return;
+        }
+        for (int gi = 0; gi < static_cast<int>(layout.groups().size()); ++gi) {
+            const auto& g = layout.group(gi);
+            const std::int64_t own = layout.block_offset(gi, rank);
+            optim::adamw_step(slice(values, own, g.block),
+                              stage_ == 1 ? slice(grads, own, g.block) : slice(grad_shard, g.shard_offset, g.block),
+                              slice(m, g.shard_offset, g.block), slice(v, g.shard_offset, g.block), step, adamw);
+        }
+    }
+
+    // Values and moments from the dense (serial-order) arrays every rank
+    // holds, keeping what this rank owns.
+    void load(const parallel::ShardLayout& layout, int rank, std::span<const float> dense_values,
+              std::span<const float> dense_m, std::span<const float> dense_v) {
+        Buffer<Host> padded(DType::f32, Shape{layout.padded_size()});
+        const std::span<float> whole(padded.data<float>(), static_cast<std::size_t>(padded.numel()));
+        auto keep_blocks = [&](DeviceBuffer& sharded) {
+            for (int gi = 0; gi < static_cast<int>(layout.groups().size()); ++gi) {
+                const auto& g = layout.group(gi);
+                copy_tensor(slice(sharded, g.shard_offset, g.block),
+                            Tensor::of(whole.data() + layout.block_offset(gi, rank), {g.block}));
+            }
+        };
+        layout.from_dense(dense_values, whole);
+        if (stage_ == 3) keep_blocks(value_shard);
+        else copy_tensor(values.tensor(), padded.tensor());
+        for (auto [dense, state] : {std::pair{dense_m, &m}, std::pair{dense_v, &v}}) {
+            layout.from_dense(dense, whole);
+            if (stage_ == 0) copy_tensor(state->tensor(), padded.tensor());
+            else keep_blocks(*state);
+        }
+    }
+
+    // Collective over `shards` (the group the layout shards over): the dense
+    // arrays of values and moments, on every rank. Shards are gathered where
+    // the communicator moves memory (the store's device), then read on the host.
+    template <comm::Communicator C>
+    void gather(const parallel::ShardLayout& layout, C& shards, std::span<float> dense_values,
+                std::span<float> dense_m, std::span<float> dense_v) const {
+        Buffer<Host> padded(DType::f32, Shape{layout.padded_size()});
+        const DeviceBuffer gathered = stage_ > 0 ? floats(layout.padded_size()) : DeviceBuffer{};
+        auto gather_into_padded = [&](const DeviceBuffer& sharded) {
+            for (const auto& g : layout.groups())
+                shards.all_gather(slice(sharded, g.shard_offset, g.block), slice(gathered, g.offset, g.padded));
+            return on_host(gathered, padded);
+        };
+        layout.to_dense(stage_ == 3 ? gather_into_padded(value_shard) : on_host(values, padded), dense_values);
+        layout.to_dense(stage_ == 0 ? on_host(m, padded) : gather_into_padded(m), dense_m);
+        layout.to_dense(stage_ == 0 ? on_host(v, padded) : gather_into_padded(v), dense_v);
+    }
+
+    [[nodiscard]] std::int64_t parameter_bytes() const {
+        return static_cast<std::int64_t>(values.nbytes() + value_shard.nbytes());
+    }
+    [[nodiscard]] std::int64_t gradient_bytes() const {
+        return static_cast<std::int64_t>(grads.nbytes() + grad_shard.nbytes());
+    }
+    [[nodiscard]] std::int64_t optimizer_bytes() const { return static_cast<std::int64_t>(m.nbytes() + v.nbytes()); }
+    [[nodiscard]] std::int64_t slot_bytes() const {
+        std::int64_t sum = 0;
+        for (const auto* slots : {&grad_slots, &param_slots})
+            for (const auto& s : *slots) sum += static_cast<std::int64_t>(s.nbytes());
+        return sum;
+    }
+
+private:
+    // The elements of `b` readable on the host: itself, or a copy in
+    // `scratch` (as large as b) when it lives on a device.
+    [[nodiscard]] std::span<float> on_host(const DeviceBuffer& b, const Buffer<Host>& scratch) const {
+        if (device_.kind == DeviceKind::host) return {b.data<float>(), static_cast<std::size_t>(b.numel())};
+        copy_tensor(scratch.tensor(), b.tensor());
+        return {scratch.data<float>(), static_cast<std::size_t>(scratch.numel())};
+    }
+
+    int stage_ = 0;
+    Device device_ = host_device;
+};
+
+}  // namespace loom::exec
