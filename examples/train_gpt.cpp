@@ -36,8 +36,8 @@
 #include <loom/comm/device_ranks.hpp>
 #include <loom/comm/mesh.hpp>
 #include <loom/comm/shaped.hpp>
+#include <loom/comm/staged.hpp>
 #include <loom/comm/thread_world.hpp>
-#include <loom/core/device_buffer.hpp>
 #include <loom/core/device_runtime.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
@@ -606,11 +606,9 @@ std::vector<double> profiled_unit_seconds(C& world, const Flags& flags, const lo
     }
     // Sent as 8-byte words (there is no f64 dtype): a broadcast copies bits.
     // A device's communicator moves device memory, so the words go through it.
-    const loom::Tensor words(seconds.data(), loom::DType::i64, loom::Shape{static_cast<std::int64_t>(seconds.size())});
-    const loom::DeviceBuffer staged(loom::DType::i64, words.shape(), flags.device);
-    loom::copy_tensor(staged.tensor(), words);
-    world.broadcast(staged.tensor(), 0);
-    loom::copy_tensor(words, staged.tensor());
+    loom::comm::staged_broadcast(
+        world, loom::Tensor(seconds.data(), loom::DType::i64, loom::Shape{static_cast<std::int64_t>(seconds.size())}), 0,
+        flags.device);
     return seconds;
 }
 
@@ -896,7 +894,7 @@ void train(C& world, const Flags& flags, const char* transport) {
     }
 
     if (!flags.trace.empty()) {
-        loom::exec::write_trace(world, exec.trace(), flags.trace);
+        loom::exec::write_trace(world, exec.trace(), flags.trace, flags.device);
         if (lead) std::printf("trace of %d ranks written to %s (open in ui.perfetto.dev)\n", world.size(), flags.trace.c_str());
     }
     if (!flags.save.empty() || flags.sample > 0) {

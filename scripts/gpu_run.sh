@@ -2,7 +2,7 @@
 # Runs on the GPU machine (the device tool), from the repository root, with
 # .gpu.tar.xz carried from scripts/gpu_prepare.sh (unpacked here into .gpu/): the CUDA tests (a JUnit file with
 # every test case's result, and the console summary), train_gpt --device cuda
-# --dp 2 (and --dp 2 --pp 2 --tp 2 --zero 1) against the same run on the host, and a
+# --dp 2 (and --dp 2 --pp 2 --tp 2 --zero 1, traced) against the same run on the host, and a
 # checkpoint saved on the host
 # resumed on the GPU, and the GPU benches
 # beside PyTorch on the same GPU, then the ratios (bench/gpu/compare.py).
@@ -54,7 +54,7 @@ if [[ $parts == *train* ]]; then
   # ZeRO 1, a 1F1B pipeline and Megatron tp: dp 2 x pp 2 x tp 2 rank threads on the GPU against
   # the same on the host (a given partition: profiling would differ).
   zflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --pp 2 --tp 2 --zero 1 --micro-batches 2 --partition 2,2"
-  .gpu/bin/train_gpt $zflags --device cuda --metrics "$out/gpu_pp.jsonl" 2>&1 | tee "$out/train_gpu_pp.txt"
+  .gpu/bin/train_gpt $zflags --device cuda --metrics "$out/gpu_pp.jsonl" --trace "$out/trace_gpu_pp.json" 2>&1 | tee "$out/train_gpu_pp.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   .gpu/bin/train_gpt $zflags --metrics "$out/host_pp.jsonl" > "$out/train_host_pp.txt" 2>&1 || status=1
   python3 bench/gpu/compare.py --losses "$out/host_pp.jsonl" "$out/gpu_pp.jsonl" | tee "$out/losses_pp.txt"

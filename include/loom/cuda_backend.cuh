@@ -38,6 +38,7 @@
 #include "loom/kernels/cuda/gelu.cuh"
 #include "loom/kernels/cuda/gemm.cuh"
 #include "loom/kernels/cuda/layernorm.cuh"
+#include "loom/kernels/cuda/quantize.cuh"
 #include "loom/kernels/device_kernels.hpp"
 #include "loom/optim/adamw.cuh"
 
@@ -272,6 +273,16 @@ public:
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::cross_entropy_slice_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, start, classes,
                                                     current_stream());
+    }
+    void pack_cast(Device where, kernels::host::Cast to, const float* x, std::int64_t n,
+                   std::uint32_t* words) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::pack_cast(to, x, n, words, nullptr, current_stream());
+    }
+    void unpack_cast(Device where, kernels::host::Cast from, const std::uint32_t* words, std::int64_t n, float* out,
+                     float weight, bool add) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::unpack_cast(from, words, n, out, weight, add, current_stream());
     }
     void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,
                       const optim::detail::AdamWScalars& scalars) override {

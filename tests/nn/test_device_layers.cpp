@@ -10,7 +10,10 @@
 
 #include <bit>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <random>
 #include <span>
 #include <string>
@@ -21,6 +24,7 @@
 #include "loom/core/device_buffer.hpp"
 #include "loom/exec/executor.hpp"
 #include "loom/exec/serial_trainer.hpp"
+#include "loom/exec/trace.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/compose.hpp"
@@ -223,6 +227,11 @@ TEST_CASE("the Executor's pipelines on a device equal the host's bit for bit", "
     SECTION("ZeroBubbleV, pp 2") {
         check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::ZeroBubbleV>>(), {.pp = 2});
     }
+    SECTION("1F1B with its messages cast to bf16, pp 2") {
+        check_strategy_on_device(
+            plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, loom::GradCompress<loom::CastBf16, loom::PpAxis>>(),
+            {.pp = 2}, {"pack_cast", "unpack_cast"});
+    }
     SECTION("1F1B with ZeroShard<2>, dp 2 x pp 2") {
         check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, ZeroShard<2>>(), {.dp = 2, .pp = 2});
     }
@@ -238,21 +247,58 @@ TEST_CASE("the Executor's Megatron tensor parallelism on a device equals the hos
     SECTION("dp 2 x tp 2, ZeroShard<3>") {
         check_strategy_on_device(plan_of<DataParallel<>, TensorParallel, ZeroShard<3>>(), {.dp = 2, .tp = 2});
     }
+    SECTION("tp 2 with its all-reduces cast to fp16") {
+        check_strategy_on_device(plan_of<DataParallel<>, TensorParallel, loom::GradCompress<loom::CastFp16, loom::TpAxis>>(),
+                                 {.tp = 2}, {"pack_cast", "unpack_cast"});
+    }
     SECTION("pp 2 x tp 2, 1F1B") {
         check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, TensorParallel>(), {.pp = 2, .tp = 2});
     }
 }
 
+TEST_CASE("the Executor's trace on a device waits for the device around each span and is gathered through it",
+          "[device][exec]") {
+    loom_test::FencedDevice device;
+    loom_test::FencedRanks ranks;
+    const auto path = std::filesystem::temp_directory_path() / "loom_device_trace_test.json";
+    std::filesystem::remove(path);
+    std::vector<std::size_t> events(2);
+    loom::comm::run_ranks_on(loom::cuda_device(0), 2, [&](loom::comm::AnyComm& comm) {
+        auto model = loom::gpt::make_model(tiny);
+        loom::exec::Executor<loom::comm::AnyComm> exec(
+            model, comm, loom::exec::ExecutionPlan{},
+            {.micro_batches = 2, .trace = true, .device = loom::cuda_device(0)});
+        exec.initialize(9);
+        const auto b = make_batch(0);
+        const std::int64_t half = batch / 2, first = comm.rank() * half;
+        (void)exec.step(b.input_tensor().slice(0, first, first + half), b.target_tensor().slice(0, first, first + half),
+                        1e-3f);
+        events[static_cast<std::size_t>(comm.rank())] = exec.trace().events().size();
+        // The fenced communicator refuses host memory: the text must go through the device.
+        loom::exec::write_trace(comm, exec.trace(), path, loom::cuda_device(0));
+    });
+    CHECK(events[0] > 0);
+    CHECK(events[1] == events[0]);
+    CHECK(device.calls("synchronize") > 0);
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text.find("optimizer step") != std::string::npos);
+    CHECK(text.find("\"pid\":1") != std::string::npos);  // rank 1's events reached rank 0
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("the Executor on a device refuses the policies that run on the host only, by name", "[device][exec]") {
     loom_test::FencedDevice device;
-    loom::comm::ThreadWorld(1).run([&](loom::comm::ThreadComm& comm) {
+    std::vector<std::string> messages(2);
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
         auto model = loom::gpt::make_model(tiny);
-        const auto plan = plan_of<loom::DataParallel<>, loom::Pipeline<loom::OneFOneB>,
-                                  loom::GradCompress<loom::CastBf16, loom::PpAxis>>();
-        CHECK(loom_test::message_of([&] {
-                  loom::exec::Executor<loom::comm::ThreadComm> exec(model, comm, plan, {.device = loom::cuda_device(0)});
-              }) == "Executor on cuda:0: GradCompress<CastBf16, PpAxis> runs on the host only so far; on a device use "
-                    "DataParallel, ZeroShard<1-3>, Pipeline<Schedule> and TensorParallel (1D), or run this strategy on "
-                    "the host");
+        const auto plan = plan_of<loom::DataParallel<>, loom::GradCompress<loom::CastBf16>>();
+        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] {
+            loom::exec::Executor<loom::comm::ThreadComm> exec(model, comm, plan, {.device = loom::cuda_device(0)});
+        });
     });
+    for (const std::string& message : messages)
+        CHECK(message == "Executor on cuda:0: GradCompress<CastBf16> runs on the host only so far; on a device use "
+                         "DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D) and the pp and tp "
+                         "casts, or run this strategy on the host");
 }

@@ -26,6 +26,7 @@
 #include "loom/kernels/host/gelu.hpp"
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/host/quantize.hpp"
 #include "loom/optim/adamw.hpp"
 
 namespace loom_test {
@@ -197,6 +198,16 @@ public:
         count("cross_entropy_slice_backward");
         loom::kernels::host::cross_entropy_slice_backward(unfence(logits), unfence(targets), unfence(logsumexp), dloss,
                                                           unfence(dlogits), rows, V, start, classes);
+    }
+    void pack_cast(loom::Device, loom::kernels::host::Cast to, const float* x, std::int64_t n,
+                   std::uint32_t* words) override {
+        count("pack_cast");
+        loom::kernels::host::pack_cast(to, unfence(x), n, unfence(words));
+    }
+    void unpack_cast(loom::Device, loom::kernels::host::Cast from, const std::uint32_t* words, std::int64_t n,
+                     float* out, float weight, bool add) override {
+        count("unpack_cast");
+        loom::kernels::host::unpack_cast(from, unfence(words), n, unfence(out), weight, add);
     }
     void adamw_update(loom::Device, float* params, const float* grads, float* m, float* v, std::int64_t n,
                       const loom::optim::detail::AdamWScalars& scalars) override {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/staged.hpp"
 #include "loom/core/buffer.hpp"
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
@@ -279,22 +280,9 @@ private:
             for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);
         gather_held_state(values, m, v);
         if (pipelined_ && pp_ != nullptr)
-            for (auto dense : {values, m, v}) sum_over_pp(dense);
-    }
-
-    // dense += every other pp rank's dense: through device memory when the
-    // communicator moves device memory.
-    void sum_over_pp(std::span<float> dense) {
-        const auto n = static_cast<std::int64_t>(dense.size());
-        const Tensor on_host = Tensor::of(dense.data(), {n});
-        if (device_.kind == DeviceKind::host) {
-            pp_->all_reduce(on_host, on_host, comm::ReduceOp::sum);
-            return;
-        }
-        const DeviceBuffer staged = store_.floats(n);
-        copy_tensor(staged.tensor(), on_host);
-        pp_->all_reduce(staged.tensor(), staged.tensor(), comm::ReduceOp::sum);
-        copy_tensor(on_host, staged.tensor());
+            for (auto dense : {values, m, v})
+                comm::staged_all_reduce(*pp_, Tensor::of(dense.data(), {static_cast<std::int64_t>(dense.size())}),
+                                        comm::ReduceOp::sum, device_);
     }
 
     void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
@@ -403,7 +391,8 @@ private:
 
     // What runs on a device so far: data parallelism at every ZeRO stage,
     // pipelines of every schedule and Megatron (1D) tensor parallelism, with
-    // any micro-batches; checked before anything is allocated there.
+    // any micro-batches, and the 16-bit casts of the pp and tp traffic;
+    // checked before anything is allocated there.
     void check_device(const ExecutionPlan& plan) const {
         if (device_.kind == DeviceKind::host) return;
         check_device_usable(device_);
@@ -411,11 +400,9 @@ private:
         if (tp_ != nullptr && plan.tensor_grid) host_only = "Optimus2D";
         else if (sp_ != nullptr) host_only = "sequence parallelism";
         else if (plan.dp_compression.on() && comm_->size() > 1) host_only = "GradCompress<" + plan.dp_compression.describe() + ">";
-        else if (plan.pp_compression.on()) host_only = "GradCompress<" + plan.pp_compression.describe() + ", PpAxis>";
-        else if (plan.tp_compression.on()) host_only = "GradCompress<" + plan.tp_compression.describe() + ", TpAxis>";
         LOOM_CHECK(host_only.empty(), "Executor on ", device_, ": ", host_only, " runs on the host only so far; on a "
-                   "device use DataParallel, ZeroShard<1-3>, Pipeline<Schedule> and TensorParallel (1D), or run this "
-                   "strategy on the host");
+                   "device use DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D) and the pp and tp "
+                   "casts, or run this strategy on the host");
     }
 
     void allocate() {
@@ -452,15 +439,19 @@ private:
     }
 
     // Runs f; with tracing on, records it under the name `name_of()` gives,
-    // which is only built then (no string work per instruction otherwise).
+    // which is only built then (no string work per instruction otherwise). On
+    // a device the clock waits for the device's work before and after f, so
+    // a span is f's time there, not its launch's (tracing costs that wait).
     template <class Name, class F>
     void timed(Name&& name_of, const char* category, int mb, F&& f) {
         if (!trace_.enabled()) {
             f();
             return;
         }
+        synchronize_device(device_);
         const auto t0 = std::chrono::steady_clock::now();
         f();
+        synchronize_device(device_);
         trace_.add(name_of(), category, compute_lane, t0, std::chrono::steady_clock::now(), step_count_, mb);
     }
 
@@ -647,7 +638,7 @@ private:
     }
 
     void recv(const schedule::Instruction& in) {
-        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] { recv_stage_tensor(*pp_, pool_, in, pp_scratch_); });
+        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] { recv_stage_tensor(*pp_, pool_, in); });
     }
 
     void finish(int target) {
@@ -723,7 +714,6 @@ private:
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step
     std::optional<kernels::host::Cast> pp_cast_;  // GradCompress<Cast, PpAxis>
-    std::vector<std::uint32_t> pp_scratch_;       // a cast message's words on arrival
     Tensor inputs_, targets_, activation_;
     std::int64_t rows_per_micro_batch_ = 0;
     float seed_ = 1.0f;

@@ -81,6 +81,7 @@ public:
         for (auto* parcels : {&inbox_parcels_, &outbox_parcels_})
             for (auto& b : *parcels) b = DeviceBuffer{};
         header_ = DeviceBuffer{};
+        cast_words_ = DeviceBuffer{};
     }
     [[nodiscard]] Device device() const noexcept { return device_; }
 
@@ -147,6 +148,10 @@ public:
         if (header_.numel() < longs || header_.raw() == nullptr) header_ = DeviceBuffer(DType::i64, Shape{longs}, device_);
         return Tensor(header_.raw(), DType::i64, Shape{longs}, device_);
     }
+    // Where a cast message's words land (on device()) before they are widened.
+    [[nodiscard]] Tensor cast_parcel(std::int64_t words) {
+        return Tensor(parcel(cast_words_, 4 * words), DType::i32, Shape{words}, device_);
+    }
 
     // Activation bytes: every pooled context's peak (they can all be live at once).
     [[nodiscard]] std::int64_t activation_bytes() const {
@@ -189,7 +194,7 @@ private:
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight
     std::vector<Tensor> inbox_, outbox_;
     std::vector<DeviceBuffer> inbox_parcels_, outbox_parcels_;
-    DeviceBuffer header_;
+    DeviceBuffer header_, cast_words_;
 };
 
 }  // namespace loom::exec

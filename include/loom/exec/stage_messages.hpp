@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/device_buffer.hpp"
@@ -21,6 +20,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
 #include "loom/kernels/host/quantize.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/schedule/program.hpp"
 
 namespace loom::exec {
@@ -52,15 +52,13 @@ template <comm::Communicator C>
     LOOM_CHECK(t.rank() <= longs - 3, "Executor: ", t, " has more than ", longs - 3, " dimensions to send");
     const bool casting = cast.has_value() && t.dtype() == DType::f32;
     const Device where = pool.device();
-    LOOM_CHECK(!casting || where.kind == DeviceKind::host, "Executor: a cast pipeline message on ", where,
-               "; GradCompress<Cast, PpAxis> runs on the host only so far");
     const std::int64_t words = kernels::host::cast_words(t.numel());
     const std::int64_t body_bytes = casting ? 4 * words : static_cast<std::int64_t>(t.nbytes());
     // One parcel: the header, then the body (64-byte aligned after it).
     auto* parcel =
         static_cast<std::byte*>(pool.outbox_parcel(in.payload, in.chunk, in.micro_batch, longs * 8 + body_bytes));
     const Tensor header(parcel, DType::i64, Shape{longs}, where);
-    const Tensor body = casting ? Tensor(parcel + longs * 8, DType::i32, Shape{words})
+    const Tensor body = casting ? Tensor(parcel + longs * 8, DType::i32, Shape{words}, where)
                                 : Tensor(parcel + longs * 8, t.dtype(), t.shape(), where);
     std::int64_t h[longs] = {};
     h[0] = static_cast<std::int64_t>(t.dtype());
@@ -69,7 +67,7 @@ template <comm::Communicator C>
     h[longs - 1] = casting ? 1 + static_cast<std::int64_t>(*cast) : 0;
     copy_tensor(header, Tensor::of(h, {longs}));
     if (casting)
-        kernels::host::pack_cast(*cast, t.data<float>(), t.numel(), static_cast<std::uint32_t*>(body.raw()));
+        kernels::pack_cast(*cast, t, body);
     else
         copy_tensor(body, t);
     return {pp.send_async(header, in.peer, stage_tag(in.payload, in.chunk, false)),
@@ -77,10 +75,9 @@ template <comm::Communicator C>
 }
 
 // Blocks until the tensor `in` names has arrived, into the chunk's inbox
-// (a cast one through `scratch`, widened back to f32).
+// (a cast one through the pool's cast parcel, widened back to f32).
 template <comm::Communicator C>
-void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in,
-                       std::vector<std::uint32_t>& scratch) {
+void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction& in) {
     constexpr int longs = stage_header_longs;
     const int sender = in.chunk + (in.payload == schedule::Payload::activation ? -1 : 1);
     std::int64_t h[longs] = {};
@@ -97,11 +94,9 @@ void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction&
     if (cast == 0) {
         pp.recv(body, in.peer, stage_tag(in.payload, sender, true));
     } else {
-        const std::int64_t words = kernels::host::cast_words(body.numel());
-        scratch.resize(static_cast<std::size_t>(words));
-        pp.recv(Tensor(scratch.data(), DType::i32, Shape{words}), in.peer, stage_tag(in.payload, sender, true));
-        kernels::host::unpack_cast(static_cast<kernels::host::Cast>(cast - 1), scratch.data(), body.numel(),
-                                   body.data<float>());
+        const Tensor words = pool.cast_parcel(kernels::host::cast_words(body.numel()));
+        pp.recv(words, in.peer, stage_tag(in.payload, sender, true));
+        kernels::unpack_cast(static_cast<kernels::host::Cast>(cast - 1), words, body);
     }
     pool.put_inbox(in.payload, in.chunk, in.micro_batch, body);
 }

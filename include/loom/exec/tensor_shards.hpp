@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/staged.hpp"
 #include "loom/core/buffer.hpp"
-#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/reflect.hpp"
@@ -50,30 +50,17 @@ public:
         check(local.size(), whole.size());
         LOOM_CHECK(tp.size() == degree_, "TensorShards: a tp axis of ", tp.size(), " ranks for a model cut ", degree_,
                    " ways");
-        const bool staged = where.kind != DeviceKind::host;
-        DeviceBuffer mine, gathered;
-        std::vector<float> arrived;  // the gathered blocks on the host, when they came to a device
+        std::vector<float> gathered;
         for (const Entry& e : entries_) {
             const std::int64_t n = e.param.numel();
             if (!e.param.slice.sliced()) {
                 std::copy_n(local.begin() + e.local, n, whole.begin() + e.whole);
                 continue;
             }
-            if (gathered.raw() == nullptr || gathered.numel() < n * degree_) {
-                gathered = DeviceBuffer(DType::f32, Shape{n * degree_}, where);
-                if (staged) mine = DeviceBuffer(DType::f32, Shape{n}, where);
-            }
-            const Tensor own = Tensor::of(const_cast<float*>(local.data()) + e.local, {n});
-            const Tensor send = staged ? Tensor::of(mine.data<float>(), {n}, where) : own;
-            if (staged) copy_tensor(send, own);
-            const Tensor all = Tensor::of(gathered.data<float>(), {n * degree_}, where);
-            tp.all_gather(send, all);
-            const float* blocks = gathered.data<float>();
-            if (staged) {
-                arrived.resize(static_cast<std::size_t>(n * degree_));
-                copy_tensor(Tensor::of(arrived.data(), {n * degree_}), all);
-                blocks = arrived.data();
-            }
+            gathered.resize(static_cast<std::size_t>(n * degree_));
+            comm::staged_all_gather(tp, Tensor::of(const_cast<float*>(local.data()) + e.local, {n}),
+                                    Tensor::of(gathered.data(), {n * degree_}), where);
+            const float* blocks = gathered.data();
             for (int q = 0; q < degree_; ++q) {
                 const Param theirs = shard_of(e.param, q);
                 const float* block = blocks + q * n;

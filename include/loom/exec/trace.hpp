@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/staged.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/io/atomic_file.hpp"
 #include "loom/io/json.hpp"
@@ -137,19 +138,20 @@ namespace detail {
 
 // Collective over `comm`: every rank's events reach rank 0, which writes the
 // trace file atomically. Works on any transport (the text travels as i32
-// words through two all-gathers: lengths, then the padded texts).
+// words through two all-gathers: lengths, then the padded texts), through
+// device memory on `where` when `comm` moves a device's memory.
 template <comm::Communicator C>
-void write_trace(C& comm, const Trace& trace, const std::filesystem::path& path) {
+void write_trace(C& comm, const Trace& trace, const std::filesystem::path& path, Device where = host_device) {
     const std::string text = detail::serialize(trace.events());
     std::int32_t length = static_cast<std::int32_t>(text.size());
     std::vector<std::int32_t> lengths(static_cast<std::size_t>(comm.size()));
-    comm.all_gather(Tensor::of(&length, {1}), Tensor::of(lengths.data(), {comm.size()}));
+    comm::staged_all_gather(comm, Tensor::of(&length, {1}), Tensor::of(lengths.data(), {comm.size()}), where);
     std::int32_t longest = 0;
     for (auto l : lengths) longest = std::max(longest, l);
     const std::int64_t words = (longest + 3) / 4 + 1;
     std::vector<std::int32_t> mine(static_cast<std::size_t>(words), 0), all(static_cast<std::size_t>(words * comm.size()));
     std::memcpy(mine.data(), text.data(), text.size());
-    comm.all_gather(Tensor::of(mine.data(), {words}), Tensor::of(all.data(), {words * comm.size()}));
+    comm::staged_all_gather(comm, Tensor::of(mine.data(), {words}), Tensor::of(all.data(), {words * comm.size()}), where);
     if (comm.rank() != 0) return;
     std::vector<std::vector<TraceEvent>> events;
     for (int r = 0; r < comm.size(); ++r) {

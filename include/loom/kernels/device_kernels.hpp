@@ -14,6 +14,7 @@
 #include "loom/core/device.hpp"
 #include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
+#include "loom/kernels/host/quantize.hpp"
 #include "loom/kernels/trans.hpp"
 
 namespace loom::optim::detail {
@@ -86,6 +87,12 @@ public:
     virtual void cross_entropy_slice_backward(Device where, const float* logits, const std::int32_t* targets,
                                               const float* logsumexp, float dloss, float* dlogits, std::int64_t rows,
                                               std::int64_t V, std::int64_t start, std::int64_t classes) = 0;
+
+    // 16-bit casts (kernels/host/quantize.hpp), two values a word: what
+    // GradCompress<Cast, PpAxis | TpAxis> sends.
+    virtual void pack_cast(Device where, host::Cast to, const float* x, std::int64_t n, std::uint32_t* words) = 0;
+    virtual void unpack_cast(Device where, host::Cast from, const std::uint32_t* words, std::int64_t n, float* out,
+                             float weight, bool add) = 0;
 
     // One AdamW step of n elements with this step's constants.
     virtual void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,

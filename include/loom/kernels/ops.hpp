@@ -21,6 +21,7 @@
 #include "loom/kernels/host/gelu.hpp"
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/host/quantize.hpp"
 #include "loom/kernels/trans.hpp"
 
 namespace loom::kernels {
@@ -241,6 +242,27 @@ inline void cross_entropy_backward(const Tensor& logits, const Tensor& targets, 
     else
         device_kernels(d).cross_entropy_backward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
                                                  detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V);
+}
+
+// x (f32, n) as 16-bit values, two to a word of `words` (i32, cast_words(n)).
+inline void pack_cast(host::Cast to, const Tensor& x, const Tensor& words) {
+    const Device d = detail::common_device("pack_cast", {&x, &words});
+    LOOM_CHECK(x.dtype() == DType::f32 && words.numel() >= host::cast_words(x.numel()), "pack_cast: ", x, " into ",
+               words, "; f32 values need cast_words(n) words");
+    auto* w = static_cast<std::uint32_t*>(words.raw());
+    if (detail::on_host(d)) host::pack_cast(to, detail::ptr<float>(x), x.numel(), w);
+    else device_kernels(d).pack_cast(d, to, detail::ptr<float>(x), x.numel(), w);
+}
+
+// out (f32, n) = weight * the values of `words`; with `add`, out += that.
+inline void unpack_cast(host::Cast from, const Tensor& words, const Tensor& out, float weight = 1.0f,
+                        bool add = false) {
+    const Device d = detail::common_device("unpack_cast", {&words, &out});
+    LOOM_CHECK(out.dtype() == DType::f32 && words.numel() >= host::cast_words(out.numel()), "unpack_cast: ", words,
+               " into ", out, "; f32 values need cast_words(n) words");
+    const auto* w = static_cast<const std::uint32_t*>(words.raw());
+    if (detail::on_host(d)) host::unpack_cast(from, w, out.numel(), detail::ptr<float>(out), weight, add);
+    else device_kernels(d).unpack_cast(d, from, w, out.numel(), detail::ptr<float>(out), weight, add);
 }
 
 // Vocabulary-parallel cross-entropy (kernels/host/cross_entropy.hpp): logits
