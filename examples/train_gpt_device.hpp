@@ -3,8 +3,9 @@
 // activations on that GPU and --dp rank threads sharing it (the backend's
 // world of rank threads, each on its own stream; train_gpt_cuda.cu builds the
 // backend in). Data parallelism at every ZeRO stage, pipelines of every
-// schedule and Megatron (1D) tensor parallelism, with any micro-batches and
-// the 16-bit casts of the pp and tp traffic, run there so far; the other strategies are refused here, by flag, before
+// schedule, Megatron (1D) tensor parallelism and sequence parallelism, with
+// any micro-batches and the 16-bit casts of the pp and tp traffic, run there
+// so far; the other strategies are refused here, by flag, before
 // anything runs.
 // Included by train_gpt.cpp inside its anonymous namespace, after its Flags;
 // train_gpt.cpp includes the loom headers this uses at its top.
@@ -16,19 +17,20 @@ inline void check_device_flags(const Flags& flags) {
     where << flags.device;
     const auto refuse = [&](bool given, const std::string& what) {
         if (given)
-            usage_error("--device " + where.str() + " runs data, pipeline and Megatron tensor parallelism (--dp, --zero, "
-                        "--pp, --schedule, --tp, --compress-pp, --compress-tp, --micro-batches) so far; drop " + what +
-                        " or use --device host");
+            usage_error("--device " + where.str() + " runs data, pipeline, Megatron tensor and sequence parallelism "
+                        "(--dp, --zero, --pp, --schedule, --tp, --sp, --compress-pp, --compress-tp, --micro-batches) so "
+                        "far; drop " + what + " or use --device host");
     };
     refuse(flags.tp > 1 && flags.tp_grid, "--tp-mode 2d");
-    refuse(flags.sp > 1, "--sp " + std::to_string(flags.sp));
     refuse(flags.optex > 0, "--optex " + std::to_string(flags.optex));
     refuse(flags.compress.on(), "--compress " + flags.compress.describe());
     refuse(!flags.cluster.empty(), "--cluster");
 }
 
-// The rank threads a --device run starts: --dp x --pp x --tp.
-inline int device_ranks(const Flags& flags) { return (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp; }
+// The rank threads a --device run starts: --dp x --pp x --tp x --sp.
+inline int device_ranks(const Flags& flags) {
+    return (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp;
+}
 
 // "rank thread on cuda:0 (NVIDIA H200 (sm_90, 139 GiB))", after checking that
 // the device is there: the one-line reason otherwise.

@@ -32,6 +32,7 @@
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/device_runtime.hpp"
 #include "loom/kernels/cuda/attention.cuh"
+#include "loom/kernels/cuda/attention_blocks.cuh"
 #include "loom/kernels/cuda/cross_entropy.cuh"
 #include "loom/kernels/cuda/elementwise.cuh"
 #include "loom/kernels/cuda/embedding.cuh"
@@ -153,6 +154,21 @@ public:
         LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
     }
 
+    // Rows of `width` bytes at pitches: one 2D copy (cudaMemcpy2DAsync).
+    void copy_rows(void* to, std::size_t to_pitch, Device to_device, const void* from, std::size_t from_pitch,
+                   Device from_device, std::size_t width, std::size_t rows) override {
+        LOOM_CHECK(to_device.kind != DeviceKind::cuda || from_device.kind != DeviceKind::cuda ||
+                       to_device.index == from_device.index,
+                   "copy_rows: ", from_device, " to ", to_device, "; rows move within one device or to or from the host");
+        const Device on = to_device.kind == DeviceKind::cuda ? to_device : from_device;
+        loom::detail::CudaDeviceScope scope(on.index);
+        const cudaStream_t stream = current_stream();
+        LOOM_CUDA_CHECK(cudaMemcpy2DAsync(to, to_pitch, from, from_pitch, width, rows,
+                                          detail::copy_kind(to_device, from_device), stream));
+        if (to_device.kind == DeviceKind::host || from_device.kind == DeviceKind::host)
+            LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+
     void synchronize(Device where) override {
         loom::detail::CudaDeviceScope scope(where.index);
         LOOM_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
@@ -256,6 +272,27 @@ public:
                                 float dloss, float* dlogits, std::int64_t rows, std::int64_t V) override {
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::cross_entropy_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, current_stream());
+    }
+    void attention_block_forward(Device where, const float* q, std::int64_t ld_q, const float* k, const float* v,
+                                 std::int64_t ld_kv, float* out, float* lse, std::int64_t B, std::int64_t Tq,
+                                 std::int64_t Tk, std::int64_t H, std::int64_t D,
+                                 kernels::host::BlockMask mask) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::attention_block_forward(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask,
+                                               current_stream());
+    }
+    void attention_merge(Device where, float* out, float* lse, const float* out_b, const float* lse_b, std::int64_t B,
+                         std::int64_t Tq, std::int64_t H, std::int64_t D) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::attention_merge(out, lse, out_b, lse_b, B, Tq, H, D, current_stream());
+    }
+    void attention_block_backward(Device where, const float* q, std::int64_t ld_q, const float* k, const float* v,
+                                  std::int64_t ld_kv, const float* out, const float* dout, const float* lse, float* dq,
+                                  float* dk, float* dv, std::int64_t B, std::int64_t Tq, std::int64_t Tk,
+                                  std::int64_t H, std::int64_t D, kernels::host::BlockMask mask) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::attention_block_backward(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H, D,
+                                                mask, current_stream());
     }
     void cross_entropy_slice_max(Device where, const float* logits, const std::int32_t* targets, float* row_max,
                                  std::int64_t rows, std::int64_t V, std::int64_t classes) override {

@@ -5,7 +5,7 @@
 // norm of the host's array: 1e-4 for the loss and gradients after one step
 // (f32 throughout; cuBLASLt and the blockwise attention sum in other orders),
 // 1e-4 for the losses and parameters after 5 AdamW steps, and for the
-// executor's strategies on one GPU (dp, ZeRO 1-3, pipelines, tp; run_ranks_on,
+// executor's strategies on one GPU (dp, ZeRO 1-3, pipelines, tp, sp; run_ranks_on,
 // DeviceThreadWorld behind AnyComm) against the same on the host. Skipped with the rest of the CUDA tests when no
 // GPU is present.
 #include <catch2/catch.hpp>
@@ -138,6 +138,12 @@ TEST_CASE("the Executor's strategies on one GPU follow the host's within 1e-4", 
     SECTION("dp 2 x pp 2 x tp 2, 1F1B, ZeroShard<1>") {
         check_strategy_on_gpu(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, TensorParallel, ZeroShard<1>>(),
                               {.dp = 2, .pp = 2, .tp = 2});
+    }
+    SECTION("sp 2, ring attention") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<>>(), {.sp = 2});
+    }
+    SECTION("dp 2 x sp 2, Ulysses") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.dp = 2, .sp = 2});
     }
     SECTION("pp 2, ZeroBubbleV") { check_strategy_on_gpu(plan_of<DataParallel<>, Pipeline<loom::ZeroBubbleV>>(), {.pp = 2}); }
 }

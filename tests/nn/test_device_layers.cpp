@@ -256,6 +256,29 @@ TEST_CASE("the Executor's Megatron tensor parallelism on a device equals the hos
     }
 }
 
+TEST_CASE("the Executor's sequence parallelism on a device equals the host's bit for bit", "[device][exec]") {
+    using loom::DataParallel, loom::SequenceParallel, loom::TensorParallel;
+    SECTION("ring attention, zigzag, sp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, SequenceParallel<>>(), {.sp = 2},
+                                 {"attention_block_forward", "attention_merge", "attention_block_backward",
+                                  "copy_rows"});
+    }
+    SECTION("ring attention, contiguous, dp 2 x sp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, SequenceParallel<loom::RingAttention, loom::Contiguous>>(),
+                                 {.dp = 2, .sp = 2});
+    }
+    SECTION("Ulysses, sp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, SequenceParallel<loom::Ulysses>>(), {.sp = 2},
+                                 {"attention_forward", "attention_backward", "copy_rows"});
+    }
+    SECTION("UlyssesRing<2>, sp 4") {
+        check_strategy_on_device(plan_of<DataParallel<>, SequenceParallel<loom::UlyssesRing<2>>>(), {.sp = 4});
+    }
+    SECTION("ring attention with tp 2, tp 2 x sp 2") {
+        check_strategy_on_device(plan_of<DataParallel<>, TensorParallel, SequenceParallel<>>(), {.tp = 2, .sp = 2});
+    }
+}
+
 TEST_CASE("the Executor's trace on a device waits for the device around each span and is gathered through it",
           "[device][exec]") {
     loom_test::FencedDevice device;
@@ -299,6 +322,6 @@ TEST_CASE("the Executor on a device refuses the policies that run on the host on
     });
     for (const std::string& message : messages)
         CHECK(message == "Executor on cuda:0: GradCompress<CastBf16> runs on the host only so far; on a device use "
-                         "DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D) and the pp and tp "
-                         "casts, or run this strategy on the host");
+                         "DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D), SequenceParallel "
+                         "and the pp and tp casts, or run this strategy on the host");
 }

@@ -131,26 +131,30 @@ struct StrategyRun {
     std::vector<float> values, m, v;  // the gathered state after the last step
 };
 
-// A strategy's ranks: `dp` x `pp` x `tp` rank threads (an axis of 1 is left out).
+// A strategy's ranks: `dp` x `pp` x `tp` x `sp` rank threads (an axis of 1 is left out).
 struct RankGrid {
-    int dp = 1, pp = 1, tp = 1;
+    int dp = 1, pp = 1, tp = 1, sp = 1;
 };
 
 // `steps` steps of the GPT `config` under `plan` with 2 micro-batches on
 // `where`, ranks from run_ranks_on (ThreadWorld on the host, the registered
 // runner on a device), as train_gpt runs them: each dp rank trains on its
-// share of every global batch of `rows` sequences (every stage of a pipeline
-// and every tp rank on the same share), batch s drawn with seed `seed` + s.
+// share of every global batch of `rows` sequences (every stage of a pipeline,
+// tp rank and sp rank on the same share), batch s drawn with seed `seed` + s.
 inline StrategyRun train_strategy(loom::Device where, const loom::gpt::Config& config,
                                   const loom::exec::ExecutionPlan& plan, RankGrid grid, std::int64_t rows, int steps,
                                   std::uint32_t seed) {
     StrategyRun run;
-    loom::comm::run_ranks_on(where, grid.dp * grid.pp * grid.tp, [&](loom::comm::AnyComm& world) {
-        loom::comm::Mesh<loom::comm::AnyComm> mesh(world, {{"dp", grid.dp}, {"pp", grid.pp}, {"tp", grid.tp}});
+    loom::comm::run_ranks_on(where, grid.dp * grid.pp * grid.tp * grid.sp, [&](loom::comm::AnyComm& world) {
+        loom::comm::Mesh<loom::comm::AnyComm> mesh(
+            world, {{"dp", grid.dp}, {"pp", grid.pp}, {"tp", grid.tp}, {"sp", grid.sp}});
         auto& dp = mesh.axis("dp");
+        // Sequence-parallel ranks reduce gradients with the data-parallel ones.
+        auto& gradients = grid.sp > 1 ? mesh.combined({"dp", "sp"}) : dp;
         auto model = loom::gpt::make_model(config);
         loom::exec::Executor<loom::comm::AnyComm> exec(
-            model, dp, grid.pp > 1 ? &mesh.axis("pp") : nullptr, grid.tp > 1 ? &mesh.axis("tp") : nullptr, plan,
+            model, gradients, grid.pp > 1 ? &mesh.axis("pp") : nullptr, grid.tp > 1 ? &mesh.axis("tp") : nullptr,
+            grid.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
             {.micro_batches = 2,
              .adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0},
              .field_names = {"embed", "blocks", "ln_f", "head", "loss"},

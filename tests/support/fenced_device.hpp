@@ -20,6 +20,7 @@
 #include "loom/core/device_runtime.hpp"
 #include "loom/kernels/device_kernels.hpp"
 #include "loom/kernels/host/attention.hpp"
+#include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/embedding.hpp"
@@ -75,6 +76,13 @@ public:
         std::memmove(t, f, bytes);
     }
     void fill_zero(void* p, loom::Device, std::size_t bytes) override { std::memset(unfence(p), 0, bytes); }
+    void copy_rows(void* to, std::size_t to_pitch, loom::Device to_device, const void* from, std::size_t from_pitch,
+                   loom::Device from_device, std::size_t width, std::size_t rows) override {
+        count("copy_rows");
+        auto* t = static_cast<char*>(to_device.kind == loom::DeviceKind::host ? to : unfence(to));
+        const auto* f = static_cast<const char*>(from_device.kind == loom::DeviceKind::host ? from : unfence(from));
+        for (std::size_t r = 0; r < rows; ++r) std::memmove(t + r * to_pitch, f + r * from_pitch, width);
+    }
     void synchronize(loom::Device) override { count("synchronize"); }
 
     void gemm(loom::Device, loom::kernels::Trans ta, loom::kernels::Trans tb, std::int64_t M, std::int64_t N,
@@ -167,6 +175,28 @@ public:
         count("attention_backward");
         loom::kernels::host::attention_backward(unfence(qkv), unfence(out), unfence(dout), unfence(lse), unfence(dqkv),
                                                 B, T, H, D);
+    }
+    void attention_block_forward(loom::Device, const float* q, std::int64_t ld_q, const float* k, const float* v,
+                                 std::int64_t ld_kv, float* out, float* lse, std::int64_t B, std::int64_t Tq,
+                                 std::int64_t Tk, std::int64_t H, std::int64_t D,
+                                 loom::kernels::host::BlockMask mask) override {
+        count("attention_block_forward");
+        loom::kernels::host::attention_block_forward(unfence(q), ld_q, unfence(k), unfence(v), ld_kv, unfence(out),
+                                                     unfence(lse), B, Tq, Tk, H, D, mask);
+    }
+    void attention_merge(loom::Device, float* out, float* lse, const float* out_b, const float* lse_b, std::int64_t B,
+                         std::int64_t Tq, std::int64_t H, std::int64_t D) override {
+        count("attention_merge");
+        loom::kernels::host::attention_merge(unfence(out), unfence(lse), unfence(out_b), unfence(lse_b), B, Tq, H, D);
+    }
+    void attention_block_backward(loom::Device, const float* q, std::int64_t ld_q, const float* k, const float* v,
+                                  std::int64_t ld_kv, const float* out, const float* dout, const float* lse, float* dq,
+                                  float* dk, float* dv, std::int64_t B, std::int64_t Tq, std::int64_t Tk,
+                                  std::int64_t H, std::int64_t D, loom::kernels::host::BlockMask mask) override {
+        count("attention_block_backward");
+        loom::kernels::host::attention_block_backward(unfence(q), ld_q, unfence(k), unfence(v), ld_kv, unfence(out),
+                                                      unfence(dout), unfence(lse), unfence(dq), unfence(dk),
+                                                      unfence(dv), B, Tq, Tk, H, D, mask);
     }
     float cross_entropy_forward(loom::Device, const float* logits, const std::int32_t* targets, float* logsumexp,
                                 std::int64_t rows, std::int64_t V) override {

@@ -4,6 +4,7 @@
 // whole-tensor copies between places: to_host, copy_tensor.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <ostream>
@@ -82,6 +83,19 @@ template <class T>
 void write_scalar(const Tensor& t, T value) {
     LOOM_CHECK(t.numel() >= 1 && t.dtype() == dtype_of<T>, "write_scalar: ", t, " holds no ", dtype_of<T>, " element");
     copy_bytes(t.raw(), t.device(), &value, host_device, sizeof(T));
+}
+
+// Every element of the f32 tensor `t` set to `value`; a device's through a
+// host copy (for the small fills around kernels: a run of -inf, say; zeros go
+// through fill_zero_bytes).
+inline void fill_floats(const Tensor& t, float value) {
+    LOOM_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "fill_floats: ", t, " is not contiguous f32");
+    if (t.device().kind == DeviceKind::host) {
+        std::fill_n(t.data<float>(), t.numel(), value);
+        return;
+    }
+    const std::vector<float> values(static_cast<std::size_t>(t.numel()), value);
+    copy_bytes(t.raw(), t.device(), values.data(), host_device, values.size() * sizeof(float));
 }
 
 // Throws unless `t` is in host memory: for the code paths that read and write

@@ -38,6 +38,10 @@ public:
     // any host memory involved may be reused or read.
     virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
     virtual void fill_zero(void* p, Device where, std::size_t bytes) = 0;
+    // `rows` rows of `width` bytes, row r from from + r * from_pitch to
+    // to + r * to_pitch (a column block of a matrix), as copy() orders it.
+    virtual void copy_rows(void* to, std::size_t to_pitch, Device to_device, const void* from, std::size_t from_pitch,
+                           Device from_device, std::size_t width, std::size_t rows) = 0;
     // Returns once the work the calling thread ordered on `where` is done
     // (what a host clock around device work must wait for).
     virtual void synchronize(Device where) = 0;
@@ -113,6 +117,19 @@ inline void copy_bytes(void* to, Device to_device, const void* from, Device from
     }
     device_runtime(to_device.kind != DeviceKind::host ? to_device : from_device)
         .copy(to, to_device, from, from_device, bytes);
+}
+
+// `rows` rows of `width` bytes between pitched places (copy_bytes, row by row).
+inline void copy_rows(void* to, std::size_t to_pitch, Device to_device, const void* from, std::size_t from_pitch,
+                      Device from_device, std::size_t width, std::size_t rows) {
+    if (width == 0 || rows == 0) return;
+    if (to_device.kind == DeviceKind::host && from_device.kind == DeviceKind::host) {
+        for (std::size_t r = 0; r < rows; ++r)
+            std::memmove(static_cast<char*>(to) + r * to_pitch, static_cast<const char*>(from) + r * from_pitch, width);
+        return;
+    }
+    device_runtime(to_device.kind != DeviceKind::host ? to_device : from_device)
+        .copy_rows(to, to_pitch, to_device, from, from_pitch, from_device, width, rows);
 }
 
 // Returns once the calling thread's work on `where` is done (the host's is,

@@ -390,19 +390,19 @@ private:
     [[nodiscard]] static int chunk_of(const schedule::Instruction& in) { return in.chunk < 0 ? 0 : in.chunk; }
 
     // What runs on a device so far: data parallelism at every ZeRO stage,
-    // pipelines of every schedule and Megatron (1D) tensor parallelism, with
-    // any micro-batches, and the 16-bit casts of the pp and tp traffic;
-    // checked before anything is allocated there.
+    // pipelines of every schedule, Megatron (1D) tensor parallelism and
+    // sequence parallelism (ring, Ulysses, hybrid), with any micro-batches,
+    // and the 16-bit casts of the pp and tp traffic; checked before anything
+    // is allocated there.
     void check_device(const ExecutionPlan& plan) const {
         if (device_.kind == DeviceKind::host) return;
         check_device_usable(device_);
         std::string host_only;
         if (tp_ != nullptr && plan.tensor_grid) host_only = "Optimus2D";
-        else if (sp_ != nullptr) host_only = "sequence parallelism";
         else if (plan.dp_compression.on() && comm_->size() > 1) host_only = "GradCompress<" + plan.dp_compression.describe() + ">";
         LOOM_CHECK(host_only.empty(), "Executor on ", device_, ": ", host_only, " runs on the host only so far; on a "
-                   "device use DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D) and the pp and tp "
-                   "casts, or run this strategy on the host");
+                   "device use DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D), SequenceParallel "
+                   "and the pp and tp casts, or run this strategy on the host");
     }
 
     void allocate() {

@@ -14,6 +14,7 @@
 #include "loom/core/device.hpp"
 #include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
+#include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/quantize.hpp"
 #include "loom/kernels/trans.hpp"
 
@@ -70,6 +71,19 @@ public:
     virtual void attention_backward(Device where, const float* qkv, const float* out, const float* dout,
                                     const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                                     std::int64_t D) = 0;
+
+    // Sequence parallelism's block attention (kernels/host/attention_blocks.hpp).
+    virtual void attention_block_forward(Device where, const float* q, std::int64_t ld_q, const float* k,
+                                         const float* v, std::int64_t ld_kv, float* out, float* lse, std::int64_t B,
+                                         std::int64_t Tq, std::int64_t Tk, std::int64_t H, std::int64_t D,
+                                         host::BlockMask mask) = 0;
+    virtual void attention_merge(Device where, float* out, float* lse, const float* out_b, const float* lse_b,
+                                 std::int64_t B, std::int64_t Tq, std::int64_t H, std::int64_t D) = 0;
+    virtual void attention_block_backward(Device where, const float* q, std::int64_t ld_q, const float* k,
+                                          const float* v, std::int64_t ld_kv, const float* out, const float* dout,
+                                          const float* lse, float* dq, float* dk, float* dv, std::int64_t B,
+                                          std::int64_t Tq, std::int64_t Tk, std::int64_t H, std::int64_t D,
+                                          host::BlockMask mask) = 0;
 
     // Returns the mean loss (waits for the device).
     [[nodiscard]] virtual float cross_entropy_forward(Device where, const float* logits, const std::int32_t* targets,

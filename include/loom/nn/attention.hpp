@@ -57,7 +57,6 @@ struct CausalSelfAttention {
             // Sequence parallel: this rank's T tokens are some positions of
             // each sequence; attention reaches the others across the sp axis.
             const SequenceParallelism& sp = ctx.sequence();
-            require_host(x, "CausalSelfAttention with sequence parallelism");
             if (sp.attention != SequenceAttention::ring)
                 ulysses_attention_forward(ctx, ulysses_groups(sp), sp.layout(), /*causal=*/true, saved.qkv, B, T, H, D,
                                           saved.out,

@@ -68,8 +68,7 @@ struct Embedding {
         LOOM_CHECK(whole_T <= max_sequence(), "Embedding: sequence of ", whole_T, " tokens is longer than the ",
                    max_sequence(), " positions the model has");
         ctx.saved<Saved>(this).tokens = tokens;
-        if (grid() || ctx.sequence().active())
-            require_host(token.value, "Embedding sharded by Optimus 2D or sequence parallelism");
+        if (grid()) require_host(token.value, "Embedding on an Optimus 2D grid");
         if (grid()) {
             LOOM_CHECK(!ctx.sequence().active(), "Embedding: Optimus 2D with sequence parallelism is not supported; "
                                                  "use TensorParallel (1D) with an sp axis");
@@ -96,7 +95,7 @@ struct Embedding {
             return;
         }
         if (vocab_parallel() || ctx.sequence().active()) {
-            backward_weight_by_rows(saved, positions_of(ctx.sequence(), saved.tokens.dim(1)));
+            backward_weight_by_rows(ctx, saved);
             return;
         }
         kernels::embedding_backward(saved.tokens, saved.dy, token.grad, position.grad, saved.tokens.dim(0),
@@ -110,9 +109,9 @@ private:  // functions only: Embedding stays an aggregate
     }
 
     // Row by row: a vocabulary shard's rows (zeros for others' tokens, then
-    // summed over the tp group), and positions: 0..T-1 (on any device), or
-    // from the sequence layout (sp ranks hold runs of positions; host only).
-    void forward_by_rows(const Context& ctx, const Tensor& tokens, const Tensor& y) const {
+    // summed over the tp group), plus each row's position: 0..T-1, or under
+    // sequence parallelism this rank's runs of positions (sequence_layout.hpp).
+    void forward_by_rows(Context& ctx, const Tensor& tokens, const Tensor& y) const {
         const std::int64_t T = tokens.dim(1), C = width();
         kernels::embedding_slice_lookup(tokens, token.value, y, T, C, vocab_start(), vocab_start() + vocab(),
                                         token.full_shape()[0]);
@@ -122,35 +121,27 @@ private:  // functions only: Embedding stays an aggregate
                                          "tensor-parallel group; run it through an executor with a tp axis");
             group->all_reduce_activations(y);
         }
-        if (ctx.sequence().active())
-            add_positions(y.data<float>(), tokens.numel(), positions_of(ctx.sequence(), T));
-        else
+        if (!ctx.sequence().active()) {
             kernels::add_bias(y, position.value.slice(0, 0, T), tokens.dim(0), T * C);
-    }
-
-    // The position of each of a sequence's T local tokens.
-    [[nodiscard]] static std::vector<std::int64_t> positions_of(const SequenceParallelism& sp, std::int64_t T) {
-        std::vector<std::int64_t> positions(static_cast<std::size_t>(T));
-        if (!sp.active()) {
-            for (std::int64_t t = 0; t < T; ++t) positions[static_cast<std::size_t>(t)] = t;
-            return positions;
+            return;
         }
-        const SequenceLayout layout = sp.layout();
-        for (const SequenceRun& run : layout.runs(T * layout.ranks))  // one pass over the runs
-            for (std::int64_t t = 0; t < run.length; ++t)
-                positions[static_cast<std::size_t>(run.local + t)] = run.position + t;
-        return positions;
+        const Tensor local = ctx.alloc(Shape{T, C});
+        move_local_positions(ctx.sequence(), T, position.value, local, /*to_local=*/true);
+        kernels::add_bias(y, local, tokens.dim(0), T * C);
     }
 
-    // Adds to each of `rows` rows of [rows, C] its position: positions[row % T]
-    // for sequences of T = positions.size() local tokens.
-    void add_positions(float* out, std::int64_t rows, const std::vector<std::int64_t>& positions) const {
-        const std::int64_t C = width(), T = static_cast<std::int64_t>(positions.size());
-        const float* pos = position.value.data<float>();
-        for (std::int64_t i = 0; i < rows; ++i) {
-            float* row = out + i * C;
-            const float* p = pos + positions[static_cast<std::size_t>(i % T)] * C;
-            for (std::int64_t c = 0; c < C; ++c) row[c] += p[c];
+    // Rows of the position table `table` and this rank's local positions
+    // [T, C] (row t: the position of its local token t), one copy per run.
+    void move_local_positions(const SequenceParallelism& sp, std::int64_t T, const Tensor& table, const Tensor& local,
+                              bool to_local) const {
+        const std::int64_t C = width();
+        const auto bytes = [&](std::int64_t rows) { return static_cast<std::size_t>(rows * C) * sizeof(float); };
+        const SequenceLayout layout = sp.layout();
+        for (const SequenceRun& run : layout.runs(T * layout.ranks)) {
+            float* at_table = table.data<float>() + run.position * C;
+            float* at_local = local.data<float>() + run.local * C;
+            if (to_local) copy_bytes(at_local, local.device(), at_table, table.device(), bytes(run.length));
+            else copy_bytes(at_table, table.device(), at_local, local.device(), bytes(run.length));
         }
     }
 
@@ -164,7 +155,7 @@ private:  // functions only: Embedding stays an aggregate
                                         vocab_start() + vocab(), token.full_shape()[0]);
         Tensor y = ctx.alloc(Shape{B / g.q, T, C});
         g.column->reduce_scatter_sum(Tensor::of(partial.data<float>(), {B * T * C}), y);
-        add_positions(y.data<float>(), B / g.q * T, positions_of(ctx.sequence(), T));
+        kernels::add_bias(y, position.value.slice(0, 0, T), B / g.q, T * C);
         return y;
     }
 
@@ -175,27 +166,28 @@ private:  // functions only: Embedding stays an aggregate
         const std::int64_t rows = saved.tokens.numel(), C = width();
         Buffer<Host> whole(DType::f32, Shape{rows * C});
         g.column->all_gather(saved.dy, Tensor::of(whole.data<float>(), {rows * C}));
-        backward_weight_by_rows(Saved{saved.tokens, Tensor::of(whole.data<float>(), {rows * C})},
-                                positions_of(SequenceParallelism{}, saved.tokens.dim(1)));
+        kernels::embedding_slice_backward(saved.tokens, Tensor::of(whole.data<float>(), {rows * C}), token.grad,
+                                          position.grad, saved.tokens.dim(1), C, vocab_start(),
+                                          vocab_start() + vocab());
     }
 
     // Under tp, dy is whole and the same on every rank (the layers after this
     // one are replicated, or all-reduce their input gradient): each rank keeps
     // its own tokens' rows, and the whole position gradient, as the unsplit
-    // layer does. Under sp, the rows are this rank's positions.
-    // Positions 0..T-1 run on any device; an sp layout's on the host.
-    void backward_weight_by_rows(const Saved& saved, const std::vector<std::int64_t>& positions) {
+    // layer does. Under sp, the rows are this rank's positions: their
+    // gradient rows are gathered into local order, added to there (row by
+    // row, in the host order), and put back.
+    void backward_weight_by_rows(Context& ctx, const Saved& saved) {
         const std::int64_t T = saved.tokens.dim(1), C = width();
         const std::int64_t start = vocab_start(), stop = start + vocab();
-        bool in_order = true;
-        for (std::int64_t t = 0; t < T; ++t) in_order = in_order && positions[static_cast<std::size_t>(t)] == t;
-        if (in_order) {
+        if (!ctx.sequence().active()) {
             kernels::embedding_slice_backward(saved.tokens, saved.dy, token.grad, position.grad, T, C, start, stop);
             return;
         }
-        kernels::host::embedding_slice_backward(saved.tokens.data<std::int32_t>(), saved.dy.data<float>(),
-                                                token.grad.data<float>(), position.grad.data<float>(),
-                                                saved.tokens.numel(), T, C, start, stop, positions.data());
+        const Tensor local = ctx.alloc(Shape{T, C});
+        move_local_positions(ctx.sequence(), T, position.grad, local, /*to_local=*/true);
+        kernels::embedding_slice_backward(saved.tokens, saved.dy, token.grad, local, T, C, start, stop);
+        move_local_positions(ctx.sequence(), T, position.grad, local, /*to_local=*/false);
     }
 };
 

@@ -8,6 +8,10 @@
 // of its keys and values, which every rank adds to before passing it on; after
 // N steps a block's gradient arrives back at its owner, complete.
 //
+// Everything runs where the layer's tensors live: blocks are copied by rows
+// (copy_rows), attended by the block kernels of kernels/attention_block_ops.hpp,
+// and passed on as device memory when the ring's communicator moves it.
+//
 // Work happens chunk by chunk: a rank's tokens are runs of consecutive
 // positions (chunks), and a (query chunk, key chunk) pair is either whole
 // (keys before the queries, or no mask), the causal diagonal (the same
@@ -22,10 +26,11 @@
 #include <utility>
 
 #include "loom/comm/communicator.hpp"
-#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/attention_blocks.hpp"
+#include "loom/kernels/attention_block_ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/nn/tensor_group.hpp"
@@ -51,27 +56,36 @@ enum class Pair : std::uint8_t { full, diagonal, skip };
     return kc == qc ? Pair::diagonal : Pair::skip;
 }
 
+// `rows` rows of `cols` floats from `from` (rows `from_stride` apart) to
+// `to` (rows `to_stride` apart), both on `where`.
+inline void copy_float_rows(float* to, std::int64_t to_stride, const float* from, std::int64_t from_stride,
+                            std::int64_t cols, std::int64_t rows, Device where) {
+    constexpr auto f = sizeof(float);
+    copy_rows(to, static_cast<std::size_t>(to_stride) * f, where, from, static_cast<std::size_t>(from_stride) * f,
+              where, static_cast<std::size_t>(cols) * f, static_cast<std::size_t>(rows));
+}
+
 // Columns [offset, offset + cols) of every sequence's rows of `run` in
 // `from` ([B, T, width]) to the run's packed block of `to` ([B, c, cols]),
 // or back (unpack).
 inline void pack_run(const float* from, std::int64_t B, std::int64_t T, std::int64_t width, std::int64_t offset,
-                     std::int64_t cols, const SequenceRun& run, float* to) {
+                     std::int64_t cols, const SequenceRun& run, float* to, Device where) {
     for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t t = 0; t < run.length; ++t)
-            std::copy_n(from + (b * T + run.local + t) * width + offset, cols, to + (b * run.length + t) * cols);
+        copy_float_rows(to + b * run.length * cols, cols, from + (b * T + run.local) * width + offset, width, cols,
+                        run.length, where);
 }
 inline void unpack_run(const float* from, std::int64_t B, std::int64_t T, std::int64_t width, std::int64_t offset,
-                       std::int64_t cols, const SequenceRun& run, float* to) {
+                       std::int64_t cols, const SequenceRun& run, float* to, Device where) {
     for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t t = 0; t < run.length; ++t)
-            std::copy_n(from + (b * run.length + t) * cols, cols, to + (b * T + run.local + t) * width + offset);
+        copy_float_rows(to + (b * T + run.local) * width + offset, width, from + b * run.length * cols, cols, cols,
+                        run.length, where);
 }
 
-// Scratch of one call: freed when it returns.
-[[nodiscard]] inline Buffer<Host> scratch(std::int64_t floats) { return Buffer<Host>(DType::f32, Shape{floats}); }
-[[nodiscard]] inline Tensor whole(const Buffer<Host>& b) {
-    return Tensor::of(const_cast<float*>(b.data<float>()), {b.numel()});
+// Scratch of one call on `where`: freed when it returns.
+[[nodiscard]] inline DeviceBuffer scratch(std::int64_t floats, Device where) {
+    return DeviceBuffer(DType::f32, Shape{floats}, where);
 }
+[[nodiscard]] inline Tensor whole(const DeviceBuffer& b) { return b.tensor(); }
 
 // Sends `mine` to the next rank and receives the previous rank's into
 // `theirs`; the caller waits on both, in order: the receive first, since a
@@ -105,7 +119,7 @@ void for_each_pair(const std::array<SequenceRun, 2>& mine, const std::array<int,
         for (int y = 0; y < runs; ++y) {
             const Pair pair = pair_of(mine[x].chunk, theirs[y], causal);
             if (pair == Pair::skip) continue;
-            f(x, y, pair == Pair::diagonal ? kernels::host::BlockMask::causal : kernels::host::BlockMask::full);
+            f(x, y, pair == Pair::diagonal ? kernels::BlockMask::causal : kernels::BlockMask::full);
         }
 }
 
@@ -130,26 +144,27 @@ inline void ring_attention_forward(Context& ctx, const TensorGroup& group, const
     LOOM_CHECK(s.T == c * runs, "ring attention: ", s.T, " local tokens per sequence; the layout holds ", c * runs);
     const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
+    const Device where = qkv.device();
     saved.lse = ctx.alloc(Shape{s.B * runs * lse_per_run});
-    std::fill_n(saved.lse.data<float>(), s.B * runs * lse_per_run, -std::numeric_limits<float>::infinity());
-    std::fill_n(out.data<float>(), s.B * s.T * C, 0.0f);
-    Buffer<Host> held = scratch(runs * block_kv), next = scratch(runs * block_kv);
-    Buffer<Host> part_out = scratch(c * C), part_lse = scratch(lse_per_run);
+    fill_floats(saved.lse, -std::numeric_limits<float>::infinity());
+    fill_zero_bytes(out.raw(), where, out.nbytes());
+    DeviceBuffer held = scratch(runs * block_kv, where), next = scratch(runs * block_kv, where);
+    const DeviceBuffer part_out = scratch(c * C, where), part_lse = scratch(lse_per_run, where);
     for (int u = 0; u < runs; ++u)
-        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, C, 2 * C, my_runs[u], held.data<float>() + u * block_kv);
+        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, C, 2 * C, my_runs[u], held.data<float>() + u * block_kv, where);
     for (int step = 0; step < n; ++step) {
         const int src = (layout.rank - step + n) % n;
         std::array<comm::Request, 2> in_flight{};
         if (step + 1 < n) in_flight = pass_on(group, whole(held), whole(next), kv_tag);
-        for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::host::BlockMask mask) {
+        for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::BlockMask mask) {
             for (std::int64_t b = 0; b < s.B; ++b) {
                 const float* q = qkv.data<float>() + (b * s.T + my_runs[x].local) * 3 * C;
                 const float* kv = held.data<float>() + y * block_kv + b * c * 2 * C;
-                kernels::host::attention_block_forward(q, 3 * C, kv, kv + C, 2 * C, part_out.data<float>(),
-                                                       part_lse.data<float>(), 1, c, c, s.H, s.D, mask);
-                kernels::host::attention_merge(out.data<float>() + (b * s.T + my_runs[x].local) * C,
-                                               saved.lse.data<float>() + (b * runs + x) * lse_per_run,
-                                               part_out.data<float>(), part_lse.data<float>(), 1, c, s.H, s.D);
+                kernels::attention_block_forward(where, q, 3 * C, kv, kv + C, 2 * C, part_out.data<float>(),
+                                                 part_lse.data<float>(), 1, c, c, s.H, s.D, mask);
+                kernels::attention_merge(where, out.data<float>() + (b * s.T + my_runs[x].local) * C,
+                                         saved.lse.data<float>() + (b * runs + x) * lse_per_run,
+                                         part_out.data<float>(), part_lse.data<float>(), 1, c, s.H, s.D);
             }
         });
         for (auto& r : in_flight) r.wait();
@@ -171,23 +186,24 @@ inline void ring_attention_backward(const TensorGroup& group, const SequenceLayo
                " sequences of ", s.T, " local tokens and width ", C);
     const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
-    std::fill_n(dqkv.data<float>(), s.B * s.T * 3 * C, 0.0f);  // dq accumulates in place
-    Buffer<Host> held = scratch(runs * block_kv), next = scratch(runs * block_kv);
-    Buffer<Host> dheld = scratch(runs * block_kv), dnext = scratch(runs * block_kv);
+    const Device where = qkv.device();
+    fill_zero_bytes(dqkv.raw(), where, dqkv.nbytes());  // dq accumulates in place
+    DeviceBuffer held = scratch(runs * block_kv, where), next = scratch(runs * block_kv, where);
+    DeviceBuffer dheld = scratch(runs * block_kv, where), dnext = scratch(runs * block_kv, where);
     for (int u = 0; u < runs; ++u)
-        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, C, 2 * C, my_runs[u], held.data<float>() + u * block_kv);
-    std::fill_n(dheld.data<float>(), runs * block_kv, 0.0f);
+        pack_run(qkv.data<float>(), s.B, s.T, 3 * C, C, 2 * C, my_runs[u], held.data<float>() + u * block_kv, where);
+    fill_zero_bytes(dheld.raw(), where, dheld.nbytes());
     for (int step = 0; step < n; ++step) {
         const int src = (layout.rank - step + n) % n;
         std::array<comm::Request, 2> kv_in_flight{};
         if (step + 1 < n) kv_in_flight = pass_on(group, whole(held), whole(next), kv_tag);
-        for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::host::BlockMask mask) {
+        for_each_pair(my_runs, layout.chunks_of(src), runs, causal, [&](int x, int y, kernels::BlockMask mask) {
             for (std::int64_t b = 0; b < s.B; ++b) {
                 const std::int64_t row = b * s.T + my_runs[x].local;
                 const float* kv = held.data<float>() + y * block_kv + b * c * 2 * C;
                 float* dkv = dheld.data<float>() + y * block_kv + b * c * 2 * C;
-                kernels::host::attention_block_backward(
-                    qkv.data<float>() + row * 3 * C, 3 * C, kv, kv + C, 2 * C, out.data<float>() + row * C,
+                kernels::attention_block_backward(
+                    where, qkv.data<float>() + row * 3 * C, 3 * C, kv, kv + C, 2 * C, out.data<float>() + row * C,
                     dout.data<float>() + row * C, saved.lse.data<float>() + (b * runs + x) * lse_per_run,
                     dqkv.data<float>() + row * 3 * C, dkv, dkv + C, 1, c, c, s.H, s.D, mask);
             }
@@ -201,7 +217,8 @@ inline void ring_attention_backward(const TensorGroup& group, const SequenceLayo
         std::swap(dheld, dnext);
     }
     for (int u = 0; u < runs; ++u)
-        unpack_run(dheld.data<float>() + u * block_kv, s.B, s.T, 3 * C, C, 2 * C, my_runs[u], dqkv.data<float>());
+        unpack_run(dheld.data<float>() + u * block_kv, s.B, s.T, 3 * C, C, 2 * C, my_runs[u], dqkv.data<float>(),
+                   where);
 }
 
 }  // namespace loom::nn

@@ -10,17 +10,20 @@
 // R groups on a ring: each group's tokens are two zigzag chunks, attended by
 // ring attention across the groups (nn/ring_attention.hpp). The layout
 // (nn/sequence_layout.hpp) says which piece of which chunk each member holds;
-// the group's tokens are assembled chunk by chunk in position order.
+// the group's tokens are assembled chunk by chunk in position order. Rows
+// move by copy_rows and attention runs through the kernel table, so all of it
+// runs where the layer's tensors live.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
-#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/attention.hpp"
-#include "loom/kernels/host/attention_blocks.hpp"
+#include "loom/kernels/attention_block_ops.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/ring_attention.hpp"
 #include "loom/nn/sequence_layout.hpp"
@@ -42,39 +45,37 @@ namespace ulysses_detail {
 // the group's chunk j is rows [j c + p piece, + piece) there.
 // to_group: local -> group; otherwise group -> local.
 inline void move_rows(float* local, std::int64_t width, std::int64_t col, float* group, std::int64_t cols,
-                      std::int64_t B, std::int64_t T, const SequenceLayout& layout, int p, bool to_group) {
+                      std::int64_t B, std::int64_t T, const SequenceLayout& layout, int p, bool to_group,
+                      Device where) {
     const std::int64_t Tl = layout.local_tokens(T), c = layout.chunk_length(T), piece = layout.piece_length(T);
     const std::int64_t Tg = Tl * layout.ulysses;
     for (int j = 0; j < layout.runs_per_rank(); ++j)
-        for (std::int64_t b = 0; b < B; ++b)
-            for (std::int64_t t = 0; t < piece; ++t) {
-                float* l = local + (b * Tl + j * piece + t) * width + col;
-                float* g = group + (b * Tg + j * c + p * piece + t) * cols;
-                if (to_group) std::copy_n(l, cols, g);
-                else std::copy_n(g, cols, l);
-            }
+        for (std::int64_t b = 0; b < B; ++b) {
+            float* l = local + (b * Tl + j * piece) * width + col;
+            float* g = group + (b * Tg + j * c + p * piece) * cols;
+            if (to_group) ring_detail::copy_float_rows(g, cols, l, width, cols, piece, where);
+            else ring_detail::copy_float_rows(l, width, g, cols, cols, piece, where);
+        }
 }
 
 // For each rank p, `parts` column blocks of `cols` at part * stride + p * cols
 // of `local` ([B, Tl, width]) into block p of `blocks` ([B, Tl, parts * cols]
 // each), or back (unpack).
 inline void pack_heads(const float* local, std::int64_t width, std::int64_t stride, std::int64_t cols, int parts,
-                       int ranks, std::int64_t rows, float* blocks) {
+                       int ranks, std::int64_t rows, float* blocks, Device where) {
     const std::int64_t block = rows * parts * cols;
     for (int p = 0; p < ranks; ++p)
-        for (std::int64_t r = 0; r < rows; ++r)
-            for (int part = 0; part < parts; ++part)
-                std::copy_n(local + r * width + part * stride + p * cols, cols,
-                            blocks + p * block + (r * parts + part) * cols);
+        for (int part = 0; part < parts; ++part)
+            ring_detail::copy_float_rows(blocks + p * block + part * cols, parts * cols,
+                                         local + part * stride + p * cols, width, cols, rows, where);
 }
 inline void unpack_heads(const float* blocks, std::int64_t width, std::int64_t stride, std::int64_t cols, int parts,
-                         int ranks, std::int64_t rows, float* local) {
+                         int ranks, std::int64_t rows, float* local, Device where) {
     const std::int64_t block = rows * parts * cols;
     for (int p = 0; p < ranks; ++p)
-        for (std::int64_t r = 0; r < rows; ++r)
-            for (int part = 0; part < parts; ++part)
-                std::copy_n(blocks + p * block + (r * parts + part) * cols, cols,
-                            local + r * width + part * stride + p * cols);
+        for (int part = 0; part < parts; ++part)
+            ring_detail::copy_float_rows(local + part * stride + p * cols, width, blocks + p * block + part * cols,
+                                         parts * cols, cols, rows, where);
 }
 
 }  // namespace ulysses_detail
@@ -86,12 +87,13 @@ namespace ulysses_detail {
 inline void whole_sequence_backward_full(const UlyssesSaved& saved, const Tensor& dout, const Tensor& dqkv,
                                          std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
     const std::int64_t C = H * D;
-    std::fill_n(dqkv.data<float>(), B * T * 3 * C, 0.0f);
+    const Device where = dqkv.device();
+    fill_zero_bytes(dqkv.raw(), where, static_cast<std::size_t>(B * T * 3 * C) * sizeof(float));
     const float* q = saved.qkv.data<float>();
     float* d = dqkv.data<float>();
-    kernels::host::attention_block_backward(q, 3 * C, q + C, q + 2 * C, 3 * C, saved.out.data<float>(),
-                                            dout.data<float>(), saved.lse.data<float>(), d, d + C, d + 2 * C, B, T, T,
-                                            H, D, kernels::host::BlockMask::full);
+    kernels::attention_block_backward(where, q, 3 * C, q + C, q + 2 * C, 3 * C, saved.out.data<float>(),
+                                      dout.data<float>(), saved.lse.data<float>(), d, d + C, d + 2 * C, B, T, T, H, D,
+                                      kernels::BlockMask::full);
 }
 
 }  // namespace ulysses_detail
@@ -130,37 +132,36 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
     // backward needs (the group's q, k, v and output) stays in the context.
     using ring_detail::scratch;
     using ring_detail::whole;
-    Buffer<Host> send_buffer = scratch(n * rows * 3 * Cg), recv_buffer = scratch(n * rows * 3 * Cg);
+    const Device where = qkv.device();
+    const DeviceBuffer send_buffer = scratch(n * rows * 3 * Cg, where), recv_buffer = scratch(n * rows * 3 * Cg, where);
     const Tensor send = whole(send_buffer), recv = whole(recv_buffer);
-    pack_heads(qkv.data<float>(), 3 * C, C, Cg, 3, n, rows, send.data<float>());
+    pack_heads(qkv.data<float>(), 3 * C, C, Cg, 3, n, rows, send.data<float>(), where);
     groups.ulysses->all_to_all(send, recv);
     saved.qkv = ctx.alloc(Shape{B, Tg, 3 * Cg});
     for (int p = 0; p < n; ++p)
         move_rows(recv.data<float>() + p * rows * 3 * Cg, 3 * Cg, 0, saved.qkv.data<float>(), 3 * Cg, B, T, layout, p,
-                  /*to_group=*/true);
+                  /*to_group=*/true, where);
     saved.out = ctx.alloc(Shape{B, Tg, Cg});
     if (layout.ring_ranks() > 1) {
         ring_attention_forward(ctx, *groups.ring, layout.ring(), causal, saved.qkv, {B, Tg, Hg, D}, saved.out,
                                saved.ring);
     } else if (causal) {
         saved.lse = ctx.alloc(Shape{B, Hg, Tg});
-        kernels::host::attention_forward(saved.qkv.data<float>(), saved.out.data<float>(), saved.lse.data<float>(), B,
-                                         Tg, Hg, D);
+        kernels::attention_forward(saved.qkv, saved.out, saved.lse, B, Tg, Hg, D);
     } else {
         saved.lse = ctx.alloc(Shape{B, Hg, Tg});
         const float* q = saved.qkv.data<float>();
-        kernels::host::attention_block_forward(q, 3 * Cg, q + Cg, q + 2 * Cg, 3 * Cg, saved.out.data<float>(),
-                                               saved.lse.data<float>(), B, Tg, Tg, Hg, D,
-                                               kernels::host::BlockMask::full);
+        kernels::attention_block_forward(where, q, 3 * Cg, q + Cg, q + 2 * Cg, 3 * Cg, saved.out.data<float>(),
+                                         saved.lse.data<float>(), B, Tg, Tg, Hg, D, kernels::BlockMask::full);
     }
     // Every member's tokens of my heads' output back to it.
-    Buffer<Host> back_buffer = scratch(n * rows * Cg), mine_buffer = scratch(n * rows * Cg);
+    const DeviceBuffer back_buffer = scratch(n * rows * Cg, where), mine_buffer = scratch(n * rows * Cg, where);
     const Tensor back = whole(back_buffer), mine = whole(mine_buffer);
     for (int p = 0; p < n; ++p)
         move_rows(back.data<float>() + p * rows * Cg, Cg, 0, saved.out.data<float>(), Cg, B, T, layout, p,
-                  /*to_group=*/false);
+                  /*to_group=*/false, where);
     groups.ulysses->all_to_all(back, mine);
-    unpack_heads(mine.data<float>(), C, 0, Cg, 1, n, rows, out.data<float>());
+    unpack_heads(mine.data<float>(), C, 0, Cg, 1, n, rows, out.data<float>(), where);
 }
 
 // dqkv ([B, Tl, 3C], written) from dout ([B, Tl, C]).
@@ -174,32 +175,32 @@ inline void ulysses_attention_backward(const UlyssesGroups& groups, const Sequen
     // Everything here is scratch of the call: nothing outlives the backward.
     using ring_detail::scratch;
     using ring_detail::whole;
-    Buffer<Host> send_buffer = scratch(n * rows * Cg), recv_buffer = scratch(n * rows * Cg);
+    const Device where = dout.device();
+    const DeviceBuffer send_buffer = scratch(n * rows * Cg, where), recv_buffer = scratch(n * rows * Cg, where);
     const Tensor send = whole(send_buffer), recv = whole(recv_buffer);
-    pack_heads(dout.data<float>(), C, 0, Cg, 1, n, rows, send.data<float>());
+    pack_heads(dout.data<float>(), C, 0, Cg, 1, n, rows, send.data<float>(), where);
     groups.ulysses->all_to_all(send, recv);
-    Buffer<Host> dout_buffer = scratch(B * Tg * Cg);
-    const Tensor dout_group = whole(dout_buffer);
+    const DeviceBuffer dout_buffer = scratch(B * Tg * Cg, where);
+    const Tensor dout_group = Tensor(dout_buffer.raw(), DType::f32, Shape{B, Tg, Cg}, where);
     for (int p = 0; p < n; ++p)
         move_rows(recv.data<float>() + p * rows * Cg, Cg, 0, dout_group.data<float>(), Cg, B, T, layout, p,
-                  /*to_group=*/true);
-    Buffer<Host> dqkv_buffer = scratch(B * Tg * 3 * Cg);
-    const Tensor dqkv_group = whole(dqkv_buffer);
+                  /*to_group=*/true, where);
+    const DeviceBuffer dqkv_buffer = scratch(B * Tg * 3 * Cg, where);
+    const Tensor dqkv_group = Tensor(dqkv_buffer.raw(), DType::f32, Shape{B, Tg, 3 * Cg}, where);
     if (layout.ring_ranks() > 1)
         ring_attention_backward(*groups.ring, layout.ring(), causal, saved.qkv, saved.out, saved.ring, dout_group,
                                 {B, Tg, Hg, D}, dqkv_group);
     else if (!causal)
         whole_sequence_backward_full(saved, dout_group, dqkv_group, B, Tg, Hg, D);
     else
-        kernels::host::attention_backward(saved.qkv.data<float>(), saved.out.data<float>(), dout_group.data<float>(),
-                                          saved.lse.data<float>(), dqkv_group.data<float>(), B, Tg, Hg, D);
-    Buffer<Host> back_buffer = scratch(n * rows * 3 * Cg), mine_buffer = scratch(n * rows * 3 * Cg);
+        kernels::attention_backward(saved.qkv, saved.out, dout_group, saved.lse, dqkv_group, B, Tg, Hg, D);
+    const DeviceBuffer back_buffer = scratch(n * rows * 3 * Cg, where), mine_buffer = scratch(n * rows * 3 * Cg, where);
     const Tensor back = whole(back_buffer), mine = whole(mine_buffer);
     for (int p = 0; p < n; ++p)
         move_rows(back.data<float>() + p * rows * 3 * Cg, 3 * Cg, 0, dqkv_group.data<float>(), 3 * Cg, B, T, layout,
-                  p, /*to_group=*/false);
+                  p, /*to_group=*/false, where);
     groups.ulysses->all_to_all(back, mine);
-    unpack_heads(mine.data<float>(), 3 * C, C, Cg, 3, n, rows, dqkv.data<float>());
+    unpack_heads(mine.data<float>(), 3 * C, C, Cg, 3, n, rows, dqkv.data<float>(), where);
 }
 
 }  // namespace loom::nn

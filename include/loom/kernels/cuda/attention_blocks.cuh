@@ -1,0 +1,227 @@
+// Device mirrors of kernels/host/attention_blocks.hpp, the block kernels of
+// ring and Ulysses attention (sequence parallelism): one (query block, key
+// block) pair forward with its own lse, the log-sum-exp merge of a block's
+// result into the running one, and one pair's gradients added into dq, dk
+// and dv. Same arguments, layouts and checks as the host's, plus the stream.
+//
+// These are the plain kernels, written for exactness of bookkeeping rather
+// than speed: one thread per query row (forward, dq) or key row (dk, dv) of
+// one head, scores recomputed where needed, every sum in a fixed order, so
+// the results are deterministic. They run what sequence parallelism needs on a
+// GPU; the tiled tensor-core kernels of attention.cuh cover the whole-sequence
+// case that dominates a step. Against the host they agree to f32 rounding
+// (expf and the order of the dot products differ), within the tolerances
+// tests/cuda/test_kernels_attention.cu states.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "loom/core/check_cuda.hpp"
+#include "loom/core/error.hpp"
+#include "loom/kernels/cuda/launch.cuh"
+#include "loom/kernels/host/attention_blocks.hpp"
+
+namespace loom::kernels::cuda {
+
+using host::BlockMask;
+
+namespace block_detail {
+
+// The largest head a thread keeps in registers (and local memory) here.
+inline constexpr std::int64_t max_head = 128;
+
+// Keys query t of a block sees: all Tk, or 0..t on the causal diagonal.
+__device__ inline std::int64_t keys_seen(std::int64_t t, std::int64_t Tk, bool causal) {
+    return causal ? t + 1 : Tk;
+}
+
+template <class T>
+__device__ T dot(const T* a, const T* b, std::int64_t D) {
+    T sum = 0;
+    for (std::int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
+    return sum;
+}
+
+// One thread per (b, h, t): two passes over the keys the query sees (the
+// max, then the weights and the weighted values), normalised over this block.
+template <class T>
+__global__ void block_forward_kernel(const T* __restrict__ q, std::int64_t ld_q, const T* __restrict__ k,
+                                     const T* __restrict__ v, std::int64_t ld_kv, T* __restrict__ out,
+                                     T* __restrict__ lse, std::int64_t B, std::int64_t Tq, std::int64_t Tk,
+                                     std::int64_t H, std::int64_t D, bool causal, T scale) {
+    const std::int64_t rows = B * H * Tq, C = H * D;
+    for (std::int64_t i = grid_index(); i < rows; i += grid_stride()) {
+        const std::int64_t t = i % Tq, bh = i / Tq, h = bh % H, b = bh / H;
+        const T* qt = q + (b * Tq + t) * ld_q + h * D;
+        const T* kb = k + b * Tk * ld_kv + h * D;
+        const T* vb = v + b * Tk * ld_kv + h * D;
+        const std::int64_t seen = keys_seen(t, Tk, causal);
+        T m = -INFINITY;
+        for (std::int64_t j = 0; j < seen; ++j) m = fmaxf(m, scale * dot(qt, kb + j * ld_kv, D));
+        T acc[max_head];
+        for (std::int64_t d = 0; d < D; ++d) acc[d] = 0;
+        T l = 0;
+        for (std::int64_t j = 0; j < seen; ++j) {
+            const T p = expf(scale * dot(qt, kb + j * ld_kv, D) - m);
+            l += p;
+            for (std::int64_t d = 0; d < D; ++d) acc[d] += p * vb[j * ld_kv + d];
+        }
+        T* row = out + (b * Tq + t) * C + h * D;
+        for (std::int64_t d = 0; d < D; ++d) row[d] = acc[d] / l;
+        lse[bh * Tq + t] = m + logf(l);
+    }
+}
+
+// One thread per (b, t, h): the host's stable merge, the same formula.
+template <class T>
+__global__ void merge_kernel(T* __restrict__ out, T* __restrict__ lse, const T* __restrict__ out_b,
+                             const T* __restrict__ lse_b, std::int64_t B, std::int64_t Tq, std::int64_t H,
+                             std::int64_t D) {
+    const std::int64_t rows = B * Tq * H, C = H * D;
+    for (std::int64_t i = grid_index(); i < rows; i += grid_stride()) {
+        const std::int64_t h = i % H, bt = i / H, t = bt % Tq, b = bt / Tq;
+        T* running = lse + (b * H + h) * Tq + t;
+        const T block = lse_b[(b * H + h) * Tq + t];
+        T* row = out + bt * C + h * D;
+        const T* row_b = out_b + bt * C + h * D;
+        if (*running == -INFINITY) {
+            for (std::int64_t d = 0; d < D; ++d) row[d] = row_b[d];
+            *running = block;
+            continue;
+        }
+        const T e = expf(-fabsf(*running - block));
+        const T larger = fmaxf(*running, block);
+        const T w_larger = 1.0f / (1.0f + e);
+        const T w_smaller = e * w_larger;
+        const bool running_larger = *running >= block;
+        const T w_running = running_larger ? w_larger : w_smaller;
+        const T w_block = running_larger ? w_smaller : w_larger;
+        for (std::int64_t d = 0; d < D; ++d) row[d] = row[d] * w_running + row_b[d] * w_block;
+        *running = larger + log1pf(e);
+    }
+}
+
+// dS for query t and key j: P (dP - Di), with P from the final lse.
+template <class T>
+__device__ T score_gradient(const T* qt, const T* kj, const T* vj, const T* dout_t, T lse_t, T Di, std::int64_t D,
+                            T scale, T* p_out) {
+    const T p = expf(scale * dot(qt, kj, D) - lse_t);
+    *p_out = p;
+    return p * (dot(dout_t, vj, D) - Di);
+}
+
+// One thread per (b, h, t): dq_t += scale sum_j dS_tj k_j.
+template <class T>
+__global__ void block_backward_dq_kernel(const T* __restrict__ q, std::int64_t ld_q, const T* __restrict__ k,
+                                         const T* __restrict__ v, std::int64_t ld_kv, const T* __restrict__ out,
+                                         const T* __restrict__ dout, const T* __restrict__ lse, T* __restrict__ dq,
+                                         std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                                         std::int64_t D, bool causal, T scale) {
+    const std::int64_t rows = B * H * Tq, C = H * D;
+    for (std::int64_t i = grid_index(); i < rows; i += grid_stride()) {
+        const std::int64_t t = i % Tq, bh = i / Tq, h = bh % H, b = bh / H;
+        const T* qt = q + (b * Tq + t) * ld_q + h * D;
+        const T* ot = out + (b * Tq + t) * C + h * D;
+        const T* dout_t = dout + (b * Tq + t) * C + h * D;
+        const T* kb = k + b * Tk * ld_kv + h * D;
+        const T* vb = v + b * Tk * ld_kv + h * D;
+        const T Di = dot(dout_t, ot, D), lse_t = lse[bh * Tq + t];
+        T acc[max_head];
+        for (std::int64_t d = 0; d < D; ++d) acc[d] = 0;
+        for (std::int64_t j = 0; j < keys_seen(t, Tk, causal); ++j) {
+            T p;
+            const T ds = score_gradient(qt, kb + j * ld_kv, vb + j * ld_kv, dout_t, lse_t, Di, D, scale, &p);
+            for (std::int64_t d = 0; d < D; ++d) acc[d] += ds * kb[j * ld_kv + d];
+        }
+        T* dqt = dq + (b * Tq + t) * ld_q + h * D;
+        for (std::int64_t d = 0; d < D; ++d) dqt[d] += scale * acc[d];
+    }
+}
+
+// One thread per (b, h, j): dk_j += scale sum_t dS_tj q_t, dv_j += sum_t P_tj dout_t.
+template <class T>
+__global__ void block_backward_dkv_kernel(const T* __restrict__ q, std::int64_t ld_q, const T* __restrict__ k,
+                                          const T* __restrict__ v, std::int64_t ld_kv, const T* __restrict__ out,
+                                          const T* __restrict__ dout, const T* __restrict__ lse, T* __restrict__ dk,
+                                          T* __restrict__ dv, std::int64_t B, std::int64_t Tq, std::int64_t Tk,
+                                          std::int64_t H, std::int64_t D, bool causal, T scale) {
+    const std::int64_t rows = B * H * Tk, C = H * D;
+    for (std::int64_t i = grid_index(); i < rows; i += grid_stride()) {
+        const std::int64_t j = i % Tk, bh = i / Tk, h = bh % H, b = bh / H;
+        const T* kj = k + (b * Tk + j) * ld_kv + h * D;
+        const T* vj = v + (b * Tk + j) * ld_kv + h * D;
+        T dk_acc[max_head], dv_acc[max_head];
+        for (std::int64_t d = 0; d < D; ++d) dk_acc[d] = dv_acc[d] = 0;
+        for (std::int64_t t = causal ? j : 0; t < Tq; ++t) {
+            const T* qt = q + (b * Tq + t) * ld_q + h * D;
+            const T* ot = out + (b * Tq + t) * C + h * D;
+            const T* dout_t = dout + (b * Tq + t) * C + h * D;
+            T p;
+            const T ds = score_gradient(qt, kj, vj, dout_t, lse[bh * Tq + t], dot(dout_t, ot, D), D, scale, &p);
+            for (std::int64_t d = 0; d < D; ++d) {
+                dk_acc[d] += ds * qt[d];
+                dv_acc[d] += p * dout_t[d];
+            }
+        }
+        T* dkj = dk + (b * Tk + j) * ld_kv + h * D;
+        T* dvj = dv + (b * Tk + j) * ld_kv + h * D;
+        for (std::int64_t d = 0; d < D; ++d) {
+            dkj[d] += scale * dk_acc[d];
+            dvj[d] += dv_acc[d];
+        }
+    }
+}
+
+inline void check_head(const char* who, std::int64_t D) {
+    LOOM_CHECK(D <= max_head, who, " on the device: head size D = ", D, " is more than the ", max_head,
+               " it supports; use D <= ", max_head, " or the host kernel");
+}
+
+}  // namespace block_detail
+
+// The host's attention_block_forward on device pointers (same checks).
+inline void attention_block_forward(const float* q, std::int64_t ld_q, const float* k, const float* v,
+                                    std::int64_t ld_kv, float* out, float* lse, std::int64_t B, std::int64_t Tq,
+                                    std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask,
+                                    cudaStream_t stream = nullptr) {
+    namespace hd = host::attention_block_detail;
+    hd::check_block("attention_block_forward", ld_q, ld_kv, B, Tq, Tk, H, D, mask);
+    block_detail::check_head("attention_block_forward", D);
+    block_detail::block_forward_kernel<float><<<blocks_for(B * H * Tq), threads_per_block, 0, stream>>>(
+        q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask == BlockMask::causal, hd::scale_of(D));
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// The host's attention_merge on device pointers.
+inline void attention_merge(float* out, float* lse, const float* out_b, const float* lse_b, std::int64_t B,
+                            std::int64_t Tq, std::int64_t H, std::int64_t D, cudaStream_t stream = nullptr) {
+    host::attention_block_detail::check_heads("attention_merge", B, Tq, H, D);
+    block_detail::check_head("attention_merge", D);
+    block_detail::merge_kernel<float>
+        <<<blocks_for(B * Tq * H), threads_per_block, 0, stream>>>(out, lse, out_b, lse_b, B, Tq, H, D);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// The host's attention_block_backward on device pointers: added into dq, dk, dv.
+inline void attention_block_backward(const float* q, std::int64_t ld_q, const float* k, const float* v,
+                                     std::int64_t ld_kv, const float* out, const float* dout, const float* lse,
+                                     float* dq, float* dk, float* dv, std::int64_t B, std::int64_t Tq,
+                                     std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask,
+                                     cudaStream_t stream = nullptr) {
+    namespace hd = host::attention_block_detail;
+    hd::check_block("attention_block_backward", ld_q, ld_kv, B, Tq, Tk, H, D, mask);
+    block_detail::check_head("attention_block_backward", D);
+    const bool causal = mask == BlockMask::causal;
+    const float scale = hd::scale_of(D);
+    block_detail::block_backward_dq_kernel<float><<<blocks_for(B * H * Tq), threads_per_block, 0, stream>>>(
+        q, ld_q, k, v, ld_kv, out, dout, lse, dq, B, Tq, Tk, H, D, causal, scale);
+    LOOM_CUDA_CHECK_LAUNCH();
+    block_detail::block_backward_dkv_kernel<float><<<blocks_for(B * H * Tk), threads_per_block, 0, stream>>>(
+        q, ld_q, k, v, ld_kv, out, dout, lse, dk, dv, B, Tq, Tk, H, D, causal, scale);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace loom::kernels::cuda
