@@ -310,6 +310,21 @@ TEST_CASE("the Executor's trace on a device waits for the device around each spa
     std::filesystem::remove(path);
 }
 
+TEST_CASE("the Executor on a device takes its batch in host memory, naming where it was", "[device][exec]") {
+    loom_test::FencedDevice device;
+    std::string message;
+    loom::comm::ThreadWorld(1).run([&](loom::comm::ThreadComm& comm) {
+        auto model = loom::gpt::make_model(tiny);
+        loom::exec::Executor<loom::comm::ThreadComm> exec(model, comm, loom::exec::ExecutionPlan{},
+                                                          {.device = loom::cuda_device(0)});
+        exec.initialize(9);
+        const loom::DeviceBuffer tokens(loom::DType::i32, loom::Shape{batch, tiny.seq}, loom::cuda_device(0));
+        message = loom_test::message_of([&] { (void)exec.step(tokens.tensor(), tokens.tensor(), 1e-3f); });
+    });
+    CHECK(message == "Executor::step: the batch is on cuda:0 and cuda:0; pass it in host memory (each micro-batch is "
+                     "copied to cuda:0)");
+}
+
 TEST_CASE("the Executor on a device refuses the policies that run on the host only, by name", "[device][exec]") {
     loom_test::FencedDevice device;
     std::vector<std::string> messages(2);

@@ -179,6 +179,9 @@ public:
     float step(const Tensor& inputs, const Tensor& targets, float lr) {
         LOOM_CHECK(inputs.rank() == 2 && targets.shape() == inputs.shape(), "Executor::step: inputs ", inputs.shape(),
                    " and targets ", targets.shape(), " must both be [rows, T]");
+        LOOM_CHECK(inputs.device().kind == DeviceKind::host && targets.device().kind == DeviceKind::host,
+                   "Executor::step: the batch is on ", inputs.device(), " and ", targets.device(),
+                   "; pass it in host memory (each micro-batch is copied to ", device_, ")");
         const std::int64_t rows = inputs.dim(0);
         LOOM_CHECK(rows % micro_batches_ == 0, "Executor::step: ", rows, " rows on this rank do not split into ",
                    micro_batches_, " micro-batches; the rows per rank must be a multiple of the micro-batches");

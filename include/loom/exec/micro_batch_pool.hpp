@@ -163,6 +163,8 @@ public:
         std::int64_t sum = 0;
         for (const auto* parcels : {&inbox_parcels_, &outbox_parcels_})
             for (const auto& b : *parcels) sum += static_cast<std::int64_t>(b.nbytes());
+        for (const auto* b : {&header_, &cast_words_})
+            if (b->raw() != nullptr) sum += static_cast<std::int64_t>(b->nbytes());
         return sum;
     }
     [[nodiscard]] int contexts() const noexcept { return static_cast<int>(contexts_.size()); }

@@ -2,7 +2,9 @@
 // ring and Ulysses attention (sequence parallelism): one (query block, key
 // block) pair forward with its own lse, the log-sum-exp merge of a block's
 // result into the running one, and one pair's gradients added into dq, dk
-// and dv. Same arguments, layouts and checks as the host's, plus the stream.
+// and dv. Same arguments and layouts as the host's, plus the stream, and the
+// host's size, stride and mask checks (not its null checks); heads of more
+// than 128 are refused by name.
 //
 // These are the plain kernels, written for exactness of bookkeeping rather
 // than speed: one thread per query row (forward, dq) or key row (dk, dv) of
@@ -11,7 +13,7 @@
 // GPU; the tiled tensor-core kernels of attention.cuh cover the whole-sequence
 // case that dominates a step. Against the host they agree to f32 rounding
 // (expf and the order of the dot products differ), within the tolerances
-// tests/cuda/test_kernels_attention.cu states.
+// tests/cuda/test_kernels_attention_blocks.cu states.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,7 @@
 // Device mirror of kernels/host/embedding.hpp, GPT-2's wte/wpe lookup: the
 // same functions, arguments (device pointers), checks and messages, plus the
-// stream to launch on.
+// stream to launch on (the vocabulary-slice functions check their sizes in
+// one message where the host's has two).
 //   forward:  out[b, t, :] = token_table[tokens[b, t], :] + position_table[t, :], written;
 //   backward: dtoken_table[tokens[b, t], :] += dout[b, t, :],
 //             dposition_table[t, :] += dout[b, t, :], accumulated.
@@ -176,8 +177,8 @@ struct EmbeddingRunStart {
 // Neighbouring threads take neighbouring channels of one run, so they read
 // one dout row together (coalesced) and the position index is a broadcast.
 // The grid covers n * C, the most runs * C can be; threads past the runs stop.
-// Only ids in [start, stop) have a row here (a vocabulary slice's table
-// starts at id `start`); the others' runs are skipped.
+// Only ids in [first, stop) have a row here (a vocabulary slice's table
+// starts at id `first`); the others' runs are skipped.
 template <class Float>
 __global__ void embedding_token_grad_kernel(const std::int32_t* __restrict__ run_starts,
                                             const long long* __restrict__ run_count,
