@@ -4,9 +4,9 @@
 // world of rank threads, each on its own stream; train_gpt_cuda.cu builds the
 // backend in). Data parallelism at every ZeRO stage, pipelines of every
 // schedule, Megatron (1D) tensor parallelism and sequence parallelism, with
-// any micro-batches and the 16-bit casts of the pp and tp traffic, run there
-// so far; the other strategies are refused here, by flag, before
-// anything runs.
+// any micro-batches, every --compress compressor on the dp exchange and the
+// 16-bit casts of the pp and tp traffic, run there so far; the other
+// strategies are refused here, by flag, before anything runs.
 // Included by train_gpt.cpp inside its anonymous namespace, after its Flags;
 // train_gpt.cpp includes the loom headers this uses at its top.
 #pragma once
@@ -18,12 +18,11 @@ inline void check_device_flags(const Flags& flags) {
     const auto refuse = [&](bool given, const std::string& what) {
         if (given)
             usage_error("--device " + where.str() + " runs data, pipeline, Megatron tensor and sequence parallelism "
-                        "(--dp, --zero, --pp, --schedule, --tp, --sp, --compress-pp, --compress-tp, --micro-batches) so "
-                        "far; drop " + what + " or use --device host");
+                        "and gradient compression (--dp, --zero, --pp, --schedule, --tp, --sp, --compress, "
+                        "--compress-pp, --compress-tp, --micro-batches) so far; drop " + what + " or use --device host");
     };
     refuse(flags.tp > 1 && flags.tp_grid, "--tp-mode 2d");
     refuse(flags.optex > 0, "--optex " + std::to_string(flags.optex));
-    refuse(flags.compress.on(), "--compress " + flags.compress.describe());
     refuse(!flags.cluster.empty(), "--cluster");
 }
 

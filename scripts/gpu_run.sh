@@ -58,6 +58,12 @@ if [[ $parts == *train* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   .gpu/bin/train_gpt $zflags --metrics "$out/host_pp.jsonl" > "$out/train_host_pp.txt" 2>&1 || status=1
   python3 bench/gpu/compare.py --losses "$out/host_pp.jsonl" "$out/gpu_pp.jsonl" | tee "$out/losses_pp.txt"
+  # The dp exchange compressed with PowerSGD (GEMMs, orthonormalisation and error feedback on the GPU).
+  cflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --compress powersgd:4"
+  .gpu/bin/train_gpt $cflags --device cuda --metrics "$out/gpu_psgd.jsonl" 2>&1 | tee "$out/train_gpu_psgd.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  .gpu/bin/train_gpt $cflags --metrics "$out/host_psgd.jsonl" > "$out/train_host_psgd.txt" 2>&1 || status=1
+  python3 bench/gpu/compare.py --losses "$out/host_psgd.jsonl" "$out/gpu_psgd.jsonl" | tee "$out/losses_psgd.txt"
   rm -f "$out/host.safetensors"
 fi
 if [[ $parts == *bench* ]]; then

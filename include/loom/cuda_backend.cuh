@@ -33,12 +33,14 @@
 #include "loom/core/device_runtime.hpp"
 #include "loom/kernels/cuda/attention.cuh"
 #include "loom/kernels/cuda/attention_blocks.cuh"
+#include "loom/kernels/cuda/chunk_encoding.cuh"
 #include "loom/kernels/cuda/cross_entropy.cuh"
 #include "loom/kernels/cuda/elementwise.cuh"
 #include "loom/kernels/cuda/embedding.cuh"
 #include "loom/kernels/cuda/gelu.cuh"
 #include "loom/kernels/cuda/gemm.cuh"
 #include "loom/kernels/cuda/layernorm.cuh"
+#include "loom/kernels/cuda/low_rank.cuh"
 #include "loom/kernels/cuda/quantize.cuh"
 #include "loom/kernels/device_kernels.hpp"
 #include "loom/optim/adamw.cuh"
@@ -321,10 +323,44 @@ public:
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::unpack_cast(from, words, n, out, weight, add, current_stream());
     }
+    void pack_chunk(Device where, const kernels::ChunkEncoding& e, const float* x, std::int64_t n,
+                    std::uint32_t* words, float* residual) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::pack_chunk(e, x, n, words, residual, top_k_scratch(where), current_stream());
+    }
+    void unpack_chunk(Device where, const kernels::ChunkEncoding& e, const std::uint32_t* words, std::int64_t n,
+                      float* out, float weight, bool add) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::unpack_chunk(e, words, n, out, weight, add, current_stream());
+    }
+    void subtract(Device where, float* into, const float* x, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::subtract(into, x, n, current_stream());
+    }
+    void orthonormalize_columns(Device where, float* p, std::int64_t rows, std::int64_t cols) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::orthonormalize_columns(p, rows, cols, current_stream());
+    }
+    void mix_momentum(Device where, float* grad, const float* m, std::int64_t n, float beta1) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::mix_momentum(grad, m, n, beta1, current_stream());
+    }
+    void unmix_momentum(Device where, float* grad, const float* m, std::int64_t n, float beta1) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::unmix_momentum(grad, m, n, beta1, current_stream());
+    }
     void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,
                       const optim::detail::AdamWScalars& scalars) override {
         loom::detail::CudaDeviceScope scope(where.index);
         optim::cuda::adamw_update(params, grads, m, v, n, scalars, current_stream());
+    }
+
+private:
+    // Top-k's sort memory, per calling thread (rank threads pack at once) and
+    // device; freed in stream order when the thread ends.
+    [[nodiscard]] static kernels::cuda::TopKScratch& top_k_scratch(Device where) {
+        thread_local std::map<int, kernels::cuda::TopKScratch> scratch;
+        return scratch[where.index];
     }
 };
 

@@ -8,6 +8,7 @@
 // device without its backend, or mixed devices, must be refused by name.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "loom/comm/device_ranks.hpp"
+#include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/device_buffer.hpp"
 #include "loom/exec/executor.hpp"
@@ -189,6 +191,7 @@ void check_strategy_on_device(const loom::exec::ExecutionPlan& plan, loom_test::
     CHECK(differing_bits(on_device.values, host.values) == 0);
     CHECK(differing_bits(on_device.m, host.m) == 0);
     CHECK(differing_bits(on_device.v, host.v) == 0);
+    CHECK(differing_bits(on_device.compression, host.compression) == 0);
     // Every rank's optimizer ran on the device, once or once per group, every step.
     CHECK(device.calls("adamw_update") >= grid.dp * grid.pp * grid.tp * 3);
     for (const char* kernel : kernels) {
@@ -325,18 +328,98 @@ TEST_CASE("the Executor on a device takes its batch in host memory, naming where
                      "copied to cuda:0)");
 }
 
+TEST_CASE("the Executor's gradient compression on a device equals the host's bit for bit", "[device][exec]") {
+    using loom::DataParallel, loom::GradCompress, loom::ZeroShard;
+    // Each compressor's exchange shapes: all-reduce at ZeRO 0, reduce-scatter
+    // into the shard at ZeRO 1, slot reductions at ZeRO 2; the compressor's
+    // state (error feedback, PowerSGD's Qs) must equal the host's too.
+    SECTION("CastBf16, ZeRO 0") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::CastBf16>>(), {.dp = 2},
+                                 {"pack_chunk", "unpack_chunk"});
+    }
+    SECTION("Int8Block<16>, ZeroShard<2>") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::Int8Block<16>>, ZeroShard<2>>(), {.dp = 2},
+                                 {"pack_chunk", "unpack_chunk"});
+    }
+    SECTION("TopK<0.1>, ZeRO 0") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::TopK<0.1>>>(), {.dp = 2},
+                                 {"pack_chunk", "unpack_chunk", "accumulate"});
+    }
+    SECTION("TopK<0.1>, ZeroShard<1>") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::TopK<0.1>>, ZeroShard<1>>(), {.dp = 2},
+                                 {"pack_chunk", "unpack_chunk"});
+    }
+    SECTION("PowerSGD<2>, ZeRO 0") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::PowerSGD<2>>>(), {.dp = 2},
+                                 {"gemm", "orthonormalize_columns", "subtract"});
+    }
+    SECTION("PowerSGD<2>, ZeroShard<1>") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::PowerSGD<2>>, ZeroShard<1>>(), {.dp = 2},
+                                 {"orthonormalize_columns", "subtract"});
+    }
+    SECTION("OneBit, ZeRO 0 (momentum exchanged)") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::OneBit>>(), {.dp = 2},
+                                 {"pack_chunk", "unpack_chunk", "mix_momentum", "unmix_momentum"});
+    }
+    SECTION("OneBit, ZeroShard<3>") {
+        check_strategy_on_device(plan_of<DataParallel<>, GradCompress<loom::OneBit>, ZeroShard<3>>(), {.dp = 2},
+                                 {"pack_chunk", "unpack_chunk"});
+    }
+    SECTION("Int8Block<16> on dp 2 x pp 2, 1F1B") {
+        check_strategy_on_device(plan_of<DataParallel<>, loom::Pipeline<loom::OneFOneB>, GradCompress<loom::Int8Block<16>>>(),
+                                 {.dp = 2, .pp = 2}, {"pack_chunk", "unpack_chunk"});
+    }
+}
+
+TEST_CASE("a dp compressor's state saved on a device loads back there and on the host", "[device][exec]") {
+    loom_test::FencedDevice device;
+    loom_test::FencedRanks ranks;
+    const auto plan = plan_of<loom::DataParallel<>, loom::GradCompress<loom::TopK<0.1>>>();
+    std::vector<std::vector<float>> saved(2), reloaded(2);
+    loom::comm::run_ranks_on(loom::cuda_device(0), 2, [&](loom::comm::AnyComm& comm) {
+        auto model = loom::gpt::make_model(tiny);
+        loom::exec::Executor<loom::comm::AnyComm> exec(model, comm, plan, {.micro_batches = 2, .device = loom::cuda_device(0)});
+        exec.initialize(9);
+        const auto b = make_batch(0);
+        const std::int64_t share = batch / 2, first = comm.rank() * share;
+        (void)exec.step(b.input_tensor().slice(0, first, first + share), b.target_tensor().slice(0, first, first + share),
+                        1e-3f);
+        auto& mine = saved[static_cast<std::size_t>(comm.rank())];
+        mine.resize(static_cast<std::size_t>(exec.compression_state_size()));
+        exec.save_compression_state(mine);
+        exec.initialize(9);  // zeroes the compressor's state
+        std::vector<float> zeroed(mine.size());
+        exec.save_compression_state(zeroed);
+        CHECK(std::all_of(zeroed.begin(), zeroed.end(), [](float x) { return x == 0.0f; }));
+        exec.load_compression_state(mine);
+        auto& back = reloaded[static_cast<std::size_t>(comm.rank())];
+        back.resize(mine.size());
+        exec.save_compression_state(back);
+    });
+    for (int r = 0; r < 2; ++r) {
+        CAPTURE(r);
+        REQUIRE(!saved[static_cast<std::size_t>(r)].empty());
+        // Error feedback holds what top-k did not send: most of it is not zero.
+        CHECK(std::count(saved[static_cast<std::size_t>(r)].begin(), saved[static_cast<std::size_t>(r)].end(), 0.0f) <
+              static_cast<std::ptrdiff_t>(saved[static_cast<std::size_t>(r)].size() / 2));
+        CHECK(differing_bits(reloaded[static_cast<std::size_t>(r)], saved[static_cast<std::size_t>(r)]) == 0);
+    }
+}
+
 TEST_CASE("the Executor on a device refuses the policies that run on the host only, by name", "[device][exec]") {
     loom_test::FencedDevice device;
-    std::vector<std::string> messages(2);
-    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+    std::vector<std::string> messages(4);
+    loom::comm::ThreadWorld(4).run([&](loom::comm::ThreadComm& comm) {
         auto model = loom::gpt::make_model(tiny);
-        const auto plan = plan_of<loom::DataParallel<>, loom::GradCompress<loom::CastBf16>>();
+        const auto plan = plan_of<loom::DataParallel<>, loom::Optimus2D>();
         messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] {
-            loom::exec::Executor<loom::comm::ThreadComm> exec(model, comm, plan, {.device = loom::cuda_device(0)});
+            loom::comm::Mesh<loom::comm::ThreadComm> mesh(comm, {{"dp", 1}, {"tp", 4}});
+            loom::exec::Executor<loom::comm::ThreadComm> exec(model, mesh.axis("dp"), nullptr, &mesh.axis("tp"), plan,
+                                                              {.device = loom::cuda_device(0)});
         });
     });
     for (const std::string& message : messages)
-        CHECK(message == "Executor on cuda:0: GradCompress<CastBf16> runs on the host only so far; on a device use "
+        CHECK(message == "Executor on cuda:0: Optimus2D runs on the host only so far; on a device use "
                          "DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D), SequenceParallel "
-                         "and the pp and tp casts, or run this strategy on the host");
+                         "and GradCompress (dp, pp and tp), or run this strategy on the host");
 }

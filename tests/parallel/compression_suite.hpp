@@ -18,6 +18,7 @@
 
 #include <loom/exec/executor.hpp>
 #include <loom/exec/power_sgd.hpp>
+#include <loom/kernels/host/elementwise.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/kernels/host/low_rank.hpp>
 #include <loom/parallel/grad_compress.hpp>
@@ -217,11 +218,15 @@ inline SerialRun serial_compressed_run(const CompressionCase& c) {
             std::vector<float> m_padded(average.size());
             if (momentum) {
                 layout.from_dense(optimizer.m(), m_padded);
-                for (auto& gr : grads) loom::exec::mix_momentum(gr, m_padded, adamw.beta1);
+                for (auto& gr : grads)
+                    loom::kernels::host::mix_momentum(gr.data(), m_padded.data(), static_cast<std::int64_t>(gr.size()),
+                                                      adamw.beta1);
             }
             for (int g = 0; g < static_cast<int>(layout.groups().size()); ++g)
                 reference_average(c.compression, layout, units, g, c.stage >= 1, grads, state, average);
-            if (momentum) loom::exec::unmix_momentum(average, m_padded, adamw.beta1);
+            if (momentum)
+                loom::kernels::host::unmix_momentum(average.data(), m_padded.data(),
+                                                    static_cast<std::int64_t>(average.size()), adamw.beta1);
         }
         layout.to_dense(average, dense);
         optimizer.step(arena.values(), dense);

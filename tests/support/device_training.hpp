@@ -129,6 +129,7 @@ inline ResumedRun resume_on(loom::Device where, const loom::gpt::Config& config,
 struct StrategyRun {
     std::vector<float> losses;     // rank 0's, one per step
     std::vector<float> values, m, v;  // the gathered state after the last step
+    std::vector<float> compression;   // rank 0's dp compressor state (empty without one)
 };
 
 // A strategy's ranks: `dp` x `pp` x `tp` x `sp` rank threads (an axis of 1 is left out).
@@ -169,7 +170,9 @@ inline StrategyRun train_strategy(loom::Device where, const loom::gpt::Config& c
         }
         std::vector<float> values(static_cast<std::size_t>(exec.parameter_count())), m(values.size()), v(values.size());
         exec.gather_state(values, m, v);
-        if (world.rank() == 0) run = {losses, values, m, v};
+        std::vector<float> compression(static_cast<std::size_t>(exec.compression_state_size()));
+        exec.save_compression_state(compression);
+        if (world.rank() == 0) run = {losses, values, m, v, compression};
     });
     return run;
 }

@@ -15,9 +15,11 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "loom/core/buffer.hpp"
 #include "loom/core/device_runtime.hpp"
+#include "loom/kernels/chunk_encoding.hpp"
 #include "loom/kernels/device_kernels.hpp"
 #include "loom/kernels/host/attention.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
@@ -27,6 +29,7 @@
 #include "loom/kernels/host/gelu.hpp"
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/host/low_rank.hpp"
 #include "loom/kernels/host/quantize.hpp"
 #include "loom/optim/adamw.hpp"
 
@@ -238,6 +241,33 @@ public:
                      float* out, float weight, bool add) override {
         count("unpack_cast");
         loom::kernels::host::unpack_cast(from, unfence(words), n, unfence(out), weight, add);
+    }
+    void pack_chunk(loom::Device, const loom::kernels::ChunkEncoding& e, const float* x, std::int64_t n,
+                    std::uint32_t* words, float* residual) override {
+        count("pack_chunk");
+        thread_local std::vector<std::int32_t> scratch;  // rank threads pack at once
+        loom::kernels::host::pack_chunk(e, unfence(x), n, unfence(words), unfence(residual), scratch);
+    }
+    void unpack_chunk(loom::Device, const loom::kernels::ChunkEncoding& e, const std::uint32_t* words, std::int64_t n,
+                      float* out, float weight, bool add) override {
+        count("unpack_chunk");
+        loom::kernels::host::unpack_chunk(e, unfence(words), n, unfence(out), weight, add);
+    }
+    void subtract(loom::Device, float* into, const float* x, std::int64_t n) override {
+        count("subtract");
+        loom::kernels::host::subtract(unfence(into), unfence(x), n);
+    }
+    void orthonormalize_columns(loom::Device, float* p, std::int64_t rows, std::int64_t cols) override {
+        count("orthonormalize_columns");
+        loom::kernels::host::orthonormalize_columns(unfence(p), rows, cols);
+    }
+    void mix_momentum(loom::Device, float* grad, const float* m, std::int64_t n, float beta1) override {
+        count("mix_momentum");
+        loom::kernels::host::mix_momentum(unfence(grad), unfence(m), n, beta1);
+    }
+    void unmix_momentum(loom::Device, float* grad, const float* m, std::int64_t n, float beta1) override {
+        count("unmix_momentum");
+        loom::kernels::host::unmix_momentum(unfence(grad), unfence(m), n, beta1);
     }
     void adamw_update(loom::Device, float* params, const float* grads, float* m, float* v, std::int64_t n,
                       const loom::optim::detail::AdamWScalars& scalars) override {

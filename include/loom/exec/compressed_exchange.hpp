@@ -19,7 +19,9 @@
 // gradient arena; a step sends compress(gradient + error) and keeps the
 // rest. One-bit also keeps the error of its second compression, per chunk
 // (the shard layout), as 1-bit Adam does. Every rank of a bucket ends with
-// the same bits, whatever it sent.
+// the same bits, whatever it sent. All of it (error feedback, the words,
+// the sums) lives where the gradients do, the host or a device; only
+// checkpoints cross to the host.
 #pragma once
 
 #include <algorithm>
@@ -30,8 +32,11 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/device.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/exec/chunk_codec.hpp"
+#include "loom/kernels/compression_ops.hpp"
 #include "loom/exec/power_sgd.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/parallel/grad_compress.hpp"
@@ -39,37 +44,26 @@
 
 namespace loom::exec {
 
-// 1-bit Adam's exchange of momentum through a gradient exchange: before it,
-// g becomes the momentum this step would make, beta1 m + (1 - beta1) g; after
-// it, the average turns back into the gradient that makes AdamW's momentum
-// that average, (avg - beta1 m) / (1 - beta1). m is the step's old momentum,
-// the same on every rank.
-inline void mix_momentum(std::span<float> grad, std::span<const float> m, float beta1) {
-    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = beta1 * m[i] + (1.0f - beta1) * grad[i];
-}
-inline void unmix_momentum(std::span<float> grad, std::span<const float> m, float beta1) {
-    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = (grad[i] - beta1 * m[i]) / (1.0f - beta1);
-}
-
 template <comm::Communicator C>
 class CompressedExchange {
 public:
     using Notice = PowerSgdBuckets::Notice;
 
+    // The gradients it exchanges are in memory on `where`.
     CompressedExchange(C& comm, const parallel::ShardLayout& layout, const std::vector<nn::Unit>& units,
-                       const Compression& compression, const Notice& notice = {})
-        : comm_(&comm), layout_(layout), compression_(compression) {
+                       const Compression& compression, const Notice& notice = {}, Device where = host_device)
+        : comm_(&comm), layout_(layout), compression_(compression), where_(where) {
         compression.validate();
         LOOM_CHECK(compression.on(), "CompressedExchange: no compressor given");
         LOOM_CHECK(layout.ranks() == comm.size(), "CompressedExchange: a layout over ", layout.ranks(),
                    " ranks for a communicator of ", comm.size());
         if (compression.kind == CompressorKind::power_sgd)
-            power_sgd_ = std::make_unique<PowerSgdBuckets>(layout, units, compression.rank, notice);
+            power_sgd_ = std::make_unique<PowerSgdBuckets>(layout, units, compression.rank, notice, where);
         else
-            codec_ = std::make_unique<ChunkCodec>(compression);
-        if (compression.error_feedback()) error_.assign(static_cast<std::size_t>(layout.padded_size()), 0.0f);
-        if (compression.kind == CompressorKind::one_bit)
-            server_error_.assign(static_cast<std::size_t>(layout.shard_size()), 0.0f);
+            codec_ = std::make_unique<ChunkCodec>(compression, where);
+        // Sized 0 when absent: a default DeviceBuffer's shape is a scalar's, of one element.
+        error_ = floats(compression.error_feedback() ? layout.padded_size() : 0);
+        server_error_ = floats(compression.kind == CompressorKind::one_bit ? layout.shard_size() : 0);
         buffers_.resize(layout.groups().size());
     }
 
@@ -95,40 +89,37 @@ public:
 
     // Error feedback and warm starts back to zero and their initial values.
     void reset() {
-        std::fill(error_.begin(), error_.end(), 0.0f);
-        std::fill(server_error_.begin(), server_error_.end(), 0.0f);
+        fill_zero_bytes(error_.raw(), where_, error_.nbytes());
+        fill_zero_bytes(server_error_.raw(), where_, server_error_.nbytes());
         if (power_sgd_) power_sgd_->reset();
     }
 
-    // This rank's state, for checkpoints: error feedback (the padded arena's
-    // layout), one-bit's second error (the shard's), PowerSGD's Qs.
+    // This rank's state, for checkpoints (host memory): error feedback (the
+    // padded arena's layout), one-bit's second error (the shard's), PowerSGD's Qs.
     [[nodiscard]] std::int64_t state_size() const noexcept {
-        return static_cast<std::int64_t>(error_.size() + server_error_.size()) +
-               (power_sgd_ ? power_sgd_->state_size() : 0);
+        return error_.numel() + server_error_.numel() + (power_sgd_ ? power_sgd_->state_size() : 0);
     }
     void save_state(std::span<float> out) const {
         LOOM_CHECK(static_cast<std::int64_t>(out.size()) == state_size(), "CompressedExchange: ", out.size(),
                    " elements for a state of ", state_size());
-        auto at = std::copy(error_.begin(), error_.end(), out.begin());
-        at = std::copy(server_error_.begin(), server_error_.end(), at);
-        if (power_sgd_) power_sgd_->save(std::span<float>(at, out.end()));
+        copy_bytes(out.data(), host_device, error_.raw(), where_, error_.nbytes());
+        copy_bytes(out.data() + error_.numel(), host_device, server_error_.raw(), where_, server_error_.nbytes());
+        if (power_sgd_) power_sgd_->save(out.subspan(static_cast<std::size_t>(error_.numel() + server_error_.numel())));
     }
     void load_state(std::span<const float> in) {
         LOOM_CHECK(static_cast<std::int64_t>(in.size()) == state_size(), "CompressedExchange: a saved state of ",
                    in.size(), " elements for ", compression_.describe(), " whose state has ", state_size());
-        std::copy_n(in.begin(), error_.size(), error_.begin());
-        std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(error_.size()), server_error_.size(), server_error_.begin());
-        if (power_sgd_)
-            power_sgd_->load(in.subspan(error_.size() + server_error_.size()));
+        copy_bytes(error_.raw(), where_, in.data(), host_device, error_.nbytes());
+        copy_bytes(server_error_.raw(), where_, in.data() + error_.numel(), host_device, server_error_.nbytes());
+        if (power_sgd_) power_sgd_->load(in.subspan(static_cast<std::size_t>(error_.numel() + server_error_.numel())));
     }
     [[nodiscard]] std::int64_t state_bytes() const noexcept { return 4 * state_size(); }
     // Working buffers of the buckets exchanged so far (allocated on first use).
     [[nodiscard]] std::int64_t buffer_bytes() const noexcept {
-        std::int64_t words = 0;
+        std::int64_t bytes = 0;
         for (const auto& b : buffers_)
-            words += static_cast<std::int64_t>(b.send.size() + b.recv.size() + b.sums.size() + b.gather_send.size() +
-                                               b.gather_recv.size());
-        return 4 * words + (power_sgd_ ? power_sgd_->buffer_bytes() : 0);
+            bytes += b.send.nbytes() + b.recv.nbytes() + b.sums.nbytes() + b.gather_send.nbytes() + b.gather_recv.nbytes();
+        return bytes + (power_sgd_ ? power_sgd_->buffer_bytes() : 0);
     }
 
 private:
@@ -164,17 +155,27 @@ private:
         bool done_ = false;
     };
 
+    // A bucket's working memory, on where_; each array's size is fixed by
+    // its bucket, so it is allocated on the bucket's first exchange only.
     struct Buffers {
-        std::vector<std::uint32_t> send, recv, gather_send, gather_recv;
-        std::vector<float> sums;
+        DeviceBuffer send, recv, gather_send, gather_recv;  // words (i32)
+        DeviceBuffer sums;                                  // f32
     };
+
+    [[nodiscard]] DeviceBuffer floats(std::int64_t n) const { return DeviceBuffer(DType::f32, Shape{n}, where_); }
+    // `b` holding n elements of `dtype` (reallocated only when that size changes); its memory.
+    [[nodiscard]] void* sized(DeviceBuffer& b, DType dtype, std::int64_t n) const {
+        if (b.nbytes() != static_cast<std::size_t>(n) * size_of(dtype)) b = DeviceBuffer(dtype, Shape{n}, where_);
+        return b.raw();
+    }
+    [[nodiscard]] std::uint32_t* words_of(DeviceBuffer& b, std::int64_t n) const {
+        return static_cast<std::uint32_t*>(sized(b, DType::i32, n));
+    }
+    [[nodiscard]] static std::uint32_t* words_of(const DeviceBuffer& b) { return static_cast<std::uint32_t*>(b.raw()); }
 
     [[nodiscard]] std::span<float> error_of(int g) {
         const auto& group = layout_.group(g);
-        return {error_.data() + group.offset, static_cast<std::size_t>(group.padded)};
-    }
-    [[nodiscard]] static Tensor words_tensor(std::vector<std::uint32_t>& v) {
-        return Tensor(v.data(), DType::i32, Shape{static_cast<std::int64_t>(v.size())});
+        return {error_.data<float>() + group.offset, static_cast<std::size_t>(group.padded)};
     }
 
     // Compresses chunk j of x (every rank's chunks) into send, with error
@@ -182,17 +183,16 @@ private:
     void pack_chunks(int g, std::span<const float> grad, Buffers& b, std::int64_t words) {
         const auto& group = layout_.group(g);
         const int n = comm_->size();
-        b.send.resize(static_cast<std::size_t>(n * words));
+        std::uint32_t* send = words_of(b.send, n * words);
         const float* x = grad.data();
         if (compression_.error_feedback()) {
             const auto error = error_of(g);
-            for (std::size_t i = 0; i < error.size(); ++i) error[i] += grad[i];
+            kernels::accumulate(where_, error.data(), grad.data(), group.padded);
             x = error.data();
         }
         for (int j = 0; j < n; ++j) {
             float* chunk = const_cast<float*>(x) + j * group.block;
-            codec_->pack(chunk, group.block, b.send.data() + j * words,
-                         compression_.error_feedback() ? chunk : nullptr);
+            codec_->pack(chunk, group.block, send + j * words, compression_.error_feedback() ? chunk : nullptr);
         }
     }
 
@@ -200,7 +200,7 @@ private:
         Buffers& b = buffers_[static_cast<std::size_t>(g)];
         const std::int64_t words = codec_->words(layout_.group(g).block);
         pack_chunks(g, grad, b, words);
-        b.recv.resize(b.send.size());
+        (void)words_of(b.recv, b.send.numel());
         return comm_->all_to_all_async(words_tensor(b.send), words_tensor(b.recv));
     }
 
@@ -209,10 +209,10 @@ private:
         const std::int64_t words = codec_->words(layout_.group(g).block);
         pack_chunks(g, grad, b, words);
         if (scatter) {
-            b.recv.resize(b.send.size());
+            (void)words_of(b.recv, b.send.numel());
             return comm_->all_to_all_async(words_tensor(b.send), words_tensor(b.recv));
         }
-        b.recv.resize(b.send.size() * static_cast<std::size_t>(comm_->size()));
+        (void)words_of(b.recv, b.send.numel() * comm_->size());
         return comm_->all_gather_async(words_tensor(b.send), words_tensor(b.recv));
     }
 
@@ -221,7 +221,8 @@ private:
             power_sgd_->finish(*comm_, g, grad, error_of(g));
             if (scatter) {
                 const auto& group = layout_.group(g);
-                std::copy_n(grad.data() + comm_->rank() * group.block, group.block, out.data());
+                copy_bytes(out.data(), where_, grad.data() + comm_->rank() * group.block, where_,
+                           static_cast<std::size_t>(group.block) * sizeof(float));
             }
             return;
         }
@@ -234,32 +235,29 @@ private:
             // Every rank's pairs for every chunk: the whole average, summed in rank order.
             for (int j = 0; j < n; ++j)
                 for (int r = 0; r < n; ++r)
-                    codec_->unpack(b.recv.data() + (r * n + j) * words, group.block, grad.data() + j * group.block,
+                    codec_->unpack(words_of(b.recv) + (r * n + j) * words, group.block, grad.data() + j * group.block,
                                    weight, r > 0);
             return;
         }
         // This rank's chunk from every rank, summed in rank order.
         float* sums = out.data();
-        if (!scatter) {
-            b.sums.resize(static_cast<std::size_t>(group.block));
-            sums = b.sums.data();
-        }
-        for (int r = 0; r < n; ++r) codec_->unpack(b.recv.data() + r * words, group.block, sums, weight, r > 0);
+        if (!scatter) sums = static_cast<float*>(sized(b.sums, DType::f32, group.block));
+        for (int r = 0; r < n; ++r) codec_->unpack(words_of(b.recv) + r * words, group.block, sums, weight, r > 0);
         if (scatter) return;
         // Second stage: the sums compressed again (one-bit with its own error
         // feedback), gathered, and decoded alike on every rank.
-        b.gather_send.resize(static_cast<std::size_t>(words));
-        b.gather_recv.resize(static_cast<std::size_t>(n * words));
+        std::uint32_t* gather_send = words_of(b.gather_send, words);
+        const std::uint32_t* gather_recv = words_of(b.gather_recv, n * words);
         if (compression_.kind == CompressorKind::one_bit) {
-            float* server = server_error_.data() + group.shard_offset;
-            for (std::int64_t i = 0; i < group.block; ++i) sums[i] += server[i];
-            codec_->pack(sums, group.block, b.gather_send.data(), server);
+            float* server = server_error_.data<float>() + group.shard_offset;
+            kernels::accumulate(where_, sums, server, group.block);
+            codec_->pack(sums, group.block, gather_send, server);
         } else {
-            codec_->pack(sums, group.block, b.gather_send.data());
+            codec_->pack(sums, group.block, gather_send);
         }
         comm_->all_gather(words_tensor(b.gather_send), words_tensor(b.gather_recv));
         for (int r = 0; r < n; ++r)
-            codec_->unpack(b.gather_recv.data() + r * words, group.block, grad.data() + r * group.block, 1.0f, false);
+            codec_->unpack(gather_recv + r * words, group.block, grad.data() + r * group.block, 1.0f, false);
     }
 
     // The bucket's padding (past its parameters) leaves the exchange as zero,
@@ -268,17 +266,22 @@ private:
     void zero_padding(int g, std::span<float> out, bool scatter) const {
         const auto& group = layout_.group(g);
         const std::int64_t first = scatter ? comm_->rank() * group.block : 0;
-        for (std::int64_t i = std::max(group.numel, first); i < first + static_cast<std::int64_t>(out.size()); ++i)
-            out[static_cast<std::size_t>(i - first)] = 0.0f;
+        const std::int64_t from = std::max(group.numel, first), to = first + static_cast<std::int64_t>(out.size());
+        if (from < to)
+            fill_zero_bytes(out.data() + (from - first), where_, static_cast<std::size_t>(to - from) * sizeof(float));
+    }
+    [[nodiscard]] Tensor words_tensor(const DeviceBuffer& b) const {
+        return Tensor(b.raw(), DType::i32, Shape{b.numel()}, where_);
     }
 
     C* comm_;
     parallel::ShardLayout layout_;  // a copy: the executor that owns this may move
     Compression compression_;
+    Device where_;
     std::unique_ptr<ChunkCodec> codec_;
     std::unique_ptr<PowerSgdBuckets> power_sgd_;
-    std::vector<float> error_;         // error feedback, the padded arena's layout
-    std::vector<float> server_error_;  // one-bit's second error, the shard's layout
+    DeviceBuffer error_;         // error feedback (f32, on where_), the padded arena's layout
+    DeviceBuffer server_error_;  // one-bit's second error (f32, on where_), the shard's layout
     std::vector<Buffers> buffers_;     // by bucket: several may be in flight at once
 };
 

@@ -39,6 +39,7 @@
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/compressed_exchange.hpp"
+#include "loom/kernels/compression_ops.hpp"
 #include "loom/exec/rank_program.hpp"
 #include "loom/exec/execution_plan.hpp"
 #include "loom/exec/memory.hpp"
@@ -316,7 +317,7 @@ private:
             notice = options.notice ? options.notice : PowerSgdBuckets::Notice([](const std::string& line) {
                 std::cerr << "loom: " << line << "\n";
             });
-        compress_ = std::make_unique<CompressedExchange<C>>(*comm_, rank_.layout, units_, compression, notice);
+        compress_ = std::make_unique<CompressedExchange<C>>(*comm_, rank_.layout, units_, compression, notice, device_);
     }
     // After the warm-up: compressed from the step whose optimizer step is compress_warmup_ + 1.
     [[nodiscard]] bool compressing() const noexcept { return compress_ && optimizer_steps_ >= compress_warmup_; }
@@ -334,7 +335,7 @@ private:
         if (in.slot < 0) {
             const auto grad = span_of(store_.grads, g.offset, g.padded);
             if (momentum_exchange()) {
-                mix_momentum(grad, span_of(store_.m, g.offset, g.padded), adamw_.beta1);
+                kernels::mix_momentum(device_, grad.data(), store_.m.data<float>() + g.offset, g.padded, adamw_.beta1);
                 momentum_mixed_ = true;
             }
             issue(index, compress_->reduce_async(in.group, grad,
@@ -395,17 +396,14 @@ private:
     // What runs on a device so far: data parallelism at every ZeRO stage,
     // pipelines of every schedule, Megatron (1D) tensor parallelism and
     // sequence parallelism (ring, Ulysses, hybrid), with any micro-batches,
-    // and the 16-bit casts of the pp and tp traffic; checked before anything
-    // is allocated there.
+    // and every gradient compressor on dp and the 16-bit casts of the pp and
+    // tp traffic; checked before anything is allocated there.
     void check_device(const ExecutionPlan& plan) const {
         if (device_.kind == DeviceKind::host) return;
         check_device_usable(device_);
-        std::string host_only;
-        if (tp_ != nullptr && plan.tensor_grid) host_only = "Optimus2D";
-        else if (plan.dp_compression.on() && comm_->size() > 1) host_only = "GradCompress<" + plan.dp_compression.describe() + ">";
-        LOOM_CHECK(host_only.empty(), "Executor on ", device_, ": ", host_only, " runs on the host only so far; on a "
+        LOOM_CHECK(tp_ == nullptr || !plan.tensor_grid, "Executor on ", device_, ": Optimus2D runs on the host only so far; on a "
                    "device use DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D), SequenceParallel "
-                   "and the pp and tp casts, or run this strategy on the host");
+                   "and GradCompress (dp, pp and tp), or run this strategy on the host");
     }
 
     void allocate() {
@@ -678,9 +676,8 @@ private:
     void optimizer_step() {
         const std::int64_t step = ++optimizer_steps_;
         if (momentum_mixed_) {
-            unmix_momentum(std::span<float>(store_.grads.data<float>(), static_cast<std::size_t>(store_.grads.numel())),
-                           std::span<float>(store_.m.data<float>(), static_cast<std::size_t>(store_.m.numel())),
-                           adamw_.beta1);
+            kernels::unmix_momentum(device_, store_.grads.data<float>(), store_.m.data<float>(), store_.grads.numel(),
+                                    adamw_.beta1);
             momentum_mixed_ = false;
         }
         store_.optimizer_step(rank_.layout, comm_->rank(), step, adamw_);

@@ -8,6 +8,10 @@
 // compressed, (n + m) r 2 < n m; the rest (vectors, small matrices) are
 // averaged whole in the same all-reduce as P. Each bucket has two
 // collectives: P's (started when the bucket's backward is done) and Q's.
+// Everything lives where the gradients do (the host or a device): the
+// GEMMs, the orthonormalisation and the error update run there
+// (kernels/ops.hpp, kernels/compression_ops.hpp); only Q's initial values
+// and checkpoints cross to the host.
 #pragma once
 
 #include <algorithm>
@@ -18,10 +22,12 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/device.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/rng.hpp"
-#include "loom/kernels/host/gemm.hpp"
-#include "loom/kernels/host/low_rank.hpp"
+#include "loom/kernels/compression_ops.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/parallel/shard_layout.hpp"
 
@@ -34,10 +40,11 @@ class PowerSgdBuckets {
 public:
     using Notice = std::function<void(const std::string&)>;
 
-    // `notice` (may be empty) hears, once per matrix, that one is too small for the rank.
+    // `notice` (may be empty) hears, once per matrix, that one is too small
+    // for the rank. The gradients the buckets see are in memory on `where`.
     PowerSgdBuckets(const parallel::ShardLayout& layout, const std::vector<nn::Unit>& units, int rank,
-                    const Notice& notice)
-        : rank_(rank) {
+                    const Notice& notice, Device where = host_device)
+        : rank_(rank), where_(where) {
         LOOM_CHECK(rank >= 1, "PowerSGD: rank ", rank, " must be at least 1");
         for (const auto& g : layout.groups()) {
             Bucket bucket;
@@ -50,8 +57,9 @@ public:
                     at += p.numel();
                 }
             }
-            bucket.p_and_dense.resize(static_cast<std::size_t>(bucket.p_size + bucket.dense_size));
-            bucket.q_new.resize(static_cast<std::size_t>(bucket.q_size));
+            bucket.p_and_dense = floats(bucket.p_size + bucket.dense_size);
+            bucket.q = floats(bucket.q_size);
+            bucket.q_new = floats(bucket.q_size);
             buckets_.push_back(std::move(bucket));
         }
         q_offset_.push_back(0);
@@ -61,11 +69,12 @@ public:
 
     // Every Q back to its initial values (error feedback is the caller's).
     void reset() {
+        std::vector<float> initial;
         for (std::size_t g = 0; g < buckets_.size(); ++g) {
             const RngStream stream{power_sgd_seed, g};
-            auto& q = buckets_[g].q;
-            q.resize(static_cast<std::size_t>(buckets_[g].q_size));
-            for (std::size_t i = 0; i < q.size(); ++i) q[i] = stream.normal(i);
+            initial.resize(static_cast<std::size_t>(buckets_[g].q_size));
+            for (std::size_t i = 0; i < initial.size(); ++i) initial[i] = stream.normal(i);
+            copy_bytes(buckets_[g].q.raw(), where_, initial.data(), host_device, initial.size() * sizeof(float));
         }
     }
 
@@ -74,15 +83,18 @@ public:
     template <comm::Communicator C>
     [[nodiscard]] comm::Request start(C& comm, int g, std::span<const float> grad, std::span<float> error) {
         Bucket& b = bucket(g);
-        for (std::size_t i = 0; i < grad.size(); ++i) error[i] += grad[i];
+        kernels::accumulate(where_, error.data(), grad.data(), static_cast<std::int64_t>(grad.size()));
+        float* p_and_dense = b.p_and_dense.data<float>();
         for (const Matrix& m : b.matrices)
-            kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::no, m.rows, rank_, m.cols, 1.0f,
-                                error.data() + m.offset, m.cols, b.q.data() + m.q_offset, rank_, 0.0f,
-                                b.p_and_dense.data() + m.p_offset, rank_);
+            kernels::gemm(kernels::Trans::no, kernels::Trans::no, m.rows, rank_, m.cols, 1.0f,
+                          view(error.data() + m.offset, m.rows * m.cols), m.cols, view(b.q.data<float>() + m.q_offset,
+                          m.cols * rank_), rank_, 0.0f, view(p_and_dense + m.p_offset, m.rows * rank_), rank_);
         std::int64_t at = b.p_size;
-        for (const auto& [offset, length] : b.dense)
-            std::copy_n(error.data() + offset, length, b.p_and_dense.data() + (at += length) - length);
-        const Tensor t = Tensor::of(b.p_and_dense.data(), {static_cast<std::int64_t>(b.p_and_dense.size())});
+        for (const auto& [offset, length] : b.dense) {
+            copy_floats(p_and_dense + at, error.data() + offset, length);
+            at += length;
+        }
+        const Tensor t = b.p_and_dense.tensor();
         return comm.all_reduce_async(t, t, comm::ReduceOp::avg);
     }
 
@@ -91,47 +103,53 @@ public:
     template <comm::Communicator C>
     void finish(C& comm, int g, std::span<float> out, std::span<float> error) {
         Bucket& b = bucket(g);
+        float* p_and_dense = b.p_and_dense.data<float>();
+        float* q_new = b.q_new.data<float>();
         for (const Matrix& m : b.matrices) {
-            float* p = b.p_and_dense.data() + m.p_offset;
-            kernels::host::orthonormalize_columns(p, m.rows, rank_);
-            kernels::host::gemm(kernels::host::Trans::yes, kernels::host::Trans::no, m.cols, rank_, m.rows, 1.0f,
-                                error.data() + m.offset, m.cols, p, rank_, 0.0f, b.q_new.data() + m.q_offset, rank_);
+            float* p = p_and_dense + m.p_offset;
+            kernels::orthonormalize_columns(where_, p, m.rows, rank_);
+            kernels::gemm(kernels::Trans::yes, kernels::Trans::no, m.cols, rank_, m.rows, 1.0f,
+                          view(error.data() + m.offset, m.rows * m.cols), m.cols, view(p, m.rows * rank_), rank_, 0.0f,
+                          view(q_new + m.q_offset, m.cols * rank_), rank_);
         }
         if (!b.matrices.empty()) {
-            const Tensor q = Tensor::of(b.q_new.data(), {b.q_size});
+            const Tensor q = b.q_new.tensor();
             comm.all_reduce(q, q, comm::ReduceOp::avg);
         }
         for (const Matrix& m : b.matrices) {
             float* approx = out.data() + m.offset;
-            kernels::host::gemm(kernels::host::Trans::no, kernels::host::Trans::yes, m.rows, m.cols, rank_, 1.0f,
-                                b.p_and_dense.data() + m.p_offset, rank_, b.q_new.data() + m.q_offset, rank_, 0.0f,
-                                approx, m.cols);
-            for (std::int64_t i = 0; i < m.rows * m.cols; ++i) error[m.offset + i] -= approx[i];
+            kernels::gemm(kernels::Trans::no, kernels::Trans::yes, m.rows, m.cols, rank_, 1.0f,
+                          view(p_and_dense + m.p_offset, m.rows * rank_), rank_, view(q_new + m.q_offset,
+                          m.cols * rank_), rank_, 0.0f, view(approx, m.rows * m.cols), m.cols);
+            kernels::subtract(where_, error.data() + m.offset, approx, m.rows * m.cols);
         }
         std::int64_t at = b.p_size;
         for (const auto& [offset, length] : b.dense) {
             // Averaged whole: nothing is left over for error feedback.
-            std::copy_n(b.p_and_dense.data() + at, length, out.data() + offset);
-            std::fill_n(error.data() + offset, length, 0.0f);
+            copy_floats(out.data() + offset, p_and_dense + at, length);
+            fill_zero_bytes(error.data() + offset, where_, static_cast<std::size_t>(length) * sizeof(float));
             at += length;
         }
-        std::copy(b.q_new.begin(), b.q_new.end(), b.q.begin());  // the next step's warm start
+        copy_floats(b.q.data<float>(), q_new, b.q_size);  // the next step's warm start
     }
 
-    // The warm-start Qs of every bucket, one after the other (checkpoints).
+    // The warm-start Qs of every bucket, one after the other (checkpoints;
+    // `out` and `in` are host memory).
     [[nodiscard]] std::int64_t state_size() const noexcept { return q_offset_.back(); }
     void save(std::span<float> out) const {
         for (std::size_t g = 0; g < buckets_.size(); ++g)
-            std::copy(buckets_[g].q.begin(), buckets_[g].q.end(), out.begin() + q_offset_[g]);
+            copy_bytes(out.data() + q_offset_[g], host_device, buckets_[g].q.raw(), where_,
+                       static_cast<std::size_t>(buckets_[g].q_size) * sizeof(float));
     }
     void load(std::span<const float> in) {
         for (std::size_t g = 0; g < buckets_.size(); ++g)
-            std::copy_n(in.begin() + q_offset_[g], buckets_[g].q_size, buckets_[g].q.begin());
+            copy_bytes(buckets_[g].q.raw(), where_, in.data() + q_offset_[g], host_device,
+                       static_cast<std::size_t>(buckets_[g].q_size) * sizeof(float));
     }
     // Working buffers ([P | dense] and the new Q of every bucket), in bytes.
     [[nodiscard]] std::int64_t buffer_bytes() const noexcept {
         std::int64_t n = 0;
-        for (const auto& b : buckets_) n += static_cast<std::int64_t>(b.p_and_dense.size() + b.q_new.size());
+        for (const auto& b : buckets_) n += b.p_and_dense.numel() + b.q_new.numel();
         return 4 * n;
     }
 private:
@@ -143,8 +161,14 @@ private:
         std::vector<Matrix> matrices;
         std::vector<std::pair<std::int64_t, std::int64_t>> dense;  // (offset, length): averaged whole
         std::int64_t p_size = 0, q_size = 0, dense_size = 0;
-        std::vector<float> p_and_dense, q, q_new;
+        DeviceBuffer p_and_dense, q, q_new;  // on where_
     };
+
+    [[nodiscard]] DeviceBuffer floats(std::int64_t n) const { return DeviceBuffer(DType::f32, Shape{n}, where_); }
+    [[nodiscard]] Tensor view(float* p, std::int64_t n) const { return Tensor(p, DType::f32, Shape{n}, where_); }
+    void copy_floats(float* to, const float* from, std::int64_t n) const {
+        copy_bytes(to, where_, from, where_, static_cast<std::size_t>(n) * sizeof(float));
+    }
 
     void add_param(Bucket& bucket, const Param& p, std::int64_t at, const nn::Unit& unit, std::size_t k,
                    const Notice& notice) {
@@ -172,6 +196,7 @@ private:
     [[nodiscard]] const Bucket& bucket(int g) const { return buckets_.at(static_cast<std::size_t>(g)); }
 
     int rank_;
+    Device where_;
     std::vector<Bucket> buckets_;
     std::vector<std::int64_t> q_offset_;
 };

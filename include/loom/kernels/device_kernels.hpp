@@ -14,6 +14,7 @@
 #include "loom/core/device.hpp"
 #include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
+#include "loom/kernels/chunk_encoding.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/quantize.hpp"
 #include "loom/kernels/trans.hpp"
@@ -107,6 +108,20 @@ public:
     virtual void pack_cast(Device where, host::Cast to, const float* x, std::int64_t n, std::uint32_t* words) = 0;
     virtual void unpack_cast(Device where, host::Cast from, const std::uint32_t* words, std::int64_t n, float* out,
                              float weight, bool add) = 0;
+
+    // Data-parallel gradient compression (kernels/compression_ops.hpp): a
+    // chunk into its words and back (kernels/chunk_encoding.hpp, whose host
+    // functions these must equal), PowerSGD's error update and
+    // orthonormalisation (kernels/host/low_rank.hpp), and 1-bit Adam's
+    // momentum exchange (kernels/host/elementwise.hpp).
+    virtual void pack_chunk(Device where, const ChunkEncoding& e, const float* x, std::int64_t n,
+                            std::uint32_t* words, float* residual) = 0;
+    virtual void unpack_chunk(Device where, const ChunkEncoding& e, const std::uint32_t* words, std::int64_t n,
+                              float* out, float weight, bool add) = 0;
+    virtual void subtract(Device where, float* into, const float* x, std::int64_t n) = 0;
+    virtual void orthonormalize_columns(Device where, float* p, std::int64_t rows, std::int64_t cols) = 0;
+    virtual void mix_momentum(Device where, float* grad, const float* m, std::int64_t n, float beta1) = 0;
+    virtual void unmix_momentum(Device where, float* grad, const float* m, std::int64_t n, float beta1) = 0;
 
     // One AdamW step of n elements with this step's constants.
     virtual void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,

@@ -1,9 +1,13 @@
 // Device mirrors of the elementwise kernels in kernels/host/elementwise.hpp
-// that layers call: add, accumulate, add_bias, bias_grad and repeat_rows (f32, row-major,
-// raw device pointers, same arguments in the same order, plus the stream).
+// that layers and gradient compression call: add, accumulate, add_bias,
+// bias_grad, repeat_rows, subtract, mix_momentum and unmix_momentum (f32,
+// row-major, raw device pointers, same arguments in the same order, plus the
+// stream).
 // Each result is bit for bit the host kernel's: add, accumulate and add_bias
 // are one rounding per element, and bias_grad adds the rows of each column in
-// the host's order (one thread per column), so no reassociation can creep in.
+// the host's order (one thread per column), so no reassociation can creep in;
+// the momentum mixes spell out their roundings (__fmul_rn, __fadd_rn), so no
+// FMA contraction can creep in either.
 // The host's reduction helpers (sum_over, max_over, fast_exp) have no mirror
 // here: device kernels that reduce bring their own block-level reductions.
 #pragma once
@@ -65,6 +69,25 @@ __global__ void repeat_rows_kernel(const T* __restrict__ row, T* __restrict__ y,
     for (std::int64_t i = grid_index(); i < count; i += grid_stride()) y[i] = row[i % n];
 }
 
+template <class T>
+__global__ void subtract_kernel(T* __restrict__ into, const T* __restrict__ x, std::int64_t n) {
+    for (std::int64_t i = grid_index(); i < n; i += grid_stride()) into[i] -= x[i];
+}
+
+template <class T>
+__global__ void mix_momentum_kernel(T* __restrict__ grad, const T* __restrict__ m, std::int64_t n, T beta1) {
+    const T rest = 1.0f - beta1;
+    for (std::int64_t i = grid_index(); i < n; i += grid_stride())
+        grad[i] = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(rest, grad[i]));
+}
+
+template <class T>
+__global__ void unmix_momentum_kernel(T* __restrict__ grad, const T* __restrict__ m, std::int64_t n, T beta1) {
+    const T rest = 1.0f - beta1;
+    for (std::int64_t i = grid_index(); i < n; i += grid_stride())
+        grad[i] = __fdiv_rn(__fsub_rn(grad[i], __fmul_rn(beta1, m[i])), rest);
+}
+
 }  // namespace detail
 
 // out = a + b for n elements. out may be a or b (a residual add in place).
@@ -103,6 +126,27 @@ inline void bias_grad(const float* dy, float* dbias, std::int64_t rows, std::int
 inline void repeat_rows(const float* row, float* y, std::int64_t rows, std::int64_t n, cudaStream_t stream = nullptr) {
     if (rows <= 0 || n <= 0) return;
     detail::repeat_rows_kernel<float><<<blocks_for(rows * n), threads_per_block, 0, stream>>>(row, y, rows, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// into -= x; into and x do not overlap.
+inline void subtract(float* into, const float* x, std::int64_t n, cudaStream_t stream = nullptr) {
+    if (n <= 0) return;
+    detail::subtract_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(into, x, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// grad = beta1 m + (1 - beta1) grad (1-bit Adam's momentum-to-be).
+inline void mix_momentum(float* grad, const float* m, std::int64_t n, float beta1, cudaStream_t stream = nullptr) {
+    if (n <= 0) return;
+    detail::mix_momentum_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(grad, m, n, beta1);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// grad = (grad - beta1 m) / (1 - beta1): the averaged momentum back to a gradient.
+inline void unmix_momentum(float* grad, const float* m, std::int64_t n, float beta1, cudaStream_t stream = nullptr) {
+    if (n <= 0) return;
+    detail::unmix_momentum_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(grad, m, n, beta1);
     LOOM_CUDA_CHECK_LAUNCH();
 }
 

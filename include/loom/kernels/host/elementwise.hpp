@@ -172,4 +172,22 @@ LOOM_KERNEL_DISPATCH inline void accumulate(float* __restrict into, const float*
     for (std::int64_t i = 0; i < n; ++i) into[i] += x[i];
 }
 
+// into -= x (PowerSGD's error feedback: what the low-rank average missed).
+inline void subtract(float* __restrict into, const float* __restrict x, std::int64_t n) noexcept {
+    for (std::int64_t i = 0; i < n; ++i) into[i] -= x[i];
+}
+
+// 1-bit Adam's exchange of momentum through a gradient exchange: before it,
+// g becomes the momentum this step would make, beta1 m + (1 - beta1) g; after
+// it, the average turns back into the gradient that makes AdamW's momentum
+// that average, (avg - beta1 m) / (1 - beta1). m is the step's old momentum,
+// the same on every rank. Not CPU-dispatched: an FMA-contracted clone would
+// round differently from the baseline, and these run once a step.
+inline void mix_momentum(float* __restrict grad, const float* __restrict m, std::int64_t n, float beta1) noexcept {
+    for (std::int64_t i = 0; i < n; ++i) grad[i] = beta1 * m[i] + (1.0f - beta1) * grad[i];
+}
+inline void unmix_momentum(float* __restrict grad, const float* __restrict m, std::int64_t n, float beta1) noexcept {
+    for (std::int64_t i = 0; i < n; ++i) grad[i] = (grad[i] - beta1 * m[i]) / (1.0f - beta1);
+}
+
 }  // namespace loom::kernels::host
