@@ -2,11 +2,11 @@
 // checkpoints as on the host, with the executor's buffers and the layers'
 // activations on that GPU and --dp rank threads sharing it (the backend's
 // world of rank threads, each on its own stream; train_gpt_cuda.cu builds the
-// backend in). Data parallelism at every ZeRO stage, pipelines of every
-// schedule, Megatron (1D) tensor parallelism and sequence parallelism, with
-// any micro-batches, every --compress compressor on the dp exchange and the
-// 16-bit casts of the pp and tp traffic, run there so far; the other
-// strategies are refused here, by flag, before anything runs.
+// backend in). Every strategy of the executor runs there: data parallelism
+// at every ZeRO stage, pipelines of every schedule, Megatron (1D) and Optimus
+// (2D) tensor parallelism, sequence parallelism, with any micro-batches and
+// every compressor; OptEx (its own loop) and --cluster (links shaped between
+// host threads) are refused here, by flag, before anything runs.
 // Included by train_gpt.cpp inside its anonymous namespace, after its Flags;
 // train_gpt.cpp includes the loom headers this uses at its top.
 #pragma once
@@ -17,11 +17,10 @@ inline void check_device_flags(const Flags& flags) {
     where << flags.device;
     const auto refuse = [&](bool given, const std::string& what) {
         if (given)
-            usage_error("--device " + where.str() + " runs data, pipeline, Megatron tensor and sequence parallelism "
-                        "and gradient compression (--dp, --zero, --pp, --schedule, --tp, --sp, --compress, "
-                        "--compress-pp, --compress-tp, --micro-batches) so far; drop " + what + " or use --device host");
+            usage_error("--device " + where.str() + " runs the executor's strategies (--dp, --zero, --pp, --schedule, "
+                        "--tp, --tp-mode, --sp, --compress, --compress-pp, --compress-tp, --micro-batches) so far; "
+                        "drop " + what + " or use --device host");
     };
-    refuse(flags.tp > 1 && flags.tp_grid, "--tp-mode 2d");
     refuse(flags.optex > 0, "--optex " + std::to_string(flags.optex));
     refuse(!flags.cluster.empty(), "--cluster");
 }

@@ -64,6 +64,12 @@ if [[ $parts == *train* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   .gpu/bin/train_gpt $cflags --metrics "$out/host_psgd.jsonl" > "$out/train_host_psgd.txt" 2>&1 || status=1
   python3 bench/gpu/compare.py --losses "$out/host_psgd.jsonl" "$out/gpu_psgd.jsonl" | tee "$out/losses_psgd.txt"
+  # Optimus 2D on a 2 x 2 grid (SUMMA and the grid LayerNorm on the GPU).
+  oflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 20 --lr 3e-3 --tp 4 --tp-mode 2d --micro-batches 2"
+  .gpu/bin/train_gpt $oflags --device cuda --metrics "$out/gpu_2d.jsonl" 2>&1 | tee "$out/train_gpu_2d.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  .gpu/bin/train_gpt $oflags --metrics "$out/host_2d.jsonl" > "$out/train_host_2d.txt" 2>&1 || status=1
+  python3 bench/gpu/compare.py --losses "$out/host_2d.jsonl" "$out/gpu_2d.jsonl" | tee "$out/losses_2d.txt"
   rm -f "$out/host.safetensors"
 fi
 if [[ $parts == *bench* ]]; then

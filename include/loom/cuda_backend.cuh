@@ -40,6 +40,7 @@
 #include "loom/kernels/cuda/gelu.cuh"
 #include "loom/kernels/cuda/gemm.cuh"
 #include "loom/kernels/cuda/layernorm.cuh"
+#include "loom/kernels/cuda/layernorm_grid.cuh"
 #include "loom/kernels/cuda/low_rank.cuh"
 #include "loom/kernels/cuda/quantize.cuh"
 #include "loom/kernels/device_kernels.hpp"
@@ -322,6 +323,36 @@ public:
                      float weight, bool add) override {
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::unpack_cast(from, words, n, out, weight, add, current_stream());
+    }
+    void layernorm_grid_row_sums(Device where, const float* x, float* sums, std::int64_t rows,
+                                 std::int64_t C) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_grid_row_sums(x, sums, rows, C, current_stream());
+    }
+    void layernorm_grid_centered_squares(Device where, const float* x, float* mean, float* squares, std::int64_t rows,
+                                         std::int64_t C, float inverse_C) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_grid_centered_squares(x, mean, squares, rows, C, inverse_C, current_stream());
+    }
+    void layernorm_grid_normalize(Device where, const float* x, const float* gain, const float* shift,
+                                  const float* mean, float* rstd, float* y, std::int64_t rows, std::int64_t C,
+                                  float inverse_C, float eps) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_grid_normalize(x, gain, shift, mean, rstd, y, rows, C, inverse_C, eps,
+                                                current_stream());
+    }
+    void layernorm_grid_backward_sums(Device where, const float* dy, const float* x, const float* gain,
+                                      const float* mean, const float* rstd, float* sums, std::int64_t rows,
+                                      std::int64_t C) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_grid_backward_sums(dy, x, gain, mean, rstd, sums, rows, C, current_stream());
+    }
+    void layernorm_grid_backward_apply(Device where, const float* dy, const float* x, const float* gain,
+                                       const float* mean, const float* rstd, const float* sums, float* dx,
+                                       std::int64_t rows, std::int64_t C, float inverse_C) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::layernorm_grid_backward_apply(dy, x, gain, mean, rstd, sums, dx, rows, C, inverse_C,
+                                                     current_stream());
     }
     void pack_chunk(Device where, const kernels::ChunkEncoding& e, const float* x, std::int64_t n,
                     std::uint32_t* words, float* residual) override {

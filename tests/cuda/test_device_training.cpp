@@ -5,7 +5,7 @@
 // norm of the host's array: 1e-4 for the loss and gradients after one step
 // (f32 throughout; cuBLASLt and the blockwise attention sum in other orders),
 // 1e-4 for the losses and parameters after 5 AdamW steps, and for the
-// executor's strategies on one GPU (dp, ZeRO 1-3, pipelines, tp, sp; run_ranks_on,
+// executor's strategies on one GPU (dp, ZeRO 1-3, pipelines, tp 1D and 2D, sp; run_ranks_on,
 // DeviceThreadWorld behind AnyComm) against the same on the host; 1e-3 for
 // the casts, int8 and PowerSGD, 1e-2 for top-k and one-bit. Skipped with the rest of the CUDA tests when no
 // GPU is present.
@@ -149,6 +149,10 @@ TEST_CASE("the Executor's strategies on one GPU follow the host's within 1e-4", 
         check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.dp = 2, .sp = 2});
     }
     SECTION("pp 2, ZeroBubbleV") { check_strategy_on_gpu(plan_of<DataParallel<>, Pipeline<loom::ZeroBubbleV>>(), {.pp = 2}); }
+    SECTION("Optimus 2D, a 2 x 2 grid") { check_strategy_on_gpu(plan_of<DataParallel<>, loom::Optimus2D>(), {.tp = 4}); }
+    SECTION("pp 2 x Optimus 2D, 1F1B") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, loom::Optimus2D>(), {.pp = 2, .tp = 4});
+    }
 }
 
 TEST_CASE("the Executor's gradient compressors on one GPU follow the host's", "[device]") {

@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "loom/comm/device_ranks.hpp"
-#include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/device_buffer.hpp"
 #include "loom/exec/executor.hpp"
@@ -162,7 +161,7 @@ TEST_CASE("a device that does not exist, mixed devices and host-only paths are r
           "ParamArena: the parameters live on cuda:0; read them on the host through a copy (copy_tensor of "
           "values_tensor())");
 
-    // A layer cut over an Optimus 2D grid keeps its bookkeeping on the host.
+    // A layer cut over an Optimus 2D grid needs the grid in its context, on a device as on the host.
     auto norm = nn::LayerNorm::make(8);
     norm.gain.slice.full = loom::Shape{16};
     norm.gain.slice.cuts[0] = loom::ParamCut{0, 8, 2};
@@ -171,8 +170,8 @@ TEST_CASE("a device that does not exist, mixed devices and host-only paths are r
     ctx.set_device(loom::cuda_device(0));
     const Tensor x = ctx.alloc({2, 8});
     CHECK(loom_test::message_of([&] { (void)norm.forward(ctx, x); }) ==
-          "LayerNorm on an Optimus 2D grid runs on the host only so far, but its tensor is on cuda:0; run this "
-          "configuration on the host (--device host)");
+          "LayerNorm: cut for an Optimus 2D grid but the context has no grid; run it through an executor whose "
+          "strategy has Optimus2D");
 }
 
 namespace {
@@ -181,11 +180,11 @@ namespace {
 // losses, parameters and both moments equal bit for bit after 3 steps, and
 // each of `kernels` went through the device's table.
 void check_strategy_on_device(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid,
-                              std::initializer_list<const char*> kernels = {}) {
+                              std::initializer_list<const char*> kernels = {}, std::int64_t rows = batch) {
     loom_test::FencedDevice device;
     loom_test::FencedRanks ranks;
-    const auto host = loom_test::train_strategy(loom::host_device, tiny, plan, grid, batch, 3, 21);
-    const auto on_device = loom_test::train_strategy(loom::cuda_device(0), tiny, plan, grid, batch, 3, 21);
+    const auto host = loom_test::train_strategy(loom::host_device, tiny, plan, grid, rows, 3, 21);
+    const auto on_device = loom_test::train_strategy(loom::cuda_device(0), tiny, plan, grid, rows, 3, 21);
     REQUIRE(host.losses.size() == 3);
     CHECK(differing_bits(on_device.losses, host.losses) == 0);
     CHECK(differing_bits(on_device.values, host.values) == 0);
@@ -256,6 +255,24 @@ TEST_CASE("the Executor's Megatron tensor parallelism on a device equals the hos
     }
     SECTION("pp 2 x tp 2, 1F1B") {
         check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, TensorParallel>(), {.pp = 2, .tp = 2});
+    }
+}
+
+TEST_CASE("the Executor's Optimus 2D tensor parallelism on a device equals the host's bit for bit", "[device][exec]") {
+    using loom::DataParallel, loom::Optimus2D, loom::Pipeline, loom::ZeroShard;
+    SECTION("a 2 x 2 grid") {
+        check_strategy_on_device(plan_of<DataParallel<>, Optimus2D>(), {.tp = 4},
+                                 {"layernorm_grid_row_sums", "layernorm_grid_centered_squares",
+                                  "layernorm_grid_normalize", "layernorm_grid_backward_sums",
+                                  "layernorm_grid_backward_apply", "embedding_slice_lookup",
+                                  "cross_entropy_slice_backward", "bias_grad"});
+    }
+    SECTION("dp 2 x a 2 x 2 grid, ZeroShard<3>") {
+        // 8 rows: each dp rank's micro-batch of 2 splits over the grid's 2 rows.
+        check_strategy_on_device(plan_of<DataParallel<>, Optimus2D, ZeroShard<3>>(), {.dp = 2, .tp = 4}, {}, 8);
+    }
+    SECTION("pp 2 x a 2 x 2 grid, 1F1B") {
+        check_strategy_on_device(plan_of<DataParallel<>, Pipeline<loom::OneFOneB>, Optimus2D>(), {.pp = 2, .tp = 4});
     }
 }
 
@@ -404,22 +421,4 @@ TEST_CASE("a dp compressor's state saved on a device loads back there and on the
               static_cast<std::ptrdiff_t>(saved[static_cast<std::size_t>(r)].size() / 2));
         CHECK(differing_bits(reloaded[static_cast<std::size_t>(r)], saved[static_cast<std::size_t>(r)]) == 0);
     }
-}
-
-TEST_CASE("the Executor on a device refuses the policies that run on the host only, by name", "[device][exec]") {
-    loom_test::FencedDevice device;
-    std::vector<std::string> messages(4);
-    loom::comm::ThreadWorld(4).run([&](loom::comm::ThreadComm& comm) {
-        auto model = loom::gpt::make_model(tiny);
-        const auto plan = plan_of<loom::DataParallel<>, loom::Optimus2D>();
-        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] {
-            loom::comm::Mesh<loom::comm::ThreadComm> mesh(comm, {{"dp", 1}, {"tp", 4}});
-            loom::exec::Executor<loom::comm::ThreadComm> exec(model, mesh.axis("dp"), nullptr, &mesh.axis("tp"), plan,
-                                                              {.device = loom::cuda_device(0)});
-        });
-    });
-    for (const std::string& message : messages)
-        CHECK(message == "Executor on cuda:0: Optimus2D runs on the host only so far; on a device use "
-                         "DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D), SequenceParallel "
-                         "and GradCompress (dp, pp and tp), or run this strategy on the host");
 }

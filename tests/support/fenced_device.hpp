@@ -29,6 +29,7 @@
 #include "loom/kernels/host/gelu.hpp"
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/host/layernorm_grid.hpp"
 #include "loom/kernels/host/low_rank.hpp"
 #include "loom/kernels/host/quantize.hpp"
 #include "loom/optim/adamw.hpp"
@@ -241,6 +242,39 @@ public:
                      float* out, float weight, bool add) override {
         count("unpack_cast");
         loom::kernels::host::unpack_cast(from, unfence(words), n, unfence(out), weight, add);
+    }
+    void layernorm_grid_row_sums(loom::Device, const float* x, float* sums, std::int64_t rows,
+                                 std::int64_t C) override {
+        count("layernorm_grid_row_sums");
+        loom::kernels::host::layernorm_grid_row_sums(unfence(x), unfence(sums), rows, C);
+    }
+    void layernorm_grid_centered_squares(loom::Device, const float* x, float* mean, float* squares, std::int64_t rows,
+                                         std::int64_t C, float inverse_C) override {
+        count("layernorm_grid_centered_squares");
+        loom::kernels::host::layernorm_grid_centered_squares(unfence(x), unfence(mean), unfence(squares), rows, C,
+                                                             inverse_C);
+    }
+    void layernorm_grid_normalize(loom::Device, const float* x, const float* gain, const float* shift,
+                                  const float* mean, float* rstd, float* y, std::int64_t rows, std::int64_t C,
+                                  float inverse_C, float eps) override {
+        count("layernorm_grid_normalize");
+        loom::kernels::host::layernorm_grid_normalize(unfence(x), unfence(gain), unfence(shift), unfence(mean),
+                                                      unfence(rstd), unfence(y), rows, C, inverse_C, eps);
+    }
+    void layernorm_grid_backward_sums(loom::Device, const float* dy, const float* x, const float* gain,
+                                      const float* mean, const float* rstd, float* sums, std::int64_t rows,
+                                      std::int64_t C) override {
+        count("layernorm_grid_backward_sums");
+        loom::kernels::host::layernorm_grid_backward_sums(unfence(dy), unfence(x), unfence(gain), unfence(mean),
+                                                          unfence(rstd), unfence(sums), rows, C);
+    }
+    void layernorm_grid_backward_apply(loom::Device, const float* dy, const float* x, const float* gain,
+                                       const float* mean, const float* rstd, const float* sums, float* dx,
+                                       std::int64_t rows, std::int64_t C, float inverse_C) override {
+        count("layernorm_grid_backward_apply");
+        loom::kernels::host::layernorm_grid_backward_apply(unfence(dy), unfence(x), unfence(gain), unfence(mean),
+                                                           unfence(rstd), unfence(sums), unfence(dx), rows, C,
+                                                           inverse_C);
     }
     void pack_chunk(loom::Device, const loom::kernels::ChunkEncoding& e, const float* x, std::int64_t n,
                     std::uint32_t* words, float* residual) override {

@@ -92,7 +92,7 @@ protected:
     void* data_ = nullptr;
     std::size_t bytes_ = 0;
     DType dtype_ = DType::f32;
-    Shape shape_{};
+    Shape shape_ = Shape{0};  // empty until constructed with a shape (a scalar's [] would count 1)
     Device device_ = host_device;
 };
 

@@ -98,11 +98,4 @@ inline void fill_floats(const Tensor& t, float value) {
     copy_bytes(t.raw(), t.device(), values.data(), host_device, values.size() * sizeof(float));
 }
 
-// Throws unless `t` is in host memory: for the code paths that read and write
-// elements on the host (the sharded layers' bookkeeping), named by `what`.
-inline void require_host(const Tensor& t, const char* what) {
-    LOOM_CHECK(t.device().kind == DeviceKind::host, what, " runs on the host only so far, but its tensor is on ",
-               t.device(), "; run this configuration on the host (--device host)");
-}
-
 }  // namespace loom

@@ -393,17 +393,10 @@ private:
     // DP programs name no chunk: the whole model is chunk 0.
     [[nodiscard]] static int chunk_of(const schedule::Instruction& in) { return in.chunk < 0 ? 0 : in.chunk; }
 
-    // What runs on a device so far: data parallelism at every ZeRO stage,
-    // pipelines of every schedule, Megatron (1D) tensor parallelism and
-    // sequence parallelism (ring, Ulysses, hybrid), with any micro-batches,
-    // and every gradient compressor on dp and the 16-bit casts of the pp and
-    // tp traffic; checked before anything is allocated there.
-    void check_device(const ExecutionPlan& plan) const {
-        if (device_.kind == DeviceKind::host) return;
-        check_device_usable(device_);
-        LOOM_CHECK(tp_ == nullptr || !plan.tensor_grid, "Executor on ", device_, ": Optimus2D runs on the host only so far; on a "
-                   "device use DataParallel, ZeroShard<1-3>, Pipeline<Schedule>, TensorParallel (1D), SequenceParallel "
-                   "and GradCompress (dp, pp and tp), or run this strategy on the host");
+    // Every strategy runs on a device; what is checked there, before anything
+    // is allocated, is that the device is usable.
+    void check_device(const ExecutionPlan&) const {
+        if (device_.kind != DeviceKind::host) check_device_usable(device_);
     }
 
     void allocate() {

@@ -52,6 +52,22 @@ public:
                                            const float* rstd, float* dgain, float* dshift, std::int64_t rows,
                                            std::int64_t C) = 0;
 
+    // LayerNorm on an Optimus 2D grid, between its all-reduces over the grid
+    // row (kernels/host/layernorm_grid.hpp).
+    virtual void layernorm_grid_row_sums(Device where, const float* x, float* sums, std::int64_t rows,
+                                         std::int64_t C) = 0;
+    virtual void layernorm_grid_centered_squares(Device where, const float* x, float* mean, float* squares,
+                                                 std::int64_t rows, std::int64_t C, float inverse_C) = 0;
+    virtual void layernorm_grid_normalize(Device where, const float* x, const float* gain, const float* shift,
+                                          const float* mean, float* rstd, float* y, std::int64_t rows, std::int64_t C,
+                                          float inverse_C, float eps) = 0;
+    virtual void layernorm_grid_backward_sums(Device where, const float* dy, const float* x, const float* gain,
+                                              const float* mean, const float* rstd, float* sums, std::int64_t rows,
+                                              std::int64_t C) = 0;
+    virtual void layernorm_grid_backward_apply(Device where, const float* dy, const float* x, const float* gain,
+                                               const float* mean, const float* rstd, const float* sums, float* dx,
+                                               std::int64_t rows, std::int64_t C, float inverse_C) = 0;
+
     virtual void embedding_forward(Device where, const std::int32_t* tokens, const float* token_table,
                                    const float* position_table, float* out, std::int64_t B, std::int64_t T,
                                    std::int64_t C, std::int64_t vocab) = 0;

@@ -46,7 +46,6 @@ struct CrossEntropy {
 
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& logits) {
         const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
-        if (grid) require_host(logits, "CrossEntropy on an Optimus 2D grid");
         const Tensor targets = local_targets(ctx, rows, V);
         auto& saved = ctx.saved<Saved>(this);
         saved.logits = logits;
@@ -58,9 +57,9 @@ struct CrossEntropy {
             // the whole mean is their average.
             const TensorGrid& g = grid_of(ctx, "CrossEntropy");
             Tensor mean = ctx.alloc(Shape{1});
-            *mean.data<float>() = loss;
+            write_scalar(mean, loss);
             g.column->all_reduce_sum(mean);
-            loss = *mean.data<float>() / static_cast<float>(g.q);
+            loss = read_scalar<float>(mean) / static_cast<float>(g.q);
         }
         ctx.set_loss(loss);
         Tensor out = ctx.alloc(Shape{1});
@@ -97,9 +96,14 @@ private:  // functions only: CrossEntropy stays an aggregate
                    targets.dtype(), " (call ctx.set_targets)");
         if (!grid) return targets;
         // Every rank checks every row's target (named by its whole row), so a
-        // bad one throws on all of them before any collective.
-        kernels::host::detail::check_cross_entropy(targets.data<std::int32_t>(), rows * blocks, V * blocks);
-        return Tensor(targets.data<std::int32_t>() + grid_of(ctx, "CrossEntropy").i * rows, DType::i32, Shape{rows});
+        // bad one throws on all of them before any collective; a device's
+        // targets are checked through a host copy.
+        if (targets.device().kind == DeviceKind::host)
+            kernels::host::detail::check_cross_entropy(targets.data<std::int32_t>(), rows * blocks, V * blocks);
+        else
+            kernels::host::detail::check_cross_entropy(to_host<std::int32_t>(targets).data(), rows * blocks, V * blocks);
+        return Tensor(targets.data<std::int32_t>() + grid_of(ctx, "CrossEntropy").i * rows, DType::i32, Shape{rows},
+                      targets.device());
     }
 
     // This rank's first class: on a grid, column j holds classes block j.

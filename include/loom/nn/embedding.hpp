@@ -68,7 +68,6 @@ struct Embedding {
         LOOM_CHECK(whole_T <= max_sequence(), "Embedding: sequence of ", whole_T, " tokens is longer than the ",
                    max_sequence(), " positions the model has");
         ctx.saved<Saved>(this).tokens = tokens;
-        if (grid()) require_host(token.value, "Embedding on an Optimus 2D grid");
         if (grid()) {
             LOOM_CHECK(!ctx.sequence().active(), "Embedding: Optimus 2D with sequence parallelism is not supported; "
                                                  "use TensorParallel (1D) with an sp axis");
@@ -150,11 +149,11 @@ private:  // functions only: Embedding stays an aggregate
         const std::int64_t B = tokens.dim(0), T = tokens.dim(1), C = width();
         LOOM_CHECK(B % g.q == 0, "Embedding: a batch of ", B, " sequences does not split over the ", g.q,
                    " rows of the Optimus 2D grid; use a batch that is a multiple of ", g.q);
-        Buffer<Host> partial(DType::f32, Shape{B * T * C});
+        const DeviceBuffer partial(DType::f32, Shape{B * T * C}, token.value.device());
         kernels::embedding_slice_lookup(tokens, token.value, partial.tensor(), T, C, vocab_start(),
                                         vocab_start() + vocab(), token.full_shape()[0]);
         Tensor y = ctx.alloc(Shape{B / g.q, T, C});
-        g.column->reduce_scatter_sum(Tensor::of(partial.data<float>(), {B * T * C}), y);
+        g.column->reduce_scatter_sum(partial.tensor(), y);
         kernels::add_bias(y, position.value.slice(0, 0, T), B / g.q, T * C);
         return y;
     }
@@ -164,11 +163,10 @@ private:  // functions only: Embedding stays an aggregate
     // sequences in order, as the whole layer does, on every rank alike.
     void backward_weight_grid(const TensorGrid& g, const Saved& saved) {
         const std::int64_t rows = saved.tokens.numel(), C = width();
-        Buffer<Host> whole(DType::f32, Shape{rows * C});
-        g.column->all_gather(saved.dy, Tensor::of(whole.data<float>(), {rows * C}));
-        kernels::embedding_slice_backward(saved.tokens, Tensor::of(whole.data<float>(), {rows * C}), token.grad,
-                                          position.grad, saved.tokens.dim(1), C, vocab_start(),
-                                          vocab_start() + vocab());
+        const DeviceBuffer whole(DType::f32, Shape{rows * C}, token.grad.device());
+        g.column->all_gather(saved.dy, whole.tensor());
+        kernels::embedding_slice_backward(saved.tokens, whole.tensor(), token.grad, position.grad, saved.tokens.dim(1),
+                                          C, vocab_start(), vocab_start() + vocab());
     }
 
     // Under tp, dy is whole and the same on every rank (the layers after this

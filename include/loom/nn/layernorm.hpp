@@ -8,17 +8,13 @@
 // the rows, are summed over the grid column.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 
-#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/elementwise.hpp"
-#include "loom/core/device_buffer.hpp"
-#include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/layernorm_grid_ops.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
@@ -53,7 +49,6 @@ struct LayerNorm {
         saved.rstd = ctx.alloc(Shape{rows});
         Tensor y = ctx.alloc(x.shape());
         if (grid()) {
-            require_host(x, "LayerNorm on an Optimus 2D grid");
             forward_grid(grid_of(ctx, "LayerNorm"), saved, y, rows);
             return y;
         }
@@ -67,7 +62,6 @@ struct LayerNorm {
         const std::int64_t rows = dy.numel() / features();
         Tensor dx = ctx.alloc(dy.shape());
         if (grid()) {
-            require_host(dy, "LayerNorm on an Optimus 2D grid");
             backward_input_grid(ctx, saved, dx, rows);
             return dx;
         }
@@ -79,7 +73,6 @@ struct LayerNorm {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t rows = saved.dy.numel() / features();
         if (grid()) {
-            require_host(saved.dy, "LayerNorm on an Optimus 2D grid");
             backward_weight_grid(grid_of(ctx, "LayerNorm"), saved, rows);
             return;
         }
@@ -92,32 +85,16 @@ private:  // functions only: LayerNorm stays an aggregate
         return 1.0f / static_cast<float>(gain.full_shape().dim(0));
     }
 
+    // The row statistics over the whole row: each rank sums its features,
+    // the grid row all-reduces, twice (mean, then variance).
     void forward_grid(const TensorGrid& g, const Saved& saved, const Tensor& y, std::int64_t rows) const {
         const std::int64_t C = features();
-        const float* x = saved.x.data<float>();
-        float* mean = saved.mean.data<float>();
-        float* rstd = saved.rstd.data<float>();
-        for (std::int64_t r = 0; r < rows; ++r) {
-            float sum = 0.0f;
-            for (std::int64_t c = 0; c < C; ++c) sum += x[r * C + c];
-            mean[r] = sum;
-        }
+        kernels::layernorm_grid_row_sums(saved.x, saved.mean, rows, C);
         g.row->all_reduce_sum(saved.mean);
-        for (std::int64_t r = 0; r < rows; ++r) {
-            mean[r] *= inverse_whole_features();
-            float sum = 0.0f;
-            for (std::int64_t c = 0; c < C; ++c) sum += (x[r * C + c] - mean[r]) * (x[r * C + c] - mean[r]);
-            rstd[r] = sum;
-        }
+        kernels::layernorm_grid_centered_squares(saved.x, saved.mean, saved.rstd, rows, C, inverse_whole_features());
         g.row->all_reduce_sum(saved.rstd);
-        const float* pg = gain.value.data<float>();
-        const float* ps = shift.value.data<float>();
-        float* py = y.data<float>();
-        for (std::int64_t r = 0; r < rows; ++r) {
-            rstd[r] = 1.0f / std::sqrt(rstd[r] * inverse_whole_features() + eps);
-            for (std::int64_t c = 0; c < C; ++c)
-                py[r * C + c] = (x[r * C + c] - mean[r]) * rstd[r] * pg[c] + ps[c];
-        }
+        kernels::layernorm_grid_normalize(saved.x, gain.value, shift.value, saved.mean, saved.rstd, y, rows, C,
+                                          inverse_whole_features(), eps);
     }
 
     // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gain: both means
@@ -125,43 +102,22 @@ private:  // functions only: LayerNorm stays an aggregate
     void backward_input_grid(Context& ctx, const Saved& saved, const Tensor& dx, std::int64_t rows) const {
         const TensorGrid& g = grid_of(ctx, "LayerNorm");
         const std::int64_t C = features();
-        const float *dy = saved.dy.data<float>(), *x = saved.x.data<float>(), *pg = gain.value.data<float>();
-        const float *mean = saved.mean.data<float>(), *rstd = saved.rstd.data<float>();
         Tensor sums = ctx.alloc(Shape{2, rows});
-        float* g_sum = sums.data<float>();
-        float* gx_sum = g_sum + rows;
-        for (std::int64_t r = 0; r < rows; ++r) {
-            float a = 0.0f, b = 0.0f;
-            for (std::int64_t c = 0; c < C; ++c) {
-                const float gc = dy[r * C + c] * pg[c];
-                a += gc;
-                b += gc * ((x[r * C + c] - mean[r]) * rstd[r]);
-            }
-            g_sum[r] = a;
-            gx_sum[r] = b;
-        }
+        kernels::layernorm_grid_backward_sums(saved.dy, saved.x, gain.value, saved.mean, saved.rstd, sums, rows, C);
         g.row->all_reduce_sum(sums);
-        float* out = dx.data<float>();
-        for (std::int64_t r = 0; r < rows; ++r) {
-            const float g_mean = g_sum[r] * inverse_whole_features(), gx_mean = gx_sum[r] * inverse_whole_features();
-            for (std::int64_t c = 0; c < C; ++c) {
-                const float xhat = (x[r * C + c] - mean[r]) * rstd[r];
-                out[r * C + c] = rstd[r] * (dy[r * C + c] * pg[c] - g_mean - xhat * gx_mean);
-            }
-        }
+        kernels::layernorm_grid_backward_apply(saved.dy, saved.x, gain.value, saved.mean, saved.rstd, sums, dx, rows,
+                                               C, inverse_whole_features());
     }
 
+    // This rank's rows' share of the weight gradients, summed down the grid column.
     void backward_weight_grid(const TensorGrid& g, const Saved& saved, std::int64_t rows) {
         const std::int64_t C = features();
-        Buffer<Host> partial(DType::f32, Shape{2 * C});
-        float* dgain = partial.data<float>();
-        std::fill_n(dgain, 2 * C, 0.0f);
-        kernels::host::layernorm_backward_weight(saved.dy.data<float>(), saved.x.data<float>(),
-                                                 saved.mean.data<float>(), saved.rstd.data<float>(), dgain,
-                                                 dgain + C, rows, C);
-        g.column->all_reduce_sum(Tensor::of(dgain, {2 * C}));
-        kernels::host::accumulate(gain.grad.data<float>(), dgain, C);
-        kernels::host::accumulate(shift.grad.data<float>(), dgain + C, C);
+        const DeviceBuffer partial(DType::f32, Shape{2 * C}, saved.dy.device());  // zero-filled
+        const Tensor dgain = partial.tensor().slice(0, 0, C), dshift = partial.tensor().slice(0, C, 2 * C);
+        kernels::layernorm_backward_weight(saved.dy, saved.x, saved.mean, saved.rstd, dgain, dshift, rows, C);
+        g.column->all_reduce_sum(partial.tensor());
+        kernels::accumulate(gain.grad, dgain, C);
+        kernels::accumulate(shift.grad, dshift, C);
     }
 };
 

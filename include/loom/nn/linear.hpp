@@ -17,15 +17,12 @@
 // the grid column.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
-#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/core/device_buffer.hpp"
-#include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
@@ -63,7 +60,6 @@ struct Linear {
         float beta = 0.0f;
         using kernels::Trans;
         if (split == Split::grid) {
-            require_host(x, "Linear on an Optimus 2D grid");
             summa_abt(grid_of(ctx, "Linear"), x, weight.value, y, rows, in(), out());
             if (has_bias()) add_bias(y, rows);
             ctx.saved<Saved>(this).x = x;
@@ -93,7 +89,6 @@ struct Linear {
         const std::int64_t rows = dy.numel() / out();
         Tensor dx = ctx.alloc(saved.x.shape());
         if (split == Split::grid) {
-            require_host(dy, "Linear on an Optimus 2D grid");
             summa_ab(grid_of(ctx, "Linear"), dy, weight.value, dx, rows, out(), in());
             return dx;
         }
@@ -115,7 +110,6 @@ struct Linear {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t rows = saved.dy.numel() / out();
         if (split == Split::grid) {
-            require_host(saved.dy, "Linear on an Optimus 2D grid");
             backward_weight_grid(grid_of(ctx, "Linear"), saved, rows);
             return;
         }
@@ -133,16 +127,15 @@ private:  // functions only: Linear stays an aggregate
     // dW(i,j) = sum over l of dY(l,i)^T X(l,j); this micro-batch's share is
     // added to the gradient. The bias's rows are summed down the grid column.
     void backward_weight_grid(const TensorGrid& g, const Saved& saved, std::int64_t rows) {
-        Buffer<Host> dw(DType::f32, Shape{out() * in()});
-        const Tensor dw_block = Tensor::of(dw.data<float>(), {out() * in()});
-        summa_atb(g, saved.dy, saved.x, dw_block, out(), rows, in());
-        kernels::host::accumulate(weight.grad.data<float>(), dw.data<float>(), out() * in());
+        const Device where = saved.dy.device();
+        const DeviceBuffer dw(DType::f32, Shape{out() * in()}, where);
+        summa_atb(g, saved.dy, saved.x, dw.tensor(), out(), rows, in());
+        kernels::accumulate(weight.grad, dw.tensor(), out() * in());
         if (!has_bias()) return;
-        Buffer<Host> db(DType::f32, Shape{out()});
-        std::fill_n(db.data<float>(), out(), 0.0f);
-        kernels::host::bias_grad(saved.dy.data<float>(), db.data<float>(), rows, out());
-        g.column->all_reduce_sum(Tensor::of(db.data<float>(), {out()}));
-        kernels::host::accumulate(bias.grad.data<float>(), db.data<float>(), out());
+        const DeviceBuffer db(DType::f32, Shape{out()}, where);  // zero-filled
+        kernels::bias_grad(saved.dy, db.tensor(), rows, out());
+        g.column->all_reduce_sum(db.tensor());
+        kernels::accumulate(bias.grad, db.tensor(), out());
     }
 };
 

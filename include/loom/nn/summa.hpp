@@ -15,19 +15,20 @@
 //
 // The broadcasts are double-buffered: step l + 1's blocks are in flight while
 // step l's GEMM runs. Blocks are row-major f32; A(i,j) is [m, k] for A of
-// [q m, q k], and so on. Layers reach the grid through their Context; the
+// [q m, q k], and so on. Blocks may live on the host or a device (all on one):
+// the GEMMs go through kernels/ops.hpp and the buffers are DeviceBuffers
+// there. Layers reach the grid through their Context; the
 // executor builds it from its tp communicator (parallel/grid2d.hpp).
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 
 #include "loom/comm/communicator.hpp"
-#include "loom/core/buffer.hpp"
+#include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/host/gemm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/tensor_group.hpp"
 
@@ -55,17 +56,16 @@ inline void check_block(const Tensor& t, std::int64_t rows, std::int64_t cols, c
                rows, " x ", cols, " f32");
 }
 
-// Two slots of `elements` floats each: the block in use and the next one.
+// Two slots of `elements` floats each on `where`: the block in use and the next one.
 class DoubleBuffer {
 public:
-    explicit DoubleBuffer(std::int64_t elements) : elements_(elements), storage_(DType::f32, Shape{2 * elements}) {}
-    [[nodiscard]] Tensor slot(int l) const {
-        return Tensor::of(const_cast<float*>(storage_.data<float>()) + (l % 2) * elements_, {elements_});
-    }
+    DoubleBuffer(std::int64_t elements, Device where)
+        : elements_(elements), storage_(DType::f32, Shape{2 * elements}, where) {}
+    [[nodiscard]] Tensor slot(int l) const { return storage_.tensor().slice(0, (l % 2) * elements_, (l % 2 + 1) * elements_); }
 
 private:
     std::int64_t elements_;
-    Buffer<Host> storage_;
+    DeviceBuffer storage_;
 };
 
 // Runs consume(l) for l = 0 .. q-1, each after the broadcasts post(l) issued
@@ -88,18 +88,16 @@ inline void summa_ab(const TensorGrid& grid, const Tensor& a, const Tensor& b, c
     detail::check_block(a, m, k, "A");
     detail::check_block(b, k, n, "B");
     detail::check_block(c, m, n, "C");
-    const detail::DoubleBuffer a_in(m * k), b_in(k * n);
+    const detail::DoubleBuffer a_in(m * k, a.device()), b_in(k * n, a.device());
     const auto a_at = [&](int l) { return grid.j == l ? a : a_in.slot(l); };
     const auto b_at = [&](int l) { return grid.i == l ? b : b_in.slot(l); };
     const auto post = [&](int l) {
         return std::array<comm::Request, 2>{grid.row->broadcast_async(a_at(l), l),
                                             grid.column->broadcast_async(b_at(l), l)};
     };
-    std::fill_n(c.data<float>(), m * n, 0.0f);
+    fill_zero_bytes(c.raw(), c.device(), c.nbytes());
     detail::pipelined_broadcasts(grid.q, post, [&](int l) {
-        using kernels::host::Trans;
-        kernels::host::gemm(Trans::no, Trans::no, m, n, k, 1.0f, a_at(l).data<float>(), k, b_at(l).data<float>(), n,
-                            1.0f, c.data<float>(), n);
+        kernels::gemm(kernels::Trans::no, kernels::Trans::no, m, n, k, 1.0f, a_at(l), k, b_at(l), n, 1.0f, c, n);
     });
 }
 
@@ -107,24 +105,23 @@ namespace detail {
 
 // The transposed products' common shape: for each target coordinate t, the
 // owner of t along `along` broadcasts its block (`own`, of `elements`), and
-// `multiply(block, partial_t)` writes this rank's contribution to output
+// `multiply(block, partial_t)` (Tensors) writes this rank's contribution to output
 // block t (m x n); `reduce` then sums every rank's partials, and rank t of
 // it keeps block t in c. The next broadcast is in flight during each GEMM.
 template <class Multiply>
 void broadcast_multiply_reduce(const TensorGrid& grid, const TensorGroup& along, int mine, const Tensor& own,
                                std::int64_t elements, const TensorGroup& reduce, std::int64_t m, std::int64_t n,
                                const Tensor& c, Multiply multiply) {
-    const DoubleBuffer incoming(elements);
-    Buffer<Host> partial(DType::f32, Shape{grid.q * m * n});
+    const DoubleBuffer incoming(elements, own.device());
+    const DeviceBuffer partial(DType::f32, Shape{grid.q * m * n}, own.device());
     const auto block_of = [&](int target) { return mine == target ? own : incoming.slot(target); };
     pipelined_broadcasts(
         grid.q,
         [&](int target) { return std::array<comm::Request, 1>{along.broadcast_async(block_of(target), target)}; },
         [&](int target) {
-            const Tensor block = block_of(target);
-            multiply(block.data<float>(), partial.data<float>() + target * m * n);
+            multiply(block_of(target), partial.tensor().slice(0, target * m * n, (target + 1) * m * n));
         });
-    reduce.reduce_scatter_sum(Tensor::of(partial.data<float>(), {grid.q * m * n}), c);
+    reduce.reduce_scatter_sum(partial.tensor(), c);
 }
 
 }  // namespace detail
@@ -136,10 +133,9 @@ inline void summa_abt(const TensorGrid& grid, const Tensor& a, const Tensor& b, 
     detail::check_block(b, n, k, "B");
     detail::check_block(c, m, n, "C");
     detail::broadcast_multiply_reduce(grid, *grid.column, grid.i, b, n * k, *grid.row, m, n, c,
-                                      [&](const float* b_block, float* out) {
-                                          using kernels::host::Trans;
-                                          kernels::host::gemm(Trans::no, Trans::yes, m, n, k, 1.0f, a.data<float>(),
-                                                              k, b_block, k, 0.0f, out, n);
+                                      [&](const Tensor& b_block, const Tensor& out) {
+                                          kernels::gemm(kernels::Trans::no, kernels::Trans::yes, m, n, k, 1.0f, a, k,
+                                                        b_block, k, 0.0f, out, n);
                                       });
 }
 
@@ -150,10 +146,9 @@ inline void summa_atb(const TensorGrid& grid, const Tensor& a, const Tensor& b, 
     detail::check_block(b, k, n, "B");
     detail::check_block(c, m, n, "C");
     detail::broadcast_multiply_reduce(grid, *grid.row, grid.j, a, k * m, *grid.column, m, n, c,
-                                      [&](const float* a_block, float* out) {
-                                          using kernels::host::Trans;
-                                          kernels::host::gemm(Trans::yes, Trans::no, m, n, k, 1.0f, a_block, m,
-                                                              b.data<float>(), n, 0.0f, out, n);
+                                      [&](const Tensor& a_block, const Tensor& out) {
+                                          kernels::gemm(kernels::Trans::yes, kernels::Trans::no, m, n, k, 1.0f,
+                                                        a_block, m, b, n, 0.0f, out, n);
                                       });
 }
 
