@@ -33,6 +33,7 @@
 // gradients, each worker on its own batch. --device cuda trains --dp rank
 // threads on one GPU (train_gpt_device.hpp), when this build has the CUDA backend.
 #include <loom/comm/any_comm.hpp>
+#include <loom/comm/device_processes.hpp>
 #include <loom/comm/device_ranks.hpp>
 #include <loom/comm/mesh.hpp>
 #include <loom/comm/shaped.hpp>
@@ -107,6 +108,7 @@ struct Flags {
     std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
     std::string data, metrics, save, resume, trace;
     loom::Device device = loom::host_device;  // --device: where one rank's layers run
+    bool device_per_process = false;          // --device cuda under mpirun: each process its node rank's GPU
     std::string cluster;           // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan prices them
     loom::Compression compress{};      // --compress: the dp gradient exchange
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
@@ -261,7 +263,10 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--resume") f.resume = value;
         else if (flag == "--trace") f.trace = value;
         else if (flag == "--cluster") f.cluster = value;
-        else if (flag == "--device") f.device = parse_device(value);
+        else if (flag == "--device") {
+            f.device = parse_device(value);
+            f.device_per_process = std::string_view(value) == "cuda";
+        }
         else if (flag == "--lr") {
             char* end = nullptr;
             f.lr = std::strtof(value, &end);
@@ -936,15 +941,6 @@ bool launched_by_mpi() {
 int run(int argc, char** argv) {
     const Flags flags = parse(argc, argv);
     check_device_flags(flags);
-    if (flags.device.kind != loom::DeviceKind::host) {
-        if (launched_by_mpi())
-            usage_error("--device runs rank threads on one GPU; under mpirun the processes train on the host: drop --device");
-        // Rank threads on the GPU (the backend's world), each with its own stream.
-        const std::string transport = device_transport(flags);
-        loom::comm::run_ranks_on(flags.device, device_ranks(flags),
-                                 [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
-        return 0;
-    }
     if (launched_by_mpi()) {
         if (!flags.cluster.empty())
             usage_error("--cluster " + flags.cluster + " shapes the links between rank threads; under mpirun the "
@@ -953,7 +949,19 @@ int run(int argc, char** argv) {
         loom::comm::MpiSession session(argc, argv);
         auto world = loom::comm::Mpi::world();
         try {
-            world.run([&](loom::comm::Mpi& comm) { train(comm, flags, "MPI processes"); });
+            world.run([&](loom::comm::Mpi& comm) {
+                if (flags.device.kind == loom::DeviceKind::host) {
+                    train(comm, flags, "MPI processes");
+                    return;
+                }
+                // One GPU per process, the processes joined over NCCL
+                // (bootstrapped through MPI), each training on its GPU's stream.
+                const loom::Device device = process_device(flags);
+                const std::string transport = device_transport(device, "NCCL processes, one GPU each, rank 0");
+                loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
+                loom::comm::run_process_on(device, host,
+                                           [&](loom::comm::AnyComm& gpus) { train(gpus, flags, transport.c_str()); });
+            });
         } catch (const std::exception& e) {
             // Printed here, before the session ends the job with MPI_Abort.
             std::fprintf(stderr, "%s\n", e.what());
@@ -963,6 +971,14 @@ int run(int argc, char** argv) {
 #else
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
+    }
+    if (flags.device.kind != loom::DeviceKind::host) {
+        // Rank threads on the GPU (the backend's world), each with its own stream.
+        const int ranks = device_ranks(flags);
+        const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
+        loom::comm::run_ranks_on(flags.device, ranks,
+                                 [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
+        return 0;
     }
     const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
     if (!flags.cluster.empty()) {

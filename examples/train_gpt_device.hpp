@@ -2,7 +2,8 @@
 // checkpoints as on the host, with the executor's buffers and the layers'
 // activations on that GPU and --dp rank threads sharing it (the backend's
 // world of rank threads, each on its own stream; train_gpt_cuda.cu builds the
-// backend in). Every strategy of the executor runs there: data parallelism
+// backend in). Under mpirun, each process trains on its own GPU instead, the
+// processes joined by NCCL (loom/cuda_backend_nccl.cuh, when the build has NCCL). Every strategy of the executor runs there: data parallelism
 // at every ZeRO stage, pipelines of every schedule, Megatron (1D) and Optimus
 // (2D) tensor parallelism, sequence parallelism, with any micro-batches and
 // every compressor; OptEx (its own loop) and --cluster (links shaped between
@@ -30,17 +31,25 @@ inline int device_ranks(const Flags& flags) {
     return (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp;
 }
 
-// "rank thread on cuda:0 (NVIDIA H200 (sm_90, 139 GiB))", after checking that
-// the device is there: the one-line reason otherwise.
-inline std::string device_transport(const Flags& flags) {
+// "`what` on cuda:0 (NVIDIA H200 (sm_90, 139 GiB))", after checking that
+// `device` is there: the one-line reason otherwise.
+inline std::string device_transport(loom::Device device, const std::string& what) {
     std::ostringstream where;
-    where << flags.device;
+    where << device;
     try {
-        loom::check_device_usable(flags.device);
+        loom::check_device_usable(device);
     } catch (const loom::Error& e) {
         usage_error("--device " + where.str() + ": " + e.message());
     }
-    const int ranks = device_ranks(flags);
-    return std::string(ranks == 1 ? "rank thread" : "rank threads") + " on " + where.str() + " (" +
-           loom::device_runtime(flags.device).describe(flags.device.index) + ")";
+    return what + " on " + where.str() + " (" + loom::device_runtime(device).describe(device.index) + ")";
+}
+
+// This process's GPU under an MPI launcher: --device cuda:N names it for
+// every process (one process per node); --device cuda takes the process's
+// rank on its node, one GPU per process.
+inline loom::Device process_device(const Flags& flags) {
+    if (!flags.device_per_process) return flags.device;
+    for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"})
+        if (const char* value = std::getenv(variable)) return loom::cuda_device(std::atoi(value));
+    return flags.device;
 }

@@ -156,6 +156,10 @@ public:
         loom::detail::CudaDeviceScope scope(where.index);
         LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
     }
+    void fill_floats(float* p, Device where, float value, std::int64_t n) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::fill(p, value, n, current_stream());
+    }
 
     // Rows of `width` bytes at pitches: one 2D copy (cudaMemcpy2DAsync).
     void copy_rows(void* to, std::size_t to_pitch, Device to_device, const void* from, std::size_t from_pitch,

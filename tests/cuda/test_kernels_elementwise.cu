@@ -131,6 +131,19 @@ TEST_CASE("cuda::accumulate equals host::accumulate bit for bit", "[kernels]") {
     }
 }
 
+TEST_CASE("cuda::fill sets every element and nothing past them", "[kernels]") {
+    for (const std::int64_t n : test_sizes) {
+        CAPTURE(n);
+        const auto count = static_cast<std::size_t>(n);
+        DeviceArray<float> y(count + 1);
+        y.fill_bytes(0);
+        device::fill(y.get(), -std::numeric_limits<float>::infinity(), n);
+        std::vector<float> expected(count + 1, -std::numeric_limits<float>::infinity());
+        expected[count] = 0.0f;
+        CHECK_NO_MISMATCHES("fill", compare_bits(y.to_host(), expected));
+    }
+}
+
 TEST_CASE("cuda::add_bias equals host::add_bias bit for bit", "[kernels]") {
     for (const auto [rows, n] : test_shapes) {
         CAPTURE(rows, n);

@@ -5,7 +5,9 @@
 // with ThreadComm moving the bytes. What a real device communicator
 // (DeviceThreadComm, Nccl) does with real device memory, this does with the
 // fenced kind, so the executor's device path is tested without a GPU.
-// FencedRanks puts such ranks behind run_ranks_on(cuda_device(0), ...).
+// FencedRanks puts such ranks behind run_ranks_on(cuda_device(0), ...), and
+// FencedProcesses joins "processes" (any host communicator) behind
+// run_process_on(cuda_device(0), ...), as loom/cuda_backend_nccl.cuh does with NCCL.
 // Test code only.
 #pragma once
 
@@ -14,6 +16,7 @@
 
 #include "loom/comm/any_comm.hpp"
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/device_processes.hpp"
 #include "loom/comm/device_ranks.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/error.hpp"
@@ -94,6 +97,24 @@ public:
 
 private:
     loom::BackendScope<loom::comm::DeviceRankRunner> scope_;
+};
+
+// The fenced device's joiner of processes, installed for a scope as the
+// DeviceProcessJoiner of cuda: the host communicator's ranks (split off, as
+// NCCL's communicator is a new one) behind FencedComm, handed to the body as
+// AnyComm. Counts its joins.
+class FencedProcesses final : public loom::comm::DeviceProcessJoiner {
+public:
+    FencedProcesses() : scope_(loom::DeviceKind::cuda, this) {}
+
+    void run(loom::comm::AnyComm& host, loom::Device, const std::function<void(loom::comm::AnyComm&)>& body) const override {
+        FencedComm<loom::comm::AnyComm> fenced(host.split(0, host.rank()));
+        loom::comm::AnyComm any = loom::comm::AnyComm::view(fenced);
+        body(any);
+    }
+
+private:
+    loom::BackendScope<loom::comm::DeviceProcessJoiner> scope_;
 };
 
 }  // namespace loom_test

@@ -10,6 +10,7 @@
 // Test code only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -80,6 +81,10 @@ public:
         std::memmove(t, f, bytes);
     }
     void fill_zero(void* p, loom::Device, std::size_t bytes) override { std::memset(unfence(p), 0, bytes); }
+    void fill_floats(float* p, loom::Device, float value, std::int64_t n) override {
+        count("fill_floats");
+        std::fill_n(unfence(p), n, value);
+    }
     void copy_rows(void* to, std::size_t to_pitch, loom::Device to_device, const void* from, std::size_t from_pitch,
                    loom::Device from_device, std::size_t width, std::size_t rows) override {
         count("copy_rows");

@@ -85,17 +85,13 @@ void write_scalar(const Tensor& t, T value) {
     copy_bytes(t.raw(), t.device(), &value, host_device, sizeof(T));
 }
 
-// Every element of the f32 tensor `t` set to `value`; a device's through a
-// host copy (for the small fills around kernels: a run of -inf, say; zeros go
-// through fill_zero_bytes).
+// Every element of the f32 tensor `t` set to `value`, where it lives (a
+// device's by its runtime, in the thread's order of work, without a wait).
 inline void fill_floats(const Tensor& t, float value) {
     LOOM_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "fill_floats: ", t, " is not contiguous f32");
-    if (t.device().kind == DeviceKind::host) {
-        std::fill_n(t.data<float>(), t.numel(), value);
-        return;
-    }
-    const std::vector<float> values(static_cast<std::size_t>(t.numel()), value);
-    copy_bytes(t.raw(), t.device(), values.data(), host_device, values.size() * sizeof(float));
+    if (t.numel() == 0) return;
+    if (t.device().kind == DeviceKind::host) std::fill_n(t.data<float>(), t.numel(), value);
+    else device_runtime(t.device()).fill_floats(t.data<float>(), t.device(), value, t.numel());
 }
 
 }  // namespace loom

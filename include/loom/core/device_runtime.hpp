@@ -38,6 +38,8 @@ public:
     // any host memory involved may be reused or read.
     virtual void copy(void* to, Device to_device, const void* from, Device from_device, std::size_t bytes) = 0;
     virtual void fill_zero(void* p, Device where, std::size_t bytes) = 0;
+    // n floats at p set to `value` (a run of -inf, say), in the same order.
+    virtual void fill_floats(float* p, Device where, float value, std::int64_t n) = 0;
     // `rows` rows of `width` bytes, row r from from + r * from_pitch to
     // to + r * to_pitch (a column block of a matrix), as copy() orders it.
     virtual void copy_rows(void* to, std::size_t to_pitch, Device to_device, const void* from, std::size_t from_pitch,

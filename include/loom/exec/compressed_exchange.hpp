@@ -61,7 +61,7 @@ public:
             power_sgd_ = std::make_unique<PowerSgdBuckets>(layout, units, compression.rank, notice, where);
         else
             codec_ = std::make_unique<ChunkCodec>(compression, where);
-        // Sized 0 when absent: a default DeviceBuffer's shape is a scalar's, of one element.
+        // Sized 0 when absent, so state_size() counts only what is kept.
         error_ = floats(compression.error_feedback() ? layout.padded_size() : 0);
         server_error_ = floats(compression.kind == CompressorKind::one_bit ? layout.shard_size() : 0);
         buffers_.resize(layout.groups().size());
@@ -155,8 +155,12 @@ private:
         bool done_ = false;
     };
 
-    // A bucket's working memory, on where_; each array's size is fixed by
-    // its bucket, so it is allocated on the bucket's first exchange only.
+    // A bucket's working memory, on where_, sized exactly (the collectives
+    // take a buffer's whole length). A size depends on the bucket and the
+    // reduction (top-k's recv is N times larger for an all-reduce than for a
+    // reduce-scatter), which a run fixes, so it is allocated on the bucket's
+    // first exchange; a reallocation would only come at the start of the
+    // bucket's next exchange, after the verified schedule waited for its last.
     struct Buffers {
         DeviceBuffer send, recv, gather_send, gather_recv;  // words (i32)
         DeviceBuffer sums;                                  // f32

@@ -39,8 +39,7 @@ struct ExecutorOptions {
     std::function<void(const std::string&)> notice{};
     // Where the parameters, gradients, AdamW state and activations live. A
     // device needs its backend built in and a communicator that moves that
-    // device's memory; so far data parallelism at ZeRO 0 (any micro-batches)
-    // runs there, and the other policies on the host only.
+    // device's memory; every strategy runs there (docs/cuda.md).
     Device device = host_device;
 };
 

@@ -537,8 +537,10 @@ private:
                 return;
             case Op::bind_grads: {
                 DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
+                // The group's padded elements: all it writes and reduces (the slot fits the largest group).
+                const auto bytes = static_cast<std::size_t>(rank_.layout.group(in.group).padded) * sizeof(float);
                 timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
-                      [&] { fill_zero_bytes(slot.raw(), device_, slot.nbytes()); });
+                      [&] { fill_zero_bytes(slot.raw(), device_, bytes); });
                 bind(in.group, nullptr, slot.data<float>(), false, true);
                 return;
             }

@@ -145,8 +145,7 @@ public:
     }
     // Where a received message header lands (on device()) before the host reads it.
     [[nodiscard]] Tensor header_parcel(std::int64_t longs) {
-        if (header_.numel() < longs || header_.raw() == nullptr) header_ = DeviceBuffer(DType::i64, Shape{longs}, device_);
-        return Tensor(header_.raw(), DType::i64, Shape{longs}, device_);
+        return Tensor(parcel(header_, 8 * longs), DType::i64, Shape{longs}, device_);
     }
     // Where a cast message's words land (on device()) before they are widened.
     [[nodiscard]] Tensor cast_parcel(std::int64_t words) {

@@ -1,6 +1,6 @@
 // Device mirrors of the elementwise kernels in kernels/host/elementwise.hpp
 // that layers and gradient compression call: add, accumulate, add_bias,
-// bias_grad, repeat_rows, subtract, mix_momentum and unmix_momentum (f32,
+// bias_grad, repeat_rows, fill, subtract, mix_momentum and unmix_momentum (f32,
 // row-major, raw device pointers, same arguments in the same order, plus the
 // stream).
 // Each result is bit for bit the host kernel's: add, accumulate and add_bias
@@ -70,6 +70,11 @@ __global__ void repeat_rows_kernel(const T* __restrict__ row, T* __restrict__ y,
 }
 
 template <class T>
+__global__ void fill_kernel(T* __restrict__ y, T value, std::int64_t n) {
+    for (std::int64_t i = grid_index(); i < n; i += grid_stride()) y[i] = value;
+}
+
+template <class T>
 __global__ void subtract_kernel(T* __restrict__ into, const T* __restrict__ x, std::int64_t n) {
     for (std::int64_t i = grid_index(); i < n; i += grid_stride()) into[i] -= x[i];
 }
@@ -126,6 +131,13 @@ inline void bias_grad(const float* dy, float* dbias, std::int64_t rows, std::int
 inline void repeat_rows(const float* row, float* y, std::int64_t rows, std::int64_t n, cudaStream_t stream = nullptr) {
     if (rows <= 0 || n <= 0) return;
     detail::repeat_rows_kernel<float><<<blocks_for(rows * n), threads_per_block, 0, stream>>>(row, y, rows, n);
+    LOOM_CUDA_CHECK_LAUNCH();
+}
+
+// y[0, n) = value (the runtime's fill_floats).
+inline void fill(float* y, float value, std::int64_t n, cudaStream_t stream = nullptr) {
+    if (n <= 0) return;
+    detail::fill_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(y, value, n);
     LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,53 @@
+// run_process_on (comm/device_processes.hpp): "processes" (rank threads
+// standing in for MPI processes) join their devices through the registered
+// joiner, here the fenced test device's (tests/support/fenced_comm.hpp), and
+// the body's communicator moves device memory; without a joiner, or for the
+// host, the call is refused by name.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "loom/comm/any_comm.hpp"
+#include "loom/comm/device_processes.hpp"
+#include "loom/comm/thread_world.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "support/fenced_comm.hpp"
+#include "support/fenced_device.hpp"
+#include "support/message_of.hpp"
+
+TEST_CASE("run_process_on joins the processes' devices and its communicator sums device memory", "[comm][device]") {
+    loom_test::FencedDevice device;
+    loom_test::FencedProcesses joiner;
+    std::vector<std::vector<float>> sums(3);
+    loom::comm::ThreadWorld(3).run([&](loom::comm::ThreadComm& comm) {
+        loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
+        loom::comm::run_process_on(loom::cuda_device(0), host, [&](loom::comm::AnyComm& gpus) {
+            CHECK(gpus.size() == 3);
+            CHECK(gpus.rank() == comm.rank());
+            const loom::DeviceBuffer x(loom::DType::f32, loom::Shape{4}, loom::cuda_device(0));
+            loom::fill_floats(x.tensor(), static_cast<float>(gpus.rank() + 1));
+            gpus.all_reduce(x.tensor(), x.tensor(), loom::comm::ReduceOp::sum);
+            sums[static_cast<std::size_t>(comm.rank())] = loom::to_host<float>(x.tensor());
+        });
+    });
+    for (const auto& s : sums) CHECK(s == std::vector<float>(4, 6.0f));
+}
+
+TEST_CASE("run_process_on refuses the host and a build without the joiner, by name", "[comm][device]") {
+    loom_test::FencedDevice device;  // a usable device, but no joiner registered
+    std::vector<std::string> messages(2), host_messages(2);
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
+        const auto r = static_cast<std::size_t>(comm.rank());
+        messages[r] = loom_test::message_of(
+            [&] { loom::comm::run_process_on(loom::cuda_device(0), host, [](loom::comm::AnyComm&) {}); });
+        host_messages[r] = loom_test::message_of(
+            [&] { loom::comm::run_process_on(loom::host_device, host, [](loom::comm::AnyComm&) {}); });
+    });
+    for (const std::string& m : messages)
+        CHECK(m == "processes on cuda:0 need the cuda backend's communicator between processes, which this program was "
+                   "built without: compile one .cu file that includes loom/cuda_backend_nccl.cuh and link loom::nccl");
+    for (const std::string& m : host_messages)
+        CHECK(m == "run_process_on: host is not a device; the processes' host communicator already moves host memory");
+}
