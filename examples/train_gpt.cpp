@@ -16,7 +16,7 @@
 //             [--optex-select last|lowest-loss|smallest-gradient] [--optex-tune N] [--optex-effective-dim N]
 //             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
 //             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
-//             [--sample N] [--device host|cuda|cuda:N]
+//             [--sample N] [--device host|cuda|cuda:N] [--matmul f32|bf16]
 //
 // --batch is the global batch per optimizer step: --dp 2 --batch 16 is 8
 // sequences per rank, so the same flags with another --dp train the same
@@ -32,6 +32,9 @@
 // every step is one sequential iteration of N - 1 proxy steps and N true
 // gradients, each worker on its own batch. --device cuda trains --dp rank
 // threads on one GPU (train_gpt_device.hpp), when this build has the CUDA backend.
+// --matmul bf16 rounds every Linear's operands to bf16 and sums in f32
+// (tensor cores on a GPU; an exact emulation on the host); weights,
+// gradients and AdamW state stay f32 (kernels/matmul_precision.hpp).
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/device_processes.hpp>
 #include <loom/comm/device_ranks.hpp>
@@ -47,6 +50,7 @@
 #include <loom/gpt/model.hpp>
 #include <loom/gpt/sample.hpp>
 #include <loom/kernels/host/gemm.hpp>
+#include <loom/kernels/matmul_precision.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/optex.hpp>
@@ -109,6 +113,7 @@ struct Flags {
     std::string data, metrics, save, resume, trace;
     loom::Device device = loom::host_device;  // --device: where one rank's layers run
     bool device_per_process = false;          // --device cuda under mpirun: each process its node rank's GPU
+    loom::kernels::MatmulPrecision matmul = loom::kernels::MatmulPrecision::f32;  // --matmul
     std::string cluster;           // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan prices them
     loom::Compression compress{};      // --compress: the dp gradient exchange
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
@@ -144,7 +149,13 @@ struct Flags {
                       "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16 "
                       "--freeze-variance N --optex N --optex-history N --optex-length-scale X "
                       "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N "
-                      "--device host|cuda|cuda:N)");
+                      "--device host|cuda|cuda:N --matmul f32|bf16)");
+}
+
+// Says so when the run's matrix products are not plain f32.
+void print_matmul_precision(const Flags& flags) {
+    if (flags.matmul == loom::kernels::MatmulPrecision::bf16)
+        std::printf("matrix products: bf16 operands, f32 sums and outputs (--matmul bf16)\n");
 }
 
 std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low, std::int64_t high) {
@@ -266,6 +277,13 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--device") {
             f.device = parse_device(value);
             f.device_per_process = std::string_view(value) == "cuda";
+        }
+        else if (flag == "--matmul") {
+            try {
+                f.matmul = loom::kernels::parse_matmul_precision(value);
+            } catch (const loom::Error& e) {
+                usage_error("--matmul: " + e.message());
+            }
         }
         else if (flag == "--lr") {
             char* end = nullptr;
@@ -607,7 +625,8 @@ std::vector<double> profiled_unit_seconds(C& world, const Flags& flags, const lo
         corpus.rows(flags.seed, 0, 0, rows, flags.model.seq, inputs, targets);
         // Timed where the stages will run: a GPU's costs are not the host's.
         seconds = loom::plan::profile_units(probe, flags.seed, loom::Tensor::of(inputs.data(), {rows, flags.model.seq}),
-                                            loom::Tensor::of(targets.data(), {rows, flags.model.seq}), 3, flags.device);
+                                            loom::Tensor::of(targets.data(), {rows, flags.model.seq}), 3, flags.device,
+                                            flags.matmul);
     }
     // Sent as 8-byte words (there is no f64 dtype): a broadcast copies bits.
     // A device's communicator moves device memory, so the words go through it.
@@ -709,6 +728,7 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
                     static_cast<long long>(flags.model.seq), corpus.describe().c_str());
         std::printf("%s<AdamW> on %d %s (optex %d x dp %d), each rank holding 1/%d of the state and history\n",
                     method.str().c_str(), world.size(), transport, workers, dp_size, workers);
+        print_matmul_precision(flags);
         if (first_step > 0)
             std::printf("resumed from %s at step %lld; OptEx's history starts empty\n", flags.resume.c_str(),
                         static_cast<long long>(first_step));
@@ -718,6 +738,7 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
     const auto grads = loom::Tensor::of(arena.grads().data(), {parameters});
     loom::nn::Context ctx;
+    ctx.set_matmul_precision(flags.matmul);
     RunReport run_report(flags, lead, first_step);
     auto& [metrics, progress] = run_report;
     const std::int64_t total = flags.steps, last = flags.until;
@@ -819,7 +840,8 @@ void train(C& world, const Flags& flags, const char* transport) {
                                   .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
                                   .partition = partition,
                                   .compress_warmup = flags.warmup_steps(),
-                                  .device = flags.device});
+                                  .device = flags.device,
+                                  .matmul = flags.matmul});
     const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds
     std::int64_t first_step = 0;
     const std::string compression_signature =
@@ -855,6 +877,7 @@ void train(C& world, const Flags& flags, const char* transport) {
                            std::to_string(flags.tp) + (flags.sp > 1 ? " x sp " + std::to_string(flags.sp) : "") +
                            ")").c_str(),
                     flags.micro_batches, flags.micro_batches == 1 ? "" : "es", flags.threads, flags.threads == 1 ? "" : "s");
+        print_matmul_precision(flags);
         if (flags.pp > 1)
             std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
                         describe_stages(partition, flags.model.layers).c_str());

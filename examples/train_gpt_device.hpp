@@ -19,7 +19,7 @@ inline void check_device_flags(const Flags& flags) {
     const auto refuse = [&](bool given, const std::string& what) {
         if (given)
             usage_error("--device " + where.str() + " runs the executor's strategies (--dp, --zero, --pp, --schedule, "
-                        "--tp, --tp-mode, --sp, --compress, --compress-pp, --compress-tp, --micro-batches) so far; "
+                        "--tp, --tp-mode, --sp, --compress, --compress-pp, --compress-tp, --micro-batches, --matmul) so far; "
                         "drop " + what + " or use --device host");
     };
     refuse(flags.optex > 0, "--optex " + std::to_string(flags.optex));

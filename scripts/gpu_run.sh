@@ -70,12 +70,18 @@ if [[ $parts == *train* ]]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   .gpu/bin/train_gpt $oflags --metrics "$out/host_2d.jsonl" > "$out/train_host_2d.txt" 2>&1 || status=1
   python3 bench/gpu/compare.py --losses "$out/host_2d.jsonl" "$out/gpu_2d.jsonl" | tee "$out/losses_2d.txt"
+  # bf16 matrix products (tensor cores) against the host's exact emulation of them.
+  bflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --matmul bf16"
+  .gpu/bin/train_gpt $bflags --device cuda --metrics "$out/gpu_bf16.jsonl" 2>&1 | tee "$out/train_gpu_bf16.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  .gpu/bin/train_gpt $bflags --metrics "$out/host_bf16.jsonl" > "$out/train_host_bf16.txt" 2>&1 || status=1
+  python3 bench/gpu/compare.py --losses "$out/host_bf16.jsonl" "$out/gpu_bf16.jsonl" | tee "$out/losses_bf16.txt"
   rm -f "$out/host.safetensors"
 fi
 if [[ $parts == *bench* ]]; then
   echo "== benches"
   { timeout 150 .gpu/bin/bench_gpu_kernels; timeout 150 python3 bench/gpu/torch_peer.py --kernels;
-    timeout 120 .gpu/bin/bench_gpu_train; timeout 240 python3 bench/gpu/torch_peer.py --gpt --compile; } 2>&1 | tee "$out/bench.txt"
+    timeout 120 .gpu/bin/bench_gpu_train; timeout 120 .gpu/bin/bench_gpu_train --matmul f32; timeout 240 python3 bench/gpu/torch_peer.py --gpt --compile; } 2>&1 | tee "$out/bench.txt"
   python3 bench/gpu/compare.py "$out/bench.txt" | tee "$out/ratios.txt"
 fi
 exit $status

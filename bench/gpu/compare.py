@@ -32,6 +32,8 @@ def compare(path):
             key += f" seq={f['seq']}" + (f" {f['dtype']}" if "dtype" in f else "")
         if key == "gpt" and "mode" in f:
             key += f" {f['mode']}"
+        if key == "gpt" and f.get("matmul", "bf16") != "bf16":
+            key += f" {f['matmul']}"
         (loom if words[0] == "loom" else torch)[key] = f
     rows = []
 
@@ -54,6 +56,7 @@ def compare(path):
                   "fwd_bwd_tflops")
     ratio("GPT training vs torch eager", "gpt", "gpt eager", "tokens_per_s", 1.0)
     ratio("GPT training vs torch.compile", "gpt", "gpt compile", "tokens_per_s")
+    ratio("GPT training with f32 matmuls vs torch eager", "gpt f32", "gpt eager", "tokens_per_s")
     print("\n".join(rows) if rows else f"no loom/torch pairs found in {path}")
 
 

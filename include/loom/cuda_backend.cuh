@@ -39,6 +39,7 @@
 #include "loom/kernels/cuda/embedding.cuh"
 #include "loom/kernels/cuda/gelu.cuh"
 #include "loom/kernels/cuda/gemm.cuh"
+#include "loom/kernels/cuda/gemm_bf16_inputs.cuh"
 #include "loom/kernels/cuda/layernorm.cuh"
 #include "loom/kernels/cuda/layernorm_grid.cuh"
 #include "loom/kernels/cuda/low_rank.cuh"
@@ -191,6 +192,13 @@ public:
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                             detail::gemm_context(where.index, current_stream()));
+    }
+    void gemm_bf16_inputs(Device where, kernels::Trans ta, kernels::Trans tb, std::int64_t M, std::int64_t N,
+                          std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
+                          std::int64_t ldb, float beta, float* C, std::int64_t ldc) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::gemm_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                        detail::gemm_context(where.index, current_stream()), scratch(where));
     }
     void repeat_rows(Device where, const float* row, float* y, std::int64_t rows, std::int64_t n) override {
         loom::detail::CudaDeviceScope scope(where.index);
@@ -361,7 +369,7 @@ public:
     void pack_chunk(Device where, const kernels::ChunkEncoding& e, const float* x, std::int64_t n,
                     std::uint32_t* words, float* residual) override {
         loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::pack_chunk(e, x, n, words, residual, top_k_scratch(where), current_stream());
+        kernels::cuda::pack_chunk(e, x, n, words, residual, scratch(where), current_stream());
     }
     void unpack_chunk(Device where, const kernels::ChunkEncoding& e, const std::uint32_t* words, std::int64_t n,
                       float* out, float weight, bool add) override {
@@ -391,10 +399,12 @@ public:
     }
 
 private:
-    // Top-k's sort memory, per calling thread (rank threads pack at once) and
-    // device; freed in stream order when the thread ends.
-    [[nodiscard]] static kernels::cuda::TopKScratch& top_k_scratch(Device where) {
-        thread_local std::map<int, kernels::cuda::TopKScratch> scratch;
+    // Launchers' reusable memory (top-k's sort, a bf16 GEMM's rounded
+    // operands), per calling thread (rank threads work at once) and device:
+    // a thread makes one call at a time, so one scratch serves all of its
+    // calls. Freed in stream order when the thread ends.
+    [[nodiscard]] static kernels::cuda::StreamScratch& scratch(Device where) {
+        thread_local std::map<int, kernels::cuda::StreamScratch> scratch;
         return scratch[where.index];
     }
 };

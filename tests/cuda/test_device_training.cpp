@@ -111,9 +111,10 @@ namespace {
 // against the same strategy on the host: losses and parameters within
 // `tolerance` (1e-4; more for lossy gradient compressors, whose rounding,
 // sign and top-k choices can flip where the GPU's sums differ in the last bit).
-void check_strategy_on_gpu(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid, double tolerance = 1e-4) {
-    const auto host = loom_test::train_strategy(loom::host_device, config, plan, grid, batch, 4, 100);
-    const auto gpu = loom_test::train_strategy(loom::cuda_device(0), config, plan, grid, batch, 4, 100);
+void check_strategy_on_gpu(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid, double tolerance = 1e-4,
+                           loom::kernels::MatmulPrecision matmul = loom::kernels::MatmulPrecision::f32) {
+    const auto host = loom_test::train_strategy(loom::host_device, config, plan, grid, batch, 4, 100, matmul);
+    const auto gpu = loom_test::train_strategy(loom::cuda_device(0), config, plan, grid, batch, 4, 100, matmul);
     REQUIRE(gpu.losses.size() == host.losses.size());
     for (std::size_t i = 0; i < host.losses.size(); ++i) {
         CAPTURE(i);
@@ -168,4 +169,21 @@ TEST_CASE("the Executor's gradient compressors on one GPU follow the host's", "[
         check_strategy_on_gpu(plan_of<DataParallel<>, GradCompress<loom::TopK<0.1>>, ZeroShard<1>>(), {.dp = 2}, 1e-2);
     }
     SECTION("dp 2, OneBit") { check_strategy_on_gpu(plan_of<DataParallel<>, GradCompress<loom::OneBit>>(), {.dp = 2}, 1e-2); }
+}
+
+// bf16 matrix products: tensor-core GEMMs against the host's exact emulation
+// (operands rounded alike; only the order of the f32 sums differs, but a sum
+// that moved by an ulp can round an operand of the next product the other
+// way, so the bound is 1e-3, as for the lossy casts).
+TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's emulation within 1e-3",
+          "[device][bf16]") {
+    using loom::DataParallel, loom::TensorParallel, loom::ZeroShard;
+    using loom::kernels::MatmulPrecision;
+    SECTION("dp 2, ZeroShard<1>") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}, 1e-3, MatmulPrecision::bf16);
+    }
+    SECTION("tp 2") { check_strategy_on_gpu(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}, 1e-3, MatmulPrecision::bf16); }
+    SECTION("Optimus 2D, a 2 x 2 grid") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, loom::Optimus2D>(), {.tp = 4}, 1e-3, MatmulPrecision::bf16);
+    }
 }

@@ -2,7 +2,9 @@
 // CBLAS) on the same seeded random inputs: every transpose combination, odd
 // shapes (1x1x1 to 512x512x512), row strides longer than the rows, alpha and
 // beta cases, K = 0 and alpha = 0, sub-matrices at odd addresses, the plan
-// cache, and the argument errors (the host's messages, word for word).
+// cache, and the argument errors (the host's messages, word for word); and
+// gemm_bf16_inputs (f32 operands rounded to bf16 on the device) against the
+// host's emulation, with the bf16 x bf16 -> f32 tolerance below.
 //
 // Tolerances, per element of C, relative to the magnitude the sum is made of,
 //   bound = |alpha| * sum_k |op(A)_ik| |op(B)_kj| + |beta * C_ij|
@@ -48,6 +50,7 @@
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/dtype.hpp"
 #include "loom/kernels/cuda/gemm.cuh"
+#include "loom/kernels/cuda/gemm_bf16_inputs.cuh"
 #include "loom/kernels/host/gemm.hpp"
 
 namespace {
@@ -252,7 +255,60 @@ void check_all_shapes(float tolerance, std::uint32_t seed_base) {
     }
 }
 
+// gemm_bf16_inputs (kernels/cuda/gemm_bf16_inputs.cuh): f32 A and B on the
+// device, rounded there, against the host's gemm_bf16_inputs on the same f32
+// values; the bound is made of the rounded magnitudes. Scratch is reused
+// across calls (and grows), as in training.
+void check_bf16_inputs_against_host(device::GemmContext& context, device::StreamScratch& scratch, const Dims& dims,
+                                    const Transposes& t, std::int64_t pad, const Scenario& scenario,
+                                    std::uint32_t seed) {
+    const auto [M, N, K] = dims;
+    const bool a_trans = t.ta == device::Trans::yes;
+    const bool b_trans = t.tb == device::Trans::yes;
+    const Stored a = random_matrix(a_trans ? K : M, a_trans ? M : K, pad, seed, quiet_nan);
+    const Stored b = random_matrix(b_trans ? N : K, b_trans ? K : N, pad, seed + 1u, quiet_nan);
+    Stored c = random_matrix(M, N, pad, seed + 2u, c_padding);
+    if (scenario.c_starts_nan) fill_live(c, quiet_nan);
+
+    std::vector<float> expected = c.values;
+    host::gemm_bf16_inputs(t.host_ta, t.host_tb, M, N, K, scenario.alpha, a.values.data(), a.ld, b.values.data(),
+                           b.ld, scenario.beta, expected.data(), c.ld);
+    std::vector<float> bound(c.values.size(), 0.0f);
+    const std::vector<float> abs_a = magnitudes(as_stored<bf16>(a.values)), abs_b = magnitudes(as_stored<bf16>(b.values));
+    host::gemm(t.host_ta, t.host_tb, M, N, K, 1.0f, abs_a.data(), a.ld, abs_b.data(), b.ld, 0.0f, bound.data(), c.ld);
+    for (std::size_t i = 0; i < bound.size(); ++i) {
+        bound[i] *= std::fabs(scenario.alpha);
+        if (scenario.beta != 0.0f) bound[i] += std::fabs(scenario.beta * c.values[i]);
+    }
+    DeviceArray<float> da(a.values), db(b.values), dc(c.values);
+    device::gemm_bf16_inputs(t.ta, t.tb, M, N, K, scenario.alpha, da.get(), a.ld, db.get(), b.ld, scenario.beta,
+                             dc.get(), c.ld, context, scratch);
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(context.stream()));
+    CHECK_NO_MISMATCHES(scenario.name, compare_c(dc.to_host(), expected, c, &bound, bf16_input_tolerance));
+}
+
 }  // namespace
+
+TEST_CASE("cuda::gemm_bf16_inputs rounds f32 operands on the device and equals host::gemm_bf16_inputs within 2e-5",
+          "[kernels][gemm][bf16]") {
+    Stream stream;
+    device::GemmContext context(stream.get());
+    device::StreamScratch scratch;
+    std::uint32_t seed = 5000u;
+    for (const Dims& dims : test_dims)
+        for (const Transposes& t : all_transposes)
+            for (const Scenario& scenario : scenarios) {
+                CAPTURE(dims.M, dims.N, dims.K, device::detail::trans_name(t.ta), device::detail::trans_name(t.tb),
+                        scenario.alpha, scenario.beta);
+                check_bf16_inputs_against_host(context, scratch, dims, t, 3, scenario, seed += 3u);
+            }
+    CHECK(scratch.capacity() >= 2 * 512 * 512 * sizeof(bf16));  // grew to the largest call's operands
+    // Argument errors are the f32 GEMM's, raised before anything is queued.
+    CHECK(message_of([&] {
+              device::gemm_bf16_inputs(device::Trans::no, device::Trans::no, 3, 4, 5, 1.0f, nullptr, 4, nullptr, 4,
+                                       0.0f, nullptr, 4, context, scratch);
+          }) == "gemm: lda = 4 is shorter than a stored row of A (5 columns with ta = no, M = 3, K = 5); pass lda >= 5");
+}
 
 TEST_CASE("cuda::gemm f32 equals host::gemm within 1e-5 of sum |a||b|: transposes, odd shapes, padded rows",
           "[kernels][gemm]") {

@@ -1,7 +1,8 @@
 // Data parallelism and ZeRO under mpirun: the equivalence suite of
 // tests/parallel (the same body the rank-thread tests run), with dp = the
 // number of processes, every ZeRO stage, 1 and 4 micro-batches; and the
-// pipeline suite on 4 processes; OptEx with one worker per process.
+// pipeline suite on 4 processes; OptEx with one worker per process; bf16
+// matrix products.
 #include <catch2/catch.hpp>
 
 #include <loom/comm/communicator_mpi.hpp>
@@ -77,6 +78,31 @@ TEST_CASE("tensor parallelism and 3D parallelism equal serial under MPI", "[tens
         INFO(c << ", rank " << world.rank() << ": " << result.describe());
         CHECK(result.worst_loss_error <= 1e-5);
         CHECK(result.worst_param_error <= 1e-5);
+    }
+}
+
+// bf16 matrix products on 4 processes: dp 2 x tp 2 at ZeRO 1, and a 2 x 2
+// Optimus grid, against the bf16 serial run, with the bounds (and their
+// reason) of tests/parallel/test_matmul_bf16_equivalence.cpp.
+TEST_CASE("bf16 matrix products equal the bf16 serial run under MPI", "[bf16]") {
+    constexpr int layers = 4, heads = 4;
+    using loom::kernels::MatmulPrecision;
+    static const auto serial = loom_test::serial_run(3, layers, heads, 32, 64, MatmulPrecision::bf16);
+    auto world = loom::comm::Mpi::world();
+    REQUIRE(world.size() == 4);
+    const loom_test::EquivalenceCase cases[] = {
+        {.dp = 2, .stage = 1, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 2, .heads = heads,
+         .matmul = MatmulPrecision::bf16},
+        {.dp = 1, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 4, .heads = heads, .grid = true,
+         .matmul = MatmulPrecision::bf16},
+    };
+    const auto& bounds = loom_test::bf16_matmul_bounds;
+    for (const auto& c : cases) {
+        const auto result = loom_test::run_equivalence(world, c, serial);
+        INFO(c << ", rank " << world.rank() << ": " << result.describe());
+        CHECK(result.worst_loss_error <= bounds.loss);
+        CHECK(result.param_norm_error <= bounds.param_norm);
+        CHECK(result.worst_param_error <= bounds.param);
     }
 }
 

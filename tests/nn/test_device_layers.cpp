@@ -276,6 +276,32 @@ TEST_CASE("the Executor's Optimus 2D tensor parallelism on a device equals the h
     }
 }
 
+TEST_CASE("the Executor at bf16 matrix products on a device equals the host's bit for bit", "[device][exec][bf16]") {
+    using loom::DataParallel, loom::Optimus2D, loom::TensorParallel, loom::ZeroShard;
+    using loom::kernels::MatmulPrecision;
+    const auto check = [](const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid) {
+        loom_test::FencedDevice device;
+        loom_test::FencedRanks ranks;
+        const auto f32 = loom_test::train_strategy(loom::host_device, tiny, plan, grid, batch, 3, 21);
+        const auto host =
+            loom_test::train_strategy(loom::host_device, tiny, plan, grid, batch, 3, 21, MatmulPrecision::bf16);
+        const auto on_device =
+            loom_test::train_strategy(loom::cuda_device(0), tiny, plan, grid, batch, 3, 21, MatmulPrecision::bf16);
+        REQUIRE(host.losses.size() == 3);
+        CHECK(differing_bits(on_device.losses, host.losses) == 0);
+        CHECK(differing_bits(on_device.values, host.values) == 0);
+        CHECK(differing_bits(on_device.m, host.m) == 0);
+        CHECK(differing_bits(on_device.v, host.v) == 0);
+        CHECK(differing_bits(host.values, f32.values) > 0);  // the products were rounded
+        // Every product of the model is a Linear's (or SUMMA's for one), all at bf16.
+        CHECK(device.calls("gemm_bf16_inputs") > 0);
+        CHECK(device.calls("gemm") == 0);
+    };
+    SECTION("dp 2, ZeroShard<1>") { check(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}); }
+    SECTION("tp 2") { check(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}); }
+    SECTION("a 2 x 2 grid") { check(plan_of<DataParallel<>, Optimus2D>(), {.tp = 4}); }
+}
+
 TEST_CASE("the Executor's sequence parallelism on a device equals the host's bit for bit", "[device][exec]") {
     using loom::DataParallel, loom::SequenceParallel, loom::TensorParallel;
     SECTION("ring attention, zigzag, sp 2") {

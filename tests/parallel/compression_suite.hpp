@@ -259,7 +259,7 @@ EquivalenceResult run_compressed(C& world, const CompressionCase& c, const Seria
         const double ref = serial.losses[static_cast<std::size_t>(step)];
         result.worst_loss_error = std::max(result.worst_loss_error, std::abs(loss - ref) / std::abs(ref));
     }
-    result.worst_param_error = worst_param_error(exec, serial);
+    std::tie(result.worst_param_error, result.param_norm_error) = param_errors(exec, serial);
     return result;
 }
 

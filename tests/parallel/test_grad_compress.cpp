@@ -101,7 +101,7 @@ TEST_CASE("a lossless compressor composes with pipelines, tensor and sequence pa
         // -8.4e-9, about AdamW's eps, so the last-bit difference moves it by
         // 1.56e-5 of the model's largest parameter after 3 steps (measured on
         // an AVX-512 machine; docs/testing.md). Every other case stays in 1e-5.
-        loom_test::check_equivalence_on_threads(c, serial, c.sp > 1 ? 2e-5 : 1e-5);
+        loom_test::check_equivalence_on_threads(c, serial, {.param = c.sp > 1 ? 2e-5 : 1e-5});
     }
 }
 

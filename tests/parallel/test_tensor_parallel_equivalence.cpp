@@ -67,7 +67,7 @@ TEST_CASE("Optimus 2D tensor parallelism equals serial on rank threads", "[paral
     static const auto serial_q3 = loom_test::serial_run(3, 2, 3, 36, 66);
     const EquivalenceCase c{.dp = 1, .micro_batches = 1, .steps = 3, .layers = 2, .tp = 9, .heads = 3,
                             .grid = true, .width = 36, .vocab = 66};
-    DYNAMIC_SECTION(c) { loom_test::check_equivalence_on_threads(c, serial_q3, 2e-5); }
+    DYNAMIC_SECTION(c) { loom_test::check_equivalence_on_threads(c, serial_q3, {.param = 2e-5}); }
 }
 
 TEST_CASE("Optimus 2D with dp 2 and ZeRO, and under 1F1B, ZB-H1 and ZB-V pipelines, equals serial", "[parallel][tp][2d]") {

@@ -141,10 +141,12 @@ struct RankGrid {
 // `where`, ranks from run_ranks_on (ThreadWorld on the host, the registered
 // runner on a device), as train_gpt runs them: each dp rank trains on its
 // share of every global batch of `rows` sequences (every stage of a pipeline,
-// tp rank and sp rank on the same share), batch s drawn with seed `seed` + s.
+// tp rank and sp rank on the same share), batch s drawn with seed `seed` + s;
+// the layers' matrix products at `matmul`.
 inline StrategyRun train_strategy(loom::Device where, const loom::gpt::Config& config,
                                   const loom::exec::ExecutionPlan& plan, RankGrid grid, std::int64_t rows, int steps,
-                                  std::uint32_t seed) {
+                                  std::uint32_t seed,
+                                  loom::kernels::MatmulPrecision matmul = loom::kernels::MatmulPrecision::f32) {
     StrategyRun run;
     loom::comm::run_ranks_on(where, grid.dp * grid.pp * grid.tp * grid.sp, [&](loom::comm::AnyComm& world) {
         loom::comm::Mesh<loom::comm::AnyComm> mesh(
@@ -159,7 +161,8 @@ inline StrategyRun train_strategy(loom::Device where, const loom::gpt::Config& c
             {.micro_batches = 2,
              .adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0},
              .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
-             .device = where});
+             .device = where,
+             .matmul = matmul});
         exec.initialize(9);
         std::vector<float> losses;
         const std::int64_t share = rows / grid.dp, first = dp.rank() * share;

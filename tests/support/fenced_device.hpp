@@ -100,6 +100,13 @@ public:
         count("gemm");
         loom::kernels::host::gemm(ta, tb, M, N, K, alpha, unfence(A), lda, unfence(B), ldb, beta, unfence(C), ldc);
     }
+    void gemm_bf16_inputs(loom::Device, loom::kernels::Trans ta, loom::kernels::Trans tb, std::int64_t M,
+                          std::int64_t N, std::int64_t K, float alpha, const float* A, std::int64_t lda,
+                          const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) override {
+        count("gemm_bf16_inputs");
+        loom::kernels::host::gemm_bf16_inputs(ta, tb, M, N, K, alpha, unfence(A), lda, unfence(B), ldb, beta,
+                                              unfence(C), ldc);
+    }
     void repeat_rows(loom::Device, const float* row, float* y, std::int64_t rows, std::int64_t n) override {
         count("repeat_rows");
         for (std::int64_t r = 0; r < rows; ++r) std::memcpy(unfence(y) + r * n, unfence(row), sizeof(float) * n);

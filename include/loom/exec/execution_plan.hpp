@@ -11,6 +11,7 @@
 
 #include "loom/core/device.hpp"
 #include "loom/core/error.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/data_parallel.hpp"
@@ -41,6 +42,10 @@ struct ExecutorOptions {
     // device needs its backend built in and a communicator that moves that
     // device's memory; every strategy runs there (docs/cuda.md).
     Device device = host_device;
+    // The arithmetic of every layer's matrix products: f32, or bf16 operands
+    // with f32 sums (kernels/matmul_precision.hpp). Weights, gradients and
+    // AdamW state stay f32 either way.
+    kernels::MatmulPrecision matmul = kernels::MatmulPrecision::f32;
 };
 
 // What a Strategy asks of the executor, as run-time values.

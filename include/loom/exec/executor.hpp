@@ -128,6 +128,7 @@ public:
         optim::check_config(options.adamw);
         check_device(plan);
         pool_.set_device(device_);
+        pool_.set_matmul_precision(options.matmul);
         initialize_range_ = [&model](std::uint64_t seed, std::span<float> out, std::int64_t first) {
             loom::initialize_range(model, seed, out, first);
         };

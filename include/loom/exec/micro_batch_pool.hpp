@@ -31,6 +31,7 @@
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/tensor_group.hpp"
 #include "loom/schedule/program.hpp"
@@ -73,6 +74,12 @@ public:
         for (auto& c : contexts_) c->set_sequence_parallelism(sp);
     }
 
+    // Every context's matrix-product precision (kernels/matmul_precision.hpp).
+    void set_matmul_precision(kernels::MatmulPrecision precision) {
+        matmul_ = precision;
+        for (auto& c : contexts_) c->set_matmul_precision(precision);
+    }
+
     // Where every context's activations and every parcel live (the host by
     // default); parcels from before are dropped.
     void set_device(Device where) {
@@ -95,6 +102,7 @@ public:
             contexts_.back()->set_tensor_group(group_);
             contexts_.back()->set_tensor_grid(grid_);
             contexts_.back()->set_sequence_parallelism(sequence_);
+            contexts_.back()->set_matmul_precision(matmul_);
             contexts_.back()->set_device(device_);
             free.push_back(static_cast<int>(contexts_.size()) - 1);
         }
@@ -189,6 +197,7 @@ private:
     const nn::TensorGroup* group_ = nullptr;
     const nn::TensorGrid* grid_ = nullptr;
     nn::SequenceParallelism sequence_{};
+    kernels::MatmulPrecision matmul_ = kernels::MatmulPrecision::f32;
     Device device_ = host_device;
     std::vector<std::unique_ptr<nn::Context>> contexts_;
     std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight

@@ -22,6 +22,7 @@
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/param_arena.hpp"
@@ -32,6 +33,8 @@ namespace loom::exec {
 struct SerialTrainerOptions {
     int micro_batches = 1;
     optim::AdamWConfig adamw{};
+    // As ExecutorOptions::matmul: f32, or bf16 operands with f32 sums.
+    kernels::MatmulPrecision matmul = kernels::MatmulPrecision::f32;
 };
 
 class SerialTrainer {
@@ -50,6 +53,7 @@ public:
           }),
           initialize_([&model](const nn::ParamArena& arena, std::uint64_t seed) { arena.initialize(model, seed); }) {
         ctx_.set_device(device);
+        ctx_.set_matmul_precision(options.matmul);
     }
 
     SerialTrainer(const SerialTrainer&) = delete;

@@ -33,6 +33,12 @@ public:
     virtual void gemm(Device where, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                       const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
                       std::int64_t ldc) = 0;
+    // The same at MatmulPrecision::bf16: op(A) and op(B) rounded to bf16,
+    // products accumulated in f32, C f32 (kernels/host/gemm.hpp's
+    // gemm_bf16_inputs, which this equals up to the order of the sums).
+    virtual void gemm_bf16_inputs(Device where, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                                  float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                                  float beta, float* C, std::int64_t ldc) = 0;
     // y[r, :] = row for r < rows (a bias before an accumulating GEMM).
     virtual void repeat_rows(Device where, const float* row, float* y, std::int64_t rows, std::int64_t n) = 0;
     virtual void add(Device where, const float* a, const float* b, float* out, std::int64_t n) = 0;

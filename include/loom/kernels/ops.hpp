@@ -22,6 +22,7 @@
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/kernels/host/layernorm.hpp"
 #include "loom/kernels/host/quantize.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/kernels/trans.hpp"
 
 namespace loom::kernels {
@@ -60,6 +61,24 @@ inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_
     else
         device_kernels(d).gemm(d, ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta,
                                detail::ptr<float>(C), ldc);
+}
+
+// The same product at a MatmulPrecision: f32 is gemm above; bf16 rounds
+// op(A) and op(B) to bf16 and accumulates in f32 (kernels/matmul_precision.hpp).
+inline void gemm(MatmulPrecision precision, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                 float alpha, const Tensor& A, std::int64_t lda, const Tensor& B, std::int64_t ldb, float beta,
+                 const Tensor& C, std::int64_t ldc) {
+    if (precision == MatmulPrecision::f32) {
+        gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const Device d = detail::common_device("gemm", {&A, &B, &C});
+    if (detail::on_host(d))
+        host::gemm_bf16_inputs(ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta,
+                               detail::ptr<float>(C), ldc);
+    else
+        device_kernels(d).gemm_bf16_inputs(d, ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda,
+                                           detail::ptr<float>(B), ldb, beta, detail::ptr<float>(C), ldc);
 }
 
 // y[r, :] = row for each of `rows` rows of n.

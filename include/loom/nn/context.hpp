@@ -26,6 +26,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/nn/sequence_layout.hpp"
 
 namespace loom::nn {
@@ -131,6 +132,12 @@ public:
     void set_sequence_parallelism(const SequenceParallelism& sp) noexcept { sequence_ = sp; }
     [[nodiscard]] const SequenceParallelism& sequence() const noexcept { return sequence_; }
 
+    // The arithmetic of this micro-batch's matrix products (f32 unless the
+    // trainer or executor was asked for bf16; kernels/matmul_precision.hpp).
+    // Kept across reset().
+    void set_matmul_precision(kernels::MatmulPrecision precision) noexcept { matmul_ = precision; }
+    [[nodiscard]] kernels::MatmulPrecision matmul_precision() const noexcept { return matmul_; }
+
     void set_loss(float loss) noexcept { loss_ = loss; }
     [[nodiscard]] float loss() const noexcept { return loss_; }
 
@@ -177,6 +184,7 @@ private:
     const TensorGroup* tensor_group_ = nullptr;
     const TensorGrid* tensor_grid_ = nullptr;
     SequenceParallelism sequence_{};
+    kernels::MatmulPrecision matmul_ = kernels::MatmulPrecision::f32;
 };
 
 }  // namespace loom::nn

@@ -1,6 +1,7 @@
 // Linear: y = x W^T + b over the last dimension (PyTorch's layout: W is
 // [out, in]), any leading dimensions being rows. Three GEMMs per step, each a
-// single cblas_sgemm over all rows of the micro-batch.
+// single product over all rows of the micro-batch, at the context's
+// MatmulPrecision (f32, or bf16 operands with f32 sums and outputs).
 //
 // Tensor parallelism (Megatron 1D, parallel/tensor_parallel.hpp cuts the
 // Params): `split` says which half of a column -> row pair this layer is.
@@ -58,16 +59,18 @@ struct Linear {
         shape[shape.rank() - 1] = out();
         Tensor y = ctx.alloc(shape);
         float beta = 0.0f;
+        const kernels::MatmulPrecision precision = ctx.matmul_precision();
         using kernels::Trans;
         if (split == Split::grid) {
-            summa_abt(grid_of(ctx, "Linear"), x, weight.value, y, rows, in(), out());
+            summa_abt(grid_of(ctx, "Linear"), x, weight.value, y, rows, in(), out(), precision);
             if (has_bias()) add_bias(y, rows);
             ctx.saved<Saved>(this).x = x;
             return y;
         }
         if (split == Split::rows) {
             // g: the partial products are summed over the group, then the bias added once.
-            kernels::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f, y, out());
+            kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f, y,
+                          out());
             group(ctx).all_reduce_activations(y);
             if (has_bias()) add_bias(y, rows);
             ctx.saved<Saved>(this).x = x;
@@ -78,7 +81,8 @@ struct Linear {
             kernels::repeat_rows(bias.value, y, rows, out());
             beta = 1.0f;
         }
-        kernels::gemm(Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), beta, y, out());
+        kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), beta, y,
+                      out());
         ctx.saved<Saved>(this).x = x;
         return y;
     }
@@ -89,11 +93,12 @@ struct Linear {
         const std::int64_t rows = dy.numel() / out();
         Tensor dx = ctx.alloc(saved.x.shape());
         if (split == Split::grid) {
-            summa_ab(grid_of(ctx, "Linear"), dy, weight.value, dx, rows, out(), in());
+            summa_ab(grid_of(ctx, "Linear"), dy, weight.value, dx, rows, out(), in(), ctx.matmul_precision());
             return dx;
         }
         using kernels::Trans;
-        kernels::gemm(Trans::no, Trans::no, rows, in(), out(), 1.0f, dy, out(), weight.value, in(), 0.0f, dx, in());
+        kernels::gemm(ctx.matmul_precision(), Trans::no, Trans::no, rows, in(), out(), 1.0f, dy, out(), weight.value,
+                      in(), 0.0f, dx, in());
         // f: each rank's slice of the features contributed to the whole input's gradient.
         if (split == Split::columns) group(ctx).all_reduce_activations(dx);
         return dx;
@@ -110,12 +115,12 @@ struct Linear {
         auto& saved = ctx.saved<Saved>(this);
         const std::int64_t rows = saved.dy.numel() / out();
         if (split == Split::grid) {
-            backward_weight_grid(grid_of(ctx, "Linear"), saved, rows);
+            backward_weight_grid(grid_of(ctx, "Linear"), saved, rows, ctx.matmul_precision());
             return;
         }
         using kernels::Trans;
-        kernels::gemm(Trans::yes, Trans::no, out(), in(), rows, 1.0f, saved.dy, out(), saved.x, in(), 1.0f, weight.grad,
-                      in());
+        kernels::gemm(ctx.matmul_precision(), Trans::yes, Trans::no, out(), in(), rows, 1.0f, saved.dy, out(), saved.x,
+                      in(), 1.0f, weight.grad, in());
         if (has_bias()) kernels::bias_grad(saved.dy, bias.grad, rows, out());
     }
 
@@ -126,10 +131,11 @@ private:  // functions only: Linear stays an aggregate
 
     // dW(i,j) = sum over l of dY(l,i)^T X(l,j); this micro-batch's share is
     // added to the gradient. The bias's rows are summed down the grid column.
-    void backward_weight_grid(const TensorGrid& g, const Saved& saved, std::int64_t rows) {
+    void backward_weight_grid(const TensorGrid& g, const Saved& saved, std::int64_t rows,
+                              kernels::MatmulPrecision precision) {
         const Device where = saved.dy.device();
         const DeviceBuffer dw(DType::f32, Shape{out() * in()}, where);
-        summa_atb(g, saved.dy, saved.x, dw.tensor(), out(), rows, in());
+        summa_atb(g, saved.dy, saved.x, dw.tensor(), out(), rows, in(), precision);
         kernels::accumulate(weight.grad, dw.tensor(), out() * in());
         if (!has_bias()) return;
         const DeviceBuffer db(DType::f32, Shape{out()}, where);  // zero-filled

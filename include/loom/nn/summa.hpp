@@ -84,7 +84,8 @@ void pipelined_broadcasts(int q, Post post, Consume consume) {
 
 // c (m x n) = sum over l of a(i,l) (m x k) b(l,j) (k x n); c is overwritten.
 inline void summa_ab(const TensorGrid& grid, const Tensor& a, const Tensor& b, const Tensor& c, std::int64_t m,
-                     std::int64_t k, std::int64_t n) {
+                     std::int64_t k, std::int64_t n,
+                     kernels::MatmulPrecision precision = kernels::MatmulPrecision::f32) {
     detail::check_block(a, m, k, "A");
     detail::check_block(b, k, n, "B");
     detail::check_block(c, m, n, "C");
@@ -97,7 +98,7 @@ inline void summa_ab(const TensorGrid& grid, const Tensor& a, const Tensor& b, c
     };
     fill_zero_bytes(c.raw(), c.device(), c.nbytes());
     detail::pipelined_broadcasts(grid.q, post, [&](int l) {
-        kernels::gemm(kernels::Trans::no, kernels::Trans::no, m, n, k, 1.0f, a_at(l), k, b_at(l), n, 1.0f, c, n);
+        kernels::gemm(precision, kernels::Trans::no, kernels::Trans::no, m, n, k, 1.0f, a_at(l), k, b_at(l), n, 1.0f, c, n);
     });
 }
 
@@ -128,26 +129,28 @@ void broadcast_multiply_reduce(const TensorGrid& grid, const TensorGroup& along,
 
 // c (m x n) = sum over l of a(i,l) (m x k) b(j,l)^T (b blocks n x k).
 inline void summa_abt(const TensorGrid& grid, const Tensor& a, const Tensor& b, const Tensor& c, std::int64_t m,
-                      std::int64_t k, std::int64_t n) {
+                      std::int64_t k, std::int64_t n,
+                      kernels::MatmulPrecision precision = kernels::MatmulPrecision::f32) {
     detail::check_block(a, m, k, "A");
     detail::check_block(b, n, k, "B");
     detail::check_block(c, m, n, "C");
     detail::broadcast_multiply_reduce(grid, *grid.column, grid.i, b, n * k, *grid.row, m, n, c,
                                       [&](const Tensor& b_block, const Tensor& out) {
-                                          kernels::gemm(kernels::Trans::no, kernels::Trans::yes, m, n, k, 1.0f, a, k,
+                                          kernels::gemm(precision, kernels::Trans::no, kernels::Trans::yes, m, n, k, 1.0f, a, k,
                                                         b_block, k, 0.0f, out, n);
                                       });
 }
 
 // c (m x n) = sum over l of a(l,i)^T b(l,j) (a blocks k x m, b blocks k x n).
 inline void summa_atb(const TensorGrid& grid, const Tensor& a, const Tensor& b, const Tensor& c, std::int64_t m,
-                      std::int64_t k, std::int64_t n) {
+                      std::int64_t k, std::int64_t n,
+                      kernels::MatmulPrecision precision = kernels::MatmulPrecision::f32) {
     detail::check_block(a, k, m, "A");
     detail::check_block(b, k, n, "B");
     detail::check_block(c, m, n, "C");
     detail::broadcast_multiply_reduce(grid, *grid.row, grid.j, a, k * m, *grid.column, m, n, c,
                                       [&](const Tensor& a_block, const Tensor& out) {
-                                          kernels::gemm(kernels::Trans::yes, kernels::Trans::no, m, n, k, 1.0f,
+                                          kernels::gemm(precision, kernels::Trans::yes, kernels::Trans::no, m, n, k, 1.0f,
                                                         a_block, m, b, n, 0.0f, out, n);
                                       });
 }

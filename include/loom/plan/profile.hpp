@@ -20,6 +20,7 @@
 #include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "loom/nn/units.hpp"
@@ -27,12 +28,15 @@
 namespace loom::plan {
 
 // Seconds per unit (forward + backward of one micro-batch of `inputs`), the
-// median of `repeats` passes after one warm-up pass, on `where`. Binds
-// `model` to a parameter arena of its own there, initialised from `seed`.
+// median of `repeats` passes after one warm-up pass, on `where`, with the
+// run's matrix-product precision (bf16 costs differ from f32's both ways:
+// tensor cores on a GPU, an emulation on the host). Binds `model` to a
+// parameter arena of its own there, initialised from `seed`.
 template <class Model>
 [[nodiscard]] std::vector<double> profile_units(Model& model, std::uint64_t seed, const Tensor& inputs,
                                                 const Tensor& targets, int repeats = 3,
-                                                loom::Device where = host_device) {
+                                                loom::Device where = host_device,
+                                                kernels::MatmulPrecision matmul = kernels::MatmulPrecision::f32) {
     LOOM_CHECK(repeats >= 1, "profile_units: ", repeats, " repeats; give at least 1");
     nn::ParamArena arena(model, where);
     arena.initialize(model, seed);
@@ -42,6 +46,7 @@ template <class Model>
     std::vector<std::vector<double>> seconds(n);
     nn::Context ctx;
     ctx.set_device(where);
+    ctx.set_matmul_precision(matmul);
     using clock = std::chrono::steady_clock;
     for (int pass = 0; pass <= repeats; ++pass) {
         arena.zero_grads();

@@ -35,14 +35,11 @@
 //
 // Scratch. pack_top_k needs about 8 bytes per element plus CUB's storage. The
 // host keeps its magnitudes in a caller-owned vector so a step allocates
-// nothing; TopKScratch is the device's equivalent: memory from the
-// stream-ordered pool that grows to the largest call and is then reused. It
-// remembers (with an event) the last work that used it, so a call on another
-// stream waits for that work before reusing the memory, and its destructor
-// frees the memory in stream order after it, on the legacy default stream,
-// so the scratch may outlive the streams it was used on. One scratch serves
-// one call at a time (as the host's vector does); give concurrent streams a
-// scratch each to let them overlap.
+// nothing; TopKScratch (a StreamScratch, kernels/cuda/stream_scratch.cuh) is
+// the device's equivalent: memory from the stream-ordered pool that grows to
+// the largest call and is then reused, safely across streams. One scratch
+// serves one call at a time (as the host's vector does); give concurrent
+// streams a scratch each to let them overlap.
 //
 // unpack_top_k_add: out[index] += weight * value, with __fmul_rn and
 // __fadd_rn (nvcc would otherwise contract them into an FMA, and the host,
@@ -74,6 +71,7 @@
 #include "loom/core/error.hpp"
 #include "loom/kernels/cuda/group_reduce.cuh"
 #include "loom/kernels/cuda/launch.cuh"
+#include "loom/kernels/cuda/stream_scratch.cuh"
 #include "loom/kernels/host/top_k.hpp"
 
 namespace loom::kernels::cuda {
@@ -82,58 +80,10 @@ namespace loom::kernels::cuda {
 using host::top_k_count;
 using host::top_k_words;
 
-// Device memory that pack_top_k reuses from call to call (the host's
-// `scratch` vector): grows to the largest call, never shrinks. Not copyable;
-// create it once per stream of packing (a compressor's member, say). Creating
-// one touches no CUDA API; the first call allocates.
-class TopKScratch {
-public:
-    TopKScratch() = default;
-    TopKScratch(const TopKScratch&) = delete;
-    TopKScratch& operator=(const TopKScratch&) = delete;
-    // Frees in stream order after the last work that used the memory (see the
-    // header comment); cannot throw, errors surface on the next CUDA call.
-    ~TopKScratch() {
-        if (memory_ != nullptr) {
-            if (last_use_ != nullptr) cudaStreamWaitEvent(cudaStreamLegacy, last_use_, 0);
-            cudaFreeAsync(memory_, cudaStreamLegacy);
-        }
-        if (last_use_ != nullptr) cudaEventDestroy(last_use_);
-    }
-
-    [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
-
-    // For the launchers: at least `bytes` of device memory that work queued
-    // on `stream` from now on may use; the previous use (on any stream) is
-    // ordered before it. Pair with finished_on(stream) once the work is queued.
-    [[nodiscard]] void* acquire(std::size_t bytes, cudaStream_t stream) {
-        if (last_use_ == nullptr)
-            LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&last_use_, cudaEventDisableTiming));
-        else
-            LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, last_use_, 0));
-        if (bytes > capacity_) {
-            if (memory_ != nullptr) {
-                void* old = memory_;
-                memory_ = nullptr;
-                capacity_ = 0;
-                LOOM_CUDA_CHECK(cudaFreeAsync(old, stream));
-            }
-            LOOM_CUDA_CHECK(cudaMallocAsync(&memory_, bytes, stream));
-            capacity_ = bytes;
-        }
-        return memory_;
-    }
-
-    // Marks the end of the work queued on `stream` that uses the memory.
-    void finished_on(cudaStream_t stream) noexcept {
-        if (last_use_ != nullptr) cudaEventRecord(last_use_, stream);  // errors surface on the next call
-    }
-
-private:
-    void* memory_ = nullptr;
-    std::size_t capacity_ = 0;
-    cudaEvent_t last_use_ = nullptr;
-};
+// pack_top_k's scratch is a StreamScratch (kernels/cuda/stream_scratch.cuh):
+// the host's `scratch` vector on the device. Create one per stream of packing
+// (a compressor's member, say).
+using TopKScratch = StreamScratch;
 
 namespace detail {
 
@@ -286,20 +236,6 @@ private:
     cudaStream_t stream_;
 };
 
-// Records the end of a pack's work in its scratch however the call ends, so
-// a failed call never lets the memory be reused or freed under queued work.
-class TopKScratchUse {
-public:
-    TopKScratchUse(TopKScratch& scratch, cudaStream_t stream) : scratch_(scratch), stream_(stream) {}
-    TopKScratchUse(const TopKScratchUse&) = delete;
-    TopKScratchUse& operator=(const TopKScratchUse&) = delete;
-    ~TopKScratchUse() { scratch_.finished_on(stream_); }
-
-private:
-    TopKScratch& scratch_;
-    cudaStream_t stream_;
-};
-
 }  // namespace detail
 
 // Selects the k largest |x[i]| of x[0, n) into words (top_k_words(k) words:
@@ -334,7 +270,8 @@ inline void pack_top_k(const float* x, std::int64_t n, std::int64_t k, std::uint
     const std::size_t threshold_bytes = detail::top_k_align(sizeof(detail::TopKThreshold));
     const std::size_t count_bytes = detail::top_k_align(sizeof(long long));
     const std::size_t temp_bytes = std::max({sort_bytes, scan_bytes, select_bytes});
-    detail::TopKScratchUse use(scratch, stream);
+    // However the call ends, the scratch is not reused or freed under the work it queued.
+    StreamScratchUse use(scratch, stream);
     auto* base = static_cast<std::byte*>(scratch.acquire(2 * array + threshold_bytes + count_bytes + temp_bytes, stream));
     auto* mags = reinterpret_cast<Word*>(base);
     auto* work = reinterpret_cast<Word*>(base + array);

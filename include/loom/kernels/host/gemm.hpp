@@ -1,5 +1,6 @@
 // Host GEMM: C = alpha * op(A) * op(B) + beta * C through the CBLAS the build
-// found (OpenBLAS by preference, see cmake/LoomBlas.cmake). Row-major, f32;
+// found (OpenBLAS by preference, see cmake/LoomBlas.cmake), in f32 or with
+// operands rounded to bf16 first (MatmulPrecision::bf16). Row-major, f32;
 // lda/ldb/ldc are the row strides of the matrices as stored. Also the knobs a
 // trainer needs around it: the BLAS's thread count, and a measurement of this
 // machine's sgemm peak for benchmarks to compare against.
@@ -13,6 +14,7 @@
 
 #include <cblas.h>
 
+#include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/trans.hpp"
 
@@ -45,6 +47,40 @@ inline void check_blas_int(const char* what, std::int64_t value) {
                "); split the product");
 }
 
+// The argument checks every GEMM entry point makes, with its messages.
+inline void check_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda,
+                                 std::int64_t ldb, std::int64_t ldc) {
+    LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: sizes M = ", M, ", N = ", N, ", K = ", K, " must all be >= 0");
+    const std::int64_t a_cols = ta == Trans::no ? K : M;
+    const std::int64_t b_cols = tb == Trans::no ? N : K;
+    LOOM_CHECK(lda >= std::max<std::int64_t>(1, a_cols), "gemm: lda = ", lda, " is shorter than a stored row of A (",
+               a_cols, " columns with ta = ", trans_name(ta), ", M = ", M, ", K = ", K, "); pass lda >= ",
+               std::max<std::int64_t>(1, a_cols));
+    LOOM_CHECK(ldb >= std::max<std::int64_t>(1, b_cols), "gemm: ldb = ", ldb, " is shorter than a stored row of B (",
+               b_cols, " columns with tb = ", trans_name(tb), ", K = ", K, ", N = ", N, "); pass ldb >= ",
+               std::max<std::int64_t>(1, b_cols));
+    LOOM_CHECK(ldc >= std::max<std::int64_t>(1, N), "gemm: ldc = ", ldc, " is shorter than a row of C (N = ", N,
+               "); pass ldc >= ", std::max<std::int64_t>(1, N));
+    check_blas_int("M", M);
+    check_blas_int("N", N);
+    check_blas_int("K", K);
+    check_blas_int("lda", lda);
+    check_blas_int("ldb", ldb);
+    check_blas_int("ldc", ldc);
+}
+
+// A stored [rows, cols] matrix with row stride ld, each element rounded to
+// bf16 (loom::to_bf16: to nearest, ties to even) and widened back, packed
+// (row stride cols).
+[[nodiscard]] inline std::vector<float> rounded_to_bf16(const float* x, std::int64_t rows, std::int64_t cols,
+                                                        std::int64_t ld) {
+    std::vector<float> out(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            out[static_cast<std::size_t>(r * cols + c)] = to_float(to_bf16(x[r * ld + c]));
+    return out;
+}
+
 }  // namespace detail
 
 // C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C. A is stored [M, K]
@@ -53,28 +89,30 @@ inline void check_blas_int(const char* what, std::int64_t value) {
 // specifies; K = 0 scales C by beta.
 inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
                  std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-    LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: sizes M = ", M, ", N = ", N, ", K = ", K, " must all be >= 0");
-    const std::int64_t a_cols = ta == Trans::no ? K : M;
-    const std::int64_t b_cols = tb == Trans::no ? N : K;
-    LOOM_CHECK(lda >= std::max<std::int64_t>(1, a_cols), "gemm: lda = ", lda, " is shorter than a stored row of A (",
-               a_cols, " columns with ta = ", detail::trans_name(ta), ", M = ", M, ", K = ", K, "); pass lda >= ",
-               std::max<std::int64_t>(1, a_cols));
-    LOOM_CHECK(ldb >= std::max<std::int64_t>(1, b_cols), "gemm: ldb = ", ldb, " is shorter than a stored row of B (",
-               b_cols, " columns with tb = ", detail::trans_name(tb), ", K = ", K, ", N = ", N, "); pass ldb >= ",
-               std::max<std::int64_t>(1, b_cols));
-    LOOM_CHECK(ldc >= std::max<std::int64_t>(1, N), "gemm: ldc = ", ldc, " is shorter than a row of C (N = ", N,
-               "); pass ldc >= ", std::max<std::int64_t>(1, N));
-    detail::check_blas_int("M", M);
-    detail::check_blas_int("N", N);
-    detail::check_blas_int("K", K);
-    detail::check_blas_int("lda", lda);
-    detail::check_blas_int("ldb", ldb);
-    detail::check_blas_int("ldc", ldc);
+    detail::check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return;  // nothing to write; some BLAS builds reject the call outright
     cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
                 tb == Trans::yes ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C,
                 static_cast<int>(ldc));
+}
+
+// The same product at MatmulPrecision::bf16 (kernels/matmul_precision.hpp):
+// every element of A and B rounded to bf16 first, then the f32 product of the
+// rounded operands (exact products, f32 sums), into the f32 C. The host's
+// emulation of a tensor-core bf16 GEMM, equal to it up to the order of the
+// sums; it copies both operands, so it is slower than gemm, not faster.
+inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                             std::int64_t ldc) {
+    detail::check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
+    if (M == 0 || N == 0) return;
+    const std::int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
+    const std::int64_t b_rows = tb == Trans::no ? K : N, b_cols = tb == Trans::no ? N : K;
+    const std::vector<float> a = detail::rounded_to_bf16(A, a_rows, a_cols, lda);
+    const std::vector<float> b = detail::rounded_to_bf16(B, b_rows, b_cols, ldb);
+    gemm(ta, tb, M, N, K, alpha, a.data(), std::max<std::int64_t>(1, a_cols), b.data(),
+         std::max<std::int64_t>(1, b_cols), beta, C, ldc);
 }
 
 // Threads the BLAS may use for one call (OpenBLAS: openblas_set_num_threads;
