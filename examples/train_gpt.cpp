@@ -45,6 +45,7 @@
 #include <loom/core/device_runtime.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
+#include <loom/exec/model_gradient.hpp>
 #include <loom/exec/trace.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
@@ -667,11 +668,24 @@ struct RunReport {
 
 #include "train_gpt_device.hpp"
 
+// --sample N: N bytes generated on the host from the whole model's values,
+// prompted with the corpus's first 16 bytes.
+void print_sample(const Flags& flags, const loom::data::ByteCorpus& corpus, const std::vector<float>& values) {
+    loom::gpt::Model serial = loom::gpt::make_model(flags.model);
+    loom::nn::ParamArena arena(serial);
+    std::copy(values.begin(), values.end(), arena.values().begin());
+    const std::string text = loom::gpt::sample(serial, flags.model, corpus.text().substr(0, 16), flags.sample, flags.seed);
+    std::printf("sample:\n%s\n", text.c_str());
+}
+
 // --optex N: OptEx<AdamW> on an optex axis of N workers, each a group of
 // --dp ranks that averages its worker's gradient. Worker k of iteration t
 // reads batch t N + k, so --optex 1 is plain AdamW on the same batches.
+// OptEx's state, history and collectives stay in host memory (`world` is a
+// host communicator); each rank's forward and backward run on `device`
+// (exec::ModelGradient), a GPU with --device cuda.
 template <loom::comm::Communicator C>
-void train_optex(C& world, const Flags& flags, const char* transport) {
+void train_optex(C& world, const Flags& flags, const char* transport, loom::Device device) {
     const int workers = flags.optex;
     if (world.size() % workers != 0)
         usage_error("--optex " + std::to_string(workers) + " needs a multiple of " + std::to_string(workers) +
@@ -694,8 +708,8 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
     const int worker = mesh.coordinate("optex");
 
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
-    loom::nn::ParamArena arena(model);
-    const std::int64_t parameters = arena.size();
+    loom::exec::ModelGradient<loom::gpt::Model> gradient_at(model, device, flags.matmul);
+    const std::int64_t parameters = gradient_at.size();
     std::vector<float> values(static_cast<std::size_t>(parameters)), m, v;
     std::int64_t first_step = 0, optimizer_steps = 0;
     if (!flags.resume.empty()) {
@@ -705,8 +719,8 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
         first_step = steps.step;
         optimizer_steps = steps.optimizer_steps;
     } else {
-        arena.initialize(model, flags.seed);
-        std::copy(arena.values().begin(), arena.values().end(), values.begin());
+        gradient_at.arena().initialize(model, flags.seed);
+        gradient_at.store(values);
     }
     const loom::optim::AdamWConfig adamw{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
     loom::optim::OptEx<loom::optim::AdamW, C> optex(
@@ -736,9 +750,6 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
 
     const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
-    const auto grads = loom::Tensor::of(arena.grads().data(), {parameters});
-    loom::nn::Context ctx;
-    ctx.set_matmul_precision(flags.matmul);
     RunReport run_report(flags, lead, first_step);
     auto& [metrics, progress] = run_report;
     const std::int64_t total = flags.steps, last = flags.until;
@@ -749,17 +760,15 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
         const auto t0 = std::chrono::steady_clock::now();
         optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
         const auto result = optex.iterate([&](std::span<const float> x, std::span<float> g) {
-            std::copy(x.begin(), x.end(), arena.values().begin());
-            arena.zero_grads();
             corpus.rows(flags.seed, step * workers + worker, mesh.coordinate("dp") * rows, rows, T, inputs, targets);
-            float worker_loss = loom::nn::forward_backward(model, ctx, loom::Tensor::of(inputs.data(), {rows, T}),
-                                                           loom::Tensor::of(targets.data(), {rows, T}));
+            float worker_loss = gradient_at(x, loom::Tensor::of(inputs.data(), {rows, T}),
+                                            loom::Tensor::of(targets.data(), {rows, T}), g);
             if (dp_size > 1) {
+                const auto grads = loom::Tensor::of(g.data(), {parameters});
                 dp.all_reduce(grads, grads, loom::comm::ReduceOp::avg);
                 const auto l = loom::Tensor::of(&worker_loss, {1});
                 dp.all_reduce(l, l, loom::comm::ReduceOp::avg);
             }
-            std::copy(arena.grads().begin(), arena.grads().end(), g.begin());
             return worker_loss;
         });
         loss = result.loss;
@@ -791,18 +800,14 @@ void train_optex(C& world, const Flags& flags, const char* transport) {
                                        corpus.describe());
             std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(last));
         }
-        if (lead && flags.sample > 0) {
-            std::copy(values.begin(), values.end(), arena.values().begin());
-            const std::string text = loom::gpt::sample(model, flags.model, corpus.text().substr(0, 16), flags.sample, flags.seed);
-            std::printf("sample:\n%s\n", text.c_str());
-        }
+        if (lead && flags.sample > 0) print_sample(flags, corpus, values);
     }
 }
 
 template <loom::comm::Communicator C>
 void train(C& world, const Flags& flags, const char* transport) {
     if (flags.optex > 0) {
-        train_optex(world, flags, transport);
+        train_optex(world, flags, transport, loom::host_device);
         return;
     }
     const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / (flags.pp * flags.tp * flags.sp));
@@ -944,13 +949,7 @@ void train(C& world, const Flags& flags, const char* transport) {
                                        corpus.describe(), extra, extra_metadata);
             std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(last));
         }
-        if (lead && flags.sample > 0) {
-            loom::gpt::Model serial = loom::gpt::make_model(flags.model);
-            loom::nn::ParamArena arena(serial);
-            std::copy(values.begin(), values.end(), arena.values().begin());
-            const std::string text = loom::gpt::sample(serial, flags.model, corpus.text().substr(0, 16), flags.sample, flags.seed);
-            std::printf("sample:\n%s\n", text.c_str());
-        }
+        if (lead && flags.sample > 0) print_sample(flags, corpus, values);
     }
 }
 
@@ -980,6 +979,12 @@ int run(int argc, char** argv) {
                 // One GPU per process, the processes joined over NCCL
                 // (bootstrapped through MPI), each training on its GPU's stream.
                 const loom::Device device = process_device(flags);
+                if (flags.optex > 0) {
+                    // OptEx's state and collectives stay on the host, over MPI; each GPU computes gradients.
+                    const std::string transport = device_transport(device, "MPI processes, one GPU each, rank 0");
+                    train_optex(comm, flags, transport.c_str(), device);
+                    return;
+                }
                 const std::string transport = device_transport(device, "NCCL processes, one GPU each, rank 0");
                 loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
                 loom::comm::run_process_on(device, host,
@@ -994,6 +999,15 @@ int run(int argc, char** argv) {
 #else
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
+    }
+    if (flags.device.kind != loom::DeviceKind::host && flags.optex > 0) {
+        // OptEx: host rank threads (its state and collectives stay in host
+        // memory), each computing its gradients on the GPU on its own stream.
+        const int ranks = device_ranks(flags) * flags.optex;
+        const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
+        loom::comm::ThreadWorld(ranks).run(
+            [&](loom::comm::ThreadComm& comm) { train_optex(comm, flags, transport.c_str(), flags.device); });
+        return 0;
     }
     if (flags.device.kind != loom::DeviceKind::host) {
         // Rank threads on the GPU (the backend's world), each with its own stream.

@@ -6,8 +6,10 @@
 // processes joined by NCCL (loom/cuda_backend_nccl.cuh, when the build has NCCL). Every strategy of the executor runs there: data parallelism
 // at every ZeRO stage, pipelines of every schedule, Megatron (1D) and Optimus
 // (2D) tensor parallelism, sequence parallelism, with any micro-batches and
-// every compressor; OptEx (its own loop) and --cluster (links shaped between
-// host threads) are refused here, by flag, before anything runs.
+// every compressor. OptEx runs its own loop (train_optex): host rank threads
+// or MPI processes keep its state, each computing gradients on the GPU.
+// --cluster (links shaped between host threads) is refused here, before
+// anything runs.
 // Included by train_gpt.cpp inside its anonymous namespace, after its Flags;
 // train_gpt.cpp includes the loom headers this uses at its top.
 #pragma once
@@ -19,10 +21,9 @@ inline void check_device_flags(const Flags& flags) {
     const auto refuse = [&](bool given, const std::string& what) {
         if (given)
             usage_error("--device " + where.str() + " runs the executor's strategies (--dp, --zero, --pp, --schedule, "
-                        "--tp, --tp-mode, --sp, --compress, --compress-pp, --compress-tp, --micro-batches, --matmul) so far; "
-                        "drop " + what + " or use --device host");
+                        "--tp, --tp-mode, --sp, --compress, --compress-pp, --compress-tp, --micro-batches, --matmul) "
+                        "and --optex; drop " + what + " or use --device host");
     };
-    refuse(flags.optex > 0, "--optex " + std::to_string(flags.optex));
     refuse(!flags.cluster.empty(), "--cluster");
 }
 

@@ -1,21 +1,32 @@
 // Device mirror of kernels/host/gemm.hpp's gemm_bf16_inputs: the f32 product
 // at MatmulPrecision::bf16 (kernels/matmul_precision.hpp). Both operands are
-// rounded to bf16 into a StreamScratch (packed: row stride = stored columns),
-// then cuBLASLt multiplies them on tensor cores with f32 accumulation into the
-// f32 C (kernels/cuda/gemm.cuh's bf16 x bf16 -> f32 overload). The rounding is
-// loom::to_bf16, the host's function, so the operands are the host's bit for
-// bit and the products only differ from the host's emulation in the order
-// of the f32 sums.
+// rounded to bf16 into a StreamScratch, then cuBLASLt multiplies them with
+// f32 accumulation into the f32 C (kernels/cuda/gemm.cuh's bf16 x bf16 -> f32
+// overload). The rounding is loom::to_bf16, the host's function, so the
+// operands are the host's bit for bit; the sums run in cuBLASLt's order (and
+// tensor cores may truncate partial sums rather than round them), which the
+// tests bound as for the bf16 GEMM itself.
+//
+// Each rounded operand's rows start 16 bytes apart at least (its row stride
+// is the stored columns rounded up to 8): tensor-core kernels want 16-byte
+// aligned rows, and an odd width such as GPT-2's vocabulary of 50257 would
+// otherwise push cuBLASLt to slower kernels. The padding is never read.
 //
 // Why round per call rather than keep bf16 copies of the weights: the
-// rounding pass reads 4 and writes 2 bytes per element, against the 2K flops
-// per element the product then spends, so for the shapes of a training step
-// (K in the hundreds or more) it costs a few percent of the GEMM; and a
+// rounding pass reads 4 and writes 2 bytes per element, against the 2N flops
+// per element of A (2M per element of B) the product then spends, so for the
+// shapes of a training step (hundreds or more) it costs a few percent of the
+// GEMM; and a
 // rounded copy of what the layer was handed (a ZeRO-3 gather, a SUMMA block
 // in flight, a tensor-parallel shard) needs no bookkeeping of when the
 // weights changed. A persistent bf16 weight copy (AdamW's
 // adamw_update_with_bf16_copy writes one in its pass) is the next step if
 // profiles show the rounding.
+//
+// Memory: the scratch holds both rounded operands of the largest product and
+// is kept, one per rank thread and device. For GPT-2 124M at 8 x 1024 tokens
+// that is the head's gradient product, [8192, 50257] and [50257, 768] in bf16:
+// about 0.9 GB per rank thread.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,22 +43,27 @@ namespace loom::kernels::cuda {
 
 namespace detail {
 
-// out[r * cols + c] = to_bf16(x[r * ld + c]): a strided f32 matrix, packed.
-// A template so every translation unit may define it (see elementwise.cuh).
+// out[r * out_ld + c] = to_bf16(x[r * ld + c]) for the rows x cols live
+// elements of a strided f32 matrix. A template so every translation unit may
+// define it (see elementwise.cuh).
 template <class T>
 __global__ void round_rows_to_bf16_kernel(const T* __restrict__ x, std::int64_t ld, std::int64_t rows,
-                                          std::int64_t cols, bf16* __restrict__ out) {
+                                          std::int64_t cols, bf16* __restrict__ out, std::int64_t out_ld) {
     const std::int64_t n = rows * cols;
     for (std::int64_t i = grid_index(); i < n; i += grid_stride()) {
         const std::int64_t r = i / cols, c = i - r * cols;
-        out[i] = to_bf16(x[r * ld + c]);
+        out[r * out_ld + c] = to_bf16(x[r * ld + c]);
     }
 }
 
-// Bytes of a packed bf16 matrix, rounded up so the next one starts on a
+// The row stride of a rounded operand: its columns, up to a multiple of 8
+// bf16 (16 bytes).
+[[nodiscard]] constexpr std::int64_t bf16_operand_ld(std::int64_t cols) noexcept { return (cols + 7) / 8 * 8; }
+
+// Bytes of a rounded operand, rounded up so the next one starts on a
 // 256-byte boundary (cuBLASLt's preferred alignment).
 [[nodiscard]] inline std::size_t bf16_operand_bytes(std::int64_t rows, std::int64_t cols) {
-    const std::size_t bytes = static_cast<std::size_t>(rows * cols) * sizeof(bf16);
+    const std::size_t bytes = static_cast<std::size_t>(rows * bf16_operand_ld(cols)) * sizeof(bf16);
     return (bytes + 255) / 256 * 256;
 }
 
@@ -73,13 +89,14 @@ inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N,
     auto* base = static_cast<std::byte*>(scratch.acquire(a_bytes + detail::bf16_operand_bytes(b_rows, b_cols), stream));
     auto* a16 = reinterpret_cast<bf16*>(base);
     auto* b16 = reinterpret_cast<bf16*>(base + a_bytes);
+    const std::int64_t a16_ld = detail::bf16_operand_ld(a_cols), b16_ld = detail::bf16_operand_ld(b_cols);
     detail::round_rows_to_bf16_kernel<float>
-        <<<blocks_for(a_rows * a_cols), threads_per_block, 0, stream>>>(A, lda, a_rows, a_cols, a16);
+        <<<blocks_for(a_rows * a_cols), threads_per_block, 0, stream>>>(A, lda, a_rows, a_cols, a16, a16_ld);
     LOOM_CUDA_CHECK_LAUNCH();
     detail::round_rows_to_bf16_kernel<float>
-        <<<blocks_for(b_rows * b_cols), threads_per_block, 0, stream>>>(B, ldb, b_rows, b_cols, b16);
+        <<<blocks_for(b_rows * b_cols), threads_per_block, 0, stream>>>(B, ldb, b_rows, b_cols, b16, b16_ld);
     LOOM_CUDA_CHECK_LAUNCH();
-    gemm(ta, tb, M, N, K, alpha, a16, a_cols, b16, b_cols, beta, C, ldc, context);
+    gemm(ta, tb, M, N, K, alpha, a16, a16_ld, b16, b16_ld, beta, C, ldc, context);
 }
 
 }  // namespace loom::kernels::cuda

@@ -7,10 +7,12 @@
 // Safe across streams: it remembers (with an event) the last work that used
 // it, so a call on another stream waits for that work before reusing the
 // memory, and its destructor frees the memory in stream order after it, on
-// the legacy default stream, so the scratch may outlive the streams it was
-// used on. One scratch serves one call at a time; give concurrent streams a
-// scratch each to let them overlap. Creating one touches no CUDA API; the
-// first acquire allocates.
+// the legacy default stream of the memory's device (made current for the
+// call: a rank thread on cuda:1 may end with another device current), so the
+// scratch may outlive the streams it was used on. One scratch serves one
+// device, and one call at a time; give concurrent streams a scratch each to
+// let them overlap. Creating one touches no CUDA API; the first acquire
+// allocates, on the device current then.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,11 +31,16 @@ public:
     // Frees in stream order after the last work that used the memory; cannot
     // throw, errors surface on the next CUDA call.
     ~StreamScratch() {
+        if (last_use_ == nullptr && memory_ == nullptr) return;
+        int current = device_;
+        cudaGetDevice(&current);
+        if (current != device_) cudaSetDevice(device_);
         if (memory_ != nullptr) {
             if (last_use_ != nullptr) cudaStreamWaitEvent(cudaStreamLegacy, last_use_, 0);
             cudaFreeAsync(memory_, cudaStreamLegacy);
         }
         if (last_use_ != nullptr) cudaEventDestroy(last_use_);
+        if (current != device_) cudaSetDevice(current);
     }
 
     [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
@@ -43,9 +50,10 @@ public:
     // ordered before it. Pair with finished_on(stream) once the work is
     // queued (StreamScratchUse does it at the end of a scope).
     [[nodiscard]] void* acquire(std::size_t bytes, cudaStream_t stream) {
-        if (last_use_ == nullptr)
+        if (last_use_ == nullptr) {
+            LOOM_CUDA_CHECK(cudaGetDevice(&device_));
             LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&last_use_, cudaEventDisableTiming));
-        else
+        } else
             LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, last_use_, 0));
         if (bytes > capacity_) {
             if (memory_ != nullptr) {
@@ -69,6 +77,7 @@ private:
     void* memory_ = nullptr;
     std::size_t capacity_ = 0;
     cudaEvent_t last_use_ = nullptr;
+    int device_ = 0;  // where the memory and the event live (current at the first acquire)
 };
 
 // Marks a scratch's use on a stream finished when the scope ends, however it
