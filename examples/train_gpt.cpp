@@ -50,6 +50,7 @@
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/gpt/sample.hpp>
+#include <loom/kernels/attention_shape.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/kernels/matmul_precision.hpp>
 #include <loom/nn/param_arena.hpp>
@@ -678,131 +679,7 @@ void print_sample(const Flags& flags, const loom::data::ByteCorpus& corpus, cons
     std::printf("sample:\n%s\n", text.c_str());
 }
 
-// --optex N: OptEx<AdamW> on an optex axis of N workers, each a group of
-// --dp ranks that averages its worker's gradient. Worker k of iteration t
-// reads batch t N + k, so --optex 1 is plain AdamW on the same batches.
-// OptEx's state, history and collectives stay in host memory (`world` is a
-// host communicator); each rank's forward and backward run on `device`
-// (exec::ModelGradient), a GPU with --device cuda.
-template <loom::comm::Communicator C>
-void train_optex(C& world, const Flags& flags, const char* transport, loom::Device device) {
-    const int workers = flags.optex;
-    if (world.size() % workers != 0)
-        usage_error("--optex " + std::to_string(workers) + " needs a multiple of " + std::to_string(workers) +
-                    " ranks (one group per worker), but there are " + std::to_string(world.size()) + "; use --optex " +
-                    std::to_string(std::gcd(world.size(), workers)) + " or " + std::to_string(workers) + " x --dp ranks");
-    const int dp_size = flags.dp > 0 ? flags.dp : world.size() / workers;
-    if (dp_size * workers != world.size())
-        usage_error("--optex " + std::to_string(workers) + " x --dp " + std::to_string(dp_size) + " = " +
-                    std::to_string(dp_size * workers) + " ranks, but there are " + std::to_string(world.size()));
-    if (flags.batch % dp_size != 0)
-        usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp_size) +
-                    "; every rank needs the same whole number of sequences");
-    loom::kernels::host::set_blas_threads(flags.threads);
-    const bool lead = world.rank() == 0;
-    const auto corpus = flags.data.empty()
-                            ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
-                            : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
-    loom::comm::Mesh<C> mesh(world, {{"optex", workers}, {"dp", dp_size}});
-    C& dp = mesh.axis("dp");
-    const int worker = mesh.coordinate("optex");
-
-    loom::gpt::Model model = loom::gpt::make_model(flags.model);
-    loom::exec::ModelGradient<loom::gpt::Model> gradient_at(model, device, flags.matmul);
-    const std::int64_t parameters = gradient_at.size();
-    std::vector<float> values(static_cast<std::size_t>(parameters)), m, v;
-    std::int64_t first_step = 0, optimizer_steps = 0;
-    if (!flags.resume.empty()) {
-        m.resize(values.size());
-        v.resize(values.size());
-        const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
-        first_step = steps.step;
-        optimizer_steps = steps.optimizer_steps;
-    } else {
-        gradient_at.arena().initialize(model, flags.seed);
-        gradient_at.store(values);
-    }
-    const loom::optim::AdamWConfig adamw{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
-    loom::optim::OptEx<loom::optim::AdamW, C> optex(
-        mesh.axis("optex"), values, [&](std::int64_t n) { return loom::optim::AdamW(n, adamw); }, flags.optex_config);
-    if (!flags.resume.empty()) {
-        // The moments of this rank's slice; the history starts empty.
-        const auto lo = static_cast<std::ptrdiff_t>(optex.slice_begin()), hi = static_cast<std::ptrdiff_t>(optex.slice_end());
-        std::copy(m.begin() + lo, m.begin() + hi, optex.inner().m().begin());
-        std::copy(v.begin() + lo, v.begin() + hi, optex.inner().v().begin());
-        optex.inner().restore(optimizer_steps);
-    }
-
-    if (lead) {
-        std::ostringstream config, method;
-        config << flags.model;
-        method << flags.optex_config;
-        std::printf("%s, %lld parameters, batch %lld x %lld tokens per worker, %s\n", config.str().c_str(),
-                    static_cast<long long>(parameters), static_cast<long long>(flags.batch),
-                    static_cast<long long>(flags.model.seq), corpus.describe().c_str());
-        std::printf("%s<AdamW> on %d %s (optex %d x dp %d), each rank holding 1/%d of the state and history\n",
-                    method.str().c_str(), world.size(), transport, workers, dp_size, workers);
-        print_matmul_precision(flags);
-        if (first_step > 0)
-            std::printf("resumed from %s at step %lld; OptEx's history starts empty\n", flags.resume.c_str(),
-                        static_cast<long long>(first_step));
-    }
-
-    const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq;
-    std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
-    RunReport run_report(flags, lead, first_step);
-    auto& [metrics, progress] = run_report;
-    const std::int64_t total = flags.steps, last = flags.until;
-    float loss = 0;
-    double length_scale = flags.optex_config.estimator.length_scale;
-    std::int64_t skipped = 0;
-    for (std::int64_t step = first_step; step < last; ++step) {
-        const auto t0 = std::chrono::steady_clock::now();
-        optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
-        const auto result = optex.iterate([&](std::span<const float> x, std::span<float> g) {
-            corpus.rows(flags.seed, step * workers + worker, mesh.coordinate("dp") * rows, rows, T, inputs, targets);
-            float worker_loss = gradient_at(x, loom::Tensor::of(inputs.data(), {rows, T}),
-                                            loom::Tensor::of(targets.data(), {rows, T}), g);
-            if (dp_size > 1) {
-                const auto grads = loom::Tensor::of(g.data(), {parameters});
-                dp.all_reduce(grads, grads, loom::comm::ReduceOp::avg);
-                const auto l = loom::Tensor::of(&worker_loss, {1});
-                dp.all_reduce(l, l, loom::comm::ReduceOp::avg);
-            }
-            return worker_loss;
-        });
-        loss = result.loss;
-        skipped += result.skipped;
-        if (lead && result.length_scale != length_scale)
-            std::printf("\nOptEx: length scale tuned to %g at step %lld\n", result.length_scale, static_cast<long long>(step));
-        length_scale = result.length_scale;
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double tokens_per_second = static_cast<double>(workers * flags.batch * T) / seconds;
-        if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
-        if (metrics) metrics->write(step, loss, tokens_per_second);
-    }
-    if (progress) progress->finish();
-    if (lead && last > first_step) {
-        std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(last));
-        std::printf("OptEx: %lld sequential iterations, %lld gradients, %lld not finite (kept out of the history)\n",
-                    static_cast<long long>(last - first_step), static_cast<long long>((last - first_step) * workers),
-                    static_cast<long long>(skipped));
-    }
-    if (!flags.save.empty() || flags.sample > 0) {
-        // The whole model and moments on every rank (collectives), in the serial layout.
-        m.resize(values.size());
-        v.resize(values.size());
-        optex.gather_params(values);
-        optex.gather(optex.inner().m(), m);
-        optex.gather(optex.inner().v(), v);
-        if (lead && !flags.save.empty()) {
-            loom::gpt::save_checkpoint(flags.save, flags.model, values, m, v, optex.inner().steps(), last,
-                                       corpus.describe());
-            std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(last));
-        }
-        if (lead && flags.sample > 0) print_sample(flags, corpus, values);
-    }
-}
+#include "train_gpt_optex.hpp"
 
 template <loom::comm::Communicator C>
 void train(C& world, const Flags& flags, const char* transport) {

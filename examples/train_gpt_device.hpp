@@ -6,10 +6,10 @@
 // processes joined by NCCL (loom/cuda_backend_nccl.cuh, when the build has NCCL). Every strategy of the executor runs there: data parallelism
 // at every ZeRO stage, pipelines of every schedule, Megatron (1D) and Optimus
 // (2D) tensor parallelism, sequence parallelism, with any micro-batches and
-// every compressor. OptEx runs its own loop (train_optex): host rank threads
-// or MPI processes keep its state, each computing gradients on the GPU.
-// --cluster (links shaped between host threads) is refused here, before
-// anything runs.
+// every compressor. OptEx runs its own loop (train_gpt_optex.hpp): host rank
+// threads or MPI processes keep its state, each computing gradients on the
+// GPU. --cluster (links shaped between host threads) and heads wider than
+// the CUDA attention kernels take are refused here, before anything runs.
 // Included by train_gpt.cpp inside its anonymous namespace, after its Flags;
 // train_gpt.cpp includes the loom headers this uses at its top.
 #pragma once
@@ -18,13 +18,22 @@ inline void check_device_flags(const Flags& flags) {
     if (flags.device.kind == loom::DeviceKind::host) return;
     std::ostringstream where;
     where << flags.device;
-    const auto refuse = [&](bool given, const std::string& what) {
-        if (given)
-            usage_error("--device " + where.str() + " runs the executor's strategies (--dp, --zero, --pp, --schedule, "
-                        "--tp, --tp-mode, --sp, --compress, --compress-pp, --compress-tp, --micro-batches, --matmul) "
-                        "and --optex; drop " + what + " or use --device host");
-    };
-    refuse(!flags.cluster.empty(), "--cluster");
+    // Shaped links delay host threads by host clocks, while a GPU's work runs
+    // asynchronously to them: the modelled times would not be the run's.
+    if (!flags.cluster.empty())
+        usage_error("--device " + where.str() + " runs every flag but --cluster, whose links delay rank threads by "
+                    "host clocks while the GPU's work runs asynchronously to them; drop --cluster or use "
+                    "--device host");
+    // The CUDA attention kernels' limit, checked before anything is built.
+    const std::int64_t head_size = flags.model.width / flags.model.heads;
+    if (flags.device.kind == loom::DeviceKind::cuda && head_size > loom::kernels::cuda_attention_max_head_size)
+        usage_error("--device " + where.str() + ": --width " + std::to_string(flags.model.width) + " over --heads " +
+                    std::to_string(flags.model.heads) + " gives heads of " + std::to_string(head_size) +
+                    " features; the CUDA attention kernels take at most " +
+                    std::to_string(loom::kernels::cuda_attention_max_head_size) + ": use --heads " +
+                    std::to_string((flags.model.width + loom::kernels::cuda_attention_max_head_size - 1) /
+                                   loom::kernels::cuda_attention_max_head_size) +
+                    " or more (dividing --width), or --device host");
 }
 
 // The rank threads a --device run starts: --dp x --pp x --tp x --sp.

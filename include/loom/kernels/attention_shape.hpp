@@ -1,5 +1,6 @@
 // The shape checks of causal multi-head attention, shared by the host and the
-// CUDA kernels so both refuse the same shapes with the same words. The int
+// CUDA kernels so both refuse the same shapes with the same words, and the
+// CUDA kernels' own limit on the head size. The int
 // bound on a qkv row is the host BLAS's; the device keeps it too, so that
 // both accept the same shapes.
 #pragma once
@@ -10,6 +11,12 @@
 #include "loom/core/error.hpp"
 
 namespace loom::kernels {
+
+// The largest head size D the CUDA attention kernels take: their shared-memory
+// tiles hold 128 floats per row (kernels/cuda/attention_tiles.cuh). Named here,
+// in the host core, so host code (train_gpt's flag checks) can refuse a model
+// before a run starts rather than at its first attention call.
+inline constexpr std::int64_t cuda_attention_max_head_size = 128;
 
 inline void check_attention_shape(const char* who, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
     LOOM_CHECK(B >= 0, who, ": batch size B = ", B, " must be >= 0");

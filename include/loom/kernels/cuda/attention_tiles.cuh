@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/cuda/group_reduce.cuh"
 
 namespace loom::kernels::cuda::attention_detail {
@@ -29,8 +30,8 @@ inline constexpr int warps = 4;
 inline constexpr int block_threads = warps * 32;
 // Rows of a tile each warp owns.
 inline constexpr int rows_per_warp = tile_rows / warps;
-// The largest head size the tiles hold.
-inline constexpr std::int64_t max_head_size = 128;
+// The largest head size the tiles hold (named in the host core, for host-side checks).
+inline constexpr std::int64_t max_head_size = cuda_attention_max_head_size;
 // Registers: left to its occupancy heuristics, ptxas caps these kernels at
 // 96-168 registers and spills a few words; __launch_bounds__(128, 1) lets it
 // keep everything in registers (150-228 per thread, no spills, CUDA 13).
