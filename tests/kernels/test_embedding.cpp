@@ -186,3 +186,22 @@ TEST_CASE("embedding_slice_lookup checks every id against the whole vocabulary, 
               host::embedding_slice_lookup(tokens.data(), token_table.data(), out.data(), B * T, 4, C, 0, 4, vocab);
           }) == "embedding: 15 tokens in sequences of T = 4 and C = 7; n must be a multiple of T >= 1 and C >= 0");
 }
+
+TEST_CASE("embedding_slice_backward refuses a negative id, as the whole backward and the device do, writing nothing",
+          "[kernels][embedding]") {
+    auto tokens = batch_tokens;
+    tokens[8] = -3;  // batch 1, position 3: in no slice, and no id at all
+    const auto dout = normal_values(B * T * C, 10);
+    std::vector<float> dtoken(4 * C, 0.5f), dposition(T * C, 0.5f);
+    // Slice [4, 8) holds none of the negative id's rows: it is refused all the same.
+    CHECK(message_of([&] {
+              host::embedding_slice_backward(tokens.data(), dout.data(), dtoken.data(), dposition.data(), B * T, T, C,
+                                             4, 8);
+          }) == "embedding backward: token id -3 at batch 1, position 3 is negative; token ids are in [0, vocab)");
+    CHECK(dtoken == std::vector<float>(4 * C, 0.5f));
+    CHECK(dposition == std::vector<float>(T * C, 0.5f));
+    std::vector<float> dwhole(vocab * C, 0.0f), dposition_whole(T * C, 0.0f);
+    CHECK(message_of([&] {
+              host::embedding_backward(tokens.data(), dout.data(), dwhole.data(), dposition_whole.data(), B, T, C);
+          }) == "embedding backward: token id -3 at batch 1, position 3 is negative; token ids are in [0, vocab)");
+}

@@ -56,6 +56,15 @@ inline void check_embedding_slice(std::int64_t n, std::int64_t T, std::int64_t C
     LOOM_CHECK(start >= 0 && stop >= start, "embedding: vocabulary slice [", start, ", ", stop, ") is not a range of ids");
 }
 
+// Every id of n tokens in sequences of T is >= 0, else throws naming the
+// first negative one and where it is.
+inline void check_ids_not_negative(const std::int32_t* tokens, std::int64_t n, std::int64_t T) {
+    for (std::int64_t i = 0; i < n; ++i) {
+        LOOM_CHECK(tokens[i] >= 0, "embedding backward: token id ", tokens[i], " at batch ", i / T, ", position ",
+                   i % T, " is negative; token ids are in [0, vocab)");
+    }
+}
+
 }  // namespace detail
 
 // out: [B, T, C], written. Every token is checked before anything is written,
@@ -79,10 +88,7 @@ inline void embedding_forward(const std::int32_t* tokens, const float* token_tab
 inline void embedding_backward(const std::int32_t* tokens, const float* dout, float* dtoken_table,
                                float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) {
     detail::check_embedding_sizes(B, T, C);
-    for (std::int64_t i = 0; i < B * T; ++i) {
-        LOOM_CHECK(tokens[i] >= 0, "embedding backward: token id ", tokens[i], " at batch ", i / T, ", position ",
-                   i % T, " is negative; token ids are in [0, vocab)");
-    }
+    detail::check_ids_not_negative(tokens, B * T, T);
     detail::embedding_backward_rows(tokens, dout, dtoken_table, dposition_table, B, T, C);
 }
 
@@ -120,6 +126,9 @@ inline void embedding_slice_backward(const std::int32_t* tokens, const float* do
                                      float* dposition_table, std::int64_t n, std::int64_t T, std::int64_t C,
                                      std::int64_t start, std::int64_t stop, const std::int64_t* positions = nullptr) {
     detail::check_embedding_slice(n, T, C, start, stop);
+    // As the whole backward (and the device's): a negative id is refused
+    // before anything is written, though no slice holds it.
+    detail::check_ids_not_negative(tokens, n, T);
     for (std::int64_t i = 0; i < n; ++i) {
         const float* g = dout + i * C;
         float* p = dposition_table + (positions != nullptr ? positions[i % T] : i % T) * C;
