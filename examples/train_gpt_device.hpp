@@ -25,15 +25,19 @@ inline void check_device_flags(const Flags& flags) {
                     "host clocks while the GPU's work runs asynchronously to them; drop --cluster or use "
                     "--device host");
     // The CUDA attention kernels' limit, checked before anything is built.
-    const std::int64_t head_size = flags.model.width / flags.model.heads;
-    if (flags.device.kind == loom::DeviceKind::cuda && head_size > loom::kernels::cuda_attention_max_head_size)
-        usage_error("--device " + where.str() + ": --width " + std::to_string(flags.model.width) + " over --heads " +
+    const std::int64_t width = flags.model.width, limit = loom::kernels::cuda_attention_max_head_size;
+    const std::int64_t head_size = width / flags.model.heads;
+    if (flags.device.kind == loom::DeviceKind::cuda && head_size > limit) {
+        // The fewest heads that divide the width into heads of at most `limit`
+        // (width itself always does: heads of one feature).
+        std::int64_t fits = (width + limit - 1) / limit;
+        while (width % fits != 0) ++fits;
+        usage_error("--device " + where.str() + ": --width " + std::to_string(width) + " over --heads " +
                     std::to_string(flags.model.heads) + " gives heads of " + std::to_string(head_size) +
-                    " features; the CUDA attention kernels take at most " +
-                    std::to_string(loom::kernels::cuda_attention_max_head_size) + ": use --heads " +
-                    std::to_string((flags.model.width + loom::kernels::cuda_attention_max_head_size - 1) /
-                                   loom::kernels::cuda_attention_max_head_size) +
-                    " or more (dividing --width), or --device host");
+                    " features; the CUDA attention kernels take at most " + std::to_string(limit) + ": use --heads " +
+                    std::to_string(fits) + " (or another divisor of --width giving heads of at most " +
+                    std::to_string(limit) + "), or --device host");
+    }
 }
 
 // The rank threads a --device run starts: --dp x --pp x --tp x --sp.

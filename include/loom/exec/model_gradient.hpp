@@ -8,9 +8,11 @@
 //
 // Per call, on a device: one copy of the point in, the forward and backward
 // on the device, one copy of the gradient out (the copy out waits for the
-// device, so the gradient is complete on return). Both copies are d floats,
-// against the 6 d flops per token the pass costs, so they are a few percent
-// of a step at training batch sizes. The values the model sees are the
+// device, so the gradient is complete on return). The copies move 8 d bytes
+// through pageable host memory, against the pass's 6 d flops per token: on a
+// GPU they can be a large share of a small batch's step (not measured yet;
+// staging through pinned memory, or overlapping the copy in with the data
+// loading, is the next step if they show). The values the model sees are the
 // point's bits, so a device run equals the host run's loss and gradient up
 // to the device kernels' own tolerances (bit for bit on the fenced test
 // device).

@@ -13,7 +13,9 @@
 namespace loom::kernels {
 
 // The largest head size D the CUDA attention kernels take: their shared-memory
-// tiles hold 128 floats per row (kernels/cuda/attention_tiles.cuh). Named here,
+// tiles hold 128 floats per row (kernels/cuda/attention_tiles.cuh), and the
+// sequence-parallel block kernels keep a row in registers
+// (kernels/cuda/attention_blocks.cuh); both use this value. Named here,
 // in the host core, so host code (train_gpt's flag checks) can refuse a model
 // before a run starts rather than at its first attention call.
 inline constexpr std::int64_t cuda_attention_max_head_size = 128;

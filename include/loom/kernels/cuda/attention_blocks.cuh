@@ -23,6 +23,7 @@
 
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/error.hpp"
+#include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/cuda/launch.cuh"
 #include "loom/kernels/host/attention_blocks.hpp"
 
@@ -32,8 +33,9 @@ using host::BlockMask;
 
 namespace block_detail {
 
-// The largest head a thread keeps in registers (and local memory) here.
-inline constexpr std::int64_t max_head = 128;
+// The largest head a thread keeps in registers (and local memory) here: the
+// tiled kernels' limit too (named in the host core, for host-side checks).
+inline constexpr std::int64_t max_head = cuda_attention_max_head_size;
 
 // Keys query t of a block sees: all Tk, or 0..t on the causal diagonal.
 __device__ inline std::int64_t keys_seen(std::int64_t t, std::int64_t Tk, bool causal) {
