@@ -23,3 +23,14 @@ if(f32 STREQUAL bf16)
   message(FATAL_ERROR "--matmul bf16 ended at the f32 run's loss ${f32}: the precision did not reach the layers")
 endif()
 message(STATUS "final loss: f32 ${f32}, bf16 ${bf16}")
+
+# Ring attention has no bf16 kernels: --sp 2 (ring by default) with --matmul
+# bf16 is refused before training, naming what works; Ulysses runs.
+execute_process(COMMAND "${TRAIN_GPT}" --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 --sp 2
+                        --matmul bf16
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--matmul bf16 with --sp 2 needs --sp-mode ulysses")
+  message(FATAL_ERROR "ring attention at bf16 was not refused (${rc}):\n${out}\n${err}")
+endif()
+set(model --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 --sp 2 --sp-mode ulysses)
+run(--matmul bf16)

@@ -52,8 +52,8 @@ def compare(path):
         ratio(kernel, kernel, kernel, "gbps")
     for seq in ("1024", "4096"):
         for dtype in ("f32", "bf16"):
-            ratio(f"attention seq {seq} (torch SDPA {dtype})", f"attention seq={seq}", f"attention seq={seq} {dtype}",
-                  "fwd_bwd_tflops")
+            ratio(f"attention seq {seq} {dtype} (beside torch SDPA {dtype})", f"attention seq={seq} {dtype}",
+                  f"attention seq={seq} {dtype}", "fwd_bwd_tflops")
     ratio("GPT training vs torch eager", "gpt", "gpt eager", "tokens_per_s", 1.0)
     ratio("GPT training vs torch.compile", "gpt", "gpt compile", "tokens_per_s")
     ratio("GPT training with f32 matmuls vs torch eager", "gpt f32", "gpt eager", "tokens_per_s")

@@ -8,7 +8,7 @@
 //   loom gemm_bf16 m=8192 tflops=612.3
 //   loom copy_d2d bytes=1073741824 gbps=3012.4
 //   loom gelu_forward n=268435456 gbps=2750.1 of_copy=0.913
-//   loom attention seq=1024 heads=12 head_dim=64 batch=8 fwd_bwd_tflops=41.2
+//   loom attention seq=1024 heads=12 head_dim=64 batch=8 dtype=bf16 fwd_bwd_tflops=41.2
 //
 // bench/gpu/torch_peer.py prints the same figures for PyTorch, and
 // scripts/gpu_run.sh puts the two side by side. Without a GPU it prints why
@@ -28,6 +28,7 @@
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/dtype.hpp"
 #include "loom/kernels/cuda/attention.cuh"
+#include "loom/kernels/cuda/attention_bf16.cuh"
 #include "loom/kernels/cuda/gelu.cuh"
 #include "loom/kernels/cuda/gemm.cuh"
 #include "loom/kernels/cuda/quantize.cuh"
@@ -167,17 +168,25 @@ void bench_attention(const Options& o, std::int64_t T, std::int64_t B) {
     Device<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * H * T), dout(B * T * C), dqkv(B * T * 3 * C);
     randomize(qkv.p, B * T * 3 * C, 5);
     randomize(dout.p, B * T * C, 6);
-    const double s = median_seconds(o, [&] {
-        device::attention_forward(qkv.p, out.p, lse.p, B, T, H, D);
-        device::attention_backward(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
-    });
     // FlashAttention's count: forward 2 matmuls (QK^T, PV), backward 2.5x
     // that (dV, dP, dQ, dK and half of the recomputed QK^T), each causal
     // matmul 2 B H T^2 D / 2 FLOPs; torch_peer.py counts SDPA the same way.
     const double matmul = 2.0 * B * H * T * T * D / 2.0;
-    std::printf("loom attention seq=%lld heads=%lld head_dim=%lld batch=%lld fwd_bwd_tflops=%.2f\n",
-                static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(D),
-                static_cast<long long>(B), 7.0 * matmul / s / 1e12);
+    const auto report = [&](const char* dtype, double seconds) {
+        std::printf("loom attention seq=%lld heads=%lld head_dim=%lld batch=%lld dtype=%s fwd_bwd_tflops=%.2f\n",
+                    static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(D),
+                    static_cast<long long>(B), dtype, 7.0 * matmul / seconds / 1e12);
+    };
+    // f32 on the CUDA cores (attention.cuh), then bf16 operands on the tensor
+    // cores (attention_bf16.cuh, what --matmul bf16 runs).
+    report("f32", median_seconds(o, [&] {
+               device::attention_forward(qkv.p, out.p, lse.p, B, T, H, D);
+               device::attention_backward(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
+           }));
+    report("bf16", median_seconds(o, [&] {
+               device::attention_forward_bf16_inputs(qkv.p, out.p, lse.p, B, T, H, D);
+               device::attention_backward_bf16_inputs(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
+           }));
 }
 
 }  // namespace

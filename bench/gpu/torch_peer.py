@@ -13,7 +13,7 @@ Usage:
     torch adamw n=... gbps=... of_copy=...     (torch.optim.AdamW, fused=True, one tensor of n)
     torch cast_bf16 n=... gbps=... of_copy=...
     torch attention seq=1024 heads=12 head_dim=64 batch=8 dtype=bf16 fwd_bwd_tflops=...
-    torch attention ... dtype=f32 ...          (SDPA in f32: loom's attention is f32 so far)
+    torch attention ... dtype=f32 ...          (SDPA in f32, beside loom's f32 attention)
 --gpt prints bench_gpu_train's line for GPT-2-shaped training with bf16 autocast and SDPA
 (the model of loom's gpt/model.hpp: pre-LN, learned positions, GELU tanh, untied head
 without bias), eager, and with --compile also under torch.compile:

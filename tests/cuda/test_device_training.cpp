@@ -171,9 +171,10 @@ TEST_CASE("the Executor's gradient compressors on one GPU follow the host's", "[
     SECTION("dp 2, OneBit") { check_strategy_on_gpu(plan_of<DataParallel<>, GradCompress<loom::OneBit>>(), {.dp = 2}, 1e-2); }
 }
 
-// bf16 matrix products: tensor-core GEMMs against the host's exact emulation
-// (operands rounded alike; only the order of the f32 sums differs, but a sum
-// that moved by an ulp can round an operand of the next product the other
+// bf16 matrix products: tensor-core GEMMs and attention against the host's
+// exact emulation (operands rounded alike; only the order of the f32 sums
+// differs, and where attention's running max stood when it rounded P, but a
+// sum that moved by an ulp can round an operand of the next product the other
 // way, so the bound is 1e-3, as for the lossy casts).
 TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's emulation within 1e-3",
           "[device][bf16]") {
@@ -185,5 +186,9 @@ TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's em
     SECTION("tp 2") { check_strategy_on_gpu(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}, 1e-3, MatmulPrecision::bf16); }
     SECTION("Optimus 2D, a 2 x 2 grid") {
         check_strategy_on_gpu(plan_of<DataParallel<>, loom::Optimus2D>(), {.tp = 4}, 1e-3, MatmulPrecision::bf16);
+    }
+    SECTION("sp 2, Ulysses") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.sp = 2}, 1e-3,
+                              MatmulPrecision::bf16);
     }
 }

@@ -57,6 +57,8 @@ namespace host = loom::kernels::host;
 using loom_test::compare_floats;
 using loom_test::DeviceArray;
 using loom_test::describe;
+using loom_test::largest_magnitude;
+using loom_test::qkv_part;
 using loom_test::message_of;
 using loom_test::Mismatches;
 using loom_test::normal_values;
@@ -102,22 +104,6 @@ Results device_run(const Inputs& in, const Shape& s, cudaStream_t stream = nullp
     dev::attention_backward(qkv.get(), out.get(), dout.get(), lse.get(), dqkv.get(), s.B, s.T, s.H, s.D, stream);
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     return {out.to_host(), lse.to_host(), dqkv.to_host()};
-}
-
-// Columns [part * C, (part + 1) * C) of every row of dqkv: 0 = dq, 1 = dk, 2 = dv.
-std::vector<float> part_of(const std::vector<float>& dqkv, const Shape& s, std::int64_t part) {
-    std::vector<float> values;
-    values.reserve(s.out_size());
-    for (std::int64_t row = 0; row < s.B * s.T; ++row)
-        for (std::int64_t c = 0; c < s.C(); ++c)
-            values.push_back(dqkv[static_cast<std::size_t>(row * 3 * s.C() + part * s.C() + c)]);
-    return values;
-}
-
-double max_abs(const std::vector<float>& values) {
-    double m = 0.0;
-    for (float v : values) m = std::max(m, std::fabs(static_cast<double>(v)));
-    return m;
 }
 
 // |device - host| <= allowed for every element (NaN never passes), and the
@@ -170,14 +156,14 @@ TEST_CASE("CUDA attention forward and backward match the host kernel", "[kernels
         const Results want = host_run(in, s);
         const Results got = device_run(in, s);
 
-        CHECK_WITHIN("out", got.out, want.out, 1e-5 * max_abs(want.out));
-        CHECK_WITHIN("lse", got.lse, want.lse, 1e-5 * std::max(1.0, max_abs(want.lse)));
-        const double whole = max_abs(want.dqkv);
+        CHECK_WITHIN("out", got.out, want.out, 1e-5 * largest_magnitude(want.out));
+        CHECK_WITHIN("lse", got.lse, want.lse, 1e-5 * std::max(1.0, largest_magnitude(want.lse)));
+        const double whole = largest_magnitude(want.dqkv);
         const char* names[] = {"dq", "dk", "dv"};
         for (std::int64_t part = 0; part < 3; ++part) {
-            const std::vector<float> want_part = part_of(want.dqkv, s, part);
-            CHECK_WITHIN(names[part], part_of(got.dqkv, s, part), want_part,
-                         2e-5 * std::max(max_abs(want_part), 0.1 * whole));
+            const std::vector<float> want_part = qkv_part(want.dqkv, s, part);
+            CHECK_WITHIN(names[part], qkv_part(got.dqkv, s, part), want_part,
+                         2e-5 * std::max(largest_magnitude(want_part), 0.1 * whole));
         }
     }
 }

@@ -293,13 +293,19 @@ TEST_CASE("the Executor at bf16 matrix products on a device equals the host's bi
         CHECK(differing_bits(on_device.m, host.m) == 0);
         CHECK(differing_bits(on_device.v, host.v) == 0);
         CHECK(differing_bits(host.values, f32.values) > 0);  // the products were rounded
-        // Every product of the model is a Linear's (or SUMMA's for one), all at bf16.
+        // Every product of the model is a Linear's (or SUMMA's for one) or
+        // attention's, all at bf16.
         CHECK(device.calls("gemm_bf16_inputs") > 0);
         CHECK(device.calls("gemm") == 0);
+        CHECK(device.calls("attention_forward_bf16_inputs") > 0);
+        CHECK(device.calls("attention_backward_bf16_inputs") > 0);
+        CHECK(device.calls("attention_forward") == 0);
+        CHECK(device.calls("attention_backward") == 0);
     };
     SECTION("dp 2, ZeroShard<1>") { check(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}); }
     SECTION("tp 2") { check(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}); }
     SECTION("a 2 x 2 grid") { check(plan_of<DataParallel<>, Optimus2D>(), {.tp = 4}); }
+    SECTION("Ulysses, sp 2") { check(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.sp = 2}); }
 }
 
 TEST_CASE("the Executor's sequence parallelism on a device equals the host's bit for bit", "[device][exec]") {

@@ -23,6 +23,7 @@
 #include "loom/kernels/chunk_encoding.hpp"
 #include "loom/kernels/device_kernels.hpp"
 #include "loom/kernels/host/attention.hpp"
+#include "loom/kernels/host/attention_bf16.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
 #include "loom/kernels/host/elementwise.hpp"
@@ -191,6 +192,18 @@ public:
         count("attention_backward");
         loom::kernels::host::attention_backward(unfence(qkv), unfence(out), unfence(dout), unfence(lse), unfence(dqkv),
                                                 B, T, H, D);
+    }
+    void attention_forward_bf16_inputs(loom::Device, const float* qkv, float* out, float* lse, std::int64_t B,
+                                       std::int64_t T, std::int64_t H, std::int64_t D) override {
+        count("attention_forward_bf16_inputs");
+        loom::kernels::host::attention_forward_bf16_inputs(unfence(qkv), unfence(out), unfence(lse), B, T, H, D);
+    }
+    void attention_backward_bf16_inputs(loom::Device, const float* qkv, const float* out, const float* dout,
+                                        const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                                        std::int64_t D) override {
+        count("attention_backward_bf16_inputs");
+        loom::kernels::host::attention_backward_bf16_inputs(unfence(qkv), unfence(out), unfence(dout), unfence(lse),
+                                                            unfence(dqkv), B, T, H, D);
     }
     void attention_block_forward(loom::Device, const float* q, std::int64_t ld_q, const float* k, const float* v,
                                  std::int64_t ld_kv, float* out, float* lse, std::int64_t B, std::int64_t Tq,

@@ -52,6 +52,7 @@
 #include "loom/exec/trace.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/sequence_layout.hpp"
 #include "loom/nn/tensor_group.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/optim/adamw.hpp"
@@ -127,6 +128,8 @@ public:
           trace_(options.trace) {
         optim::check_config(options.adamw);
         check_device(plan);
+        if (sp_ != nullptr && plan.sequence_attention != nn::SequenceAttention::ulysses)
+            nn::check_ring_precision(options.matmul);
         pool_.set_device(device_);
         pool_.set_matmul_precision(options.matmul);
         initialize_range_ = [&model](std::uint64_t seed, std::span<float> out, std::int64_t first) {

@@ -94,6 +94,14 @@ public:
     virtual void attention_backward(Device where, const float* qkv, const float* out, const float* dout,
                                     const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                                     std::int64_t D) = 0;
+    // The same at MatmulPrecision::bf16 (kernels/host/attention_bf16.hpp,
+    // which these equal up to the order of the sums): bf16 operands on the
+    // tensor cores, f32 softmax, f32 out, lse and dqkv.
+    virtual void attention_forward_bf16_inputs(Device where, const float* qkv, float* out, float* lse, std::int64_t B,
+                                               std::int64_t T, std::int64_t H, std::int64_t D) = 0;
+    virtual void attention_backward_bf16_inputs(Device where, const float* qkv, const float* out, const float* dout,
+                                                const float* lse, float* dqkv, std::int64_t B, std::int64_t T,
+                                                std::int64_t H, std::int64_t D) = 0;
 
     // Sequence parallelism's block attention (kernels/host/attention_blocks.hpp).
     virtual void attention_block_forward(Device where, const float* q, std::int64_t ld_q, const float* k,

@@ -1,6 +1,7 @@
 // MatmulPrecision: the arithmetic of the matrix products layers ask for (every
 // Linear, and through it attention's projections and the head; SUMMA's blocks
-// on an Optimus 2D grid). A run-time choice, set per trainer or executor
+// on an Optimus 2D grid; attention's own products, kernels/host/
+// attention_bf16.hpp). A run-time choice, set per trainer or executor
 // (ExecutorOptions::matmul, SerialTrainerOptions::matmul, train_gpt
 // --matmul), carried by each micro-batch's Context.
 //

@@ -15,6 +15,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/device_kernels.hpp"
 #include "loom/kernels/host/attention.hpp"
+#include "loom/kernels/host/attention_bf16.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/embedding.hpp"
@@ -220,25 +221,48 @@ inline void embedding_slice_backward(const Tensor& tokens, const Tensor& dout, c
                                                    n, T, C, start, stop);
 }
 
-// Causal attention over qkv [B, T, 3 H D]: out [B, T, H D] and lse [B, H, T] written.
+// Causal attention over qkv [B, T, 3 H D]: out [B, T, H D] and lse [B, H, T]
+// written. At MatmulPrecision::bf16 its products read bf16 operands
+// (kernels/host/attention_bf16.hpp); the softmax and the outputs stay f32.
 inline void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, std::int64_t B, std::int64_t T,
-                              std::int64_t H, std::int64_t D) {
+                              std::int64_t H, std::int64_t D, MatmulPrecision precision = MatmulPrecision::f32) {
     const Device d = detail::common_device("attention_forward", {&qkv, &out, &lse});
-    if (detail::on_host(d))
-        host::attention_forward(detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(lse), B, T, H, D);
-    else
-        device_kernels(d).attention_forward(d, detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(lse), B, T, H, D);
+    const float* in = detail::ptr<float>(qkv);
+    float* o = detail::ptr<float>(out);
+    float* l = detail::ptr<float>(lse);
+    const bool bf16 = precision == MatmulPrecision::bf16;
+    if (detail::on_host(d)) {
+        if (bf16)
+            host::attention_forward_bf16_inputs(in, o, l, B, T, H, D);
+        else
+            host::attention_forward(in, o, l, B, T, H, D);
+    } else if (bf16) {
+        device_kernels(d).attention_forward_bf16_inputs(d, in, o, l, B, T, H, D);
+    } else {
+        device_kernels(d).attention_forward(d, in, o, l, B, T, H, D);
+    }
 }
 
 inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
-                               const Tensor& dqkv, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
+                               const Tensor& dqkv, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
+                               MatmulPrecision precision = MatmulPrecision::f32) {
     const Device d = detail::common_device("attention_backward", {&qkv, &out, &dout, &lse, &dqkv});
-    if (detail::on_host(d))
-        host::attention_backward(detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(dout), detail::ptr<float>(lse), detail::ptr<float>(dqkv),
-                                 B, T, H, D);
-    else
-        device_kernels(d).attention_backward(d, detail::ptr<float>(qkv), detail::ptr<float>(out), detail::ptr<float>(dout), detail::ptr<float>(lse),
-                                             detail::ptr<float>(dqkv), B, T, H, D);
+    const float* in = detail::ptr<float>(qkv);
+    const float* o = detail::ptr<float>(out);
+    const float* g = detail::ptr<float>(dout);
+    const float* l = detail::ptr<float>(lse);
+    float* dg = detail::ptr<float>(dqkv);
+    const bool bf16 = precision == MatmulPrecision::bf16;
+    if (detail::on_host(d)) {
+        if (bf16)
+            host::attention_backward_bf16_inputs(in, o, g, l, dg, B, T, H, D);
+        else
+            host::attention_backward(in, o, g, l, dg, B, T, H, D);
+    } else if (bf16) {
+        device_kernels(d).attention_backward_bf16_inputs(d, in, o, g, l, dg, B, T, H, D);
+    } else {
+        device_kernels(d).attention_backward(d, in, o, g, l, dg, B, T, H, D);
+    }
 }
 
 // Returns the mean loss over rows (on a device this waits for it).

@@ -67,7 +67,7 @@ struct CausalSelfAttention {
             return proj.forward(ctx, saved.out);
         }
         saved.lse = ctx.alloc(Shape{B, H, T});
-        kernels::attention_forward(saved.qkv, saved.out, saved.lse, B, T, H, D);
+        kernels::attention_forward(saved.qkv, saved.out, saved.lse, B, T, H, D, ctx.matmul_precision());
         return proj.forward(ctx, saved.out);
     }
 
@@ -86,7 +86,7 @@ struct CausalSelfAttention {
                                         ctx.saved<RingSaved>(this), dout, {B, T, H, D}, dqkv);
             return qkv.backward_input(ctx, dqkv);
         }
-        kernels::attention_backward(saved.qkv, saved.out, dout, saved.lse, dqkv, B, T, H, D);
+        kernels::attention_backward(saved.qkv, saved.out, dout, saved.lse, dqkv, B, T, H, D, ctx.matmul_precision());
         return qkv.backward_input(ctx, dqkv);
     }
 

@@ -23,6 +23,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/ring_attention.hpp"
@@ -36,6 +37,9 @@ namespace loom::nn {
 struct UlyssesSaved {
     Tensor qkv, out, lse;
     RingSaved ring;  // the hybrid: the ring's state over the groups
+    // The forward's matrix-product precision (its Context's), which the
+    // whole-sequence backward repeats.
+    kernels::MatmulPrecision precision = kernels::MatmulPrecision::f32;
 };
 
 namespace ulysses_detail {
@@ -142,12 +146,13 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
         move_rows(recv.data<float>() + p * rows * 3 * Cg, 3 * Cg, 0, saved.qkv.data<float>(), 3 * Cg, B, T, layout, p,
                   /*to_group=*/true, where);
     saved.out = ctx.alloc(Shape{B, Tg, Cg});
+    saved.precision = ctx.matmul_precision();
     if (layout.ring_ranks() > 1) {
         ring_attention_forward(ctx, *groups.ring, layout.ring(), causal, saved.qkv, {B, Tg, Hg, D}, saved.out,
                                saved.ring);
     } else if (causal) {
         saved.lse = ctx.alloc(Shape{B, Hg, Tg});
-        kernels::attention_forward(saved.qkv, saved.out, saved.lse, B, Tg, Hg, D);
+        kernels::attention_forward(saved.qkv, saved.out, saved.lse, B, Tg, Hg, D, ctx.matmul_precision());
     } else {
         saved.lse = ctx.alloc(Shape{B, Hg, Tg});
         const float* q = saved.qkv.data<float>();
@@ -193,7 +198,8 @@ inline void ulysses_attention_backward(const UlyssesGroups& groups, const Sequen
     else if (!causal)
         whole_sequence_backward_full(saved, dout_group, dqkv_group, B, Tg, Hg, D);
     else
-        kernels::attention_backward(saved.qkv, saved.out, dout_group, saved.lse, dqkv_group, B, Tg, Hg, D);
+        kernels::attention_backward(saved.qkv, saved.out, dout_group, saved.lse, dqkv_group, B, Tg, Hg, D,
+                                    saved.precision);
     const DeviceBuffer back_buffer = scratch(n * rows * 3 * Cg, where), mine_buffer = scratch(n * rows * 3 * Cg, where);
     const Tensor back = whole(back_buffer), mine = whole(mine_buffer);
     for (int p = 0; p < n; ++p)

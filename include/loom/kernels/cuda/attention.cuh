@@ -336,23 +336,58 @@ void backward(const float* qkv, const float* out, const float* dout, const float
 
 }  // namespace attention_detail
 
+namespace attention_detail {
+
+// The checks every entry point makes, with the host's messages: the shape,
+// the device's limit on D, then non-null buffers unless there is nothing to
+// do. False when there is nothing to do (B or T is 0).
+[[nodiscard]] inline bool check_forward(const float* qkv, const float* out, const float* lse, std::int64_t B,
+                                        std::int64_t T, std::int64_t H, std::int64_t D) {
+    check_shape("attention_forward", B, T, H, D);
+    if (B == 0 || T == 0) return false;
+    LOOM_CHECK(qkv != nullptr && out != nullptr && lse != nullptr,
+               "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
+    return true;
+}
+
+[[nodiscard]] inline bool check_backward(const float* qkv, const float* out, const float* dout, const float* lse,
+                                         const float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                                         std::int64_t D) {
+    check_shape("attention_backward", B, T, H, D);
+    if (B == 0 || T == 0) return false;
+    LOOM_CHECK(qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr,
+               "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
+    return true;
+}
+
+// launch.template operator()<Chunks>() for the tiles that hold D (32 * Chunks
+// columns, Chunks = 1, 2 or 4), and the scale 1/sqrt(D) every kernel uses.
+template <class Launch>
+void for_head_size(std::int64_t D, Launch&& launch) {
+    if (D <= 32)
+        launch.template operator()<1>();
+    else if (D <= 64)
+        launch.template operator()<2>();
+    else
+        launch.template operator()<4>();
+}
+
+[[nodiscard]] inline float scale_of(std::int64_t D) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+}
+
+}  // namespace attention_detail
+
 // Causal multi-head self-attention, as host::attention_forward: qkv [B, T, 3C]
 // in, out [B, T, C] and lse [B, H, T] written, all on the device; D <= 128.
 // out and lse must not overlap qkv.
 inline void attention_forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                               std::int64_t H, std::int64_t D, cudaStream_t stream = nullptr) {
-    attention_detail::check_shape("attention_forward", B, T, H, D);
-    if (B == 0 || T == 0) return;
-    LOOM_CHECK(qkv != nullptr && out != nullptr && lse != nullptr,
-               "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    const int d = static_cast<int>(D);
-    if (D <= 32)
-        attention_detail::forward<1>(qkv, out, lse, B, T, H, d, scale, stream);
-    else if (D <= 64)
-        attention_detail::forward<2>(qkv, out, lse, B, T, H, d, scale, stream);
-    else
-        attention_detail::forward<4>(qkv, out, lse, B, T, H, d, scale, stream);
+    if (!attention_detail::check_forward(qkv, out, lse, B, T, H, D)) return;
+    attention_detail::for_head_size(D, [&]<int Chunks>() {
+        attention_detail::forward<Chunks>(qkv, out, lse, B, T, H, static_cast<int>(D), attention_detail::scale_of(D),
+                                          stream);
+    });
 }
 
 // dqkv [B, T, 3C], written (not accumulated), from the forward's out and lse,
@@ -361,18 +396,11 @@ inline void attention_forward(const float* qkv, float* out, float* lse, std::int
 inline void attention_backward(const float* qkv, const float* out, const float* dout, const float* lse, float* dqkv,
                                std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
                                cudaStream_t stream = nullptr) {
-    attention_detail::check_shape("attention_backward", B, T, H, D);
-    if (B == 0 || T == 0) return;
-    LOOM_CHECK(qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr,
-               "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    const int d = static_cast<int>(D);
-    if (D <= 32)
-        attention_detail::backward<1>(qkv, out, dout, lse, dqkv, B, T, H, d, scale, stream);
-    else if (D <= 64)
-        attention_detail::backward<2>(qkv, out, dout, lse, dqkv, B, T, H, d, scale, stream);
-    else
-        attention_detail::backward<4>(qkv, out, dout, lse, dqkv, B, T, H, d, scale, stream);
+    if (!attention_detail::check_backward(qkv, out, dout, lse, dqkv, B, T, H, D)) return;
+    attention_detail::for_head_size(D, [&]<int Chunks>() {
+        attention_detail::backward<Chunks>(qkv, out, dout, lse, dqkv, B, T, H, static_cast<int>(D),
+                                           attention_detail::scale_of(D), stream);
+    });
 }
 
 }  // namespace loom::kernels::cuda

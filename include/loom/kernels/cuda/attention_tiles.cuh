@@ -99,12 +99,14 @@ struct Work {
 };
 
 // Item `item` of `items`: the tiles of the longest work first, which are
-// the last query tiles (last_first) or the first key tiles.
-__device__ inline Work work_of(std::int64_t item, const Items& items, std::int64_t H, bool last_first) {
+// the last query tiles (last_first) or the first key tiles. Tiles are
+// `rows` rows (these kernels' 32; the bf16 kernels' 64).
+__device__ inline Work work_of(std::int64_t item, const Items& items, std::int64_t H, bool last_first,
+                               std::int64_t rows = tile_rows) {
     const std::int64_t rank = item / items.heads;
     const std::int64_t tile = last_first ? items.tiles - 1 - rank : rank;
     const std::int64_t bh = item % items.heads;
-    return {tile * tile_rows, bh, bh / H, bh % H};
+    return {tile * rows, bh, bh / H, bh % H};
 }
 
 // Rows [row0, row0 + 32) of a matrix whose row t starts at src + t * ld,

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/attention_shape.hpp"
 
@@ -126,6 +127,13 @@ inline void fill_zero(float* row, std::int64_t n) {
     for (std::int64_t c = 0; c < n; ++c) row[c] = 0.0f;
 }
 
+// x[i] rounded to bf16 (to nearest, ties to even) and widened back: what a
+// tile of P or dS becomes before a bf16 product reads it
+// (MatmulPrecision::bf16, kernels/host/attention_bf16.hpp).
+inline void round_to_bf16(float* x, std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = to_float(to_bf16(x[i]));
+}
+
 // Row-major sgemm with the three transpositions attention needs; sizes are the
 // tile's, which the shape check keeps inside int.
 // C[m x n] = alpha * A[m x k] * B[n x k]^T + beta * C
@@ -182,9 +190,12 @@ template <bool Causal>
 // Tq queries against Tk keys (Tq == Tk when Causal); out is normalised over
 // these keys alone and lse is their log-sum-exp. Tk >= 1: key 0 is seen by
 // every query, so every running max starts on the first key tile.
+// `round_products` is MatmulPrecision::bf16: q, k and v arrive rounded to
+// bf16 (the caller's copies), and each tile of P is rounded before P V reads
+// it; the row sums add the unrounded P, as a tensor-core kernel's do.
 template <bool Causal, std::int64_t QueryBlock = query_block, std::int64_t KeyBlock = key_block>
 void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse, std::int64_t Tq, std::int64_t Tk,
-                  std::int64_t D, float scale) {
+                  std::int64_t D, float scale, bool round_products = false) {
     alignas(64) float tile[KeyBlock * QueryBlock];  // S^T, then P^T, of one tile
     alignas(64) float max_so_far[QueryBlock];
     alignas(64) float sum_so_far[QueryBlock];
@@ -222,6 +233,7 @@ void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse
                 exp_shifted_accumulate(row, tile_max, sum_so_far, begin, n_queries);
             }
             std::copy(tile_max, tile_max + n_queries, max_so_far);
+            if (round_products) round_to_bf16(tile, n_keys * n_queries);
             // out_block (+)= P V, unnormalised.
             gemm_tn(n_queries, D, n_keys, 1.0f, tile, n_queries, in.v + j0 * in.ld_kv, in.ld_kv,
                     first ? 0.0f : 1.0f, out_block, ld_out);
@@ -246,10 +258,17 @@ struct HeadGrad {
 
 // out, dout and lse are the queries' final ones (merged over every key block
 // they see), so P = exp(S - lse) is this block's share of the whole softmax.
+// `dout_rounded` (MatmulPrecision::bf16; null for f32) is dout rounded to
+// bf16, with the row stride of dout, for the products; q, k and v then arrive
+// rounded too, and P and dS are rounded where they are formed, before the
+// products that read them. D_i and dS = P * (dP - D_i) stay f32, from the
+// unrounded out, dout and P.
 template <bool Causal, std::int64_t QueryBlock = query_block, std::int64_t KeyBlock = key_block>
 void backward_head(const HeadQkv& in, const float* out, const float* dout, std::int64_t ld_out, const float* lse,
                    const HeadGrad& grad, std::int64_t Tq, std::int64_t Tk, std::int64_t D, float scale,
-                   bool accumulate) {
+                   bool accumulate, const float* dout_rounded = nullptr) {
+    const bool round_products = dout_rounded != nullptr;
+    const float* dout_products = round_products ? dout_rounded : dout;
     alignas(64) float probs[KeyBlock * QueryBlock];     // P^T of one tile
     alignas(64) float dscores[KeyBlock * QueryBlock];   // dP^T, then dS^T
     alignas(64) float out_dot_dout[QueryBlock];         // FlashAttention-2's D_i = rowsum(dO_i * O_i)
@@ -258,7 +277,7 @@ void backward_head(const HeadQkv& in, const float* out, const float* dout, std::
         const std::int64_t n_queries = std::min(QueryBlock, Tq - i0);
         const std::int64_t keys_seen = key_end<Causal>(i0 + n_queries, Tk);
         const float* q_block = in.q + i0 * in.ld_q;
-        const float* dout_block = dout + i0 * ld_out;
+        const float* dout_block = dout_products + i0 * ld_out;
         const float* lse_block = lse + i0;
         for (std::int64_t r = 0; r < n_queries; ++r)
             out_dot_dout[r] = dot(out + (i0 + r) * ld_out, dout + (i0 + r) * ld_out, D);
@@ -282,9 +301,6 @@ void backward_head(const HeadQkv& in, const float* out, const float* dout, std::
                 if (begin > 0) fill_zero(row, begin);
                 exp_shifted(row, lse_block, begin, n_queries);
             }
-            // dV_j += P^T dO_i
-            gemm_nn(n_keys, D, n_queries, 1.0f, probs, n_queries, dout_block, ld_out, 1.0f,
-                    grad.dv + j0 * in.ld_kv, in.ld_kv);
             // dP^T = V_j dO_i^T, then dS^T = P^T * (dP^T - D_i) in place
             // (masked entries have P = 0, so dS = 0 there).
             gemm_nt(n_keys, n_queries, D, 1.0f, v_block, in.ld_kv, dout_block, ld_out, 0.0f, dscores, n_queries);
@@ -293,6 +309,13 @@ void backward_head(const HeadQkv& in, const float* out, const float* dout, std::
                 float* ds = dscores + c * n_queries;
                 for (std::int64_t r = 0; r < n_queries; ++r) ds[r] = p[r] * (ds[r] - out_dot_dout[r]);
             }
+            if (round_products) {
+                round_to_bf16(probs, n_keys * n_queries);
+                round_to_bf16(dscores, n_keys * n_queries);
+            }
+            // dV_j += P^T dO_i (after dS, which reads the unrounded P)
+            gemm_nn(n_keys, D, n_queries, 1.0f, probs, n_queries, dout_block, ld_out, 1.0f,
+                    grad.dv + j0 * in.ld_kv, in.ld_kv);
             // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
             gemm_tn(n_queries, D, n_keys, scale, dscores, n_queries, k_block, in.ld_kv,
                     accumulate || j0 > 0 ? 1.0f : 0.0f, grad.dq + i0 * in.ld_q, in.ld_q);
@@ -300,6 +323,56 @@ void backward_head(const HeadQkv& in, const float* out, const float* dout, std::
                     grad.dk + j0 * in.ld_kv, in.ld_kv);
         }
     }
+}
+
+// The heads of every sequence, one after another (the public functions below
+// and kernels/host/attention_bf16.hpp). With `round_products`, qkv is already
+// rounded to bf16.
+inline void forward_heads(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T, std::int64_t H,
+                          std::int64_t D, bool round_products) {
+    const std::int64_t C = H * D;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h) {
+            const float* row0 = qkv + b * T * 3 * C + h * D;
+            const HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
+            forward_head<true>(in, out + b * T * C + h * D, C, lse + (b * H + h) * T, T, T, D, scale,
+                               round_products);
+        }
+}
+
+// dout_rounded: null for f32; for bf16, dout rounded (and qkv already is).
+inline void backward_heads(const float* qkv, const float* out, const float* dout, const float* dout_rounded,
+                           const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                           std::int64_t D) {
+    const std::int64_t C = H * D;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h) {
+            const float* row0 = qkv + b * T * 3 * C + h * D;
+            float* grad0 = dqkv + b * T * 3 * C + h * D;
+            const HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
+            const HeadGrad grad{grad0, grad0 + C, grad0 + 2 * C};
+            const std::int64_t offset = b * T * C + h * D;
+            backward_head<true>(in, out + offset, dout + offset, C, lse + (b * H + h) * T, grad, T, T, D, scale,
+                                /*accumulate=*/false, dout_rounded == nullptr ? nullptr : dout_rounded + offset);
+        }
+}
+
+inline void check_forward_arguments(const float* qkv, const float* out, const float* lse, std::int64_t B,
+                                    std::int64_t T, std::int64_t H, std::int64_t D) {
+    check_attention_shape("attention_forward", B, T, H, D);
+    LOOM_CHECK((B == 0 || T == 0) || (qkv != nullptr && out != nullptr && lse != nullptr),
+               "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
+}
+
+inline void check_backward_arguments(const float* qkv, const float* out, const float* dout, const float* lse,
+                                     const float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                                     std::int64_t D) {
+    check_attention_shape("attention_backward", B, T, H, D);
+    LOOM_CHECK((B == 0 || T == 0) ||
+                   (qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr),
+               "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
 }
 
 }  // namespace attention_detail
@@ -314,19 +387,9 @@ void backward_head(const HeadQkv& in, const float* out, const float* dout, std::
 // independent, so a caller may run slices of the batch on different threads.
 inline void attention_forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                               std::int64_t H, std::int64_t D) {
-    check_attention_shape("attention_forward", B, T, H, D);
+    attention_detail::check_forward_arguments(qkv, out, lse, B, T, H, D);
     if (B == 0 || T == 0) return;
-    LOOM_CHECK(qkv != nullptr && out != nullptr && lse != nullptr,
-               "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
-    const std::int64_t C = H * D;
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t h = 0; h < H; ++h) {
-            const float* row0 = qkv + b * T * 3 * C + h * D;
-            const attention_detail::HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
-            attention_detail::forward_head<true>(in, out + b * T * C + h * D, C, lse + (b * H + h) * T, T, T, D,
-                                                 scale);
-        }
+    attention_detail::forward_heads(qkv, out, lse, B, T, H, D, /*round_products=*/false);
 }
 
 // dqkv: [B, T, 3C], written (not accumulated). Uses the saved out and lse
@@ -335,22 +398,9 @@ inline void attention_forward(const float* qkv, float* out, float* lse, std::int
 // dK = dS^T Q * scale). dqkv must not overlap the inputs.
 inline void attention_backward(const float* qkv, const float* out, const float* dout, const float* lse, float* dqkv,
                                std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
-    check_attention_shape("attention_backward", B, T, H, D);
+    attention_detail::check_backward_arguments(qkv, out, dout, lse, dqkv, B, T, H, D);
     if (B == 0 || T == 0) return;
-    LOOM_CHECK(qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr,
-               "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
-    const std::int64_t C = H * D;
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t h = 0; h < H; ++h) {
-            const float* row0 = qkv + b * T * 3 * C + h * D;
-            float* grad0 = dqkv + b * T * 3 * C + h * D;
-            const attention_detail::HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
-            const attention_detail::HeadGrad grad{grad0, grad0 + C, grad0 + 2 * C};
-            const std::int64_t offset = b * T * C + h * D;
-            attention_detail::backward_head<true>(in, out + offset, dout + offset, C, lse + (b * H + h) * T, grad, T,
-                                                  T, D, scale, /*accumulate=*/false);
-        }
+    attention_detail::backward_heads(qkv, out, dout, /*dout_rounded=*/nullptr, lse, dqkv, B, T, H, D);
 }
 
 }  // namespace loom::kernels::host
