@@ -32,5 +32,11 @@ execute_process(COMMAND "${TRAIN_GPT}" --layers 1 --width 16 --heads 2 --seq 8 -
 if(rc EQUAL 0 OR NOT err MATCHES "--matmul bf16 with --sp 2 needs --sp-mode ulysses")
   message(FATAL_ERROR "ring attention at bf16 was not refused (${rc}):\n${out}\n${err}")
 endif()
+execute_process(COMMAND "${TRAIN_GPT}" --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 --sp 4
+                        --sp-mode hybrid --ulysses 2 --matmul bf16
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--matmul bf16 with --sp 4 needs --sp-mode ulysses")
+  message(FATAL_ERROR "the hybrid at bf16 was not refused (${rc}):\n${out}\n${err}")
+endif()
 set(model --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 --sp 2 --sp-mode ulysses)
 run(--matmul bf16)

@@ -104,15 +104,17 @@ TEST_CASE("Ulysses sequence parallelism at bf16 matrix products equals the bf16 
 
 TEST_CASE("ring attention refuses bf16 matrix products before a step, naming what works", "[parallel][bf16][sp]") {
     // Its block kernels are f32 only: run anyway, its attention would not be
-    // the serial run's bf16 attention.
+    // the serial run's bf16 attention. The Executor refuses as it is built
+    // ("Executor: ..."), before any step reaches the ring's own check.
     for (const auto attention : {loom::nn::SequenceAttention::ring, loom::nn::SequenceAttention::hybrid}) {
         const EquivalenceCase c{.dp = 1, .steps = 1, .layers = layers, .heads = heads,
                                 .sp = attention == loom::nn::SequenceAttention::hybrid ? 4 : 2,
                                 .sp_attention = attention, .ulysses = 2, .matmul = MatmulPrecision::bf16};
         CAPTURE(c);
         CHECK_THROWS_WITH(loom_test::check_equivalence_on_threads(c, serial_bf16(), bounds),
-                          Catch::Contains("ring attention: matrix products at bf16 are not supported (its block "
-                                          "kernels compute in f32 only); use Ulysses sequence parallelism "
-                                          "(--sp-mode ulysses) or f32 products (--matmul f32)"));
+                          Catch::Contains("Executor: ring attention's block kernels compute in f32 only, so "
+                                          "matrix products at bf16 are not supported; use Ulysses sequence "
+                                          "parallelism (SequenceParallel<Ulysses>, train_gpt --sp-mode ulysses) or "
+                                          "f32 products (--matmul f32)"));
     }
 }

@@ -95,8 +95,9 @@ public:
                                     const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                                     std::int64_t D) = 0;
     // The same at MatmulPrecision::bf16 (kernels/host/attention_bf16.hpp,
-    // which these equal up to the order of the sums): bf16 operands on the
-    // tensor cores, f32 softmax, f32 out, lse and dqkv.
+    // which these equal up to the order of the sums and where the running
+    // max stood when P was rounded): bf16 operands on the tensor cores, f32
+    // softmax, f32 out, lse and dqkv.
     virtual void attention_forward_bf16_inputs(Device where, const float* qkv, float* out, float* lse, std::int64_t B,
                                                std::int64_t T, std::int64_t H, std::int64_t D) = 0;
     virtual void attention_backward_bf16_inputs(Device where, const float* qkv, const float* out, const float* dout,

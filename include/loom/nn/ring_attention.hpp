@@ -142,7 +142,7 @@ inline void ring_attention_forward(Context& ctx, const TensorGroup& group, const
     const int runs = layout.runs_per_rank(), n = layout.ranks;
     check_ring(group, layout);
     LOOM_CHECK(s.T == c * runs, "ring attention: ", s.T, " local tokens per sequence; the layout holds ", c * runs);
-    check_ring_precision(ctx.matmul_precision());
+    check_ring_precision("ring attention", ctx.matmul_precision());
     const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
     const Device where = qkv.device();

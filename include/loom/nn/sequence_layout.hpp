@@ -103,13 +103,13 @@ enum class SequenceAttention : std::uint8_t { ring, ulysses, hybrid };
 // CUDA mirror) compute in f32 only, so the ring (and the hybrid, whose groups
 // meet over a ring) cannot follow MatmulPrecision::bf16: its attention would
 // not be the serial run's bf16 attention, and parallel would not equal
-// serial. Refused instead (by the executor before a step, and by the ring
-// itself), naming what does work. Plain Ulysses runs the whole-sequence
-// kernel, which has a bf16 form.
-inline void check_ring_precision(kernels::MatmulPrecision precision) {
-    LOOM_CHECK(precision == kernels::MatmulPrecision::f32, "ring attention: matrix products at ", precision,
-               " are not supported (its block kernels compute in f32 only); use Ulysses sequence parallelism "
-               "(--sp-mode ulysses) or f32 products (--matmul f32)");
+// serial. Refused instead, by `who`: the executor before a step, and the ring
+// itself for callers that skip the executor. Plain causal Ulysses runs the
+// whole-sequence kernel, which has a bf16 form.
+inline void check_ring_precision(const char* who, kernels::MatmulPrecision precision) {
+    LOOM_CHECK(precision == kernels::MatmulPrecision::f32, who, ": ring attention's block kernels compute in f32 "
+               "only, so matrix products at ", precision, " are not supported; use Ulysses sequence parallelism "
+               "(SequenceParallel<Ulysses>, train_gpt --sp-mode ulysses) or f32 products (--matmul f32)");
 }
 
 // What a Context tells its layers about sequence parallelism: the sp group

@@ -124,6 +124,11 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
     using namespace ulysses_detail;
     const int n = layout.ulysses;
     check_ulysses_heads(H, n);
+    // Only the causal whole-sequence kernel has a bf16 form (the others are
+    // the ring's f32 block kernels; the hybrid's ring refuses on its own).
+    LOOM_CHECK(causal || ctx.matmul_precision() == kernels::MatmulPrecision::f32,
+               "Ulysses: non-causal attention runs the f32 block kernels; matrix products at ",
+               ctx.matmul_precision(), " are not supported there; use f32 products");
     LOOM_CHECK(groups.ulysses != nullptr && groups.ulysses->size() == n &&
                    (layout.ring_ranks() == 1 || (groups.ring != nullptr && groups.ring->size() == layout.ring_ranks())),
                "Ulysses: groups of ", groups.ulysses ? groups.ulysses->size() : 0, " (and a ring of ",
