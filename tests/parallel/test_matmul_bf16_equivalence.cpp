@@ -13,8 +13,8 @@
 // zero (those reading GELU-silenced units) take +-lr steps that such a flip
 // decides. Attention's bf16 products (P and dS rounded, T^2 elements a head)
 // give such flips more places to happen. Measured over 3 steps at lr 2e-3
-// (dp 2 x pp 2 x tp 2): worst element 2.7e-3 of the largest parameter, 6.2e-4
-// in norm, 1.5e-6 on losses (2.8e-3, 5.6e-4 and 1.7e-6 on the 2 x 2 grid).
+// (tp 2): worst element 2.7e-3 of the largest parameter, 6.3e-4 in norm,
+// 1.4e-6 on losses (2.8e-3, 5.6e-4 and 1.7e-6 on the 2 x 2 grid).
 // So:
 //   losses within 1e-5, as in f32 (no element flip moves a loss that far);
 //   parameters within 1e-3 in norm (||p - serial|| / ||serial||);
