@@ -1,11 +1,13 @@
-// The shape checks of causal multi-head attention, shared by the host and the
-// CUDA kernels so both refuse the same shapes with the same words, and the
-// CUDA kernels' own limit on the head size. The int
+// The shape and argument checks of causal multi-head attention, shared by the
+// host and the CUDA kernels so both refuse the same inputs with the same
+// words, the scale every kernel uses, and the CUDA kernels' own limit on the
+// head size. The int
 // bound on a qkv row is the host BLAS's; the device keeps it too, so that
 // both accept the same shapes.
 #pragma once
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 
 #include "loom/core/error.hpp"
@@ -28,6 +30,30 @@ inline void check_attention_shape(const char* who, std::int64_t B, std::int64_t 
     // The BLAS takes int leading dimensions; a qkv row is 3 * H * D floats.
     LOOM_CHECK(H <= INT_MAX / 3 / D, who, ": qkv row width 3*H*D = 3*", H, "*", D,
                " exceeds the BLAS's int range (at most ", INT_MAX, ")");
+}
+
+// The whole-sequence kernels' checks (host and CUDA, f32 and bf16): the
+// shape, then non-null buffers unless B or T is 0 (nothing to do).
+inline void check_attention_forward_arguments(const float* qkv, const float* out, const float* lse, std::int64_t B,
+                                              std::int64_t T, std::int64_t H, std::int64_t D) {
+    check_attention_shape("attention_forward", B, T, H, D);
+    LOOM_CHECK((B == 0 || T == 0) || (qkv != nullptr && out != nullptr && lse != nullptr),
+               "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
+}
+
+inline void check_attention_backward_arguments(const float* qkv, const float* out, const float* dout,
+                                               const float* lse, const float* dqkv, std::int64_t B, std::int64_t T,
+                                               std::int64_t H, std::int64_t D) {
+    check_attention_shape("attention_backward", B, T, H, D);
+    LOOM_CHECK((B == 0 || T == 0) ||
+                   (qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr),
+               "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
+}
+
+// The scores' scale 1/sqrt(D), rounded once to float the same way by every
+// attention kernel, host and CUDA, whole-sequence and block.
+[[nodiscard]] inline float attention_scale(std::int64_t D) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
 }
 
 }  // namespace loom::kernels

@@ -338,30 +338,26 @@ void backward(const float* qkv, const float* out, const float* dout, const float
 
 namespace attention_detail {
 
-// The checks every entry point makes, with the host's messages: the shape,
-// the device's limit on D, then non-null buffers unless there is nothing to
-// do. False when there is nothing to do (B or T is 0).
+// The checks every entry point makes, with the host's messages and in its
+// order, then the device's limit on D. False when there is nothing to do (B
+// or T is 0).
 [[nodiscard]] inline bool check_forward(const float* qkv, const float* out, const float* lse, std::int64_t B,
                                         std::int64_t T, std::int64_t H, std::int64_t D) {
+    check_attention_forward_arguments(qkv, out, lse, B, T, H, D);
     check_shape("attention_forward", B, T, H, D);
-    if (B == 0 || T == 0) return false;
-    LOOM_CHECK(qkv != nullptr && out != nullptr && lse != nullptr,
-               "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
-    return true;
+    return B != 0 && T != 0;
 }
 
 [[nodiscard]] inline bool check_backward(const float* qkv, const float* out, const float* dout, const float* lse,
                                          const float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                                          std::int64_t D) {
+    check_attention_backward_arguments(qkv, out, dout, lse, dqkv, B, T, H, D);
     check_shape("attention_backward", B, T, H, D);
-    if (B == 0 || T == 0) return false;
-    LOOM_CHECK(qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr,
-               "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
-    return true;
+    return B != 0 && T != 0;
 }
 
 // launch.template operator()<Chunks>() for the tiles that hold D (32 * Chunks
-// columns, Chunks = 1, 2 or 4), and the scale 1/sqrt(D) every kernel uses.
+// columns, Chunks = 1, 2 or 4).
 template <class Launch>
 void for_head_size(std::int64_t D, Launch&& launch) {
     if (D <= 32)
@@ -370,10 +366,6 @@ void for_head_size(std::int64_t D, Launch&& launch) {
         launch.template operator()<2>();
     else
         launch.template operator()<4>();
-}
-
-[[nodiscard]] inline float scale_of(std::int64_t D) {
-    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
 }
 
 }  // namespace attention_detail
@@ -385,7 +377,7 @@ inline void attention_forward(const float* qkv, float* out, float* lse, std::int
                               std::int64_t H, std::int64_t D, cudaStream_t stream = nullptr) {
     if (!attention_detail::check_forward(qkv, out, lse, B, T, H, D)) return;
     attention_detail::for_head_size(D, [&]<int Chunks>() {
-        attention_detail::forward<Chunks>(qkv, out, lse, B, T, H, static_cast<int>(D), attention_detail::scale_of(D),
+        attention_detail::forward<Chunks>(qkv, out, lse, B, T, H, static_cast<int>(D), attention_scale(D),
                                           stream);
     });
 }
@@ -399,7 +391,7 @@ inline void attention_backward(const float* qkv, const float* out, const float* 
     if (!attention_detail::check_backward(qkv, out, dout, lse, dqkv, B, T, H, D)) return;
     attention_detail::for_head_size(D, [&]<int Chunks>() {
         attention_detail::backward<Chunks>(qkv, out, dout, lse, dqkv, B, T, H, static_cast<int>(D),
-                                           attention_detail::scale_of(D), stream);
+                                           attention_scale(D), stream);
     });
 }
 

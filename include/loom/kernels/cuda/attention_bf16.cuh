@@ -519,7 +519,7 @@ inline void attention_forward_bf16_inputs(const float* qkv, float* out, float* l
     if (!attention_detail::check_forward(qkv, out, lse, B, T, H, D)) return;
     attention_detail::for_head_size(D, [&]<int Chunks>() {
         attention_bf16_detail::forward<32 * Chunks>(qkv, out, lse, B, T, H, static_cast<int>(D),
-                                                    attention_detail::scale_of(D), stream);
+                                                    attention_scale(D), stream);
     });
 }
 
@@ -531,7 +531,7 @@ inline void attention_backward_bf16_inputs(const float* qkv, const float* out, c
     if (!attention_detail::check_backward(qkv, out, dout, lse, dqkv, B, T, H, D)) return;
     attention_detail::for_head_size(D, [&]<int Chunks>() {
         attention_bf16_detail::backward<32 * Chunks>(qkv, out, dout, lse, dqkv, B, T, H, static_cast<int>(D),
-                                                     attention_detail::scale_of(D), stream);
+                                                     attention_scale(D), stream);
     });
 }
 

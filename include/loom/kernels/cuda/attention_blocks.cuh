@@ -195,7 +195,7 @@ inline void attention_block_forward(const float* q, std::int64_t ld_q, const flo
     hd::check_block("attention_block_forward", ld_q, ld_kv, B, Tq, Tk, H, D, mask);
     block_detail::check_head("attention_block_forward", D);
     block_detail::block_forward_kernel<float><<<blocks_for(B * H * Tq), threads_per_block, 0, stream>>>(
-        q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask == BlockMask::causal, hd::scale_of(D));
+        q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask == BlockMask::causal, attention_scale(D));
     LOOM_CUDA_CHECK_LAUNCH();
 }
 
@@ -219,7 +219,7 @@ inline void attention_block_backward(const float* q, std::int64_t ld_q, const fl
     hd::check_block("attention_block_backward", ld_q, ld_kv, B, Tq, Tk, H, D, mask);
     block_detail::check_head("attention_block_backward", D);
     const bool causal = mask == BlockMask::causal;
-    const float scale = hd::scale_of(D);
+    const float scale = attention_scale(D);
     block_detail::block_backward_dq_kernel<float><<<blocks_for(B * H * Tq), threads_per_block, 0, stream>>>(
         q, ld_q, k, v, ld_kv, out, dout, lse, dq, B, Tq, Tk, H, D, causal, scale);
     LOOM_CUDA_CHECK_LAUNCH();

@@ -331,7 +331,7 @@ void backward_head(const HeadQkv& in, const float* out, const float* dout, std::
 inline void forward_heads(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T, std::int64_t H,
                           std::int64_t D, bool round_products) {
     const std::int64_t C = H * D;
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    const float scale = attention_scale(D);
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < H; ++h) {
             const float* row0 = qkv + b * T * 3 * C + h * D;
@@ -346,7 +346,7 @@ inline void backward_heads(const float* qkv, const float* out, const float* dout
                            const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                            std::int64_t D) {
     const std::int64_t C = H * D;
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    const float scale = attention_scale(D);
     for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t h = 0; h < H; ++h) {
             const float* row0 = qkv + b * T * 3 * C + h * D;
@@ -357,22 +357,6 @@ inline void backward_heads(const float* qkv, const float* out, const float* dout
             backward_head<true>(in, out + offset, dout + offset, C, lse + (b * H + h) * T, grad, T, T, D, scale,
                                 /*accumulate=*/false, dout_rounded == nullptr ? nullptr : dout_rounded + offset);
         }
-}
-
-inline void check_forward_arguments(const float* qkv, const float* out, const float* lse, std::int64_t B,
-                                    std::int64_t T, std::int64_t H, std::int64_t D) {
-    check_attention_shape("attention_forward", B, T, H, D);
-    LOOM_CHECK((B == 0 || T == 0) || (qkv != nullptr && out != nullptr && lse != nullptr),
-               "attention_forward: qkv, out and lse must all be non-null for B = ", B, ", T = ", T);
-}
-
-inline void check_backward_arguments(const float* qkv, const float* out, const float* dout, const float* lse,
-                                     const float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                                     std::int64_t D) {
-    check_attention_shape("attention_backward", B, T, H, D);
-    LOOM_CHECK((B == 0 || T == 0) ||
-                   (qkv != nullptr && out != nullptr && dout != nullptr && lse != nullptr && dqkv != nullptr),
-               "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = ", B, ", T = ", T);
 }
 
 }  // namespace attention_detail
@@ -387,7 +371,7 @@ inline void check_backward_arguments(const float* qkv, const float* out, const f
 // independent, so a caller may run slices of the batch on different threads.
 inline void attention_forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                               std::int64_t H, std::int64_t D) {
-    attention_detail::check_forward_arguments(qkv, out, lse, B, T, H, D);
+    check_attention_forward_arguments(qkv, out, lse, B, T, H, D);
     if (B == 0 || T == 0) return;
     attention_detail::forward_heads(qkv, out, lse, B, T, H, D, /*round_products=*/false);
 }
@@ -398,7 +382,7 @@ inline void attention_forward(const float* qkv, float* out, float* lse, std::int
 // dK = dS^T Q * scale). dqkv must not overlap the inputs.
 inline void attention_backward(const float* qkv, const float* out, const float* dout, const float* lse, float* dqkv,
                                std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
-    attention_detail::check_backward_arguments(qkv, out, dout, lse, dqkv, B, T, H, D);
+    check_attention_backward_arguments(qkv, out, dout, lse, dqkv, B, T, H, D);
     if (B == 0 || T == 0) return;
     attention_detail::backward_heads(qkv, out, dout, /*dout_rounded=*/nullptr, lse, dqkv, B, T, H, D);
 }

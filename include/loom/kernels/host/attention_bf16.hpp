@@ -41,7 +41,7 @@ namespace loom::kernels::host {
 
 inline void attention_forward_bf16_inputs(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                                           std::int64_t H, std::int64_t D) {
-    attention_detail::check_forward_arguments(qkv, out, lse, B, T, H, D);
+    check_attention_forward_arguments(qkv, out, lse, B, T, H, D);
     if (B == 0 || T == 0) return;
     const std::vector<float> rounded = detail::rounded_to_bf16(qkv, B * T, 3 * H * D, 3 * H * D);
     attention_detail::forward_heads(rounded.data(), out, lse, B, T, H, D, /*round_products=*/true);
@@ -50,7 +50,7 @@ inline void attention_forward_bf16_inputs(const float* qkv, float* out, float* l
 inline void attention_backward_bf16_inputs(const float* qkv, const float* out, const float* dout, const float* lse,
                                            float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                                            std::int64_t D) {
-    attention_detail::check_backward_arguments(qkv, out, dout, lse, dqkv, B, T, H, D);
+    check_attention_backward_arguments(qkv, out, dout, lse, dqkv, B, T, H, D);
     if (B == 0 || T == 0) return;
     const std::vector<float> rounded = detail::rounded_to_bf16(qkv, B * T, 3 * H * D, 3 * H * D);
     const std::vector<float> dout_rounded = detail::rounded_to_bf16(dout, B * T, H * D, H * D);

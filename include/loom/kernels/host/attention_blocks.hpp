@@ -72,10 +72,6 @@ inline void check_block(const char* who, std::int64_t ld_q, std::int64_t ld_kv, 
                INT_MAX, "]");
 }
 
-[[nodiscard]] inline float scale_of(std::int64_t D) {
-    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // as attention_forward computes it
-}
-
 // Runs `head(in, offset_out, offset_lse)` for every sequence b and head h: in
 // points at head h of sequence b's q, k and v; out/dout offsets (b * Tq * C +
 // h * D) and lse offsets ((b * H + h) * Tq) follow the contiguous layouts.
@@ -109,7 +105,7 @@ inline void attention_block_forward(const float* q, std::int64_t ld_q, const flo
     detail::check_non_null(who, "v", v, all);
     detail::check_non_null(who, "out", out, all);
     detail::check_non_null(who, "lse", lse, all);
-    const float scale = detail::scale_of(D);
+    const float scale = attention_scale(D);
     const std::int64_t C = H * D;
     detail::for_each_head(q, ld_q, k, v, ld_kv, B, Tq, Tk, H, D,
                           [&](const attention_detail::HeadQkv& in, std::int64_t, std::int64_t, std::int64_t out_at,
@@ -196,7 +192,7 @@ inline void attention_block_backward(const float* q, std::int64_t ld_q, const fl
     detail::check_non_null(who, "dq", dq, all);
     detail::check_non_null(who, "dk", dk, all);
     detail::check_non_null(who, "dv", dv, all);
-    const float scale = detail::scale_of(D);
+    const float scale = attention_scale(D);
     const std::int64_t C = H * D;
     detail::for_each_head(
         q, ld_q, k, v, ld_kv, B, Tq, Tk, H, D,
