@@ -1,15 +1,16 @@
 // The tensor-core attention of kernels/cuda/attention_bf16.cuh against its
 // host emulation, kernels/host/attention_bf16.hpp, on the same seeded inputs
 // (q, k, v and dout from N(0, 1)). Tolerances, per tensor:
-//   out:         4e-3 of max |v| for any element, and 1e-4 of it on average.
-//                Both sides round the same operands; they differ in the order
-//                of the sums and in where the running max stood when P was
-//                rounded (the device's key tiles are 64 keys, the host's up to
-//                128), which moves a P by at most one bf16 step, 2^-8 of
-//                itself: out, a convex combination of rows of v, then moves by
-//                at most 2^-8 max |v|.
+//   out:         8e-3 of max |v| for any element, and 1e-4 of it on average.
+//                Both sides round the same operands and shift P by multiples
+//                of ln 2 (bf16_softmax_shift), so their key tiles (64 keys on
+//                the device, up to 128 on the host) round P alike up to a
+//                power of two; they differ in the order of the sums, which
+//                can move a P across a bf16 midpoint, one bf16 step, at most
+//                2^-7 of itself: out, with weights P / l <= 1 on rows of v,
+//                then moves by at most 2^-7 max |v|.
 //   lse:         1e-5 of max(1, max |lse|): f32 softmax sums on both sides.
-//   dq, dk, dv:  4e-3 of max(max |part|, 0.1 max |dqkv|) for any element and
+//   dq, dk, dv:  8e-3 of max(max |part|, 0.1 max |dqkv|) for any element and
 //                1e-4 of it on average, the device's backward run from the
 //                host's out and lse (so both form the same D_i): it rounds
 //                P = exp(S - lse) and dS at the same reference as the host,
@@ -110,7 +111,7 @@ Difference difference(const std::vector<float>& a, const std::vector<float>& b) 
     return d;
 }
 
-// Within `bound` everywhere, within `bound` / 40 on average, and at least
+// Within `bound` everywhere, within `bound` / 80 on average, and at least
 // 10 times closer on average to the bf16 emulation than to the f32 kernel.
 void check_tensor(const char* what, const std::vector<float>& device, const std::vector<float>& bf16,
                   const std::vector<float>& f32, double bound) {
@@ -118,7 +119,7 @@ void check_tensor(const char* what, const std::vector<float>& device, const std:
     INFO(what << ": |device - host bf16| max " << to_bf16.max << " mean " << to_bf16.mean << "; |device - host f32| mean "
               << to_f32.mean << "; bound " << bound);
     CHECK(to_bf16.max <= bound);
-    CHECK(to_bf16.mean <= bound / 40);
+    CHECK(to_bf16.mean <= bound / 80);
     CHECK(to_bf16.mean * 10 <= to_f32.mean);
 }
 
@@ -137,7 +138,7 @@ TEST_CASE("CUDA bf16 attention matches the host's bf16 emulation", "[kernels][at
             host_run(host::attention_forward_bf16_inputs, host::attention_backward_bf16_inputs, qkv, dout, s);
         const Results f32 = host_run(host::attention_forward, host::attention_backward, qkv, dout, s);
         const Results got = device_run(qkv, dout, s, nullptr, &want);
-        check_tensor("out", got.out, want.out, f32.out, 4e-3 * largest_magnitude(qkv_part(qkv, s, 2)));
+        check_tensor("out", got.out, want.out, f32.out, 8e-3 * largest_magnitude(qkv_part(qkv, s, 2)));
         const Difference lse = difference(got.lse, want.lse);
         INFO("lse: max |device - host| " << lse.max);
         CHECK(lse.max <= 1e-5 * std::max(1.0, largest_magnitude(want.lse)));
@@ -146,7 +147,7 @@ TEST_CASE("CUDA bf16 attention matches the host's bf16 emulation", "[kernels][at
         for (std::int64_t part = 0; part < 3; ++part) {
             const std::vector<float> want_part = qkv_part(want.dqkv, s, part);
             check_tensor(names[part], qkv_part(got.dqkv, s, part), want_part, qkv_part(f32.dqkv, s, part),
-                         4e-3 * std::max(largest_magnitude(want_part), 0.1 * whole));
+                         8e-3 * std::max(largest_magnitude(want_part), 0.1 * whole));
         }
     }
 }

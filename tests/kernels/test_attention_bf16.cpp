@@ -2,7 +2,7 @@
 // against a double-precision reference that rounds exactly the operands the
 // header says it rounds (q, k, v, dO, P and dS; the softmax and D_i in full
 // precision). Each test also measures the f32 kernel against the same
-// reference: the bf16 kernel must be far closer (measured: 140 to 300000 times), so a missing or
+// reference: the bf16 kernel must be far closer (measured: 7600 to 96000 times), so a missing or
 // misplaced rounding fails (the f32 kernel is within bf16's error of both).
 #include <catch2/catch.hpp>
 
@@ -39,8 +39,11 @@ struct Reference {
 };
 
 // The bf16 arithmetic of the header, in double: rounded operands, exact
-// products and sums, P rounded after exp(s - row max) in the forward and
-// after exp(s - lse) in the backward, dS rounded after its f32-free formula.
+// products and sums, P rounded after exp(s - shift) in the forward, where
+// the shift is the row's max rounded up to a multiple of ln 2 (any running
+// max's shift gives the same roundings up to a power of two:
+// kernels/attention_shape.hpp's bf16_softmax_shift), and after exp(s - lse)
+// in the backward, dS rounded after its f32-free formula.
 Reference reference(const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s) {
     const std::int64_t B = s.B, T = s.T, H = s.H, D = s.D, C = s.C();
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -61,7 +64,8 @@ Reference reference(const std::vector<float>& qkv, const std::vector<float>& dou
                     for (std::int64_t d = 0; d < D; ++d) dot += x(b, i, 0, h, d) * x(b, j, 1, h, d);
                     score[static_cast<std::size_t>(j)] = scale * dot;
                 }
-                const double m = *std::max_element(score.begin(), score.end());
+                const double max = *std::max_element(score.begin(), score.end());
+                const double m = std::log(2.0) * std::ceil(max / std::log(2.0));
                 double sum = 0.0;
                 for (double v : score) sum += std::exp(v - m);
                 const double lse = m + std::log(sum);
@@ -131,7 +135,9 @@ Run run(Forward forward, Backward backward, const std::vector<float>& qkv, const
 TEST_CASE("bf16 attention rounds q, k, v, dO, P and dS as its header says, and nothing else",
           "[attention][bf16]") {
     // T across the host's tiles (32 queries x 128 keys): one key tile, and
-    // several, where P is rounded at a running max that later moves.
+    // several, where P is rounded at a running max that later moves (by a
+    // multiple of ln 2, so that P rounds as at the final max, up to a power
+    // of two: measured 6.6e-6 at T = 150, against 2.7e-4 before the shift).
     const std::vector<AttentionShape> shapes{{2, 20, 2, 16}, {1, 70, 3, 8}, {1, 150, 2, 16}};
     for (const AttentionShape& s : shapes) {
         INFO(describe(s));
@@ -144,15 +150,16 @@ TEST_CASE("bf16 attention rounds q, k, v, dO, P and dS as its header says, and n
         const Errors grad = errors(bf16.dqkv, want.dqkv), grad_f32 = errors(f32.dqkv, want.dqkv);
         INFO("out: max " << out.max << " mean " << out.mean << " (f32 kernel: " << out_f32.mean << ")");
         INFO("dqkv: max " << grad.max << " mean " << grad.mean << " (f32 kernel: " << grad_f32.mean << ")");
-        // A P rounded at a running max that later moved differs from the
-        // reference's by at most one bf16 step (2^-8 relative), and so does
-        // one whose exp lands on the other side of a rounding boundary.
-        CHECK(out.max < 4e-3);
+        // A P whose exp lands on the other side of a bf16 rounding midpoint
+        // than the reference's (f32 against double, ln 2 rounded to f32 in
+        // the shift) is one bf16 step away, at most 2^-7 of itself, and so
+        // moves out by at most 2^-7 of the largest |v| (P / l <= 1).
+        CHECK(out.max < 8e-3);
         CHECK(lse.max < 1e-5);
-        CHECK(grad.max < 4e-3);
+        CHECK(grad.max < 8e-3);
         // On average far closer than the f32 kernel, which rounds nothing.
-        CHECK(out.mean * 50 < out_f32.mean);
-        CHECK(grad.mean * 50 < grad_f32.mean);
+        CHECK(out.mean * 1000 < out_f32.mean);
+        CHECK(grad.mean * 1000 < grad_f32.mean);
     }
 }
 

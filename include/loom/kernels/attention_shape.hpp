@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "loom/core/error.hpp"
+#include "loom/core/host_device.hpp"
 
 namespace loom::kernels {
 
@@ -54,6 +55,27 @@ inline void check_attention_backward_arguments(const float* qkv, const float* ou
 // attention kernel, host and CUDA, whole-sequence and block.
 [[nodiscard]] inline float attention_scale(std::int64_t D) {
     return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+}
+
+// The softmax's shift at MatmulPrecision::bf16: a row's running max m rounded
+// up to a whole multiple of ln 2, so that e^(s - shift) moves by a power of
+// two when the shift does. Why: P = e^(s - shift) is rounded to bf16 before
+// P V reads it, and bf16 rounding commutes with a power of two. The serial
+// kernel shifts a row by its running max over its key tiles, a ring block by
+// the max over the block's keys; with this shift both round each P to the
+// same bf16 value up to a factor 2^k, which their normalisation (or the
+// ring's merge) removes. So ring attention at bf16 equals the serial kernel
+// to f32 reassociation, as at f32, rather than to half a bf16 step of every
+// P, and a device kernel equals the host's emulation whatever its tiles.
+// (The f32 rounding of ln 2 * k makes the factor 2^k to about 2^-22 only;
+// that decides a rounding just for a P within so much of a bf16 midpoint,
+// as reassociation does elsewhere.) Never below m, so e^(s - shift) <= 1
+// cannot overflow: where the f32 products round the multiple below m (a
+// score within an ulp above a multiple, or beyond 10^8), m itself is the
+// shift. -inf, a row that saw nothing, stays -inf; NaN stays NaN.
+LOOM_HOST_DEVICE inline float bf16_softmax_shift(float max) {
+    const float shift = 0.693147181f * ceilf(max * 1.44269504f);
+    return shift < max ? max : shift;
 }
 
 }  // namespace loom::kernels

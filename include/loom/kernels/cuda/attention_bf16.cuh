@@ -260,7 +260,10 @@ __global__ void __launch_bounds__(block_threads, 1)
                 if (j0 + c <= query) tile_max = fmaxf(tile_max, attention_detail::scaled(scores[row * score_ld + c], scale));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(full_mask, tile_max, 1));
             // Key 0 is seen by every query: the first tile makes the max finite.
-            const float new_max = fmaxf(running_max, tile_max);
+            // A max that moved moves to a whole multiple of ln 2, as the host's
+            // emulation's does (bf16_softmax_shift): then where the tiles
+            // happen to begin does not change how P rounds.
+            const float new_max = tile_max > running_max ? bf16_softmax_shift(tile_max) : running_max;
             const float rescale = expf(running_max - new_max);  // 0 on the first tile
             float sum = 0.0f;
             for (int c = c0; c < c1; ++c) {

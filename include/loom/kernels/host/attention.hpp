@@ -191,8 +191,9 @@ template <bool Causal>
 // these keys alone and lse is their log-sum-exp. Tk >= 1: key 0 is seen by
 // every query, so every running max starts on the first key tile.
 // `round_products` is MatmulPrecision::bf16: q, k and v arrive rounded to
-// bf16 (the caller's copies), and each tile of P is rounded before P V reads
-// it; the row sums add the unrounded P, as a tensor-core kernel's do.
+// bf16 (the caller's copies), the running max moves in multiples of ln 2
+// (bf16_softmax_shift), and each tile of P is rounded before P V reads it;
+// the row sums add the unrounded P, as a tensor-core kernel's do.
 template <bool Causal, std::int64_t QueryBlock = query_block, std::int64_t KeyBlock = key_block>
 void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse, std::int64_t Tq, std::int64_t Tk,
                   std::int64_t D, float scale, bool round_products = false) {
@@ -215,6 +216,10 @@ void forward_head(const HeadQkv& in, float* out, std::int64_t ld_out, float* lse
             for (std::int64_t c = 0; c < n_keys; ++c)
                 running_max(tile_max, tile + c * n_queries, first_query_seeing<Causal>(j0 + c, i0, n_queries),
                             n_queries);
+            // bf16: a shift that moved moves to a whole multiple of ln 2 (bf16_softmax_shift).
+            if (round_products)
+                for (std::int64_t r = 0; r < n_queries; ++r)
+                    if (first || tile_max[r] > max_so_far[r]) tile_max[r] = bf16_softmax_shift(tile_max[r]);
             // Online softmax: what earlier tiles summed against the old max is
             // moved to the new one (a factor of 1 for rows whose max held).
             if (first) {

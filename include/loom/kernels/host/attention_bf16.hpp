@@ -8,7 +8,9 @@
 //   forward   S = scale * q k^T      q, k rounded to bf16, f32 sums
 //             out += P v             P rounded where it is formed, v rounded;
 //                                    the softmax's running max and row sums
-//                                    use the unrounded scores and P
+//                                    use the unrounded scores and P, and the
+//                                    max moves in multiples of ln 2
+//                                    (bf16_softmax_shift)
 //   backward  dP = dO v^T            dO, v rounded
 //             dS = P * (dP - D_i)    f32: P recomputed from the rounded q, k;
 //                                    D_i = rowsum(dO * out) from the unrounded
@@ -19,12 +21,16 @@
 //
 // That is FlashAttention-2's arithmetic in bf16 (its P and dS are formed in
 // f32 registers and converted to bf16 for the next mma), and what PyTorch's
-// SDPA does under bf16 autocast, except that out, lse and dqkv stay f32
-// here, as the products' outputs do everywhere in loom. A product of two
-// bf16 values is exact in f32, so a tensor-core kernel equals this up to the
-// order of its sums and where its running max stood when it rounded P (a
-// power-of-two-free rescale of P moves its bf16 rounding by up to half an
-// ulp: the two agree to bf16's 2^-8, not bit for bit).
+// SDPA does under bf16 autocast, except in two places. out, lse and dqkv
+// stay f32 here, as the products' outputs do everywhere in loom. And P is
+// e^(s - shift) with the shift a multiple of ln 2 at or above the running
+// max, not at it, so a row's largest P lies in (1/2, 1] rather than being
+// exactly 1 (bf16_softmax_shift says why; the rounding error of each P is
+// still at most half a bf16 step). A product of two
+// bf16 values is exact in f32, and the shift in multiples of ln 2 makes
+// every kernel round P alike up to a power of two whatever its key tiles,
+// so a tensor-core kernel equals this up to the order of its sums (and the
+// rare bf16 rounding that order moves across a midpoint).
 //
 // Costs a rounded copy of qkv (forward and backward) and of dout (backward)
 // per call: an emulation for tests and reference runs, not a fast path.
