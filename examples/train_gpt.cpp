@@ -534,14 +534,10 @@ void check_sequence_parallel(const Flags& flags) {
                     " chunks of --sp " + std::to_string(sp) +
                     (flags.sp_contiguous ? "" : " in the zigzag layout (2 x --sp)") +
                     "; use a --seq that is a multiple of " + std::to_string(chunks));
-    if (!flags.sp_ulysses && flags.matmul == loom::kernels::MatmulPrecision::bf16)
-        usage_error("--matmul bf16 with --sp " + std::to_string(sp) + " needs --sp-mode ulysses: ring attention's "
-                    "block kernels (--sp-mode ring or hybrid) compute in f32 only; or use --matmul f32");
     if (flags.sp_ulysses && heads % sp != 0)
         usage_error("--sp " + std::to_string(sp) + " with --sp-mode ulysses does not divide the " +
                     std::to_string(heads) + " attention heads" + (flags.tp > 1 ? " per --tp rank" : "") + "; use " +
-                    divisors_of(heads) + ", or --sp-mode ring" +
-                    (flags.matmul == loom::kernels::MatmulPrecision::bf16 ? " with --matmul f32" : ""));
+                    divisors_of(heads) + ", or --sp-mode ring");
 }
 
 void check_degrees(const Flags& flags, int world, int dp) {

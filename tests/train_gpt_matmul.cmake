@@ -24,19 +24,13 @@ if(f32 STREQUAL bf16)
 endif()
 message(STATUS "final loss: f32 ${f32}, bf16 ${bf16}")
 
-# Ring attention has no bf16 kernels: --sp 2 (ring by default) with --matmul
-# bf16 is refused before training, naming what works; Ulysses runs.
-execute_process(COMMAND "${TRAIN_GPT}" --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 --sp 2
-                        --matmul bf16
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(rc EQUAL 0 OR NOT err MATCHES "--matmul bf16 with --sp 2 needs --sp-mode ulysses")
-  message(FATAL_ERROR "ring attention at bf16 was not refused (${rc}):\n${out}\n${err}")
-endif()
-execute_process(COMMAND "${TRAIN_GPT}" --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 --sp 4
-                        --sp-mode hybrid --ulysses 2 --matmul bf16
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(rc EQUAL 0 OR NOT err MATCHES "--matmul bf16 with --sp 4 needs --sp-mode ulysses")
-  message(FATAL_ERROR "the hybrid at bf16 was not refused (${rc}):\n${out}\n${err}")
-endif()
-set(model --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 --sp 2 --sp-mode ulysses)
-run(--matmul bf16)
+# Every sequence-parallel attention runs at bf16: ring (the default), the
+# hybrid, and Ulysses. (Their equivalence to the serial bf16 run is
+# tests/parallel/test_matmul_bf16_equivalence.cpp's.)
+foreach(mode "--sp;2" "--sp;4;--sp-mode;hybrid;--ulysses;2" "--sp;2;--sp-mode;ulysses")
+  set(model --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 2 ${mode})
+  run(--matmul bf16)
+  if(NOT run_output MATCHES "final loss ([0-9.]+) after 2 steps")
+    message(FATAL_ERROR "no final loss with ${mode} at bf16:\n${run_output}")
+  endif()
+endforeach()

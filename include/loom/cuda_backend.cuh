@@ -321,6 +321,23 @@ public:
         kernels::cuda::attention_block_backward(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H, D,
                                                 mask, current_stream());
     }
+    void attention_block_forward_bf16_inputs(Device where, const float* q, std::int64_t ld_q, const float* k,
+                                             const float* v, std::int64_t ld_kv, float* out, float* lse,
+                                             std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                                             std::int64_t D, kernels::host::BlockMask mask) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::attention_block_forward_bf16_inputs(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask,
+                                                           current_stream());
+    }
+    void attention_block_backward_bf16_inputs(Device where, const float* q, std::int64_t ld_q, const float* k,
+                                              const float* v, std::int64_t ld_kv, const float* out,
+                                              const float* dout, const float* lse, float* dq, float* dk, float* dv,
+                                              std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                                              std::int64_t D, kernels::host::BlockMask mask) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::attention_block_backward_bf16_inputs(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq,
+                                                            Tk, H, D, mask, current_stream());
+    }
     void cross_entropy_slice_max(Device where, const float* logits, const std::int32_t* targets, float* row_max,
                                  std::int64_t rows, std::int64_t V, std::int64_t classes) override {
         loom::detail::CudaDeviceScope scope(where.index);

@@ -172,10 +172,10 @@ TEST_CASE("the Executor's gradient compressors on one GPU follow the host's", "[
 }
 
 // bf16 matrix products: tensor-core GEMMs and attention against the host's
-// exact emulation (operands rounded alike; only the order of the f32 sums
-// differs, and where attention's running max stood when it rounded P, but a
-// sum that moved by an ulp can round an operand of the next product the other
-// way, so the bound is 1e-3, as for the lossy casts).
+// exact emulation (operands rounded alike, P shifted alike: only the order of
+// the f32 sums differs, but a sum that moved by an ulp can round an operand of
+// the next product the other way, so the bound is 1e-3, as for the lossy
+// casts).
 TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's emulation within 1e-3",
           "[device][bf16]") {
     using loom::DataParallel, loom::TensorParallel, loom::ZeroShard;
@@ -189,6 +189,14 @@ TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's em
     }
     SECTION("sp 2, Ulysses") {
         check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.sp = 2}, 1e-3,
+                              MatmulPrecision::bf16);
+    }
+    SECTION("sp 2, ring attention") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<>>(), {.sp = 2}, 1e-3,
+                              MatmulPrecision::bf16);
+    }
+    SECTION("sp 4, UlyssesRing<2>") {
+        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::UlyssesRing<2>>>(), {.sp = 4}, 1e-3,
                               MatmulPrecision::bf16);
     }
 }

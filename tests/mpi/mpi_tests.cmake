@@ -50,5 +50,5 @@ loom_add_mpi_test("mpi: sequence parallelism (ring sp 4, Ulysses dp 2 x sp 2) eq
                   loom_mpi_tests "[sequence]")
 loom_add_mpi_test("mpi: sequence parallelism dp 2 x sp 2 x tp 2 at ZeRO 3 equals serial on 8 processes" 8
                   loom_mpi_tests "[sequence]")
-loom_add_mpi_test("mpi: bf16 matrix products (dp 2 x tp 2 at ZeRO 1, a 2 x 2 grid) equal the bf16 serial run on 4 processes"
+loom_add_mpi_test("mpi: bf16 matrix products (dp 2 x tp 2 at ZeRO 1, a 2 x 2 grid, ring dp 2 x sp 2) equal the bf16 serial run on 4 processes"
                   4 loom_mpi_tests "[bf16]")

@@ -81,9 +81,10 @@ TEST_CASE("tensor parallelism and 3D parallelism equal serial under MPI", "[tens
     }
 }
 
-// bf16 matrix products on 4 processes: dp 2 x tp 2 at ZeRO 1, and a 2 x 2
-// Optimus grid, against the bf16 serial run, with the bounds (and their
-// reason) of tests/parallel/test_matmul_bf16_equivalence.cpp.
+// bf16 matrix products on 4 processes: dp 2 x tp 2 at ZeRO 1, a 2 x 2
+// Optimus grid, and ring attention at dp 2 x sp 2 (its bf16 block kernels),
+// against the bf16 serial run, with the bounds (and their reason) of
+// tests/parallel/test_matmul_bf16_equivalence.cpp.
 TEST_CASE("bf16 matrix products equal the bf16 serial run under MPI", "[bf16]") {
     constexpr int layers = 4, heads = 4;
     using loom::kernels::MatmulPrecision;
@@ -94,6 +95,8 @@ TEST_CASE("bf16 matrix products equal the bf16 serial run under MPI", "[bf16]") 
         {.dp = 2, .stage = 1, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 2, .heads = heads,
          .matmul = MatmulPrecision::bf16},
         {.dp = 1, .micro_batches = 2, .steps = 3, .layers = layers, .tp = 4, .heads = heads, .grid = true,
+         .matmul = MatmulPrecision::bf16},
+        {.dp = 2, .micro_batches = 2, .steps = 3, .layers = layers, .heads = heads, .sp = 2,
          .matmul = MatmulPrecision::bf16},
     };
     const auto& bounds = loom_test::bf16_matmul_bounds;

@@ -279,7 +279,10 @@ TEST_CASE("the Executor's Optimus 2D tensor parallelism on a device equals the h
 TEST_CASE("the Executor at bf16 matrix products on a device equals the host's bit for bit", "[device][exec][bf16]") {
     using loom::DataParallel, loom::Optimus2D, loom::TensorParallel, loom::ZeroShard;
     using loom::kernels::MatmulPrecision;
-    const auto check = [](const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid) {
+    // `attention`: the kernels' names, "attention" (whole sequences) or
+    // "attention_block" (ring and hybrid sequence parallelism).
+    const auto check = [](const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid,
+                          const std::string& attention = "attention") {
         loom_test::FencedDevice device;
         loom_test::FencedRanks ranks;
         const auto f32 = loom_test::train_strategy(loom::host_device, tiny, plan, grid, batch, 3, 21);
@@ -297,15 +300,21 @@ TEST_CASE("the Executor at bf16 matrix products on a device equals the host's bi
         // attention's, all at bf16.
         CHECK(device.calls("gemm_bf16_inputs") > 0);
         CHECK(device.calls("gemm") == 0);
-        CHECK(device.calls("attention_forward_bf16_inputs") > 0);
-        CHECK(device.calls("attention_backward_bf16_inputs") > 0);
-        CHECK(device.calls("attention_forward") == 0);
-        CHECK(device.calls("attention_backward") == 0);
+        CHECK(device.calls(attention + "_forward_bf16_inputs") > 0);
+        CHECK(device.calls(attention + "_backward_bf16_inputs") > 0);
+        CHECK(device.calls(attention + "_forward") == 0);
+        CHECK(device.calls(attention + "_backward") == 0);
     };
     SECTION("dp 2, ZeroShard<1>") { check(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}); }
     SECTION("tp 2") { check(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}); }
     SECTION("a 2 x 2 grid") { check(plan_of<DataParallel<>, Optimus2D>(), {.tp = 4}); }
     SECTION("Ulysses, sp 2") { check(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.sp = 2}); }
+    SECTION("ring attention, sp 2") {
+        check(plan_of<DataParallel<>, loom::SequenceParallel<>>(), {.sp = 2}, "attention_block");
+    }
+    SECTION("UlyssesRing<2>, sp 4") {
+        check(plan_of<DataParallel<>, loom::SequenceParallel<loom::UlyssesRing<2>>>(), {.sp = 4}, "attention_block");
+    }
 }
 
 TEST_CASE("the Executor's sequence parallelism on a device equals the host's bit for bit", "[device][exec]") {

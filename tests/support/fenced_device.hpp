@@ -25,6 +25,7 @@
 #include "loom/kernels/host/attention.hpp"
 #include "loom/kernels/host/attention_bf16.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
+#include "loom/kernels/host/attention_blocks_bf16.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/embedding.hpp"
@@ -226,6 +227,25 @@ public:
         loom::kernels::host::attention_block_backward(unfence(q), ld_q, unfence(k), unfence(v), ld_kv, unfence(out),
                                                       unfence(dout), unfence(lse), unfence(dq), unfence(dk),
                                                       unfence(dv), B, Tq, Tk, H, D, mask);
+    }
+    void attention_block_forward_bf16_inputs(loom::Device, const float* q, std::int64_t ld_q, const float* k,
+                                             const float* v, std::int64_t ld_kv, float* out, float* lse,
+                                             std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                                             std::int64_t D, loom::kernels::host::BlockMask mask) override {
+        count("attention_block_forward_bf16_inputs");
+        loom::kernels::host::attention_block_forward_bf16_inputs(unfence(q), ld_q, unfence(k), unfence(v), ld_kv,
+                                                                 unfence(out), unfence(lse), B, Tq, Tk, H, D, mask);
+    }
+    void attention_block_backward_bf16_inputs(loom::Device, const float* q, std::int64_t ld_q, const float* k,
+                                              const float* v, std::int64_t ld_kv, const float* out,
+                                              const float* dout, const float* lse, float* dq, float* dk, float* dv,
+                                              std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                                              std::int64_t D, loom::kernels::host::BlockMask mask) override {
+        count("attention_block_backward_bf16_inputs");
+        loom::kernels::host::attention_block_backward_bf16_inputs(unfence(q), ld_q, unfence(k), unfence(v), ld_kv,
+                                                                  unfence(out), unfence(dout), unfence(lse),
+                                                                  unfence(dq), unfence(dk), unfence(dv), B, Tq, Tk, H,
+                                                                  D, mask);
     }
     float cross_entropy_forward(loom::Device, const float* logits, const std::int32_t* targets, float* logsumexp,
                                 std::int64_t rows, std::int64_t V) override {

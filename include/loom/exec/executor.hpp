@@ -128,8 +128,6 @@ public:
           trace_(options.trace) {
         optim::check_config(options.adamw);
         check_device(plan);
-        if (sp_ != nullptr && plan.sequence_attention != nn::SequenceAttention::ulysses)
-            nn::check_ring_precision("Executor", options.matmul);
         pool_.set_device(device_);
         pool_.set_matmul_precision(options.matmul);
         initialize_range_ = [&model](std::uint64_t seed, std::span<float> out, std::int64_t first) {

@@ -3,7 +3,9 @@
 // memory, the registered DeviceKernels' for a device's. Unlike kernels/ops.hpp
 // these take pointers with the device named: ring and Ulysses attention
 // address blocks inside larger tensors (a run of rows, a head's columns, the
-// key half of a packed K/V block), which no Tensor describes.
+// key half of a packed K/V block), which no Tensor describes. At
+// MatmulPrecision::bf16 the forward and backward read bf16 operands
+// (kernels/host/attention_blocks_bf16.hpp); the merge has no products.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,8 @@
 #include "loom/core/device.hpp"
 #include "loom/kernels/device_kernels.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
+#include "loom/kernels/host/attention_blocks_bf16.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 
 namespace loom::kernels {
 
@@ -18,11 +22,20 @@ using host::BlockMask;
 
 inline void attention_block_forward(Device where, const float* q, std::int64_t ld_q, const float* k, const float* v,
                                     std::int64_t ld_kv, float* out, float* lse, std::int64_t B, std::int64_t Tq,
-                                    std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask) {
-    if (where.kind == DeviceKind::host)
-        host::attention_block_forward(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask);
-    else
+                                    std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask,
+                                    MatmulPrecision precision = MatmulPrecision::f32) {
+    const bool bf16 = precision == MatmulPrecision::bf16;
+    if (where.kind == DeviceKind::host) {
+        if (bf16)
+            host::attention_block_forward_bf16_inputs(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask);
+        else
+            host::attention_block_forward(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask);
+    } else if (bf16) {
+        device_kernels(where).attention_block_forward_bf16_inputs(where, q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk,
+                                                                  H, D, mask);
+    } else {
         device_kernels(where).attention_block_forward(where, q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask);
+    }
 }
 
 inline void attention_merge(Device where, float* out, float* lse, const float* out_b, const float* lse_b,
@@ -34,12 +47,22 @@ inline void attention_merge(Device where, float* out, float* lse, const float* o
 inline void attention_block_backward(Device where, const float* q, std::int64_t ld_q, const float* k, const float* v,
                                      std::int64_t ld_kv, const float* out, const float* dout, const float* lse,
                                      float* dq, float* dk, float* dv, std::int64_t B, std::int64_t Tq,
-                                     std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask) {
-    if (where.kind == DeviceKind::host)
-        host::attention_block_backward(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H, D, mask);
-    else
+                                     std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask,
+                                     MatmulPrecision precision = MatmulPrecision::f32) {
+    const bool bf16 = precision == MatmulPrecision::bf16;
+    if (where.kind == DeviceKind::host) {
+        if (bf16)
+            host::attention_block_backward_bf16_inputs(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H,
+                                                       D, mask);
+        else
+            host::attention_block_backward(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H, D, mask);
+    } else if (bf16) {
+        device_kernels(where).attention_block_backward_bf16_inputs(where, q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk,
+                                                                   dv, B, Tq, Tk, H, D, mask);
+    } else {
         device_kernels(where).attention_block_backward(where, q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B,
                                                        Tq, Tk, H, D, mask);
+    }
 }
 
 }  // namespace loom::kernels

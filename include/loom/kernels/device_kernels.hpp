@@ -95,9 +95,8 @@ public:
                                     const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                                     std::int64_t D) = 0;
     // The same at MatmulPrecision::bf16 (kernels/host/attention_bf16.hpp,
-    // which these equal up to the order of the sums and where the running
-    // max stood when P was rounded): bf16 operands on the tensor cores, f32
-    // softmax, f32 out, lse and dqkv.
+    // which these equal up to the order of the sums): bf16 operands on the
+    // tensor cores, f32 softmax, f32 out, lse and dqkv.
     virtual void attention_forward_bf16_inputs(Device where, const float* qkv, float* out, float* lse, std::int64_t B,
                                                std::int64_t T, std::int64_t H, std::int64_t D) = 0;
     virtual void attention_backward_bf16_inputs(Device where, const float* qkv, const float* out, const float* dout,
@@ -116,6 +115,18 @@ public:
                                           const float* lse, float* dq, float* dk, float* dv, std::int64_t B,
                                           std::int64_t Tq, std::int64_t Tk, std::int64_t H, std::int64_t D,
                                           host::BlockMask mask) = 0;
+    // The forward and backward at MatmulPrecision::bf16
+    // (kernels/host/attention_blocks_bf16.hpp, which these equal up to the
+    // order of the sums).
+    virtual void attention_block_forward_bf16_inputs(Device where, const float* q, std::int64_t ld_q, const float* k,
+                                                     const float* v, std::int64_t ld_kv, float* out, float* lse,
+                                                     std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                                                     std::int64_t D, host::BlockMask mask) = 0;
+    virtual void attention_block_backward_bf16_inputs(Device where, const float* q, std::int64_t ld_q, const float* k,
+                                                      const float* v, std::int64_t ld_kv, const float* out,
+                                                      const float* dout, const float* lse, float* dq, float* dk,
+                                                      float* dv, std::int64_t B, std::int64_t Tq, std::int64_t Tk,
+                                                      std::int64_t H, std::int64_t D, host::BlockMask mask) = 0;
 
     // Returns the mean loss (waits for the device).
     [[nodiscard]] virtual float cross_entropy_forward(Device where, const float* logits, const std::int32_t* targets,

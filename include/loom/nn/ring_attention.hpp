@@ -4,9 +4,12 @@
 // steps a rank attends with its queries to the K/V block it holds, while the
 // next block is already on its way, and folds the partial result into its
 // running output with the log-sum-exp merge (kernels/host/attention_blocks.hpp),
-// in f32. The backward sends the blocks around again, each with the gradient
-// of its keys and values, which every rank adds to before passing it on; after
-// N steps a block's gradient arrives back at its owner, complete.
+// in f32. The blocks' products follow the Context's MatmulPrecision: at bf16
+// they read bf16 operands (kernels/host/attention_blocks_bf16.hpp), as the
+// serial run's whole-sequence attention does. The backward sends the blocks
+// around again, each with the gradient of its keys and values, which every
+// rank adds to before passing it on; after N steps a block's gradient arrives
+// back at its owner, complete.
 //
 // Everything runs where the layer's tensors live: blocks are copied by rows
 // (copy_rows), attended by the block kernels of kernels/attention_block_ops.hpp,
@@ -31,6 +34,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
+#include "loom/kernels/matmul_precision.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/nn/tensor_group.hpp"
@@ -44,6 +48,9 @@ namespace loom::nn {
 // until the micro-batch ends, so a rank's activations are its tokens' share.
 struct RingSaved {
     Tensor lse;
+    // The forward's matrix-product precision (its Context's), which the
+    // backward repeats.
+    kernels::MatmulPrecision precision = kernels::MatmulPrecision::f32;
 };
 
 namespace ring_detail {
@@ -142,11 +149,11 @@ inline void ring_attention_forward(Context& ctx, const TensorGroup& group, const
     const int runs = layout.runs_per_rank(), n = layout.ranks;
     check_ring(group, layout);
     LOOM_CHECK(s.T == c * runs, "ring attention: ", s.T, " local tokens per sequence; the layout holds ", c * runs);
-    check_ring_precision("ring attention", ctx.matmul_precision());
     const std::int64_t block_kv = s.B * c * 2 * C, lse_per_run = s.H * c;
     const auto my_runs = layout.runs(T_whole);
     const Device where = qkv.device();
     saved.lse = ctx.alloc(Shape{s.B * runs * lse_per_run});
+    saved.precision = ctx.matmul_precision();
     fill_floats(saved.lse, -std::numeric_limits<float>::infinity());
     fill_zero_bytes(out.raw(), where, out.nbytes());
     DeviceBuffer held = scratch(runs * block_kv, where), next = scratch(runs * block_kv, where);
@@ -162,7 +169,7 @@ inline void ring_attention_forward(Context& ctx, const TensorGroup& group, const
                 const float* q = qkv.data<float>() + (b * s.T + my_runs[x].local) * 3 * C;
                 const float* kv = held.data<float>() + y * block_kv + b * c * 2 * C;
                 kernels::attention_block_forward(where, q, 3 * C, kv, kv + C, 2 * C, part_out.data<float>(),
-                                                 part_lse.data<float>(), 1, c, c, s.H, s.D, mask);
+                                                 part_lse.data<float>(), 1, c, c, s.H, s.D, mask, saved.precision);
                 kernels::attention_merge(where, out.data<float>() + (b * s.T + my_runs[x].local) * C,
                                          saved.lse.data<float>() + (b * runs + x) * lse_per_run,
                                          part_out.data<float>(), part_lse.data<float>(), 1, c, s.H, s.D);
@@ -206,7 +213,7 @@ inline void ring_attention_backward(const TensorGroup& group, const SequenceLayo
                 kernels::attention_block_backward(
                     where, qkv.data<float>() + row * 3 * C, 3 * C, kv, kv + C, 2 * C, out.data<float>() + row * C,
                     dout.data<float>() + row * C, saved.lse.data<float>() + (b * runs + x) * lse_per_run,
-                    dqkv.data<float>() + row * 3 * C, dkv, dkv + C, 1, c, c, s.H, s.D, mask);
+                    dqkv.data<float>() + row * 3 * C, dkv, dkv + C, 1, c, c, s.H, s.D, mask, saved.precision);
             }
         });
         // The gradient of the block just used goes on with it; after the last

@@ -23,7 +23,6 @@
 #include <ostream>
 
 #include "loom/core/error.hpp"
-#include "loom/kernels/matmul_precision.hpp"
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
@@ -98,19 +97,6 @@ struct SequenceLayout {
 
 // How attention reaches across the sp axis.
 enum class SequenceAttention : std::uint8_t { ring, ulysses, hybrid };
-
-// Ring attention's block kernels (kernels/host/attention_blocks.hpp and their
-// CUDA mirror) compute in f32 only, so the ring (and the hybrid, whose groups
-// meet over a ring) cannot follow MatmulPrecision::bf16: its attention would
-// not be the serial run's bf16 attention, and parallel would not equal
-// serial. Refused instead, by `who`: the executor before a step, and the ring
-// itself for callers that skip the executor. Plain causal Ulysses runs the
-// whole-sequence kernel, which has a bf16 form.
-inline void check_ring_precision(const char* who, kernels::MatmulPrecision precision) {
-    LOOM_CHECK(precision == kernels::MatmulPrecision::f32, who, ": ring attention's block kernels compute in f32 "
-               "only, so matrix products at ", precision, " are not supported; use Ulysses sequence parallelism "
-               "(SequenceParallel<Ulysses>, train_gpt --sp-mode ulysses) or f32 products (--matmul f32)");
-}
 
 // What a Context tells its layers about sequence parallelism: the sp group
 // (null: each rank holds whole sequences), the layout and the attention.

@@ -97,7 +97,7 @@ inline void whole_sequence_backward_full(const UlyssesSaved& saved, const Tensor
     float* d = dqkv.data<float>();
     kernels::attention_block_backward(where, q, 3 * C, q + C, q + 2 * C, 3 * C, saved.out.data<float>(),
                                       dout.data<float>(), saved.lse.data<float>(), d, d + C, d + 2 * C, B, T, T, H, D,
-                                      kernels::BlockMask::full);
+                                      kernels::BlockMask::full, saved.precision);
 }
 
 }  // namespace ulysses_detail
@@ -124,11 +124,6 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
     using namespace ulysses_detail;
     const int n = layout.ulysses;
     check_ulysses_heads(H, n);
-    // Only the causal whole-sequence kernel has a bf16 form (the others are
-    // the ring's f32 block kernels; the hybrid's ring refuses on its own).
-    LOOM_CHECK(causal || ctx.matmul_precision() == kernels::MatmulPrecision::f32,
-               "Ulysses: non-causal attention runs the f32 block kernels; matrix products at ",
-               ctx.matmul_precision(), " are not supported there; use f32 products");
     LOOM_CHECK(groups.ulysses != nullptr && groups.ulysses->size() == n &&
                    (layout.ring_ranks() == 1 || (groups.ring != nullptr && groups.ring->size() == layout.ring_ranks())),
                "Ulysses: groups of ", groups.ulysses ? groups.ulysses->size() : 0, " (and a ring of ",
@@ -162,7 +157,8 @@ inline void ulysses_attention_forward(Context& ctx, const UlyssesGroups& groups,
         saved.lse = ctx.alloc(Shape{B, Hg, Tg});
         const float* q = saved.qkv.data<float>();
         kernels::attention_block_forward(where, q, 3 * Cg, q + Cg, q + 2 * Cg, 3 * Cg, saved.out.data<float>(),
-                                         saved.lse.data<float>(), B, Tg, Tg, Hg, D, kernels::BlockMask::full);
+                                         saved.lse.data<float>(), B, Tg, Tg, Hg, D, kernels::BlockMask::full,
+                                         saved.precision);
     }
     // Every member's tokens of my heads' output back to it.
     const DeviceBuffer back_buffer = scratch(n * rows * Cg, where), mine_buffer = scratch(n * rows * Cg, where);

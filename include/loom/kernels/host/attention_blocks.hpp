@@ -12,7 +12,8 @@
 // on the whole sequence to float rounding (parallel equals serial): the block
 // kernels are attention.hpp's FlashAttention-2 tiles (same sgemm calls, same
 // exp), only with the causal mask chosen per block and separate q / kv strides.
-// Nothing is allocated: scratch is attention.hpp's stack tiles.
+// Nothing is allocated: scratch is attention.hpp's stack tiles. Their
+// MatmulPrecision::bf16 forms are attention_blocks_bf16.hpp.
 #pragma once
 
 #include <algorithm>
@@ -87,6 +88,81 @@ void for_each_head(const float* q, std::int64_t ld_q, const float* k, const floa
         }
 }
 
+// The checks of attention_block_forward (and its bf16 form).
+inline void check_forward(const float* q, std::int64_t ld_q, const float* k, const float* v, std::int64_t ld_kv,
+                          const float* out, const float* lse, std::int64_t B, std::int64_t Tq, std::int64_t Tk,
+                          std::int64_t H, std::int64_t D, BlockMask mask) {
+    constexpr const char* who = "attention_block_forward";
+    constexpr const char* all = "q, k, v, out and lse";
+    check_block(who, ld_q, ld_kv, B, Tq, Tk, H, D, mask);
+    check_non_null(who, "q", q, all);
+    check_non_null(who, "k", k, all);
+    check_non_null(who, "v", v, all);
+    check_non_null(who, "out", out, all);
+    check_non_null(who, "lse", lse, all);
+}
+
+// The checks of attention_block_backward (and its bf16 form).
+inline void check_backward(const float* q, std::int64_t ld_q, const float* k, const float* v, std::int64_t ld_kv,
+                           const float* out, const float* dout, const float* lse, const float* dq, const float* dk,
+                           const float* dv, std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                           std::int64_t D, BlockMask mask) {
+    constexpr const char* who = "attention_block_backward";
+    constexpr const char* all = "q, k, v, out, dout, lse, dq, dk and dv";
+    check_block(who, ld_q, ld_kv, B, Tq, Tk, H, D, mask);
+    check_non_null(who, "q", q, all);
+    check_non_null(who, "k", k, all);
+    check_non_null(who, "v", v, all);
+    check_non_null(who, "out", out, all);
+    check_non_null(who, "dout", dout, all);
+    check_non_null(who, "lse", lse, all);
+    check_non_null(who, "dq", dq, all);
+    check_non_null(who, "dk", dk, all);
+    check_non_null(who, "dv", dv, all);
+}
+
+// The forward's heads, after the checks. With `round_products`
+// (MatmulPrecision::bf16) q, k and v arrive rounded to bf16, at the strides
+// given (kernels/host/attention_blocks_bf16.hpp).
+inline void forward_blocks(const float* q, std::int64_t ld_q, const float* k, const float* v, std::int64_t ld_kv,
+                           float* out, float* lse, std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                           std::int64_t D, BlockMask mask, bool round_products) {
+    const float scale = attention_scale(D);
+    const std::int64_t C = H * D;
+    for_each_head(q, ld_q, k, v, ld_kv, B, Tq, Tk, H, D,
+                  [&](const attention_detail::HeadQkv& in, std::int64_t, std::int64_t, std::int64_t out_at,
+                      std::int64_t lse_at) {
+                      if (mask == BlockMask::causal)
+                          attention_detail::forward_head<true>(in, out + out_at, C, lse + lse_at, Tq, Tk, D, scale,
+                                                               round_products);
+                      else
+                          attention_detail::forward_head<false>(in, out + out_at, C, lse + lse_at, Tq, Tk, D, scale,
+                                                                round_products);
+                  });
+}
+
+// The backward's heads, after the checks. `dout_rounded`: null for f32; for
+// bf16, dout rounded (contiguous, like dout), and q, k, v arrive rounded.
+inline void backward_blocks(const float* q, std::int64_t ld_q, const float* k, const float* v, std::int64_t ld_kv,
+                            const float* out, const float* dout, const float* dout_rounded, const float* lse, float* dq,
+                            float* dk, float* dv, std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
+                            std::int64_t D, BlockMask mask) {
+    const float scale = attention_scale(D);
+    const std::int64_t C = H * D;
+    for_each_head(q, ld_q, k, v, ld_kv, B, Tq, Tk, H, D,
+                  [&](const attention_detail::HeadQkv& in, std::int64_t q_at, std::int64_t kv_at, std::int64_t out_at,
+                      std::int64_t lse_at) {
+                      const attention_detail::HeadGrad grad{dq + q_at, dk + kv_at, dv + kv_at};
+                      const float* rounded = dout_rounded == nullptr ? nullptr : dout_rounded + out_at;
+                      if (mask == BlockMask::causal)
+                          attention_detail::backward_head<true>(in, out + out_at, dout + out_at, C, lse + lse_at, grad,
+                                                                Tq, Tk, D, scale, /*accumulate=*/true, rounded);
+                      else
+                          attention_detail::backward_head<false>(in, out + out_at, dout + out_at, C, lse + lse_at,
+                                                                 grad, Tq, Tk, D, scale, /*accumulate=*/true, rounded);
+                  });
+}
+
 }  // namespace attention_block_detail
 
 // Attention of a query block against one key block, for every sequence b < B and head h < H (D = head size,
@@ -96,27 +172,9 @@ void for_each_head(const float* q, std::int64_t ld_q, const float* k, const floa
 inline void attention_block_forward(const float* q, std::int64_t ld_q, const float* k, const float* v,
                                     std::int64_t ld_kv, float* out, float* lse, std::int64_t B, std::int64_t Tq,
                                     std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask) {
-    namespace detail = attention_block_detail;
-    constexpr const char* who = "attention_block_forward";
-    constexpr const char* all = "q, k, v, out and lse";
-    detail::check_block(who, ld_q, ld_kv, B, Tq, Tk, H, D, mask);
-    detail::check_non_null(who, "q", q, all);
-    detail::check_non_null(who, "k", k, all);
-    detail::check_non_null(who, "v", v, all);
-    detail::check_non_null(who, "out", out, all);
-    detail::check_non_null(who, "lse", lse, all);
-    const float scale = attention_scale(D);
-    const std::int64_t C = H * D;
-    detail::for_each_head(q, ld_q, k, v, ld_kv, B, Tq, Tk, H, D,
-                          [&](const attention_detail::HeadQkv& in, std::int64_t, std::int64_t, std::int64_t out_at,
-                              std::int64_t lse_at) {
-                              if (mask == BlockMask::causal)
-                                  attention_detail::forward_head<true>(in, out + out_at, C, lse + lse_at, Tq, Tk, D,
-                                                                       scale);
-                              else
-                                  attention_detail::forward_head<false>(in, out + out_at, C, lse + lse_at, Tq, Tk, D,
-                                                                        scale);
-                          });
+    attention_block_detail::check_forward(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask);
+    attention_block_detail::forward_blocks(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask,
+                                           /*round_products=*/false);
 }
 
 // Folds a block's (out_b, lse_b) into the running (out, lse) (same layouts as above), in f32 and stable:
@@ -179,33 +237,9 @@ inline void attention_block_backward(const float* q, std::int64_t ld_q, const fl
                                      std::int64_t ld_kv, const float* out, const float* dout, const float* lse,
                                      float* dq, float* dk, float* dv, std::int64_t B, std::int64_t Tq,
                                      std::int64_t Tk, std::int64_t H, std::int64_t D, BlockMask mask) {
-    namespace detail = attention_block_detail;
-    constexpr const char* who = "attention_block_backward";
-    constexpr const char* all = "q, k, v, out, dout, lse, dq, dk and dv";
-    detail::check_block(who, ld_q, ld_kv, B, Tq, Tk, H, D, mask);
-    detail::check_non_null(who, "q", q, all);
-    detail::check_non_null(who, "k", k, all);
-    detail::check_non_null(who, "v", v, all);
-    detail::check_non_null(who, "out", out, all);
-    detail::check_non_null(who, "dout", dout, all);
-    detail::check_non_null(who, "lse", lse, all);
-    detail::check_non_null(who, "dq", dq, all);
-    detail::check_non_null(who, "dk", dk, all);
-    detail::check_non_null(who, "dv", dv, all);
-    const float scale = attention_scale(D);
-    const std::int64_t C = H * D;
-    detail::for_each_head(
-        q, ld_q, k, v, ld_kv, B, Tq, Tk, H, D,
-        [&](const attention_detail::HeadQkv& in, std::int64_t q_at, std::int64_t kv_at, std::int64_t out_at,
-            std::int64_t lse_at) {
-            const attention_detail::HeadGrad grad{dq + q_at, dk + kv_at, dv + kv_at};
-            if (mask == BlockMask::causal)
-                attention_detail::backward_head<true>(in, out + out_at, dout + out_at, C, lse + lse_at, grad, Tq, Tk,
-                                                      D, scale, /*accumulate=*/true);
-            else
-                attention_detail::backward_head<false>(in, out + out_at, dout + out_at, C, lse + lse_at, grad, Tq,
-                                                       Tk, D, scale, /*accumulate=*/true);
-        });
+    attention_block_detail::check_backward(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H, D, mask);
+    attention_block_detail::backward_blocks(q, ld_q, k, v, ld_kv, out, dout, /*dout_rounded=*/nullptr, lse, dq, dk,
+                                            dv, B, Tq, Tk, H, D, mask);
 }
 
 }  // namespace loom::kernels::host
