@@ -18,6 +18,10 @@
 // parameters and state, and runs its schedule's program with activations and
 // gradients passed to its neighbours by send/recv; every rank of a dp group
 // (same pp rank) calls step() with the same rows.
+//
+// How each instruction runs is exec/executor_instructions.hpp, and how the
+// checkpoint state is gathered and loaded exec/executor_state.hpp: this
+// header is what an executor holds and offers.
 #pragma once
 
 #include <algorithm>
@@ -233,35 +237,13 @@ public:
     // Pipelines: every stage fills in its units and a sum over the pp axis
     // (of values and zeros, so exact) completes the arrays everywhere. Tensor
     // parallelism: each tp rank's cut arrays are put back together whole.
-    void gather_state(std::span<float> values, std::span<float> m, std::span<float> v) {
-        if (tp_ == nullptr) {
-            gather_local_state(values, m, v);
-            return;
-        }
-        const auto n = static_cast<std::size_t>(shards_.local_size());
-        std::vector<float> lv(n), lm(n), lvv(n);
-        gather_local_state(lv, lm, lvv);
-        shards_.to_whole(*tp_, lv, values, device_);
-        shards_.to_whole(*tp_, lm, m, device_);
-        shards_.to_whole(*tp_, lvv, v, device_);
-    }
+    void gather_state(std::span<float> values, std::span<float> m, std::span<float> v);
 
     // Sets parameters and moments from the dense arrays every rank holds (a
     // checkpoint), keeping what this rank owns; the next step continues the
     // one after `optimizer_steps`.
     void load_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
-                    std::int64_t optimizer_steps) {
-        if (tp_ != nullptr) {
-            const auto n = static_cast<std::size_t>(shards_.local_size());
-            std::vector<float> lv(n), lm(n), lvv(n);
-            shards_.to_local(values, lv);
-            shards_.to_local(m, lm);
-            shards_.to_local(v, lvv);
-            load_local_state(lv, lm, lvv, optimizer_steps);
-            return;
-        }
-        load_local_state(values, m, v, optimizer_steps);
-    }
+                    std::int64_t optimizer_steps);
 
     // GradCompress's per-rank state (error feedback, warm starts): what a
     // checkpoint must keep for an exact resume. Empty without a dp compressor.
@@ -281,22 +263,10 @@ public:
 private:
     // This rank's (tp-cut) state in its local dense order, on every rank of
     // its tp position: collective over dp and pp.
-    void gather_local_state(std::span<float> values, std::span<float> m, std::span<float> v) {
-        if (pipelined_)
-            for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);
-        gather_held_state(values, m, v);
-        if (pipelined_ && pp_ != nullptr)
-            for (auto dense : {values, m, v})
-                comm::staged_all_reduce(*pp_, Tensor::of(dense.data(), {static_cast<std::int64_t>(dense.size())}),
-                                        comm::ReduceOp::sum, device_);
-    }
+    void gather_local_state(std::span<float> values, std::span<float> m, std::span<float> v);
 
     void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
-                          std::int64_t optimizer_steps) {
-        LOOM_CHECK(optimizer_steps >= 0, "Executor::load_state: optimizer_steps = ", optimizer_steps, " is negative");
-        store_.load(rank_.layout, comm_->rank(), values, m, v);
-        optimizer_steps_ = optimizer_steps;
-    }
+                          std::int64_t optimizer_steps);
 
     // This rank's units' state into the dense arrays (collective over dp).
     void gather_held_state(std::span<float> values, std::span<float> m, std::span<float> v) {
@@ -434,192 +404,24 @@ private:
         return store_.slice(b, offset, n);
     }
 
-    // Runs f; with tracing on, records it under the name `name_of()` gives,
-    // which is only built then (no string work per instruction otherwise). On
-    // a device the clock waits for the device's work before and after f, so
-    // a span is f's time there, not its launch's (tracing costs that wait).
+    // Running the step program: defined in exec/executor_instructions.hpp.
+    //
+    // timed runs f; with tracing on, it records f under the name `name_of()`
+    // gives, which is only built then (no string work per instruction
+    // otherwise). On a device the clock waits for the device's work before
+    // and after f, so a span is f's time there, not its launch's (tracing
+    // costs that wait).
     template <class Name, class F>
-    void timed(Name&& name_of, const char* category, int mb, F&& f) {
-        if (!trace_.enabled()) {
-            f();
-            return;
-        }
-        synchronize_device(device_);
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        synchronize_device(device_);
-        trace_.add(name_of(), category, compute_lane, t0, std::chrono::steady_clock::now(), step_count_, mb);
-    }
-
-    void issue(int index, comm::Request request) {
-        pending_[static_cast<std::size_t>(index)] = InFlight{std::move(request), {}, std::chrono::steady_clock::now(), true, false};
-    }
-
-    [[nodiscard]] std::string describe_comm(const schedule::Instruction& in) const {
-        if (in.op == schedule::Op::send)
-            return loom::detail::concat("send ", name(in.payload), " c", in.chunk, " mb", in.micro_batch, " to rank ",
-                                        in.peer);
-        const auto& g = rank_.layout.group(in.group);
-        std::string what = in.op == schedule::Op::gather_params ? "all_gather"
-                           : in.reduction == schedule::Reduction::all_reduce ? "all_reduce"
-                                                                              : "reduce_scatter";
-        return what + " g" + std::to_string(in.group) + " (" + readable_bytes(g.padded * 4) + ")";
-    }
-
-    void execute(int index, const schedule::Instruction& in) {
-        using schedule::Op;
-        const int r = comm_->rank();
-        switch (in.op) {
-            case Op::zero_grads:
-                timed([] { return std::string("zero gradients"); }, "zero_grads", -1, [&] {
-                    const DeviceBuffer& g = stage_ < 2 ? store_.grads : store_.grad_shard;
-                    fill_zero_bytes(g.raw(), device_, g.nbytes());
-                });
-                reduced_.assign(rank_.layout.groups().size(), false);
-                return;
-            case Op::forward: {
-                auto& unit = units_[static_cast<std::size_t>(in.unit)];
-                const int v = chunk_of(in), mb = in.micro_batch;
-                timed([&] { return "forward " + unit.name; }, "forward", mb, [&] {
-                    if (in.unit == rank_.stages.first(v)) {
-                        nn::Context& ctx = pool_.open(v, mb);
-                        // The host's batch goes to the context's device (a copy there, none on the host).
-                        ctx.set_targets(ctx.on_device(rows_of(targets_, mb)));
-                        activation_ = v == 0 ? ctx.on_device(rows_of(inputs_, mb))
-                                             : pool_.inbox(schedule::Payload::activation, v, mb);
-                    }
-                    nn::Context& ctx = pool_.context(v, mb);
-                    activation_ = unit.forward(ctx, activation_);
-                    if (in.unit + 1 == static_cast<int>(units_.size())) loss_sum_ += ctx.loss();
-                    if (in.unit + 1 == rank_.stages.end(v) && v + 1 < rank_.stages.stages()) hand_on(schedule::Payload::activation, v, v + 1, mb, activation_);
-                });
-                return;
-            }
-            case Op::backward:
-            case Op::backward_input:
-            case Op::backward_weight: {
-                auto& unit = units_[static_cast<std::size_t>(in.unit)];
-                const int v = chunk_of(in), mb = in.micro_batch;
-                const char* category = in.op == Op::backward ? "backward"
-                                       : in.op == Op::backward_input ? "backward_input" : "backward_weight";
-                timed([&] { return std::string(category) + " " + unit.name; }, category, mb, [&] {
-                    nn::Context& ctx = pool_.context(v, mb);
-                    if (in.op != Op::backward_weight) {
-                        if (in.unit + 1 == static_cast<int>(units_.size())) {
-                            // Each micro-batch's mean loss counts 1/M of the step's.
-                            seed_ = 1.0f / static_cast<float>(micro_batches_);
-                            activation_ = Tensor::of(&seed_, {1});
-                        } else if (in.unit + 1 == rank_.stages.end(v)) {
-                            activation_ = pool_.inbox(schedule::Payload::gradient, v, mb);
-                        }
-                        activation_ = unit.backward_input(ctx, activation_);
-                        if (in.unit == rank_.stages.first(v) && v > 0) hand_on(schedule::Payload::gradient, v, v - 1, mb, activation_);
-                    }
-                    if (in.op != Op::backward_input) unit.backward_weight(ctx);
-                    // The chunk's last use of this micro-batch: its memory goes back to the pool.
-                    if (in.unit == rank_.stages.first(v) && in.op != Op::backward_input) pool_.close(v, mb);
-                });
-                return;
-            }
-            case Op::gather_params: {
-                const auto& g = rank_.layout.group(in.group);
-                if (in.slot >= 0) {
-                    DeviceBuffer& slot = store_.param_slots[static_cast<std::size_t>(in.slot)];
-                    issue(index, comm_->all_gather_async(slice(store_.value_shard, g.shard_offset, g.block),
-                                                         slice(slot, 0, g.padded)));
-                    bind(in.group, slot.data<float>(), nullptr, true, false);
-                } else {
-                    issue(index, comm_->all_gather_async(slice(store_.values, rank_.layout.block_offset(in.group, r), g.block),
-                                                         slice(store_.values, g.offset, g.padded)));
-                }
-                return;
-            }
-            case Op::release_params:
-                bind(in.group, nullptr, nullptr, true, false);
-                return;
-            case Op::bind_grads: {
-                DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
-                // The group's padded elements: all it writes and reduces (the slot fits the largest group).
-                const auto bytes = static_cast<std::size_t>(rank_.layout.group(in.group).padded) * sizeof(float);
-                timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
-                      [&] { fill_zero_bytes(slot.raw(), device_, bytes); });
-                bind(in.group, nullptr, slot.data<float>(), false, true);
-                return;
-            }
-            case Op::reduce_grads: {
-                const auto& g = rank_.layout.group(in.group);
-                if (compressing()) {
-                    reduce_compressed(index, in);
-                } else if (in.reduction == schedule::Reduction::all_reduce) {
-                    const Tensor whole = slice(store_.grads, g.offset, g.padded);
-                    issue(index, comm_->all_reduce_async(whole, whole, comm::ReduceOp::avg));
-                } else if (in.slot < 0) {
-                    issue(index, comm_->reduce_scatter_async(slice(store_.grads, g.offset, g.padded),
-                                                             slice(store_.grads, rank_.layout.block_offset(in.group, r), g.block),
-                                                             comm::ReduceOp::avg));
-                } else {
-                    // The group's first reduction of the step writes the
-                    // shard; later ones reduce in place and are added when
-                    // waited for.
-                    const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
-                    const bool first = !reduced_[static_cast<std::size_t>(in.group)];
-                    reduced_[static_cast<std::size_t>(in.group)] = true;
-                    const Tensor out = first ? slice(store_.grad_shard, g.shard_offset, g.block)
-                                             : slice(slot, r * g.block, g.block);
-                    issue(index, comm_->reduce_scatter_async(slice(slot, 0, g.padded), out, comm::ReduceOp::avg));
-                    pending_[static_cast<std::size_t>(index)].accumulate = !first;
-                }
-                return;
-            }
-            case Op::wait: {
-                finish(in.target);
-                return;
-            }
-            case Op::optimizer_step:
-                timed([] { return std::string("optimizer step"); }, "optimizer", -1, [&] { optimizer_step(); });
-                return;
-            case Op::send: send(index, in); return;
-            case Op::recv: recv(in); return;
-            case Op::reduce_loss: {
-                // Only the rank holding the loss unit has a loss; the pp sum
-                // (of it and zeros) gives it to every stage.
-                float loss = loss_sum_ / static_cast<float>(micro_batches_);
-                if (device_.kind != DeviceKind::host) {
-                    // A device communicator sums and averages device memory.
-                    if (loss_buffer_.raw() == nullptr) loss_buffer_ = store_.floats(1);
-                    const Tensor t = loss_buffer_.tensor();
-                    write_scalar(t, loss);
-                    if (pipelined_ && pp_ != nullptr) pp_->all_reduce(t, t, comm::ReduceOp::sum);
-                    comm_->all_reduce(t, t, comm::ReduceOp::avg);
-                    loss_ = read_scalar<float>(loss_buffer_.tensor());
-                    return;
-                }
-                const Tensor t = Tensor::of(&loss, {1});
-                if (pipelined_ && pp_ != nullptr) pp_->all_reduce(t, t, comm::ReduceOp::sum);
-                comm_->all_reduce(t, t, comm::ReduceOp::avg);
-                loss_ = loss;
-                return;
-            }
-        }
-    }
+    void timed(Name&& name_of, const char* category, int mb, F&& f);
+    void issue(int index, comm::Request request);  // instruction `index`'s request, now in flight
+    [[nodiscard]] std::string describe_comm(const schedule::Instruction& in) const;  // its name in the trace
+    void execute(int index, const schedule::Instruction& in);
 
     // Passes what chunk `from` produced for micro-batch mb on to chunk `to`:
     // into its inbox when it is here (a gradient is copied, since chunk
     // `from`'s context may close before `to` runs), else to the outbox the
     // next send reads.
-    void hand_on(schedule::Payload payload, int from, int to, int mb, const Tensor& t) {
-        if (chunk_held(to)) {
-            if (payload == schedule::Payload::activation) {
-                pool_.put_inbox(payload, to, mb, t);
-            } else {
-                const Tensor copy = pool_.inbox_parcel(payload, to, mb, t.dtype(), t.shape());
-                copy_tensor(copy, t);
-                pool_.put_inbox(payload, to, mb, copy);
-            }
-        } else {
-            pool_.put_outbox(payload, from, mb, t);
-        }
-    }
+    void hand_on(schedule::Payload payload, int from, int to, int mb, const Tensor& t);
     [[nodiscard]] bool chunk_held(int v) const {
         return !pipelined_ || rank_.pipe.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
     }
@@ -629,46 +431,11 @@ private:
         return c.kind == CompressorKind::bf16 ? kernels::host::Cast::bf16 : kernels::host::Cast::f16;
     }
 
-    void send(int index, const schedule::Instruction& in) {
-        auto [header, body] = send_stage_tensor(*pp_, pool_, in, pp_cast_);
-        pending_[static_cast<std::size_t>(index)] =
-            InFlight{std::move(header), std::move(body), std::chrono::steady_clock::now(), true, false};
-    }
-
-    void recv(const schedule::Instruction& in) {
-        timed([&] { return describe_recv(in); }, "recv", in.micro_batch, [&] { recv_stage_tensor(*pp_, pool_, in); });
-    }
-
-    void finish(int target) {
-        LOOM_CHECK(target >= 0 && target < static_cast<int>(pending_.size()) &&
-                       pending_[static_cast<std::size_t>(target)].in_flight,
-                   "Executor: wait for #", target, ", which is not in flight");
-        InFlight& flight = pending_[static_cast<std::size_t>(target)];
-        const auto& in = rank_.program.code[static_cast<std::size_t>(target)];
-        const auto t0 = std::chrono::steady_clock::now();
-        flight.request.wait();
-        flight.second.wait();
-        const auto t1 = std::chrono::steady_clock::now();
-        if (trace_.enabled()) {
-            const std::string what = describe_comm(in);
-            const auto& timing = flight.request.timing();
-            // A send is its header, then its body: it ends when the body arrived.
-            const auto& last = flight.second.timing().known ? flight.second.timing() : timing;
-            const auto start = timing.known ? timing.started : flight.issued;
-            const auto end = last.known ? last.finished : t1;
-            trace_.add(what, what.substr(0, what.find(' ')).c_str(), communication_lane, start, end, step_count_,
-                       in.micro_batch);
-            if (t1 - t0 >= std::chrono::microseconds(5))
-                trace_.add("wait for " + what, "wait", compute_lane, t0, t1, step_count_, in.micro_batch);
-        }
-        if (flight.accumulate) {
-            const auto& g = rank_.layout.group(in.group);
-            const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
-            kernels::accumulate(slice(store_.grad_shard, g.shard_offset, g.block), slice(slot, comm_->rank() * g.block, g.block),
-                                g.block);
-        }
-        flight.in_flight = false;
-    }
+    void send(int index, const schedule::Instruction& in);
+    void recv(const schedule::Instruction& in);
+    // Waits for instruction `target`'s communication, traces it, and adds a
+    // slot reduction's block into the shard.
+    void finish(int target);
 
     void optimizer_step() {
         const std::int64_t step = ++optimizer_steps_;
@@ -718,6 +485,10 @@ private:
 };
 
 }  // namespace loom::exec
+
+// The out-of-class members: running the step program, and the checkpoint state.
+#include "loom/exec/executor_instructions.hpp"  // IWYU pragma: keep
+#include "loom/exec/executor_state.hpp"         // IWYU pragma: keep
 
 namespace loom {
 
