@@ -141,17 +141,26 @@ struct Flags {
     std::int64_t sample = 0;
 };
 
+// Every flag: what --help prints, and what a bad flag's line ends with.
+constexpr const char* flag_list =
+    "--data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X --until N --seed N "
+    "--threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --sp N "
+    "--sp-mode ring|ulysses|hybrid --ulysses 2|4 --sp-layout zigzag|contiguous --schedule gpipe|1f1b|interleaved|zb|zbv "
+    "--chunks 2..4 --partition N,N,... --trace FILE --metrics FILE --save FILE --resume FILE --sample N "
+    "--compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit --compress-warmup N --compress-pp none|bf16|fp16 "
+    "--compress-tp none|bf16|fp16 --freeze-variance N --optex N --optex-history N --optex-length-scale X "
+    "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N "
+    "--device host|cuda|cuda:N --matmul f32|bf16";
+
 [[noreturn]] void usage_error(const std::string& what) {
-    throw loom::Error("train_gpt: " + what +
-                      " (flags: --data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X "
-                      "--until N --seed N --threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --sp N --sp-mode ring|ulysses|hybrid --ulysses 2|4 --sp-layout "
-                      "zigzag|contiguous --schedule "
-                      "gpipe|1f1b|interleaved|zb|zbv --chunks 2..4 --partition N,N,... --trace FILE --metrics FILE "
-                      "--save FILE --resume FILE --sample N --compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit "
-                      "--compress-warmup N --compress-pp none|bf16|fp16 --compress-tp none|bf16|fp16 "
-                      "--freeze-variance N --optex N --optex-history N --optex-length-scale X "
-                      "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N "
-                      "--device host|cuda|cuda:N --matmul f32|bf16)");
+    throw loom::Error("train_gpt: " + what + " (flags: " + flag_list + ")");
+}
+
+// --help or -h anywhere: the flags, and where they are described.
+bool help_asked(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i)
+        if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") return true;
+    return false;
 }
 
 // Says so when the run's matrix products are not plain f32.
@@ -921,6 +930,12 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (help_asked(argc, argv)) {
+        std::printf("usage: train_gpt [flags]; every flag takes a value, and all have defaults\n  %s\n"
+                    "each flag is described in docs/train_gpt.md\n",
+                    flag_list);
+        return 0;
+    }
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {
