@@ -150,15 +150,15 @@ constexpr const char* flag_list =
     "--compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit --compress-warmup N --compress-pp none|bf16|fp16 "
     "--compress-tp none|bf16|fp16 --freeze-variance N --optex N --optex-history N --optex-length-scale X "
     "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N "
-    "--device host|cuda|cuda:N --matmul f32|bf16";
+    "--device host|cuda|cuda:N --matmul f32|bf16 --cluster FILE";
 
 [[noreturn]] void usage_error(const std::string& what) {
     throw loom::Error("train_gpt: " + what + " (flags: " + flag_list + ")");
 }
 
-// --help or -h anywhere: the flags, and where they are described.
+// --help or -h in a flag's place (not a value: `--data -h` reads a file named -h).
 bool help_asked(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i)
+    for (int i = 1; i < argc; i += 2)
         if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") return true;
     return false;
 }

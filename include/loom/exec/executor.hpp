@@ -262,7 +262,8 @@ public:
 
 private:
     // This rank's (tp-cut) state in its local dense order, on every rank of
-    // its tp position: collective over dp and pp.
+    // its tp position: collective over dp and pp. gather_state, load_state and
+    // these two are defined in exec/executor_state.hpp.
     void gather_local_state(std::span<float> values, std::span<float> m, std::span<float> v);
 
     void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
@@ -431,6 +432,7 @@ private:
         return c.kind == CompressorKind::bf16 ? kernels::host::Cast::bf16 : kernels::host::Cast::f16;
     }
 
+    // Defined in exec/executor_instructions.hpp, as hand_on and finish are.
     void send(int index, const schedule::Instruction& in);
     void recv(const schedule::Instruction& in);
     // Waits for instruction `target`'s communication, traces it, and adds a

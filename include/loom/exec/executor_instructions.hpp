@@ -2,11 +2,13 @@
 // (schedule/instruction.hpp): the layers' forward and backward passes, ZeRO's
 // parameter gathers and gradient reductions, the pipeline's sends, receives
 // and hand-overs between chunks on one rank, the waits on communication in
-// flight, the optimizer step and the loss, each timed into the trace when
-// tracing is on. These are exec::Executor's out-of-class members, apart from
-// the class so that exec/executor.hpp reads as what an executor holds and
-// offers: that header includes this one at its end, and this one includes it
-// first, so either can be included alone.
+// flight, the optimizer step and the loss; computation and waits are timed
+// into the trace when tracing is on (the compressed reductions and the
+// optimizer step's own work stay in exec/executor.hpp, beside the state they
+// touch). These are exec::Executor's out-of-class members, apart from the
+// class so that exec/executor.hpp reads as what an executor holds and offers:
+// that header includes this one after the class, and this one includes it
+// before its own definitions, so either can be included alone.
 #pragma once
 
 #include <chrono>

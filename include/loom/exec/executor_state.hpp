@@ -3,8 +3,9 @@
 // order every rank holds, whatever the strategy cut and placed: tp's cuts put
 // back together or cut again, a pipeline's stages summed over the pp axis,
 // ZeRO's shards gathered over dp. exec::Executor's out-of-class members, apart
-// from the class for the reason exec/executor_instructions.hpp gives; the two
-// headers include each other, so either can be included alone.
+// from the class for the reason exec/executor_instructions.hpp gives. This
+// header and exec/executor.hpp include each other, so either can be included
+// alone.
 #pragma once
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // generated before the step runs, verified, then interpreted by the executor
 // every step; the tracer draws what it did. Schedules are generators of these
 // lists (schedule/data_parallel.hpp here; pipelines add their own), and the
-// one interpreter is exec/executor.hpp.
+// one interpreter is exec/executor_instructions.hpp.
 //
 // Units are the model's units (exec/units.hpp); groups are shard groups
 // (exec/shard_layout.hpp); slots are the executor's working buffers for a
