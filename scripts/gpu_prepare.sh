@@ -8,6 +8,9 @@
 #             has neither Open MPI nor Debian's libraries)
 #   .gpu/lib: the shared libraries they need that a CUDA image lacks (OpenBLAS
 #             and its Fortran runtime); cuBLAS comes from the image.
+#   .gpu/ref: the host halves of gpu_run.sh's train_gpt comparisons and the host
+#             checkpoint the GPU resumes from, run here on the CPU so that they
+#             cost no device time (LOOM_GPU_REFS=0 leaves them to the device).
 # Then, in the device call: bash scripts/gpu_run.sh (it writes to $OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +27,11 @@ ldd .gpu/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
     libopenblas*|libblas*|liblapack*|libgfortran*|libquadmath*) cp -L "$lib" .gpu/lib/ ;;
   esac
 done
-du -sh .gpu/bin .gpu/lib
+if [ "${LOOM_GPU_REFS:-1}" != 0 ]; then
+  echo "gpu_prepare: the host halves of the train_gpt comparisons (a few minutes on 2 cores)"
+  OPENBLAS_NUM_THREADS=1 LOOM_GPU_PARTS=hostrefs bash scripts/gpu_run.sh
+fi
+du -sh .gpu/*
 tar -cJf .gpu.tar.xz .gpu
 tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 pack_bytes=$(stat -c %s .gpu.tar.xz)

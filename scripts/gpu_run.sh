@@ -1,87 +1,145 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), from the repository root, with
-# .gpu.tar.xz carried from scripts/gpu_prepare.sh (unpacked here into .gpu/): the CUDA tests (a JUnit file with
-# every test case's result, and the console summary), train_gpt --device cuda
-# --dp 2 (and --dp 2 --pp 2 --tp 2 --zero 1, traced) against the same run on the host, and a
-# checkpoint saved on the host
-# resumed on the GPU, and the GPU benches
-# beside PyTorch on the same GPU, then the ratios (bench/gpu/compare.py).
-# Everything goes to $OUT (or /tmp/loom-gpu). Give the call timeout_s 540.
-# LOOM_GPU_PARTS picks parts: tests,train,bench (default: all three).
+# .gpu.tar.xz carried from scripts/gpu_prepare.sh (unpacked here into .gpu/).
+# The summaries go to $OUT (or /tmp/loom-gpu), the rest (metrics, the trace, the
+# test console) into $OUT/details.tar.gz: the device tool returns 8 files. Parts, in this order
+# (LOOM_GPU_PARTS picks some of tests,bench,train,profile; default all four):
+#   tests  every CUDA test case in a process of its own (scripts/gpu_tests.py):
+#          one line per case, and the output of each that did not pass
+#   bench  the GPU benches beside PyTorch on the same GPU, then the ratios
+#          (bench/gpu/compare.py)
+#   train  train_gpt --device cuda against the same flags on the host: dp 2
+#          (and resumed from a host checkpoint), dp 2 x pp 2 x tp 2 with ZeRO 1
+#          (traced), PowerSGD, Optimus 2D and bf16 matrix products. The host
+#          halves come from .gpu/ref/, made by gpu_prepare.sh on the CPU machine
+#          so that no device time goes to them; without .gpu/ref they run here.
+#   profile  the GPT-2 step with f32 matrix products, and one bf16 step under
+#          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py)
+# Device time is what a lease is short of, so the whole run keeps to
+# LOOM_GPU_BUDGET seconds (default 450): each step gets at most its own cap and
+# what is left, and a step with no time left is skipped, saying so. Give the
+# call timeout_s 60 more than the budget.
+#
+# LOOM_GPU_PARTS=hostrefs (on the CPU machine, from gpu_prepare.sh) writes the
+# host halves and the host checkpoint into .gpu/ref/ and nothing else.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d .gpu ] || tar -xJf .gpu.tar.xz || { echo "gpu_run: no .gpu/ and no .gpu.tar.xz: run scripts/gpu_prepare.sh here first"; exit 2; }
 out=${OUT:-/tmp/loom-gpu}
+parts=${LOOM_GPU_PARTS:-tests,bench,train,profile}
+budget=${LOOM_GPU_BUDGET:-450}
+started=$(date +%s)
+# cuBLAS and the CUDA runtime from the image: its toolkit, else PyTorch's wheels.
+cuda_libs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib \
+  2>/dev/null | tr '\n' ':')
+export LD_LIBRARY_PATH="$PWD/.gpu/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-4} PYTHONUNBUFFERED=1
+status=0
+
+# capped SECONDS COMMAND...: runs COMMAND under a timeout of SECONDS or of what
+# is left of the budget, whichever is less; skips it when under 5 s are left.
+capped() {
+  local cap=$1 left
+  shift
+  left=$((budget - ($(date +%s) - started)))
+  if ((left < 5)); then
+    echo "gpu_run: skipped, the ${budget} s budget is spent: $*"
+    return 124
+  fi
+  ((cap > left)) && cap=$left
+  timeout --kill-after=5 "$cap" "$@"
+}
+
+# The train_gpt runs: name and flags. The host half of each is the same flags without --device cuda.
+declare -A runs=(
+  [dp2]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 60 --lr 3e-3 --dp 2 --micro-batches 2"
+  [pp]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --pp 2 --tp 2 --zero 1 --micro-batches 2 --partition 2,2"
+  [psgd]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --compress powersgd:4"
+  [2d]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 20 --lr 3e-3 --tp 4 --tp-mode 2d --micro-batches 2"
+  [bf16]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --matmul bf16"
+)
+run_order="dp2 pp bf16 psgd 2d"
+
+if [[ $parts == hostrefs ]]; then
+  mkdir -p .gpu/ref
+  # A checkpoint saved on the host half way, for the GPU to resume from.
+  .gpu/bin/train_gpt ${runs[dp2]} --until 30 --save .gpu/ref/host.safetensors > .gpu/ref/host_half.txt 2>&1 || exit 1
+  for name in $run_order; do
+    echo "gpu_run: host reference $name"
+    .gpu/bin/train_gpt ${runs[$name]} --metrics .gpu/ref/host_$name.jsonl > .gpu/ref/host_$name.txt 2>&1 || exit 1
+  done
+  exit 0
+fi
+
+work=$(mktemp -d)
+trap 'tar -czf "$out/details.tar.gz" -C "$work" . 2>/dev/null' EXIT
 mkdir -p "$out"
-parts=${LOOM_GPU_PARTS:-tests,train,bench}
-export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export OPENBLAS_NUM_THREADS=4 PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 for binary in .gpu/bin/*; do
   if ldd "$binary" | grep -q "not found"; then echo "$binary is missing:"; ldd "$binary" | grep "not found"; fi
 done
-status=0
+
 if [[ $parts == *tests* ]]; then
-  echo "== CUDA tests"
-  timeout 240 .gpu/bin/loom_cuda_tests -r junit -o "$out/cuda_tests.xml"; rc=$?
-  echo "loom_cuda_tests exit $rc"; [ $rc -eq 0 ] || status=1
-  # One line per test case, from the JUnit file.
-  python3 - "$out/cuda_tests.xml" <<'PY' | tee "$out/cuda_tests.txt"
-import os, sys, xml.etree.ElementTree as ET
-if not os.path.exists(sys.argv[1]):
-    sys.exit("no JUnit file: the CUDA tests did not run (see their exit code above)")
-cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
-failed = 0
-for c in cases:
-    bad = c.find("failure") is not None or c.find("error") is not None
-    failed += bad
-    print(("FAIL " if bad else "pass ") + c.get("name", "?"))
-print(f"{len(cases) - failed} passed, {failed} failed")
-PY
+  echo "== CUDA tests (one process each)"
+  capped 200 python3 scripts/gpu_tests.py .gpu/bin/loom_cuda_tests "$out" --jobs 4 --timeout 90 \
+    --budget $((budget * 2 / 5 < 150 ? budget * 2 / 5 : 150)) > "$work/cuda_tests_console.txt" 2>&1 || status=1
+  tail -n 1 "$out/cuda_tests.txt" 2>/dev/null || echo "gpu_run: the test runner wrote no summary"
+  grep -v '^pass' "$out/cuda_tests.txt" 2>/dev/null | head -n 40
 fi
-if [[ $parts == *train* ]]; then
-  echo "== train_gpt --device cuda"
-  flags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 60 --lr 3e-3 --dp 2 --micro-batches 2"
-  # A checkpoint saved on the host resumes on the GPU; the GPU run from the
-  # start is compared loss for loss with the host run of the same flags.
-  .gpu/bin/train_gpt $flags --until 30 --save "$out/host.safetensors" > "$out/train_host_half.txt" 2>&1 || status=1
-  .gpu/bin/train_gpt $flags --device cuda --resume "$out/host.safetensors" --sample 80 2>&1 | tee "$out/train_gpu_resumed.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  .gpu/bin/train_gpt $flags --device cuda --metrics "$out/gpu.jsonl" 2>&1 | tee "$out/train_gpu.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  .gpu/bin/train_gpt $flags --metrics "$out/host.jsonl" > "$out/train_host.txt" 2>&1 || status=1
-  python3 bench/gpu/compare.py --losses "$out/host.jsonl" "$out/gpu.jsonl" | tee "$out/losses.txt"
-  # ZeRO 1, a 1F1B pipeline and Megatron tp: dp 2 x pp 2 x tp 2 rank threads on the GPU against
-  # the same on the host (a given partition: profiling would differ).
-  zflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --pp 2 --tp 2 --zero 1 --micro-batches 2 --partition 2,2"
-  .gpu/bin/train_gpt $zflags --device cuda --metrics "$out/gpu_pp.jsonl" --trace "$out/trace_gpu_pp.json" 2>&1 | tee "$out/train_gpu_pp.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  .gpu/bin/train_gpt $zflags --metrics "$out/host_pp.jsonl" > "$out/train_host_pp.txt" 2>&1 || status=1
-  python3 bench/gpu/compare.py --losses "$out/host_pp.jsonl" "$out/gpu_pp.jsonl" | tee "$out/losses_pp.txt"
-  # The dp exchange compressed with PowerSGD (GEMMs, orthonormalisation and error feedback on the GPU).
-  cflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --compress powersgd:4"
-  .gpu/bin/train_gpt $cflags --device cuda --metrics "$out/gpu_psgd.jsonl" 2>&1 | tee "$out/train_gpu_psgd.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  .gpu/bin/train_gpt $cflags --metrics "$out/host_psgd.jsonl" > "$out/train_host_psgd.txt" 2>&1 || status=1
-  python3 bench/gpu/compare.py --losses "$out/host_psgd.jsonl" "$out/gpu_psgd.jsonl" | tee "$out/losses_psgd.txt"
-  # Optimus 2D on a 2 x 2 grid (SUMMA and the grid LayerNorm on the GPU).
-  oflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 20 --lr 3e-3 --tp 4 --tp-mode 2d --micro-batches 2"
-  .gpu/bin/train_gpt $oflags --device cuda --metrics "$out/gpu_2d.jsonl" 2>&1 | tee "$out/train_gpu_2d.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  .gpu/bin/train_gpt $oflags --metrics "$out/host_2d.jsonl" > "$out/train_host_2d.txt" 2>&1 || status=1
-  python3 bench/gpu/compare.py --losses "$out/host_2d.jsonl" "$out/gpu_2d.jsonl" | tee "$out/losses_2d.txt"
-  # bf16 matrix products (tensor cores) against the host's exact emulation of them.
-  bflags="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --matmul bf16"
-  .gpu/bin/train_gpt $bflags --device cuda --metrics "$out/gpu_bf16.jsonl" 2>&1 | tee "$out/train_gpu_bf16.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  .gpu/bin/train_gpt $bflags --metrics "$out/host_bf16.jsonl" > "$out/train_host_bf16.txt" 2>&1 || status=1
-  python3 bench/gpu/compare.py --losses "$out/host_bf16.jsonl" "$out/gpu_bf16.jsonl" | tee "$out/losses_bf16.txt"
-  rm -f "$out/host.safetensors"
-fi
+
 if [[ $parts == *bench* ]]; then
   echo "== benches"
-  { timeout 150 .gpu/bin/bench_gpu_kernels; timeout 150 python3 bench/gpu/torch_peer.py --kernels;
-    timeout 120 .gpu/bin/bench_gpu_train; timeout 120 .gpu/bin/bench_gpu_train --matmul f32; timeout 240 python3 bench/gpu/torch_peer.py --gpt --compile; } 2>&1 | tee "$out/bench.txt"
+  {
+    capped 60 .gpu/bin/bench_gpu_kernels
+    capped 60 python3 bench/gpu/torch_peer.py --kernels
+    capped 60 .gpu/bin/bench_gpu_train
+    capped 150 python3 bench/gpu/torch_peer.py --gpt --compile
+  } > "$out/bench.txt" 2>&1
+  grep -E '^(loom|torch|SKIPPED|device)|rror' "$out/bench.txt" | cut -c1-220
   python3 bench/gpu/compare.py "$out/bench.txt" | tee "$out/ratios.txt"
 fi
+
+if [[ $parts == *train* ]]; then
+  echo "== train_gpt --device cuda beside the host"
+  ref=.gpu/ref
+  if [ ! -f $ref/host_dp2.jsonl ]; then
+    ref=$work/ref
+    mkdir -p "$ref"
+    capped 60 .gpu/bin/train_gpt ${runs[dp2]} --until 30 --save "$ref/host.safetensors" > "$ref/host_half.txt" 2>&1 || status=1
+    for name in $run_order; do
+      capped 60 .gpu/bin/train_gpt ${runs[$name]} --metrics "$ref/host_$name.jsonl" > "$ref/host_$name.txt" 2>&1 || status=1
+    done
+  fi
+  {
+    # A checkpoint saved on the host continues on the GPU.
+    echo "-- dp2 resumed from the host's step-30 checkpoint"
+    capped 60 .gpu/bin/train_gpt ${runs[dp2]} --device cuda --resume "$ref/host.safetensors" --sample 80 \
+      --metrics "$work/gpu_resumed.jsonl" || status=1
+    python3 bench/gpu/compare.py --losses "$ref/host_dp2.jsonl" "$work/gpu_resumed.jsonl"
+    for name in $run_order; do
+      echo "-- $name: ${runs[$name]}"
+      extra=""
+      [ "$name" = pp ] && extra="--trace $work/trace_gpu_pp.json"
+      capped 60 .gpu/bin/train_gpt ${runs[$name]} --device cuda --metrics "$work/gpu_$name.jsonl" $extra || status=1
+      python3 bench/gpu/compare.py --losses "$ref/host_$name.jsonl" "$work/gpu_$name.jsonl"
+    done
+  } > "$out/train.txt" 2>&1
+  grep -E '^(--|[0-9]+ steps|no losses|gpu_run)|rror|refus' "$out/train.txt" | cut -c1-220
+fi
+if [[ $parts == *profile* ]]; then
+  echo "== where the GPT-2 step's time goes"
+  capped 45 .gpu/bin/bench_gpu_train --matmul f32 >> "$out/bench.txt" 2>&1
+  grep '^loom gpt.*matmul=f32' "$out/bench.txt"
+  # Nsight Compute runs each kernel alone: the sum is the step's kernel time
+  # without overlap, and the timed step minus it is launch gaps and host work.
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  if [ -n "$ncu" ]; then
+    capped 60 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+      .gpu/bin/bench_gpu_train --steps 1 --warmup 0 > "$work/profile_raw.csv" 2>&1
+    python3 scripts/gpu_profile.py "$work/profile_raw.csv" | tee "$out/profile.txt" | head -n 25
+  else
+    echo "gpu_run: no ncu here; no kernel profile"
+  fi
+fi
+echo "gpu_run: $(($(date +%s) - started)) s of the ${budget} s budget"
 exit $status
