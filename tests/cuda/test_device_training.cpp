@@ -111,10 +111,9 @@ namespace {
 // against the same strategy on the host: losses and parameters within
 // `tolerance` (1e-4; more for lossy gradient compressors, whose rounding,
 // sign and top-k choices can flip where the GPU's sums differ in the last bit).
-void check_strategy_on_gpu(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid, double tolerance = 1e-4,
-                           loom::kernels::MatmulPrecision matmul = loom::kernels::MatmulPrecision::f32) {
-    const auto host = loom_test::train_strategy(loom::host_device, config, plan, grid, batch, 4, 100, matmul);
-    const auto gpu = loom_test::train_strategy(loom::cuda_device(0), config, plan, grid, batch, 4, 100, matmul);
+void check_strategy_on_gpu(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid, double tolerance = 1e-4) {
+    const auto host = loom_test::train_strategy(loom::host_device, config, plan, grid, batch, 4, 100);
+    const auto gpu = loom_test::train_strategy(loom::cuda_device(0), config, plan, grid, batch, 4, 100);
     REQUIRE(gpu.losses.size() == host.losses.size());
     for (std::size_t i = 0; i < host.losses.size(); ++i) {
         CAPTURE(i);
@@ -172,31 +171,47 @@ TEST_CASE("the Executor's gradient compressors on one GPU follow the host's", "[
 }
 
 // bf16 matrix products: tensor-core GEMMs and attention against the host's
-// exact emulation (operands rounded alike, P shifted alike: only the order of
-// the f32 sums differs, but a sum that moved by an ulp can round an operand of
-// the next product the other way, so the bound is 1e-3, as for the lossy
-// casts).
-TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's emulation within 1e-3",
+// exact emulation (operands rounded alike, P shifted alike). Only the order of
+// the f32 sums differs, but every product's sums differ (cuBLAS's tiles are
+// not OpenBLAS's), and a sum that moved by an ulp rounds an operand of the next
+// product the other way: a step of 2^-8, not 2^-24. Measured on an H200: the
+// parameters 1.1e-3 to 1.3e-3 apart after 4 steps (the host's own strategies,
+// which reorder only a few sums, are 1.8e-4 to 8.4e-4 from the host's serial
+// bf16 run). So the losses must agree within 1e-3 and the parameters within
+// 2e-3; and, since bf16 is itself only 1.9e-3 from f32 here, the GPU's
+// parameters must also be nearer the host's bf16 run than the host's f32 run,
+// which a GPU that multiplied in f32 would fail.
+void check_bf16_strategy_on_gpu(const loom::exec::ExecutionPlan& plan, loom_test::RankGrid grid) {
+    using loom::kernels::MatmulPrecision;
+    const auto host = loom_test::train_strategy(loom::host_device, config, plan, grid, batch, 4, 100, MatmulPrecision::bf16);
+    const auto host_f32 = loom_test::train_strategy(loom::host_device, config, plan, grid, batch, 4, 100);
+    const auto gpu =
+        loom_test::train_strategy(loom::cuda_device(0), config, plan, grid, batch, 4, 100, MatmulPrecision::bf16);
+    REQUIRE(gpu.losses.size() == host.losses.size());
+    for (std::size_t i = 0; i < host.losses.size(); ++i) {
+        CAPTURE(i);
+        CHECK(std::abs(gpu.losses[i] - host.losses[i]) <= 1e-3 * std::abs(host.losses[i]));
+    }
+    const double to_bf16 = relative_difference(gpu.values, host.values);
+    const double to_f32 = relative_difference(gpu.values, host_f32.values);
+    CAPTURE(to_bf16, to_f32);
+    CHECK(to_bf16 < 2e-3);
+    CHECK(to_bf16 < to_f32);
+}
+
+TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's emulation within 2e-3",
           "[device][bf16]") {
     using loom::DataParallel, loom::TensorParallel, loom::ZeroShard;
-    using loom::kernels::MatmulPrecision;
-    SECTION("dp 2, ZeroShard<1>") {
-        check_strategy_on_gpu(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}, 1e-3, MatmulPrecision::bf16);
-    }
-    SECTION("tp 2") { check_strategy_on_gpu(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}, 1e-3, MatmulPrecision::bf16); }
-    SECTION("Optimus 2D, a 2 x 2 grid") {
-        check_strategy_on_gpu(plan_of<DataParallel<>, loom::Optimus2D>(), {.tp = 4}, 1e-3, MatmulPrecision::bf16);
-    }
+    SECTION("dp 2, ZeroShard<1>") { check_bf16_strategy_on_gpu(plan_of<DataParallel<>, ZeroShard<1>>(), {.dp = 2}); }
+    SECTION("tp 2") { check_bf16_strategy_on_gpu(plan_of<DataParallel<>, TensorParallel>(), {.tp = 2}); }
+    SECTION("Optimus 2D, a 2 x 2 grid") { check_bf16_strategy_on_gpu(plan_of<DataParallel<>, loom::Optimus2D>(), {.tp = 4}); }
     SECTION("sp 2, Ulysses") {
-        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.sp = 2}, 1e-3,
-                              MatmulPrecision::bf16);
+        check_bf16_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::Ulysses>>(), {.sp = 2});
     }
     SECTION("sp 2, ring attention") {
-        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<>>(), {.sp = 2}, 1e-3,
-                              MatmulPrecision::bf16);
+        check_bf16_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<>>(), {.sp = 2});
     }
     SECTION("sp 4, UlyssesRing<2>") {
-        check_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::UlyssesRing<2>>>(), {.sp = 4}, 1e-3,
-                              MatmulPrecision::bf16);
+        check_bf16_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::UlyssesRing<2>>>(), {.sp = 4});
     }
 }

@@ -172,12 +172,13 @@ std::string mismatch_text(std::int64_t row, std::int64_t col, float device_value
 }
 
 // Compares the device's C (all of its storage) with the host's. Live
-// elements: within tolerance * bound (+ one bf16 ulp for a bf16 C), NaN only
+// elements: within tolerance * bound (+ one bf16 ulp for a bf16 C, and half
+// an ulp of the bound more where beta reads C: see below), NaN only
 // against NaN; bound = nullptr asks for equal bits. Padding: the initial
 // bits, untouched.
 template <class Out>
 Mismatches compare_c(const std::vector<Out>& got, const std::vector<float>& expected, const Stored& c_before,
-                     const std::vector<float>* bound, float tolerance) {
+                     const std::vector<float>* bound, float tolerance, bool beta_reads_c = false) {
     Mismatches bad;
     for (std::int64_t r = 0; r < c_before.rows; ++r) {
         for (std::int64_t col = 0; col < c_before.ld; ++col) {
@@ -191,7 +192,15 @@ Mismatches compare_c(const std::vector<Out>& got, const std::vector<float>& expe
                 continue;
             }
             float allowed = tolerance * (*bound)[i];
-            if constexpr (std::is_same_v<Out, bf16>) allowed += bf16_ulp(std::fmax(std::fabs(d), std::fabs(h)));
+            if constexpr (std::is_same_v<Out, bf16>) {
+                allowed += bf16_ulp(std::fmax(std::fabs(d), std::fabs(h)));
+                // With beta != 0, cuBLASLt rounds alpha A B to bf16 before it
+                // adds beta C, it seems: on an H200, 0.4% to 4% of the
+                // elements of beta = 1 products were more than one bf16 ulp
+                // off (1.24 ulp, say), never with beta = 0. Half an ulp of
+                // |alpha A B| + |beta C| more covers that first rounding.
+                if (beta_reads_c) allowed += 0.5f * bf16_ulp((*bound)[i]);
+            }
             const bool agree =
                 std::isnan(d) || std::isnan(h) ? std::isnan(d) && std::isnan(h) : std::fabs(d - h) <= allowed;
             if (!agree) bad.add(mismatch_text(r, col, d, h, allowed));
@@ -234,7 +243,8 @@ void check_against_host(device::GemmContext& context, const Dims& dims, const Tr
     device::gemm(t.ta, t.tb, M, N, K, scenario.alpha, da.get(), a.ld, db.get(), b.ld, scenario.beta, dc.get(), c.ld,
                  context);
     LOOM_CUDA_CHECK(cudaStreamSynchronize(context.stream()));
-    CHECK_NO_MISMATCHES(scenario.name, compare_c(dc.to_host(), expected, c, &bound, tolerance));
+    CHECK_NO_MISMATCHES(scenario.name,
+                        compare_c(dc.to_host(), expected, c, &bound, tolerance, scenario.beta != 0.0f));
 }
 
 template <class In, class Out>
@@ -284,7 +294,8 @@ void check_bf16_inputs_against_host(device::GemmContext& context, device::Stream
     device::gemm_bf16_inputs(t.ta, t.tb, M, N, K, scenario.alpha, da.get(), a.ld, db.get(), b.ld, scenario.beta,
                              dc.get(), c.ld, context, scratch);
     LOOM_CUDA_CHECK(cudaStreamSynchronize(context.stream()));
-    CHECK_NO_MISMATCHES(scenario.name, compare_c(dc.to_host(), expected, c, &bound, bf16_input_tolerance));
+    CHECK_NO_MISMATCHES(scenario.name,
+                        compare_c(dc.to_host(), expected, c, &bound, bf16_input_tolerance, scenario.beta != 0.0f));
 }
 
 }  // namespace
@@ -320,7 +331,7 @@ TEST_CASE("cuda::gemm bf16 x bf16 -> f32 equals host::gemm on the rounded inputs
     check_all_shapes<bf16, float>(bf16_input_tolerance, 2000u);
 }
 
-TEST_CASE("cuda::gemm bf16 x bf16 -> bf16 is within 2e-5 of sum |a||b| plus one bf16 ulp of host::gemm",
+TEST_CASE("cuda::gemm bf16 x bf16 -> bf16 is within 2e-5 of sum |a||b| plus one bf16 ulp of host::gemm (1.5 with beta)",
           "[kernels][gemm]") {
     check_all_shapes<bf16, bf16>(bf16_input_tolerance, 3000u);
 }

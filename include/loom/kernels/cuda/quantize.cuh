@@ -206,6 +206,14 @@ __global__ void pack_sign_bits_kernel(const T* __restrict__ x, std::int64_t n, s
     }
 }
 
+// |x| by clearing the sign bit, as the host's std::fabs does, so a NaN keeps
+// its payload. PTX leaves abs.f32 of a NaN unspecified: with fabsf here, the
+// scales of NaN blocks came out as the canonical 0x7fffffff on an H200, where
+// the host's keep the payload (0x7fc00000, 0x7fc00001).
+__device__ inline float magnitude_keeping_payload(float x) {
+    return __uint_as_float(__float_as_uint(x) & 0x7fff'ffffu);
+}
+
 // Lanes = 16 threads per quantisation block (a half-warp; the loop is
 // uniform over it, and its shuffles name only its own threads). Thread l runs
 // the host's lane l; the tail and the combination are run by every thread of
@@ -227,14 +235,14 @@ __global__ void pack_sign_scales_kernel(const float* __restrict__ x, std::int64_
         double partial = 0.0;
         std::uint32_t partial_nan = 0;
         for (std::int64_t i = lo + lane; i < whole; i += L) {
-            const float a = fabsf(x[i]);
+            const float a = magnitude_keeping_payload(x[i]);
             if (partial_nan == 0 && isnan(a)) partial_nan = __float_as_uint(a);
             partial = __dadd_rn(partial, static_cast<double>(a));
         }
         double sum = 0.0;
         std::uint32_t sum_nan = 0;
         for (std::int64_t i = whole; i < hi; ++i) {
-            const float a = fabsf(x[i]);
+            const float a = magnitude_keeping_payload(x[i]);
             if (sum_nan == 0 && isnan(a)) sum_nan = __float_as_uint(a);
             sum = __dadd_rn(sum, static_cast<double>(a));
         }
