@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -173,21 +174,32 @@ TEST_CASE("cuda::repeat_rows equals the host's row copies bit for bit", "[kernel
     }
 }
 
-// bias_grad adds each column's rows in the host's order (r = 0, 1, ...) into
-// the existing dbias, so the sums are bit for bit the host's, however many
-// rows. dbias starts nonzero: the kernel accumulates.
+// bias_grad adds each column's rows in the host's order (column_sum_order.hpp:
+// chunks of rows, then the chunk sums in order) into the existing dbias, so the
+// sums are bit for bit the host's, however many rows: fewer rows than chunks,
+// rows that leave the last chunks short or empty, more columns than one tile,
+// and a GPT-2 bias (8192 rows of 768). dbias starts nonzero: the kernel
+// accumulates. A column of -0 keeps dbias = -0 (no empty chunk adds +0).
 TEST_CASE("cuda::bias_grad accumulates column sums in the host's order, bit for bit", "[kernels]") {
-    for (const auto [rows, n] : test_shapes) {
+    constexpr MatrixShape more_shapes[] = {{33, 5}, {100, 37}, {8192, 768}};
+    std::vector<MatrixShape> shapes(std::begin(test_shapes), std::end(test_shapes));
+    shapes.insert(shapes.end(), std::begin(more_shapes), std::end(more_shapes));
+    for (const auto [rows, n] : shapes) {
         CAPTURE(rows, n);
         std::vector<float> dy = uniform(static_cast<std::size_t>(rows * n), -2.0f, 2.0f, 41u + static_cast<std::uint32_t>(rows));
         std::vector<float> dbias = uniform(static_cast<std::size_t>(n), -1.0f, 1.0f, 42u + static_cast<std::uint32_t>(n));
         dy[static_cast<std::size_t>((rows / 2) * n + n / 2)] = std::numeric_limits<float>::quiet_NaN();
+        if (n > 1) {
+            for (std::int64_t r = 0; r < rows; ++r) dy[static_cast<std::size_t>(r * n + n - 1)] = -0.0f;
+            dbias[static_cast<std::size_t>(n - 1)] = -0.0f;
+        }
         DeviceArray<float> d_dy(dy), d_dbias(dbias);
         host::bias_grad(dy.data(), dbias.data(), rows, n);
         device::bias_grad(d_dy.get(), d_dbias.get(), rows, n);
         const std::vector<float> result = d_dbias.to_host();
         CHECK_NO_MISMATCHES("bias_grad", compare_bits(result, dbias));
         CHECK(std::isnan(result[static_cast<std::size_t>(n / 2)]));
+        if (n > 1) CHECK(std::signbit(result[static_cast<std::size_t>(n - 1)]));
     }
 }
 
@@ -228,6 +240,15 @@ constexpr std::int64_t gelu_cases[] = {-1, 1, 7, 1000, 4097, std::int64_t{1} << 
 // host's CPU dispatch, whose FMA clones contract the exponent and differ by
 // up to about |z| ulp (~130 near x = -9, where |gelu| < 1e-26). NaN stays
 // NaN, +-inf stay +-inf, as the host tests check.
+namespace {
+
+// The same bits, or NaN on both sides: for comparing two device paths.
+bool same_bits_or_both_nan_at(float a, float b, std::size_t) {
+    return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b) || (std::isnan(a) && std::isnan(b));
+}
+
+}  // namespace
+
 TEST_CASE("cuda::gelu_forward is within 2^-20 relative of host::gelu_forward, NaN and infinities included", "[kernels]") {
     Stream stream;
     for (const std::int64_t size : gelu_cases) {
@@ -238,9 +259,14 @@ TEST_CASE("cuda::gelu_forward is within 2^-20 relative of host::gelu_forward, Na
         host::gelu_forward(x.data(), expected.data(), n);
 
         DeviceArray<float> d_x(x), d_y(x.size()), in_place(x);
+        // One float into their allocations: not 16-byte aligned, so one element a thread.
+        DeviceArray<float> unaligned_x(x, 1), unaligned_y(x.size(), 1);
         device::gelu_forward(d_x.get(), d_y.get(), n, stream.get());
         device::gelu_forward(in_place.get(), in_place.get(), n, stream.get());
+        device::gelu_forward(unaligned_x.get(), unaligned_y.get(), n, stream.get());
         stream.synchronize();
+        CHECK_NO_MISMATCHES("gelu_forward, four elements a thread against one",
+                            compare(unaligned_y.to_host(), d_y.to_host(), same_bits_or_both_nan_at));
         const auto close = [](float d, float h, std::size_t) {
             return d == h || std::fabs(static_cast<double>(d) - static_cast<double>(h)) <=
                                  std::ldexp(std::fabs(static_cast<double>(h)), -20);
@@ -272,9 +298,13 @@ TEST_CASE("cuda::gelu_backward is within 2^-20 (|dx| + |dy|) of host::gelu_backw
         host::gelu_backward(x.data(), dy.data(), expected.data(), n);
 
         DeviceArray<float> d_x(x), d_dy(dy), d_dx(x.size()), in_place(dy);
+        DeviceArray<float> unaligned_dy(dy, 1), unaligned_dx(x.size(), 1);
         device::gelu_backward(d_x.get(), d_dy.get(), d_dx.get(), n, stream.get());
         device::gelu_backward(d_x.get(), in_place.get(), in_place.get(), n, stream.get());
+        device::gelu_backward(d_x.get(), unaligned_dy.get(), unaligned_dx.get(), n, stream.get());
         stream.synchronize();
+        CHECK_NO_MISMATCHES("gelu_backward, four elements a thread against one",
+                            compare(unaligned_dx.to_host(), d_dx.to_host(), same_bits_or_both_nan_at));
         const auto close = [&dy](float d, float h, std::size_t i) {
             const double scale = std::fabs(static_cast<double>(h)) + std::fabs(static_cast<double>(dy[i]));
             return d == h || std::fabs(static_cast<double>(d) - static_cast<double>(h)) <= std::ldexp(scale, -20);

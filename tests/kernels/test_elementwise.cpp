@@ -7,9 +7,11 @@
 #include <loom/kernels/host/elementwise.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -69,6 +71,37 @@ TEST_CASE("bias_grad accumulates column sums and matches finite differences of a
         b[j] = saved;
         const double numeric = (up - down) / (2 * h);
         CHECK(dbias[j] - dbias_before[j] == Approx(numeric).epsilon(1e-5).margin(1e-5));
+    }
+}
+
+// The order is part of the contract (column_sum_order.hpp): the CUDA kernel
+// follows it bit for bit, so the host must keep it. The reference here spells
+// it out one column at a time: chunks of ceil(rows / 32) rows, each summed
+// from its first row, then added to dbias in chunk order. Shapes: fewer rows
+// than chunks, short and empty last chunks, columns past one 256-wide tile.
+TEST_CASE("bias_grad adds each column in column_sum_order's chunks, bit for bit", "[kernels][elementwise]") {
+    for (const auto& [rows, n] : {std::pair<std::int64_t, std::int64_t>{1, 3}, {5, 300}, {32, 7}, {33, 5},
+                                  {100, 37}, {1000, 513}}) {
+        CAPTURE(rows, n);
+        const auto dy = normal_values(static_cast<std::size_t>(rows * n), 9, 1e3f);
+        auto dbias = normal_values(static_cast<std::size_t>(n), 10);
+        std::vector<float> expected = dbias;
+        const std::int64_t chunk_rows = (rows + 31) / 32;
+        REQUIRE(chunk_rows == loom::kernels::column_sum_chunk_rows(rows));
+        for (std::int64_t j = 0; j < n; ++j) {
+            for (std::int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+                float chunk = dy[static_cast<std::size_t>(r0 * n + j)];
+                for (std::int64_t r = r0 + 1; r < std::min(rows, r0 + chunk_rows); ++r)
+                    chunk += dy[static_cast<std::size_t>(r * n + j)];
+                expected[static_cast<std::size_t>(j)] += chunk;
+            }
+        }
+        host::bias_grad(dy.data(), dbias.data(), rows, n);
+        for (std::int64_t j = 0; j < n; ++j) {
+            CAPTURE(j);
+            CHECK(std::bit_cast<std::uint32_t>(dbias[static_cast<std::size_t>(j)]) ==
+                  std::bit_cast<std::uint32_t>(expected[static_cast<std::size_t>(j)]));
+        }
     }
 }
 

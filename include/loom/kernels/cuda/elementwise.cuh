@@ -5,7 +5,7 @@
 // stream).
 // Each result is bit for bit the host kernel's: add, accumulate and add_bias
 // are one rounding per element, and bias_grad adds the rows of each column in
-// the host's order (one thread per column), so no reassociation can creep in;
+// the host's order (kernels/column_sum_order.hpp), so no reassociation can creep in;
 // the momentum mixes spell out their roundings (__fmul_rn, __fadd_rn), so no
 // FMA contraction can creep in either.
 // The host's reduction helpers (sum_over, max_over, fast_exp) have no mirror
@@ -14,8 +14,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/cuda/launch.cuh"
 
 namespace loom::kernels::cuda {
@@ -45,20 +47,38 @@ __global__ void add_bias_kernel(T* __restrict__ y, const T* __restrict__ bias, s
     for (std::int64_t i = grid_index(); i < count; i += grid_stride()) y[i] += bias[i % n];
 }
 
-// One thread per column, adding the rows in order r = 0, 1, ... into a
-// register that starts at dbias[j]: the host's additions exactly, so the sum
-// is deterministic and equals the host's bits. Neighbouring threads read
-// neighbouring columns of one row, so the loads coalesce. The price is
-// parallelism: only n threads work, each over all the rows. A split-rows
-// reduction would be faster for narrow matrices, but it adds in another order
-// and would no longer match the host (or be independent of the grid size).
+// The host's order (kernels/column_sum_order.hpp): a block of 32 columns x
+// 32 chunks. Warp c adds the rows of chunk c in order, its 32 lanes on 32
+// neighbouring columns of a row, so the loads coalesce; then the chunk sums
+// meet in shared memory and lane j of warp 0 adds them to dbias[j] in chunk
+// order. An empty chunk adds nothing (adding 0 would turn -0 into +0).
 template <class T>
-__global__ void bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dbias, std::int64_t rows,
-                                 std::int64_t n) {
-    for (std::int64_t j = grid_index(); j < n; j += grid_stride()) {
-        T sum = dbias[j];
-        for (std::int64_t r = 0; r < rows; ++r) sum += dy[r * n + j];
-        dbias[j] = sum;
+__global__ void __launch_bounds__(32 * column_sum_chunks)
+    bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ dbias, std::int64_t rows, std::int64_t n,
+                     std::int64_t chunk_rows) {
+    static_assert(column_sum_chunks == 32, "one warp per chunk, one lane per column");
+    __shared__ T chunk_sums[column_sum_chunks][33];  // 33: the column reads of warp 0 hit distinct banks
+    const int column = static_cast<int>(threadIdx.x) % 32;
+    const int chunk = static_cast<int>(threadIdx.x) / 32;
+    const std::int64_t r0 = chunk * chunk_rows;
+    const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+    // Uniform over the block: every thread reaches every barrier.
+    for (std::int64_t tile = blockIdx.x; tile * 32 < n; tile += gridDim.x) {
+        const std::int64_t j = tile * 32 + column;
+        T sum = 0;
+        if (j < n && r0 < r1) {
+            sum = dy[r0 * n + j];
+#pragma unroll 8
+            for (std::int64_t r = r0 + 1; r < r1; ++r) sum += dy[r * n + j];
+        }
+        __syncthreads();  // the previous tile's readers are done
+        chunk_sums[chunk][column] = sum;
+        __syncthreads();
+        if (chunk == 0 && j < n) {
+            T total = dbias[j];
+            for (int c = 0; c < column_sum_chunks && c * chunk_rows < rows; ++c) total += chunk_sums[c][column];
+            dbias[j] = total;
+        }
     }
 }
 
@@ -117,12 +137,14 @@ inline void add_bias(float* y, const float* bias, std::int64_t rows, std::int64_
     LOOM_CUDA_CHECK_LAUNCH();
 }
 
-// dbias[j] += sum over r of dy[r, j] (accumulated, as on the host), adding
-// the rows in order; dy and dbias do not overlap.
+// dbias[j] += sum over r of dy[r, j] (accumulated, as on the host), in the
+// host's order (kernels/column_sum_order.hpp); dy and dbias do not overlap.
 inline void bias_grad(const float* dy, float* dbias, std::int64_t rows, std::int64_t n,
                       cudaStream_t stream = nullptr) {
     if (rows <= 0 || n <= 0) return;
-    detail::bias_grad_kernel<float><<<blocks_for(n), threads_per_block, 0, stream>>>(dy, dbias, rows, n);
+    const auto tiles = static_cast<unsigned int>(std::min<std::int64_t>((n + 31) / 32, 4096));
+    detail::bias_grad_kernel<float><<<tiles, 32 * column_sum_chunks, 0, stream>>>(dy, dbias, rows, n,
+                                                                                  column_sum_chunk_rows(rows));
     LOOM_CUDA_CHECK_LAUNCH();
 }
 

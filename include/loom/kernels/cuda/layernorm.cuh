@@ -26,6 +26,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "loom/core/error.hpp"
@@ -102,15 +103,22 @@ __global__ void layernorm_backward_input_kernel(const float* __restrict__ dy, co
     }
 }
 
+// 32 columns, so that a warp reads 128 contiguous bytes of a row, x 32 row
+// lanes. (8 columns x 32 lanes of 256 threads read 32-byte pieces and ran at
+// 0.44 TB/s on an H200: 113 us for a GPT-2 LayerNorm over 8192 rows.)
+inline constexpr int layernorm_weight_tile_columns = 32;
+inline constexpr int layernorm_weight_threads = 1024;
+
 // A block owns TileColumns adjacent columns; its threads are TileColumns
-// columns x (threads_per_block / TileColumns) row lanes.
+// columns x (layernorm_weight_threads / TileColumns) row lanes.
 template <int TileColumns>
-__global__ void layernorm_backward_weight_kernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                                 const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                 float* __restrict__ dgain, float* __restrict__ dshift,
-                                                 std::int64_t rows, std::int64_t C) {
-    constexpr int row_lanes = threads_per_block / TileColumns;
-    static_assert(row_lanes * TileColumns == threads_per_block && (row_lanes & (row_lanes - 1)) == 0,
+__global__ void __launch_bounds__(layernorm_weight_threads)
+    layernorm_backward_weight_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                     const float* __restrict__ mean, const float* __restrict__ rstd,
+                                     float* __restrict__ dgain, float* __restrict__ dshift, std::int64_t rows,
+                                     std::int64_t C) {
+    constexpr int row_lanes = layernorm_weight_threads / TileColumns;
+    static_assert(row_lanes * TileColumns == layernorm_weight_threads && (row_lanes & (row_lanes - 1)) == 0,
                   "the row lanes must be a power of two for the tree");
     __shared__ float gain_part[row_lanes][TileColumns];
     __shared__ float shift_part[row_lanes][TileColumns];
@@ -145,7 +153,6 @@ __global__ void layernorm_backward_weight_kernel(const float* __restrict__ dy, c
     }
 }
 
-inline constexpr int layernorm_weight_tile_columns = 8;
 
 }  // namespace detail
 
@@ -191,12 +198,11 @@ inline void layernorm_backward_weight(const float* dy, const float* x, const flo
     detail::check_layernorm_sizes(rows, C);
     if (rows == 0) return;
     constexpr int tile = detail::layernorm_weight_tile_columns;
-    // One block per tile of columns, each covering its tile's threads_per_block
-    // lanes: blocks_for(tiles * threads_per_block) is the tile count, capped.
+    // One block per tile of columns, capped: the kernel's tile loop does the rest.
     const std::int64_t tiles = (C + tile - 1) / tile;
     detail::layernorm_backward_weight_kernel<tile>
-        <<<blocks_for(tiles * threads_per_block), threads_per_block, 0, stream>>>(dy, x, mean, rstd, dgain, dshift,
-                                                                                 rows, C);
+        <<<static_cast<unsigned int>(std::min<std::int64_t>(tiles, 4096)), detail::layernorm_weight_threads, 0,
+           stream>>>(dy, x, mean, rstd, dgain, dshift, rows, C);
     LOOM_CUDA_CHECK_LAUNCH();
 }
 
