@@ -24,7 +24,12 @@
 # host halves and the host checkpoint into .gpu/ref/ and nothing else.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ -d .gpu ] || tar -xJf .gpu.tar.xz || { echo "gpu_run: no .gpu/ and no .gpu.tar.xz: run scripts/gpu_prepare.sh here first"; exit 2; }
+# A carried .gpu.tar.xz always replaces .gpu/: a warm device machine keeps
+# ignored folders between calls, and its .gpu/ would hold the last call's binaries.
+if [ -f .gpu.tar.xz ] && [[ ${LOOM_GPU_PARTS:-} != hostrefs ]]; then
+  rm -rf .gpu && tar -xJf .gpu.tar.xz || { echo "gpu_run: .gpu.tar.xz did not unpack"; exit 2; }
+fi
+[ -d .gpu ] || { echo "gpu_run: no .gpu/ and no .gpu.tar.xz: run scripts/gpu_prepare.sh here first"; exit 2; }
 out=${OUT:-/tmp/loom-gpu}
 parts=${LOOM_GPU_PARTS:-tests,bench,train,profile}
 budget=${LOOM_GPU_BUDGET:-450}

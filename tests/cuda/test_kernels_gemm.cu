@@ -306,13 +306,16 @@ TEST_CASE("cuda::gemm_bf16_inputs rounds f32 operands on the device and equals h
     device::GemmContext context(stream.get());
     device::StreamScratch scratch;
     std::uint32_t seed = 5000u;
-    for (const Dims& dims : test_dims)
-        for (const Transposes& t : all_transposes)
-            for (const Scenario& scenario : scenarios) {
-                CAPTURE(dims.M, dims.N, dims.K, device::detail::trans_name(t.ta), device::detail::trans_name(t.tb),
-                        scenario.alpha, scenario.beta);
-                check_bf16_inputs_against_host(context, scratch, dims, t, 3, scenario, seed += 3u);
-            }
+    // pad 3: strided rows, the rounding's row kernel; pad 0: contiguous
+    // operands, its flat pass where the columns are a multiple of 8.
+    for (const std::int64_t pad : {3, 0})
+        for (const Dims& dims : test_dims)
+            for (const Transposes& t : all_transposes)
+                for (const Scenario& scenario : scenarios) {
+                    CAPTURE(pad, dims.M, dims.N, dims.K, device::detail::trans_name(t.ta),
+                            device::detail::trans_name(t.tb), scenario.alpha, scenario.beta);
+                    check_bf16_inputs_against_host(context, scratch, dims, t, pad, scenario, seed += 3u);
+                }
     CHECK(scratch.capacity() >= 2 * 512 * 512 * sizeof(bf16));  // grew to the largest call's operands
     // Argument errors are the f32 GEMM's, raised before anything is queued.
     CHECK(message_of([&] {
