@@ -27,33 +27,23 @@
 
 #include "loom/core/dtype.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
+#include "loom/kernels/host/gemm.hpp"
 
 namespace loom::kernels::host {
 
 namespace attention_block_detail {
 
-// `rows` rows of `cols` floats, `ld` apart, rounded to bf16 at the same
-// offsets: the copy keeps its operand's strides, which the backward also
-// writes the gradients at. Only the first `cols` of a row are read, so a
+// q, k and v rounded, each at its caller's strides, which the backward also
+// writes the gradients at. Only the first C floats of a row are read, so a
 // block inside a wider tensor (q in qkv, v in a packed K/V block) is read
 // within its bounds.
-[[nodiscard]] inline std::vector<float> rounded_keeping_strides(const float* x, std::int64_t rows, std::int64_t cols,
-                                                                std::int64_t ld) {
-    std::vector<float> out(static_cast<std::size_t>((rows - 1) * ld + cols));
-    for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c)
-            out[static_cast<std::size_t>(r * ld + c)] = to_float(to_bf16(x[r * ld + c]));
-    return out;
-}
-
-// q, k and v rounded, each at its caller's strides.
 struct RoundedBlock {
     std::vector<float> q, k, v;
     RoundedBlock(const float* q_in, std::int64_t ld_q, const float* k_in, const float* v_in, std::int64_t ld_kv,
                  std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t C)
-        : q(rounded_keeping_strides(q_in, B * Tq, C, ld_q)),
-          k(rounded_keeping_strides(k_in, B * Tk, C, ld_kv)),
-          v(rounded_keeping_strides(v_in, B * Tk, C, ld_kv)) {}
+        : q(host::detail::rounded_to_bf16(q_in, B * Tq, C, ld_q, ld_q)),
+          k(host::detail::rounded_to_bf16(k_in, B * Tk, C, ld_kv, ld_kv)),
+          v(host::detail::rounded_to_bf16(v_in, B * Tk, C, ld_kv, ld_kv)) {}
 };
 
 }  // namespace attention_block_detail
@@ -81,7 +71,7 @@ inline void attention_block_backward_bf16_inputs(const float* q, std::int64_t ld
     detail::check_backward(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H, D, mask);
     const std::int64_t C = H * D;
     const detail::RoundedBlock r(q, ld_q, k, v, ld_kv, B, Tq, Tk, C);
-    const std::vector<float> dout_rounded = detail::rounded_keeping_strides(dout, B * Tq, C, C);
+    const std::vector<float> dout_rounded = host::detail::rounded_to_bf16(dout, B * Tq, C, C);
     detail::backward_blocks(r.q.data(), ld_q, r.k.data(), r.v.data(), ld_kv, out, dout, dout_rounded.data(), lse, dq,
                             dk, dv, B, Tq, Tk, H, D, mask);
 }

@@ -70,14 +70,17 @@ inline void check_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::int64_
 }
 
 // A stored [rows, cols] matrix with row stride ld, each element rounded to
-// bf16 (loom::to_bf16: to nearest, ties to even) and widened back, packed
-// (row stride cols).
+// bf16 (loom::to_bf16: to nearest, ties to even) and widened back, rows
+// out_ld apart: packed by default, or at the input's own strides (out_ld = ld)
+// where a caller indexes the copy as it would the original. Only the first
+// cols of each row are read and written.
 [[nodiscard]] inline std::vector<float> rounded_to_bf16(const float* x, std::int64_t rows, std::int64_t cols,
-                                                        std::int64_t ld) {
-    std::vector<float> out(static_cast<std::size_t>(rows * cols));
+                                                        std::int64_t ld, std::int64_t out_ld = -1) {
+    if (out_ld < 0) out_ld = cols;
+    std::vector<float> out(rows > 0 ? static_cast<std::size_t>((rows - 1) * out_ld + cols) : 0);
     for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t c = 0; c < cols; ++c)
-            out[static_cast<std::size_t>(r * cols + c)] = to_float(to_bf16(x[r * ld + c]));
+            out[static_cast<std::size_t>(r * out_ld + c)] = to_float(to_bf16(x[r * ld + c]));
     return out;
 }
 
