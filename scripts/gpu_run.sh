@@ -14,7 +14,9 @@
 #          halves come from .gpu/ref/, made by gpu_prepare.sh on the CPU machine
 #          so that no device time goes to them; without .gpu/ref they run here.
 #   profile  the GPT-2 step with f32 matrix products, and one bf16 step under
-#          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py)
+#          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py), its
+#          attention on the mma.sync kernels (LOOM_GPU_PROFILE_ATTENTION=wmma
+#          for the others)
 # Device time is what a lease is short of, so the whole run keeps to
 # LOOM_GPU_BUDGET seconds (default 450): each step gets at most its own cap and
 # what is left, and a step with no time left is skipped, saying so. Give the
@@ -98,6 +100,7 @@ if [[ $parts == *bench* ]]; then
     capped 60 .gpu/bin/bench_gpu_kernels
     capped 60 python3 bench/gpu/torch_peer.py --kernels
     capped 60 .gpu/bin/bench_gpu_train
+    LOOM_CUDA_ATTENTION=mma capped 60 .gpu/bin/bench_gpu_train
     capped 150 python3 bench/gpu/torch_peer.py --gpt --compile
   } > "$out/bench.txt" 2>&1
   grep -E '^(loom|torch|SKIPPED|device)|rror' "$out/bench.txt" | cut -c1-220
@@ -128,6 +131,11 @@ if [[ $parts == *train* ]]; then
       capped 60 .gpu/bin/train_gpt ${runs[$name]} --device cuda --metrics "$work/gpu_$name.jsonl" $extra || status=1
       python3 bench/gpu/compare.py --losses "$ref/host_$name.jsonl" "$work/gpu_$name.jsonl"
     done
+    # The bf16 run again on the mma.sync attention kernels (attention_mma.cuh), beside the same host run.
+    echo "-- bf16 with LOOM_CUDA_ATTENTION=mma: ${runs[bf16]}"
+    LOOM_CUDA_ATTENTION=mma capped 60 .gpu/bin/train_gpt ${runs[bf16]} --device cuda --metrics "$work/gpu_bf16_mma.jsonl" \
+      || status=1
+    python3 bench/gpu/compare.py --losses "$ref/host_bf16.jsonl" "$work/gpu_bf16_mma.jsonl"
   } > "$out/train.txt" 2>&1
   grep -E '^(--|[0-9]+ steps|no losses|gpu_run)|rror|refus' "$out/train.txt" | cut -c1-220
 fi
@@ -139,8 +147,9 @@ if [[ $parts == *profile* ]]; then
   # without overlap, and the timed step minus it is launch gaps and host work.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
   if [ -n "$ncu" ]; then
-    capped 60 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
-      .gpu/bin/bench_gpu_train --steps 1 --warmup 0 > "$work/profile_raw.csv" 2>&1
+    # The step as --matmul bf16 runs it, its attention on LOOM_GPU_PROFILE_ATTENTION's kernels (default mma).
+    LOOM_CUDA_ATTENTION=${LOOM_GPU_PROFILE_ATTENTION:-mma} capped 60 "$ncu" --clock-control none \
+      --metrics gpu__time_duration.sum --csv .gpu/bin/bench_gpu_train --steps 1 --warmup 0 > "$work/profile_raw.csv" 2>&1
     python3 scripts/gpu_profile.py "$work/profile_raw.csv" | tee "$out/profile.txt" | head -n 25
   else
     echo "gpu_run: no ncu here; no kernel profile"

@@ -28,7 +28,7 @@
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/dtype.hpp"
 #include "loom/kernels/cuda/attention.cuh"
-#include "loom/kernels/cuda/attention_bf16.cuh"
+#include "loom/kernels/cuda/attention_bf16_inputs.cuh"
 #include "loom/kernels/cuda/gelu.cuh"
 #include "loom/kernels/cuda/gemm.cuh"
 #include "loom/kernels/cuda/quantize.cuh"
@@ -178,14 +178,21 @@ void bench_attention(const Options& o, std::int64_t T, std::int64_t B) {
                     static_cast<long long>(B), dtype, 7.0 * matmul / seconds / 1e12);
     };
     // f32 on the CUDA cores (attention.cuh), then bf16 operands on the tensor
-    // cores (attention_bf16.cuh, what --matmul bf16 runs).
+    // cores: the wmma kernels (attention_bf16.cuh, what --matmul bf16 runs by
+    // default) and the mma.sync kernels (attention_mma.cuh,
+    // LOOM_CUDA_ATTENTION=mma).
     report("f32", median_seconds(o, [&] {
                device::attention_forward(qkv.p, out.p, lse.p, B, T, H, D);
                device::attention_backward(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
            }));
     report("bf16", median_seconds(o, [&] {
-               device::attention_forward_bf16_inputs(qkv.p, out.p, lse.p, B, T, H, D);
-               device::attention_backward_bf16_inputs(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
+               device::attention_forward_bf16_wmma(qkv.p, out.p, lse.p, B, T, H, D);
+               device::attention_backward_bf16_wmma(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
+           }));
+    device::StreamScratch scratch;
+    report("bf16_mma", median_seconds(o, [&] {
+               device::attention_forward_bf16_mma(qkv.p, out.p, lse.p, B, T, H, D);
+               device::attention_backward_bf16_mma(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D, scratch);
            }));
 }
 

@@ -32,7 +32,7 @@
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/device_runtime.hpp"
 #include "loom/kernels/cuda/attention.cuh"
-#include "loom/kernels/cuda/attention_bf16.cuh"
+#include "loom/kernels/cuda/attention_bf16_inputs.cuh"
 #include "loom/kernels/cuda/attention_blocks.cuh"
 #include "loom/kernels/cuda/chunk_encoding.cuh"
 #include "loom/kernels/cuda/cross_entropy.cuh"
@@ -288,7 +288,8 @@ public:
                                         const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
                                         std::int64_t D) override {
         loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_backward_bf16_inputs(qkv, out, dout, lse, dqkv, B, T, H, D, current_stream());
+        kernels::cuda::attention_backward_bf16_inputs(qkv, out, dout, lse, dqkv, B, T, H, D, current_stream(),
+                                                      &scratch(where));
     }
     [[nodiscard]] float cross_entropy_forward(Device where, const float* logits, const std::int32_t* targets,
                                               float* logsumexp, std::int64_t rows, std::int64_t V) override {

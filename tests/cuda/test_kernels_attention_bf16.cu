@@ -21,15 +21,17 @@
 //   or misplaced on the device fails that.
 // Determinism and the stream are checked bit for bit.
 //
-// These tests have not yet run on a GPU (none here or in CI): they compile,
-// and skip with exit 77 without a device.
+// Each check runs on both kernel families (kernels/bf16_attention_kernels.hpp):
+// the wmma kernels (attention_bf16.cuh; these cases passed on an H200) and the
+// mma.sync kernels (attention_mma.cuh; their cases, named "on mma.sync", have
+// not yet run on a GPU). Without a device they skip with exit 77.
 #include <catch2/catch.hpp>
 
 #include "../support/attention_shape.hpp"
 #include "../support/message_of.hpp"
 #include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
-#include "loom/kernels/cuda/attention_bf16.cuh"
+#include "loom/kernels/cuda/attention_bf16_inputs.cuh"
 #include "loom/kernels/host/attention.hpp"
 #include "loom/kernels/host/attention_bf16.hpp"
 
@@ -57,6 +59,7 @@ using loom_test::Stream;
 using loom_test::uploads_done;
 
 using Shape = loom_test::AttentionShape;
+using loom::kernels::Bf16AttentionKernels;
 
 struct Results {
     std::vector<float> out, lse, dqkv;
@@ -75,8 +78,9 @@ Results host_run(Forward forward, Backward backward, const std::vector<float>& q
 // given (the host's, so that both backwards start from the same D_i and P,
 // and the comparison isolates the backward), else from its own. Every output
 // starts as NaN bytes, so each element must be written.
-Results device_run(const std::vector<float>& qkv_values, const std::vector<float>& dout_values, const Shape& s,
-                   cudaStream_t stream = nullptr, const Results* saved = nullptr) {
+Results device_run(Bf16AttentionKernels kernels, const std::vector<float>& qkv_values,
+                   const std::vector<float>& dout_values, const Shape& s, cudaStream_t stream = nullptr,
+                   const Results* saved = nullptr, dev::StreamScratch* scratch = nullptr) {
     DeviceArray<float> qkv(qkv_values), dout(dout_values), out(s.out_size()), lse(s.lse_size()),
         dqkv(s.qkv_size());
     DeviceArray<float> saved_out(saved != nullptr ? saved->out : std::vector<float>(1)),
@@ -85,11 +89,11 @@ Results device_run(const std::vector<float>& qkv_values, const std::vector<float
     lse.fill_bytes(0xff);
     dqkv.fill_bytes(0xff);
     if (stream != nullptr) uploads_done();
-    dev::attention_forward_bf16_inputs(qkv.get(), out.get(), lse.get(), s.B, s.T, s.H, s.D, stream);
+    dev::attention_forward_bf16_inputs(qkv.get(), out.get(), lse.get(), s.B, s.T, s.H, s.D, stream, kernels);
     const float* backward_out = saved != nullptr ? saved_out.get() : out.get();
     const float* backward_lse = saved != nullptr ? saved_lse.get() : lse.get();
     dev::attention_backward_bf16_inputs(qkv.get(), backward_out, dout.get(), backward_lse, dqkv.get(), s.B, s.T, s.H,
-                                        s.D, stream);
+                                        s.D, stream, scratch, kernels);
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     return {out.to_host(), lse.to_host(), dqkv.to_host()};
 }
@@ -126,9 +130,7 @@ void check_tensor(const char* what, const std::vector<float>& device, const std:
 const Shape shapes[] = {{1, 7, 1, 4},    {2, 33, 3, 16}, {2, 128, 4, 64}, {1, 257, 2, 32}, {1, 1024, 1, 64},
                         {2, 5, 1, 3},    {1, 45, 2, 33}, {2, 70, 2, 97},  {1, 96, 2, 128}};
 
-}  // namespace
-
-TEST_CASE("CUDA bf16 attention matches the host's bf16 emulation", "[kernels][attention][bf16]") {
+void check_matches_emulation(Bf16AttentionKernels kernels) {
     std::uint32_t seed = 1301;
     for (const Shape& s : shapes) {
         INFO(describe(s));
@@ -137,7 +139,7 @@ TEST_CASE("CUDA bf16 attention matches the host's bf16 emulation", "[kernels][at
         const Results want =
             host_run(host::attention_forward_bf16_inputs, host::attention_backward_bf16_inputs, qkv, dout, s);
         const Results f32 = host_run(host::attention_forward, host::attention_backward, qkv, dout, s);
-        const Results got = device_run(qkv, dout, s, nullptr, &want);
+        const Results got = device_run(kernels, qkv, dout, s, nullptr, &want);
         check_tensor("out", got.out, want.out, f32.out, 8e-3 * largest_magnitude(qkv_part(qkv, s, 2)));
         const Difference lse = difference(got.lse, want.lse);
         INFO("lse: max |device - host| " << lse.max);
@@ -152,14 +154,15 @@ TEST_CASE("CUDA bf16 attention matches the host's bf16 emulation", "[kernels][at
     }
 }
 
-TEST_CASE("CUDA bf16 attention is deterministic and runs on the caller's stream", "[kernels][attention][bf16]") {
+void check_deterministic(Bf16AttentionKernels kernels) {
     const Shape s{2, 130, 3, 64};
     std::mt19937 rng(1311);
     const std::vector<float> qkv = normal_values(s.qkv_size(), rng), dout = normal_values(s.out_size(), rng);
-    const Results first = device_run(qkv, dout, s);
-    const Results again = device_run(qkv, dout, s);
+    const Results first = device_run(kernels, qkv, dout, s);
+    const Results again = device_run(kernels, qkv, dout, s);
     Stream stream(cudaStreamNonBlocking);
-    const Results streamed = device_run(qkv, dout, s, stream.get());
+    dev::StreamScratch scratch;  // the backend's way: a scratch that outlives the call (used by mma's D_i)
+    const Results streamed = device_run(kernels, qkv, dout, s, stream.get(), nullptr, &scratch);
     for (const Results* other : {&again, &streamed}) {
         CHECK_NO_MISMATCHES("out", compare_floats(other->out, first.out, false));
         CHECK_NO_MISMATCHES("lse", compare_floats(other->lse, first.lse, false));
@@ -167,16 +170,46 @@ TEST_CASE("CUDA bf16 attention is deterministic and runs on the caller's stream"
     }
 }
 
-TEST_CASE("CUDA bf16 attention refuses what the f32 kernel refuses, with its words", "[kernels][attention][bf16]") {
+void check_refusals(Bf16AttentionKernels kernels) {
     std::vector<float> buffer(3 * 4 * 2 * 2, 0.0f), lse(8, 0.0f);
     float* p = buffer.data();
     float* l = lse.data();
-    CHECK(message_of([&] { dev::attention_forward_bf16_inputs(p, p, l, 1, 2, 2, 0); }) ==
+    CHECK(message_of([&] { dev::attention_forward_bf16_inputs(p, p, l, 1, 2, 2, 0, nullptr, kernels); }) ==
           message_of([&] { dev::attention_forward(p, p, l, 1, 2, 2, 0); }));
-    CHECK(message_of([&] { dev::attention_forward_bf16_inputs(p, p, l, 1, 2, 1, 129); }) ==
+    CHECK(message_of([&] { dev::attention_forward_bf16_inputs(p, p, l, 1, 2, 1, 129, nullptr, kernels); }) ==
           message_of([&] { dev::attention_forward(p, p, l, 1, 2, 1, 129); }));
-    CHECK(message_of([&] { dev::attention_backward_bf16_inputs(p, p, nullptr, l, p, 1, 2, 2, 2); }) ==
+    CHECK(message_of([&] {
+              dev::attention_backward_bf16_inputs(p, p, nullptr, l, p, 1, 2, 2, 2, nullptr, nullptr, kernels);
+          }) ==
           "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = 1, T = 2");
     CHECK(message_of([&] { dev::attention_backward_bf16_inputs(nullptr, nullptr, nullptr, nullptr, nullptr, 3, 0, 2,
-                                                               2); }) == "(no error)");
+                                                               2, nullptr, nullptr, kernels); }) == "(no error)");
+}
+
+}  // namespace
+
+TEST_CASE("CUDA bf16 attention matches the host's bf16 emulation", "[kernels][attention][bf16]") {
+    check_matches_emulation(Bf16AttentionKernels::wmma);
+}
+
+TEST_CASE("CUDA bf16 attention on mma.sync matches the host's bf16 emulation", "[kernels][attention][bf16]") {
+    check_matches_emulation(Bf16AttentionKernels::mma);
+}
+
+TEST_CASE("CUDA bf16 attention is deterministic and runs on the caller's stream", "[kernels][attention][bf16]") {
+    check_deterministic(Bf16AttentionKernels::wmma);
+}
+
+TEST_CASE("CUDA bf16 attention on mma.sync is deterministic and runs on the caller's stream",
+          "[kernels][attention][bf16]") {
+    check_deterministic(Bf16AttentionKernels::mma);
+}
+
+TEST_CASE("CUDA bf16 attention refuses what the f32 kernel refuses, with its words", "[kernels][attention][bf16]") {
+    check_refusals(Bf16AttentionKernels::wmma);
+}
+
+TEST_CASE("CUDA bf16 attention on mma.sync refuses what the f32 kernel refuses, with its words",
+          "[kernels][attention][bf16]") {
+    check_refusals(Bf16AttentionKernels::mma);
 }

@@ -33,16 +33,15 @@
 //               the key tiles up to the diagonal (no atomics, as in
 //               attention.cuh: the sums' order depends on the shape alone).
 // On the diagonal tile a warp skips the 16 x 16 sub-tiles its rows cannot
-// see. Why not the mma.sync register layout of FlashAttention-2 (P kept in
-// registers, no shared-memory round trip)? It is the next step, once a GPU
-// is at hand to measure what the round trip costs; wmma keeps this first
-// tensor-core version within documented behaviour.
+// see. On an H200 these kernels passed their tests and ran 4 to 15 times
+// behind PyTorch's SDPA (docs/performance.md): the scores' round trip
+// through shared memory and the elementwise work two lanes a row are the
+// cost. attention_mma.cuh keeps P in registers, FlashAttention-2's layout;
+// attention_bf16_inputs.cuh chooses between the two.
 //
 // Needs compute capability 8.0 (bf16 wmma) and, for heads over 64 features,
 // up to 121 KiB of shared memory a block; a GPU without either is refused
-// with a message. None of this has run on a GPU yet: it compiles for sm_90 and
-// sm_80, and its tests (tests/cuda/test_kernels_attention_bf16.cu) are
-// built, not run.
+// with a message. Tests: tests/cuda/test_kernels_attention_bf16.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -514,11 +513,12 @@ void backward(const float* qkv, const float* out, const float* dout, const float
 
 }  // namespace attention_bf16_detail
 
-// Causal multi-head self-attention at MatmulPrecision::bf16, as
+// Causal multi-head self-attention at MatmulPrecision::bf16 on wmma, as
 // host::attention_forward_bf16_inputs: qkv [B, T, 3C] in, out [B, T, C] and
-// lse [B, H, T] written, all f32 on the device; D <= 128.
-inline void attention_forward_bf16_inputs(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
-                                          std::int64_t H, std::int64_t D, cudaStream_t stream = nullptr) {
+// lse [B, H, T] written, all f32 on the device; D <= 128. What
+// attention_forward_bf16_inputs (attention_bf16_inputs.cuh) runs by default.
+inline void attention_forward_bf16_wmma(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
+                                        std::int64_t H, std::int64_t D, cudaStream_t stream = nullptr) {
     if (!attention_detail::check_forward(qkv, out, lse, B, T, H, D)) return;
     attention_detail::for_head_size(D, [&]<int Chunks>() {
         attention_bf16_detail::forward<32 * Chunks>(qkv, out, lse, B, T, H, static_cast<int>(D),
@@ -528,9 +528,9 @@ inline void attention_forward_bf16_inputs(const float* qkv, float* out, float* l
 
 // dqkv [B, T, 3C], written, as host::attention_backward_bf16_inputs. Two
 // launches on `stream`: dK and dV, then dQ.
-inline void attention_backward_bf16_inputs(const float* qkv, const float* out, const float* dout, const float* lse,
-                                           float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                                           std::int64_t D, cudaStream_t stream = nullptr) {
+inline void attention_backward_bf16_wmma(const float* qkv, const float* out, const float* dout, const float* lse,
+                                         float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
+                                         cudaStream_t stream = nullptr) {
     if (!attention_detail::check_backward(qkv, out, dout, lse, dqkv, B, T, H, D)) return;
     attention_detail::for_head_size(D, [&]<int Chunks>() {
         attention_bf16_detail::backward<32 * Chunks>(qkv, out, dout, lse, dqkv, B, T, H, static_cast<int>(D),
