@@ -15,8 +15,8 @@
 #          so that no device time goes to them; without .gpu/ref they run here.
 #   profile  the GPT-2 step with f32 matrix products, and one bf16 step under
 #          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py), its
-#          attention on the mma.sync kernels (LOOM_GPU_PROFILE_ATTENTION=wmma
-#          for the others)
+#          attention on the mma.sync kernels where the tests part passed their
+#          cases, else on wmma (LOOM_GPU_PROFILE_ATTENTION=wmma|mma decides)
 # Device time is what a lease is short of, so the whole run keeps to
 # LOOM_GPU_BUDGET seconds (default 450): each step gets at most its own cap and
 # what is left, and a step with no time left is skipped, saying so. Give the
@@ -147,8 +147,16 @@ if [[ $parts == *profile* ]]; then
   # without overlap, and the timed step minus it is launch gaps and host work.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
   if [ -n "$ncu" ]; then
-    # The step as --matmul bf16 runs it, its attention on LOOM_GPU_PROFILE_ATTENTION's kernels (default mma).
-    LOOM_CUDA_ATTENTION=${LOOM_GPU_PROFILE_ATTENTION:-mma} capped 60 "$ncu" --clock-control none \
+    # The step as --matmul bf16 runs it, its attention on LOOM_GPU_PROFILE_ATTENTION's kernels: by
+    # default mma where this run's tests passed the mma.sync attention cases, else wmma (kernels
+    # that failed their tests, or never ran, must not cost the profile).
+    profile_attention=${LOOM_GPU_PROFILE_ATTENTION:-}
+    if [ -z "$profile_attention" ]; then
+      profile_attention=wmma
+      grep -q '^pass .*on mma.sync matches' "$out/cuda_tests.txt" 2>/dev/null && profile_attention=mma
+    fi
+    echo "gpu_run: profiling with LOOM_CUDA_ATTENTION=$profile_attention"
+    LOOM_CUDA_ATTENTION=$profile_attention capped 60 "$ncu" --clock-control none \
       --metrics gpu__time_duration.sum --csv .gpu/bin/bench_gpu_train --steps 1 --warmup 0 > "$work/profile_raw.csv" 2>&1
     python3 scripts/gpu_profile.py "$work/profile_raw.csv" | tee "$out/profile.txt" | head -n 25
   else

@@ -22,6 +22,7 @@
 // keywords below are macros.
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -72,8 +73,13 @@ struct Block {
     unsigned words[block_threads][6]{};
     const __nv_bfloat16* rows[block_threads]{};
     unsigned char* shared = nullptr;
+    std::size_t shared_bytes = 0;
 };
 inline Block* running = nullptr;  // one block runs at a time
+
+// ldmatrix rows that were not 16-byte aligned 16-byte pieces of the block's
+// shared memory (the hardware's requirement), over every launch so far.
+inline std::atomic<long> bad_ldmatrix_rows{0};
 
 inline unsigned char* block_shared() { return running->shared; }
 inline void warp_barrier() { running->warp[threadIdx.x / 32].arrive_and_wait(); }
@@ -84,11 +90,12 @@ inline void warp_barrier() { running->warp[threadIdx.x / 32].arrive_and_wait(); 
 template <class Body>
 void launch(std::int64_t blocks, std::size_t shared_bytes, Body body) {
     gridDim.x = static_cast<unsigned>(blocks);
-    std::vector<unsigned char> shared(shared_bytes + 16);
+    std::vector<unsigned char> shared(shared_bytes);  // operator new: 16-byte aligned, as dynamic shared memory
     for (std::int64_t b = 0; b < blocks; ++b) {
         std::memset(shared.data(), 0xff, shared.size());
         Block block;
         block.shared = shared.data();
+        block.shared_bytes = shared.size();
         running = &block;
         std::vector<std::thread> threads;
         threads.reserve(block_threads);
@@ -111,6 +118,12 @@ inline unsigned pack(std::uint16_t low, std::uint16_t high) { return low | (stat
 template <bool Transposed>
 void ldmatrix_x4(unsigned (&r)[4], const __nv_bfloat16* row) {
     const int me = static_cast<int>(threadIdx.x), base = me / 32 * 32, lane = me % 32, g = lane / 4, t = lane % 4;
+    const auto* byte = reinterpret_cast<const unsigned char*>(row);
+    if (byte < running->shared || byte + 16 > running->shared + running->shared_bytes ||
+        (byte - running->shared) % 16 != 0) {
+        ++bad_ldmatrix_rows;
+        row = reinterpret_cast<const __nv_bfloat16*>(running->shared);  // read something harmless instead
+    }
     running->rows[me] = row;
     warp_barrier();
     for (int i = 0; i < 4; ++i) {

@@ -80,13 +80,24 @@ inline constexpr unsigned full_mask = 0xffff'ffffu;
 template <int Width>
 struct Tile {
     static_assert(Width == 32 || Width == 64 || Width == 128, "tiles hold 32, 64 or 128 columns");
-    // 2 Width + 16 bytes a row: eight rows' 16-byte ldmatrix reads start 4
-    // banks apart (mod 32), so they cover all 32 banks once.
+    // 2 Width + 16 bytes a row (20, 36 or 68 four-byte banks: 4 more than a
+    // multiple of 8, mod 32), so eight rows' 16-byte ldmatrix reads start in
+    // eight different groups of 4 banks and cover all 32 banks once.
     static constexpr int ld = Width + 8;
     static constexpr int k_steps = Width / 16;  // 16-wide blocks of a row: products over d
     static constexpr int d_blocks = Width / 8;  // 8-wide C blocks of a 16 x Width result
     static constexpr std::size_t bytes = static_cast<std::size_t>(tile_rows) * ld * sizeof(bf16_t);
 };
+
+// Shared memory a block of each kernel uses: the forward's q, k and v tiles;
+// the dK/dV pass's k, v, q and dO tiles and the query tile's lse and D_i;
+// the dQ pass's q, dO, k and v tiles. Launchers and tests read these.
+template <int Width>
+inline constexpr std::size_t forward_shared_bytes = 3 * Tile<Width>::bytes;
+template <int Width>
+inline constexpr std::size_t dkdv_shared_bytes = 4 * Tile<Width>::bytes + 2 * tile_rows * sizeof(float);
+template <int Width>
+inline constexpr std::size_t dq_shared_bytes = 4 * Tile<Width>::bytes;
 
 __device__ inline unsigned shared_address(const void* pointer) {
     return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
@@ -123,6 +134,12 @@ __device__ inline unsigned packed(float low, float high) {
 }
 
 __device__ inline int lane_id() { return static_cast<int>(threadIdx.x % 32); }
+
+// Tile `index` of a block's shared memory, the tiles back to back.
+template <int Width>
+__device__ inline bf16_t* tile_at(unsigned char* shared, int index) {
+    return reinterpret_cast<bf16_t*>(shared) + index * tile_rows * Tile<Width>::ld;
+}
 
 // A: rows [row0, row0 + 16) x columns [col0, col0 + 16) of a row-major tile.
 template <int Width>
@@ -279,9 +296,9 @@ __global__ void __launch_bounds__(block_threads)
     __trap();  // refused on the host before the launch: bf16 mma needs sm_80
 #else
     extern __shared__ __align__(128) unsigned char attention_mma_shared[];
-    bf16_t* q_tile = reinterpret_cast<bf16_t*>(attention_mma_shared);
-    bf16_t* k_tile = q_tile + tile_rows * Tile<Width>::ld;
-    bf16_t* v_tile = k_tile + tile_rows * Tile<Width>::ld;
+    bf16_t* q_tile = tile_at<Width>(attention_mma_shared, 0);
+    bf16_t* k_tile = tile_at<Width>(attention_mma_shared, 1);
+    bf16_t* v_tile = tile_at<Width>(attention_mma_shared, 2);
     const int warp = static_cast<int>(threadIdx.x / 32), row0 = warp * band;
     const Lane at;
     const std::int64_t C = H * D, ld = 3 * C;
@@ -409,11 +426,11 @@ __global__ void __launch_bounds__(block_threads)
     __trap();
 #else
     extern __shared__ __align__(128) unsigned char attention_mma_shared[];
-    bf16_t* k_tile = reinterpret_cast<bf16_t*>(attention_mma_shared);
-    bf16_t* v_tile = k_tile + tile_rows * Tile<Width>::ld;
-    bf16_t* q_tile = v_tile + tile_rows * Tile<Width>::ld;
-    bf16_t* dout_tile = q_tile + tile_rows * Tile<Width>::ld;
-    float* lse_rows = reinterpret_cast<float*>(dout_tile + tile_rows * Tile<Width>::ld);
+    bf16_t* k_tile = tile_at<Width>(attention_mma_shared, 0);
+    bf16_t* v_tile = tile_at<Width>(attention_mma_shared, 1);
+    bf16_t* q_tile = tile_at<Width>(attention_mma_shared, 2);
+    bf16_t* dout_tile = tile_at<Width>(attention_mma_shared, 3);
+    float* lse_rows = reinterpret_cast<float*>(tile_at<Width>(attention_mma_shared, 4));
     float* di_rows = lse_rows + tile_rows;
     const int warp = static_cast<int>(threadIdx.x / 32), row0 = warp * band;
     const Lane at;
@@ -475,10 +492,10 @@ __global__ void __launch_bounds__(block_threads)
     __trap();
 #else
     extern __shared__ __align__(128) unsigned char attention_mma_shared[];
-    bf16_t* q_tile = reinterpret_cast<bf16_t*>(attention_mma_shared);
-    bf16_t* dout_tile = q_tile + tile_rows * Tile<Width>::ld;
-    bf16_t* k_tile = dout_tile + tile_rows * Tile<Width>::ld;
-    bf16_t* v_tile = k_tile + tile_rows * Tile<Width>::ld;
+    bf16_t* q_tile = tile_at<Width>(attention_mma_shared, 0);
+    bf16_t* dout_tile = tile_at<Width>(attention_mma_shared, 1);
+    bf16_t* k_tile = tile_at<Width>(attention_mma_shared, 2);
+    bf16_t* v_tile = tile_at<Width>(attention_mma_shared, 3);
     const int warp = static_cast<int>(threadIdx.x / 32), row0 = warp * band;
     const Lane at;
     const std::int64_t C = H * D, ld = 3 * C;
@@ -539,7 +556,7 @@ template <int Width>
 void forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T, std::int64_t H, int D,
              float scale, cudaStream_t stream) {
     const Items items = items_of(B, T, H);
-    constexpr std::size_t bytes = 3 * Tile<Width>::bytes;
+    constexpr std::size_t bytes = forward_shared_bytes<Width>;
     attention_bf16_detail::check_device_fits("attention_forward", D, bytes);
     attention_detail::allow_shared(forward_kernel<Width>, bytes);
     forward_kernel<Width><<<attention_detail::blocks_for_items(items.count()), block_threads, bytes, stream>>>(
@@ -551,8 +568,8 @@ template <int Width>
 void backward(const float* qkv, const float* out, const float* dout, const float* lse, float* dqkv, std::int64_t B,
               std::int64_t T, std::int64_t H, int D, float scale, StreamScratch& scratch, cudaStream_t stream) {
     const Items items = items_of(B, T, H);
-    constexpr std::size_t dkdv_bytes = 4 * Tile<Width>::bytes + 2 * tile_rows * sizeof(float);
-    constexpr std::size_t dq_bytes = 4 * Tile<Width>::bytes;
+    constexpr std::size_t dkdv_bytes = dkdv_shared_bytes<Width>;
+    constexpr std::size_t dq_bytes = dq_shared_bytes<Width>;
     attention_bf16_detail::check_device_fits("attention_backward", D, dkdv_bytes);
     const bool quads = quads_fit(D, {qkv, dout});
     StreamScratchUse use(scratch, stream);
