@@ -129,6 +129,11 @@ __global__ void __launch_bounds__(layernorm_weight_threads)
         const std::int64_t j = tile * TileColumns + column;
         float g = 0.0f, s = 0.0f;
         if (j < C) {
+            // Unrolled so that eight rows' loads are in flight at once (the sums
+            // keep their order): one at a time, the 24 blocks of a GPT-2
+            // LayerNorm (768 columns) left the bus mostly idle, 107 us a call
+            // for 50 MB on an H200.
+#pragma unroll 8
             for (std::int64_t r = row_lane; r < rows; r += row_lanes) {
                 const float d = dy[r * C + j];
                 g += d * ((x[r * C + j] - mean[r]) * rstd[r]);
