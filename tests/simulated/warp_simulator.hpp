@@ -203,11 +203,11 @@ inline float row_dot_warp(const float* out_row, const float* dout_row, int D) {
 }
 }  // namespace loom::kernels::cuda::attention_detail
 
-namespace loom::kernels::cuda::attention_mma_detail {
+namespace loom::kernels::cuda::mma_fragments {
 using bf16_t = __nv_bfloat16;
 inline void ldmatrix_x4(unsigned (&r)[4], const bf16_t* row) { loom_sim::ldmatrix_x4<false>(r, row); }
 inline void ldmatrix_x4_trans(unsigned (&r)[4], const bf16_t* row) { loom_sim::ldmatrix_x4<true>(r, row); }
 inline void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     loom_sim::mma_m16n8k16(c, a, b0, b1);
 }
-}  // namespace loom::kernels::cuda::attention_mma_detail
+}  // namespace loom::kernels::cuda::mma_fragments

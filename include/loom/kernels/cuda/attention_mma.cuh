@@ -18,18 +18,11 @@
 //             order depends on the shape alone and the result is
 //             deterministic)
 //
-// The mma.m16n8k16 layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"),
-// lane l = 4g + t of a warp:
-//   A (16 x 16, row-major), 4 registers of two bf16 each: rows g and g + 8,
-//     columns 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3);
-//   B (16 x 8), 2 registers: rows 2t, 2t + 1 (register 0) and 2t + 8, 2t + 9
-//     (register 1), column g;
-//   C (16 x 8, f32), 4 floats: row g columns 2t, 2t + 1, then row g + 8.
-// So two adjacent C blocks of a row band, rounded in pairs, are the A operand
-// of the product over those 16 columns: P and dS never leave registers.
-// ldmatrix.x4 loads A, or two B blocks, from shared memory; with .trans it
-// loads B from a matrix stored with k as its rows (v, dO, q, k as the second
-// operand of P v, P^T dO, dS^T q, dS k).
+// The products are mma_fragments.cuh's: mma.sync.m16n8k16 results, whose
+// layout PTX specifies, so that two adjacent result blocks of a row band,
+// rounded in pairs, are the next product's A operand (as_operand) and P and
+// dS never leave registers; ldmatrix (.trans for v, dO, q and k as the
+// second operand of P v, P^T dO, dS^T q, dS k) loads the rest.
 //
 // Tiles. A block is 4 warps and a tile 64 rows, 16 per warp (mma's m). q, k,
 // v and dO are rounded to bf16 as they are copied into shared memory, 64 rows
@@ -57,17 +50,29 @@
 #include "loom/kernels/cuda/attention.cuh"
 #include "loom/kernels/cuda/attention_bf16.cuh"
 #include "loom/kernels/cuda/attention_tiles.cuh"
+#include "loom/kernels/cuda/mma_fragments.cuh"
 #include "loom/kernels/cuda/stream_scratch.cuh"
 
 namespace loom::kernels::cuda {
 
 namespace attention_mma_detail {
 
-using bf16_t = __nv_bfloat16;
 using attention_detail::Items;
 using attention_detail::scaled;
 using attention_detail::Work;
 using attention_detail::work_of;
+using mma_fragments::as_operand;
+using mma_fragments::bf16_t;
+using mma_fragments::Lane;
+using mma_fragments::lane_id;
+using mma_fragments::load_a;
+using mma_fragments::load_b_columns;
+using mma_fragments::load_b_rows;
+using mma_fragments::mma;
+using mma_fragments::packed;
+using mma_fragments::row_max;
+using mma_fragments::row_sum;
+using mma_fragments::zero;
 
 inline constexpr int warps = 4;
 inline constexpr int block_threads = warps * 32;
@@ -75,7 +80,6 @@ inline constexpr int band = 16;                 // rows of a warp: mma's m
 inline constexpr int tile_rows = warps * band;  // 64 queries or keys
 inline constexpr int bands = tile_rows / band;  // 16-wide blocks of a tile's rows (and of a score row)
 inline constexpr int score_blocks = tile_rows / 8;  // 8-wide C blocks of a warp's 16 x 64 scores
-inline constexpr unsigned full_mask = 0xffff'ffffu;
 
 template <int Width>
 struct Tile {
@@ -99,85 +103,10 @@ inline constexpr std::size_t dkdv_shared_bytes = 4 * Tile<Width>::bytes + 2 * ti
 template <int Width>
 inline constexpr std::size_t dq_shared_bytes = 4 * Tile<Width>::bytes;
 
-__device__ inline unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-// Four 8 x 8 bf16 matrices; lanes 8i..8i+7 give the rows of matrix i.
-__device__ inline void ldmatrix_x4(unsigned (&r)[4], const bf16_t* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row))
-                 : "memory");
-}
-__device__ inline void ldmatrix_x4_trans(unsigned (&r)[4], const bf16_t* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row))
-                 : "memory");
-}
-
-// c += a b: a 16 x 16, b 16 x 8 (b0, b1), c 16 x 8 in f32.
-__device__ inline void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats rounded to bf16 (nearest, ties to even), `low` in the low half:
-// the lower column of an operand register.
-__device__ inline unsigned packed(float low, float high) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-    return *reinterpret_cast<const unsigned*>(&pair);
-}
-
-__device__ inline int lane_id() { return static_cast<int>(threadIdx.x % 32); }
-
 // Tile `index` of a block's shared memory, the tiles back to back.
 template <int Width>
 __device__ inline bf16_t* tile_at(unsigned char* shared, int index) {
     return reinterpret_cast<bf16_t*>(shared) + index * tile_rows * Tile<Width>::ld;
-}
-
-// A: rows [row0, row0 + 16) x columns [col0, col0 + 16) of a row-major tile.
-template <int Width>
-__device__ inline void load_a(unsigned (&a)[4], const bf16_t* tile, int row0, int col0) {
-    const int lane = lane_id();
-    ldmatrix_x4(a, tile + (row0 + lane % 8 + (lane / 8) % 2 * 8) * Tile<Width>::ld + col0 + lane / 16 * 8);
-}
-
-// B of two adjacent 8-column blocks, B[k][n] = tile[n][k] (the tile's rows
-// are the product's columns: k in S = q k^T), n in [n0, n0 + 16) and k in
-// [k0, k0 + 16): b[0], b[1] for columns n0.., b[2], b[3] for n0 + 8...
-template <int Width>
-__device__ inline void load_b_rows(unsigned (&b)[4], const bf16_t* tile, int n0, int k0) {
-    const int lane = lane_id();
-    ldmatrix_x4(b, tile + (n0 + lane % 8 + lane / 16 * 8) * Tile<Width>::ld + k0 + (lane / 8) % 2 * 8);
-}
-
-// The same pair of B blocks with B[k][n] = tile[k][n] (the tile's rows are
-// the sum's index: v in P v).
-template <int Width>
-__device__ inline void load_b_columns(unsigned (&b)[4], const bf16_t* tile, int k0, int n0) {
-    const int lane = lane_id();
-    ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + (lane / 8) % 2 * 8) * Tile<Width>::ld + n0 + lane / 16 * 8);
-}
-
-// The A operand over columns [16 kk, 16 kk + 16) of a warp's 16 x 64 f32
-// results, rounded to bf16: C blocks 2 kk and 2 kk + 1.
-__device__ inline void as_operand(unsigned (&a)[4], const float (&c)[score_blocks][4], int kk) {
-    a[0] = packed(c[2 * kk][0], c[2 * kk][1]);
-    a[1] = packed(c[2 * kk][2], c[2 * kk][3]);
-    a[2] = packed(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-    a[3] = packed(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-}
-
-template <int Blocks>
-__device__ inline void zero(float (&c)[Blocks][4]) {
-#pragma unroll
-    for (int n = 0; n < Blocks; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
 }
 
 // c[16 x 64] = rows [16 x Width] times tile[64 x Width]^T, over the 16-wide
@@ -191,12 +120,12 @@ __device__ inline void product_abt(float (&c)[score_blocks][4], const bf16_t* ro
 #pragma unroll
     for (int kk = 0; kk < Tile<Width>::k_steps; ++kk) {
         unsigned a[4];
-        load_a<Width>(a, rows_tile, row0, kk * 16);
+        load_a(a, rows_tile, Tile<Width>::ld, row0, kk * 16);
 #pragma unroll
         for (int n = 0; n < bands; ++n) {
             if (n < first || n > last) continue;
             unsigned b[4];
-            load_b_rows<Width>(b, tile, n * 16, kk * 16);
+            load_b_rows(b, tile, Tile<Width>::ld, n * 16, kk * 16);
             mma(c[2 * n], a, b[0], b[1]);
             mma(c[2 * n + 1], a, b[2], b[3]);
         }
@@ -218,7 +147,7 @@ __device__ inline void accumulate_product(float (&acc)[Tile<Width>::d_blocks][4]
 #pragma unroll
         for (int n = 0; n < Tile<Width>::k_steps; ++n) {
             unsigned b[4];
-            load_b_columns<Width>(b, tile, kk * 16, n * 16);
+            load_b_columns(b, tile, Tile<Width>::ld, kk * 16, n * 16);
             mma(acc[2 * n], a, b[0], b[1]);
             mma(acc[2 * n + 1], a, b[2], b[3]);
         }
@@ -253,25 +182,6 @@ __device__ inline void load_rounded(bf16_t* tile, const float* src, std::int64_t
         const std::int64_t row = row0 + r;
         tile[r * ld + c] = __float2bfloat16_rn(row < T && c < D ? src[row * ld_src + c] : 0.0f);
     }
-}
-
-// Where a lane's results sit in its warp's 16 x 8n block: rows g and g + 8
-// (half 0 and 1), columns 8 n + 2 t and 8 n + 2 t + 1 (pair 0 and 1).
-struct Lane {
-    int g, t;
-    __device__ Lane() : g(lane_id() / 4), t(lane_id() % 4) {}
-    [[nodiscard]] __device__ int row(int half) const { return g + 8 * half; }
-    [[nodiscard]] __device__ int column(int block, int pair) const { return 8 * block + 2 * t + pair; }
-};
-
-// The four lanes of a row: each holds a quarter of its columns.
-__device__ inline float row_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(full_mask, v, 1));
-    return fmaxf(v, __shfl_xor_sync(full_mask, v, 2));
-}
-__device__ inline float row_sum(float v) {
-    v += __shfl_xor_sync(full_mask, v, 1);
-    return v + __shfl_xor_sync(full_mask, v, 2);
 }
 
 // The lane's d-columns of a warp's 16 x Width results times `factor`, to
