@@ -312,7 +312,8 @@ void forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int6
              float scale, cudaStream_t stream) {
     const Items items{B * H, (T + tile_rows - 1) / tile_rows};
     constexpr std::size_t bytes = shared_bytes<Chunks>(3);
-    allow_shared(attention_forward_kernel<Chunks>, bytes);
+    static OncePerDevice set_up;
+    set_up([](int) { allow_shared(attention_forward_kernel<Chunks>, bytes); });
     attention_forward_kernel<Chunks>
         <<<blocks_for_items(items.count()), block_threads, bytes, stream>>>(qkv, out, lse, T, H, D, scale, items);
     LOOM_CUDA_CHECK_LAUNCH();
@@ -324,11 +325,14 @@ void backward(const float* qkv, const float* out, const float* dout, const float
     const Items items{B * H, (T + tile_rows - 1) / tile_rows};
     constexpr std::size_t bytes = shared_bytes<Chunks>(4);
     const unsigned int blocks = blocks_for_items(items.count());
-    allow_shared(attention_backward_dkdv_kernel<Chunks>, bytes);
+    static OncePerDevice set_up;
+    set_up([](int) {
+        allow_shared(attention_backward_dkdv_kernel<Chunks>, bytes);
+        allow_shared(attention_backward_dq_kernel<Chunks>, bytes);
+    });
     attention_backward_dkdv_kernel<Chunks>
         <<<blocks, block_threads, bytes, stream>>>(qkv, out, dout, lse, dqkv, T, H, D, scale, items);
     LOOM_CUDA_CHECK_LAUNCH();
-    allow_shared(attention_backward_dq_kernel<Chunks>, bytes);
     attention_backward_dq_kernel<Chunks>
         <<<blocks, block_threads, bytes, stream>>>(qkv, out, dout, lse, dqkv, T, H, D, scale, items);
     LOOM_CUDA_CHECK_LAUNCH();

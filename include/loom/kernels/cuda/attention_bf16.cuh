@@ -464,10 +464,10 @@ __global__ void __launch_bounds__(block_threads, 1)
 
 // bf16 wmma needs compute capability 8.0, and the tiles of a head size over
 // 64 need more shared memory per block (110-121 KiB) than some of those GPUs
-// give one (8.6, 8.9 and 12.x: 99 KiB); both checked on the current device.
-inline void check_device_fits(const char* who, std::int64_t D, std::size_t shared_bytes) {
-    int device = 0, major = 0, minor = 0, shared_limit = 0;
-    LOOM_CUDA_CHECK(cudaGetDevice(&device));
+// give one (8.6, 8.9 and 12.x: 99 KiB); both checked on `device`, once per
+// launcher and device (OncePerDevice).
+inline void check_device_fits(const char* who, std::int64_t D, std::size_t shared_bytes, int device) {
+    int major = 0, minor = 0, shared_limit = 0;
     LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     LOOM_CHECK(major >= 8, who, ": bf16 attention needs bf16 tensor cores (compute capability 8.0 or newer); GPU ",
@@ -487,8 +487,11 @@ void forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int6
              float scale, cudaStream_t stream) {
     const Items items = items_of(B, T, H);
     constexpr std::size_t bytes = ForwardRegions<Width>::bytes;
-    check_device_fits("attention_forward", D, bytes);
-    attention_detail::allow_shared(forward_kernel<Width>, bytes);
+    static OncePerDevice set_up;
+    set_up([D](int device) {
+        check_device_fits("attention_forward", D, bytes, device);
+        attention_detail::allow_shared(forward_kernel<Width>, bytes);
+    });
     forward_kernel<Width><<<attention_detail::blocks_for_items(items.count()), block_threads, bytes, stream>>>(
         qkv, out, lse, T, H, D, scale, items);
     LOOM_CUDA_CHECK_LAUNCH();
@@ -499,13 +502,16 @@ void backward(const float* qkv, const float* out, const float* dout, const float
               std::int64_t T, std::int64_t H, int D, float scale, cudaStream_t stream) {
     const Items items = items_of(B, T, H);
     constexpr std::size_t bytes = BackwardRegions<Width>::bytes;
-    check_device_fits("attention_backward", D, bytes);
+    static OncePerDevice set_up;
+    set_up([D](int device) {
+        check_device_fits("attention_backward", D, bytes, device);
+        attention_detail::allow_shared(backward_dkdv_kernel<Width>, bytes);
+        attention_detail::allow_shared(backward_dq_kernel<Width>, bytes);
+    });
     const unsigned int blocks = attention_detail::blocks_for_items(items.count());
-    attention_detail::allow_shared(backward_dkdv_kernel<Width>, bytes);
     backward_dkdv_kernel<Width>
         <<<blocks, block_threads, bytes, stream>>>(qkv, out, dout, lse, dqkv, T, H, D, scale, items);
     LOOM_CUDA_CHECK_LAUNCH();
-    attention_detail::allow_shared(backward_dq_kernel<Width>, bytes);
     backward_dq_kernel<Width>
         <<<blocks, block_threads, bytes, stream>>>(qkv, out, dout, lse, dqkv, T, H, D, scale, items);
     LOOM_CUDA_CHECK_LAUNCH();

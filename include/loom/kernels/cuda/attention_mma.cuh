@@ -467,8 +467,11 @@ void forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int6
              float scale, cudaStream_t stream) {
     const Items items = items_of(B, T, H);
     constexpr std::size_t bytes = forward_shared_bytes<Width>;
-    attention_bf16_detail::check_device_fits("attention_forward", D, bytes);
-    attention_detail::allow_shared(forward_kernel<Width>, bytes);
+    static OncePerDevice set_up;
+    set_up([D](int device) {
+        attention_bf16_detail::check_device_fits("attention_forward", D, bytes, device);
+        attention_detail::allow_shared(forward_kernel<Width>, bytes);
+    });
     forward_kernel<Width><<<attention_detail::blocks_for_items(items.count()), block_threads, bytes, stream>>>(
         qkv, out, lse, T, H, D, scale, items, quads_fit(D, {qkv}));
     LOOM_CUDA_CHECK_LAUNCH();
@@ -480,7 +483,12 @@ void backward(const float* qkv, const float* out, const float* dout, const float
     const Items items = items_of(B, T, H);
     constexpr std::size_t dkdv_bytes = dkdv_shared_bytes<Width>;
     constexpr std::size_t dq_bytes = dq_shared_bytes<Width>;
-    attention_bf16_detail::check_device_fits("attention_backward", D, dkdv_bytes);
+    static OncePerDevice set_up;
+    set_up([D](int device) {
+        attention_bf16_detail::check_device_fits("attention_backward", D, dkdv_bytes, device);
+        attention_detail::allow_shared(backward_dkdv_kernel<Width>, dkdv_bytes);
+        attention_detail::allow_shared(backward_dq_kernel<Width>, dq_bytes);
+    });
     const bool quads = quads_fit(D, {qkv, dout});
     StreamScratchUse use(scratch, stream);
     auto* di = static_cast<float*>(scratch.acquire(static_cast<std::size_t>(B * H * T) * sizeof(float), stream));
@@ -489,11 +497,9 @@ void backward(const float* qkv, const float* out, const float* dout, const float
                                                                                                    H, D);
     LOOM_CUDA_CHECK_LAUNCH();
     const unsigned int blocks = attention_detail::blocks_for_items(items.count());
-    attention_detail::allow_shared(backward_dkdv_kernel<Width>, dkdv_bytes);
     backward_dkdv_kernel<Width>
         <<<blocks, block_threads, dkdv_bytes, stream>>>(qkv, dout, lse, di, dqkv, T, H, D, scale, items, quads);
     LOOM_CUDA_CHECK_LAUNCH();
-    attention_detail::allow_shared(backward_dq_kernel<Width>, dq_bytes);
     backward_dq_kernel<Width>
         <<<blocks, block_threads, dq_bytes, stream>>>(qkv, dout, lse, di, dqkv, T, H, D, scale, items, quads);
     LOOM_CUDA_CHECK_LAUNCH();

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "loom/core/check_cuda.hpp"
@@ -27,6 +28,32 @@ __device__ inline std::int64_t grid_index() {
     return blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
 }
 __device__ inline std::int64_t grid_stride() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+// Set-up a launcher needs once per GPU, not once a call: checking that the
+// device can run a kernel, raising a kernel's shared-memory limit
+// (cudaFuncSetAttribute holds per function and device). The attention
+// launchers ran both before every launch, a dozen runtime calls for each of
+// a GPT-2 step's 36 attention passes. Declare one `static` per launcher
+// instantiation; set_up(device) runs on the current device until it returns
+// normally (a throw leaves the device unmarked, so the next call throws the
+// same message). Two rank threads may both run set_up for a device the
+// first time: it must be idempotent, as these are. Devices past 63 are set
+// up on every call.
+class OncePerDevice {
+public:
+    template <class SetUp>
+    void operator()(SetUp&& set_up) {
+        int device = 0;
+        LOOM_CUDA_CHECK(cudaGetDevice(&device));
+        const std::uint64_t bit = device < 64 ? std::uint64_t{1} << device : 0;
+        if ((done_.load(std::memory_order_acquire) & bit) != 0) return;
+        set_up(device);
+        done_.fetch_or(bit, std::memory_order_release);
+    }
+
+private:
+    std::atomic<std::uint64_t> done_{0};
+};
 
 // Throws loom::Error if the launch just made failed (bad configuration,
 // missing kernel image for this GPU).
