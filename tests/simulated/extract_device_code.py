@@ -1,68 +1,136 @@
 #!/usr/bin/env python3
 """Pulls device code out of loom's CUDA headers for the host simulation
-(tests/simulated/warp_simulator.hpp):
-  - kernels/cuda/mma_fragments.cuh: its namespace without the four inline-asm
-    wrappers (shared_address, ldmatrix_x4, ldmatrix_x4_trans, mma), which
-    the simulator defines from the same PTX layouts;
-  - kernels/cuda/attention_mma.cuh: the attention_mma_detail namespace up to
-    its launchers, with the kernels' dynamic shared memory as the simulated
-    block's buffer.
+(tests/simulated/warp_simulator.hpp), into one file of C++:
+  - launch.cuh and group_reduce.cuh: the block size, grid-stride indices and
+    the group reductions every row kernel uses;
+  - attention_tiles.cuh: the work items and the helpers the mma kernels share
+    with the f32 ones (Items, Work, work_of, scaled, row_dot_warp);
+  - mma_fragments.cuh: its namespace without the four inline-asm wrappers
+    (shared_address, ldmatrix_x4, ldmatrix_x4_trans, mma), which the
+    simulator defines from the same PTX layouts;
+  - attention_mma.cuh: the attention_mma_detail namespace up to its
+    launchers, with the kernels' dynamic shared memory as the simulated
+    block's buffer;
+  - elementwise.cuh, layernorm.cuh, cross_entropy.cuh, gemm_bf16_inputs.cuh:
+    their detail namespaces' kernels (and the host-side launch shapes
+    written there).
 
-    extract_device_code.py FRAGMENTS_HEADER ATTENTION_HEADER OUTPUT
+    extract_device_code.py CUDA_KERNELS_DIR OUTPUT
 
 Fails, naming what it missed, if a header no longer has the shape this
 expects: then the simulation would test something other than the kernels.
+What it takes must be device code and host helpers only: a launch (<<<),
+inline asm or a CUDA runtime call fails the extraction.
 """
+import os
 import re
 import sys
 
 WRAPPERS = ("shared_address", "ldmatrix_x4", "ldmatrix_x4_trans", "mma")
+MMA_SHARED = "extern __shared__ __align__(128) unsigned char attention_mma_shared[];"
 
 
-def fail(header, what):
-    sys.exit(f"extract_device_code: {header} has no {what}; update tests/simulated")
+class Header:
+    def __init__(self, directory, name):
+        self.name = name
+        self.text = open(os.path.join(directory, name), encoding="utf-8").read()
 
+    def fail(self, what):
+        sys.exit(f"extract_device_code: {self.name} has no {what}; update tests/simulated")
 
-def between(header, src, begin, end):
-    if begin not in src:
-        fail(header, repr(begin))
-    if end not in src:
-        fail(header, repr(end))
-    return src[src.index(begin):src.index(end)]
+    def between(self, begin, end, inclusive=False):
+        """From `begin` up to (or through) the first `end` after it."""
+        start = self.text.find(begin)
+        if start < 0:
+            self.fail(repr(begin))
+        stop = self.text.find(end, start)
+        if stop < 0:
+            self.fail(f"{end!r} after {begin!r}")
+        return self.text[start:stop + (len(end) if inclusive else 0)]
+
+    def declaration(self, start):
+        """The declaration that starts with `start`: to its ';' if on one line,
+        else through its closing brace at column 0 ('}' or '};')."""
+        begin = self.text.find(start)
+        if begin < 0:
+            self.fail(repr(start))
+        line_end = self.text.find("\n", begin)
+        if self.text[begin:line_end].rstrip().endswith(";"):
+            return self.text[begin:line_end + 1]
+        close = re.compile(r"\n\};?\n").search(self.text, begin)
+        if close is None:
+            self.fail(f"closing brace at column 0 for {start!r}")
+        return self.text[begin:close.end()]
 
 
 def without_wrappers(header, body):
     for name in WRAPPERS:
         m = re.search(r"__device__ inline \w+ " + name + r"\(", body)
         if m is None:
-            fail(header, f"function {name}")
+            header.fail(f"function {name}")
         close = body.find("\n}\n", m.start())  # the function's closing brace, at column 0
         if close < 0:
-            fail(header, f"closing brace for {name} at column 0")
+            header.fail(f"closing brace for {name} at column 0")
         body = body[:m.start()] + body[close + 3:]
     return body
 
 
-def main(fragments, attention, output):
-    src = open(fragments, encoding="utf-8").read()
-    begin = "namespace loom::kernels::cuda::mma_fragments {"
-    frag = without_wrappers(fragments, between(fragments, src, begin, "}  // namespace loom::kernels::cuda::mma_fragments"))
-    src = open(attention, encoding="utf-8").read()
-    body = between(attention, src, "namespace attention_mma_detail {", "// Four floats a load when")
-    if "asm" in body:
-        sys.exit(f"extract_device_code: {attention} has inline asm of its own; move it to {fragments}")
-    shared = "extern __shared__ __align__(128) unsigned char attention_mma_shared[];"
-    if shared not in body:
-        fail(attention, "shared memory declared as " + repr(shared))
-    body = body.replace(shared, "unsigned char* attention_mma_shared = loom_sim::block_shared();")
+def checked(header, code):
+    for pattern, why in (("<<<", "a kernel launch"), (r"\basm\b", "inline asm"), (r"\bcuda[A-Z]", "a CUDA runtime call")):
+        if re.search(pattern, code):
+            sys.exit(f"extract_device_code: what it takes of {header.name} has {why}; "
+                     "move it out of the extracted region or teach the simulator")
+    return code
+
+
+def extract(directory):
+    h = {name: Header(directory, name) for name in (
+        "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "mma_fragments.cuh", "attention_mma.cuh",
+        "elementwise.cuh", "layernorm.cuh", "cross_entropy.cuh", "gemm_bf16_inputs.cuh")}
+    parts = []
+
+    def add(header, code):
+        parts.append(f"// ---- from {header.name}\n" + checked(header, code))
+
+    add(h["launch.cuh"], h["launch.cuh"].between("inline constexpr int threads_per_block",
+                                                "// Set-up a launcher needs"))
+    add(h["group_reduce.cuh"], h["group_reduce.cuh"].between("// Rows of up to this many values",
+                                                            "}  // namespace loom::kernels::cuda"))
+    tiles = h["attention_tiles.cuh"]
+    add(tiles, "namespace attention_detail {\n" + "".join(tiles.declaration(start) for start in (
+        "inline constexpr int tile_rows", "struct Items {", "struct Work {", "__device__ inline Work work_of(",
+        "__device__ inline float scaled(", "__device__ inline float row_dot_warp(")) +
+        "}  // namespace attention_detail\n")
+    fragments = h["mma_fragments.cuh"]
+    add(fragments, without_wrappers(fragments, fragments.between(
+        "namespace loom::kernels::cuda::mma_fragments {", "}  // namespace loom::kernels::cuda::mma_fragments")).replace(
+        "namespace loom::kernels::cuda::mma_fragments {", "namespace mma_fragments {", 1) + "}  // namespace mma_fragments\n")
+    mma = h["attention_mma.cuh"]
+    body = mma.between("namespace attention_mma_detail {", "// Four floats a load when")
+    if MMA_SHARED not in body:
+        mma.fail("shared memory declared as " + repr(MMA_SHARED))
+    body = body.replace(MMA_SHARED, "unsigned char* attention_mma_shared = loom_sim::block_shared();")
+    add(mma, body + "}  // namespace attention_mma_detail\n")
+    add(h["elementwise.cuh"], h["elementwise.cuh"].between("namespace detail {", "}  // namespace detail",
+                                                          inclusive=True) + "\n")
+    add(h["layernorm.cuh"], h["layernorm.cuh"].between("namespace detail {", "}  // namespace detail",
+                                                      inclusive=True) + "\n")
+    add(h["cross_entropy.cuh"], h["cross_entropy.cuh"].between("namespace detail {", "// Stream-ordered device memory")
+        + "}  // namespace detail\n")
+    add(h["gemm_bf16_inputs.cuh"], h["gemm_bf16_inputs.cuh"].between("namespace detail {",
+                                                                     "// Rounds the rows x cols matrix x")
+        + "}  // namespace detail\n")
+    return "namespace loom::kernels::cuda {\n" + "\n".join(parts) + "}  // namespace loom::kernels::cuda\n"
+
+
+def main(directory, output):
+    code = extract(directory)
     with open(output, "w", encoding="utf-8") as out:
-        out.write(f"// Generated from {fragments} and {attention} by tests/simulated/extract_device_code.py.\n")
-        out.write(frag + "}  // namespace loom::kernels::cuda::mma_fragments\n\n")
-        out.write("namespace loom::kernels::cuda {\n" + body + "}  // namespace attention_mma_detail\n"
-                  "}  // namespace loom::kernels::cuda\n")
+        out.write(f"// Generated from the headers in {directory} by tests/simulated/extract_device_code.py.\n")
+        out.write(code)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit("usage: extract_device_code.py FRAGMENTS_HEADER ATTENTION_HEADER OUTPUT")
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    if len(sys.argv) != 3:
+        sys.exit("usage: extract_device_code.py CUDA_KERNELS_DIR OUTPUT")
+    main(sys.argv[1], sys.argv[2])

@@ -5,9 +5,10 @@
 // closer to the emulation than to f32 where a GPU is asked for 10
 // (support/attention_bf16_check.hpp says why), so that the kernels' indexing,
 // masks, online softmax, rounding points and fragment bookkeeping are tested
-// without a GPU; and every ldmatrix row where the hardware needs it. The launches are attention_mma.cuh's own, restated (forward; D_i;
-// dK and dV; dQ), and every other shape runs on a grid of 3 blocks, so that
-// the blocks' loops over several work items are exercised too.
+// without a GPU; and every ldmatrix row where the hardware needs it. The
+// launches are attention_mma.cuh's own, restated (forward; D_i; dK and dV;
+// dQ), and every other shape runs on a grid of 3 blocks, so that the blocks'
+// loops over several work items are exercised too.
 #include <catch2/catch.hpp>
 
 #include "loom/kernels/attention_shape.hpp"
@@ -23,8 +24,8 @@
 #include <vector>
 
 #include "simulated/warp_simulator.hpp"
-// The kernels, extracted from the header by extract_device_code.py at build time.
-#include "attention_mma_device_code.inc"
+// The kernels, extracted from their headers by extract_device_code.py at build time.
+#include "device_code.inc"
 
 namespace {
 

@@ -1,20 +1,25 @@
-// A CPU simulator for warp-level CUDA device code: just enough of CUDA for
-// the mma.sync attention kernels (kernels/cuda/attention_mma.cuh) to run on
-// the host, so that their indexing, masking, softmax and fragment bookkeeping
-// are tested where there is no GPU (CI, this project's machines).
+// A CPU simulator for CUDA device code: just enough of CUDA for loom's
+// kernels to run on the host, so that their indexing, masking, reductions
+// and fragment bookkeeping are tested where there is no GPU (CI, this
+// project's machines). tests/simulated/extract_device_code.py says which
+// kernels: the mma.sync attention kernels and the row passes (layernorm,
+// cross-entropy, the bf16 rounding of GEMM operands).
 //
-// A thread block is 128 host threads; __syncthreads is a barrier over them,
-// and a warp's collectives (ldmatrix, mma.sync, __shfl_xor_sync) exchange
-// values through per-warp slots between two per-warp barriers. ldmatrix and
-// mma.m16n8k16 follow the PTX ISA's documented fragment layouts (lane
-// l = 4g + t):
+// A thread block is as many host threads as the launch asks; __syncthreads
+// is a barrier over them, and a warp's collectives (ldmatrix, mma.sync,
+// __shfl_xor_sync) exchange values through per-thread slots between two
+// per-warp barriers. Kernels without either may run their threads one after
+// another instead (launch_each). ldmatrix and mma.m16n8k16 follow the PTX
+// ISA's documented fragment layouts (lane l = 4g + t):
 //   ldmatrix .x4: lanes 8i..8i+7 give the rows of matrix i; lane l receives
 //     row g, elements 2t and 2t+1 of each (with .trans: rows 2t and 2t+1 of
 //     column g);
 //   mma A: rows g, g+8, columns 2t.. and 2t+8..; B: rows 2t.., 2t+8.. of
 //     column g; C: row g columns 2t, 2t+1, then row g+8.
 // What this cannot show: the hardware's own behaviour (an mma's internal
-// summation order, timing, bank conflicts, register limits). A kernel that
+// summation order, timing, bank conflicts, register limits), nor the
+// device's math library (its expf and logf are within 2 ulp of the host's,
+// which run here). A kernel that
 // passes here computes the right thing if the GPU does what the PTX ISA
 // says; the CUDA tests on a GPU (tests/cuda) are still the verification.
 //
@@ -22,25 +27,42 @@
 // keywords below are macros.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <memory>
 #include <thread>
 #include <vector>
 
+// What the extracted device code uses of the host core.
 #include "loom/core/dtype.hpp"
+#include "loom/core/error.hpp"
+#include "loom/kernels/attention_shape.hpp"
+#include "loom/kernels/column_sum_order.hpp"
 
 #define __device__
+#define __host__
 #define __global__
 #define __launch_bounds__(...)
+#define __restrict__
+#define __align__(n) alignas(n)
+// A block runs one at a time, so a function-local static is the running
+// block's shared memory. (The attention kernels' dynamic shared memory is
+// the simulated block's buffer instead: extract_device_code.py rewrites it.)
+#define __shared__ static
 
 struct SimulatedDim3 {
-    unsigned x = 0;
+    unsigned x = 1, y = 1, z = 1;
 };
 inline thread_local SimulatedDim3 threadIdx, blockIdx;
-inline SimulatedDim3 gridDim;
+inline SimulatedDim3 gridDim, blockDim;
 
 struct float4 {
     float x, y, z, w;
@@ -59,55 +81,121 @@ inline __nv_bfloat16 __float2bfloat16_rn(float v) { return {loom::detail::float_
 inline __nv_bfloat162 __floats2bfloat162_rn(float low, float high) {
     return {loom::detail::float_to_bf16_bits(low), loom::detail::float_to_bf16_bits(high)};
 }
+// The device's correctly rounded arithmetic, never contracted into an FMA:
+// the host's float operations are that (this file is built without FMA
+// contraction, -ffp-contract=off).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+using std::isnan;
 
 namespace loom_sim {
 
+// The attention kernels' block.
 inline constexpr int block_threads = 128;
-inline constexpr int warps = block_threads / 32;
 
-// What the threads of the running block share.
+// What the threads of the running block share: the block's barrier, one
+// barrier per warp, and each thread's slots for the values a warp
+// collective exchanges.
 struct Block {
-    std::barrier<> all{block_threads};
-    std::barrier<> warp[warps]{std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
-    float floats[block_threads][4]{};
-    unsigned words[block_threads][6]{};
-    const __nv_bfloat16* rows[block_threads]{};
+    explicit Block(int threads) : all(threads), floats(threads), words(threads), exchanged(threads), rows(threads) {
+        for (int w = 0; w < threads / 32; ++w) warp.push_back(std::make_unique<std::barrier<>>(32));
+    }
+    std::barrier<> all;
+    std::vector<std::unique_ptr<std::barrier<>>> warp;
+    std::vector<std::array<float, 4>> floats;
+    std::vector<std::array<unsigned, 6>> words;
+    std::vector<std::array<unsigned char, 8>> exchanged;
+    std::vector<const __nv_bfloat16*> rows;
     unsigned char* shared = nullptr;
     std::size_t shared_bytes = 0;
 };
-inline Block* running = nullptr;  // one block runs at a time
+inline Block* running = nullptr;  // one block runs at a time; none in launch_each
 
 // ldmatrix rows that were not 16-byte aligned 16-byte pieces of the block's
 // shared memory (the hardware's requirement), over every launch so far.
 inline std::atomic<long> bad_ldmatrix_rows{0};
 
-inline unsigned char* block_shared() { return running->shared; }
-inline void warp_barrier() { running->warp[threadIdx.x / 32].arrive_and_wait(); }
+inline Block& block() {
+    if (running == nullptr) {
+        std::fputs("warp_simulator: a kernel run by launch_each met a barrier or a warp collective; use launch\n",
+                   stderr);
+        std::abort();
+    }
+    return *running;
+}
+inline unsigned char* block_shared() { return block().shared; }
+inline void warp_barrier() { block().warp[threadIdx.x / 32]->arrive_and_wait(); }
 
-// body() on `blocks` blocks of 128 threads, one block after another, each
-// with `shared_bytes` of shared memory filled with 0xff bytes (NaN as f32
-// and bf16), so that reading what no thread wrote shows in the results.
+struct Grid {
+    unsigned x = 1, y = 1;
+};
+
+// body() on every block of `grid`, one block after another, by a team of
+// `threads` host threads (a multiple of 32) made once per launch, each block
+// with `shared_bytes` of dynamic shared memory filled with 0xff bytes (NaN as
+// f32 and bf16), so that reading what no thread wrote shows in the results.
+template <class Body>
+void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
+    gridDim = {grid.x, grid.y, 1};
+    blockDim = {static_cast<unsigned>(threads), 1, 1};
+    std::vector<unsigned char> shared(shared_bytes);  // operator new: 16-byte aligned, as dynamic shared memory
+    Block current(threads);
+    current.shared = shared.data();
+    current.shared_bytes = shared.size();
+    running = &current;
+    // The team and this thread meet at `start` before each block (and once
+    // more to finish) and at `done` after it.
+    std::barrier<> start(threads + 1), done(threads + 1);
+    SimulatedDim3 next_block;
+    bool finished = false;
+    std::vector<std::thread> team;
+    team.reserve(static_cast<std::size_t>(threads));
+    for (int t = 0; t < threads; ++t)
+        team.emplace_back([&, t] {
+            threadIdx = {static_cast<unsigned>(t), 0, 0};
+            for (;;) {
+                start.arrive_and_wait();
+                if (finished) return;
+                blockIdx = next_block;
+                body();
+                done.arrive_and_wait();
+            }
+        });
+    for (unsigned by = 0; by < grid.y; ++by)
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+            std::memset(shared.data(), 0xff, shared.size());
+            next_block = {bx, by, 0};
+            start.arrive_and_wait();
+            done.arrive_and_wait();
+        }
+    finished = true;
+    start.arrive_and_wait();
+    for (std::thread& thread : team) thread.join();
+    running = nullptr;
+}
+
+// The attention kernels' launches: `blocks` blocks of 128 threads.
 template <class Body>
 void launch(std::int64_t blocks, std::size_t shared_bytes, Body body) {
-    gridDim.x = static_cast<unsigned>(blocks);
-    std::vector<unsigned char> shared(shared_bytes);  // operator new: 16-byte aligned, as dynamic shared memory
-    for (std::int64_t b = 0; b < blocks; ++b) {
-        std::memset(shared.data(), 0xff, shared.size());
-        Block block;
-        block.shared = shared.data();
-        block.shared_bytes = shared.size();
-        running = &block;
-        std::vector<std::thread> threads;
-        threads.reserve(block_threads);
-        for (int t = 0; t < block_threads; ++t)
-            threads.emplace_back([&body, t, b] {
-                threadIdx.x = static_cast<unsigned>(t);
-                blockIdx.x = static_cast<unsigned>(b);
+    launch(Grid{static_cast<unsigned>(blocks), 1}, block_threads, shared_bytes, body);
+}
+
+// A kernel without barriers or warp collectives (an elementwise pass): its
+// threads one after another on the calling thread, which is what a GPU may
+// do too, and fast enough for whole rows of GPT-2's vocabulary.
+template <class Body>
+void launch_each(Grid grid, int threads, Body body) {
+    gridDim = {grid.x, grid.y, 1};
+    blockDim = {static_cast<unsigned>(threads), 1, 1};
+    for (unsigned by = 0; by < grid.y; ++by)
+        for (unsigned bx = 0; bx < grid.x; ++bx)
+            for (int t = 0; t < threads; ++t) {
+                threadIdx = {static_cast<unsigned>(t), 0, 0};
+                blockIdx = {bx, by, 0};
                 body();
-            });
-        for (std::thread& thread : threads) thread.join();
-        running = nullptr;
-    }
+            }
 }
 
 inline float bf16_value(std::uint16_t bits) { return loom::detail::bf16_bits_to_float(bits); }
@@ -119,15 +207,15 @@ template <bool Transposed>
 void ldmatrix_x4(unsigned (&r)[4], const __nv_bfloat16* row) {
     const int me = static_cast<int>(threadIdx.x), base = me / 32 * 32, lane = me % 32, g = lane / 4, t = lane % 4;
     const auto* byte = reinterpret_cast<const unsigned char*>(row);
-    if (byte < running->shared || byte + 16 > running->shared + running->shared_bytes ||
-        (byte - running->shared) % 16 != 0) {
+    Block& b = block();
+    if (byte < b.shared || byte + 16 > b.shared + b.shared_bytes || (byte - b.shared) % 16 != 0) {
         ++bad_ldmatrix_rows;
-        row = reinterpret_cast<const __nv_bfloat16*>(running->shared);  // read something harmless instead
+        row = reinterpret_cast<const __nv_bfloat16*>(b.shared);  // read something harmless instead
     }
-    running->rows[me] = row;
+    b.rows[me] = row;
     warp_barrier();
     for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat16* const* matrix = running->rows + base + 8 * i;
+        const __nv_bfloat16* const* matrix = b.rows.data() + base + 8 * i;
         r[i] = Transposed ? pack(matrix[2 * t][g].bits, matrix[2 * t + 1][g].bits)
                           : pack(matrix[g][2 * t].bits, matrix[g][2 * t + 1].bits);
     }
@@ -138,14 +226,15 @@ void ldmatrix_x4(unsigned (&r)[4], const __nv_bfloat16* row) {
 // and B (16 x 8), each lane's four results summed over k in order.
 inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     const int me = static_cast<int>(threadIdx.x), base = me / 32 * 32, lane = me % 32;
-    for (int i = 0; i < 4; ++i) running->words[me][i] = a[i];
-    running->words[me][4] = b0;
-    running->words[me][5] = b1;
+    Block& b = block();
+    for (int i = 0; i < 4; ++i) b.words[me][i] = a[i];
+    b.words[me][4] = b0;
+    b.words[me][5] = b1;
     warp_barrier();
     float A[16][16], B[16][8];
     for (int x = 0; x < 32; ++x) {
         const int g = x / 4, t = x % 4;
-        const unsigned* w = running->words[base + x];
+        const unsigned* w = b.words[base + x].data();
         for (int half = 0; half < 2; ++half) {
             A[g + 8 * half][2 * t] = low_half(w[half]);
             A[g + 8 * half][2 * t + 1] = high_half(w[half]);
@@ -167,41 +256,22 @@ inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, uns
 
 }  // namespace loom_sim
 
-inline void __syncthreads() { loom_sim::running->all.arrive_and_wait(); }
+inline void __syncthreads() { loom_sim::block().all.arrive_and_wait(); }
 
-inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+// Any value of up to 8 bytes (the reductions shuffle floats, doubles and
+// 64-bit integers), as CUDA's overloads.
+template <class T>
+T __shfl_xor_sync(unsigned, T value, int lane_mask) {
+    static_assert(sizeof(T) <= 8);
     const int me = static_cast<int>(threadIdx.x);
-    loom_sim::running->floats[me][0] = value;
+    loom_sim::Block& b = loom_sim::block();
+    std::memcpy(b.exchanged[me].data(), &value, sizeof value);
     loom_sim::warp_barrier();
-    const float theirs = loom_sim::running->floats[me ^ lane_mask][0];
+    T theirs;
+    std::memcpy(&theirs, b.exchanged[me ^ lane_mask].data(), sizeof theirs);
     loom_sim::warp_barrier();
     return theirs;
 }
-
-// What the extracted kernels use of kernels/cuda/attention.cuh and
-// attention_tiles.cuh, restated for the host (keep in step with those).
-namespace loom::kernels::cuda::attention_detail {
-struct Items {
-    std::int64_t heads, tiles;
-    [[nodiscard]] std::int64_t count() const { return heads * tiles; }
-};
-struct Work {
-    std::int64_t row0, bh, b, h;
-};
-inline Work work_of(std::int64_t item, const Items& items, std::int64_t H, bool last_first, std::int64_t rows) {
-    const std::int64_t rank = item / items.heads;
-    const std::int64_t tile = last_first ? items.tiles - 1 - rank : rank;
-    const std::int64_t bh = item % items.heads;
-    return {tile * rows, bh, bh / H, bh % H};
-}
-inline float scaled(float dot, float scale) { return dot * scale; }
-inline float row_dot_warp(const float* out_row, const float* dout_row, int D) {
-    float partial = 0.0f;
-    for (int d = static_cast<int>(threadIdx.x % 32); d < D; d += 32) partial = std::fma(out_row[d], dout_row[d], partial);
-    for (int offset = 16; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffff'ffffu, partial, offset);
-    return partial;
-}
-}  // namespace loom::kernels::cuda::attention_detail
 
 namespace loom::kernels::cuda::mma_fragments {
 using bf16_t = __nv_bfloat16;

@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(block_threads, 1)
             const int c0 = half * (tile_rows / 2), c1 = c0 + tile_rows / 2;
             float tile_max = -INFINITY;
             for (int c = c0; c < c1; ++c)
-                if (j0 + c <= query) tile_max = fmaxf(tile_max, attention_detail::scaled(scores[row * score_ld + c], scale));
+                if (j0 + c <= query)
+                    tile_max = fmaxf(tile_max, attention_detail::scaled(scores[row * score_ld + c], scale));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(full_mask, tile_max, 1));
             // Key 0 is seen by every query: the first tile makes the max finite.
             // A max that moved moves to a whole multiple of ln 2, as the host's
@@ -266,8 +267,9 @@ __global__ void __launch_bounds__(block_threads, 1)
             const float rescale = expf(running_max - new_max);  // 0 on the first tile
             float sum = 0.0f;
             for (int c = c0; c < c1; ++c) {
-                const float p =
-                    j0 + c <= query ? expf(attention_detail::scaled(scores[row * score_ld + c], scale) - new_max) : 0.0f;
+                const float p = j0 + c <= query
+                                    ? expf(attention_detail::scaled(scores[row * score_ld + c], scale) - new_max)
+                                    : 0.0f;
                 sum += p;  // the unrounded p, as the host emulation sums
                 weights[row * weight_ld + c] = __float2bfloat16_rn(p);
             }

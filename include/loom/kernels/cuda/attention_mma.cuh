@@ -493,8 +493,8 @@ void backward(const float* qkv, const float* out, const float* dout, const float
     StreamScratchUse use(scratch, stream);
     auto* di = static_cast<float*>(scratch.acquire(static_cast<std::size_t>(B * H * T) * sizeof(float), stream));
     const std::int64_t row_blocks = (B * H * T + block_threads / 32 - 1) / (block_threads / 32);
-    row_dots_kernel<block_threads><<<attention_detail::blocks_for_items(row_blocks), block_threads, 0, stream>>>(out, dout, di, B, T,
-                                                                                                   H, D);
+    row_dots_kernel<block_threads>
+        <<<attention_detail::blocks_for_items(row_blocks), block_threads, 0, stream>>>(out, dout, di, B, T, H, D);
     LOOM_CUDA_CHECK_LAUNCH();
     const unsigned int blocks = attention_detail::blocks_for_items(items.count());
     backward_dkdv_kernel<Width>

@@ -13,10 +13,10 @@
 // shared memory). Each thread sums a strided slice of the row; the slices are
 // combined in a fixed tree, so the result depends only on C, never on the
 // grid, the GPU or the run. The weight gradient is a column sum over rows: a
-// thread block owns 8 adjacent columns (8 floats: one full 32-byte sector per
-// row, so the loads stay coalesced), its 32 row lanes each sum every 32nd row,
-// and a shared-memory tree adds the lanes; no atomics, so it is deterministic,
-// and it needs no scratch memory.
+// thread block of 1024 owns 32 adjacent columns (a warp reads 128 contiguous
+// bytes of a row), its 32 row lanes each sum every 32nd row, and a
+// shared-memory tree adds the lanes; no atomics, so it is deterministic, and
+// it needs no scratch memory.
 //
 // Against the host: the same formulas in f32, summed in a different order
 // (strided slices and a tree here, 16 lanes there), and nvcc fuses some
