@@ -3,8 +3,10 @@
 (tests/simulated/warp_simulator.hpp), into one file of C++:
   - launch.cuh and group_reduce.cuh: the block size, grid-stride indices and
     the group reductions every row kernel uses;
-  - attention_tiles.cuh: the work items and the helpers the mma kernels share
-    with the f32 ones (Items, Work, work_of, scaled, row_dot_warp);
+  - attention_tiles.cuh and attention.cuh: the f32 attention kernels and the
+    tile machinery the mma kernels share with them, the tiles' dynamic shared
+    memory the simulated block's buffer;
+  - attention_blocks.cuh: ring attention's block kernels;
   - mma_fragments.cuh: its namespace without the four inline-asm wrappers
     (shared_address, ldmatrix_x4, ldmatrix_x4_trans, mma), which the
     simulator defines from the same PTX layouts;
@@ -28,6 +30,7 @@ import sys
 
 WRAPPERS = ("shared_address", "ldmatrix_x4", "ldmatrix_x4_trans", "mma")
 MMA_SHARED = "extern __shared__ __align__(128) unsigned char attention_mma_shared[];"
+TILES_SHARED = "extern __shared__ float4 attention_shared[];"
 
 
 class Header:
@@ -48,20 +51,6 @@ class Header:
             self.fail(f"{end!r} after {begin!r}")
         return self.text[start:stop + (len(end) if inclusive else 0)]
 
-    def declaration(self, start):
-        """The declaration that starts with `start`: to its ';' if on one line,
-        else through its closing brace at column 0 ('}' or '};')."""
-        begin = self.text.find(start)
-        if begin < 0:
-            self.fail(repr(start))
-        line_end = self.text.find("\n", begin)
-        if self.text[begin:line_end].rstrip().endswith(";"):
-            return self.text[begin:line_end + 1]
-        close = re.compile(r"\n\};?\n").search(self.text, begin)
-        if close is None:
-            self.fail(f"closing brace at column 0 for {start!r}")
-        return self.text[begin:close.end()]
-
 
 def without_wrappers(header, body):
     for name in WRAPPERS:
@@ -76,7 +65,8 @@ def without_wrappers(header, body):
 
 
 def checked(header, code):
-    for pattern, why in (("<<<", "a kernel launch"), (r"\basm\b", "inline asm"), (r"\bcuda[A-Z]", "a CUDA runtime call")):
+    forbidden = (("<<<", "a kernel launch"), (r"\basm\b", "inline asm"), (r"\bcuda[A-Z]", "a CUDA runtime call"))
+    for pattern, why in forbidden:
         if re.search(pattern, code):
             sys.exit(f"extract_device_code: what it takes of {header.name} has {why}; "
                      "move it out of the extracted region or teach the simulator")
@@ -85,7 +75,8 @@ def checked(header, code):
 
 def extract(directory):
     h = {name: Header(directory, name) for name in (
-        "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "mma_fragments.cuh", "attention_mma.cuh",
+        "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
+        "mma_fragments.cuh", "attention_mma.cuh",
         "elementwise.cuh", "layernorm.cuh", "cross_entropy.cuh", "gemm_bf16_inputs.cuh")}
     parts = []
 
@@ -97,14 +88,21 @@ def extract(directory):
     add(h["group_reduce.cuh"], h["group_reduce.cuh"].between("// Rows of up to this many values",
                                                             "}  // namespace loom::kernels::cuda"))
     tiles = h["attention_tiles.cuh"]
-    add(tiles, "namespace attention_detail {\n" + "".join(tiles.declaration(start) for start in (
-        "inline constexpr int tile_rows", "struct Items {", "struct Work {", "__device__ inline Work work_of(",
-        "__device__ inline float scaled(", "__device__ inline float row_dot_warp(")) +
-        "}  // namespace attention_detail\n")
+    body = tiles.between("// Rows of a query tile and of a key tile",
+                         "}  // namespace loom::kernels::cuda::attention_detail")
+    if TILES_SHARED not in body:
+        tiles.fail("shared memory declared as " + repr(TILES_SHARED))
+    body = body.replace(TILES_SHARED, "auto* attention_shared = reinterpret_cast<float4*>(loom_sim::block_shared());")
+    add(tiles, "namespace attention_detail {\n" + body + "}  // namespace attention_detail\n")
+    add(h["attention.cuh"], h["attention.cuh"].between("namespace attention_detail {",
+                                                      "template <class Kernel>\nvoid allow_shared")
+        + "}  // namespace attention_detail\n")
+    add(h["attention_blocks.cuh"], h["attention_blocks.cuh"].between("using host::BlockMask;", "inline void check_head")
+        + "}  // namespace block_detail\n")
     fragments = h["mma_fragments.cuh"]
-    add(fragments, without_wrappers(fragments, fragments.between(
-        "namespace loom::kernels::cuda::mma_fragments {", "}  // namespace loom::kernels::cuda::mma_fragments")).replace(
-        "namespace loom::kernels::cuda::mma_fragments {", "namespace mma_fragments {", 1) + "}  // namespace mma_fragments\n")
+    opening = "namespace loom::kernels::cuda::mma_fragments {"
+    body = without_wrappers(fragments, fragments.between(opening, "}  // namespace loom::kernels::cuda::mma_fragments"))
+    add(fragments, body.replace(opening, "namespace mma_fragments {", 1) + "}  // namespace mma_fragments\n")
     mma = h["attention_mma.cuh"]
     body = mma.between("namespace attention_mma_detail {", "// Four floats a load when")
     if MMA_SHARED not in body:

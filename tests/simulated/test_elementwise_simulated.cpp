@@ -77,7 +77,8 @@ TEST_CASE("the flat CUDA elementwise kernels on simulated threads equal the host
 
             std::vector<float> want(a.size()), got(a.size(), NAN);
             host::add(a.data(), b.data(), want.data(), n);
-            loom_sim::launch_each(grid, block, [&] { dev::detail::add_kernel<float>(a.data(), b.data(), got.data(), n); });
+            loom_sim::launch_each(grid, block,
+                                  [&] { dev::detail::add_kernel<float>(a.data(), b.data(), got.data(), n); });
             CHECK_NO_MISMATCHES("add", compare_floats(got, want, false));
 
             want = a;

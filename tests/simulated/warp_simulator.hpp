@@ -5,10 +5,10 @@
 // kernels: the mma.sync attention kernels and the row passes (layernorm,
 // cross-entropy, the bf16 rounding of GEMM operands).
 //
-// A thread block is as many host threads as the launch asks; __syncthreads
-// is a barrier over them, and a warp's collectives (ldmatrix, mma.sync,
-// __shfl_xor_sync) exchange values through per-thread slots between two
-// per-warp barriers. Kernels without either may run their threads one after
+// A thread block is as many fibers as the launch asks (see Block below);
+// __syncthreads is a barrier over them, and a warp's collectives (ldmatrix,
+// mma.sync, __shfl_sync, __shfl_xor_sync) exchange values through
+// per-thread slots between two per-warp barriers. Kernels without either may run their threads one after
 // another instead (launch_each). ldmatrix and mma.m16n8k16 follow the PTX
 // ISA's documented fragment layouts (lane l = 4g + t):
 //   ldmatrix .x4: lanes 8i..8i+7 give the rows of matrix i; lane l receives
@@ -27,18 +27,18 @@
 // keywords below are macros.
 #pragma once
 
+#include <ucontext.h>
+
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <memory>
-#include <thread>
 #include <vector>
 
 // What the extracted device code uses of the host core.
@@ -46,6 +46,7 @@
 #include "loom/core/error.hpp"
 #include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/column_sum_order.hpp"
+#include "loom/kernels/host/attention_blocks.hpp"
 
 #define __device__
 #define __host__
@@ -61,7 +62,8 @@
 struct SimulatedDim3 {
     unsigned x = 1, y = 1, z = 1;
 };
-inline thread_local SimulatedDim3 threadIdx, blockIdx;
+// The running fiber's (every simulated thread runs on the calling thread).
+inline SimulatedDim3 threadIdx, blockIdx;
 inline SimulatedDim3 gridDim, blockDim;
 
 struct float4 {
@@ -78,6 +80,7 @@ struct __nv_bfloat162 {
     std::uint16_t x, y;  // x in the low half, as CUDA's
 };
 inline __nv_bfloat16 __float2bfloat16_rn(float v) { return {loom::detail::float_to_bf16_bits(v)}; }
+inline float __bfloat162float(__nv_bfloat16 v) { return loom::detail::bf16_bits_to_float(v.bits); }
 inline __nv_bfloat162 __floats2bfloat162_rn(float low, float high) {
     return {loom::detail::float_to_bf16_bits(low), loom::detail::float_to_bf16_bits(high)};
 }
@@ -95,19 +98,126 @@ namespace loom_sim {
 // The attention kernels' block.
 inline constexpr int block_threads = 128;
 
-// What the threads of the running block share: the block's barrier, one
-// barrier per warp, and each thread's slots for the values a warp
-// collective exchanges.
+// A simulated thread is a fiber, and a block's fibers take turns on the
+// calling thread: each runs until it waits at a barrier (or ends), then the
+// next. Deterministic, and a barrier costs a few context switches rather
+// than an OS thread's wake-up. The switch: on x86-64 six callee-saved
+// registers, the stack pointer and the floating-point control words, by
+// hand (loom_sim_switch below); elsewhere ucontext's swapcontext, which also
+// saves the signal mask with a system call each time. The f32 attention test
+// took 84 s with OS threads, 54 s with swapcontext and 4.5 s with the
+// hand-written switch (T = 512; it now runs the CUDA test's T = 1024).
+// A barrier's waiters are resumed only once the barrier has opened; the
+// turn order alternates (first to last, then last to first) so that a read
+// and a write of the same phase, which only a missing barrier would order,
+// run both ways round. If every fiber left waits and no barrier can open
+// (threads of one block at different barriers: divergent __syncthreads),
+// the simulator says so and aborts, where a GPU would hang or misbehave.
+struct Barrier {
+    int expected = 0, arrived = 0;
+    long generation = 0;
+};
+
+// A suspended fiber (or the scheduler): where to resume it.
+#if defined(__x86_64__)
+struct Context {
+    void* stack_pointer = nullptr;
+};
+extern "C" void loom_sim_switch(void** save, void* load);
+// Saves the caller's callee-saved registers, MXCSR and x87 control word on
+// its stack, stores its stack pointer in *save, and resumes the context
+// whose stack pointer is `load`. Weak: every test file that includes this
+// header defines it, and the linker keeps one.
+asm(R"(
+    .pushsection .text
+    .weak loom_sim_switch
+    .type loom_sim_switch, @function
+loom_sim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size loom_sim_switch, .-loom_sim_switch
+    .popsection
+)");
+inline void switch_context(Context& save, const Context& load) {
+    loom_sim_switch(&save.stack_pointer, load.stack_pointer);
+}
+// A context that starts `entry` (which must never return) on the stack
+// [stack, stack + bytes): what loom_sim_switch pops, then entry as the
+// return address, placed so that entry starts with the stack aligned as
+// after a call (rsp = 8 mod 16).
+inline void make_context(Context& context, char* stack, std::size_t bytes, void (*entry)()) {
+    auto top = reinterpret_cast<std::uintptr_t>(stack + bytes) & ~std::uintptr_t{15};
+    auto* frame = reinterpret_cast<std::uint64_t*>(top - 8 - 64);
+    frame[0] = 0x1f80u | (std::uint64_t{0x037f} << 32);  // MXCSR, x87 control word: the defaults
+    for (int r = 1; r <= 6; ++r) frame[r] = 0;           // r15, r14, r13, r12, rbx, rbp
+    frame[7] = reinterpret_cast<std::uint64_t>(entry);
+    context.stack_pointer = frame;
+}
+#else
+struct Context {
+    ucontext_t state{};
+};
+inline void switch_context(Context& save, const Context& load) { swapcontext(&save.state, &load.state); }
+inline void make_context(Context& context, char* stack, std::size_t bytes, void (*entry)()) {
+    getcontext(&context.state);
+    context.state.uc_stack.ss_sp = stack;
+    context.state.uc_stack.ss_size = bytes;
+    context.state.uc_link = nullptr;
+    makecontext(&context.state, entry, 0);
+}
+#endif
+
+struct Fiber {
+    Context context;
+    std::unique_ptr<char[]> stack;
+    const Barrier* waiting_on = nullptr;
+    long waiting_generation = 0;
+    bool finished = false;
+};
+
+// What the fibers of the running block share: its barrier, one barrier per
+// warp, each thread's slots for the values a warp collective exchanges, and
+// the scheduler's state.
 struct Block {
-    explicit Block(int threads) : all(threads), floats(threads), words(threads), exchanged(threads), rows(threads) {
-        for (int w = 0; w < threads / 32; ++w) warp.push_back(std::make_unique<std::barrier<>>(32));
+    explicit Block(int threads)
+        : fibers(static_cast<std::size_t>(threads)),
+          floats(static_cast<std::size_t>(threads)),
+          words(static_cast<std::size_t>(threads)),
+          exchanged(static_cast<std::size_t>(threads)),
+          rows(static_cast<std::size_t>(threads)),
+          warp(static_cast<std::size_t>(threads / 32)) {
+        all.expected = threads;
+        for (Barrier& w : warp) w.expected = 32;
     }
-    std::barrier<> all;
-    std::vector<std::unique_ptr<std::barrier<>>> warp;
+    std::vector<Fiber> fibers;
     std::vector<std::array<float, 4>> floats;
     std::vector<std::array<unsigned, 6>> words;
     std::vector<std::array<unsigned char, 8>> exchanged;
     std::vector<const __nv_bfloat16*> rows;
+    Barrier all;
+    std::vector<Barrier> warp;
+    Context scheduler;
+    int current = 0;
+    const std::function<void()>* body = nullptr;
     unsigned char* shared = nullptr;
     std::size_t shared_bytes = 0;
 };
@@ -115,64 +225,97 @@ inline Block* running = nullptr;  // one block runs at a time; none in launch_ea
 
 // ldmatrix rows that were not 16-byte aligned 16-byte pieces of the block's
 // shared memory (the hardware's requirement), over every launch so far.
-inline std::atomic<long> bad_ldmatrix_rows{0};
+inline long bad_ldmatrix_rows = 0;
+
+[[noreturn]] inline void fail(const char* what) {
+    std::fprintf(stderr, "warp_simulator: %s\n", what);
+    std::abort();
+}
 
 inline Block& block() {
-    if (running == nullptr) {
-        std::fputs("warp_simulator: a kernel run by launch_each met a barrier or a warp collective; use launch\n",
-                   stderr);
-        std::abort();
-    }
+    if (running == nullptr) fail("a kernel run by launch_each met a barrier or a warp collective; use launch");
     return *running;
 }
 inline unsigned char* block_shared() { return block().shared; }
-inline void warp_barrier() { block().warp[threadIdx.x / 32]->arrive_and_wait(); }
+
+// The running fiber waits until every one of the barrier's threads has arrived.
+inline void arrive_and_wait(Barrier& barrier) {
+    Block& b = block();
+    if (++barrier.arrived == barrier.expected) {
+        barrier.arrived = 0;
+        ++barrier.generation;
+        return;  // the last to arrive goes on; the others resume in their turn
+    }
+    Fiber& me = b.fibers[static_cast<std::size_t>(b.current)];
+    me.waiting_on = &barrier;
+    me.waiting_generation = barrier.generation;
+    switch_context(me.context, b.scheduler);
+}
+inline void warp_barrier() { arrive_and_wait(block().warp[threadIdx.x / 32]); }
+
+inline constexpr std::size_t fiber_stack_bytes = 256 * 1024;
+
+[[noreturn]] inline void run_fiber() {
+    Block& b = *running;
+    (*b.body)();
+    Fiber& me = b.fibers[static_cast<std::size_t>(b.current)];
+    me.finished = true;
+    switch_context(me.context, b.scheduler);  // never resumed
+    fail("a finished fiber was resumed");
+}
+
+// Runs the block's fibers, in turns, until all have finished.
+inline void run_block(Block& b, unsigned bx, unsigned by) {
+    const int threads = static_cast<int>(b.fibers.size());
+    for (Fiber& f : b.fibers) {
+        f.waiting_on = nullptr;
+        f.finished = false;
+        make_context(f.context, f.stack.get(), fiber_stack_bytes, run_fiber);
+    }
+    blockIdx = {bx, by, 0};
+    for (int left = threads, sweep = 0; left > 0; ++sweep) {
+        bool progress = false;
+        for (int k = 0; k < threads; ++k) {
+            const int t = sweep % 2 == 0 ? k : threads - 1 - k;
+            Fiber& f = b.fibers[static_cast<std::size_t>(t)];
+            if (f.finished || (f.waiting_on != nullptr && f.waiting_on->generation == f.waiting_generation)) continue;
+            f.waiting_on = nullptr;
+            b.current = t;
+            threadIdx = {static_cast<unsigned>(t), 0, 0};
+            switch_context(b.scheduler, f.context);
+            progress = true;
+            if (f.finished) --left;
+        }
+        if (!progress) fail("every thread left waits at a barrier that cannot open: divergent __syncthreads or warp");
+    }
+}
 
 struct Grid {
     unsigned x = 1, y = 1;
 };
 
-// body() on every block of `grid`, one block after another, by a team of
-// `threads` host threads (a multiple of 32) made once per launch, each block
-// with `shared_bytes` of dynamic shared memory filled with 0xff bytes (NaN as
-// f32 and bf16), so that reading what no thread wrote shows in the results.
+// body() on every block of `grid`, one block after another, each as
+// `threads` fibers (a multiple of 32) with `shared_bytes` of dynamic shared
+// memory filled with 0xff bytes (NaN as f32 and bf16), so that reading what
+// no thread wrote shows in the results.
 template <class Body>
 void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
+    if (threads <= 0 || threads % 32 != 0) fail("a block is a positive number of whole warps");
     gridDim = {grid.x, grid.y, 1};
     blockDim = {static_cast<unsigned>(threads), 1, 1};
     std::vector<unsigned char> shared(shared_bytes);  // operator new: 16-byte aligned, as dynamic shared memory
     Block current(threads);
+    for (Fiber& f : current.fibers) f.stack.reset(new char[fiber_stack_bytes]);
+    const std::function<void()> run = body;
+    current.body = &run;
     current.shared = shared.data();
     current.shared_bytes = shared.size();
     running = &current;
-    // The team and this thread meet at `start` before each block (and once
-    // more to finish) and at `done` after it.
-    std::barrier<> start(threads + 1), done(threads + 1);
-    SimulatedDim3 next_block;
-    bool finished = false;
-    std::vector<std::thread> team;
-    team.reserve(static_cast<std::size_t>(threads));
-    for (int t = 0; t < threads; ++t)
-        team.emplace_back([&, t] {
-            threadIdx = {static_cast<unsigned>(t), 0, 0};
-            for (;;) {
-                start.arrive_and_wait();
-                if (finished) return;
-                blockIdx = next_block;
-                body();
-                done.arrive_and_wait();
-            }
-        });
     for (unsigned by = 0; by < grid.y; ++by)
         for (unsigned bx = 0; bx < grid.x; ++bx) {
             std::memset(shared.data(), 0xff, shared.size());
-            next_block = {bx, by, 0};
-            start.arrive_and_wait();
-            done.arrive_and_wait();
+            run_block(current, bx, by);
         }
-    finished = true;
-    start.arrive_and_wait();
-    for (std::thread& thread : team) thread.join();
     running = nullptr;
 }
 
@@ -256,7 +399,7 @@ inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, uns
 
 }  // namespace loom_sim
 
-inline void __syncthreads() { loom_sim::block().all.arrive_and_wait(); }
+inline void __syncthreads() { loom_sim::arrive_and_wait(loom_sim::block().all); }
 
 // Any value of up to 8 bytes (the reductions shuffle floats, doubles and
 // 64-bit integers), as CUDA's overloads.
@@ -269,6 +412,20 @@ T __shfl_xor_sync(unsigned, T value, int lane_mask) {
     loom_sim::warp_barrier();
     T theirs;
     std::memcpy(&theirs, b.exchanged[me ^ lane_mask].data(), sizeof theirs);
+    loom_sim::warp_barrier();
+    return theirs;
+}
+
+// Lane `source`'s value, for every lane of the warp.
+template <class T>
+T __shfl_sync(unsigned, T value, int source) {
+    static_assert(sizeof(T) <= 8);
+    const int me = static_cast<int>(threadIdx.x);
+    loom_sim::Block& b = loom_sim::block();
+    std::memcpy(b.exchanged[me].data(), &value, sizeof value);
+    loom_sim::warp_barrier();
+    T theirs;
+    std::memcpy(&theirs, b.exchanged[me / 32 * 32 + source % 32].data(), sizeof theirs);
     loom_sim::warp_barrier();
     return theirs;
 }
