@@ -7,6 +7,8 @@
     tile machinery the mma kernels share with them, the tiles' dynamic shared
     memory the simulated block's buffer;
   - attention_blocks.cuh: ring attention's block kernels;
+  - attention_bf16.cuh: the wmma attention kernels (the simulator has its own
+    nvcuda::wmma), up to their launchers;
   - mma_fragments.cuh: its namespace without the four inline-asm wrappers
     (shared_address, ldmatrix_x4, ldmatrix_x4_trans, mma), which the
     simulator defines from the same PTX layouts;
@@ -31,6 +33,7 @@ import sys
 WRAPPERS = ("shared_address", "ldmatrix_x4", "ldmatrix_x4_trans", "mma")
 MMA_SHARED = "extern __shared__ __align__(128) unsigned char attention_mma_shared[];"
 TILES_SHARED = "extern __shared__ float4 attention_shared[];"
+WMMA_SHARED = "extern __shared__ __align__(128) unsigned char attention_bf16_shared[];"
 
 
 class Header:
@@ -76,7 +79,7 @@ def checked(header, code):
 def extract(directory):
     h = {name: Header(directory, name) for name in (
         "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
-        "mma_fragments.cuh", "attention_mma.cuh",
+        "attention_bf16.cuh", "mma_fragments.cuh", "attention_mma.cuh",
         "elementwise.cuh", "layernorm.cuh", "cross_entropy.cuh", "gemm_bf16_inputs.cuh")}
     parts = []
 
@@ -99,6 +102,12 @@ def extract(directory):
         + "}  // namespace attention_detail\n")
     add(h["attention_blocks.cuh"], h["attention_blocks.cuh"].between("using host::BlockMask;", "inline void check_head")
         + "}  // namespace block_detail\n")
+    wmma = h["attention_bf16.cuh"]
+    body = wmma.between("namespace attention_bf16_detail {", "// bf16 wmma needs compute capability 8.0")
+    if WMMA_SHARED not in body:
+        wmma.fail("shared memory declared as " + repr(WMMA_SHARED))
+    body = body.replace(WMMA_SHARED, "unsigned char* attention_bf16_shared = loom_sim::block_shared();")
+    add(wmma, body + "}  // namespace attention_bf16_detail\n")
     fragments = h["mma_fragments.cuh"]
     opening = "namespace loom::kernels::cuda::mma_fragments {"
     body = without_wrappers(fragments, fragments.between(opening, "}  // namespace loom::kernels::cuda::mma_fragments"))

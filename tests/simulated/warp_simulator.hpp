@@ -19,7 +19,11 @@
 // What this cannot show: the hardware's own behaviour (an mma's internal
 // summation order, timing, bank conflicts, register limits), nor the
 // device's math library (its expf and logf are within 2 ulp of the host's,
-// which run here). A kernel that
+// which run here), nor a race the memory model allows but this order hides:
+// here every warp collective (a shuffle, ldmatrix, mma) also orders memory
+// between the warp's lanes, which on a GPU only __syncwarp does, so a
+// __syncwarp missing just after a shuffle goes unseen (tried: removing the
+// one after the wmma forward's row sums passes). A kernel that
 // passes here computes the right thing if the GPU does what the PTX ISA
 // says; the CUDA tests on a GPU (tests/cuda) are still the verification.
 //
@@ -39,6 +43,8 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
+#include <type_traits>
 #include <vector>
 
 // What the extracted device code uses of the host core.
@@ -204,6 +210,7 @@ struct Block {
           words(static_cast<std::size_t>(threads)),
           exchanged(static_cast<std::size_t>(threads)),
           rows(static_cast<std::size_t>(threads)),
+          wmma_products(static_cast<std::size_t>(threads / 32)),
           warp(static_cast<std::size_t>(threads / 32)) {
         all.expected = threads;
         for (Barrier& w : warp) w.expected = 32;
@@ -213,6 +220,7 @@ struct Block {
     std::vector<std::array<unsigned, 6>> words;
     std::vector<std::array<unsigned char, 8>> exchanged;
     std::vector<const __nv_bfloat16*> rows;
+    std::vector<std::array<float, 256>> wmma_products;  // one per warp
     Barrier all;
     std::vector<Barrier> warp;
     Context scheduler;
@@ -226,6 +234,10 @@ inline Block* running = nullptr;  // one block runs at a time; none in launch_ea
 // ldmatrix rows that were not 16-byte aligned 16-byte pieces of the block's
 // shared memory (the hardware's requirement), over every launch so far.
 inline long bad_ldmatrix_rows = 0;
+// wmma loads and stores whose pointer was not 32-byte aligned or whose
+// stride was not a multiple of 16 bytes (the CUDA Programming Guide's
+// requirements), over every launch so far.
+inline long bad_wmma_accesses = 0;
 
 [[noreturn]] inline void fail(const char* what) {
     std::fprintf(stderr, "warp_simulator: %s\n", what);
@@ -303,7 +315,11 @@ void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
     if (threads <= 0 || threads % 32 != 0) fail("a block is a positive number of whole warps");
     gridDim = {grid.x, grid.y, 1};
     blockDim = {static_cast<unsigned>(threads), 1, 1};
-    std::vector<unsigned char> shared(shared_bytes);  // operator new: 16-byte aligned, as dynamic shared memory
+    // 128-byte aligned, as the kernels declare their dynamic shared memory
+    // (__align__(128)); wmma's 32-byte alignment rests on it.
+    std::vector<unsigned char> storage(shared_bytes + 128);
+    const std::size_t skip = (128 - reinterpret_cast<std::uintptr_t>(storage.data()) % 128) % 128;
+    const std::span<unsigned char> shared(storage.data() + skip, shared_bytes);
     Block current(threads);
     for (Fiber& f : current.fibers) f.stack.reset(new char[fiber_stack_bytes]);
     const std::function<void()> run = body;
@@ -429,6 +445,83 @@ T __shfl_sync(unsigned, T value, int source) {
     loom_sim::warp_barrier();
     return theirs;
 }
+
+// nvcuda::wmma for 16 x 16 x 16 bf16 products with f32 accumulators. The
+// hardware spreads a fragment over the warp in an unspecified layout, so
+// kernels only load, multiply, store and fill whole fragments; here every
+// lane holds the whole 16 x 16 fragment. A load or store is each lane's
+// own (the same values); mma_sync is computed once per warp, by lane 0,
+// sums over k in order from the accumulator, and handed to every lane.
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K, class T, class Layout = void>
+struct fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "the simulator has 16 x 16 x 16 fragments only");
+    static constexpr int num_elements = 256;
+    T x[256];
+};
+
+namespace detail {
+inline void check_access(const void* pointer, unsigned ldm, std::size_t element_bytes) {
+    if (reinterpret_cast<std::uintptr_t>(pointer) % 32 != 0 || ldm * element_bytes % 16 != 0)
+        ++loom_sim::bad_wmma_accesses;
+}
+inline float value_of(float v) { return v; }
+inline float value_of(__nv_bfloat16 v) { return loom::detail::bf16_bits_to_float(v.bits); }
+}  // namespace detail
+
+template <class Use, class T, class Layout>
+void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, T value) {
+    for (T& e : f.x) e = value;
+}
+
+template <class Use, class T, class Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+    static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
+    detail::check_access(p, ldm, sizeof(T));
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
+                             layout_t layout) {
+    detail::check_access(p, ldm, sizeof(float));
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
+                              layout_t layout) {
+    detail::check_access(p, ldm, sizeof(float));
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
+}
+
+template <class T, class LayoutA, class LayoutB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
+              const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
+    loom_sim::Block& block = loom_sim::block();
+    std::array<float, 256>& product = block.wmma_products[threadIdx.x / 32];
+    if (threadIdx.x % 32 == 0)
+        for (int r = 0; r < 16; ++r)
+            for (int n = 0; n < 16; ++n) {
+                float sum = c.x[r * 16 + n];
+                for (int k = 0; k < 16; ++k) sum += detail::value_of(a.x[r * 16 + k]) * detail::value_of(b.x[k * 16 + n]);
+                product[static_cast<std::size_t>(r * 16 + n)] = sum;
+            }
+    loom_sim::warp_barrier();
+    std::copy(product.begin(), product.end(), d.x);
+    loom_sim::warp_barrier();  // every lane has its copy before lane 0 computes the next
+}
+}  // namespace nvcuda::wmma
+
+inline void __syncwarp(unsigned = 0xffff'ffffu) { loom_sim::warp_barrier(); }
 
 namespace loom::kernels::cuda::mma_fragments {
 using bf16_t = __nv_bfloat16;
