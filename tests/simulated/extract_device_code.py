@@ -15,7 +15,8 @@
   - attention_mma.cuh: the attention_mma_detail namespace up to its
     launchers, with the kernels' dynamic shared memory as the simulated
     block's buffer;
-  - elementwise.cuh, layernorm.cuh, cross_entropy.cuh, gemm_bf16_inputs.cuh:
+  - elementwise.cuh, gelu.cuh, layernorm.cuh, layernorm_grid.cuh,
+    cross_entropy.cuh, gemm_bf16_inputs.cuh:
     their detail namespaces' kernels (and the host-side launch shapes
     written there).
 
@@ -80,7 +81,8 @@ def extract(directory):
     h = {name: Header(directory, name) for name in (
         "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
         "attention_bf16.cuh", "mma_fragments.cuh", "attention_mma.cuh",
-        "elementwise.cuh", "layernorm.cuh", "cross_entropy.cuh", "gemm_bf16_inputs.cuh")}
+        "elementwise.cuh", "gelu.cuh", "layernorm.cuh", "layernorm_grid.cuh", "cross_entropy.cuh",
+        "gemm_bf16_inputs.cuh")}
     parts = []
 
     def add(header, code):
@@ -120,6 +122,8 @@ def extract(directory):
     add(mma, body + "}  // namespace attention_mma_detail\n")
     add(h["elementwise.cuh"], h["elementwise.cuh"].between("namespace detail {", "}  // namespace detail",
                                                           inclusive=True) + "\n")
+    for name in ("gelu.cuh", "layernorm_grid.cuh"):
+        add(h[name], h[name].between("namespace detail {", "}  // namespace detail", inclusive=True) + "\n")
     add(h["layernorm.cuh"], h["layernorm.cuh"].between("namespace detail {", "}  // namespace detail",
                                                       inclusive=True) + "\n")
     add(h["cross_entropy.cuh"], h["cross_entropy.cuh"].between("namespace detail {", "// Stream-ordered device memory")

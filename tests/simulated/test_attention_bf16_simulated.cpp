@@ -42,8 +42,8 @@ using Shape = loom_test::AttentionShape;
 // `grid` blocks, with the launchers' shared memory sizes; every output
 // starts as NaN.
 template <int Width>
-AttentionResults simulate_mma(const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionResults& saved,
-                          const Shape& s, std::int64_t grid) {
+AttentionResults simulate_mma(const std::vector<float>& qkv, const std::vector<float>& dout,
+                              const AttentionResults& saved, const Shape& s, std::int64_t grid) {
     AttentionResults r{std::vector<float>(s.out_size(), NAN), std::vector<float>(s.lse_size(), NAN),
                        std::vector<float>(s.qkv_size(), NAN)};
     const std::int64_t B = s.B, T = s.T, H = s.H;

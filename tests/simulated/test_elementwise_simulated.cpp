@@ -1,6 +1,7 @@
-// The CUDA elementwise kernels (kernels/cuda/elementwise.cuh) on simulated
-// threads (warp_simulator.hpp), bit for bit against the host kernels they
-// mirror, as tests/cuda/test_kernels_elementwise.cu asks of a GPU. Grids are
+// The CUDA elementwise kernels (kernels/cuda/elementwise.cuh, gelu.cuh) on
+// simulated threads (warp_simulator.hpp), against the host kernels they
+// mirror as tests/cuda/test_kernels_elementwise.cu holds a GPU to them: bit
+// for bit, GELU within 2^-20. Grids are
 // the launchers' and, where a grid-stride or tile loop would otherwise run
 // once, capped: bias_grad's loop over column tiles, which on a GPU runs
 // only past 4096 tiles (n > 131072), runs here on a grid of 3 blocks.
@@ -8,12 +9,15 @@
 
 #include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/host/gelu.hpp"
 #include "support/comparisons.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "simulated/warp_simulator.hpp"
@@ -129,5 +133,90 @@ TEST_CASE("the flat CUDA elementwise kernels on simulated threads equal the host
                                   [&] { dev::detail::repeat_rows_kernel<float>(bias.data(), got.data(), rows, n); });
             CHECK_NO_MISMATCHES("repeat_rows", compare_floats(got, want, false));
         }
+    }
+}
+
+namespace {
+
+// GELU's regime changes (as tests/cuda/test_kernels_elementwise.cu): NaN,
+// the infinities, signed zeros, subnormals, the largest floats, the
+// exponent's clamp near -9.7 and gelu's minimum near -0.75; then uniform
+// values over [-12, 12].
+std::vector<float> gelu_inputs(std::int64_t n, std::mt19937& rng) {
+    const float inf = std::numeric_limits<float>::infinity(), big = std::numeric_limits<float>::max();
+    std::vector<float> x = {NAN,     -NAN,    inf,    -inf,   0.0f,   -0.0f, 1e-40f, -1e-40f, 1e-30f, -1e-30f, big,
+                            -big,    1e20f,   -1e20f, 9.7f,   -9.7f,  -9.8f, -12.0f, -0.75f,  -0.7517916f,
+                            3.0f,    -3.0f,   80.0f,  -80.0f};
+    std::uniform_real_distribution<float> uniform(-12.0f, 12.0f);
+    for (std::int64_t i = 0; i < n; ++i) x.push_back(uniform(rng));
+    return x;
+}
+
+// Equal bits, or both NaN.
+loom_test::Mismatches same_or_both_nan(const std::vector<float>& a, const std::vector<float>& b) {
+    return loom_test::compare_floats(a, b, /*nan_as_nan=*/true);
+}
+
+// gelu_forward's or gelu_backward's launch: four elements a thread where
+// every pointer is 16-byte aligned, else one.
+template <class Kernel>
+void gelu_launch(std::int64_t n, bool quads, Kernel kernel) {
+    loom_sim::launch_each(Grid{dev::blocks_for(quads ? (n + 3) / 4 : n), 1}, block, kernel);
+}
+
+}  // namespace
+
+TEST_CASE("GELU's CUDA kernels on simulated threads are within 2^-20 of the host's, four a thread or one",
+          "[simulated][elementwise]") {
+    // The CUDA test's tolerances: y within 2^-20 relative, dx within 2^-20
+    // (|dx| + |dy|); NaN where the host has NaN. The exponent is bit for bit
+    // the host's; e^z is the host's expf here, the host kernel's own
+    // polynomial there.
+    std::mt19937 rng(2703);
+    for (const std::int64_t extra : {std::int64_t{0}, std::int64_t{1}, std::int64_t{1000}, std::int64_t{4097}}) {
+        const std::vector<float> x = gelu_inputs(extra, rng);
+        const auto n = static_cast<std::int64_t>(x.size());
+        CAPTURE(n);
+        std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+        std::vector<float> dy(x.size());
+        for (float& v : dy) v = uniform(rng);
+        std::vector<float> y(x.size()), dx(x.size());
+        host::gelu_forward(x.data(), y.data(), n);
+        host::gelu_backward(x.data(), dy.data(), dx.data(), n);
+
+        // Aligned (std::vector's data: 16 bytes) and one float in.
+        std::vector<float> x_off(x.size() + 1), dy_off(x.size() + 1);
+        std::copy(x.begin(), x.end(), x_off.begin() + 1);
+        std::copy(dy.begin(), dy.end(), dy_off.begin() + 1);
+        std::vector<float> y4(x.size(), 0.5f), y1(x.size() + 1, 0.5f), dx4(x.size(), 0.5f), dx1(x.size() + 1, 0.5f);
+        REQUIRE(dev::detail::all_16_byte_aligned(x.data(), y4.data(), dy.data(), dx4.data()));
+        REQUIRE(!dev::detail::all_16_byte_aligned(x_off.data() + 1, y1.data() + 1));
+        gelu_launch(n, true, [&] { dev::detail::gelu_forward_kernel<float>(x.data(), y4.data(), n, true); });
+        gelu_launch(n, false,
+                    [&] { dev::detail::gelu_forward_kernel<float>(x_off.data() + 1, y1.data() + 1, n, false); });
+        gelu_launch(n, true,
+                    [&] { dev::detail::gelu_backward_kernel<float>(x.data(), dy.data(), dx4.data(), n, true); });
+        gelu_launch(n, false, [&] {
+            dev::detail::gelu_backward_kernel<float>(x.data(), dy_off.data() + 1, dx1.data() + 1, n, false);
+        });
+        y1.erase(y1.begin());
+        dx1.erase(dx1.begin());
+        CHECK_NO_MISMATCHES("gelu_forward, four a thread against one", same_or_both_nan(y4, y1));
+        CHECK_NO_MISMATCHES("gelu_backward, four a thread against one", same_or_both_nan(dx4, dx1));
+        loom_test::Mismatches forward, backward;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            const auto near = [](float d, float h, double scale) {
+                return (std::isnan(d) && std::isnan(h)) || d == h ||
+                       std::fabs(static_cast<double>(d) - static_cast<double>(h)) <= std::ldexp(scale, -20);
+            };
+            if (!near(y4[i], y[i], std::fabs(static_cast<double>(y[i]))))
+                forward.add("x = " + std::to_string(x[i]) + ": " + std::to_string(y4[i]) + " against " +
+                            std::to_string(y[i]));
+            if (!near(dx4[i], dx[i], std::fabs(static_cast<double>(dx[i])) + std::fabs(static_cast<double>(dy[i]))))
+                backward.add("x = " + std::to_string(x[i]) + ": " + std::to_string(dx4[i]) + " against " +
+                              std::to_string(dx[i]));
+        }
+        CHECK_NO_MISMATCHES("gelu_forward", forward);
+        CHECK_NO_MISMATCHES("gelu_backward", backward);
     }
 }

@@ -1,13 +1,15 @@
 // The CUDA row passes on simulated threads (warp_simulator.hpp): layernorm's
-// three kernels, cross-entropy's (whole rows, the target check, the loss sum
-// and the vocabulary slices) and the bf16 rounding of GEMM operands, each
-// against the host kernel it mirrors, with the tolerances of the CUDA tests
-// (tests/cuda/test_kernels_quantize_norm.cu, test_kernels_signs_vocab.cu,
-// test_kernels_gemm.cu). Their grids are the launchers' own (restated here
-// where the launcher is one line, rounding_launch's where it is not) and,
-// for some shapes, smaller ones, so that the grid-stride loops run too.
-// Every output starts as NaN (or a sentinel), so an element no thread wrote
-// fails, and so does one written past the end.
+// three kernels and grid LayerNorm's steps (layernorm_grid.cuh),
+// cross-entropy's (whole rows, the target check, the loss sum and the
+// vocabulary slices) and the bf16 rounding of GEMM operands, each against
+// the host kernel it mirrors, with the tolerances of the CUDA tests
+// (tests/cuda/test_kernels_quantize_norm.cu, test_kernels_layernorm_grid.cu,
+// test_kernels_signs_vocab.cu, test_kernels_gemm.cu). Their grids are the
+// launchers' own (restated here where the launcher is one line,
+// rounding_launch's where it is not) and, for some shapes, smaller ones, so
+// that the grid-stride loops run too. Every output starts as NaN (or a
+// sentinel), so an element no thread wrote fails, and so does one written
+// past the end.
 //
 // Why on the CPU: these kernels changed (loads issued four or eight ahead)
 // in a session without a GPU; here their indexing, their loops' edges and
@@ -17,6 +19,7 @@
 #include "loom/core/dtype.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
 #include "loom/kernels/host/layernorm.hpp"
+#include "loom/kernels/host/layernorm_grid.hpp"
 #include "support/comparisons.hpp"
 
 #include <algorithm>
@@ -155,6 +158,75 @@ TEST_CASE("layernorm's CUDA kernels on simulated threads match the host layernor
                                                     [&](std::size_t j) { return column_rtol * gain_scale[j]; }));
         CHECK_NO_MISMATCHES("dshift", compare_within(d_dshift, dshift,
                                                      [&](std::size_t j) { return column_rtol * shift_scale[j]; }));
+    }
+}
+
+TEST_CASE("grid LayerNorm's CUDA steps on simulated threads follow the host's within 1e-5", "[simulated][layernorm]") {
+    // The steps of LayerNorm on an Optimus 2D grid, each from the same inputs
+    // on both sides, with the CUDA test's shapes and tolerance (1e-5 relative
+    // to max(|host|, 1)); one thread a row or an element, no barriers.
+    const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {1, 7}, {7, 1}, {33, 48}, {1 << 16, 3}};
+    std::mt19937 rng(2616);
+    for (const auto& [rows, C] : shapes) {
+        INFO(rows << " x " << C);
+        const auto n = static_cast<std::size_t>(rows * C), r = static_cast<std::size_t>(rows);
+        const float inverse_C = 1.0f / static_cast<float>(2 * C);  // as if the grid row held 2 ranks
+        std::uniform_real_distribution<float> wide(-2.0f, 2.0f), unit(-1.0f, 1.0f), near_one(0.5f, 1.5f),
+            small(-0.5f, 0.5f);
+        const auto draw = [&](std::size_t count, std::uniform_real_distribution<float>& d) {
+            std::vector<float> v(count);
+            for (float& e : v) e = d(rng);
+            return v;
+        };
+        const std::vector<float> x = draw(n, wide), dy = draw(n, unit);
+        const std::vector<float> gain = draw(static_cast<std::size_t>(C), near_one);
+        const std::vector<float> shift = draw(static_cast<std::size_t>(C), small);
+        const Grid per_row{dev::blocks_for(rows), 1}, per_element{dev::blocks_for(rows * C), 1};
+
+        std::vector<float> sums(r), d_sums = nans(rows);
+        host::layernorm_grid_row_sums(x.data(), sums.data(), rows, C);
+        loom_sim::launch_each(per_row, block,
+                              [&] { dev::detail::grid_row_sums_kernel<float>(x.data(), d_sums.data(), rows, C); });
+        CHECK_NO_MISMATCHES("row sums", compare_relative(d_sums, sums, 1e-5));
+
+        std::vector<float> mean = sums, squares(r), d_mean = sums, d_squares = nans(rows);
+        host::layernorm_grid_centered_squares(x.data(), mean.data(), squares.data(), rows, C, inverse_C);
+        loom_sim::launch_each(per_row, block, [&] {
+            dev::detail::grid_centered_squares_kernel<float>(x.data(), d_mean.data(), d_squares.data(), rows, C,
+                                                             inverse_C);
+        });
+        CHECK_NO_MISMATCHES("mean", compare_relative(d_mean, mean, 1e-5));
+        CHECK_NO_MISMATCHES("squares", compare_relative(d_squares, squares, 1e-5));
+
+        std::vector<float> rstd = squares, y(n), d_rstd = squares, d_y = nans(rows * C);
+        host::layernorm_grid_normalize(x.data(), gain.data(), shift.data(), mean.data(), rstd.data(), y.data(), rows,
+                                       C, inverse_C, 1e-5f);
+        loom_sim::launch_each(per_row, block,
+                              [&] { dev::detail::grid_rstd_kernel<float>(d_rstd.data(), rows, inverse_C, 1e-5f); });
+        loom_sim::launch_each(per_element, block, [&] {
+            dev::detail::grid_normalize_kernel<float>(x.data(), gain.data(), shift.data(), mean.data(), d_rstd.data(),
+                                                      d_y.data(), rows, C);
+        });
+        CHECK_NO_MISMATCHES("rstd", compare_relative(d_rstd, rstd, 1e-5));
+        CHECK_NO_MISMATCHES("y", compare_relative(d_y, y, 1e-5));
+
+        std::vector<float> grad_sums(2 * r), d_grad_sums = nans(2 * rows);
+        host::layernorm_grid_backward_sums(dy.data(), x.data(), gain.data(), mean.data(), rstd.data(), grad_sums.data(),
+                                           rows, C);
+        loom_sim::launch_each(per_row, block, [&] {
+            dev::detail::grid_backward_sums_kernel<float>(dy.data(), x.data(), gain.data(), mean.data(), rstd.data(),
+                                                          d_grad_sums.data(), rows, C);
+        });
+        CHECK_NO_MISMATCHES("backward sums", compare_relative(d_grad_sums, grad_sums, 1e-5));
+
+        std::vector<float> dx(n), d_dx = nans(rows * C);
+        host::layernorm_grid_backward_apply(dy.data(), x.data(), gain.data(), mean.data(), rstd.data(),
+                                            grad_sums.data(), dx.data(), rows, C, inverse_C);
+        loom_sim::launch_each(per_element, block, [&] {
+            dev::detail::grid_backward_apply_kernel<float>(dy.data(), x.data(), gain.data(), mean.data(), rstd.data(),
+                                                           grad_sums.data(), d_dx.data(), rows, C, inverse_C);
+        });
+        CHECK_NO_MISMATCHES("dx", compare_relative(d_dx, dx, 1e-5));
     }
 }
 

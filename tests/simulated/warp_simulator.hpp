@@ -53,6 +53,7 @@
 #include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
+#include "loom/kernels/host/gelu.hpp"
 
 #define __device__
 #define __host__
@@ -486,7 +487,8 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
     static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
     detail::check_access(p, ldm, sizeof(T));
     for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
+        for (int c = 0; c < 16; ++c)
+            f.x[r * 16 + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
 }
 
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
@@ -512,7 +514,8 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix
         for (int r = 0; r < 16; ++r)
             for (int n = 0; n < 16; ++n) {
                 float sum = c.x[r * 16 + n];
-                for (int k = 0; k < 16; ++k) sum += detail::value_of(a.x[r * 16 + k]) * detail::value_of(b.x[k * 16 + n]);
+                for (int k = 0; k < 16; ++k)
+                    sum += detail::value_of(a.x[r * 16 + k]) * detail::value_of(b.x[k * 16 + n]);
                 product[static_cast<std::size_t>(r * 16 + n)] = sum;
             }
     loom_sim::warp_barrier();
