@@ -16,7 +16,7 @@
     launchers, with the kernels' dynamic shared memory as the simulated
     block's buffer;
   - elementwise.cuh, gelu.cuh, layernorm.cuh, layernorm_grid.cuh,
-    cross_entropy.cuh, gemm_bf16_inputs.cuh:
+    cross_entropy.cuh, quantize.cuh, gemm_bf16_inputs.cuh:
     their detail namespaces' kernels (and the host-side launch shapes
     written there).
 
@@ -82,7 +82,7 @@ def extract(directory):
         "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
         "attention_bf16.cuh", "mma_fragments.cuh", "attention_mma.cuh",
         "elementwise.cuh", "gelu.cuh", "layernorm.cuh", "layernorm_grid.cuh", "cross_entropy.cuh",
-        "gemm_bf16_inputs.cuh")}
+        "quantize.cuh", "gemm_bf16_inputs.cuh")}
     parts = []
 
     def add(header, code):
@@ -128,6 +128,8 @@ def extract(directory):
                                                       inclusive=True) + "\n")
     add(h["cross_entropy.cuh"], h["cross_entropy.cuh"].between("namespace detail {", "// Stream-ordered device memory")
         + "}  // namespace detail\n")
+    add(h["quantize.cuh"], h["quantize.cuh"].between("// The wire format is shared with the host",
+                                                    "}  // namespace detail", inclusive=True) + "\n")
     add(h["gemm_bf16_inputs.cuh"], h["gemm_bf16_inputs.cuh"].between("namespace detail {",
                                                                      "// Rounds the rows x cols matrix x")
         + "}  // namespace detail\n")

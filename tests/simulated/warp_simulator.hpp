@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +43,7 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -54,6 +56,7 @@
 #include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/gelu.hpp"
+#include "loom/kernels/host/quantize.hpp"
 
 #define __device__
 #define __host__
@@ -98,6 +101,13 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __double2float_rn(double a) { return static_cast<float>(a); }
+inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+using std::isfinite;
+using std::isinf;
 using std::isnan;
 
 namespace loom_sim {
@@ -212,7 +222,8 @@ struct Block {
           exchanged(static_cast<std::size_t>(threads)),
           rows(static_cast<std::size_t>(threads)),
           wmma_products(static_cast<std::size_t>(threads / 32)),
-          warp(static_cast<std::size_t>(threads / 32)) {
+          warp(static_cast<std::size_t>(threads / 32)),
+          lanes(static_cast<std::size_t>(threads / 32)) {
         all.expected = threads;
         for (Barrier& w : warp) w.expected = 32;
     }
@@ -224,6 +235,7 @@ struct Block {
     std::vector<std::array<float, 256>> wmma_products;  // one per warp
     Barrier all;
     std::vector<Barrier> warp;
+    std::vector<std::map<unsigned, Barrier>> lanes;  // per warp: a barrier for each mask met
     Context scheduler;
     int current = 0;
     const std::function<void()>* body = nullptr;
@@ -265,6 +277,15 @@ inline void arrive_and_wait(Barrier& barrier) {
     switch_context(me.context, b.scheduler);
 }
 inline void warp_barrier() { arrive_and_wait(block().warp[threadIdx.x / 32]); }
+// The lanes of `mask` (which must include the caller) meet, as a
+// collective's mask names them; a full mask is the whole warp.
+inline void lanes_barrier(unsigned mask) {
+    if (mask == 0xffff'ffffu) return warp_barrier();
+    if ((mask >> (threadIdx.x % 32) & 1u) == 0) fail("a warp collective's mask leaves out the lane that calls it");
+    Barrier& barrier = block().lanes[threadIdx.x / 32][mask];
+    barrier.expected = std::popcount(mask);
+    arrive_and_wait(barrier);
+}
 
 inline constexpr std::size_t fiber_stack_bytes = 256 * 1024;
 
@@ -421,30 +442,45 @@ inline void __syncthreads() { loom_sim::arrive_and_wait(loom_sim::block().all); 
 // Any value of up to 8 bytes (the reductions shuffle floats, doubles and
 // 64-bit integers), as CUDA's overloads.
 template <class T>
-T __shfl_xor_sync(unsigned, T value, int lane_mask) {
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
     static_assert(sizeof(T) <= 8);
     const int me = static_cast<int>(threadIdx.x);
     loom_sim::Block& b = loom_sim::block();
     std::memcpy(b.exchanged[me].data(), &value, sizeof value);
-    loom_sim::warp_barrier();
+    loom_sim::lanes_barrier(mask);
     T theirs;
     std::memcpy(&theirs, b.exchanged[me ^ lane_mask].data(), sizeof theirs);
-    loom_sim::warp_barrier();
+    loom_sim::lanes_barrier(mask);
     return theirs;
 }
 
-// Lane `source`'s value, for every lane of the warp.
+// Lane `source`'s value within each `width` lanes (a power of two up to
+// 32), for the lanes of `mask`.
 template <class T>
-T __shfl_sync(unsigned, T value, int source) {
+T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
     static_assert(sizeof(T) <= 8);
     const int me = static_cast<int>(threadIdx.x);
     loom_sim::Block& b = loom_sim::block();
     std::memcpy(b.exchanged[me].data(), &value, sizeof value);
-    loom_sim::warp_barrier();
+    loom_sim::lanes_barrier(mask);
     T theirs;
-    std::memcpy(&theirs, b.exchanged[me / 32 * 32 + source % 32].data(), sizeof theirs);
-    loom_sim::warp_barrier();
+    const int segment = me % 32 / width * width;
+    std::memcpy(&theirs, b.exchanged[me / 32 * 32 + segment + source % width].data(), sizeof theirs);
+    loom_sim::lanes_barrier(mask);
     return theirs;
+}
+
+// Bit l set where lane l of `mask` has a nonzero predicate.
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    const int me = static_cast<int>(threadIdx.x);
+    loom_sim::Block& b = loom_sim::block();
+    b.exchanged[me][0] = predicate != 0 ? 1 : 0;
+    loom_sim::lanes_barrier(mask);
+    unsigned bits = 0;
+    for (int lane = 0; lane < 32; ++lane)
+        if ((mask >> lane & 1u) != 0 && b.exchanged[me / 32 * 32 + lane][0] != 0) bits |= 1u << lane;
+    loom_sim::lanes_barrier(mask);
+    return bits;
 }
 
 // nvcuda::wmma for 16 x 16 x 16 bf16 products with f32 accumulators. The

@@ -1,0 +1,233 @@
+// Gradient compression's CUDA packers (kernels/cuda/quantize.cuh: bf16/f16
+// casts, int8 with a scale per block, signs with a mean |x| per block) on
+// simulated threads (warp_simulator.hpp), against the host's
+// (kernels/host/quantize.hpp) bit for bit, as tests/cuda/
+// test_kernels_quantize_norm.cu holds a GPU to them: the words (scales,
+// values, sign bits and the padding of the last word), the residuals and the
+// unpacked values, overwritten and accumulated. One exception: a block
+// holding NaNs of different payloads gets a NaN scale whose payload is the
+// NaN the host's sum kept, and which that is depends on the order the host
+// compiler gave each addition's operands (this file is built differently
+// from the CUDA test's); so scales compare as NaN against NaN there. The
+// launches are the launchers' own, restated; the words start as garbage.
+#include <catch2/catch.hpp>
+
+#include "loom/kernels/host/quantize.hpp"
+#include "support/comparisons.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "simulated/warp_simulator.hpp"
+// The kernels, extracted from their headers by extract_device_code.py at build time.
+#include "device_code.inc"
+
+namespace {
+
+namespace dev = loom::kernels::cuda;
+namespace host = loom::kernels::host;
+using loom_sim::Grid;
+using loom_test::compare_floats;
+
+constexpr int block_threads = dev::threads_per_block;
+constexpr std::uint32_t garbage = 0xdead'beefu;
+
+// Normal values whose scale changes from block to block, random bit
+// patterns (every exponent, NaN payloads) every 5th value, and where the
+// blocks exist: a NaN (block 1), +Inf (2), -Inf last (3), zeros (4), exact
+// int8 ties with scale 1 (5), f16 and bf16 rounding edges (6).
+std::vector<float> inputs(std::int64_t n, std::int64_t block, std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> exponent(-20, 10);
+    std::vector<float> x(static_cast<std::size_t>(n));
+    int scale = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+        if (i % block == 0) scale = exponent(rng);
+        x[i] = i % 5 == 4 ? std::bit_cast<float>(static_cast<std::uint32_t>(rng())) : std::ldexp(normal(rng), scale);
+    }
+    const std::int64_t blocks = (n + block - 1) / block;
+    const auto lo = [&](std::int64_t b) { return b * block; };
+    const auto hi = [&](std::int64_t b) { return std::min(n, (b + 1) * block); };
+    if (blocks > 1) x[(lo(1) + hi(1)) / 2] = std::bit_cast<float>(0x7fc0'0001u);
+    if (blocks > 2) x[lo(2)] = INFINITY;
+    if (blocks > 3) x[hi(3) - 1] = -INFINITY;
+    if (blocks > 4) std::fill(x.begin() + lo(4), x.begin() + hi(4), 0.0f);
+    if (blocks > 5) {
+        const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 126.5f, -126.5f, 3.5f};
+        x[lo(5)] = 127.0f;
+        for (std::int64_t i = lo(5) + 1; i < hi(5); ++i) x[i] = ties[(i - lo(5)) % 8];
+    }
+    if (blocks > 6) {
+        const std::uint32_t edges[] = {0x477f'e000u, 0x477f'f000u, 0x3f80'8000u, 0x3f81'8000u, 0x3380'0000u,
+                                       0x0000'0001u, 0x807f'ffffu, 0x7f7f'ffffu};
+        for (std::int64_t i = lo(6); i < hi(6); ++i) x[i] = std::bit_cast<float>(edges[(i - lo(6)) % 8]);
+    }
+    return x;
+}
+
+// What both sides leave: the words (packed with a residual), the residual,
+// and the words packed without one.
+struct Packed {
+    std::vector<std::uint32_t> words, words_alone;
+    std::vector<float> residual;
+};
+
+template <class Pack>
+Packed packed(std::size_t word_count, std::size_t n, Pack pack) {
+    Packed p{std::vector<std::uint32_t>(word_count, garbage), std::vector<std::uint32_t>(word_count, garbage),
+             std::vector<float>(n, NAN)};
+    pack(p.words.data(), p.residual.data());
+    pack(p.words_alone.data(), static_cast<float*>(nullptr));
+    return p;
+}
+
+// The host's and the simulated kernels' packing and unpacking of x compared:
+// the words, the residual, and unpacking the host's words (overwriting, then
+// accumulating with a weight into the same starting values).
+// Words bit for bit, except that the first `scales` (f32 scales) may be
+// NaN against NaN.
+loom_test::Mismatches compare_packed(const std::vector<std::uint32_t>& got, const std::vector<std::uint32_t>& want,
+                                     std::size_t scales) {
+    loom_test::Mismatches bad;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        const bool agree = i < scales ? loom_test::same_bits_or_both_nan(std::bit_cast<float>(got[i]),
+                                                                           std::bit_cast<float>(want[i]))
+                                      : got[i] == want[i];
+        if (!agree)
+            bad.add("word " + std::to_string(i) + ": simulated " + loom_test::hex(got[i]) + ", host " +
+                    loom_test::hex(want[i]));
+    }
+    return bad;
+}
+
+template <class HostPack, class DevicePack, class HostUnpack, class DeviceUnpack>
+void check_packer(const std::vector<float>& x, std::size_t word_count, std::size_t scales, HostPack host_pack,
+                  DevicePack device_pack, HostUnpack host_unpack, DeviceUnpack device_unpack, std::mt19937& rng) {
+    const Packed want = packed(word_count, x.size(), host_pack);
+    const Packed got = packed(word_count, x.size(), device_pack);
+    CHECK_NO_MISMATCHES("packed words", compare_packed(got.words, want.words, scales));
+    CHECK_NO_MISMATCHES("packed words without a residual", compare_packed(got.words_alone, want.words, scales));
+    CHECK_NO_MISMATCHES("residual", compare_floats(got.residual, want.residual, scales > 0));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> start(x.size());
+    for (float& v : start) v = normal(rng);
+    for (const bool add : {false, true}) {
+        INFO((add ? "unpacking onto values" : "unpacking"));
+        std::vector<float> host_out = start, device_out = start;
+        host_unpack(want.words.data(), host_out.data(), 0.75f, add);
+        device_unpack(want.words.data(), device_out.data(), 0.75f, add);
+        CHECK_NO_MISMATCHES("unpacked", compare_floats(device_out, host_out, scales > 0));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gradient compression's CUDA packers on simulated threads produce the host's words and values bit for bit",
+          "[simulated][quantize]") {
+    std::mt19937 rng(2801);
+    for (const std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{129}, std::int64_t{1000},
+                                 std::int64_t{5003}}) {
+        for (const dev::Cast cast : {dev::Cast::bf16, dev::Cast::f16}) {
+            INFO((cast == dev::Cast::bf16 ? "bf16" : "f16") << ", n = " << n);
+            const std::vector<float> x = inputs(n, 64, rng);
+            const bool bf16 = cast == dev::Cast::bf16;
+            check_packer(
+                x, static_cast<std::size_t>(host::cast_words(n)), 0,
+                [&](std::uint32_t* words, float* residual) { host::pack_cast(cast, x.data(), n, words, residual); },
+                [&](std::uint32_t* words, float* residual) {
+                    loom_sim::launch_each(Grid{dev::blocks_for(host::cast_words(n)), 1}, block_threads, [&] {
+                        if (bf16)
+                            dev::detail::pack_cast_kernel<dev::Cast::bf16>(x.data(), n, words, residual);
+                        else
+                            dev::detail::pack_cast_kernel<dev::Cast::f16>(x.data(), n, words, residual);
+                    });
+                },
+                [&](const std::uint32_t* words, float* out, float weight, bool add) {
+                    host::unpack_cast(cast, words, n, out, weight, add);
+                },
+                [&](const std::uint32_t* words, float* out, float weight, bool add) {
+                    loom_sim::launch_each(Grid{dev::blocks_for(n), 1}, block_threads, [&] {
+                        if (bf16)
+                            dev::detail::unpack_cast_kernel<dev::Cast::bf16>(words, n, out, weight, add);
+                        else
+                            dev::detail::unpack_cast_kernel<dev::Cast::f16>(words, n, out, weight, add);
+                    });
+                },
+                rng);
+        }
+        // 2048 > 1024: int8's whole-thread-block groups; 16 and 7: sign
+        // scales' half-warps end on different blocks.
+        for (const std::int64_t block : {std::int64_t{1}, std::int64_t{7}, std::int64_t{64}, std::int64_t{2048}}) {
+            INFO("n = " << n << ", block = " << block);
+            const std::vector<float> x = inputs(n, block, rng);
+            const std::int64_t blocks = (n + block - 1) / block;
+            const auto unpack_with = [&](auto kernel) {
+                return [&, kernel](const std::uint32_t* words, float* out, float weight, bool add) {
+                    loom_sim::launch_each(Grid{dev::blocks_for(n), 1}, block_threads,
+                                          [&] { kernel(words, out, weight, add); });
+                };
+            };
+            {
+                INFO("int8");
+                check_packer(
+                    x, static_cast<std::size_t>(host::int8_words(n, block)), static_cast<std::size_t>(blocks),
+                    [&](std::uint32_t* words, float* residual) {
+                        host::pack_int8(x.data(), n, block, words, residual);
+                    },
+                    [&](std::uint32_t* words, float* residual) {
+                        if (block <= 1024)
+                            loom_sim::launch(Grid{dev::blocks_for(blocks * 32), 1}, block_threads, 0, [&] {
+                                dev::detail::pack_int8_kernel<32>(x.data(), n, block, words, residual);
+                            });
+                        else
+                            loom_sim::launch(Grid{dev::blocks_for(blocks * block_threads), 1}, block_threads, 0, [&] {
+                                dev::detail::pack_int8_kernel<block_threads>(x.data(), n, block, words, residual);
+                            });
+                    },
+                    [&](const std::uint32_t* words, float* out, float weight, bool add) {
+                        host::unpack_int8(words, n, block, out, weight, add);
+                    },
+                    unpack_with([&](const std::uint32_t* words, float* out, float weight, bool add) {
+                        if (add)
+                            dev::detail::unpack_int8_kernel<true>(words, n, block, out, weight);
+                        else
+                            dev::detail::unpack_int8_kernel<false>(words, n, block, out, weight);
+                    }),
+                    rng);
+            }
+            {
+                INFO("signs");
+                check_packer(
+                    x, static_cast<std::size_t>(host::sign_words(n, block)), static_cast<std::size_t>(blocks),
+                    [&](std::uint32_t* words, float* residual) {
+                        host::pack_signs(x.data(), n, block, words, residual);
+                    },
+                    [&](std::uint32_t* words, float* residual) {
+                        loom_sim::launch(Grid{dev::blocks_for((n + 31) / 32 * 32), 1}, block_threads, 0, [&] {
+                            dev::detail::pack_sign_bits_kernel<float>(x.data(), n, words + blocks);
+                        });
+                        loom_sim::launch(Grid{dev::blocks_for(blocks * dev::detail::sign_lanes), 1}, block_threads, 0,
+                                         [&] {
+                                             dev::detail::pack_sign_scales_kernel<dev::detail::sign_lanes>(
+                                                 x.data(), n, block, words, residual);
+                                         });
+                    },
+                    [&](const std::uint32_t* words, float* out, float weight, bool add) {
+                        host::unpack_signs(words, n, block, out, weight, add);
+                    },
+                    unpack_with([&](const std::uint32_t* words, float* out, float weight, bool add) {
+                        if (add)
+                            dev::detail::unpack_signs_kernel<true>(words, n, block, out, weight);
+                        else
+                            dev::detail::unpack_signs_kernel<false>(words, n, block, out, weight);
+                    }),
+                    rng);
+            }
+        }
+    }
+}
