@@ -16,7 +16,7 @@
     launchers, with the kernels' dynamic shared memory as the simulated
     block's buffer;
   - elementwise.cuh, gelu.cuh, layernorm.cuh, layernorm_grid.cuh,
-    cross_entropy.cuh, quantize.cuh, gemm_bf16_inputs.cuh:
+    cross_entropy.cuh, quantize.cuh, low_rank.cuh, gemm_bf16_inputs.cuh:
     their detail namespaces' kernels (and the host-side launch shapes
     written there).
 
@@ -82,7 +82,7 @@ def extract(directory):
         "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
         "attention_bf16.cuh", "mma_fragments.cuh", "attention_mma.cuh",
         "elementwise.cuh", "gelu.cuh", "layernorm.cuh", "layernorm_grid.cuh", "cross_entropy.cuh",
-        "quantize.cuh", "gemm_bf16_inputs.cuh")}
+        "quantize.cuh", "low_rank.cuh", "gemm_bf16_inputs.cuh")}
     parts = []
 
     def add(header, code):
@@ -122,7 +122,7 @@ def extract(directory):
     add(mma, body + "}  // namespace attention_mma_detail\n")
     add(h["elementwise.cuh"], h["elementwise.cuh"].between("namespace detail {", "}  // namespace detail",
                                                           inclusive=True) + "\n")
-    for name in ("gelu.cuh", "layernorm_grid.cuh"):
+    for name in ("gelu.cuh", "layernorm_grid.cuh", "low_rank.cuh"):
         add(h[name], h[name].between("namespace detail {", "}  // namespace detail", inclusive=True) + "\n")
     add(h["layernorm.cuh"], h["layernorm.cuh"].between("namespace detail {", "}  // namespace detail",
                                                       inclusive=True) + "\n")

@@ -1,6 +1,8 @@
-// Gradient compression's CUDA packers (kernels/cuda/quantize.cuh: bf16/f16
-// casts, int8 with a scale per block, signs with a mean |x| per block) on
-// simulated threads (warp_simulator.hpp), against the host's
+// Gradient compression's CUDA kernels on simulated threads: the packers
+// (kernels/cuda/quantize.cuh: bf16/f16 casts, int8 with a scale per block,
+// signs with a mean |x| per block), and at the end PowerSGD's
+// orthonormalisation (low_rank.cuh, within 1e-5). The packers run on simulated
+// threads (warp_simulator.hpp), against the host's
 // (kernels/host/quantize.hpp) bit for bit, as tests/cuda/
 // test_kernels_quantize_norm.cu holds a GPU to them: the words (scales,
 // values, sign bits and the padding of the last word), the residuals and the
@@ -12,6 +14,7 @@
 // launches are the launchers' own, restated; the words start as garbage.
 #include <catch2/catch.hpp>
 
+#include "loom/kernels/host/low_rank.hpp"
 #include "loom/kernels/host/quantize.hpp"
 #include "support/comparisons.hpp"
 
@@ -229,5 +232,43 @@ TEST_CASE("gradient compression's CUDA packers on simulated threads produce the 
                     rng);
             }
         }
+    }
+}
+
+TEST_CASE("PowerSGD's CUDA orthonormalisation on simulated threads follows the host's within 1e-5",
+          "[simulated][quantize]") {
+    // The CUDA test's cases and tolerance: the columns within 1e-5 relative
+    // of the host's Gram-Schmidt (block-wide sums in double, in another
+    // order), orthonormal to 1e-5 while there are at most as many columns as
+    // rows (the rest come out zero). One block of 256 threads, as launched.
+    struct Case {
+        std::int64_t rows, cols;
+        bool dependent;  // column 1 a multiple of column 0: replaced by a unit vector
+    };
+    std::mt19937 rng(2802);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    for (const Case c : {Case{1, 1, false}, Case{7, 2, false}, Case{768, 4, false}, Case{3072, 4, true},
+                         Case{5, 5, false}, Case{3, 4, false}}) {
+        INFO(c.rows << " x " << c.cols << (c.dependent ? ", dependent" : ""));
+        std::vector<float> p(static_cast<std::size_t>(c.rows * c.cols));
+        for (float& v : p) v = unit(rng);
+        if (c.dependent)
+            for (std::int64_t r = 0; r < c.rows; ++r) p[r * c.cols + 1] = 2.0f * p[r * c.cols];
+        std::vector<float> got = p;
+        host::orthonormalize_columns(p.data(), c.rows, c.cols);
+        loom_sim::launch(Grid{}, dev::detail::orthonormalize_threads, 0, [&] {
+            dev::detail::orthonormalize_columns_kernel<float>(got.data(), c.rows, c.cols,
+                                                              host::dependent_column_ratio);
+        });
+        CHECK_NO_MISMATCHES("columns", loom_test::compare_relative(got, p, 1e-5));
+        for (std::int64_t a = 0; a < c.cols; ++a)
+            for (std::int64_t b = 0; b <= a; ++b) {
+                double dot = 0;
+                for (std::int64_t r = 0; r < c.rows; ++r)
+                    dot += static_cast<double>(got[r * c.cols + a]) * got[r * c.cols + b];
+                const double expected = a == b && a < c.rows ? 1.0 : 0.0;
+                CAPTURE(a, b);
+                CHECK(std::abs(dot - expected) < 1e-5);
+            }
     }
 }

@@ -56,6 +56,7 @@
 #include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/gelu.hpp"
+#include "loom/kernels/host/low_rank.hpp"
 #include "loom/kernels/host/quantize.hpp"
 
 #define __device__
