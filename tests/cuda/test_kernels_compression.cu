@@ -23,6 +23,7 @@
 #include "loom/kernels/cuda/low_rank.cuh"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/low_rank.hpp"
+#include "support/low_rank_check.hpp"
 
 namespace {
 
@@ -121,16 +122,6 @@ TEST_CASE("cuda::orthonormalize_columns follows the host's Gram-Schmidt within 1
         device::orthonormalize_columns(d_p.get(), c.rows, c.cols);
         const std::vector<float> got = d_p.to_host();
         CHECK_NO_MISMATCHES("columns", loom_test::compare_relative(got, p, 1e-5));
-        // Orthonormal (while there are at most as many columns as rows; the
-        // rest come out zero).
-        for (std::int64_t a = 0; a < c.cols; ++a)
-            for (std::int64_t b = 0; b <= a; ++b) {
-                double dot = 0;
-                for (std::int64_t r = 0; r < c.rows; ++r)
-                    dot += static_cast<double>(got[r * c.cols + a]) * got[r * c.cols + b];
-                const double expected = a == b && a < c.rows ? 1.0 : 0.0;
-                CAPTURE(a, b);
-                CHECK(std::abs(dot - expected) < 1e-5);
-            }
+        loom_test::check_orthonormal_columns(got, c.rows, c.cols);
     }
 }

@@ -23,6 +23,7 @@
 #include "cross_entropy_batch.hpp"
 #include "device_support.hpp"
 #include "packer_checks.hpp"
+#include "support/layernorm_case.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/kernels/cuda/cross_entropy.cuh"
 #include "loom/kernels/cuda/layernorm.cuh"
@@ -202,25 +203,18 @@ TEST_CASE("CUDA layernorm matches the host layernorm", "[kernels][layernorm]") {
     for (const auto& [rows, C] : shapes) {
         INFO("rows = " << rows << ", C = " << C);
         const auto size = static_cast<std::size_t>(rows * C);
-        const std::vector<float> x = normal_values(size, rng, 3.0f, 2.0f);
-        const std::vector<float> gain = normal_values(static_cast<std::size_t>(C), rng, 1.0f, 0.1f);
-        const std::vector<float> shift = normal_values(static_cast<std::size_t>(C), rng, 0.0f, 0.1f);
-        const std::vector<float> dy = normal_values(size, rng);
-        const std::vector<float> dgain0 = normal_values(static_cast<std::size_t>(C), rng);
-        const std::vector<float> dshift0 = normal_values(static_cast<std::size_t>(C), rng);
-
-        std::vector<float> y(size), mean(static_cast<std::size_t>(rows)), rstd(static_cast<std::size_t>(rows));
-        std::vector<float> dx(size), dgain = dgain0, dshift = dshift0;
-        host::layernorm_forward(x.data(), gain.data(), shift.data(), y.data(), mean.data(), rstd.data(), rows, C,
-                                eps);
-        host::layernorm_backward_input(dy.data(), x.data(), gain.data(), mean.data(), rstd.data(), dx.data(), rows,
-                                       C);
-        host::layernorm_backward_weight(dy.data(), x.data(), mean.data(), rstd.data(), dgain.data(), dshift.data(),
-                                        rows, C);
+        const loom_test::LayerNormCase lc(rows, C, eps, rng);
+        const std::vector<float>& x = lc.x;
+        const std::vector<float>& gain = lc.gain;
+        const std::vector<float>& shift = lc.shift;
+        const std::vector<float>& dy = lc.dy;
+        const std::vector<float>& y = lc.y;
+        const std::vector<float>& mean = lc.mean;
+        const std::vector<float>& rstd = lc.rstd;
 
         DeviceArray<float> d_x(x), d_gain(gain), d_shift(shift), d_dy(dy), d_y(size);
         DeviceArray<float> d_mean(mean.size()), d_rstd(rstd.size()), d_dx(size);
-        DeviceArray<float> d_dgain(dgain0), d_dshift(dshift0);
+        DeviceArray<float> d_dgain(lc.dgain0), d_dshift(lc.dshift0);
         dev::layernorm_forward(d_x.get(), d_gain.get(), d_shift.get(), d_y.get(), d_mean.get(), d_rstd.get(), rows,
                                C, eps);
         LOOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -252,24 +246,13 @@ TEST_CASE("CUDA layernorm matches the host layernorm", "[kernels][layernorm]") {
         dev::layernorm_backward_weight(d_dy.get(), d_x.get(), h_mean.get(), h_rstd.get(), d_dgain.get(),
                                        d_dshift.get(), rows, C);
         LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-        CHECK_NO_MISMATCHES("dx", compare_relative(d_dx.to_host(), dx, rtol));
+        CHECK_NO_MISMATCHES("dx", compare_relative(d_dx.to_host(), lc.dx, rtol));
 
-        std::vector<double> gain_scale(static_cast<std::size_t>(C)), shift_scale(static_cast<std::size_t>(C));
-        for (std::int64_t j = 0; j < C; ++j) {
-            gain_scale[j] = std::fabs(dgain0[j]);
-            shift_scale[j] = std::fabs(dshift0[j]);
-        }
-        for (std::int64_t r = 0; r < rows; ++r)
-            for (std::int64_t j = 0; j < C; ++j) {
-                const double d = dy[r * C + j];
-                const double xhat = (static_cast<double>(x[r * C + j]) - mean[r]) * rstd[r];
-                gain_scale[j] += std::fabs(d * xhat);
-                shift_scale[j] += std::fabs(d);
-            }
-        CHECK_NO_MISMATCHES("dgain", compare_within(d_dgain.to_host(), dgain,
-                                                    [&](std::size_t j) { return column_rtol * gain_scale[j]; }));
-        CHECK_NO_MISMATCHES("dshift", compare_within(d_dshift.to_host(), dshift,
-                                                     [&](std::size_t j) { return column_rtol * shift_scale[j]; }));
+        const loom_test::LayerNormCase::ColumnBounds bounds = lc.column_bounds(column_rtol);
+        CHECK_NO_MISMATCHES("dgain", compare_within(d_dgain.to_host(), lc.dgain,
+                                                    [&](std::size_t j) { return bounds.gain[j]; }));
+        CHECK_NO_MISMATCHES("dshift", compare_within(d_dshift.to_host(), lc.dshift,
+                                                     [&](std::size_t j) { return bounds.shift[j]; }));
     }
 }
 

@@ -68,6 +68,14 @@ def without_wrappers(header, body):
     return body
 
 
+def with_shared_memory(header, body, declaration, replacement):
+    """`body` with the kernels' dynamic shared memory, `declaration`, made the
+    simulated block's buffer by `replacement`."""
+    if declaration not in body:
+        header.fail("shared memory declared as " + repr(declaration))
+    return body.replace(declaration, replacement)
+
+
 def checked(header, code):
     forbidden = (("<<<", "a kernel launch"), (r"\basm\b", "inline asm"), (r"\bcuda[A-Z]", "a CUDA runtime call"))
     for pattern, why in forbidden:
@@ -95,9 +103,8 @@ def extract(directory):
     tiles = h["attention_tiles.cuh"]
     body = tiles.between("// Rows of a query tile and of a key tile",
                          "}  // namespace loom::kernels::cuda::attention_detail")
-    if TILES_SHARED not in body:
-        tiles.fail("shared memory declared as " + repr(TILES_SHARED))
-    body = body.replace(TILES_SHARED, "auto* attention_shared = reinterpret_cast<float4*>(loom_sim::block_shared());")
+    body = with_shared_memory(tiles, body, TILES_SHARED,
+                              "auto* attention_shared = reinterpret_cast<float4*>(loom_sim::block_shared());")
     add(tiles, "namespace attention_detail {\n" + body + "}  // namespace attention_detail\n")
     add(h["attention.cuh"], h["attention.cuh"].between("namespace attention_detail {",
                                                       "template <class Kernel>\nvoid allow_shared")
@@ -106,9 +113,8 @@ def extract(directory):
         + "}  // namespace block_detail\n")
     wmma = h["attention_bf16.cuh"]
     body = wmma.between("namespace attention_bf16_detail {", "// bf16 wmma needs compute capability 8.0")
-    if WMMA_SHARED not in body:
-        wmma.fail("shared memory declared as " + repr(WMMA_SHARED))
-    body = body.replace(WMMA_SHARED, "unsigned char* attention_bf16_shared = loom_sim::block_shared();")
+    body = with_shared_memory(wmma, body, WMMA_SHARED,
+                              "unsigned char* attention_bf16_shared = loom_sim::block_shared();")
     add(wmma, body + "}  // namespace attention_bf16_detail\n")
     fragments = h["mma_fragments.cuh"]
     opening = "namespace loom::kernels::cuda::mma_fragments {"
@@ -116,9 +122,7 @@ def extract(directory):
     add(fragments, body.replace(opening, "namespace mma_fragments {", 1) + "}  // namespace mma_fragments\n")
     mma = h["attention_mma.cuh"]
     body = mma.between("namespace attention_mma_detail {", "// Four floats a load when")
-    if MMA_SHARED not in body:
-        mma.fail("shared memory declared as " + repr(MMA_SHARED))
-    body = body.replace(MMA_SHARED, "unsigned char* attention_mma_shared = loom_sim::block_shared();")
+    body = with_shared_memory(mma, body, MMA_SHARED, "unsigned char* attention_mma_shared = loom_sim::block_shared();")
     add(mma, body + "}  // namespace attention_mma_detail\n")
     add(h["elementwise.cuh"], h["elementwise.cuh"].between("namespace detail {", "}  // namespace detail",
                                                           inclusive=True) + "\n")

@@ -17,6 +17,7 @@
 #include "loom/kernels/host/low_rank.hpp"
 #include "loom/kernels/host/quantize.hpp"
 #include "support/comparisons.hpp"
+#include "support/low_rank_check.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -261,14 +262,6 @@ TEST_CASE("PowerSGD's CUDA orthonormalisation on simulated threads follows the h
                                                               host::dependent_column_ratio);
         });
         CHECK_NO_MISMATCHES("columns", loom_test::compare_relative(got, p, 1e-5));
-        for (std::int64_t a = 0; a < c.cols; ++a)
-            for (std::int64_t b = 0; b <= a; ++b) {
-                double dot = 0;
-                for (std::int64_t r = 0; r < c.rows; ++r)
-                    dot += static_cast<double>(got[r * c.cols + a]) * got[r * c.cols + b];
-                const double expected = a == b && a < c.rows ? 1.0 : 0.0;
-                CAPTURE(a, b);
-                CHECK(std::abs(dot - expected) < 1e-5);
-            }
+        loom_test::check_orthonormal_columns(got, c.rows, c.cols);
     }
 }

@@ -21,6 +21,7 @@
 #include "loom/kernels/host/layernorm.hpp"
 #include "loom/kernels/host/layernorm_grid.hpp"
 #include "support/comparisons.hpp"
+#include "support/layernorm_case.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -89,31 +90,21 @@ TEST_CASE("layernorm's CUDA kernels on simulated threads match the host layernor
     for (const Case& c : cases) {
         const std::int64_t rows = c.rows, C = c.C;
         INFO("rows = " << rows << ", C = " << C << ", caps " << c.row_cap << " and " << c.tile_cap);
-        const auto size = static_cast<std::size_t>(rows * C);
-        const std::vector<float> x = normal_values(size, rng, 3.0f, 2.0f);
-        const std::vector<float> gain = normal_values(static_cast<std::size_t>(C), rng, 1.0f, 0.1f);
-        const std::vector<float> shift = normal_values(static_cast<std::size_t>(C), rng, 0.0f, 0.1f);
-        const std::vector<float> dy = normal_values(size, rng);
-        const std::vector<float> dgain0 = normal_values(static_cast<std::size_t>(C), rng);
-        const std::vector<float> dshift0 = normal_values(static_cast<std::size_t>(C), rng);
-
-        std::vector<float> y(size), mean(static_cast<std::size_t>(rows)), rstd(static_cast<std::size_t>(rows));
-        std::vector<float> dx(size), dgain = dgain0, dshift = dshift0;
-        host::layernorm_forward(x.data(), gain.data(), shift.data(), y.data(), mean.data(), rstd.data(), rows, C,
-                                eps);
-        host::layernorm_backward_input(dy.data(), x.data(), gain.data(), mean.data(), rstd.data(), dx.data(), rows,
-                                       C);
-        host::layernorm_backward_weight(dy.data(), x.data(), mean.data(), rstd.data(), dgain.data(), dshift.data(),
-                                        rows, C);
+        const loom_test::LayerNormCase lc(rows, C, eps, rng);
+        const std::vector<float>& x = lc.x;
+        const std::vector<float>& gain = lc.gain;
+        const std::vector<float>& dy = lc.dy;
+        const std::vector<float>& mean = lc.mean;
+        const std::vector<float>& rstd = lc.rstd;
 
         std::vector<float> d_y = nans(rows * C), d_mean = nans(rows), d_rstd = nans(rows), d_dx = nans(rows * C);
         if (C <= dev::warp_row_limit)
-            layernorm_rows<32>(x, gain, shift, dy, mean, rstd, d_y, d_mean, d_rstd, d_dx, rows, C, eps, c.row_cap);
+            layernorm_rows<32>(x, gain, lc.shift, dy, mean, rstd, d_y, d_mean, d_rstd, d_dx, rows, C, eps, c.row_cap);
         else
-            layernorm_rows<block>(x, gain, shift, dy, mean, rstd, d_y, d_mean, d_rstd, d_dx, rows, C, eps,
+            layernorm_rows<block>(x, gain, lc.shift, dy, mean, rstd, d_y, d_mean, d_rstd, d_dx, rows, C, eps,
                                   c.row_cap);
         constexpr int tile = dev::detail::layernorm_weight_tile_columns;
-        std::vector<float> d_dgain = dgain0, d_dshift = dshift0;
+        std::vector<float> d_dgain = lc.dgain0, d_dshift = lc.dshift0;
         const auto tiles = static_cast<unsigned>((C + tile - 1) / tile);
         loom_sim::launch(Grid{std::min({tiles, 4096u, c.tile_cap}), 1}, dev::detail::layernorm_weight_threads, 0, [&] {
             dev::detail::layernorm_backward_weight_kernel<tile>(dy.data(), x.data(), mean.data(), rstd.data(),
@@ -122,14 +113,14 @@ TEST_CASE("layernorm's CUDA kernels on simulated threads match the host layernor
 
         CHECK_NO_MISMATCHES("mean", compare_relative(d_mean, mean, rtol));
         CHECK_NO_MISMATCHES("rstd", compare_relative(d_rstd, rstd, rtol));
-        CHECK_NO_MISMATCHES("y", compare_relative(d_y, y, rtol));
+        CHECK_NO_MISMATCHES("y", compare_relative(d_y, lc.y, rtol));
         // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gain: the host
         // kernel may fuse g's product into the subtraction (an FMA), as nvcc
         // does on a GPU; compiled for the host here, these kernels round g
         // first. rstd multiplies that rounding: with C = 1 the row's variance
         // is 0 and rstd = 1 / sqrt(eps) = 316. So dx is allowed rtol plus
         // two float ulps of each term, times rstd.
-        CHECK_NO_MISMATCHES("dx", compare_within(d_dx, dx, [&](std::size_t i) {
+        CHECK_NO_MISMATCHES("dx", compare_within(d_dx, lc.dx, [&](std::size_t i) {
             const auto r = static_cast<std::int64_t>(i) / C;
             const auto j = static_cast<std::size_t>(static_cast<std::int64_t>(i) % C);
             double g_mean = 0.0, gx_mean = 0.0;
@@ -140,24 +131,13 @@ TEST_CASE("layernorm's CUDA kernels on simulated threads match the host layernor
             }
             const double xhat = std::fabs((static_cast<double>(x[i]) - mean[r]) * rstd[r]);
             const double terms = std::fabs(static_cast<double>(dy[i]) * gain[j]) + g_mean + xhat * gx_mean;
-            return rtol * std::max(1.0, std::fabs(static_cast<double>(dx[i]))) + 0x1p-22 * rstd[r] * terms;
+            return rtol * std::max(1.0, std::fabs(static_cast<double>(lc.dx[i]))) + 0x1p-22 * rstd[r] * terms;
         }));
-        std::vector<double> gain_scale(static_cast<std::size_t>(C)), shift_scale(static_cast<std::size_t>(C));
-        for (std::int64_t j = 0; j < C; ++j) {
-            gain_scale[j] = std::fabs(dgain0[j]);
-            shift_scale[j] = std::fabs(dshift0[j]);
-        }
-        for (std::int64_t r = 0; r < rows; ++r)
-            for (std::int64_t j = 0; j < C; ++j) {
-                const double d = dy[r * C + j];
-                const double xhat = (static_cast<double>(x[r * C + j]) - mean[r]) * rstd[r];
-                gain_scale[j] += std::fabs(d * xhat);
-                shift_scale[j] += std::fabs(d);
-            }
-        CHECK_NO_MISMATCHES("dgain", compare_within(d_dgain, dgain,
-                                                    [&](std::size_t j) { return column_rtol * gain_scale[j]; }));
-        CHECK_NO_MISMATCHES("dshift", compare_within(d_dshift, dshift,
-                                                     [&](std::size_t j) { return column_rtol * shift_scale[j]; }));
+        const loom_test::LayerNormCase::ColumnBounds bounds = lc.column_bounds(column_rtol);
+        CHECK_NO_MISMATCHES("dgain",
+                            compare_within(d_dgain, lc.dgain, [&](std::size_t j) { return bounds.gain[j]; }));
+        CHECK_NO_MISMATCHES("dshift",
+                            compare_within(d_dshift, lc.dshift, [&](std::size_t j) { return bounds.shift[j]; }));
     }
 }
 

@@ -440,35 +440,36 @@ inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, uns
 
 inline void __syncthreads() { loom_sim::arrive_and_wait(loom_sim::block().all); }
 
-// Any value of up to 8 bytes (the reductions shuffle floats, doubles and
-// 64-bit integers), as CUDA's overloads.
-template <class T>
-T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+namespace loom_sim {
+// A shuffle: every lane of `mask` gives `value` and gets that of the thread
+// source_of(its own index). Any value of up to 8 bytes (the reductions
+// shuffle floats, doubles and 64-bit integers), as CUDA's overloads.
+template <class T, class Source>
+T shuffle(unsigned mask, T value, Source source_of) {
     static_assert(sizeof(T) <= 8);
     const int me = static_cast<int>(threadIdx.x);
-    loom_sim::Block& b = loom_sim::block();
+    Block& b = block();
     std::memcpy(b.exchanged[me].data(), &value, sizeof value);
-    loom_sim::lanes_barrier(mask);
+    lanes_barrier(mask);
     T theirs;
-    std::memcpy(&theirs, b.exchanged[me ^ lane_mask].data(), sizeof theirs);
-    loom_sim::lanes_barrier(mask);
+    std::memcpy(&theirs, b.exchanged[source_of(me)].data(), sizeof theirs);
+    lanes_barrier(mask);
     return theirs;
+}
+}  // namespace loom_sim
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+    return loom_sim::shuffle(mask, value, [lane_mask](int me) { return me ^ lane_mask; });
 }
 
 // Lane `source`'s value within each `width` lanes (a power of two up to
 // 32), for the lanes of `mask`.
 template <class T>
 T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
-    static_assert(sizeof(T) <= 8);
-    const int me = static_cast<int>(threadIdx.x);
-    loom_sim::Block& b = loom_sim::block();
-    std::memcpy(b.exchanged[me].data(), &value, sizeof value);
-    loom_sim::lanes_barrier(mask);
-    T theirs;
-    const int segment = me % 32 / width * width;
-    std::memcpy(&theirs, b.exchanged[me / 32 * 32 + segment + source % width].data(), sizeof theirs);
-    loom_sim::lanes_barrier(mask);
-    return theirs;
+    return loom_sim::shuffle(mask, value, [source, width](int me) {
+        return me / 32 * 32 + me % 32 / width * width + source % width;
+    });
 }
 
 // Bit l set where lane l of `mask` has a nonzero predicate.
