@@ -64,6 +64,9 @@ def without_wrappers(header, body):
         close = body.find("\n}\n", m.start())  # the function's closing brace, at column 0
         if close < 0:
             header.fail(f"closing brace for {name} at column 0")
+        cut = body[m.start():close + 3]
+        if cut.count("__device__") != 1:  # the cut would take the functions after it too
+            header.fail(f"{name} as one function whose closing brace is at column 0")
         body = body[:m.start()] + body[close + 3:]
     return body
 
@@ -76,12 +79,21 @@ def with_shared_memory(header, body, declaration, replacement):
     return body.replace(declaration, replacement)
 
 
+# The one architecture test the kernels may hold: a trap below compute
+# capability 8.0 whose #else is the kernel. Any other would make the
+# simulator compile a branch the GPU does not run (or the reverse).
+ARCH_GUARD = "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800"
+
+
 def checked(header, code):
     forbidden = (("<<<", "a kernel launch"), (r"\basm\b", "inline asm"), (r"\bcuda[A-Z]", "a CUDA runtime call"))
     for pattern, why in forbidden:
         if re.search(pattern, code):
             sys.exit(f"extract_device_code: what it takes of {header.name} has {why}; "
                      "move it out of the extracted region or teach the simulator")
+    if code.replace(ARCH_GUARD, "").count("__CUDA_ARCH__"):
+        sys.exit(f"extract_device_code: what it takes of {header.name} tests __CUDA_ARCH__ other than as "
+                 f"{ARCH_GUARD!r}; the simulator would compile another branch than the GPU runs")
     return code
 
 

@@ -1,13 +1,19 @@
-// The warp simulator itself (warp_simulator.hpp): that its shuffles hand
-// each lane the value CUDA's would, that its barriers order a block's
+// The warp simulator itself (warp_simulator.hpp): that its shuffles and
+// ballots hand each lane the value CUDA's would (full warps, half-warp
+// masks, widths), that its barriers order a block's
 // threads, and that a read no barrier orders shows (as NaN from the
-// NaN-filled shared memory) instead of passing by luck. The simulated kernel
+// NaN-filled shared memory) instead of passing by luck, and that threads
+// meeting at different __syncthreads stop the process with both named. The simulated kernel
 // tests are only as good as these.
 #include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "simulated/warp_simulator.hpp"
@@ -35,6 +41,27 @@ TEST_CASE("the warp simulator's shuffles hand each lane the value CUDA's do, wit
         CHECK(from_lane_3[static_cast<std::size_t>(t)] == static_cast<float>(1000 + warp_base + 3));
         CHECK(from_xor_5[static_cast<std::size_t>(t)] == static_cast<float>(1000 + (t ^ 5)));
         CHECK(wide[static_cast<std::size_t>(t)] == 1000.5 + (t ^ 16));
+    }
+}
+
+TEST_CASE("the warp simulator's half-warp shuffles and ballots follow their masks and widths",
+          "[simulated][simulator]") {
+    // Each half-warp on its own mask, as pack_signs' groups of 16 lanes: a
+    // shuffle of width 16 from lane 3 of the half, and a ballot of the odd
+    // lanes; the lanes of the other half never take part.
+    constexpr int threads = 64;
+    std::vector<float> from_lane_3(threads);
+    std::vector<unsigned> ballots(threads);
+    loom_sim::launch(loom_sim::Grid{}, threads, 0, [&] {
+        const int t = static_cast<int>(threadIdx.x), lane = t % 32;
+        const unsigned half = 0xffffu << (lane / 16 * 16);
+        from_lane_3[static_cast<std::size_t>(t)] = __shfl_sync(half, static_cast<float>(t), 3, 16);
+        ballots[static_cast<std::size_t>(t)] = __ballot_sync(half, lane % 2);
+    });
+    for (int t = 0; t < threads; ++t) {
+        INFO("thread " << t);
+        CHECK(from_lane_3[static_cast<std::size_t>(t)] == static_cast<float>(t / 16 * 16 + 3));
+        CHECK(ballots[static_cast<std::size_t>(t)] == (t % 32 < 16 ? 0x0000'aaaau : 0xaaaa'0000u));
     }
 }
 
@@ -131,4 +158,36 @@ TEST_CASE("the warp simulator's mma.m16n8k16 multiplies fragments loaded by ldma
         }
     CHECK(bad_misaligned == 32);
     CHECK(loom_sim::bad_ldmatrix_rows == bad_before);
+}
+
+TEST_CASE("the warp simulator aborts, naming both places, where a block's threads meet at different __syncthreads",
+          "[simulated][simulator]") {
+    // On a GPU this hangs or misbehaves; here the process stops with a
+    // message. Run in a child process, whose stderr and end are checked.
+    int pipe_ends[2];
+    REQUIRE(pipe(pipe_ends) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        dup2(pipe_ends[1], STDERR_FILENO);
+        loom_sim::launch(loom_sim::Grid{}, 64, 0, [] {
+            if (threadIdx.x < 32)
+                __syncthreads();
+            else
+                __syncthreads();
+        });
+        _exit(0);  // not reached if the simulator catches it
+    }
+    close(pipe_ends[1]);
+    std::string message;
+    char buffer[512];
+    for (ssize_t got; (got = read(pipe_ends[0], buffer, sizeof buffer)) > 0;)
+        message.append(buffer, static_cast<std::size_t>(got));
+    close(pipe_ends[0]);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    INFO("the child's stderr: " << message);
+    CHECK(WIFSIGNALED(status));
+    CHECK(message.find("met its block or warp at __syncthreads") != std::string::npos);
+    CHECK(message.find("test_warp_simulator.cpp") != std::string::npos);
 }

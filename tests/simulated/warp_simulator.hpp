@@ -2,8 +2,8 @@
 // kernels to run on the host, so that their indexing, masking, reductions
 // and fragment bookkeeping are tested where there is no GPU (CI, this
 // project's machines). tests/simulated/extract_device_code.py says which
-// kernels: the mma.sync attention kernels and the row passes (layernorm,
-// cross-entropy, the bf16 rounding of GEMM operands).
+// kernels: the attention kernels (f32, wmma, mma.sync, ring blocks), the
+// row passes, the elementwise kernels and gradient compression's.
 //
 // A thread block is as many fibers as the launch asks (see Block below);
 // __syncthreads is a barrier over them, and a warp's collectives (ldmatrix,
@@ -45,6 +45,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <source_location>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -66,8 +67,11 @@
 #define __restrict__
 #define __align__(n) alignas(n)
 // A block runs one at a time, so a function-local static is the running
-// block's shared memory. (The attention kernels' dynamic shared memory is
-// the simulated block's buffer instead: extract_device_code.py rewrites it.)
+// block's shared memory. (The kernels' dynamic shared memory is the
+// simulated block's buffer instead: extract_device_code.py rewrites it.)
+// Unlike dynamic shared memory, these statics are not filled with NaN for
+// each block: they keep the previous block's values, so a read before a
+// write of static shared memory does not show.
 #define __shared__ static
 
 struct SimulatedDim3 {
@@ -128,12 +132,22 @@ inline constexpr int block_threads = 128;
 // A barrier's waiters are resumed only once the barrier has opened; the
 // turn order alternates (first to last, then last to first) so that a read
 // and a write of the same phase, which only a missing barrier would order,
-// run both ways round. If every fiber left waits and no barrier can open
-// (threads of one block at different barriers: divergent __syncthreads),
-// the simulator says so and aborts, where a GPU would hang or misbehave.
+// run both ways round. Threads that arrive at one barrier for different
+// collectives (a shuffle and a __syncwarp, two __syncthreads calls) abort
+// the process with both named, and so does a block whose fibers all wait
+// at barriers that cannot open: where a GPU would hang or misbehave.
+// Which collective a thread arrived at a barrier for: its name and, for
+// __syncthreads, where it was called.
+struct Meeting {
+    const char* what = "a barrier";
+    const char* file = "";
+    unsigned line = 0;
+};
+
 struct Barrier {
     int expected = 0, arrived = 0;
     long generation = 0;
+    Meeting first;  // of the threads that arrived in this generation
 };
 
 // A suspended fiber (or the scheduler): where to resume it.
@@ -185,9 +199,16 @@ inline void switch_context(Context& save, const Context& load) {
 inline void make_context(Context& context, char* stack, std::size_t bytes, void (*entry)()) {
     auto top = reinterpret_cast<std::uintptr_t>(stack + bytes) & ~std::uintptr_t{15};
     auto* frame = reinterpret_cast<std::uint64_t*>(top - 8 - 64);
-    frame[0] = 0x1f80u | (std::uint64_t{0x037f} << 32);  // MXCSR, x87 control word: the defaults
-    for (int r = 1; r <= 6; ++r) frame[r] = 0;           // r15, r14, r13, r12, rbx, rbp
+    // The launching thread's MXCSR and x87 control word (rounding, exceptions),
+    // as launch_each's threads have them.
+    std::uint32_t mxcsr = 0;
+    std::uint16_t control = 0;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(control));
+    frame[0] = mxcsr | (std::uint64_t{control} << 32);
+    for (int r = 1; r <= 6; ++r) frame[r] = 0;  // r15, r14, r13, r12, rbx, rbp
     frame[7] = reinterpret_cast<std::uint64_t>(entry);
+    frame[8] = 0;  // entry's return address: none, which ends a debugger's or unwinder's walk
     context.stack_pointer = frame;
 }
 #else
@@ -212,6 +233,13 @@ struct Fiber {
     bool finished = false;
 };
 
+// Where lane 0 of a warp leaves a wmma product, and the operands it was
+// formed from, for the other lanes.
+struct WmmaSlot {
+    std::array<float, 256> product;
+    std::array<unsigned char, 2 * 256 * 2 + 256 * 4> operands;
+};
+
 // What the fibers of the running block share: its barrier, one barrier per
 // warp, each thread's slots for the values a warp collective exchanges, and
 // the scheduler's state.
@@ -222,7 +250,7 @@ struct Block {
           words(static_cast<std::size_t>(threads)),
           exchanged(static_cast<std::size_t>(threads)),
           rows(static_cast<std::size_t>(threads)),
-          wmma_products(static_cast<std::size_t>(threads / 32)),
+          wmma(static_cast<std::size_t>(threads / 32)),
           warp(static_cast<std::size_t>(threads / 32)),
           lanes(static_cast<std::size_t>(threads / 32)) {
         all.expected = threads;
@@ -233,7 +261,7 @@ struct Block {
     std::vector<std::array<unsigned, 6>> words;
     std::vector<std::array<unsigned char, 8>> exchanged;
     std::vector<const __nv_bfloat16*> rows;
-    std::vector<std::array<float, 256>> wmma_products;  // one per warp
+    std::vector<WmmaSlot> wmma;  // one per warp
     Barrier all;
     std::vector<Barrier> warp;
     std::vector<std::map<unsigned, Barrier>> lanes;  // per warp: a barrier for each mask met
@@ -264,9 +292,23 @@ inline Block& block() {
 }
 inline unsigned char* block_shared() { return block().shared; }
 
-// The running fiber waits until every one of the barrier's threads has arrived.
-inline void arrive_and_wait(Barrier& barrier) {
+// The running fiber waits until every one of the barrier's threads has
+// arrived, all for the same collective (the same __syncthreads call):
+// threads that meet at different ones would misbehave or hang on a GPU, and
+// abort here with both named.
+inline void arrive_and_wait(Barrier& barrier, Meeting at) {
     Block& b = block();
+    if (barrier.arrived == 0) {
+        barrier.first = at;
+    } else if (std::strcmp(barrier.first.what, at.what) != 0 || barrier.first.line != at.line ||
+               std::strcmp(barrier.first.file, at.file) != 0) {
+        char message[1024];
+        std::snprintf(message, sizeof message,
+                      "thread %u of block %u met its block or warp at %s (%s:%u), where others met at %s (%s:%u)",
+                      threadIdx.x, blockIdx.x, at.what, at.file, at.line, barrier.first.what, barrier.first.file,
+                      barrier.first.line);
+        fail(message);
+    }
     if (++barrier.arrived == barrier.expected) {
         barrier.arrived = 0;
         ++barrier.generation;
@@ -277,15 +319,15 @@ inline void arrive_and_wait(Barrier& barrier) {
     me.waiting_generation = barrier.generation;
     switch_context(me.context, b.scheduler);
 }
-inline void warp_barrier() { arrive_and_wait(block().warp[threadIdx.x / 32]); }
+inline void warp_barrier(Meeting at = {"a warp barrier"}) { arrive_and_wait(block().warp[threadIdx.x / 32], at); }
 // The lanes of `mask` (which must include the caller) meet, as a
 // collective's mask names them; a full mask is the whole warp.
-inline void lanes_barrier(unsigned mask) {
-    if (mask == 0xffff'ffffu) return warp_barrier();
+inline void lanes_barrier(unsigned mask, Meeting at) {
+    if (mask == 0xffff'ffffu) return warp_barrier(at);
     if ((mask >> (threadIdx.x % 32) & 1u) == 0) fail("a warp collective's mask leaves out the lane that calls it");
     Barrier& barrier = block().lanes[threadIdx.x / 32][mask];
     barrier.expected = std::popcount(mask);
-    arrive_and_wait(barrier);
+    arrive_and_wait(barrier, at);
 }
 
 inline constexpr std::size_t fiber_stack_bytes = 256 * 1024;
@@ -395,13 +437,13 @@ void ldmatrix_x4(unsigned (&r)[4], const __nv_bfloat16* row) {
         row = reinterpret_cast<const __nv_bfloat16*>(b.shared);  // read something harmless instead
     }
     b.rows[me] = row;
-    warp_barrier();
+    warp_barrier({"ldmatrix"});
     for (int i = 0; i < 4; ++i) {
         const __nv_bfloat16* const* matrix = b.rows.data() + base + 8 * i;
         r[i] = Transposed ? pack(matrix[2 * t][g].bits, matrix[2 * t + 1][g].bits)
                           : pack(matrix[g][2 * t].bits, matrix[g][2 * t + 1].bits);
     }
-    warp_barrier();
+    warp_barrier({"ldmatrix"});
 }
 
 // c += a b for the warp: every lane's fragments gathered into A (16 x 16)
@@ -412,7 +454,7 @@ inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, uns
     for (int i = 0; i < 4; ++i) b.words[me][i] = a[i];
     b.words[me][4] = b0;
     b.words[me][5] = b1;
-    warp_barrier();
+    warp_barrier({"mma.m16n8k16"});
     float A[16][16], B[16][8];
     for (int x = 0; x < 32; ++x) {
         const int g = x / 4, t = x % 4;
@@ -426,7 +468,7 @@ inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, uns
             B[2 * t + 8 * half + 1][g] = high_half(w[4 + half]);
         }
     }
-    warp_barrier();  // every lane has read the slots before any writes them again
+    warp_barrier({"mma.m16n8k16"});  // every lane has read the slots before any writes them again
     const int g = lane / 4, t = lane % 4;
     for (int e = 0; e < 4; ++e) {
         const int row = g + 8 * (e / 2), column = 2 * t + e % 2;
@@ -438,38 +480,45 @@ inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, uns
 
 }  // namespace loom_sim
 
-inline void __syncthreads() { loom_sim::arrive_and_wait(loom_sim::block().all); }
+// Every thread of the block from the same call (its place is recorded).
+inline void __syncthreads(std::source_location at = std::source_location::current()) {
+    loom_sim::arrive_and_wait(loom_sim::block().all, {"__syncthreads", at.file_name(), at.line()});
+}
 
 namespace loom_sim {
-// A shuffle: every lane of `mask` gives `value` and gets that of the thread
-// source_of(its own index). Any value of up to 8 bytes (the reductions
-// shuffle floats, doubles and 64-bit integers), as CUDA's overloads.
+// A shuffle: every lane of `mask` gives `value` and gets that of lane
+// source_lane(its own lane) of its warp, which must be in `mask` too (a
+// lane outside it would hand over a stale value). Any value of up to 8
+// bytes (the reductions shuffle floats, doubles and 64-bit integers), as
+// CUDA's overloads.
 template <class T, class Source>
-T shuffle(unsigned mask, T value, Source source_of) {
+T shuffle(const char* what, unsigned mask, T value, Source source_lane) {
     static_assert(sizeof(T) <= 8);
-    const int me = static_cast<int>(threadIdx.x);
+    const int me = static_cast<int>(threadIdx.x), lane = me % 32;
     Block& b = block();
     std::memcpy(b.exchanged[me].data(), &value, sizeof value);
-    lanes_barrier(mask);
+    lanes_barrier(mask, {what});
+    const int source = source_lane(lane);
+    if ((mask >> source & 1u) == 0) fail("a shuffle reads a lane its mask leaves out");
     T theirs;
-    std::memcpy(&theirs, b.exchanged[source_of(me)].data(), sizeof theirs);
-    lanes_barrier(mask);
+    std::memcpy(&theirs, b.exchanged[me - lane + source].data(), sizeof theirs);
+    lanes_barrier(mask, {what});
     return theirs;
 }
 }  // namespace loom_sim
 
+// Lane (lane ^ lane_mask), the PTX ISA's shfl.bfly: the mask's low 5 bits.
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
-    return loom_sim::shuffle(mask, value, [lane_mask](int me) { return me ^ lane_mask; });
+    return loom_sim::shuffle("__shfl_xor_sync", mask, value, [lane_mask](int lane) { return (lane ^ lane_mask) & 31; });
 }
 
-// Lane `source`'s value within each `width` lanes (a power of two up to
-// 32), for the lanes of `mask`.
+// Lane `source` of the lane's `width` lanes (a power of two up to 32), the
+// PTX ISA's shfl.idx with its segment: source's low bits within the segment.
 template <class T>
 T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
-    return loom_sim::shuffle(mask, value, [source, width](int me) {
-        return me / 32 * 32 + me % 32 / width * width + source % width;
-    });
+    return loom_sim::shuffle("__shfl_sync", mask, value,
+                             [source, width](int lane) { return (lane & ~(width - 1)) | (source & (width - 1)); });
 }
 
 // Bit l set where lane l of `mask` has a nonzero predicate.
@@ -477,11 +526,11 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
     const int me = static_cast<int>(threadIdx.x);
     loom_sim::Block& b = loom_sim::block();
     b.exchanged[me][0] = predicate != 0 ? 1 : 0;
-    loom_sim::lanes_barrier(mask);
+    loom_sim::lanes_barrier(mask, {"__ballot_sync"});
     unsigned bits = 0;
     for (int lane = 0; lane < 32; ++lane)
         if ((mask >> lane & 1u) != 0 && b.exchanged[me / 32 * 32 + lane][0] != 0) bits |= 1u << lane;
-    loom_sim::lanes_barrier(mask);
+    loom_sim::lanes_barrier(mask, {"__ballot_sync"});
     return bits;
 }
 
@@ -490,7 +539,9 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
 // kernels only load, multiply, store and fill whole fragments; here every
 // lane holds the whole 16 x 16 fragment. A load or store is each lane's
 // own (the same values); mma_sync is computed once per warp, by lane 0,
-// sums over k in order from the accumulator, and handed to every lane.
+// sums over k in order from the accumulator, and handed to every lane,
+// after every lane's operands are checked to be lane 0's (a warp whose
+// lanes loaded different fragments is a bug a per-lane copy would hide).
 namespace nvcuda::wmma {
 struct matrix_a {};
 struct matrix_b {};
@@ -547,22 +598,31 @@ template <class T, class LayoutA, class LayoutB>
 void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
               const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
     loom_sim::Block& block = loom_sim::block();
-    std::array<float, 256>& product = block.wmma_products[threadIdx.x / 32];
-    if (threadIdx.x % 32 == 0)
+    loom_sim::WmmaSlot& slot = block.wmma[threadIdx.x / 32];
+    static_assert(sizeof a + sizeof b + sizeof c <= sizeof slot.operands);
+    if (threadIdx.x % 32 == 0) {
         for (int r = 0; r < 16; ++r)
             for (int n = 0; n < 16; ++n) {
                 float sum = c.x[r * 16 + n];
                 for (int k = 0; k < 16; ++k)
                     sum += detail::value_of(a.x[r * 16 + k]) * detail::value_of(b.x[k * 16 + n]);
-                product[static_cast<std::size_t>(r * 16 + n)] = sum;
+                slot.product[static_cast<std::size_t>(r * 16 + n)] = sum;
             }
-    loom_sim::warp_barrier();
-    std::copy(product.begin(), product.end(), d.x);
-    loom_sim::warp_barrier();  // every lane has its copy before lane 0 computes the next
+        std::memcpy(slot.operands.data(), &a, sizeof a);
+        std::memcpy(slot.operands.data() + sizeof a, &b, sizeof b);
+        std::memcpy(slot.operands.data() + sizeof a + sizeof b, &c, sizeof c);
+    }
+    loom_sim::warp_barrier({"wmma::mma_sync"});
+    if (std::memcmp(slot.operands.data(), &a, sizeof a) != 0 ||
+        std::memcmp(slot.operands.data() + sizeof a, &b, sizeof b) != 0 ||
+        std::memcmp(slot.operands.data() + sizeof a + sizeof b, &c, sizeof c) != 0)
+        loom_sim::fail("the lanes of a warp passed wmma::mma_sync different fragments");
+    std::copy(slot.product.begin(), slot.product.end(), d.x);
+    loom_sim::warp_barrier({"wmma::mma_sync"});  // every lane has its copy before lane 0 computes the next
 }
 }  // namespace nvcuda::wmma
 
-inline void __syncwarp(unsigned = 0xffff'ffffu) { loom_sim::warp_barrier(); }
+inline void __syncwarp(unsigned mask = 0xffff'ffffu) { loom_sim::lanes_barrier(mask, {"__syncwarp"}); }
 
 namespace loom::kernels::cuda::mma_fragments {
 using bf16_t = __nv_bfloat16;
