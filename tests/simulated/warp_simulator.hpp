@@ -5,17 +5,12 @@
 // kernels: the attention kernels (f32, wmma, mma.sync, ring blocks), the
 // row passes, the elementwise kernels and gradient compression's.
 //
-// A thread block is as many fibers as the launch asks (see Block below);
-// __syncthreads is a barrier over them, and a warp's collectives (ldmatrix,
-// mma.sync, __shfl_sync, __shfl_xor_sync) exchange values through
-// per-thread slots between two per-warp barriers. Kernels without either may run their threads one after
-// another instead (launch_each). ldmatrix and mma.m16n8k16 follow the PTX
-// ISA's documented fragment layouts (lane l = 4g + t):
-//   ldmatrix .x4: lanes 8i..8i+7 give the rows of matrix i; lane l receives
-//     row g, elements 2t and 2t+1 of each (with .trans: rows 2t and 2t+1 of
-//     column g);
-//   mma A: rows g, g+8, columns 2t.. and 2t+8..; B: rows 2t.., 2t+8.. of
-//     column g; C: row g columns 2t, 2t+1, then row g+8.
+// A thread block is as many fibers (fiber.hpp) as the launch asks (see
+// Block below); __syncthreads is a barrier over them, and a warp's
+// collectives (shuffles, ballots, and the tensor-core operations of
+// tensor_cores.hpp) exchange values through per-thread slots between two
+// per-warp barriers. Kernels without either may run their threads one after
+// another instead (launch_each).
 // What this cannot show: the hardware's own behaviour (an mma's internal
 // summation order, timing, bank conflicts, register limits), nor the
 // device's math library (its expf and logf are within 2 ulp of the host's,
@@ -30,8 +25,6 @@
 // Include after every loom header and the standard library: the CUDA
 // keywords below are macros.
 #pragma once
-
-#include <ucontext.h>
 
 #include <algorithm>
 #include <array>
@@ -59,6 +52,8 @@
 #include "loom/kernels/host/gelu.hpp"
 #include "loom/kernels/host/low_rank.hpp"
 #include "loom/kernels/host/quantize.hpp"
+
+#include "simulated/fiber.hpp"
 
 #define __device__
 #define __host__
@@ -120,16 +115,10 @@ namespace loom_sim {
 // The attention kernels' block.
 inline constexpr int block_threads = 128;
 
-// A simulated thread is a fiber, and a block's fibers take turns on the
-// calling thread: each runs until it waits at a barrier (or ends), then the
-// next. Deterministic, and a barrier costs a few context switches rather
-// than an OS thread's wake-up. The switch: on x86-64 six callee-saved
-// registers, the stack pointer and the floating-point control words, by
-// hand (loom_sim_switch below); elsewhere ucontext's swapcontext, which also
-// saves the signal mask with a system call each time. The f32 attention test
-// took 84 s with OS threads, 54 s with swapcontext and 4.5 s with the
-// hand-written switch (T = 512; it now runs the CUDA test's T = 1024).
-// A barrier's waiters are resumed only once the barrier has opened; the
+// A simulated thread is a fiber (fiber.hpp), and a block's fibers take
+// turns on the calling thread: each runs until it waits at a barrier (or
+// ends), then the next. Deterministic, and a barrier costs a few context
+// switches rather than an OS thread's wake-up. A barrier's waiters are resumed only once the barrier has opened; the
 // turn order alternates (first to last, then last to first) so that a read
 // and a write of the same phase, which only a missing barrier would order,
 // run both ways round. Threads that arrive at one barrier for different
@@ -149,81 +138,6 @@ struct Barrier {
     long generation = 0;
     Meeting first;  // of the threads that arrived in this generation
 };
-
-// A suspended fiber (or the scheduler): where to resume it.
-#if defined(__x86_64__)
-struct Context {
-    void* stack_pointer = nullptr;
-};
-extern "C" void loom_sim_switch(void** save, void* load);
-// Saves the caller's callee-saved registers, MXCSR and x87 control word on
-// its stack, stores its stack pointer in *save, and resumes the context
-// whose stack pointer is `load`. Weak: every test file that includes this
-// header defines it, and the linker keeps one.
-asm(R"(
-    .pushsection .text
-    .weak loom_sim_switch
-    .type loom_sim_switch, @function
-loom_sim_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-    .size loom_sim_switch, .-loom_sim_switch
-    .popsection
-)");
-inline void switch_context(Context& save, const Context& load) {
-    loom_sim_switch(&save.stack_pointer, load.stack_pointer);
-}
-// A context that starts `entry` (which must never return) on the stack
-// [stack, stack + bytes): what loom_sim_switch pops, then entry as the
-// return address, placed so that entry starts with the stack aligned as
-// after a call (rsp = 8 mod 16).
-inline void make_context(Context& context, char* stack, std::size_t bytes, void (*entry)()) {
-    auto top = reinterpret_cast<std::uintptr_t>(stack + bytes) & ~std::uintptr_t{15};
-    auto* frame = reinterpret_cast<std::uint64_t*>(top - 8 - 64);
-    // The launching thread's MXCSR and x87 control word (rounding, exceptions),
-    // as launch_each's threads have them.
-    std::uint32_t mxcsr = 0;
-    std::uint16_t control = 0;
-    asm volatile("stmxcsr %0" : "=m"(mxcsr));
-    asm volatile("fnstcw %0" : "=m"(control));
-    frame[0] = mxcsr | (std::uint64_t{control} << 32);
-    for (int r = 1; r <= 6; ++r) frame[r] = 0;  // r15, r14, r13, r12, rbx, rbp
-    frame[7] = reinterpret_cast<std::uint64_t>(entry);
-    frame[8] = 0;  // entry's return address: none, which ends a debugger's or unwinder's walk
-    context.stack_pointer = frame;
-}
-#else
-struct Context {
-    ucontext_t state{};
-};
-inline void switch_context(Context& save, const Context& load) { swapcontext(&save.state, &load.state); }
-inline void make_context(Context& context, char* stack, std::size_t bytes, void (*entry)()) {
-    getcontext(&context.state);
-    context.state.uc_stack.ss_sp = stack;
-    context.state.uc_stack.ss_size = bytes;
-    context.state.uc_link = nullptr;
-    makecontext(&context.state, entry, 0);
-}
-#endif
 
 struct Fiber {
     Context context;
@@ -273,14 +187,6 @@ struct Block {
 };
 inline Block* running = nullptr;  // one block runs at a time; none in launch_each
 
-// ldmatrix rows that were not 16-byte aligned 16-byte pieces of the block's
-// shared memory (the hardware's requirement), over every launch so far.
-inline long bad_ldmatrix_rows = 0;
-// wmma loads and stores whose pointer was not 32-byte aligned or whose
-// stride was not a multiple of 16 bytes (the CUDA Programming Guide's
-// requirements), over every launch so far.
-inline long bad_wmma_accesses = 0;
-
 [[noreturn]] inline void fail(const char* what) {
     std::fprintf(stderr, "warp_simulator: %s\n", what);
     std::abort();
@@ -300,8 +206,9 @@ inline void arrive_and_wait(Barrier& barrier, Meeting at) {
     Block& b = block();
     if (barrier.arrived == 0) {
         barrier.first = at;
-    } else if (std::strcmp(barrier.first.what, at.what) != 0 || barrier.first.line != at.line ||
-               std::strcmp(barrier.first.file, at.file) != 0) {
+    } else if (barrier.first.line != at.line ||
+               (barrier.first.what != at.what && std::strcmp(barrier.first.what, at.what) != 0) ||
+               (barrier.first.file != at.file && std::strcmp(barrier.first.file, at.file) != 0)) {
         char message[1024];
         std::snprintf(message, sizeof message,
                       "thread %u of block %u met its block or warp at %s (%s:%u), where others met at %s (%s:%u)",
@@ -422,62 +329,6 @@ void launch_each(Grid grid, int threads, Body body) {
             }
 }
 
-inline float bf16_value(std::uint16_t bits) { return loom::detail::bf16_bits_to_float(bits); }
-inline float low_half(unsigned word) { return bf16_value(static_cast<std::uint16_t>(word & 0xffffu)); }
-inline float high_half(unsigned word) { return bf16_value(static_cast<std::uint16_t>(word >> 16)); }
-inline unsigned pack(std::uint16_t low, std::uint16_t high) { return low | (static_cast<unsigned>(high) << 16); }
-
-template <bool Transposed>
-void ldmatrix_x4(unsigned (&r)[4], const __nv_bfloat16* row) {
-    const int me = static_cast<int>(threadIdx.x), base = me / 32 * 32, lane = me % 32, g = lane / 4, t = lane % 4;
-    const auto* byte = reinterpret_cast<const unsigned char*>(row);
-    Block& b = block();
-    if (byte < b.shared || byte + 16 > b.shared + b.shared_bytes || (byte - b.shared) % 16 != 0) {
-        ++bad_ldmatrix_rows;
-        row = reinterpret_cast<const __nv_bfloat16*>(b.shared);  // read something harmless instead
-    }
-    b.rows[me] = row;
-    warp_barrier({"ldmatrix"});
-    for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat16* const* matrix = b.rows.data() + base + 8 * i;
-        r[i] = Transposed ? pack(matrix[2 * t][g].bits, matrix[2 * t + 1][g].bits)
-                          : pack(matrix[g][2 * t].bits, matrix[g][2 * t + 1].bits);
-    }
-    warp_barrier({"ldmatrix"});
-}
-
-// c += a b for the warp: every lane's fragments gathered into A (16 x 16)
-// and B (16 x 8), each lane's four results summed over k in order.
-inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    const int me = static_cast<int>(threadIdx.x), base = me / 32 * 32, lane = me % 32;
-    Block& b = block();
-    for (int i = 0; i < 4; ++i) b.words[me][i] = a[i];
-    b.words[me][4] = b0;
-    b.words[me][5] = b1;
-    warp_barrier({"mma.m16n8k16"});
-    float A[16][16], B[16][8];
-    for (int x = 0; x < 32; ++x) {
-        const int g = x / 4, t = x % 4;
-        const unsigned* w = b.words[base + x].data();
-        for (int half = 0; half < 2; ++half) {
-            A[g + 8 * half][2 * t] = low_half(w[half]);
-            A[g + 8 * half][2 * t + 1] = high_half(w[half]);
-            A[g + 8 * half][2 * t + 8] = low_half(w[2 + half]);
-            A[g + 8 * half][2 * t + 9] = high_half(w[2 + half]);
-            B[2 * t + 8 * half][g] = low_half(w[4 + half]);
-            B[2 * t + 8 * half + 1][g] = high_half(w[4 + half]);
-        }
-    }
-    warp_barrier({"mma.m16n8k16"});  // every lane has read the slots before any writes them again
-    const int g = lane / 4, t = lane % 4;
-    for (int e = 0; e < 4; ++e) {
-        const int row = g + 8 * (e / 2), column = 2 * t + e % 2;
-        float sum = c[e];
-        for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][column];
-        c[e] = sum;
-    }
-}
-
 }  // namespace loom_sim
 
 // Every thread of the block from the same call (its place is recorded).
@@ -534,101 +385,7 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
     return bits;
 }
 
-// nvcuda::wmma for 16 x 16 x 16 bf16 products with f32 accumulators. The
-// hardware spreads a fragment over the warp in an unspecified layout, so
-// kernels only load, multiply, store and fill whole fragments; here every
-// lane holds the whole 16 x 16 fragment. A load or store is each lane's
-// own (the same values); mma_sync is computed once per warp, by lane 0,
-// sums over k in order from the accumulator, and handed to every lane,
-// after every lane's operands are checked to be lane 0's (a warp whose
-// lanes loaded different fragments is a bug a per-lane copy would hide).
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <class Use, int M, int N, int K, class T, class Layout = void>
-struct fragment {
-    static_assert(M == 16 && N == 16 && K == 16, "the simulator has 16 x 16 x 16 fragments only");
-    static constexpr int num_elements = 256;
-    T x[256];
-};
-
-namespace detail {
-inline void check_access(const void* pointer, unsigned ldm, std::size_t element_bytes) {
-    if (reinterpret_cast<std::uintptr_t>(pointer) % 32 != 0 || ldm * element_bytes % 16 != 0)
-        ++loom_sim::bad_wmma_accesses;
-}
-inline float value_of(float v) { return v; }
-inline float value_of(__nv_bfloat16 v) { return loom::detail::bf16_bits_to_float(v.bits); }
-}  // namespace detail
-
-template <class Use, class T, class Layout>
-void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, T value) {
-    for (T& e : f.x) e = value;
-}
-
-template <class Use, class T, class Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-    static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
-    detail::check_access(p, ldm, sizeof(T));
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c)
-            f.x[r * 16 + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
-}
-
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
-                             layout_t layout) {
-    detail::check_access(p, ldm, sizeof(float));
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
-}
-
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
-                              layout_t layout) {
-    detail::check_access(p, ldm, sizeof(float));
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
-}
-
-template <class T, class LayoutA, class LayoutB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
-              const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
-    loom_sim::Block& block = loom_sim::block();
-    loom_sim::WmmaSlot& slot = block.wmma[threadIdx.x / 32];
-    static_assert(sizeof a + sizeof b + sizeof c <= sizeof slot.operands);
-    if (threadIdx.x % 32 == 0) {
-        for (int r = 0; r < 16; ++r)
-            for (int n = 0; n < 16; ++n) {
-                float sum = c.x[r * 16 + n];
-                for (int k = 0; k < 16; ++k)
-                    sum += detail::value_of(a.x[r * 16 + k]) * detail::value_of(b.x[k * 16 + n]);
-                slot.product[static_cast<std::size_t>(r * 16 + n)] = sum;
-            }
-        std::memcpy(slot.operands.data(), &a, sizeof a);
-        std::memcpy(slot.operands.data() + sizeof a, &b, sizeof b);
-        std::memcpy(slot.operands.data() + sizeof a + sizeof b, &c, sizeof c);
-    }
-    loom_sim::warp_barrier({"wmma::mma_sync"});
-    if (std::memcmp(slot.operands.data(), &a, sizeof a) != 0 ||
-        std::memcmp(slot.operands.data() + sizeof a, &b, sizeof b) != 0 ||
-        std::memcmp(slot.operands.data() + sizeof a + sizeof b, &c, sizeof c) != 0)
-        loom_sim::fail("the lanes of a warp passed wmma::mma_sync different fragments");
-    std::copy(slot.product.begin(), slot.product.end(), d.x);
-    loom_sim::warp_barrier({"wmma::mma_sync"});  // every lane has its copy before lane 0 computes the next
-}
-}  // namespace nvcuda::wmma
-
 inline void __syncwarp(unsigned mask = 0xffff'ffffu) { loom_sim::lanes_barrier(mask, {"__syncwarp"}); }
 
-namespace loom::kernels::cuda::mma_fragments {
-using bf16_t = __nv_bfloat16;
-inline void ldmatrix_x4(unsigned (&r)[4], const bf16_t* row) { loom_sim::ldmatrix_x4<false>(r, row); }
-inline void ldmatrix_x4_trans(unsigned (&r)[4], const bf16_t* row) { loom_sim::ldmatrix_x4<true>(r, row); }
-inline void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    loom_sim::mma_m16n8k16(c, a, b0, b1);
-}
-}  // namespace loom::kernels::cuda::mma_fragments
+// ldmatrix, mma.sync and wmma, in a header of their own.
+#include "simulated/tensor_cores.hpp"
