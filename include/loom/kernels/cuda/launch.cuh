@@ -32,13 +32,13 @@ __device__ inline std::int64_t grid_stride() { return static_cast<std::int64_t>(
 // Set-up a launcher needs once per GPU, not once a call: checking that the
 // device can run a kernel, raising a kernel's shared-memory limit
 // (cudaFuncSetAttribute holds per function and device). The attention
-// launchers ran both before every launch, a dozen runtime calls for each of
-// a GPT-2 step's 36 attention passes. Declare one `static` per launcher
-// instantiation; set_up(device) runs on the current device until it returns
-// normally (a throw leaves the device unmarked, so the next call throws the
-// same message). Two rank threads may both run set_up for a device the
-// first time: it must be idempotent, as these are. Devices past 63 are set
-// up on every call.
+// launchers ran both on every call, five or six runtime calls for each of
+// the 24 launcher calls (36 kernels) of a GPT-2 step. Declare one `static`
+// per launcher instantiation; set_up(device) runs on the current device
+// until it returns normally (a throw leaves the device unmarked, so the next
+// call throws the same message). Two rank threads may both run set_up for a
+// device the first time: it must be idempotent, as these are. Devices past
+// 63 are set up on every call.
 class OncePerDevice {
 public:
     template <class SetUp>
