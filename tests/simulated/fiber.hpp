@@ -9,10 +9,14 @@
 // which a CET shadow stack would refuse.)
 #pragma once
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 namespace loom_sim {
 
@@ -90,5 +94,38 @@ inline void make_context(Context& context, char* stack, std::size_t bytes, void 
     makecontext(&context.state, entry, 0);
 }
 #endif
+
+// Stacks for `count` fibers of at least `bytes` each, every one above a page
+// that may not be touched: a fiber that overflows its stack faults at once
+// instead of silently overwriting its neighbour's stack or the heap.
+class FiberStacks {
+public:
+    FiberStacks(int count, std::size_t bytes)
+        : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))),
+          bytes_((bytes + page_ - 1) / page_ * page_),
+          size_((bytes_ + page_) * static_cast<std::size_t>(count)) {
+        void* base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) {
+            std::perror("warp_simulator: mmap of the fiber stacks");
+            std::abort();
+        }
+        base_ = static_cast<char*>(base);
+        for (int i = 0; i < count; ++i)
+            if (mprotect(base_ + static_cast<std::size_t>(i) * (bytes_ + page_), page_, PROT_NONE) != 0) {
+                std::perror("warp_simulator: mprotect of a fiber stack's guard page");
+                std::abort();
+            }
+    }
+    FiberStacks(const FiberStacks&) = delete;
+    FiberStacks& operator=(const FiberStacks&) = delete;
+    ~FiberStacks() { munmap(base_, size_); }
+
+    [[nodiscard]] char* stack(int i) const { return base_ + static_cast<std::size_t>(i) * (bytes_ + page_) + page_; }
+    [[nodiscard]] std::size_t bytes() const { return bytes_; }
+
+private:
+    std::size_t page_, bytes_, size_;
+    char* base_ = nullptr;
+};
 
 }  // namespace loom_sim

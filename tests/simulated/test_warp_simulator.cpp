@@ -2,14 +2,16 @@
 // ballots hand each lane the value CUDA's would (full warps, half-warp
 // masks, widths), that its barriers order a block's
 // threads, and that a read no barrier orders shows (as NaN from the
-// NaN-filled shared memory) instead of passing by luck, and that threads
-// meeting at different __syncthreads stop the process with both named. The simulated kernel
+// NaN-filled shared memory) instead of passing by luck, that threads
+// meeting at different __syncthreads stop the process with both named, and
+// that a thread overflowing its stack faults. The simulated kernel
 // tests are only as good as these.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -190,4 +192,36 @@ TEST_CASE("the warp simulator aborts, naming both places, where a block's thread
     CHECK(WIFSIGNALED(status));
     CHECK(message.find("met its block or warp at __syncthreads") != std::string::npos);
     CHECK(message.find("test_warp_simulator.cpp") != std::string::npos);
+}
+
+namespace {
+
+// 1 KiB of this frame written at each of `depth` levels: far past a fiber's
+// 256 KiB stack for depth 1000.
+int deep(int depth) {
+    volatile char frame[1024];
+    frame[0] = static_cast<char>(depth);
+    frame[sizeof frame - 1] = frame[0];
+    return depth == 0 ? frame[0] : deep(depth - 1) + frame[sizeof frame - 1];
+}
+
+}  // namespace
+
+TEST_CASE("a simulated thread that overflows its stack faults at its guard page", "[simulated][simulator]") {
+    // In a child process: recursion a thousand frames of 1 KiB deep must
+    // stop the child with SIGSEGV, not run on over the stacks of the fibers
+    // below (without the guard pages it does, and the child exits 0).
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        int sink = 0;
+        loom_sim::launch(loom_sim::Grid{}, 32, 0, [&sink] {
+            if (threadIdx.x == 31) sink = deep(1000);  // the highest stack: other fibers' lie below it
+        });
+        _exit(sink == 12345 ? 1 : 0);  // not reached if the guard page works
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+    if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGSEGV);
 }

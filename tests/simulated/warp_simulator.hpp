@@ -118,13 +118,16 @@ inline constexpr int block_threads = 128;
 // A simulated thread is a fiber (fiber.hpp), and a block's fibers take
 // turns on the calling thread: each runs until it waits at a barrier (or
 // ends), then the next. Deterministic, and a barrier costs a few context
-// switches rather than an OS thread's wake-up. A barrier's waiters are resumed only once the barrier has opened; the
-// turn order alternates (first to last, then last to first) so that a read
-// and a write of the same phase, which only a missing barrier would order,
-// run both ways round. Threads that arrive at one barrier for different
+// switches rather than an OS thread's wake-up. Each fiber's stack lies above
+// a guard page (FiberStacks), so an overflow faults rather than corrupts. A
+// barrier's waiters are resumed only once the barrier has opened; the turn
+// order alternates (first to last, then last to first) so that a read and a
+// write of the same phase, which only a missing barrier would order, run
+// both ways round. Threads that arrive at one barrier for different
 // collectives (a shuffle and a __syncwarp, two __syncthreads calls) abort
-// the process with both named, and so does a block whose fibers all wait
-// at barriers that cannot open: where a GPU would hang or misbehave.
+// the process with both named, and so does a block whose fibers all wait at
+// barriers that cannot open: where a GPU would hang or misbehave.
+
 // Which collective a thread arrived at a barrier for: its name and, for
 // __syncthreads, where it was called.
 struct Meeting {
@@ -139,9 +142,10 @@ struct Barrier {
     Meeting first;  // of the threads that arrived in this generation
 };
 
+inline constexpr std::size_t fiber_stack_bytes = 256 * 1024;
+
 struct Fiber {
     Context context;
-    std::unique_ptr<char[]> stack;
     const Barrier* waiting_on = nullptr;
     long waiting_generation = 0;
     bool finished = false;
@@ -160,6 +164,7 @@ struct WmmaSlot {
 struct Block {
     explicit Block(int threads)
         : fibers(static_cast<std::size_t>(threads)),
+          stacks(threads, fiber_stack_bytes),
           floats(static_cast<std::size_t>(threads)),
           words(static_cast<std::size_t>(threads)),
           exchanged(static_cast<std::size_t>(threads)),
@@ -171,6 +176,7 @@ struct Block {
         for (Barrier& w : warp) w.expected = 32;
     }
     std::vector<Fiber> fibers;
+    FiberStacks stacks;
     std::vector<std::array<float, 4>> floats;
     std::vector<std::array<unsigned, 6>> words;
     std::vector<std::array<unsigned char, 8>> exchanged;
@@ -237,8 +243,6 @@ inline void lanes_barrier(unsigned mask, Meeting at) {
     arrive_and_wait(barrier, at);
 }
 
-inline constexpr std::size_t fiber_stack_bytes = 256 * 1024;
-
 [[noreturn]] inline void run_fiber() {
     Block& b = *running;
     (*b.body)();
@@ -251,10 +255,11 @@ inline constexpr std::size_t fiber_stack_bytes = 256 * 1024;
 // Runs the block's fibers, in turns, until all have finished.
 inline void run_block(Block& b, unsigned bx, unsigned by) {
     const int threads = static_cast<int>(b.fibers.size());
-    for (Fiber& f : b.fibers) {
+    for (int t = 0; t < threads; ++t) {
+        Fiber& f = b.fibers[static_cast<std::size_t>(t)];
         f.waiting_on = nullptr;
         f.finished = false;
-        make_context(f.context, f.stack.get(), fiber_stack_bytes, run_fiber);
+        make_context(f.context, b.stacks.stack(t), b.stacks.bytes(), run_fiber);
     }
     blockIdx = {bx, by, 0};
     for (int left = threads, sweep = 0; left > 0; ++sweep) {
@@ -293,7 +298,6 @@ void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
     const std::size_t skip = (128 - reinterpret_cast<std::uintptr_t>(storage.data()) % 128) % 128;
     const std::span<unsigned char> shared(storage.data() + skip, shared_bytes);
     Block current(threads);
-    for (Fiber& f : current.fibers) f.stack.reset(new char[fiber_stack_bytes]);
     const std::function<void()> run = body;
     current.body = &run;
     current.shared = shared.data();
