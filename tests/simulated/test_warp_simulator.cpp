@@ -2,7 +2,8 @@
 // ballots hand each lane the value CUDA's would (full warps, half-warp
 // masks, widths), that its barriers order a block's
 // threads, and that a read no barrier orders shows (as NaN from the
-// NaN-filled shared memory) instead of passing by luck, that threads
+// NaN-filled shared memory, dynamic and static) instead of passing by luck,
+// that threads
 // meeting at different __syncthreads stop the process with both named, and
 // that a thread overflowing its stack faults. The simulated kernel
 // tests are only as good as these.
@@ -95,6 +96,42 @@ TEST_CASE("the warp simulator's __syncthreads orders a block, and a read it does
             CHECK(unordered == 0);
         else
             CHECK(unordered > 0);
+    }
+}
+
+TEST_CASE("the warp simulator gives every block static __shared__ arrays it has not written as NaN",
+          "[simulated][simulator]") {
+    // A GPU block's shared memory holds whatever it held: a kernel that
+    // reads a static __shared__ array before writing it reads garbage. Here
+    // that is NaN (or -1 as an integer) in every block, also after an earlier
+    // block wrote the same array, in barrier-free launches too.
+    constexpr int threads = 64, blocks = 3;
+    std::vector<float> before(blocks * threads, 0.0f), after(blocks * threads, 0.0f);
+    std::vector<long long> counts_before(blocks * threads, 0);
+    loom_sim::launch(loom_sim::Grid{blocks, 1}, threads, 0, [&] {
+        __shared__ float slots[threads];
+        __shared__ long long counts[threads];
+        const unsigned t = threadIdx.x, i = blockIdx.x * threads + t;
+        before[i] = slots[t];
+        counts_before[i] = counts[t];
+        slots[t] = static_cast<float>(1000 * blockIdx.x + t);
+        counts[t] = i;
+        __syncthreads();
+        after[i] = slots[(t + 1) % threads];
+    });
+    std::vector<float> each_before(blocks * threads, 0.0f);
+    loom_sim::launch_each(loom_sim::Grid{blocks, 1}, threads, [&] {
+        __shared__ float slots[threads];
+        const unsigned t = threadIdx.x;
+        each_before[blockIdx.x * threads + t] = slots[t];
+        slots[t] = 1.0f;
+    });
+    for (unsigned i = 0; i < blocks * threads; ++i) {
+        INFO("block " << i / threads << ", thread " << i % threads);
+        CHECK(std::isnan(before[i]));
+        CHECK(counts_before[i] == -1);
+        CHECK(after[i] == static_cast<float>(1000 * (i / threads) + (i % threads + 1) % threads));
+        CHECK(std::isnan(each_before[i]));
     }
 }
 

@@ -37,7 +37,6 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
-#include <memory>
 #include <source_location>
 #include <span>
 #include <type_traits>
@@ -64,10 +63,15 @@
 // A block runs one at a time, so a function-local static is the running
 // block's shared memory. (The kernels' dynamic shared memory is the
 // simulated block's buffer instead: extract_device_code.py rewrites it.)
-// Unlike dynamic shared memory, these statics are not filled with NaN for
-// each block: they keep the previous block's values, so a read before a
-// write of static shared memory does not show.
-#define __shared__ static
+// The statics sit in a section of their own, which each block fills with
+// 0xff bytes before it starts, as it does its dynamic shared memory: a read
+// of what no thread of this block wrote is NaN (or -1), not the previous
+// block's value nor a zero that a GPU would not give.
+#define __shared__ static __attribute__((section("loom_sim_shared")))
+// The linker's bounds of that section; weak, so a program without static
+// shared memory links (both null then).
+extern "C" unsigned char __start_loom_sim_shared[] __attribute__((weak));
+extern "C" unsigned char __stop_loom_sim_shared[] __attribute__((weak));
 
 struct SimulatedDim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -165,7 +169,6 @@ struct Block {
     explicit Block(int threads)
         : fibers(static_cast<std::size_t>(threads)),
           stacks(threads, fiber_stack_bytes),
-          floats(static_cast<std::size_t>(threads)),
           words(static_cast<std::size_t>(threads)),
           exchanged(static_cast<std::size_t>(threads)),
           rows(static_cast<std::size_t>(threads)),
@@ -177,7 +180,6 @@ struct Block {
     }
     std::vector<Fiber> fibers;
     FiberStacks stacks;
-    std::vector<std::array<float, 4>> floats;
     std::vector<std::array<unsigned, 6>> words;
     std::vector<std::array<unsigned char, 8>> exchanged;
     std::vector<const __nv_bfloat16*> rows;
@@ -203,6 +205,14 @@ inline Block& block() {
     return *running;
 }
 inline unsigned char* block_shared() { return block().shared; }
+
+// Every static __shared__ array of the program, at once, as a new block
+// finds its shared memory: 0xff bytes (NaN as f32, f64 and bf16).
+inline void fill_static_shared() {
+    if (__start_loom_sim_shared != nullptr)
+        std::memset(__start_loom_sim_shared, 0xff,
+                    static_cast<std::size_t>(__stop_loom_sim_shared - __start_loom_sim_shared));
+}
 
 // The running fiber waits until every one of the barrier's threads has
 // arrived, all for the same collective (the same __syncthreads call):
@@ -285,8 +295,9 @@ struct Grid {
 
 // body() on every block of `grid`, one block after another, each as
 // `threads` fibers (a multiple of 32) with `shared_bytes` of dynamic shared
-// memory filled with 0xff bytes (NaN as f32 and bf16), so that reading what
-// no thread wrote shows in the results.
+// memory filled with 0xff bytes (NaN as f32 and bf16), and its static
+// shared memory too, so that reading what no thread wrote shows in the
+// results.
 template <class Body>
 void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
     if (threads <= 0 || threads % 32 != 0) fail("a block is a positive number of whole warps");
@@ -306,6 +317,7 @@ void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
     for (unsigned by = 0; by < grid.y; ++by)
         for (unsigned bx = 0; bx < grid.x; ++bx) {
             std::memset(shared.data(), 0xff, shared.size());
+            fill_static_shared();
             run_block(current, bx, by);
         }
     running = nullptr;
@@ -325,12 +337,14 @@ void launch_each(Grid grid, int threads, Body body) {
     gridDim = {grid.x, grid.y, 1};
     blockDim = {static_cast<unsigned>(threads), 1, 1};
     for (unsigned by = 0; by < grid.y; ++by)
-        for (unsigned bx = 0; bx < grid.x; ++bx)
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+            fill_static_shared();
             for (int t = 0; t < threads; ++t) {
                 threadIdx = {static_cast<unsigned>(t), 0, 0};
                 blockIdx = {bx, by, 0};
                 body();
             }
+        }
 }
 
 }  // namespace loom_sim
