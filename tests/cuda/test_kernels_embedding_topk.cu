@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/embedding_top_k_inputs.hpp"
 #include "../support/message_of.hpp"
 #include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
@@ -44,44 +45,20 @@ using loom_test::bits_of;
 using loom_test::compare_floats;
 using loom_test::compare_words;
 using loom_test::DeviceArray;
+using loom_test::embedding_shapes;
+using loom_test::EmbeddingShape;
+using loom_test::from_bits;
 using loom_test::message_of;
+using loom_test::repeated_tokens;
 using loom_test::Stream;
+using loom_test::top_k_inputs;
 using loom_test::uniform;
 using loom_test::uploads_done;
-
-float from_bits(std::uint32_t bits) { return std::bit_cast<float>(bits); }
-
-// Values over 2^-12 .. 2^12 of either sign: summed in another order they
-// round differently, so equal sums mean the same order, not luck.
-std::vector<float> wide_range(std::size_t n, std::mt19937& rng) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> exponent(-12, 12);
-    std::vector<float> values(n);
-    for (float& v : values) v = std::ldexp(normal(rng), exponent(rng));
-    return values;
-}
-
-// --- embedding ------------------------------------------------------------------
-
-struct EmbeddingShape {
-    std::int64_t B, T, C, vocab;
-};
-constexpr EmbeddingShape embedding_shapes[] = {{1, 1, 1, 1}, {2, 7, 5, 11}, {4, 64, 768, 50257}, {3, 1025, 3, 97}};
-
-// Token ids with many repeats: most from a pool of a dozen ids (id 0 and the
-// last id among them), the rest anywhere in the vocabulary.
-std::vector<std::int32_t> repeated_tokens(std::int64_t count, std::int64_t vocab, std::mt19937& rng) {
-    std::uniform_int_distribution<std::int64_t> any(0, vocab - 1);
-    std::vector<std::int32_t> pool{0, static_cast<std::int32_t>(vocab - 1)};
-    while (pool.size() < 12) pool.push_back(static_cast<std::int32_t>(any(rng)));
-    std::uniform_int_distribution<std::size_t> pick(0, pool.size() - 1);
-    std::bernoulli_distribution from_pool(0.7);
-    std::vector<std::int32_t> tokens(static_cast<std::size_t>(count));
-    for (auto& token : tokens) token = from_pool(rng) ? pool[pick(rng)] : static_cast<std::int32_t>(any(rng));
-    return tokens;
-}
+using loom_test::wide_range;
 
 }  // namespace
+
+// --- embedding ------------------------------------------------------------------
 
 // Forward: one IEEE addition per element on both sides, so bit for bit. The
 // output starts as garbage (all bytes 0xff, a NaN) that must be overwritten.
@@ -303,40 +280,6 @@ TEST_CASE("cuda::embedding's size checks and empty shapes match the host's", "[k
 
 // --- top-k ----------------------------------------------------------------------
 
-namespace {
-
-// Inputs for the selection, by kind:
-//   0: normals over many scales, with the specials below;
-//   1: integers in [-12, 12]: few magnitudes, so the threshold cuts a tie group;
-//   2: mostly zeros of both signs (99.5%), so the threshold is 0 and the
-//      zeros tie (+0 with -0) by index.
-// The specials, where the length allows: NaN with payloads and both signs,
-// +-Inf (tied with NaN), +-0, a subnormal, the largest float.
-std::vector<float> top_k_inputs(std::int64_t n, int kind, std::mt19937& rng) {
-    std::vector<float> x(static_cast<std::size_t>(n));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> exponent(-20, 20), small(-12, 12);
-    std::bernoulli_distribution rare(0.005), sign(0.5);
-    for (auto& v : x) {
-        if (kind == 0)
-            v = std::ldexp(normal(rng), exponent(rng));
-        else if (kind == 1)
-            v = static_cast<float>(small(rng));
-        else
-            v = rare(rng) ? normal(rng) : (sign(rng) ? -0.0f : 0.0f);
-    }
-    const std::uint32_t specials[] = {0x7fc0'0000u, 0xffc0'1234u, 0x7f80'0001u, 0x7f80'0000u, 0xff80'0000u,
-                                      0x8000'0000u, 0x0000'0000u, 0x0000'0001u, 0x7f7f'ffffu};
-    if (kind != 1) {
-        std::uniform_int_distribution<std::int64_t> where(0, n - 1);
-        for (const std::uint32_t s : specials)
-            if (n >= 7) x[static_cast<std::size_t>(where(rng))] = from_bits(s);
-    }
-    return x;
-}
-
-}  // namespace
-
 // Packing: the words (k indices, then k value bits, in increasing index
 // order) equal the host's word for word, so do the residuals (copies and
 // zeros: bits, NaN payloads included), with a separate residual, in place
@@ -389,14 +332,7 @@ TEST_CASE("cuda::pack_top_k selects the host's elements: words and residuals equ
 // The host test's hand-picked cases (ties, NaN before any finite value, NaN
 // tied with Inf, a NaN's bits travelling as they are) give the host's words.
 TEST_CASE("cuda::pack_top_k on hand-picked ties and NaN gives the host's words", "[kernels][top_k]") {
-    const float nan_f = std::numeric_limits<float>::quiet_NaN(), inf_f = std::numeric_limits<float>::infinity();
-    const std::vector<std::vector<float>> inputs{{1.0f, -3.0f, 3.0f, 2.0f, -3.0f, 3.0f},
-                                                 {5.0f, -100.0f, 1.0f, nan_f, 1e30f},
-                                                 {nan_f, inf_f, -inf_f},
-                                                 {-inf_f, from_bits(0xffc0'1234u), inf_f, 0.0f},
-                                                 {1.0f, from_bits(0xffc0'1234u)},
-                                                 {0.5f, -7.0f, 0.25f, 6.0f, -0.125f},
-                                                 {-0.0f, 0.0f, -0.0f, 0.0f}};
+    const std::vector<std::vector<float>> inputs = loom_test::top_k_hand_picked();
     dev::TopKScratch scratch;
     std::vector<std::int32_t> host_scratch;
     for (const auto& x : inputs) {
