@@ -142,10 +142,8 @@ TEST_CASE("cuda::embedding_slice_lookup and embedding_slice_backward equal the h
     Stream stream(cudaStreamNonBlocking);
     std::mt19937 rng(1103);
     for (const auto [B, T, C, vocab] : embedding_shapes) {
-        const std::int64_t n = B * T, third = std::max<std::int64_t>(1, vocab / 3);
-        const std::int64_t cuts[][2] = {{0, third}, {third, std::min(vocab, 2 * third)}, {std::min(vocab, 2 * third), vocab}};
-        for (const auto [start, stop] : cuts) {
-            if (stop == start) continue;  // a vocabulary of 1 has one slice
+        const std::int64_t n = B * T;
+        for (const auto [start, stop] : loom_test::vocabulary_slices(vocab)) {
             CAPTURE(B, T, C, vocab, start, stop);
             const std::vector<std::int32_t> tokens = repeated_tokens(n, vocab, rng);
             const std::vector<float> table = uniform(static_cast<std::size_t>((stop - start) * C), -1.0f, 1.0f, rng);

@@ -214,10 +214,7 @@ TEST_CASE("simulated embedding forward and vocabulary-slice lookup equal the hos
             forward(tokens, token_table, position_table, out, T, C, cap);
             CHECK_NO_MISMATCHES("out", compare_floats(out, expected, false));
 
-            const std::int64_t third = std::max<std::int64_t>(1, vocab / 3);
-            const std::int64_t cuts[][2] = {{0, third}, {third, std::min(vocab, 2 * third)}, {std::min(vocab, 2 * third), vocab}};
-            for (const auto [start, stop] : cuts) {
-                if (stop == start) continue;
+            for (const auto [start, stop] : loom_test::vocabulary_slices(vocab)) {
                 CAPTURE(start, stop);
                 const std::vector<float> table(token_table.begin() + start * C, token_table.begin() + stop * C);
                 host::embedding_slice_lookup(tokens.data(), table.data(), expected.data(), n, T, C, start, stop, vocab);
@@ -258,11 +255,8 @@ TEST_CASE("simulated embedding backward adds the host's sums in the host's order
                 CHECK_NO_MISMATCHES("dposition_table", compare_floats(sim_dposition, dposition, with_nan));
             }
 
-            const std::int64_t third = std::max<std::int64_t>(1, vocab / 3);
-            const std::int64_t cuts[][2] = {{0, third}, {third, std::min(vocab, 2 * third)}, {std::min(vocab, 2 * third), vocab}};
             const std::vector<float> finite_dout = loom_test::wide_range(static_cast<std::size_t>(n * C), rng);
-            for (const auto [start, stop] : cuts) {
-                if (stop == start) continue;
+            for (const auto [start, stop] : loom_test::vocabulary_slices(vocab)) {
                 CAPTURE(start, stop);
                 std::vector<float> slice = uniform(static_cast<std::size_t>((stop - start) * C), -1.0f, 1.0f, rng);
                 std::vector<float> sim_slice = slice, sim_positions = dposition;

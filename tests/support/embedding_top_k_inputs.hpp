@@ -4,6 +4,7 @@
 // hold the device code to the host's on the same cases. No CUDA here.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +44,21 @@ inline std::vector<std::int32_t> repeated_tokens(std::int64_t count, std::int64_
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(count));
     for (auto& token : tokens) token = from_pool(rng) ? pool[pick(rng)] : static_cast<std::int32_t>(any(rng));
     return tokens;
+}
+
+// A vocabulary in three slices (tensor parallelism's embedding): at the
+// start, in the middle and at the end, each [start, stop) and not empty (a
+// vocabulary of 1 has one).
+struct VocabularySlice {
+    std::int64_t start, stop;
+};
+inline std::vector<VocabularySlice> vocabulary_slices(std::int64_t vocab) {
+    const std::int64_t third = std::max<std::int64_t>(1, vocab / 3);
+    const std::int64_t cuts[] = {0, third, std::min(vocab, 2 * third), vocab};
+    std::vector<VocabularySlice> slices;
+    for (int i = 0; i < 3; ++i)
+        if (cuts[i + 1] > cuts[i]) slices.push_back({cuts[i], cuts[i + 1]});
+    return slices;
 }
 
 // Inputs for the top-k selection, by kind:
