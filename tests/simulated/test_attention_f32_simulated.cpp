@@ -201,6 +201,18 @@ BlockResults simulated_blocks(const BlockShape& s, const BlockInputs& in, const 
     return r;
 }
 
+// Every result of the block kernels within its tolerance of the host's,
+// relative to max(|host|, 1): out (also merged) within `values`, dq, dk and
+// dv within `gradients`, lse (also merged) within 2e-5 in either precision.
+void check_close(const BlockResults& got, const BlockResults& want, double values, double gradients) {
+    CHECK_NO_MISMATCHES("out", compare_relative(got.out, want.out, values));
+    CHECK_NO_MISMATCHES("lse", compare_relative(got.lse, want.lse, 2e-5));
+    CHECK_NO_MISMATCHES("merged out", compare_relative(got.merged_out, want.merged_out, values));
+    CHECK_NO_MISMATCHES("merged lse", compare_relative(got.merged_lse, want.merged_lse, 2e-5));
+    CHECK_NO_MISMATCHES("dq", compare_relative(got.dq, want.dq, gradients));
+    CHECK_NO_MISMATCHES("dk and dv", compare_relative(got.dkv, want.dkv, gradients));
+}
+
 }  // namespace
 
 TEST_CASE("ring attention's CUDA block kernels on simulated threads follow the host's", "[simulated][attention]") {
@@ -228,24 +240,14 @@ TEST_CASE("ring attention's CUDA block kernels on simulated threads follow the h
             INFO("f32");
             const BlockResults want = host_blocks<false>(s, in);
             const BlockResults got = simulated_blocks<false>(s, in, want);
-            CHECK_NO_MISMATCHES("out", compare_relative(got.out, want.out, 2e-5));
-            CHECK_NO_MISMATCHES("lse", compare_relative(got.lse, want.lse, 2e-5));
-            CHECK_NO_MISMATCHES("merged out", compare_relative(got.merged_out, want.merged_out, 2e-5));
-            CHECK_NO_MISMATCHES("merged lse", compare_relative(got.merged_lse, want.merged_lse, 2e-5));
-            CHECK_NO_MISMATCHES("dq", compare_relative(got.dq, want.dq, 1e-4));
-            CHECK_NO_MISMATCHES("dk and dv", compare_relative(got.dkv, want.dkv, 1e-4));
+            check_close(got, want, 2e-5, 1e-4);
         }
         {
             INFO("bf16 operands");
             const BlockResults want = host_blocks<true>(s, in);
             const BlockResults f32 = host_blocks<false>(s, in);
             const BlockResults got = simulated_blocks<true>(s, in, want);
-            CHECK_NO_MISMATCHES("out", compare_relative(got.out, want.out, 8e-3));
-            CHECK_NO_MISMATCHES("lse", compare_relative(got.lse, want.lse, 2e-5));
-            CHECK_NO_MISMATCHES("merged out", compare_relative(got.merged_out, want.merged_out, 8e-3));
-            CHECK_NO_MISMATCHES("merged lse", compare_relative(got.merged_lse, want.merged_lse, 2e-5));
-            CHECK_NO_MISMATCHES("dq", compare_relative(got.dq, want.dq, 8e-3));
-            CHECK_NO_MISMATCHES("dk and dv", compare_relative(got.dkv, want.dkv, 8e-3));
+            check_close(got, want, 8e-3, 8e-3);
             for (const auto member : {&BlockResults::out, &BlockResults::dq, &BlockResults::dkv}) {
                 const double to_bf16 = mean_difference(got.*member, want.*member);
                 const double to_f32 = mean_difference(got.*member, f32.*member);
