@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "device_support.hpp"
+#include "support/packer_inputs.hpp"
 #include "loom/core/check_cuda.hpp"
 
 namespace loom_test {
@@ -53,21 +54,6 @@ auto packer_of(HostPack host_pack, DevicePack device_pack, HostUnpack host_unpac
                   decltype(sizes_bound(host_unpack, sizes...)), decltype(sizes_bound(device_unpack, sizes...))>{
         sizes_bound(host_pack, sizes...), sizes_bound(device_pack, sizes...), sizes_bound(host_unpack, sizes...),
         sizes_bound(device_unpack, sizes...)};
-}
-
-// n values from `normal`, each block of `block` scaled by 2^e, e drawn from
-// `exponent` per block: the block packers' inputs, whose scales change from
-// block to block. The distributions are the caller's, to draw on after.
-inline std::vector<float> block_scaled_normals(std::int64_t n, std::int64_t block, std::mt19937& rng,
-                                               std::normal_distribution<float>& normal,
-                                               std::uniform_int_distribution<int>& exponent) {
-    std::vector<float> x(static_cast<std::size_t>(n));
-    const std::int64_t blocks = (n + block - 1) / block;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-        const int e = exponent(rng);
-        for (std::int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) x[i] = std::ldexp(normal(rng), e);
-    }
-    return x;
 }
 
 // What pack_both wrote.

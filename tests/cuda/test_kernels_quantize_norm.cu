@@ -48,6 +48,7 @@ namespace {
 
 namespace dev = loom::kernels::cuda;
 namespace host = loom::kernels::host;
+using loom_test::cast_inputs;
 using loom_test::compare_floats;
 using loom_test::compare_relative;
 using loom_test::compare_within;
@@ -55,6 +56,7 @@ using loom_test::compare_words;
 using loom_test::cross_entropy_batch;
 using loom_test::CrossEntropyBatch;
 using loom_test::DeviceArray;
+using loom_test::int8_inputs;
 using loom_test::message_of;
 using loom_test::normal_values;
 using loom_test::packer_of;
@@ -62,52 +64,6 @@ using loom_test::Stream;
 using loom_test::uploads_done;
 
 // --- quantize -------------------------------------------------------------
-
-// Values that exercise the casts' rounding: zeros, infinities, NaNs with high
-// and low payloads, the f16 overflow midpoint and its neighbour, bf16 ties to
-// even and to odd, f16 subnormals and the tie to 0, float subnormals, FLT_MAX.
-std::vector<float> cast_inputs(std::int64_t n, std::mt19937& rng) {
-    const std::uint32_t specials[] = {0x0000'0000u, 0x8000'0000u, 0x7f80'0000u, 0xff80'0000u, 0x7fc0'0000u,
-                                      0x7f80'0001u, 0xffc0'0001u, 0x477f'e000u, 0x477f'f000u, 0x477f'efffu,
-                                      0x3f80'8000u, 0x3f81'8000u, 0x3380'0000u, 0x3300'0000u, 0x32c0'0000u,
-                                      0x0000'0001u, 0x807f'ffffu, 0x7f7f'ffffu, 0x3f80'0000u};
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> exponent(-30, 20);
-    std::vector<float> x(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-        if (static_cast<std::size_t>(i) < std::size(specials))
-            x[i] = std::bit_cast<float>(specials[i]);
-        else if (i % 4 == 0)
-            x[i] = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));  // every exponent and NaN payload
-        else
-            x[i] = std::ldexp(normal(rng), exponent(rng));
-    }
-    return x;
-}
-
-// Normal values at a scale that changes from block to block, and, where the
-// blocks exist: a NaN (block 1), +Inf (2), -Inf as the last value (3), all
-// zeros (4), exact ties x / scale = k + 0.5 with scale 1 (5), a tiny scale (6).
-std::vector<float> int8_inputs(std::int64_t n, std::int64_t block, std::mt19937& rng) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> exponent(-20, 10);
-    std::vector<float> x = loom_test::block_scaled_normals(n, block, rng, normal, exponent);
-    const std::int64_t blocks = (n + block - 1) / block;
-    const auto lo = [&](std::int64_t b) { return b * block; };
-    const auto hi = [&](std::int64_t b) { return std::min(n, (b + 1) * block); };
-    if (blocks > 1) x[(lo(1) + hi(1)) / 2] = std::nanf("");
-    if (blocks > 2) x[lo(2)] = INFINITY;
-    if (blocks > 3) x[hi(3) - 1] = -INFINITY;
-    if (blocks > 4) std::fill(x.begin() + lo(4), x.begin() + hi(4), 0.0f);
-    if (blocks > 5) {
-        const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 126.5f, -126.5f, 3.5f};
-        x[lo(5)] = 127.0f;
-        for (std::int64_t i = lo(5) + 1; i < hi(5); ++i) x[i] = ties[(i - lo(5)) % 8];
-    }
-    if (blocks > 6)
-        for (std::int64_t i = lo(6); i < hi(6); ++i) x[i] = 1e-30f * normal(rng);
-    return x;
-}
 
 constexpr std::int64_t large_n = (1 << 20) + 3;
 // 1, 7, 129, 1000 and a large odd count: partial words, blocks and warps.

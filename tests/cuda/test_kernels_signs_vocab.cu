@@ -66,92 +66,12 @@ using loom_test::hex;
 using loom_test::message_of;
 using loom_test::normal_values;
 using loom_test::packer_of;
+using loom_test::sign_inputs;
+using loom_test::SignSpecial;
 using loom_test::Stream;
 using loom_test::uploads_done;
 
 // --- pack_signs -----------------------------------------------------------
-
-// The blocks the inputs make special, where they exist, and the scale word
-// the host writes for each (checked on both sides, so the test is seen to
-// reach them).
-struct SignSpecial {
-    std::int64_t block;
-    std::uint32_t scale;  // 0: not checked (a finite mean)
-};
-
-// Normal values at a scale that changes from block to block (2^-30 to 2^30),
-// and, where the blocks exist: a default NaN (block 1: scale 0x7fc00000),
-// +Inf (2: scale +Inf), -Inf as the last value (3: +Inf), zeros of both signs
-// (4: scale 0, every sign bit set), x86's negative default NaN twice (5: the
-// host's fabs and quieting make 0x7fc00000), the GPU's canonical NaN and an
-// Inf (6: 0x7fffffff), a signalling NaN (7: quieted, 0x7fc00001), two NaNs
-// of different payloads (8: NaN, payload unchecked; with block 1 only the
-// first, 0x7fc00001), values near FLT_MAX (9: a sum past FLT_MAX, fine in
-// double), float subnormals (10: a subnormal mean), magnitudes from 1e-30 to
-// 1e30 (11: the double sum rounds). Block 1 puts one value in each block, so
-// the two-value blocks keep their first.
-std::vector<float> sign_inputs(std::int64_t n, std::int64_t block, std::mt19937& rng,
-                               std::vector<SignSpecial>& specials, std::int64_t& mixed_nan_block) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> exponent(-30, 30);
-    std::vector<float> x = loom_test::block_scaled_normals(n, block, rng, normal, exponent);
-    const std::int64_t blocks = (n + block - 1) / block;
-    const auto lo = [&](std::int64_t b) { return b * block; };
-    const auto hi = [&](std::int64_t b) { return std::min(n, (b + 1) * block); };
-    // Sets x at the k-th value of block b (counted from its end if k < 0), if the block holds it.
-    const auto put = [&](std::int64_t b, std::int64_t k, float v) {
-        const std::int64_t i = k >= 0 ? lo(b) + k : hi(b) + k;
-        if (i >= lo(b) && i < hi(b)) x[i] = v;
-    };
-    specials.clear();
-    mixed_nan_block = -1;
-    if (blocks > 1) {
-        put(1, (hi(1) - lo(1)) / 2, std::nanf(""));
-        specials.push_back({1, 0x7fc0'0000u});
-    }
-    if (blocks > 2) {
-        put(2, 0, INFINITY);
-        specials.push_back({2, 0x7f80'0000u});
-    }
-    if (blocks > 3) {
-        put(3, -1, -INFINITY);
-        specials.push_back({3, 0x7f80'0000u});
-    }
-    if (blocks > 4) {
-        for (std::int64_t i = lo(4); i < hi(4); ++i) x[i] = (i % 2 == 0) ? 0.0f : -0.0f;
-        specials.push_back({4, 0x0000'0000u});
-    }
-    if (blocks > 5) {
-        put(5, 0, from_bits(0xffc0'0000u));
-        put(5, -1, from_bits(0xffc0'0000u));
-        specials.push_back({5, 0x7fc0'0000u});
-    }
-    if (blocks > 6) {
-        put(6, 0, from_bits(0x7fff'ffffu));
-        put(6, 1, INFINITY);
-        specials.push_back({6, 0x7fff'ffffu});
-    }
-    if (blocks > 7) {
-        put(7, -1, from_bits(0x7f80'0001u));
-        specials.push_back({7, 0x7fc0'0001u});
-    }
-    if (blocks > 8) {
-        put(8, 0, from_bits(0x7fc0'0001u));
-        if (hi(8) - lo(8) >= 2) {
-            put(8, -1, from_bits(0x7fc0'0002u));
-            mixed_nan_block = 8;
-        } else {
-            specials.push_back({8, 0x7fc0'0001u});
-        }
-    }
-    if (blocks > 9)
-        for (std::int64_t i = lo(9); i < hi(9); ++i) x[i] = (i % 3 == 0 ? -1.0f : 1.0f) * FLT_MAX * (1.0f - 0.001f * static_cast<float>(i % 5));
-    if (blocks > 10)
-        for (std::int64_t i = lo(10); i < hi(10); ++i) x[i] = 1e-40f * normal(rng);
-    if (blocks > 11)
-        for (std::int64_t i = lo(11); i < hi(11); ++i) x[i] = std::ldexp(normal(rng), static_cast<int>(i % 200) - 100);
-    return x;
-}
 
 constexpr std::int64_t large_n = (1 << 20) + 3;
 

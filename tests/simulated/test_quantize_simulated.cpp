@@ -4,7 +4,8 @@
 // orthonormalisation (low_rank.cuh, within 1e-5). The packers run on simulated
 // threads (warp_simulator.hpp), against the host's
 // (kernels/host/quantize.hpp) bit for bit, as tests/cuda/
-// test_kernels_quantize_norm.cu holds a GPU to them: the words (scales,
+// test_kernels_quantize_norm.cu holds a GPU to them, on the CUDA tests'
+// inputs (tests/support/packer_inputs.hpp): the words (scales,
 // values, sign bits and the padding of the last word), the residuals and the
 // unpacked values, overwritten and accumulated. One exception: a block
 // holding NaNs of different payloads gets a NaN scale whose payload is the
@@ -18,6 +19,7 @@
 #include "loom/kernels/host/quantize.hpp"
 #include "support/comparisons.hpp"
 #include "support/low_rank_check.hpp"
+#include "support/packer_inputs.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -40,39 +42,6 @@ using loom_test::compare_floats;
 
 constexpr int block_threads = dev::threads_per_block;
 constexpr std::uint32_t garbage = 0xdead'beefu;
-
-// Normal values whose scale changes from block to block, random bit
-// patterns (every exponent, NaN payloads) every 5th value, and where the
-// blocks exist: a NaN (block 1), +Inf (2), -Inf last (3), zeros (4), exact
-// int8 ties with scale 1 (5), f16 and bf16 rounding edges (6).
-std::vector<float> inputs(std::int64_t n, std::int64_t block, std::mt19937& rng) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int> exponent(-20, 10);
-    std::vector<float> x(static_cast<std::size_t>(n));
-    int scale = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-        if (i % block == 0) scale = exponent(rng);
-        x[i] = i % 5 == 4 ? std::bit_cast<float>(static_cast<std::uint32_t>(rng())) : std::ldexp(normal(rng), scale);
-    }
-    const std::int64_t blocks = (n + block - 1) / block;
-    const auto lo = [&](std::int64_t b) { return b * block; };
-    const auto hi = [&](std::int64_t b) { return std::min(n, (b + 1) * block); };
-    if (blocks > 1) x[(lo(1) + hi(1)) / 2] = std::bit_cast<float>(0x7fc0'0001u);
-    if (blocks > 2) x[lo(2)] = INFINITY;
-    if (blocks > 3) x[hi(3) - 1] = -INFINITY;
-    if (blocks > 4) std::fill(x.begin() + lo(4), x.begin() + hi(4), 0.0f);
-    if (blocks > 5) {
-        const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 126.5f, -126.5f, 3.5f};
-        x[lo(5)] = 127.0f;
-        for (std::int64_t i = lo(5) + 1; i < hi(5); ++i) x[i] = ties[(i - lo(5)) % 8];
-    }
-    if (blocks > 6) {
-        const std::uint32_t edges[] = {0x477f'e000u, 0x477f'f000u, 0x3f80'8000u, 0x3f81'8000u, 0x3380'0000u,
-                                       0x0000'0001u, 0x807f'ffffu, 0x7f7f'ffffu};
-        for (std::int64_t i = lo(6); i < hi(6); ++i) x[i] = std::bit_cast<float>(edges[(i - lo(6)) % 8]);
-    }
-    return x;
-}
 
 // What both sides leave: the words (packed with a residual), the residual,
 // and the words packed without one.
@@ -138,7 +107,7 @@ TEST_CASE("gradient compression's CUDA packers on simulated threads produce the 
                                  std::int64_t{5003}}) {
         for (const dev::Cast cast : {dev::Cast::bf16, dev::Cast::f16}) {
             INFO((cast == dev::Cast::bf16 ? "bf16" : "f16") << ", n = " << n);
-            const std::vector<float> x = inputs(n, 64, rng);
+            const std::vector<float> x = loom_test::cast_inputs(n, rng);
             const bool bf16 = cast == dev::Cast::bf16;
             check_packer(
                 x, static_cast<std::size_t>(host::cast_words(n)), 0,
@@ -168,7 +137,6 @@ TEST_CASE("gradient compression's CUDA packers on simulated threads produce the 
         // scales' half-warps end on different blocks.
         for (const std::int64_t block : {std::int64_t{1}, std::int64_t{7}, std::int64_t{64}, std::int64_t{2048}}) {
             INFO("n = " << n << ", block = " << block);
-            const std::vector<float> x = inputs(n, block, rng);
             const std::int64_t blocks = (n + block - 1) / block;
             const auto unpack_with = [&](auto kernel) {
                 return [&, kernel](const std::uint32_t* words, float* out, float weight, bool add) {
@@ -178,6 +146,7 @@ TEST_CASE("gradient compression's CUDA packers on simulated threads produce the 
             };
             {
                 INFO("int8");
+                const std::vector<float> x = loom_test::int8_inputs(n, block, rng);
                 check_packer(
                     x, static_cast<std::size_t>(host::int8_words(n, block)), static_cast<std::size_t>(blocks),
                     [&](std::uint32_t* words, float* residual) {
@@ -206,6 +175,9 @@ TEST_CASE("gradient compression's CUDA packers on simulated threads produce the 
             }
             {
                 INFO("signs");
+                std::vector<loom_test::SignSpecial> specials;
+                std::int64_t mixed_nan_block = -1;
+                const std::vector<float> x = loom_test::sign_inputs(n, block, rng, specials, mixed_nan_block);
                 check_packer(
                     x, static_cast<std::size_t>(host::sign_words(n, block)), static_cast<std::size_t>(blocks),
                     [&](std::uint32_t* words, float* residual) {
