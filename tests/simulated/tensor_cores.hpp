@@ -45,6 +45,7 @@ void ldmatrix_x4(unsigned (&r)[4], const __nv_bfloat16* row) {
     }
     b.rows[me] = row;
     warp_barrier({"ldmatrix"});
+    check_warp_load("ldmatrix", row, 16);  // the row goes to other lanes
     for (int i = 0; i < 4; ++i) {
         const __nv_bfloat16* const* matrix = b.rows.data() + base + 8 * i;
         r[i] = Transposed ? pack(matrix[2 * t][g].bits, matrix[2 * t + 1][g].bits)
@@ -90,8 +91,8 @@ inline void mma_m16n8k16(float (&c)[4], const unsigned (&a)[4], unsigned b0, uns
 // nvcuda::wmma for 16 x 16 x 16 bf16 products with f32 accumulators. The
 // hardware spreads a fragment over the warp in an unspecified layout, so
 // kernels only load, multiply, store and fill whole fragments; here every
-// lane holds the whole 16 x 16 fragment. A load or store is each lane's
-// own (the same values); mma_sync is computed once per warp, by lane 0,
+// lane holds the whole 16 x 16 fragment. A load is each lane's own (the
+// same values), a store writes the lane's share of the matrix; mma_sync is computed once per warp, by lane 0,
 // sums over k in order from the accumulator, and handed to every lane,
 // after every lane's operands are checked to be lane 0's (a warp whose
 // lanes loaded different fragments is a bug a per-lane copy would hide).
@@ -115,6 +116,13 @@ inline void check_access(const void* pointer, unsigned ldm, std::size_t element_
     if (reinterpret_cast<std::uintptr_t>(pointer) % 32 != 0 || ldm * element_bytes % 16 != 0)
         ++loom_sim::bad_wmma_accesses;
 }
+// A wmma load reads 16 lines (rows, or columns when col-major) of 16
+// elements; which lane gets which element is unspecified, so every line
+// must be ordered before the load for the whole warp.
+inline void check_ordered(const void* pointer, unsigned ldm, std::size_t element_bytes) {
+    const auto* line = static_cast<const unsigned char*>(pointer);
+    for (int i = 0; i < 16; ++i) loom_sim::check_warp_load("wmma::load_matrix_sync", line + i * ldm * element_bytes, 16 * element_bytes);
+}
 inline float value_of(float v) { return v; }
 inline float value_of(__nv_bfloat16 v) { return loom::detail::bf16_bits_to_float(v.bits); }
 }  // namespace detail
@@ -128,6 +136,7 @@ template <class Use, class T, class Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
     static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>);
     detail::check_access(p, ldm, sizeof(T));
+    detail::check_ordered(p, ldm, sizeof(T));
     for (int r = 0; r < 16; ++r)
         for (int c = 0; c < 16; ++c)
             f.x[r * 16 + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
@@ -136,15 +145,23 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm,
                              layout_t layout) {
     detail::check_access(p, ldm, sizeof(float));
+    detail::check_ordered(p, ldm, sizeof(float));
     for (int r = 0; r < 16; ++r)
         for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
 }
 
+// Each lane stores only its share of the fragment, as on the hardware: the
+// eight elements an sm_80 accumulator gives lane 4g + t (rows g and g + 8,
+// columns 2t, 2t + 1, 2t + 8, 2t + 9, as mma's C). So until every lane has
+// stored (a __syncwarp), a lane reading the stored matrix finds what was
+// there before in the other lanes' elements, as it may on a GPU.
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
                               layout_t layout) {
     detail::check_access(p, ldm, sizeof(float));
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    for (int r = lane / 4; r < 16; r += 8)
+        for (const int c : {2 * (lane % 4), 2 * (lane % 4) + 1, 2 * (lane % 4) + 8, 2 * (lane % 4) + 9})
+            (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
 }
 
 template <class T, class LayoutA, class LayoutB>

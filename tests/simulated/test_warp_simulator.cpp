@@ -161,7 +161,7 @@ TEST_CASE("the warp simulator's mma.m16n8k16 multiplies fragments loaded by ldma
             std::copy(bt.begin(), bt.end(), shared + 256);
             std::copy(b.begin(), b.end(), shared + 384);
         }
-        loom_sim::warp_barrier();
+        __syncwarp();  // lane 0's stores before every lane's ldmatrix
         unsigned fa[4], fb[4], fbt[4];
         // A: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
         loom_sim::ldmatrix_x4<false>(fa, shared + (lane % 8 + (lane / 8) % 2 * 8) * 16 + lane / 16 * 8);
@@ -199,36 +199,148 @@ TEST_CASE("the warp simulator's mma.m16n8k16 multiplies fragments loaded by ldma
     CHECK(loom_sim::bad_ldmatrix_rows == bad_before);
 }
 
-TEST_CASE("the warp simulator aborts, naming both places, where a block's threads meet at different __syncthreads",
-          "[simulated][simulator]") {
-    // On a GPU this hangs or misbehaves; here the process stops with a
-    // message. Run in a child process, whose stderr and end are checked.
+namespace {
+
+// How a child process that ran `body` ended: by a signal (which) or an
+// exit (its code), and what it wrote to stderr.
+struct ChildEnd {
+    bool signaled = false;
+    int signal = 0;
+    int exit_code = -1;
+    std::string message;
+};
+
+template <class Body>
+ChildEnd run_in_child(Body body) {
     int pipe_ends[2];
     REQUIRE(pipe(pipe_ends) == 0);
     const pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
+        // The child dies as the process would, without the test framework's
+        // handlers reporting a failure of their own from inside it.
+        std::signal(SIGSEGV, SIG_DFL);
+        std::signal(SIGABRT, SIG_DFL);
         dup2(pipe_ends[1], STDERR_FILENO);
+        body();
+        _exit(0);
+    }
+    close(pipe_ends[1]);
+    ChildEnd end;
+    char buffer[512];
+    for (ssize_t got; (got = read(pipe_ends[0], buffer, sizeof buffer)) > 0;)
+        end.message.append(buffer, static_cast<std::size_t>(got));
+    close(pipe_ends[0]);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    end.signaled = WIFSIGNALED(status);
+    if (end.signaled) end.signal = WTERMSIG(status);
+    if (WIFEXITED(status)) end.exit_code = WEXITSTATUS(status);
+    return end;
+}
+
+}  // namespace
+
+TEST_CASE("the warp simulator aborts, naming both places, where a block's threads meet at different __syncthreads",
+          "[simulated][simulator]") {
+    // On a GPU this hangs or misbehaves; here the process stops with a
+    // message. Run in a child process, whose stderr and end are checked.
+    const ChildEnd end = run_in_child([] {
         loom_sim::launch(loom_sim::Grid{}, 64, 0, [] {
             if (threadIdx.x < 32)
                 __syncthreads();
             else
                 __syncthreads();
         });
-        _exit(0);  // not reached if the simulator catches it
+    });
+    INFO("the child's stderr: " << end.message);
+    CHECK(end.signaled);
+    CHECK(end.message.find("met its block or warp at __syncthreads") != std::string::npos);
+    CHECK(end.message.find("test_warp_simulator.cpp") != std::string::npos);
+}
+
+TEST_CASE("the warp simulator stops a warp-wide load of shared memory that only a shuffle orders after its writes",
+          "[simulated][simulator]") {
+    // The lanes write a 16 x 16 bf16 tile, eight elements each, exchange a
+    // value with a shuffle, and load the tile as a warp: a wmma fragment, or
+    // four 8 x 8 matrices with ldmatrix. On a GPU a shuffle orders no memory,
+    // so without a __syncwarp before the load a lane may read rows another
+    // lane's writes have not reached: the child must stop, naming the load.
+    // With the __syncwarp it loads the tile and exits normally.
+    for (const bool wmma_load : {true, false})
+        for (const bool barrier : {true, false}) {
+            const char* load = wmma_load ? "wmma::load_matrix_sync" : "ldmatrix";
+            INFO(load << (barrier ? " after __syncwarp" : " after a shuffle only"));
+            const ChildEnd end = run_in_child([&] {
+                float loaded = 0.0f;
+                loom_sim::launch(loom_sim::Grid{}, 32, 16 * 16 * sizeof(__nv_bfloat16), [&] {
+                    auto* tile = reinterpret_cast<__nv_bfloat16*>(loom_sim::block_shared());
+                    const int lane = static_cast<int>(threadIdx.x);
+                    for (int e = 8 * lane; e < 8 * lane + 8; ++e) tile[e] = __float2bfloat16_rn(static_cast<float>(e));
+                    const float other = __shfl_xor_sync(0xffff'ffffu, static_cast<float>(lane), 1);
+                    if (barrier) __syncwarp();
+                    if (wmma_load) {
+                        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+                                               nvcuda::wmma::row_major>
+                            a;
+                        nvcuda::wmma::load_matrix_sync(a, tile, 16);
+                        if (lane == 0) loaded = nvcuda::wmma::detail::value_of(a.x[255]);
+                    } else {
+                        unsigned r[4];
+                        loom_sim::ldmatrix_x4<false>(r, tile + (lane % 16) * 16 + lane / 16 * 8);
+                        if (lane == 0) loaded = loom_sim::low_half(r[0]);
+                    }
+                    loaded += 0.0f * other;
+                });
+                _exit(loaded == (wmma_load ? 255.0f : 0.0f) ? 0 : 3);
+            });
+            INFO("the child's stderr: " << end.message);
+            if (barrier) {
+                CHECK_FALSE(end.signaled);
+                CHECK(end.exit_code == 0);
+            } else {
+                CHECK(end.signaled);
+                CHECK(end.message.find(std::string(load) + " by thread") != std::string::npos);
+                CHECK(end.message.find("no barrier orders that write before this load") != std::string::npos);
+            }
+        }
+}
+
+TEST_CASE("the warp simulator's wmma stores write each lane's share of the matrix, as an sm_80 accumulator holds it",
+          "[simulated][simulator]") {
+    // Until every lane has stored, a lane reading the matrix finds only the
+    // elements it holds (rows g and g + 8, columns 2t, 2t + 1, 2t + 8 and
+    // 2t + 9 of lane 4g + t); the rest is what was there (NaN here). After a
+    // __syncwarp every lane finds the whole matrix.
+    std::vector<int> written_before(32, 0);
+    std::vector<int> mine_before(32, 0), whole_after(32, 0);
+    loom_sim::launch(loom_sim::Grid{}, 32, 16 * 16 * sizeof(float), [&] {
+        auto* matrix = reinterpret_cast<float*>(loom_sim::block_shared());
+        const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+        nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> c;
+        for (int e = 0; e < 256; ++e) c.x[e] = static_cast<float>(e);
+        nvcuda::wmma::store_matrix_sync(matrix, c, 16, nvcuda::wmma::mem_row_major);
+        for (int e = 0; e < 256; ++e) {
+            if (std::isnan(matrix[e])) continue;
+            ++written_before[static_cast<std::size_t>(lane)];
+            const int row = e / 16, column = e % 16;
+            if (row % 8 == g && column % 8 / 2 == t && matrix[e] == static_cast<float>(e))
+                ++mine_before[static_cast<std::size_t>(lane)];
+        }
+        __syncwarp();
+        for (int e = 0; e < 256; ++e)
+            if (matrix[e] == static_cast<float>(e)) ++whole_after[static_cast<std::size_t>(lane)];
+    });
+    // The turn order runs lane 0 first: it finds its 8 elements alone; lane
+    // 31, last, finds every lane's.
+    CHECK(written_before[0] == 8);
+    CHECK(mine_before[0] == 8);
+    CHECK(written_before[31] == 256);
+    for (int lane = 0; lane < 32; ++lane) {
+        INFO("lane " << lane);
+        CHECK(mine_before[static_cast<std::size_t>(lane)] == 8);
+        CHECK(whole_after[static_cast<std::size_t>(lane)] == 256);
     }
-    close(pipe_ends[1]);
-    std::string message;
-    char buffer[512];
-    for (ssize_t got; (got = read(pipe_ends[0], buffer, sizeof buffer)) > 0;)
-        message.append(buffer, static_cast<std::size_t>(got));
-    close(pipe_ends[0]);
-    int status = 0;
-    REQUIRE(waitpid(child, &status, 0) == child);
-    INFO("the child's stderr: " << message);
-    CHECK(WIFSIGNALED(status));
-    CHECK(message.find("met its block or warp at __syncthreads") != std::string::npos);
-    CHECK(message.find("test_warp_simulator.cpp") != std::string::npos);
 }
 
 namespace {
@@ -248,17 +360,13 @@ TEST_CASE("a simulated thread that overflows its stack faults at its guard page"
     // In a child process: recursion a thousand frames of 1 KiB deep must
     // stop the child with SIGSEGV, not run on over the stacks of the fibers
     // below (without the guard pages it does, and the child exits 0).
-    const pid_t child = fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
+    const ChildEnd end = run_in_child([&] {
         int sink = 0;
         loom_sim::launch(loom_sim::Grid{}, 32, 0, [&sink] {
             if (threadIdx.x == 31) sink = deep(1000);  // the highest stack: other fibers' lie below it
         });
         _exit(sink == 12345 ? 1 : 0);  // not reached if the guard page works
-    }
-    int status = 0;
-    REQUIRE(waitpid(child, &status, 0) == child);
-    CHECK(WIFSIGNALED(status));
-    if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGSEGV);
+    });
+    CHECK(end.signaled);
+    CHECK(end.signal == SIGSEGV);
 }

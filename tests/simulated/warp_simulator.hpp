@@ -3,7 +3,8 @@
 // and fragment bookkeeping are tested where there is no GPU (CI, this
 // project's machines). tests/simulated/extract_device_code.py says which
 // kernels: the attention kernels (f32, wmma, mma.sync, ring blocks), the
-// row passes, the elementwise kernels and gradient compression's.
+// row passes, the elementwise kernels, gradient compression's, embedding's
+// and top-k's.
 //
 // A thread block is as many fibers (fiber.hpp) as the launch asks (see
 // Block below); __syncthreads is a barrier over them, and a warp's
@@ -11,19 +12,26 @@
 // tensor_cores.hpp) exchange values through per-thread slots between two
 // per-warp barriers. Kernels without either may run their threads one after
 // another instead (launch_each).
+// Memory. Shared memory starts as NaN bytes in every block. A warp
+// collective's rendezvous here would order memory between the lanes, which
+// on a GPU only __syncwarp and __syncthreads do, so two models take that
+// back where loom's kernels share memory within a warp: a warp-wide load
+// (wmma, ldmatrix) must read what the warp's last barrier saw
+// (shared_views.hpp), and a wmma store writes only the storing lane's share
+// of the matrix. With both, removing any __syncwarp of the wmma kernels
+// that orders anything fails a test (8 of 14, 5 before; the other 6 are
+// followed by a barrier that orders the same accesses). Still unseen: a
+// lane's plain read of another lane's plain write with only a shuffle
+// between, and a write after another lane's plain read (write-after-read).
 // What this cannot show: the hardware's own behaviour (an mma's internal
 // summation order, timing, bank conflicts, register limits), nor the
 // device's math library (its expf and logf are within 2 ulp of the host's,
-// which run here), nor a race the memory model allows but this order hides:
-// here every warp collective (a shuffle, ldmatrix, mma) also orders memory
-// between the warp's lanes, which on a GPU only __syncwarp does, so a
-// __syncwarp missing just after a shuffle goes unseen (tried: removing the
-// one after the wmma forward's row sums passes). A kernel that
-// passes here computes the right thing if the GPU does what the PTX ISA
-// says; the CUDA tests on a GPU (tests/cuda) are still the verification.
+// which run here). A kernel that passes here computes the right thing if
+// the GPU does what the PTX ISA says; the CUDA tests on a GPU (tests/cuda)
+// are still the verification.
 //
 // Include after every loom header and the standard library: the CUDA
-// keywords below are macros.
+// keywords (cuda_builtins.hpp) are macros.
 #pragma once
 
 #include <algorithm>
@@ -53,66 +61,9 @@
 #include "loom/kernels/host/quantize.hpp"
 
 #include "simulated/fiber.hpp"
-
-#define __device__
-#define __host__
-#define __global__
-#define __launch_bounds__(...)
-#define __restrict__
-#define __align__(n) alignas(n)
-// A block runs one at a time, so a function-local static is the running
-// block's shared memory. (The kernels' dynamic shared memory is the
-// simulated block's buffer instead: extract_device_code.py rewrites it.)
-// The statics sit in a section of their own, which each block fills with
-// 0xff bytes before it starts, as it does its dynamic shared memory: a read
-// of what no thread of this block wrote is NaN (or -1), not the previous
-// block's value nor a zero that a GPU would not give.
-#define __shared__ static __attribute__((section("loom_sim_shared")))
-// The linker's bounds of that section; weak, so a program without static
-// shared memory links (both null then).
-extern "C" unsigned char __start_loom_sim_shared[] __attribute__((weak));
-extern "C" unsigned char __stop_loom_sim_shared[] __attribute__((weak));
-
-struct SimulatedDim3 {
-    unsigned x = 1, y = 1, z = 1;
-};
-// The running fiber's (every simulated thread runs on the calling thread).
-inline SimulatedDim3 threadIdx, blockIdx;
-inline SimulatedDim3 gridDim, blockDim;
-
-struct float4 {
-    float x, y, z, w;
-};
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-struct uint2 {
-    unsigned x, y;
-};
-struct __nv_bfloat16 {
-    std::uint16_t bits;
-};
-struct __nv_bfloat162 {
-    std::uint16_t x, y;  // x in the low half, as CUDA's
-};
-inline __nv_bfloat16 __float2bfloat16_rn(float v) { return {loom::detail::float_to_bf16_bits(v)}; }
-inline float __bfloat162float(__nv_bfloat16 v) { return loom::detail::bf16_bits_to_float(v.bits); }
-inline __nv_bfloat162 __floats2bfloat162_rn(float low, float high) {
-    return {loom::detail::float_to_bf16_bits(low), loom::detail::float_to_bf16_bits(high)};
-}
-// The device's correctly rounded arithmetic, never contracted into an FMA:
-// the host's float operations are that (this file is built without FMA
-// contraction, -ffp-contract=off).
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline double __dadd_rn(double a, double b) { return a + b; }
-inline double __ddiv_rn(double a, double b) { return a / b; }
-inline float __double2float_rn(double a) { return static_cast<float>(a); }
-inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
-inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
-using std::isfinite;
-using std::isinf;
-using std::isnan;
+#include "simulated/shared_views.hpp"
+// Last: its keywords are macros.
+#include "simulated/cuda_builtins.hpp"
 
 namespace loom_sim {
 
@@ -133,11 +84,14 @@ inline constexpr int block_threads = 128;
 // barriers that cannot open: where a GPU would hang or misbehave.
 
 // Which collective a thread arrived at a barrier for: its name and, for
-// __syncthreads, where it was called.
+// __syncthreads, where it was called; and whether it is a memory barrier
+// (__syncthreads, __syncwarp) or only a rendezvous the simulator needs (a
+// shuffle, an mma), which on a GPU orders no memory (shared_views.hpp).
 struct Meeting {
     const char* what = "a barrier";
     const char* file = "";
     unsigned line = 0;
+    bool orders_memory = false;
 };
 
 struct Barrier {
@@ -192,6 +146,7 @@ struct Block {
     const std::function<void()>* body = nullptr;
     unsigned char* shared = nullptr;
     std::size_t shared_bytes = 0;
+    SharedViews views;  // of the dynamic shared memory, per warp
 };
 inline Block* running = nullptr;  // one block runs at a time; none in launch_each
 
@@ -203,6 +158,21 @@ inline Block* running = nullptr;  // one block runs at a time; none in launch_ea
 inline Block& block() {
     if (running == nullptr) fail("a kernel run by launch_each met a barrier or a warp collective; use launch");
     return *running;
+}
+
+// A warp-wide load (`what`) by the running thread of `bytes` bytes at `p`
+// must read what the warp's last __syncwarp or __syncthreads ordered before
+// it; else it stops the process, naming the load, the thread and the byte.
+inline void check_warp_load(const char* what, const void* p, std::size_t bytes) {
+    const Block& b = block();
+    const long byte = b.views.unordered_byte(static_cast<int>(threadIdx.x / 32), p, bytes);
+    if (byte < 0) return;
+    char message[512];
+    std::snprintf(message, sizeof message,
+                  "%s by thread %u of block %u reads byte %ld of shared memory, written since its warp's last "
+                  "__syncwarp or __syncthreads: no barrier orders that write before this load",
+                  what, threadIdx.x, blockIdx.x, byte);
+    fail(message);
 }
 inline unsigned char* block_shared() { return block().shared; }
 
@@ -235,6 +205,13 @@ inline void arrive_and_wait(Barrier& barrier, Meeting at) {
     if (++barrier.arrived == barrier.expected) {
         barrier.arrived = 0;
         ++barrier.generation;
+        if (at.orders_memory) {
+            const int warp = static_cast<int>(threadIdx.x / 32);
+            if (&barrier == &b.all)
+                b.views.block_barrier();
+            else if (&barrier == &b.warp[static_cast<std::size_t>(warp)])
+                b.views.warp_barrier(warp);
+        }
         return;  // the last to arrive goes on; the others resume in their turn
     }
     Fiber& me = b.fibers[static_cast<std::size_t>(b.current)];
@@ -318,6 +295,7 @@ void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
         for (unsigned bx = 0; bx < grid.x; ++bx) {
             std::memset(shared.data(), 0xff, shared.size());
             fill_static_shared();
+            current.views.start(shared.data(), shared.size(), threads / 32);
             run_block(current, bx, by);
         }
     running = nullptr;
@@ -351,7 +329,7 @@ void launch_each(Grid grid, int threads, Body body) {
 
 // Every thread of the block from the same call (its place is recorded).
 inline void __syncthreads(std::source_location at = std::source_location::current()) {
-    loom_sim::arrive_and_wait(loom_sim::block().all, {"__syncthreads", at.file_name(), at.line()});
+    loom_sim::arrive_and_wait(loom_sim::block().all, {"__syncthreads", at.file_name(), at.line(), true});
 }
 
 namespace loom_sim {
@@ -403,7 +381,9 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
     return bits;
 }
 
-inline void __syncwarp(unsigned mask = 0xffff'ffffu) { loom_sim::lanes_barrier(mask, {"__syncwarp"}); }
+// A memory barrier for the lanes of `mask`; of the whole warp, a new view
+// of shared memory for its warp-wide loads (shared_views.hpp).
+inline void __syncwarp(unsigned mask = 0xffff'ffffu) { loom_sim::lanes_barrier(mask, {"__syncwarp", "", 0, true}); }
 
 // ldmatrix, mma.sync and wmma, in a header of their own.
 #include "simulated/tensor_cores.hpp"
