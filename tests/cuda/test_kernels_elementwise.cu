@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/adamw_case.hpp"
 #include "device_support.hpp"
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/dtype.hpp"
@@ -329,21 +330,6 @@ constexpr bool host_may_contract = true;
 constexpr bool host_may_contract = false;
 #endif
 
-// Gradients spread over 23 decades (10^-22 to 10): g g (1 - beta2) is
-// subnormal or zero at the small end, so the device must keep subnormals as
-// the host does. Every 97th is exactly 0.
-std::vector<float> adamw_gradients(std::size_t n, std::uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> decade(-22.0f, 1.0f);
-    std::bernoulli_distribution negative(0.5);
-    std::vector<float> g(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        const float magnitude = std::pow(10.0f, decade(rng));
-        g[i] = i % 97 == 96 ? 0.0f : (negative(rng) ? -magnitude : magnitude);
-    }
-    return g;
-}
-
 // Used only when the host may contract (see host_may_contract): m, v and p
 // within 4 ulp, or within 2^-22 of the magnitude of the terms that were
 // added (m and p can cancel to near zero, where ulps mean nothing).
@@ -361,14 +347,7 @@ bool adamw_close(float d, float h, float term_magnitude) {
 // new gradients each step, a NaN gradient from step 2 on (p, m and v turn
 // NaN on both sides); one configuration freezes the variance after step 2.
 TEST_CASE("cuda::adamw_update equals optim::adamw_step bit for bit, with the bf16 copy", "[kernels]") {
-    loom::optim::AdamWConfig plain;
-    plain.lr = 1e-3f;
-    plain.weight_decay = 0.1f;
-    loom::optim::AdamWConfig frozen = plain;
-    frozen.freeze_variance_after = 2;
-    frozen.beta2 = 0.95f;
-
-    for (const auto& config : {plain, frozen}) {
+    for (const auto& config : loom_test::adamw_test_configs()) {
         for (const std::int64_t n : test_sizes) {
             CAPTURE(n, config.freeze_variance_after);
             const auto count = static_cast<std::size_t>(n);
@@ -379,7 +358,7 @@ TEST_CASE("cuda::adamw_update equals optim::adamw_step bit for bit, with the bf1
 
             for (std::int64_t step = 1; step <= 3; ++step) {
                 CAPTURE(step);
-                std::vector<float> g = adamw_gradients(count, 72u + static_cast<std::uint32_t>(n * 3 + step));
+                std::vector<float> g = loom_test::adamw_gradients(count, 72u + static_cast<std::uint32_t>(n * 3 + step));
                 if (step >= 2) g[count / 2] = std::numeric_limits<float>::quiet_NaN();
                 LOOM_CUDA_CHECK(cudaMemcpy(d_g.get(), g.data(), count * sizeof(float), cudaMemcpyHostToDevice));
                 const std::vector<float> p_before = p, m_before = m;

@@ -21,7 +21,12 @@
     written there);
   - embedding.cuh and top_k.cuh: their detail namespaces' kernels and CUB
     predicates, up to the scratch classes that call the runtime (the tests
-    stand in for CUB's sort, scan and compaction on the host).
+    stand in for CUB's sort, scan and compaction on the host);
+  - ../../optim/adamw.cuh: the AdamW kernel;
+  - ../../comm/device_reduce.cuh and device_thread_reduce.cuh: the
+    collectives' reduction kernels (widening, narrowing and dividing around
+    NCCL's; the single-GPU world's rank-order reduction) and their launch
+    shapes, up to their launchers.
 
     extract_device_code.py CUDA_KERNELS_DIR OUTPUT
 
@@ -102,6 +107,10 @@ def checked(header, code):
 
 
 def extract(directory):
+    include = os.path.dirname(os.path.dirname(os.path.abspath(directory)))  # include/loom
+    adamw = Header(os.path.join(include, "optim"), "adamw.cuh")
+    reduce = Header(os.path.join(include, "comm"), "device_reduce.cuh")
+    thread_reduce = Header(os.path.join(include, "comm"), "device_thread_reduce.cuh")
     h = {name: Header(directory, name) for name in (
         "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
         "attention_bf16.cuh", "mma_fragments.cuh", "attention_mma.cuh",
@@ -158,7 +167,16 @@ def extract(directory):
         + "}  // namespace detail\n")
     add(h["top_k.cuh"], h["top_k.cuh"].between("namespace detail {", "// Device memory for one unpack check")
         + "}  // namespace detail\n")
-    return "namespace loom::kernels::cuda {\n" + "\n".join(parts) + "}  // namespace loom::kernels::cuda\n"
+    kernels = "namespace loom::kernels::cuda {\n" + "\n".join(parts) + "}  // namespace loom::kernels::cuda\n"
+    optim = (f"// ---- from {adamw.name}\nnamespace loom::optim::cuda {{\n"
+             + checked(adamw, adamw.between("namespace detail {", "}  // namespace detail", inclusive=True))
+             + "\n}  // namespace loom::optim::cuda\n")
+    comm = (f"// ---- from {reduce.name} and {thread_reduce.name}\nnamespace loom::comm::detail {{\n"
+            + checked(reduce, reduce.between("// A float as an int32 whose signed order", "template <class Launch>"))
+            + checked(thread_reduce, thread_reduce.between("// The most members one device group may have",
+                                                           "inline void launch_rank_order_reduce"))
+            + "}  // namespace loom::comm::detail\n")
+    return kernels + optim + comm
 
 
 def main(directory, output):

@@ -1,7 +1,7 @@
-// The CUDA elementwise kernels (kernels/cuda/elementwise.cuh, gelu.cuh) on
-// simulated threads (warp_simulator.hpp), against the host kernels they
-// mirror as tests/cuda/test_kernels_elementwise.cu holds a GPU to them: bit
-// for bit, GELU within 2^-20. Grids are
+// The CUDA elementwise kernels (kernels/cuda/elementwise.cuh, gelu.cuh,
+// optim/adamw.cuh) on simulated threads (warp_simulator.hpp), against the
+// host kernels they mirror as tests/cuda/test_kernels_elementwise.cu holds a
+// GPU to them: bit for bit, GELU within 2^-20. Grids are
 // the launchers' and, where a grid-stride or tile loop would otherwise run
 // once, capped: bias_grad's loop over column tiles, which on a GPU runs
 // only past 4096 tiles (n > 131072), runs here on a grid of 3 blocks.
@@ -10,6 +10,8 @@
 #include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/gelu.hpp"
+#include "loom/optim/adamw.hpp"
+#include "support/adamw_case.hpp"
 #include "support/comparisons.hpp"
 
 #include <algorithm>
@@ -219,4 +221,54 @@ TEST_CASE("GELU's CUDA kernels on simulated threads are within 2^-20 of the host
         CHECK_NO_MISMATCHES("gelu_forward", forward);
         CHECK_NO_MISMATCHES("gelu_backward", backward);
     }
+}
+
+// The CUDA test's case: three steps from zero moments with new gradients
+// each step (over 23 decades, so some products are subnormal), a NaN
+// gradient from step 2 on, a configuration that freezes the variance after
+// step 2; params, m and v bit for bit (both sides round each operation once:
+// this file is built without FMA contraction, as loom's host code is), and
+// the bf16 copy equal to to_bf16 of the params.
+TEST_CASE("the CUDA AdamW kernel on simulated threads equals optim::adamw_step bit for bit, with the bf16 copy",
+          "[simulated][elementwise]") {
+    for (const auto& config : loom_test::adamw_test_configs())
+        for (const std::int64_t n : {std::int64_t{1}, std::int64_t{7}, std::int64_t{1000}, std::int64_t{4097},
+                                     std::int64_t{1} << 20})
+            for (const unsigned cap : {4096u, 3u}) {
+                CAPTURE(n, config.freeze_variance_after, cap);
+                const auto count = static_cast<std::size_t>(n);
+                std::vector<float> p = loom_test::uniform(count, -1.0f, 1.0f, 71u + static_cast<std::uint32_t>(n));
+                std::vector<float> m(count, 0.0f), v(count, 0.0f);
+                std::vector<float> sim_p = p, sim_m = m, sim_v = v, plain_p = p, plain_m = m, plain_v = v;
+                loom::bf16 nan_bits;
+                nan_bits.bits = 0xffff;  // the copy starts as NaN: every element must be written
+                std::vector<loom::bf16> copy(count, nan_bits);
+                for (std::int64_t step = 1; step <= 3; ++step) {
+                    CAPTURE(step);
+                    std::vector<float> g = loom_test::adamw_gradients(count, 72u + static_cast<std::uint32_t>(n * 3 + step));
+                    if (step >= 2) g[count / 2] = std::numeric_limits<float>::quiet_NaN();
+                    loom::optim::adamw_step(p, g, m, v, step, config);
+                    const auto scalars = loom::optim::detail::adamw_scalars(config, step);
+                    loom_sim::launch_each(flat_grid(n, cap), block, [&] {
+                        loom::optim::cuda::detail::adamw_kernel<true>(sim_p.data(), g.data(), sim_m.data(),
+                                                                      sim_v.data(), copy.data(), n, scalars);
+                    });
+                    loom_sim::launch_each(flat_grid(n, cap), block, [&] {
+                        loom::optim::cuda::detail::adamw_kernel<false>(plain_p.data(), g.data(), plain_m.data(),
+                                                                       plain_v.data(), nullptr, n, scalars);
+                    });
+                    CHECK_NO_MISMATCHES("params", compare_floats(sim_p, p, false));
+                    CHECK_NO_MISMATCHES("m", compare_floats(sim_m, m, false));
+                    CHECK_NO_MISMATCHES("v", compare_floats(sim_v, v, false));
+                    CHECK_NO_MISMATCHES("params (no bf16 copy)", compare_floats(plain_p, p, false));
+                    CHECK_NO_MISMATCHES("m (no bf16 copy)", compare_floats(plain_m, m, false));
+                    CHECK_NO_MISMATCHES("v (no bf16 copy)", compare_floats(plain_v, v, false));
+                    std::vector<float> rounded(count), copied(count);
+                    for (std::size_t i = 0; i < count; ++i) {
+                        rounded[i] = loom::to_float(loom::to_bf16(p[i]));
+                        copied[i] = loom::to_float(copy[i]);
+                    }
+                    CHECK_NO_MISMATCHES("bf16 copy", compare_floats(copied, rounded, false));
+                }
+            }
 }

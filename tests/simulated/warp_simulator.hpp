@@ -3,8 +3,8 @@
 // and fragment bookkeeping are tested where there is no GPU (CI, this
 // project's machines). tests/simulated/extract_device_code.py says which
 // kernels: the attention kernels (f32, wmma, mma.sync, ring blocks), the
-// row passes, the elementwise kernels, gradient compression's, embedding's
-// and top-k's.
+// row passes, the elementwise kernels, gradient compression's, embedding's,
+// top-k's, AdamW's and the collectives' reductions.
 //
 // A thread block is as many fibers (fiber.hpp) as the launch asks (see
 // Block below); __syncthreads is a barrier over them, and a warp's
@@ -51,14 +51,17 @@
 #include <vector>
 
 // What the extracted device code uses of the host core.
+#include "loom/comm/communicator.hpp"
 #include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/host_device.hpp"
 #include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/gelu.hpp"
 #include "loom/kernels/host/low_rank.hpp"
 #include "loom/kernels/host/quantize.hpp"
+#include "loom/optim/adamw.hpp"
 
 #include "simulated/fiber.hpp"
 #include "simulated/shared_views.hpp"
