@@ -22,6 +22,8 @@
   - embedding.cuh and top_k.cuh: their detail namespaces' kernels and CUB
     predicates, up to the scratch classes that call the runtime (the tests
     stand in for CUB's sort, scan and compaction on the host);
+  - gemm.cuh: the kernel that scales C by beta where cuBLASLt is not
+    called (K = 0 or alpha = 0);
   - ../../optim/adamw.cuh: the AdamW kernel;
   - ../../comm/device_reduce.cuh and device_thread_reduce.cuh: the
     collectives' reduction kernels (widening, narrowing and dividing around
@@ -115,7 +117,7 @@ def extract(directory):
         "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
         "attention_bf16.cuh", "mma_fragments.cuh", "attention_mma.cuh",
         "elementwise.cuh", "gelu.cuh", "layernorm.cuh", "layernorm_grid.cuh", "cross_entropy.cuh",
-        "quantize.cuh", "low_rank.cuh", "gemm_bf16_inputs.cuh", "embedding.cuh", "top_k.cuh")}
+        "quantize.cuh", "low_rank.cuh", "gemm_bf16_inputs.cuh", "embedding.cuh", "top_k.cuh", "gemm.cuh")}
     parts = []
 
     def add(header, code):
@@ -166,6 +168,9 @@ def extract(directory):
                                                       "// Device memory for one call from the stream-ordered pool")
         + "}  // namespace detail\n")
     add(h["top_k.cuh"], h["top_k.cuh"].between("namespace detail {", "// Device memory for one unpack check")
+        + "}  // namespace detail\n")
+    add(h["gemm.cuh"], "namespace detail {\n" + h["gemm.cuh"].between(
+        "[[nodiscard]] __host__ __device__ inline float gemm_load(float x)", "// RAII for the cuBLASLt descriptors")
         + "}  // namespace detail\n")
     kernels = "namespace loom::kernels::cuda {\n" + "\n".join(parts) + "}  // namespace loom::kernels::cuda\n"
     optim = (f"// ---- from {adamw.name}\nnamespace loom::optim::cuda {{\n"

@@ -1,5 +1,5 @@
 // The CUDA elementwise kernels (kernels/cuda/elementwise.cuh, gelu.cuh,
-// optim/adamw.cuh) on simulated threads (warp_simulator.hpp), against the
+// optim/adamw.cuh, and gemm.cuh's scaling of C) on simulated threads (warp_simulator.hpp), against the
 // host kernels they mirror as tests/cuda/test_kernels_elementwise.cu holds a
 // GPU to them: bit for bit, GELU within 2^-20. Grids are
 // the launchers' and, where a grid-stride or tile loop would otherwise run
@@ -9,6 +9,7 @@
 
 #include "loom/kernels/column_sum_order.hpp"
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/host/gemm.hpp"
 #include "loom/kernels/host/gelu.hpp"
 #include "loom/optim/adamw.hpp"
 #include "support/adamw_case.hpp"
@@ -271,4 +272,42 @@ TEST_CASE("the CUDA AdamW kernel on simulated threads equals optim::adamw_step b
                     CHECK_NO_MISMATCHES("bf16 copy", compare_floats(copied, rounded, false));
                 }
             }
+}
+
+// Where no product is made (K = 0 or alpha = 0) the device GEMM scales C by
+// beta itself: over the [M, N] part of C only (row stride ldc > N), beta = 0
+// writing zeros over NaN, as the host's BLAS does for K = 0 (f32, against
+// host::gemm); bf16 C the same, rounded once.
+TEST_CASE("the CUDA GEMM's beta scaling on simulated threads equals the host GEMM with K = 0",
+          "[simulated][elementwise]") {
+    std::mt19937 rng(2702);
+    constexpr std::int64_t M = 37, N = 50, ldc = 53;
+    for (const float beta : {0.0f, 1.0f, 0.5f, -3.0f})
+        for (const unsigned cap : {4096u, 3u}) {
+            CAPTURE(beta, cap);
+            std::vector<float> c = normal_values(static_cast<std::size_t>(M * ldc), rng);
+            c[5] = std::numeric_limits<float>::quiet_NaN();
+            c[static_cast<std::size_t>(ldc + 7)] = std::numeric_limits<float>::infinity();
+            std::vector<float> want = c, got = c;
+            const float unused = 0.0f;
+            host::gemm(host::Trans::no, host::Trans::no, M, N, 0, 1.0f, &unused, 1, &unused, N, beta, want.data(), ldc);
+            loom_sim::launch_each(flat_grid(M * N, cap), block,
+                                  [&] { dev::detail::gemm_scale_kernel<float>(got.data(), M, N, ldc, beta); });
+            CHECK_NO_MISMATCHES("C", compare_floats(got, want, false));
+
+            std::vector<loom::bf16> c16(c.size()), got16;
+            for (std::size_t i = 0; i < c.size(); ++i) c16[i] = loom::to_bf16(c[i]);
+            got16 = c16;
+            loom_sim::launch_each(flat_grid(M * N, cap), block,
+                                  [&] { dev::detail::gemm_scale_kernel<loom::bf16>(got16.data(), M, N, ldc, beta); });
+            std::vector<float> got_wide(c.size()), want_wide(c.size());
+            for (std::int64_t i = 0; i < M * ldc; ++i) {
+                const auto k = static_cast<std::size_t>(i);
+                const bool in_c = i % ldc < N;
+                const float x = loom::to_float(c16[k]);
+                want_wide[k] = !in_c ? x : loom::to_float(loom::to_bf16(beta == 0.0f ? 0.0f : beta * x));
+                got_wide[k] = loom::to_float(got16[k]);
+            }
+            CHECK_NO_MISMATCHES("bf16 C", compare_floats(got_wide, want_wide, false));
+        }
 }
