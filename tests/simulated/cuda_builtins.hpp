@@ -21,15 +21,15 @@
 // A block runs one at a time, so a function-local static is the running
 // block's shared memory. (The kernels' dynamic shared memory is the
 // simulated block's buffer instead: extract_device_code.py rewrites it.)
-// The statics sit in a section of their own, which each block fills with
-// 0xff bytes before it starts, as it does its dynamic shared memory: a read
-// of what no thread of this block wrote is NaN (or -1), not the previous
-// block's value nor a zero that a GPU would not give.
-#define __shared__ static __attribute__((section("loom_sim_shared")))
-// The linker's bounds of that section; weak, so a program without static
-// shared memory links (both null then).
-extern "C" unsigned char __start_loom_sim_shared[] __attribute__((weak));
-extern "C" unsigned char __stop_loom_sim_shared[] __attribute__((weak));
+// extract_device_code.py puts loom_sim::fill_static_shared(array, bytes)
+// after each such declaration, which fills the array with 0xff bytes when
+// the first thread of a block reaches it, as each block's dynamic shared
+// memory is filled: a read of what no thread of this block wrote is NaN (or
+// -1), not the previous block's value nor a zero that a GPU would not give.
+// (A linker section of their own would be simpler, but GCC drops the section
+// attribute of a template's function-local statics, which every kernel's
+// are.)
+#define __shared__ static
 
 struct SimulatedDim3 {
     unsigned x = 1, y = 1, z = 1;

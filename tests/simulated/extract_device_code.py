@@ -32,6 +32,10 @@
 
     extract_device_code.py CUDA_KERNELS_DIR OUTPUT
 
+Each static __shared__ array's declaration gets a call after it that fills
+the array with NaN bytes once a block (warp_simulator.hpp's
+fill_static_shared), as a GPU's shared memory holds garbage.
+
 Fails, naming what it missed, if a header no longer has the shape this
 expects: then the simulation would test something other than the kernels.
 What it takes must be device code and host helpers only: a launch (<<<),
@@ -95,6 +99,23 @@ def with_shared_memory(header, body, declaration, replacement):
 ARCH_GUARD = "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800"
 
 
+# A static __shared__ array's declaration, in the kernels' forms:
+# `__shared__ T name[dims]...;`.
+STATIC_SHARED = re.compile(r"__shared__\s+([A-Za-z_][\w:<> ]*?)\s+(\w+)((?:\s*\[[^\]]+\])+)\s*;")
+
+
+def with_static_shared_filled(header, code):
+    """`code` with a call after each static __shared__ declaration that
+    fills the array with NaN bytes for each block (warp_simulator.hpp's
+    fill_static_shared): a GPU's shared memory holds garbage, and a
+    function-local static would hold the previous block's values."""
+    code, count = STATIC_SHARED.subn(r"__shared__ \1 \2\3; loom_sim::fill_static_shared(\2, sizeof \2);", code)
+    if code.count("__shared__") != count:
+        sys.exit(f"extract_device_code: {header.name} declares __shared__ memory in a form this does not know; "
+                 "teach with_static_shared_filled")
+    return code
+
+
 def checked(header, code):
     forbidden = (("<<<", "a kernel launch"), (r"\basm\b", "inline asm"), (r"\bcuda[A-Z]", "a CUDA runtime call"))
     uncommented = re.sub(r"//[^\n]*", "", code)  # a comment may name the runtime ("cudaMalloc's alignment")
@@ -105,7 +126,7 @@ def checked(header, code):
     if code.replace(ARCH_GUARD, "").count("__CUDA_ARCH__"):
         sys.exit(f"extract_device_code: what it takes of {header.name} tests __CUDA_ARCH__ other than as "
                  f"{ARCH_GUARD!r}; the simulator would compile another branch than the GPU runs")
-    return code
+    return with_static_shared_filled(header, code)
 
 
 def extract(directory):

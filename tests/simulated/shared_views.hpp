@@ -19,7 +19,8 @@
 // What it cannot see: a write of the same bytes the view holds (harmless:
 // the load reads those bytes either way); loads that each lane makes of its
 // own (plain C++ reads; a missing __syncthreads between warps shows there
-// as NaN from the block's fill, not here); static __shared__ arrays.
+// as NaN from the block's fill, not here); static __shared__ arrays; a
+// race between warps read after a __syncwarp (see warp_barrier below).
 #pragma once
 
 #include <cstddef>
@@ -48,11 +49,22 @@ public:
     }
 
     // A __syncwarp of the whole warp opened: the warp sees what its lanes
-    // (and, as far as the hardware promises, anyone) wrote before it.
+    // wrote before it. (The copy also takes in what other warps wrote since
+    // the last __syncthreads, which no barrier orders for this warp: a race
+    // between warps read by a warp-wide load after a __syncwarp goes unseen
+    // here. Between warps the block's NaN fill and the turn order are what
+    // show a missing __syncthreads.)
     void warp_barrier(int warp) {
         const auto w = static_cast<std::size_t>(warp);
         warp_views_[w].assign(shared_, shared_ + bytes_);
         own_view_[w] = true;
+    }
+
+    // Whether the `bytes` bytes at `p` start in the block's dynamic shared
+    // memory but run past its end (a load out of bounds).
+    [[nodiscard]] bool runs_past_end(const void* p, std::size_t bytes) const {
+        const auto* byte = static_cast<const unsigned char*>(p);
+        return byte >= shared_ && byte < shared_ + bytes_ && byte + bytes > shared_ + bytes_;
     }
 
     // The byte offset of the first of `bytes` bytes at `p` that differ from

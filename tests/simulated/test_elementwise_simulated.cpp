@@ -63,12 +63,16 @@ TEST_CASE("bias_grad's CUDA kernel on simulated threads adds columns in the host
         std::vector<float> dbias = dbias0, d_dbias = dbias0;
         host::bias_grad(dy.data(), dbias.data(), c.rows, c.n);
         const auto tiles = static_cast<unsigned>(std::min<std::int64_t>((c.n + 31) / 32, 4096));
+        const long fills = loom_sim::static_shared_fills;
         loom_sim::launch(Grid{std::min(tiles, c.cap), 1}, 32 * static_cast<int>(loom::kernels::column_sum_chunks), 0,
                          [&] {
                              dev::detail::bias_grad_kernel<float>(dy.data(), d_dbias.data(), c.rows, c.n,
                                                                   loom::kernels::column_sum_chunk_rows(c.rows));
                          });
         CHECK_NO_MISMATCHES("dbias", compare_floats(d_dbias, dbias, false));
+        // The extracted kernel's static chunk_sums start as NaN in each block
+        // (extract_device_code.py's fill after the declaration).
+        CHECK(loom_sim::static_shared_fills - fills == std::min(tiles, c.cap));
     }
 }
 

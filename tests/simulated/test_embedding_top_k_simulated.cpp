@@ -159,7 +159,10 @@ void pack_top_k(const std::vector<float>& x, std::int64_t k, std::vector<std::ui
     const dev::detail::TopKPick pick{mags.data(), work.data(), &threshold};
     std::int64_t selected = 0;
     for (Word i = 0; i < static_cast<Word>(n); ++i)
-        if (pick(i)) words[static_cast<std::size_t>(selected++)] = i;
+        if (pick(i)) {
+            if (selected == k) FAIL("TopKPick keeps more than k = " << k << " indices");
+            words[static_cast<std::size_t>(selected++)] = i;
+        }
     REQUIRE(selected == k);
     loom_sim::launch_each(Grid{grid(dev::blocks_for(k), cap), 1}, block_threads,
                           [&] { dev::detail::top_k_values_kernel<Word>(x.data(), k, words.data(), residual); });

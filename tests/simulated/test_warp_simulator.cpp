@@ -99,33 +99,50 @@ TEST_CASE("the warp simulator's __syncthreads orders a block, and a read it does
     }
 }
 
+namespace {
+
+// A kernel's shape: a function template holding static __shared__ arrays,
+// each declaration followed by the call extract_device_code.py puts after
+// every one in the extracted kernels. Each thread records what its slots
+// held before it wrote them, and then its neighbour's slot.
+template <int Threads>
+void static_shared_kernel(float* before, long long* counts_before, float* after) {
+    __shared__ float slots[Threads]; loom_sim::fill_static_shared(slots, sizeof slots);
+    __shared__ long long counts[Threads]; loom_sim::fill_static_shared(counts, sizeof counts);
+    const unsigned t = threadIdx.x, i = blockIdx.x * Threads + t;
+    before[i] = slots[t];
+    counts_before[i] = counts[t];
+    slots[t] = static_cast<float>(1000 * blockIdx.x + t);
+    counts[t] = i;
+    __syncthreads();
+    after[i] = slots[(t + 1) % Threads];
+}
+
+template <int Threads>
+void static_shared_each_kernel(float* before) {
+    __shared__ float slots[Threads]; loom_sim::fill_static_shared(slots, sizeof slots);
+    before[blockIdx.x * Threads + threadIdx.x] = slots[threadIdx.x];
+    slots[threadIdx.x] = 1.0f;
+}
+
+}  // namespace
+
 TEST_CASE("the warp simulator gives every block static __shared__ arrays it has not written as NaN",
           "[simulated][simulator]") {
     // A GPU block's shared memory holds whatever it held: a kernel that
     // reads a static __shared__ array before writing it reads garbage. Here
     // that is NaN (or -1 as an integer) in every block, also after an earlier
-    // block wrote the same array, in barrier-free launches too.
+    // block wrote the same array, in barrier-free launches too; filled once
+    // a block, by the first of its threads to reach the declaration.
     constexpr int threads = 64, blocks = 3;
     std::vector<float> before(blocks * threads, 0.0f), after(blocks * threads, 0.0f);
     std::vector<long long> counts_before(blocks * threads, 0);
-    loom_sim::launch(loom_sim::Grid{blocks, 1}, threads, 0, [&] {
-        __shared__ float slots[threads];
-        __shared__ long long counts[threads];
-        const unsigned t = threadIdx.x, i = blockIdx.x * threads + t;
-        before[i] = slots[t];
-        counts_before[i] = counts[t];
-        slots[t] = static_cast<float>(1000 * blockIdx.x + t);
-        counts[t] = i;
-        __syncthreads();
-        after[i] = slots[(t + 1) % threads];
-    });
+    const long fills = loom_sim::static_shared_fills;
+    loom_sim::launch(loom_sim::Grid{blocks, 1}, threads, 0,
+                     [&] { static_shared_kernel<threads>(before.data(), counts_before.data(), after.data()); });
+    CHECK(loom_sim::static_shared_fills - fills == 2 * blocks);
     std::vector<float> each_before(blocks * threads, 0.0f);
-    loom_sim::launch_each(loom_sim::Grid{blocks, 1}, threads, [&] {
-        __shared__ float slots[threads];
-        const unsigned t = threadIdx.x;
-        each_before[blockIdx.x * threads + t] = slots[t];
-        slots[t] = 1.0f;
-    });
+    loom_sim::launch_each(loom_sim::Grid{blocks, 1}, threads, [&] { static_shared_each_kernel<threads>(each_before.data()); });
     for (unsigned i = 0; i < blocks * threads; ++i) {
         INFO("block " << i / threads << ", thread " << i % threads);
         CHECK(std::isnan(before[i]));
@@ -221,6 +238,7 @@ ChildEnd run_in_child(Body body) {
         // handlers reporting a failure of their own from inside it.
         std::signal(SIGSEGV, SIG_DFL);
         std::signal(SIGABRT, SIG_DFL);
+        alarm(60);  // a child that hangs dies by SIGALRM, which fails the checks, rather than hanging the test
         dup2(pipe_ends[1], STDERR_FILENO);
         body();
         _exit(0);

@@ -168,6 +168,12 @@ inline Block& block() {
 // it; else it stops the process, naming the load, the thread and the byte.
 inline void check_warp_load(const char* what, const void* p, std::size_t bytes) {
     const Block& b = block();
+    if (b.views.runs_past_end(p, bytes)) {
+        char message[256];
+        std::snprintf(message, sizeof message, "%s by thread %u of block %u reads past the end of dynamic shared memory",
+                      what, threadIdx.x, blockIdx.x);
+        fail(message);
+    }
     const long byte = b.views.unordered_byte(static_cast<int>(threadIdx.x / 32), p, bytes);
     if (byte < 0) return;
     char message[512];
@@ -179,12 +185,23 @@ inline void check_warp_load(const char* what, const void* p, std::size_t bytes) 
 }
 inline unsigned char* block_shared() { return block().shared; }
 
-// Every static __shared__ array of the program, at once, as a new block
-// finds its shared memory: 0xff bytes (NaN as f32, f64 and bf16).
-inline void fill_static_shared() {
-    if (__start_loom_sim_shared != nullptr)
-        std::memset(__start_loom_sim_shared, 0xff,
-                    static_cast<std::size_t>(__stop_loom_sim_shared - __start_loom_sim_shared));
+// Blocks started so far, over every launch: which block a static
+// __shared__ array was last filled for.
+inline long block_serial = 0;
+// Static __shared__ arrays filled so far, over every launch (tests count them).
+inline long static_shared_fills = 0;
+
+// A static __shared__ array (`bytes` at `array`) as the running block finds
+// it: 0xff bytes (NaN as f32, f64 and bf16) the first time one of the
+// block's threads reaches its declaration, untouched after that. Every
+// declaration in the extracted kernels is followed by a call to this.
+inline void fill_static_shared(void* array, std::size_t bytes) {
+    static std::map<const void*, long> filled_for;  // the block each array was last filled for
+    long& block = filled_for[array];
+    if (block == block_serial) return;
+    std::memset(array, 0xff, bytes);
+    block = block_serial;
+    ++static_shared_fills;
 }
 
 // The running fiber waits until every one of the barrier's threads has
@@ -297,7 +314,7 @@ void launch(Grid grid, int threads, std::size_t shared_bytes, Body body) {
     for (unsigned by = 0; by < grid.y; ++by)
         for (unsigned bx = 0; bx < grid.x; ++bx) {
             std::memset(shared.data(), 0xff, shared.size());
-            fill_static_shared();
+            ++block_serial;
             current.views.start(shared.data(), shared.size(), threads / 32);
             run_block(current, bx, by);
         }
@@ -319,7 +336,7 @@ void launch_each(Grid grid, int threads, Body body) {
     blockDim = {static_cast<unsigned>(threads), 1, 1};
     for (unsigned by = 0; by < grid.y; ++by)
         for (unsigned bx = 0; bx < grid.x; ++bx) {
-            fill_static_shared();
+            ++block_serial;
             for (int t = 0; t < threads; ++t) {
                 threadIdx = {static_cast<unsigned>(t), 0, 0};
                 blockIdx = {bx, by, 0};
