@@ -100,8 +100,11 @@ TEST_CASE("a lossless compressor composes with pipelines, tensor and sequence pa
         // 0's attn.qkv.weight[77, 8] (a V weight) has a first-step gradient of
         // -8.4e-9, about AdamW's eps, so the last-bit difference moves it by
         // 1.56e-5 of the model's largest parameter after 3 steps (measured on
-        // an AVX-512 machine; docs/testing.md). Every other case stays in 1e-5.
-        loom_test::check_equivalence_on_threads(c, serial, {.param = c.sp > 1 ? 2e-5 : 1e-5});
+        // an AVX-512 machine; docs/testing.md). tp 2 sums the heads' products
+        // in another order: 1.107e-5 on an AMD EPYC with AVX-512 (2026-11-27),
+        // under 1e-5 on the machines before, losses equal and the parameters'
+        // norm within 7.9e-7. Every other case stays in 1e-5.
+        loom_test::check_equivalence_on_threads(c, serial, {.param = c.sp > 1 || c.tp > 1 ? 2e-5 : 1e-5});
     }
 }
 
