@@ -14,93 +14,43 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <random>
-#include <vector>
 
+#include "../support/attention_block_case.hpp"
 #include "../support/message_of.hpp"
 #include "device_support.hpp"
 #include "loom/kernels/cuda/attention_blocks.cuh"
 #include "loom/kernels/host/attention_blocks.hpp"
-#include "loom/kernels/host/attention_blocks_bf16.hpp"
 
 namespace {
 
 namespace dev = loom::kernels::cuda;
 namespace host = loom::kernels::host;
 using host::BlockMask;
-using loom_test::compare_relative;
 using loom_test::DeviceArray;
 using loom_test::Stream;
-using loom_test::uniform;
 using loom_test::uploads_done;
+using loom_test::block_shapes;
+using loom_test::BlockInputs;
+using loom_test::BlockResults;
+using loom_test::BlockShape;
+using loom_test::host_blocks;
 
-struct BlockShape {
-    std::int64_t B, Tq, Tk, H, D;
-    BlockMask mask;
-};
-constexpr BlockShape block_shapes[] = {
-    {2, 5, 5, 2, 8, BlockMask::causal}, {2, 5, 5, 2, 8, BlockMask::full}, {1, 7, 4, 3, 16, BlockMask::full},
-    {3, 33, 33, 2, 64, BlockMask::causal}, {1, 20, 36, 1, 128, BlockMask::full},
-    {1, 40, 150, 2, 32, BlockMask::full}};  // keys across the host's 128-key tiles
-
-// One precision's block forward and backward, on each side (the merge has no products).
+// One precision's block forward and backward on the device (the merge has no products).
 struct Kernels {
-    decltype(&host::attention_block_forward) host_forward;
-    decltype(&host::attention_block_backward) host_backward;
-    decltype(&dev::attention_block_forward) device_forward;
-    decltype(&dev::attention_block_backward) device_backward;
+    decltype(&dev::attention_block_forward) forward;
+    decltype(&dev::attention_block_backward) backward;
 };
-constexpr Kernels f32_kernels{host::attention_block_forward, host::attention_block_backward,
-                              dev::attention_block_forward, dev::attention_block_backward};
-constexpr Kernels bf16_kernels{host::attention_block_forward_bf16_inputs, host::attention_block_backward_bf16_inputs,
-                               dev::attention_block_forward_bf16_inputs, dev::attention_block_backward_bf16_inputs};
+constexpr Kernels f32_kernels{dev::attention_block_forward, dev::attention_block_backward};
+constexpr Kernels bf16_kernels{dev::attention_block_forward_bf16_inputs, dev::attention_block_backward_bf16_inputs};
 
-// One shape's inputs: q (stride 3C), two key/value blocks (stride 2C), the
-// output's gradient, and the nonzero dq and dk|dv the backward adds into.
-struct Inputs {
-    std::vector<float> q, kv, kv2, dout, dq, dkv;
-    Inputs(const BlockShape& s, std::mt19937& rng) {
-        const std::int64_t C = s.H * s.D;
-        q = uniform(static_cast<std::size_t>(s.B * s.Tq * 3 * C), -1.0f, 1.0f, rng);
-        kv = uniform(static_cast<std::size_t>(s.B * s.Tk * 2 * C), -1.0f, 1.0f, rng);
-        kv2 = uniform(kv.size(), -1.0f, 1.0f, rng);
-        dout = uniform(static_cast<std::size_t>(s.B * s.Tq * C), -1.0f, 1.0f, rng);
-        dq = uniform(q.size(), -1.0f, 1.0f, rng);
-        dkv = uniform(kv.size(), -1.0f, 1.0f, rng);
-    }
-};
-
-// What each step leaves: the first block's out and lse, both merged, and the
-// first block's gradients (from the merged out and lse) added into dq, dk|dv.
-struct Results {
-    std::vector<float> out, lse, merged_out, merged_lse, dq, dkv;
-};
-
-Results host_blocks(const Kernels& k, const BlockShape& s, const Inputs& in) {
-    const auto [B, Tq, Tk, H, D, mask] = s;
-    const std::int64_t C = H * D, ld_q = 3 * C, ld_kv = 2 * C;
-    const std::size_t out_n = static_cast<std::size_t>(B * Tq * C), lse_n = static_cast<std::size_t>(B * H * Tq);
-    Results r{std::vector<float>(out_n), std::vector<float>(lse_n), {}, {}, in.dq, in.dkv};
-    std::vector<float> out2(out_n), lse2(lse_n);
-    k.host_forward(in.q.data(), ld_q, in.kv.data(), in.kv.data() + C, ld_kv, r.out.data(), r.lse.data(), B, Tq, Tk, H,
-                   D, mask);
-    k.host_forward(in.q.data(), ld_q, in.kv2.data(), in.kv2.data() + C, ld_kv, out2.data(), lse2.data(), B, Tq, Tk, H,
-                   D, mask);
-    r.merged_out = r.out;
-    r.merged_lse = r.lse;
-    host::attention_merge(r.merged_out.data(), r.merged_lse.data(), out2.data(), lse2.data(), B, Tq, H, D);
-    k.host_backward(in.q.data(), ld_q, in.kv.data(), in.kv.data() + C, ld_kv, r.merged_out.data(), in.dout.data(),
-                    r.merged_lse.data(), r.dq.data(), r.dkv.data(), r.dkv.data() + C, B, Tq, Tk, H, D, mask);
-    return r;
-}
-
-// The same steps on the device; its backward reads the host's merged out and
-// lse (`host`), so that both backwards start from the same D_i and P.
-Results device_blocks(const Kernels& k, const BlockShape& s, const Inputs& in, const Results& host_results,
-                      cudaStream_t stream) {
+// The steps of host_blocks on the device; its backward reads the host's
+// merged out and lse (`host_results`), so that both backwards start from the
+// same D_i and P.
+BlockResults device_blocks(const Kernels& k, const BlockShape& s, const BlockInputs& in,
+                           const BlockResults& host_results, cudaStream_t stream) {
     const auto [B, Tq, Tk, H, D, mask] = s;
     const std::int64_t C = H * D, ld_q = 3 * C, ld_kv = 2 * C;
     const std::size_t out_n = static_cast<std::size_t>(B * Tq * C), lse_n = static_cast<std::size_t>(B * H * Tq);
@@ -108,39 +58,19 @@ Results device_blocks(const Kernels& k, const BlockShape& s, const Inputs& in, c
     DeviceArray<float> dout(in.dout), dq(in.dq), dkv(in.dkv), merged_out(host_results.merged_out),
         merged_lse(host_results.merged_lse);
     uploads_done();
-    Results r;
-    k.device_forward(q.get(), ld_q, kv.get(), kv.get() + C, ld_kv, out.get(), lse.get(), B, Tq, Tk, H, D, mask, stream);
-    k.device_forward(q.get(), ld_q, kv2.get(), kv2.get() + C, ld_kv, out2.get(), lse2.get(), B, Tq, Tk, H, D, mask,
-                     stream);
+    BlockResults r;
+    k.forward(q.get(), ld_q, kv.get(), kv.get() + C, ld_kv, out.get(), lse.get(), B, Tq, Tk, H, D, mask, stream);
+    k.forward(q.get(), ld_q, kv2.get(), kv2.get() + C, ld_kv, out2.get(), lse2.get(), B, Tq, Tk, H, D, mask, stream);
     r.out = out.to_host();
     r.lse = lse.to_host();
     dev::attention_merge(out.get(), lse.get(), out2.get(), lse2.get(), B, Tq, H, D, stream);
     r.merged_out = out.to_host();
     r.merged_lse = lse.to_host();
-    k.device_backward(q.get(), ld_q, kv.get(), kv.get() + C, ld_kv, merged_out.get(), dout.get(), merged_lse.get(),
-                      dq.get(), dkv.get(), dkv.get() + C, B, Tq, Tk, H, D, mask, stream);
+    k.backward(q.get(), ld_q, kv.get(), kv.get() + C, ld_kv, merged_out.get(), dout.get(), merged_lse.get(), dq.get(),
+               dkv.get(), dkv.get() + C, B, Tq, Tk, H, D, mask, stream);
     r.dq = dq.to_host();
     r.dkv = dkv.to_host();
     return r;
-}
-
-// Each result within its tolerance of the host's, relative to max(|host|, 1):
-// `values` for out and the merged out, `gradients` for dq and dk|dv; lse,
-// f32 sums on both sides at either precision, within 2e-5.
-void check_close(const Results& got, const Results& want, double values, double gradients) {
-    CHECK_NO_MISMATCHES("out", compare_relative(got.out, want.out, values));
-    CHECK_NO_MISMATCHES("lse", compare_relative(got.lse, want.lse, 2e-5));
-    CHECK_NO_MISMATCHES("merged out", compare_relative(got.merged_out, want.merged_out, values));
-    CHECK_NO_MISMATCHES("merged lse", compare_relative(got.merged_lse, want.merged_lse, 2e-5));
-    CHECK_NO_MISMATCHES("dq", compare_relative(got.dq, want.dq, gradients));
-    CHECK_NO_MISMATCHES("dk and dv", compare_relative(got.dkv, want.dkv, gradients));
-}
-
-double mean_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    REQUIRE(a.size() == b.size());
-    double total = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) total += std::fabs(static_cast<double>(a[i]) - b[i]);
-    return total / static_cast<double>(std::max<std::size_t>(1, a.size()));
 }
 
 }  // namespace
@@ -150,10 +80,10 @@ TEST_CASE("cuda::attention_block_forward, merge and backward follow the host's",
     std::mt19937 rng(2201);
     for (const BlockShape& s : block_shapes) {
         CAPTURE(s.B, s.Tq, s.Tk, s.H, s.D, static_cast<int>(s.mask));
-        const Inputs in(s, rng);
-        const Results want = host_blocks(f32_kernels, s, in);
-        const Results got = device_blocks(f32_kernels, s, in, want, stream.get());
-        check_close(got, want, 2e-5, 1e-4);
+        const BlockInputs in(s, rng);
+        const BlockResults want = host_blocks<false>(s, in);
+        const BlockResults got = device_blocks(f32_kernels, s, in, want, stream.get());
+        loom_test::check_blocks_close(got, want, 2e-5, 1e-4);
     }
 }
 
@@ -170,17 +100,12 @@ TEST_CASE("cuda bf16 block attention follows the host's bf16 emulation", "[kerne
     std::mt19937 rng(2203);
     for (const BlockShape& s : block_shapes) {
         CAPTURE(s.B, s.Tq, s.Tk, s.H, s.D, static_cast<int>(s.mask));
-        const Inputs in(s, rng);
-        const Results want = host_blocks(bf16_kernels, s, in);
-        const Results f32 = host_blocks(f32_kernels, s, in);
-        const Results got = device_blocks(bf16_kernels, s, in, want, stream.get());
-        check_close(got, want, 8e-3, 8e-3);
-        for (const auto member : {&Results::out, &Results::dq, &Results::dkv}) {
-            const double to_bf16 = mean_difference(got.*member, want.*member);
-            const double to_f32 = mean_difference(got.*member, f32.*member);
-            INFO("mean |device - host bf16| " << to_bf16 << ", mean |device - host f32| " << to_f32);
-            CHECK(to_bf16 * 10 <= to_f32);
-        }
+        const BlockInputs in(s, rng);
+        const BlockResults want = host_blocks<true>(s, in);
+        const BlockResults f32 = host_blocks<false>(s, in);
+        const BlockResults got = device_blocks(bf16_kernels, s, in, want, stream.get());
+        loom_test::check_blocks_close(got, want, 8e-3, 8e-3);
+        loom_test::check_closer_to_bf16(got, want, f32);
     }
 }
 

@@ -13,6 +13,7 @@
 #include "loom/kernels/host/attention.hpp"
 #include "loom/kernels/host/attention_blocks.hpp"
 #include "loom/kernels/host/attention_blocks_bf16.hpp"
+#include "support/attention_block_case.hpp"
 #include "support/attention_shape.hpp"
 #include "support/comparisons.hpp"
 
@@ -34,21 +35,17 @@ namespace blocks = loom::kernels::cuda::block_detail;
 namespace host = loom::kernels::host;
 using host::BlockMask;
 using loom_sim::Grid;
-using loom_test::compare_relative;
+using loom_test::BlockInputs;
+using loom_test::BlockResults;
+using loom_test::BlockShape;
 using loom_test::compare_within;
+using loom_test::host_blocks;
 using loom_test::largest_magnitude;
 using loom_test::normal_values;
 using loom_test::qkv_part;
 using Shape = loom_test::AttentionShape;
 
 std::vector<float> nans(std::size_t n) { return std::vector<float>(n, NAN); }
-
-double mean_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    REQUIRE(a.size() == b.size());
-    double total = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) total += std::fabs(static_cast<double>(a[i]) - b[i]);
-    return total / static_cast<double>(std::max<std::size_t>(1, a.size()));
-}
 
 struct Results {
     std::vector<float> out, lse, dqkv;
@@ -123,43 +120,6 @@ TEST_CASE("the f32 CUDA attention kernels on simulated warps match the host kern
 
 namespace {
 
-struct BlockShape {
-    std::int64_t B, Tq, Tk, H, D;
-    BlockMask mask;
-};
-
-// One pair's forward (out, lse) against a second key block, merged, and the
-// first pair's gradients from the merged out and lse added into nonzero dq
-// and dk|dv: the CUDA test's steps.
-struct BlockResults {
-    std::vector<float> out, lse, merged_out, merged_lse, dq, dkv;
-};
-
-struct BlockInputs {
-    std::vector<float> q, kv, kv2, dout, dq, dkv;
-};
-
-template <bool Round>
-BlockResults host_blocks(const BlockShape& s, const BlockInputs& in) {
-    const auto [B, Tq, Tk, H, D, mask] = s;
-    const std::int64_t C = H * D, ld_q = 3 * C, ld_kv = 2 * C;
-    const auto forward = Round ? host::attention_block_forward_bf16_inputs : host::attention_block_forward;
-    const auto backward = Round ? host::attention_block_backward_bf16_inputs : host::attention_block_backward;
-    BlockResults r{std::vector<float>(in.dout.size()), std::vector<float>(static_cast<std::size_t>(B * H * Tq)),
-                   {}, {}, in.dq, in.dkv};
-    std::vector<float> out2(r.out.size()), lse2(r.lse.size());
-    forward(in.q.data(), ld_q, in.kv.data(), in.kv.data() + C, ld_kv, r.out.data(), r.lse.data(), B, Tq, Tk, H, D,
-            mask);
-    forward(in.q.data(), ld_q, in.kv2.data(), in.kv2.data() + C, ld_kv, out2.data(), lse2.data(), B, Tq, Tk, H, D,
-            mask);
-    r.merged_out = r.out;
-    r.merged_lse = r.lse;
-    host::attention_merge(r.merged_out.data(), r.merged_lse.data(), out2.data(), lse2.data(), B, Tq, H, D);
-    backward(in.q.data(), ld_q, in.kv.data(), in.kv.data() + C, ld_kv, r.merged_out.data(), in.dout.data(),
-             r.merged_lse.data(), r.dq.data(), r.dkv.data(), r.dkv.data() + C, B, Tq, Tk, H, D, mask);
-    return r;
-}
-
 // block_forward's, attention_merge's and block_backward's launches
 // (attention_blocks.cuh): one thread a row, no barriers, so thread after
 // thread; the backward from the host's merged out and lse, as on a GPU.
@@ -201,18 +161,6 @@ BlockResults simulated_blocks(const BlockShape& s, const BlockInputs& in, const 
     return r;
 }
 
-// Every result of the block kernels within its tolerance of the host's,
-// relative to max(|host|, 1): out (also merged) within `values`, dq, dk and
-// dv within `gradients`, lse (also merged) within 2e-5 in either precision.
-void check_close(const BlockResults& got, const BlockResults& want, double values, double gradients) {
-    CHECK_NO_MISMATCHES("out", compare_relative(got.out, want.out, values));
-    CHECK_NO_MISMATCHES("lse", compare_relative(got.lse, want.lse, 2e-5));
-    CHECK_NO_MISMATCHES("merged out", compare_relative(got.merged_out, want.merged_out, values));
-    CHECK_NO_MISMATCHES("merged lse", compare_relative(got.merged_lse, want.merged_lse, 2e-5));
-    CHECK_NO_MISMATCHES("dq", compare_relative(got.dq, want.dq, gradients));
-    CHECK_NO_MISMATCHES("dk and dv", compare_relative(got.dkv, want.dkv, gradients));
-}
-
 }  // namespace
 
 TEST_CASE("ring attention's CUDA block kernels on simulated threads follow the host's", "[simulated][attention]") {
@@ -221,39 +169,23 @@ TEST_CASE("ring attention's CUDA block kernels on simulated threads follow the h
     // out and the gradients 8e-3 (a P or dS on the other side of a bf16
     // midpoint moves one term by a bf16 step), and at least 10 times closer
     // on average to the host's bf16 emulation than to its f32 kernels.
-    const BlockShape shapes[] = {{2, 5, 5, 2, 8, BlockMask::causal},    {2, 5, 5, 2, 8, BlockMask::full},
-                                 {1, 7, 4, 3, 16, BlockMask::full},     {3, 33, 33, 2, 64, BlockMask::causal},
-                                 {1, 20, 36, 1, 128, BlockMask::full}, {1, 40, 150, 2, 32, BlockMask::full}};
     std::mt19937 rng(2201);
-    for (const BlockShape& s : shapes) {
+    for (const BlockShape& s : loom_test::block_shapes) {
         CAPTURE(s.B, s.Tq, s.Tk, s.H, s.D, static_cast<int>(s.mask));
-        const std::int64_t C = s.H * s.D;
-        std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-        const auto draw = [&](std::int64_t n) {
-            std::vector<float> v(static_cast<std::size_t>(n));
-            for (float& x : v) x = unit(rng);
-            return v;
-        };
-        BlockInputs in{draw(s.B * s.Tq * 3 * C), draw(s.B * s.Tk * 2 * C), draw(s.B * s.Tk * 2 * C),
-                       draw(s.B * s.Tq * C),     draw(s.B * s.Tq * 3 * C), draw(s.B * s.Tk * 2 * C)};
+        const BlockInputs in(s, rng);
         {
             INFO("f32");
             const BlockResults want = host_blocks<false>(s, in);
             const BlockResults got = simulated_blocks<false>(s, in, want);
-            check_close(got, want, 2e-5, 1e-4);
+            loom_test::check_blocks_close(got, want, 2e-5, 1e-4);
         }
         {
             INFO("bf16 operands");
             const BlockResults want = host_blocks<true>(s, in);
             const BlockResults f32 = host_blocks<false>(s, in);
             const BlockResults got = simulated_blocks<true>(s, in, want);
-            check_close(got, want, 8e-3, 8e-3);
-            for (const auto member : {&BlockResults::out, &BlockResults::dq, &BlockResults::dkv}) {
-                const double to_bf16 = mean_difference(got.*member, want.*member);
-                const double to_f32 = mean_difference(got.*member, f32.*member);
-                INFO("mean |simulated - host bf16| " << to_bf16 << ", mean |simulated - host f32| " << to_f32);
-                CHECK(to_bf16 * 10 <= to_f32);
-            }
+            loom_test::check_blocks_close(got, want, 8e-3, 8e-3);
+            loom_test::check_closer_to_bf16(got, want, f32);
         }
     }
 }
