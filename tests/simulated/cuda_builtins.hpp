@@ -1,9 +1,10 @@
 // CUDA's keywords, types and built-ins as the warp simulator
 // (warp_simulator.hpp) defines them on the host: the qualifiers as nothing
-// (__shared__ as a static in a section of its own), threadIdx and friends as
-// the running fiber's, float4, bf16 and its conversions, and the device's
-// correctly rounded arithmetic. Included by warp_simulator.hpp after every
-// loom header and the standard library: the keywords are macros.
+// (__shared__ as a function-local static, NaN-filled in each block),
+// threadIdx and friends as the running fiber's, float4, bf16 and its
+// conversions, and the device's correctly rounded arithmetic. Included by
+// warp_simulator.hpp after every loom header and the standard library: the
+// keywords are macros.
 #pragma once
 
 #include <bit>

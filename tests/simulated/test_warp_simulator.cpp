@@ -1,12 +1,15 @@
 // The warp simulator itself (warp_simulator.hpp): that its shuffles and
 // ballots hand each lane the value CUDA's would (full warps, half-warp
-// masks, widths), that its barriers order a block's
-// threads, and that a read no barrier orders shows (as NaN from the
-// NaN-filled shared memory, dynamic and static) instead of passing by luck,
-// that threads
-// meeting at different __syncthreads stop the process with both named, and
-// that a thread overflowing its stack faults. The simulated kernel
-// tests are only as good as these.
+// masks, widths), that its barriers order a block's threads, that a read no
+// barrier orders shows (as NaN from the NaN-filled shared memory, dynamic
+// and static) instead of passing by luck, that each turn order runs the
+// warps as it says, that threads meeting at different __syncthreads stop the
+// process with both named, that a warp-wide load of shared memory that no
+// barrier of its warp ordered stops it (its lanes' writes with only a
+// shuffle between, another warp's with only a __syncwarp), that two warps
+// writing one byte between two __syncthreads stop it, and that a thread
+// overflowing its stack faults. The simulated kernel tests are only as good
+// as these.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -16,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -257,6 +261,32 @@ ChildEnd run_in_child(Body body) {
     return end;
 }
 
+// A child that must have run to its end (`ordered`: its accesses were
+// ordered), or else been stopped with every one of `messages` in its stderr.
+void check_ordered_or_stopped(const ChildEnd& end, bool ordered, std::initializer_list<std::string> messages) {
+    INFO("the child's stderr: " << end.message);
+    if (ordered) {
+        CHECK_FALSE(end.signaled);
+        CHECK(end.exit_code == 0);
+        return;
+    }
+    CHECK(end.signaled);
+    for (const std::string& message : messages) CHECK(end.message.find(message) != std::string::npos);
+}
+
+// Lane `lane`'s share of a 16 x 16 bf16 tile: elements 8 lane to 8 lane + 7,
+// each its own index.
+void write_tile_share(__nv_bfloat16* tile, int lane) {
+    for (int e = 8 * lane; e < 8 * lane + 8; ++e) tile[e] = __float2bfloat16_rn(static_cast<float>(e));
+}
+
+// The tile loaded as a wmma matrix_a fragment by the calling warp: its last element (255 when written).
+float wmma_load_last(const __nv_bfloat16* tile) {
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> a;
+    nvcuda::wmma::load_matrix_sync(a, tile, 16);
+    return nvcuda::wmma::detail::value_of(a.x[255]);
+}
+
 }  // namespace
 
 TEST_CASE("the warp simulator aborts, naming both places, where a block's threads meet at different __syncthreads",
@@ -294,15 +324,12 @@ TEST_CASE("the warp simulator stops a warp-wide load of shared memory that only 
                 loom_sim::launch(loom_sim::Grid{}, 32, 16 * 16 * sizeof(__nv_bfloat16), [&] {
                     auto* tile = reinterpret_cast<__nv_bfloat16*>(loom_sim::block_shared());
                     const int lane = static_cast<int>(threadIdx.x);
-                    for (int e = 8 * lane; e < 8 * lane + 8; ++e) tile[e] = __float2bfloat16_rn(static_cast<float>(e));
+                    write_tile_share(tile, lane);
                     const float other = __shfl_xor_sync(0xffff'ffffu, static_cast<float>(lane), 1);
                     if (barrier) __syncwarp();
                     if (wmma_load) {
-                        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
-                                               nvcuda::wmma::row_major>
-                            a;
-                        nvcuda::wmma::load_matrix_sync(a, tile, 16);
-                        if (lane == 0) loaded = nvcuda::wmma::detail::value_of(a.x[255]);
+                        const float last = wmma_load_last(tile);
+                        if (lane == 0) loaded = last;
                     } else {
                         unsigned r[4];
                         loom_sim::ldmatrix_x4<false>(r, tile + (lane % 16) * 16 + lane / 16 * 8);
@@ -312,16 +339,116 @@ TEST_CASE("the warp simulator stops a warp-wide load of shared memory that only 
                 });
                 _exit(loaded == (wmma_load ? 255.0f : 0.0f) ? 0 : 3);
             });
-            INFO("the child's stderr: " << end.message);
-            if (barrier) {
-                CHECK_FALSE(end.signaled);
-                CHECK(end.exit_code == 0);
-            } else {
-                CHECK(end.signaled);
-                CHECK(end.message.find(std::string(load) + " by thread") != std::string::npos);
-                CHECK(end.message.find("no barrier orders that write before this load") != std::string::npos);
-            }
+            check_ordered_or_stopped(end, barrier,
+                                     {std::string(load) + " by thread", "no barrier orders that write before this load"});
         }
+}
+
+TEST_CASE("the warp simulator's turn orders run warps in step, or one warp ahead of the others",
+          "[simulated][simulator]") {
+    // Each thread notes its warp and step four times: before and after a
+    // shuffle (which its warp meets at), twice, with a __syncthreads after
+    // each pair. In sweeps the warps go in step: every thread's note before
+    // a shuffle comes before any note after it. In warps the first warp
+    // passes its shuffle before the second warp makes its first note, and
+    // makes each note after a shuffle before the second warp's; in
+    // warps-reversed the same from the second warp.
+    struct Note {
+        int warp, step;
+    };
+    const loom_sim::Turns before = loom_sim::turns;
+    for (const loom_sim::Turns turns :
+         {loom_sim::Turns::sweeps, loom_sim::Turns::warps, loom_sim::Turns::warps_reversed}) {
+        INFO("turn order " << static_cast<int>(turns));
+        loom_sim::turns = turns;
+        std::vector<Note> notes;
+        loom_sim::launch(loom_sim::Grid{}, 64, 0, [&] {
+            const int warp = static_cast<int>(threadIdx.x / 32);
+            for (int round = 0; round < 2; ++round) {
+                notes.push_back({warp, 2 * round});
+                (void)__shfl_xor_sync(0xffff'ffffu, 0, 1);
+                notes.push_back({warp, 2 * round + 1});
+                __syncthreads();
+            }
+        });
+        REQUIRE(notes.size() == 256);
+        // The first and last place of a note of `step` (by `warp`, or any warp when -1).
+        const auto first = [&](int step, int warp) {
+            for (std::size_t i = 0; i < notes.size(); ++i)
+                if (notes[i].step == step && (warp < 0 || notes[i].warp == warp)) return static_cast<long>(i);
+            return -1L;
+        };
+        const auto last = [&](int step, int warp) {
+            for (std::size_t i = notes.size(); i-- > 0;)
+                if (notes[i].step == step && (warp < 0 || notes[i].warp == warp)) return static_cast<long>(i);
+            return -1L;
+        };
+        if (turns == loom_sim::Turns::sweeps) {
+            CHECK(last(0, -1) < first(1, -1));
+            CHECK(last(2, -1) < first(3, -1));
+        } else {
+            const int ahead = turns == loom_sim::Turns::warps ? 0 : 1, behind = 1 - ahead;
+            CHECK(first(1, ahead) < first(0, behind));
+            CHECK(last(1, ahead) < first(1, behind));
+            CHECK(last(3, ahead) < first(3, behind));
+        }
+    }
+    loom_sim::turns = before;
+}
+
+TEST_CASE("the warp simulator stops a warp-wide load of another warp's writes that only a __syncwarp orders",
+          "[simulated][simulator]") {
+    // Warp 0 writes a 16 x 16 bf16 tile; warp 1 opens a __syncwarp and
+    // loads the tile with wmma. A __syncwarp orders only its own warp's
+    // writes: without a __syncthreads between, warp 1 may load the tile
+    // before warp 0's writes reach it, so the child must stop, naming the
+    // load. With the __syncthreads it loads the tile and exits normally.
+    for (const bool block_barrier : {true, false}) {
+        INFO((block_barrier ? "after __syncthreads" : "after __syncwarp only"));
+        const ChildEnd end = run_in_child([&] {
+            loom_sim::turns = loom_sim::Turns::sweeps;  // warp 0 writes before warp 1 loads
+            float loaded = 0.0f;
+            loom_sim::launch(loom_sim::Grid{}, 64, 16 * 16 * sizeof(__nv_bfloat16), [&] {
+                auto* tile = reinterpret_cast<__nv_bfloat16*>(loom_sim::block_shared());
+                const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+                if (warp == 0) write_tile_share(tile, lane);
+                if (block_barrier) __syncthreads();
+                if (warp == 1) {
+                    __syncwarp();
+                    const float last = wmma_load_last(tile);
+                    if (lane == 0) loaded = last;
+                }
+            });
+            _exit(loaded == 255.0f ? 0 : 3);
+        });
+        check_ordered_or_stopped(end, block_barrier,
+                                 {"wmma::load_matrix_sync by thread 63", "no barrier orders that write before this load"});
+    }
+}
+
+TEST_CASE("the warp simulator stops where two warps write one byte of shared memory with no __syncthreads between",
+          "[simulated][simulator]") {
+    // On a GPU which of the two writes lands last is unspecified. Each warp
+    // writes its own number into the same float; with a __syncthreads
+    // between the two writes the block runs to the end, without one the
+    // child stops, naming the byte and both warps.
+    for (const bool block_barrier : {true, false}) {
+        INFO((block_barrier ? "a __syncthreads between" : "no barrier between"));
+        const ChildEnd end = run_in_child([&] {
+            loom_sim::turns = loom_sim::Turns::sweeps;  // warp 0 writes first
+            loom_sim::launch(loom_sim::Grid{}, 64, 2 * sizeof(float), [&] {
+                auto* shared = reinterpret_cast<float*>(loom_sim::block_shared());
+                const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+                if (warp == 0 && lane == 0) shared[1] = 2.0f;  // bytes 00 00 00 40
+                if (block_barrier) __syncthreads();
+                if (warp == 1 && lane == 5) shared[1] = 0.1f;  // cd cc cc 3d: byte 4 differs
+            });
+            _exit(0);
+        });
+        check_ordered_or_stopped(
+            end, block_barrier,
+            {"warps 0 and 1 of block 0 both wrote byte 4 of shared memory with no __syncthreads between"});
+    }
 }
 
 TEST_CASE("the warp simulator's wmma stores write each lane's share of the matrix, as an sm_80 accumulator holds it",

@@ -16,13 +16,19 @@
 // collective's rendezvous here would order memory between the lanes, which
 // on a GPU only __syncwarp and __syncthreads do, so two models take that
 // back where loom's kernels share memory within a warp: a warp-wide load
-// (wmma, ldmatrix) must read what the warp's last barrier saw
-// (shared_views.hpp), and a wmma store writes only the storing lane's share
-// of the matrix. With both, removing any __syncwarp of the wmma kernels
-// that orders anything fails a test (8 of 14, 5 before; the other 6 are
-// followed by a barrier that orders the same accesses). Still unseen: a
-// lane's plain read of another lane's plain write with only a shuffle
-// between, and a write after another lane's plain read (write-after-read).
+// (wmma, ldmatrix) must read what the warp's own barriers ordered before it
+// (shared_views.hpp: the block's last __syncthreads, and its own lanes'
+// writes before its last __syncwarp, never another warp's), and a wmma store
+// writes only the storing lane's share of the matrix. Two warps changing one
+// byte between two __syncthreads stop the process (shared_views.hpp).
+// Between warps, the turn order (turns.hpp) decides which of two unordered
+// accesses comes first; ctest runs the kernels under three, warps in step
+// and one warp far ahead of the others from either end, so that a missing
+// __syncthreads shows as NaN or a stale value. scripts/barrier_removals.sh
+// measures what this catches, removing each barrier of a header in turn
+// (docs/design.md has the figures). Still unseen: a lane's plain read of
+// another lane's plain write with only a shuffle between, and a write after
+// another lane's plain read (write-after-read) within a warp.
 // What this cannot show: the hardware's own behaviour (an mma's internal
 // summation order, timing, bank conflicts, register limits), nor the
 // device's math library (its expf and logf are within 2 ulp of the host's,
@@ -65,6 +71,7 @@
 
 #include "simulated/fiber.hpp"
 #include "simulated/shared_views.hpp"
+#include "simulated/turns.hpp"
 // Last: its keywords are macros.
 #include "simulated/cuda_builtins.hpp"
 
@@ -78,13 +85,11 @@ inline constexpr int block_threads = 128;
 // ends), then the next. Deterministic, and a barrier costs a few context
 // switches rather than an OS thread's wake-up. Each fiber's stack lies above
 // a guard page (FiberStacks), so an overflow faults rather than corrupts. A
-// barrier's waiters are resumed only once the barrier has opened; the turn
-// order alternates (first to last, then last to first) so that a read and a
-// write of the same phase, which only a missing barrier would order, run
-// both ways round. Threads that arrive at one barrier for different
-// collectives (a shuffle and a __syncwarp, two __syncthreads calls) abort
-// the process with both named, and so does a block whose fibers all wait at
-// barriers that cannot open: where a GPU would hang or misbehave.
+// barrier's waiters are resumed only once the barrier has opened. Threads
+// that arrive at one barrier for different collectives (a shuffle and a
+// __syncwarp, two __syncthreads calls) abort the process with both named,
+// and so does a block whose fibers all wait at barriers that cannot open:
+// where a GPU would hang or misbehave.
 
 // Which collective a thread arrived at a barrier for: its name and, for
 // __syncthreads, where it was called; and whether it is a memory barrier
@@ -150,6 +155,7 @@ struct Block {
     unsigned char* shared = nullptr;
     std::size_t shared_bytes = 0;
     SharedViews views;  // of the dynamic shared memory, per warp
+    int last_warp = -1;  // the warp of the fiber that ran last
 };
 inline Block* running = nullptr;  // one block runs at a time; none in launch_each
 
@@ -184,6 +190,17 @@ inline void check_warp_load(const char* what, const void* p, std::size_t bytes) 
     fail(message);
 }
 inline unsigned char* block_shared() { return block().shared; }
+
+// Two warps changed one byte of shared memory with no __syncthreads between
+// (SharedViews::attribute): stops the process, naming the byte and the warps.
+inline void stop_at_race(WriteRace race) {
+    if (race.byte < 0) return;
+    char message[256];
+    std::snprintf(message, sizeof message,
+                  "warps %d and %d of block %u both wrote byte %ld of shared memory with no __syncthreads between",
+                  race.first, race.second, blockIdx.x, race.byte);
+    fail(message);
+}
 
 // Blocks started so far, over every launch: which block a static
 // __shared__ array was last filled for.
@@ -228,9 +245,9 @@ inline void arrive_and_wait(Barrier& barrier, Meeting at) {
         if (at.orders_memory) {
             const int warp = static_cast<int>(threadIdx.x / 32);
             if (&barrier == &b.all)
-                b.views.block_barrier();
+                stop_at_race(b.views.block_barrier(warp));
             else if (&barrier == &b.warp[static_cast<std::size_t>(warp)])
-                b.views.warp_barrier(warp);
+                stop_at_race(b.views.warp_barrier(warp));
         }
         return;  // the last to arrive goes on; the others resume in their turn
     }
@@ -259,7 +276,19 @@ inline void lanes_barrier(unsigned mask, Meeting at) {
     fail("a finished fiber was resumed");
 }
 
-// Runs the block's fibers, in turns, until all have finished.
+// Whether fiber `f` can take a turn: neither finished nor waiting at a
+// barrier that has not opened.
+inline bool can_run(const Fiber& f) {
+    return !f.finished && (f.waiting_on == nullptr || f.waiting_on->generation != f.waiting_generation);
+}
+
+// The fibers the next sweep visits (turns.hpp).
+inline Sweep next_sweep(const Block& b) {
+    return next_sweep(turns, static_cast<int>(b.fibers.size()),
+                      [&b](int t) { return can_run(b.fibers[static_cast<std::size_t>(t)]); });
+}
+
+// Runs the block's fibers, in turns (Turns), until all have finished.
 inline void run_block(Block& b, unsigned bx, unsigned by) {
     const int threads = static_cast<int>(b.fibers.size());
     for (int t = 0; t < threads; ++t) {
@@ -269,13 +298,20 @@ inline void run_block(Block& b, unsigned bx, unsigned by) {
         make_context(f.context, b.stacks.stack(t), b.stacks.bytes(), run_fiber);
     }
     blockIdx = {bx, by, 0};
+    b.last_warp = -1;
     for (int left = threads, sweep = 0; left > 0; ++sweep) {
+        const Sweep visit = next_sweep(b);
         bool progress = false;
-        for (int k = 0; k < threads; ++k) {
-            const int t = sweep % 2 == 0 ? k : threads - 1 - k;
+        for (int k = 0; k < visit.count; ++k) {
+            const int t = visit.first + (sweep % 2 == 0 ? k : visit.count - 1 - k);
             Fiber& f = b.fibers[static_cast<std::size_t>(t)];
-            if (f.finished || (f.waiting_on != nullptr && f.waiting_on->generation == f.waiting_generation)) continue;
+            if (!can_run(f)) continue;
             f.waiting_on = nullptr;
+            // What the last warp's fibers wrote is theirs (shared_views.hpp).
+            if (const int warp = t / 32; warp != b.last_warp) {
+                if (b.last_warp >= 0) stop_at_race(b.views.attribute(b.last_warp));
+                b.last_warp = warp;
+            }
             b.current = t;
             threadIdx = {static_cast<unsigned>(t), 0, 0};
             switch_context(b.scheduler, f.context);
@@ -284,6 +320,7 @@ inline void run_block(Block& b, unsigned bx, unsigned by) {
         }
         if (!progress) fail("every thread left waits at a barrier that cannot open: divergent __syncthreads or warp");
     }
+    stop_at_race(b.views.attribute(b.last_warp));  // the last warp's writes since its last turn began
 }
 
 struct Grid {
@@ -352,58 +389,11 @@ inline void __syncthreads(std::source_location at = std::source_location::curren
     loom_sim::arrive_and_wait(loom_sim::block().all, {"__syncthreads", at.file_name(), at.line(), true});
 }
 
-namespace loom_sim {
-// A shuffle: every lane of `mask` gives `value` and gets that of lane
-// source_lane(its own lane) of its warp, which must be in `mask` too (a
-// lane outside it would hand over a stale value). Any value of up to 8
-// bytes (the reductions shuffle floats, doubles and 64-bit integers), as
-// CUDA's overloads.
-template <class T, class Source>
-T shuffle(const char* what, unsigned mask, T value, Source source_lane) {
-    static_assert(sizeof(T) <= 8);
-    const int me = static_cast<int>(threadIdx.x), lane = me % 32;
-    Block& b = block();
-    std::memcpy(b.exchanged[me].data(), &value, sizeof value);
-    lanes_barrier(mask, {what});
-    const int source = source_lane(lane);
-    if ((mask >> source & 1u) == 0) fail("a shuffle reads a lane its mask leaves out");
-    T theirs;
-    std::memcpy(&theirs, b.exchanged[me - lane + source].data(), sizeof theirs);
-    lanes_barrier(mask, {what});
-    return theirs;
-}
-}  // namespace loom_sim
-
-// Lane (lane ^ lane_mask), the PTX ISA's shfl.bfly: the mask's low 5 bits.
-template <class T>
-T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
-    return loom_sim::shuffle("__shfl_xor_sync", mask, value, [lane_mask](int lane) { return (lane ^ lane_mask) & 31; });
-}
-
-// Lane `source` of the lane's `width` lanes (a power of two up to 32), the
-// PTX ISA's shfl.idx with its segment: source's low bits within the segment.
-template <class T>
-T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
-    return loom_sim::shuffle("__shfl_sync", mask, value,
-                             [source, width](int lane) { return (lane & ~(width - 1)) | (source & (width - 1)); });
-}
-
-// Bit l set where lane l of `mask` has a nonzero predicate.
-inline unsigned __ballot_sync(unsigned mask, int predicate) {
-    const int me = static_cast<int>(threadIdx.x);
-    loom_sim::Block& b = loom_sim::block();
-    b.exchanged[me][0] = predicate != 0 ? 1 : 0;
-    loom_sim::lanes_barrier(mask, {"__ballot_sync"});
-    unsigned bits = 0;
-    for (int lane = 0; lane < 32; ++lane)
-        if ((mask >> lane & 1u) != 0 && b.exchanged[me / 32 * 32 + lane][0] != 0) bits |= 1u << lane;
-    loom_sim::lanes_barrier(mask, {"__ballot_sync"});
-    return bits;
-}
-
 // A memory barrier for the lanes of `mask`; of the whole warp, a new view
 // of shared memory for its warp-wide loads (shared_views.hpp).
 inline void __syncwarp(unsigned mask = 0xffff'ffffu) { loom_sim::lanes_barrier(mask, {"__syncwarp", "", 0, true}); }
 
-// ldmatrix, mma.sync and wmma, in a header of their own.
+// The shuffles and ballots, and ldmatrix, mma.sync and wmma, in headers of
+// their own.
+#include "simulated/shuffles.hpp"
 #include "simulated/tensor_cores.hpp"
