@@ -2,14 +2,18 @@
 // (warp_simulator.hpp) defines them on the host: the qualifiers as nothing
 // (__shared__ as a function-local static, NaN-filled in each block),
 // threadIdx and friends as the running fiber's, float4, bf16 and its
-// conversions, and the device's correctly rounded arithmetic. Included by
+// conversions, the device's correctly rounded arithmetic, and the NaN fill
+// of static __shared__ arrays in each block. Included by
 // warp_simulator.hpp after every loom header and the standard library: the
 // keywords are macros.
 #pragma once
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <map>
 
 #include "loom/core/dtype.hpp"
 
@@ -31,6 +35,29 @@
 // attribute of a template's function-local statics, which every kernel's
 // are.)
 #define __shared__ static
+
+namespace loom_sim {
+
+// Blocks started so far, over every launch: which block a static
+// __shared__ array was last filled for.
+inline long block_serial = 0;
+// Static __shared__ arrays filled so far, over every launch (tests count them).
+inline long static_shared_fills = 0;
+
+// A static __shared__ array (`bytes` at `array`) as the running block finds
+// it: 0xff bytes (NaN as f32, f64 and bf16) the first time one of the
+// block's threads reaches its declaration, untouched after that. Every
+// declaration in the extracted kernels is followed by a call to this.
+inline void fill_static_shared(void* array, std::size_t bytes) {
+    static std::map<const void*, long> filled_for;  // the block each array was last filled for
+    long& block = filled_for[array];
+    if (block == block_serial) return;
+    std::memset(array, 0xff, bytes);
+    block = block_serial;
+    ++static_shared_fills;
+}
+
+}  // namespace loom_sim
 
 struct SimulatedDim3 {
     unsigned x = 1, y = 1, z = 1;

@@ -23,10 +23,20 @@
 // warps change between two __syncthreads is a race between warps (on a GPU
 // which write lands last is unspecified), and the simulator stops there too.
 //
-// What it cannot see: a write of the same bytes the view holds (harmless:
-// the load reads those bytes either way); loads that each lane makes of its
-// own (plain C++ reads; a missing __syncthreads between warps shows there
-// as NaN from the block's fill, not here); static __shared__ arrays.
+// What it cannot see: static __shared__ arrays (the views and the race
+// check cover the block's dynamic shared memory); a write of the same bytes
+// the view holds (harmless: the load reads those bytes either way) or the
+// memory already holds (a second warp storing the value a first warp stored
+// is no race here); a byte changed and changed back within one turn; loads
+// that each lane makes of its own (plain C++ reads: a missing __syncthreads
+// between warps shows there as NaN from the block's fill or a stale value
+// under one of the turn orders, turns.hpp, not here).
+// What it would refuse although a GPU allows it: a warp that stores the
+// value another warp stored since the last __syncthreads and then loads it
+// after a __syncwarp (the bytes stay the first warp's), and any ordering
+// between warps but __syncthreads (shared atomics, fences with flags, several
+// warps' dead stores to one slot). loom's kernels do none of these; a
+// simulated atomic would have to bypass the race check.
 #pragma once
 
 #include <algorithm>
@@ -63,7 +73,7 @@ public:
     // first byte another warp also changed since the last __syncthreads, if any.
     [[nodiscard]] WriteRace attribute(int warp) {
         WriteRace race;
-        if (std::memcmp(seen_.data(), shared_, bytes_) == 0) return race;
+        if (bytes_ == 0 || std::memcmp(seen_.data(), shared_, bytes_) == 0) return race;
         constexpr std::size_t chunk = 64;
         for (std::size_t start = 0; start < bytes_; start += chunk) {
             const std::size_t n = std::min(chunk, bytes_ - start);
@@ -104,6 +114,10 @@ public:
         own_view_[w] = true;
         return race;
     }
+    // The warp that changed byte `offset` since the last __syncthreads, as
+    // far as attribute() has seen, or -1.
+    [[nodiscard]] int writer_of(std::size_t offset) const { return writer_[offset]; }
+
     // Whether the `bytes` bytes at `p` start in the block's dynamic shared
     // memory but run past its end (a load out of bounds).
     [[nodiscard]] bool runs_past_end(const void* p, std::size_t bytes) const {

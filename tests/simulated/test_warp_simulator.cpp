@@ -340,7 +340,8 @@ TEST_CASE("the warp simulator stops a warp-wide load of shared memory that only 
                 _exit(loaded == (wmma_load ? 255.0f : 0.0f) ? 0 : 3);
             });
             check_ordered_or_stopped(end, barrier,
-                                     {std::string(load) + " by thread", "no barrier orders that write before this load"});
+                                     {std::string(load) + " by thread", "written by its own lanes since its warp's last",
+                                      "no barrier orders that write before this load"});
         }
 }
 
@@ -356,7 +357,11 @@ TEST_CASE("the warp simulator's turn orders run warps in step, or one warp ahead
     struct Note {
         int warp, step;
     };
-    const loom_sim::Turns before = loom_sim::turns;
+    // The turn order as it was when the test ends, however it ends.
+    struct Restore {
+        loom_sim::Turns turns = loom_sim::turns;
+        ~Restore() { loom_sim::turns = turns; }
+    } restore;
     for (const loom_sim::Turns turns :
          {loom_sim::Turns::sweeps, loom_sim::Turns::warps, loom_sim::Turns::warps_reversed}) {
         INFO("turn order " << static_cast<int>(turns));
@@ -393,7 +398,6 @@ TEST_CASE("the warp simulator's turn orders run warps in step, or one warp ahead
             CHECK(last(3, ahead) < first(3, behind));
         }
     }
-    loom_sim::turns = before;
 }
 
 TEST_CASE("the warp simulator stops a warp-wide load of another warp's writes that only a __syncwarp orders",
@@ -422,7 +426,8 @@ TEST_CASE("the warp simulator stops a warp-wide load of another warp's writes th
             _exit(loaded == 255.0f ? 0 : 3);
         });
         check_ordered_or_stopped(end, block_barrier,
-                                 {"wmma::load_matrix_sync by thread 63", "no barrier orders that write before this load"});
+                                 {"wmma::load_matrix_sync by thread 63", "written by warp 0 since the last __syncthreads",
+                                  "no barrier orders that write before this load"});
     }
 }
 

@@ -23,7 +23,7 @@ namespace loom_sim {
 //                   a later warp has yet to read, or reads what a later warp
 //                   has yet to write, where a __syncthreads is missing;
 //   warps-reversed  the same from the last warp.
-// ctest runs the simulated tests under each.
+// ctest runs the kernel tests under each (the simulator's own, under sweeps).
 enum class Turns { sweeps, warps, warps_reversed };
 
 inline Turns turns_from_environment() {

@@ -20,7 +20,8 @@
 // (shared_views.hpp: the block's last __syncthreads, and its own lanes'
 // writes before its last __syncwarp, never another warp's), and a wmma store
 // writes only the storing lane's share of the matrix. Two warps changing one
-// byte between two __syncthreads stop the process (shared_views.hpp).
+// byte of dynamic shared memory between two __syncthreads stop the process
+// (shared_views.hpp, which also lists what that cannot see).
 // Between warps, the turn order (turns.hpp) decides which of two unordered
 // accesses comes first; ctest runs the kernels under three, warps in step
 // and one warp far ahead of the others from either end, so that a missing
@@ -169,28 +170,6 @@ inline Block& block() {
     return *running;
 }
 
-// A warp-wide load (`what`) by the running thread of `bytes` bytes at `p`
-// must read what the warp's last __syncwarp or __syncthreads ordered before
-// it; else it stops the process, naming the load, the thread and the byte.
-inline void check_warp_load(const char* what, const void* p, std::size_t bytes) {
-    const Block& b = block();
-    if (b.views.runs_past_end(p, bytes)) {
-        char message[256];
-        std::snprintf(message, sizeof message, "%s by thread %u of block %u reads past the end of dynamic shared memory",
-                      what, threadIdx.x, blockIdx.x);
-        fail(message);
-    }
-    const long byte = b.views.unordered_byte(static_cast<int>(threadIdx.x / 32), p, bytes);
-    if (byte < 0) return;
-    char message[512];
-    std::snprintf(message, sizeof message,
-                  "%s by thread %u of block %u reads byte %ld of shared memory, written since its warp's last "
-                  "__syncwarp or __syncthreads: no barrier orders that write before this load",
-                  what, threadIdx.x, blockIdx.x, byte);
-    fail(message);
-}
-inline unsigned char* block_shared() { return block().shared; }
-
 // Two warps changed one byte of shared memory with no __syncthreads between
 // (SharedViews::attribute): stops the process, naming the byte and the warps.
 inline void stop_at_race(WriteRace race) {
@@ -202,24 +181,37 @@ inline void stop_at_race(WriteRace race) {
     fail(message);
 }
 
-// Blocks started so far, over every launch: which block a static
-// __shared__ array was last filled for.
-inline long block_serial = 0;
-// Static __shared__ arrays filled so far, over every launch (tests count them).
-inline long static_shared_fills = 0;
-
-// A static __shared__ array (`bytes` at `array`) as the running block finds
-// it: 0xff bytes (NaN as f32, f64 and bf16) the first time one of the
-// block's threads reaches its declaration, untouched after that. Every
-// declaration in the extracted kernels is followed by a call to this.
-inline void fill_static_shared(void* array, std::size_t bytes) {
-    static std::map<const void*, long> filled_for;  // the block each array was last filled for
-    long& block = filled_for[array];
-    if (block == block_serial) return;
-    std::memset(array, 0xff, bytes);
-    block = block_serial;
-    ++static_shared_fills;
+// A warp-wide load (`what`) by the running thread of `bytes` bytes at `p`
+// must read what its warp's barriers ordered before it (shared_views.hpp);
+// else it stops the process, naming the load, the thread, the byte and who
+// wrote it: the warp's own lanes since its last barrier, or another warp
+// since the last __syncthreads.
+inline void check_warp_load(const char* what, const void* p, std::size_t bytes) {
+    Block& b = block();
+    if (b.views.runs_past_end(p, bytes)) {
+        char message[256];
+        std::snprintf(message, sizeof message, "%s by thread %u of block %u reads past the end of dynamic shared memory",
+                      what, threadIdx.x, blockIdx.x);
+        fail(message);
+    }
+    const int warp = static_cast<int>(threadIdx.x / 32);
+    const long byte = b.views.unordered_byte(warp, p, bytes);
+    if (byte < 0) return;
+    stop_at_race(b.views.attribute(warp));  // this turn's writes are the running warp's
+    const int writer = b.views.writer_of(static_cast<std::size_t>(byte));
+    char by[96];
+    if (writer == warp || writer < 0)
+        std::snprintf(by, sizeof by, "by its own lanes since its warp's last __syncwarp or __syncthreads");
+    else
+        std::snprintf(by, sizeof by, "by warp %d since the last __syncthreads", writer);
+    char message[512];
+    std::snprintf(message, sizeof message,
+                  "%s by thread %u of block %u reads byte %ld of shared memory, written %s: no barrier orders that "
+                  "write before this load",
+                  what, threadIdx.x, blockIdx.x, byte, by);
+    fail(message);
 }
+inline unsigned char* block_shared() { return block().shared; }
 
 // The running fiber waits until every one of the barrier's threads has
 // arrived, all for the same collective (the same __syncthreads call):
