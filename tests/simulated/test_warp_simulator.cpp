@@ -434,25 +434,56 @@ TEST_CASE("the warp simulator stops a warp-wide load of another warp's writes th
 TEST_CASE("the warp simulator stops where two warps write one byte of shared memory with no __syncthreads between",
           "[simulated][simulator]") {
     // On a GPU which of the two writes lands last is unspecified. Each warp
-    // writes its own number into the same float; with a __syncthreads
-    // between the two writes the block runs to the end, without one the
-    // child stops, naming the byte and both warps.
-    for (const bool block_barrier : {true, false}) {
-        INFO((block_barrier ? "a __syncthreads between" : "no barrier between"));
+    // writes its own number into the same float: with a __syncthreads
+    // between the two writes the block runs to the end; without one the
+    // child stops, naming the byte and both warps, whether the second write
+    // is seen when the block ends or at a __syncthreads that thread 63, the
+    // last to arrive, opens just after it.
+    enum class Between { block_barrier, nothing, nothing_then_block_barrier };
+    for (const Between between : {Between::block_barrier, Between::nothing, Between::nothing_then_block_barrier}) {
+        INFO("case " << static_cast<int>(between));
         const ChildEnd end = run_in_child([&] {
-            loom_sim::turns = loom_sim::Turns::sweeps;  // warp 0 writes first
+            loom_sim::turns = loom_sim::Turns::sweeps;  // warp 0 writes first; thread 63 arrives last
             loom_sim::launch(loom_sim::Grid{}, 64, 2 * sizeof(float), [&] {
                 auto* shared = reinterpret_cast<float*>(loom_sim::block_shared());
                 const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
                 if (warp == 0 && lane == 0) shared[1] = 2.0f;  // bytes 00 00 00 40
-                if (block_barrier) __syncthreads();
-                if (warp == 1 && lane == 5) shared[1] = 0.1f;  // cd cc cc 3d: byte 4 differs
+                if (between == Between::block_barrier) __syncthreads();
+                if (warp == 1 && lane == 31) shared[1] = 0.1f;  // cd cc cc 3d: byte 4 differs
+                if (between == Between::nothing_then_block_barrier) __syncthreads();
             });
             _exit(0);
         });
         check_ordered_or_stopped(
-            end, block_barrier,
+            end, between == Between::block_barrier,
             {"warps 0 and 1 of block 0 both wrote byte 4 of shared memory with no __syncthreads between"});
+    }
+}
+
+TEST_CASE("the warp simulator lets each warp load its own lanes' writes after a __syncwarp while warps interleave",
+          "[simulated][simulator]") {
+    // Each warp writes a tile of its own, meets at shuffles (so that the
+    // turns pass between the warps while they write), opens a __syncwarp and
+    // loads its tile: correct code, which must run to the end with every
+    // warp's tile whole.
+    const loom_sim::Turns orders[] = {loom_sim::Turns::sweeps, loom_sim::Turns::warps, loom_sim::Turns::warps_reversed};
+    for (const loom_sim::Turns turns : orders) {
+        INFO("turn order " << static_cast<int>(turns));
+        const ChildEnd end = run_in_child([&] {
+            loom_sim::turns = turns;
+            float loaded[2] = {0.0f, 0.0f};
+            loom_sim::launch(loom_sim::Grid{}, 64, 2 * 16 * 16 * sizeof(__nv_bfloat16), [&] {
+                const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+                auto* tile = reinterpret_cast<__nv_bfloat16*>(loom_sim::block_shared()) + warp * 16 * 16;
+                write_tile_share(tile, lane);
+                for (int round = 0; round < 3; ++round) (void)__shfl_xor_sync(0xffff'ffffu, lane, 1);
+                __syncwarp();
+                const float last = wmma_load_last(tile);
+                if (lane == 0) loaded[warp] = last;
+            });
+            _exit(loaded[0] == 255.0f && loaded[1] == 255.0f ? 0 : 3);
+        });
+        check_ordered_or_stopped(end, true, {});
     }
 }
 
