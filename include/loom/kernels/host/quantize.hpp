@@ -70,15 +70,15 @@ namespace detail {
 inline void absmax_and_finite(const float* x, std::int64_t n, float& absmax, bool& finite) {
     constexpr std::int64_t L = 16;
     float largest[L] = {}, check[L] = {};
-    const std::int64_t whole = n - n % L;
-    for (std::int64_t i = 0; i < whole; i += L)
+    std::int64_t i = 0;
+    for (; i + L <= n; i += L)
         for (std::int64_t l = 0; l < L; ++l) {
             const float a = std::fabs(x[i + l]);
             largest[l] = a > largest[l] ? a : largest[l];
             check[l] += x[i + l] - x[i + l];
         }
     float m = 0, c = 0;
-    for (std::int64_t i = whole; i < n; ++i) {
+    for (; i < n; ++i) {
         const float a = std::fabs(x[i]);
         m = a > m ? a : m;
         c += x[i] - x[i];
