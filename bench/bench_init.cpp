@@ -13,24 +13,10 @@
 #include <string_view>
 #include <vector>
 
-namespace {
+#include "timing.hpp"
 
-// Makes the compiler assume `p`'s memory is read, so the timed stores are kept.
-inline void keep_memory(const void* p) { asm volatile("" : : "r"(p) : "memory"); }
-
-template <class F>
-double median_seconds(int reps, F&& f) {
-    std::vector<double> times;
-    for (int r = 0; r < reps; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-}
-
-}  // namespace
+using bench::keep_memory;
+using bench::median_seconds;
 
 int main(int argc, char** argv) {
     std::size_t mib = 64;

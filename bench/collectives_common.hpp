@@ -10,12 +10,11 @@
 #include <string_view>
 #include <vector>
 
+#include "timing.hpp"
+
 namespace loom_bench {
 
-inline double median(std::vector<double> values) {
-    std::sort(values.begin(), values.end());
-    return values[values.size() / 2];
-}
+using bench::median;
 
 inline const std::vector<std::string>& all_ops() {
     static const std::vector<std::string> ops{"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"};

@@ -1,8 +1,7 @@
 // What the GPT training benchmarks (bench_data_parallel, bench_compression)
 // share, so that their rows describe the same runs: configs A and B of the
 // GPT benchmark (bench/train_gpt.cpp, bench/data_parallel_torch.py) with
-// their sequences per rank, the median they report over repetitions, the
-// cores this process may use (its affinity mask, not the machine's count),
+// their sequences per rank, the cores this process may use (its affinity mask, not the machine's count),
 // and how much of the machine other processes took while they measured.
 #pragma once
 
@@ -22,6 +21,8 @@
 #include <loom/data/corpus.hpp>
 #include <loom/gpt/model.hpp>
 
+#include "timing.hpp"
+
 namespace bench {
 
 struct BenchConfig {
@@ -35,14 +36,6 @@ inline const std::map<std::string, BenchConfig>& configs() {
         {"B", {{.layers = 2, .width = 64, .heads = 4, .seq = 64, .vocab = 256}, 4}},
     };
     return all;
-}
-
-// The median of the repetitions (0 for none).
-inline double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 inline int usable_cores() {

@@ -35,6 +35,7 @@
 // one measured run of 1F1B and of ZB-H1 at --ms as
 // DIR/pipeline_measured_<schedule>.json, for scripts/draw_trace.py.
 #include "pipeline_gpt.hpp"
+#include "timing.hpp"
 
 #include <loom/comm/thread_world.hpp>
 #include <loom/exec/schedule_trace.hpp>
@@ -90,11 +91,7 @@ constexpr std::string_view valid_schedules = "gpipe, 1f1b, interleaved, zb (ZB-H
 // What a p2p message carries: activations and gradients of this size.
 constexpr std::int64_t message_floats = 16 * 1024;  // 64 KiB
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 // Interleaved needs m to be a multiple of p; every other schedule runs any shape.
 bool runs(const Choice& c, int p, int m) { return c.kind != ScheduleKind::interleaved || m % p == 0; }

@@ -95,6 +95,7 @@
 #include <loom/parallel/sequence_parallel.hpp>
 
 #include "degree_list.hpp"
+#include "timing.hpp"
 
 namespace {
 
@@ -117,11 +118,7 @@ struct Result {
     float loss = 0;
 };
 
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-}
+using bench::median;
 
 // One run on n rank threads over communicator type C, `wrap` turning each
 // ThreadComm into a C: one warm-up step, then `steps` timed ones (none: the

@@ -72,6 +72,7 @@
 #include <loom/parallel/optimus2d.hpp>
 
 #include "degree_list.hpp"
+#include "timing.hpp"
 
 namespace {
 
@@ -90,10 +91,7 @@ struct Result {
     float loss = 0;
 };
 
-double median(std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-}
+using bench::median;
 
 // One run of `steps` steps on t rank threads over communicator type C,
 // `wrap` turning each ThreadComm into a C. Rank 0's figures.

@@ -20,29 +20,17 @@
 #include <string_view>
 #include <vector>
 
+#include "gpt_bench_configs.hpp"
+
 #ifndef LOOM_SOURCE_DIR
 #define LOOM_SOURCE_DIR "."
 #endif
 
 namespace {
 
-struct BenchConfig {
-    loom::gpt::Config model;
-    std::int64_t batch;
-};
-
-const std::map<std::string, BenchConfig>& configs() {
-    static const std::map<std::string, BenchConfig> all{
-        {"A", {{.layers = 4, .width = 256, .heads = 4, .seq = 128, .vocab = 256}, 8}},
-        {"B", {{.layers = 2, .width = 64, .heads = 4, .seq = 64, .vocab = 256}, 4}},
-    };
-    return all;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
+using bench::BenchConfig;
+using bench::configs;
+using bench::median;
 
 // Median seconds per training step (forward, backward, AdamW) after warm-up.
 double loom_step_seconds(const BenchConfig& config, int steps, int warmup) {
