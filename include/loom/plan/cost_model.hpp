@@ -17,9 +17,7 @@
 //   - a gradient reduction or parameter gather: Links::cost of the group's
 //     bytes over the dp (x sp) ranks, queued on the group's links;
 //   - the optimizer and zeroing: the bytes they touch / memory bandwidth.
-// Memory per device: parameters, gradients and AdamW state (divided by the
-// ZeRO stage), ZeRO's working slots, and the saved activations of the
-// micro-batches the schedule keeps in flight.
+// Memory per device: plan/memory_model.hpp.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +25,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/links.hpp"
@@ -37,6 +36,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/plan/candidate.hpp"
 #include "loom/plan/cluster.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/model_description.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/plan/step_simulator.hpp"
@@ -55,25 +55,6 @@ struct Estimate {
 };
 
 namespace detail {
-
-// Bytes per parameter element: the f32 value, the gradient, and the rest
-// (AdamW's moments) of bytes_per_param.
-struct StateBytes {
-    double value = 4, gradient = 4, optimizer = 8;
-};
-
-[[nodiscard]] inline StateBytes state_bytes(const ModelDescription& model) {
-    const double gradient = model.gradient_bytes;
-    const double value = std::min(4.0, std::max(0.0, model.bytes_per_param - gradient));
-    return {value, gradient, std::max(0.0, model.bytes_per_param - value - gradient)};
-}
-
-// Bytes one device keeps of `params` elements at ZeRO `zero` over `shards` ranks.
-[[nodiscard]] inline double static_bytes(const StateBytes& b, double params, int zero, int shards) {
-    const double n = shards;
-    return params * (zero >= 3 ? b.value / n : b.value) + params * (zero >= 2 ? b.gradient / n : b.gradient) +
-           params * (zero >= 1 ? b.optimizer / n : b.optimizer);
-}
 
 class CostModel {
 public:
@@ -434,51 +415,11 @@ private:
     // Bytes per device from the partition alone (no programs built), so the
     // search can drop what does not fit before pricing it.
     void memory(Estimate& e) const {
-        const StateBytes b = state_bytes(model_);
-        const auto pipe = c_.pp > 1 ? schedule::pipeline_program(c_.schedule, c_.pp, c_.micro_batches, c_.chunks)
-                                    : schedule::PipelineProgram{};
-        std::vector<double> params(static_cast<std::size_t>(c_.pp), 0.0), saved(params.size(), 0.0),
-            chunk_saved(params.size(), 0.0), largest(params.size(), 0.0);
-        std::size_t layer = 0;
-        for (int v = 0; v < c_.virtual_stages(); ++v) {
-            const auto p = static_cast<std::size_t>(c_.pp > 1 ? pipe.rank_of_chunk[static_cast<std::size_t>(v)] : 0);
-            const int count = c_.pp > 1 ? e.partition[static_cast<std::size_t>(v)] : static_cast<int>(model_.layers.size());
-            double chunk_params = 0, here = 0;
-            for (int k = 0; k < count; ++k, ++layer) {
-                const LayerSpec& l = model_.layers[layer];
-                const double n = static_cast<double>(l.params) / c_.tp;
-                chunk_params += n;
-                here += l.saved_bytes;
-                // ZeRO-3 without a pipeline gathers one layer at a time; ZeRO-2 reduces buckets.
-                largest[p] = std::max(largest[p], c_.zero == 2 && c_.pp == 1
-                                                      ? std::max(n, static_cast<double>(default_bucket_bytes) / 4)
-                                                      : n);
-            }
-            params[p] += chunk_params;
-            saved[p] += here;
-            chunk_saved[p] = std::max(chunk_saved[p], here);
-            if (c_.pp > 1 && c_.zero >= 2) largest[p] = std::max(largest[p], chunk_params);  // ZeroPP: a chunk at once
-        }
-        e.memory.assign(static_cast<std::size_t>(cluster_.size()), 0.0);
-        for (int p = 0; p < c_.pp; ++p) {
-            const auto i = static_cast<std::size_t>(p);
-            const double in_flight = c_.pp > 1 ? pipe.activation_bound * chunk_saved[i] : saved[i];
-            double bytes = static_bytes(b, params[i], c_.zero, c_.dp * c_.sp) + in_flight * samples_ / (c_.tp * c_.sp);
-            if (c_.zero >= 2) bytes += 2 * largest[i] * (b.gradient + (c_.zero >= 3 ? b.value : 0));
-            for (int d = 0; d < c_.dp; ++d)
-                for (int s = 0; s < c_.sp; ++s)
-                    for (int t = 0; t < c_.tp; ++t) e.memory[static_cast<std::size_t>(c_.device(p, d, s, t))] = bytes;
-        }
-        e.peak_memory = 0;
-        e.fits = true;
-        for (int i = 0; i < cluster_.size(); ++i) {
-            const double need = e.memory[static_cast<std::size_t>(i)];
-            if (need > e.peak_memory) {
-                e.peak_memory = need;
-                e.peak_device = i;
-            }
-            if (need > cluster_.device(i).memory) e.fits = false;
-        }
+        DeviceMemory m = device_memory(model_, cluster_, c_, e.partition);
+        e.memory = std::move(m.bytes);
+        e.peak_memory = m.peak;
+        e.peak_device = m.peak_device;
+        e.fits = m.fits;
     }
 
     const ModelDescription& model_;
