@@ -5,7 +5,6 @@
 //   bench_init [--mib N] [--reps R]
 #include <loom/core/rng.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

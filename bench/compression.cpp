@@ -24,7 +24,7 @@
 //    around each rank's ThreadComm, the only communicator the executor has
 //    (its dp axis): what it counts is the gradient exchange plus the step's
 //    loss all-reduce (one f32: 4 bytes of payload, 6 on the wire at dp 4),
-//    which the formulas below include too. payload = the ops' own sizes
+//    which the formulas (compression_formulas.hpp) include too. payload = the ops' own sizes
 //    (all_reduce: the buffer; all_to_all: the send buffer; all_gather: the
 //    receive buffer); wire = what this rank sends under the ring algorithms
 //    (Counted's wire_bytes). Beside it the formula, per bucket g of P_g

@@ -21,10 +21,10 @@ struct Bytes {
     double payload = 0, wire = 0;
 };
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // The compressed words of a block of b values (kernels/host/quantize.hpp, top_k.hpp).
-std::int64_t block_words(const Compression& c, std::int64_t b) {
+inline std::int64_t block_words(const Compression& c, std::int64_t b) {
     switch (c.kind) {
         case CompressorKind::bf16:
         case CompressorKind::fp16: return ceil_div(b, 2);

@@ -151,15 +151,15 @@ std::vector<StepRun> run_round_robin(const BenchConfig& config, int dp, const st
     return runs;
 }
 
-std::vector<StepRun> run_counted(const BenchConfig& config, int dp, const std::vector<Compression>& c,
-                                 std::int64_t bucket, int steps, int warmup) {
+inline std::vector<StepRun> run_counted(const BenchConfig& config, int dp, const std::vector<Compression>& c,
+                                        std::int64_t bucket, int steps, int warmup) {
     using Counted = loom::comm::Counted<ThreadComm>;
     return run_round_robin<Counted>(config, dp, c, bucket, steps, warmup,
                                     [](ThreadComm comm) { return Counted(std::move(comm)); });
 }
 
-std::vector<StepRun> run_shaped(const BenchConfig& config, int dp, const std::vector<Compression>& c,
-                                std::int64_t bucket, int steps, int warmup, double gbit) {
+inline std::vector<StepRun> run_shaped(const BenchConfig& config, int dp, const std::vector<Compression>& c,
+                                       std::int64_t bucket, int steps, int warmup, double gbit) {
     using Shaped = loom::comm::Shaped<ThreadComm>;
     const loom::comm::Links links(dp, loom::comm::Link::gbit(gbit, latency_s));
     return run_round_robin<Shaped>(config, dp, c, bucket, steps, warmup,

@@ -1,8 +1,9 @@
-// What the GPT training benchmarks (bench_data_parallel, bench_compression)
-// share, so that their rows describe the same runs: configs A and B of the
-// GPT benchmark (bench/train_gpt.cpp, bench/data_parallel_torch.py) with
-// their sequences per rank, the cores this process may use (its affinity mask, not the machine's count),
-// and how much of the machine other processes took while they measured.
+// What the GPT training benchmarks (bench/train_gpt.cpp, bench_data_parallel,
+// bench_compression; bench/data_parallel_torch.py mirrors it) share, so that
+// their rows describe the same runs: configs A and B with their sequences per
+// rank, the cores this process may use (its affinity mask, not the machine's
+// count), and how much of the machine other processes took while they
+// measured. The median they report: timing.hpp.
 #pragma once
 
 #include <sched.h>

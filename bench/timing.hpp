@@ -1,8 +1,8 @@
 // How the CPU benchmarks time a piece of work: the median of several
-// repetitions (machines here are noisy; every benchmark reports this one
-// median), with an untimed step before each (restoring an input the work
-// changes in place), and a compiler barrier that keeps timed stores from
-// being optimised away.
+// repetitions (machines here are noisy; every CPU benchmark reports this one
+// median, bench/gpu keeps its own), with an untimed step before each
+// (restoring an input the work changes in place), and a compiler barrier that
+// keeps timed stores from being optimised away.
 #pragma once
 
 #include <algorithm>

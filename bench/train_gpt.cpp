@@ -11,11 +11,9 @@
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <string>
 #include <string_view>
 #include <vector>

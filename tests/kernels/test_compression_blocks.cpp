@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@ using namespace loom_test;
 
 }  // namespace
 
-// --- 2. int8 ------------------------------------------------------------------
+// --- int8 ------------------------------------------------------------------
 
 TEST_CASE("pack_int8 stays within half a step of every value, block by block", "[compress]") {
     std::mt19937 rng(12345);
@@ -33,7 +34,7 @@ TEST_CASE("pack_int8 stays within half a step of every value, block by block", "
                 CAPTURE(scale_of_data, block, n);
                 // Half plain normals, half values spread over six decades, so
                 // small values share blocks with large ones.
-                auto x = normals(rng, n, scale_of_data);
+                auto x = normal_values(n, rng, 0.0f, scale_of_data);
                 const auto spread = spread_normals(rng, n, scale_of_data * 1e-3f, scale_of_data * 1e3f);
                 for (std::size_t i = 0; i < n; i += 2) x[i] = spread[i];
                 const auto len = static_cast<std::int64_t>(n);
@@ -160,7 +161,7 @@ TEST_CASE("pack_int8: an Inf keeps its block non-finite and its sign; other bloc
     CHECK_FALSE((std::isinf(out[5]) && out[5] > 0));
 }
 
-// --- 3. one-bit signs -------------------------------------------------------------
+// --- one-bit signs -------------------------------------------------------------
 
 TEST_CASE("pack_signs: sign times the block's mean |x|, the least-squares scale", "[compress]") {
     std::mt19937 rng(99);

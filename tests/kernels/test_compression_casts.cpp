@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@ using namespace loom_test;
 
 }  // namespace
 
-// --- 1. casts ---------------------------------------------------------------
+// --- casts ---------------------------------------------------------------
 
 TEST_CASE("pack_cast rounds to nearest even, bit for bit as the scalar bf16 and f16", "[compress]") {
     std::mt19937 rng(20240611);
@@ -200,7 +201,7 @@ TEST_CASE("pack_cast residual may alias x; unpack_cast weights and accumulates",
 
         // out = weight * decoded, then out += weight * decoded.
         const float weight = 0.375f;
-        std::vector<float> base = normals(rng, x.size());
+        std::vector<float> base = normal_values(x.size(), rng);
         auto out = base;
         host::unpack_cast(cast, words.data(), n, out.data(), weight, true);
         std::vector<float> written(x.size(), 99.0f);

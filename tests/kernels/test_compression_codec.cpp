@@ -27,7 +27,7 @@ using namespace loom_test;
 
 }  // namespace
 
-// --- 6. error feedback ---------------------------------------------------------------------
+// --- error feedback ---------------------------------------------------------------------
 
 TEST_CASE("error feedback loses nothing: sent + residual == sum of the gradients", "[compress]") {
     constexpr std::size_t n = 1000;
@@ -50,7 +50,7 @@ TEST_CASE("error feedback loses nothing: sent + residual == sum of the gradients
             std::vector<std::uint32_t> words(static_cast<std::size_t>(codec.words(n)));
             std::vector<float> sent(n);
             for (int t = 0; t < steps; ++t) {
-                const auto g = normals(rng, n, t % 3 == 0 ? 10.0f : 1.0f);
+                const auto g = normal_values(n, rng, 0.0f, t % 3 == 0 ? 10.0f : 1.0f);
                 for (std::size_t i = 0; i < n; ++i) {
                     sum_g[i] += g[i];
                     sum_abs[i] += std::fabs(g[i]);
@@ -78,7 +78,7 @@ TEST_CASE("error feedback loses nothing: sent + residual == sum of the gradients
     }
 }
 
-// --- 7. ChunkCodec -------------------------------------------------------------------------
+// --- ChunkCodec -------------------------------------------------------------------------
 
 TEST_CASE("ChunkCodec: word counts and round trips for every chunk compressor", "[compress]") {
     const std::vector<loom::Compression> compressors{
@@ -105,7 +105,7 @@ TEST_CASE("ChunkCodec: word counts and round trips for every chunk compressor", 
             }
             CHECK(codec.words(n) == expected_words);
 
-            const auto x = normals(rng, static_cast<std::size_t>(n));
+            const auto x = normal_values(static_cast<std::size_t>(n), rng);
             auto words = words_with_sentinel(codec.words(n));
             std::vector<float> residual(x.size(), 6.0f);
             codec.pack(x.data(), n, words.data(), residual.data());
@@ -186,7 +186,7 @@ TEST_CASE("ChunkCodec refuses PowerSGD, no compression and invalid settings", "[
           "PowerSGD: rank 0 must be at least 1 (1 to 4 is typical)");
 }
 
-// --- 8. parsing and printing ---------------------------------------------------------------
+// --- parsing and printing ---------------------------------------------------------------
 
 TEST_CASE("parse_compression reads train_gpt's --compress spellings", "[compress]") {
     using K = loom::CompressorKind;

@@ -23,7 +23,7 @@ using namespace loom_test;
 
 }  // namespace
 
-// --- 4. top-k -----------------------------------------------------------------------
+// --- top-k -----------------------------------------------------------------------
 
 TEST_CASE("pack_top_k keeps exactly the k largest magnitudes, ties to the lower index", "[compress]") {
     std::mt19937 rng(4242);
@@ -32,7 +32,7 @@ TEST_CASE("pack_top_k keeps exactly the k largest magnitudes, ties to the lower 
     for (int trial = 0; trial < 6; ++trial) {
         const std::size_t n = trial % 2 == 0 ? 1000 : 257;
         std::vector<float> x;
-        if (trial < 2) x = normals(rng, n);
+        if (trial < 2) x = normal_values(n, rng);
         else if (trial < 4) {  // few distinct magnitudes: many ties
             for (std::size_t i = 0; i < n; ++i) x.push_back(static_cast<float>(small(rng)) * 0.25f);
         } else {  // ties, signed zeros and a few NaN and Inf
@@ -173,12 +173,12 @@ TEST_CASE("top_k_count is ceil(ratio * n) clamped to [1, n]; other ratios are re
                Catch::Contains("outside (0, 1]"));
 }
 
-// --- 5. Gram-Schmidt ------------------------------------------------------------------
+// --- Gram-Schmidt ------------------------------------------------------------------
 
 TEST_CASE("orthonormalize_columns: orthonormal, same span, finite for rank-deficient input", "[compress]") {
     constexpr std::int64_t rows = 50, cols = 4;
     std::mt19937 rng(31337);
-    const auto a = normals(rng, rows * cols);
+    const auto a = normal_values(rows * cols, rng);
     auto p = a;
     host::orthonormalize_columns(p.data(), rows, cols);
     const auto at = [](const std::vector<float>& m, std::int64_t r, std::int64_t c) {
@@ -255,7 +255,7 @@ TEST_CASE("orthonormalize_columns: a dependent column comes out orthogonal to th
     // 50 x 4 with column 1 a copy of column 0: all four columns orthogonal.
     constexpr std::int64_t rows = 50, cols = 4;
     std::mt19937 rng(31337);
-    auto d = normals(rng, rows * cols);
+    auto d = normal_values(rows * cols, rng);
     for (std::int64_t r = 0; r < rows; ++r)
         d[static_cast<std::size_t>(r * cols + 1)] = d[static_cast<std::size_t>(r * cols)];
     host::orthonormalize_columns(d.data(), rows, cols);

@@ -1,7 +1,9 @@
 // Values for the host compression tests (tests/kernels/test_compression_*.cpp):
-// random normals over one scale or many decades, word buffers ending in a
+// random normals whose scale spans many decades, word buffers ending in a
 // sentinel that an encoding must not touch, the scalar 16-bit round trip the
-// packed casts must agree with, and the reference top-k. Test code only.
+// packed casts must agree with (and its name), powers of two, and the
+// reference top-k. With it come comparisons.hpp's bits_of, from_bits and
+// normal_values, which these tests use too. Test code only.
 #pragma once
 
 #include <algorithm>
@@ -41,13 +43,6 @@ inline std::vector<float> spread_normals(std::mt19937& rng, std::size_t n, float
     std::uniform_real_distribution<float> exponent(std::log(lo), std::log(hi));
     std::vector<float> x(n);
     for (auto& v : x) v = normal(rng) * std::exp(exponent(rng));
-    return x;
-}
-
-inline std::vector<float> normals(std::mt19937& rng, std::size_t n, float sigma = 1.0f) {
-    std::normal_distribution<float> normal(0.0f, sigma);
-    std::vector<float> x(n);
-    for (auto& v : x) v = normal(rng);
     return x;
 }
 
