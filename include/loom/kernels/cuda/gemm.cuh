@@ -70,6 +70,7 @@
 #include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cuda/launch.cuh"
+#include "loom/kernels/gemm_arguments.hpp"
 #include "loom/kernels/trans.hpp"
 
 namespace loom::kernels::cuda {
@@ -81,23 +82,9 @@ inline constexpr std::size_t default_gemm_workspace_bytes = std::size_t{32} << 2
 
 namespace detail {
 
-[[nodiscard]] inline const char* trans_name(Trans t) { return t == Trans::yes ? "yes" : "no"; }
-
-// The host's argument checks, word for word (the tests compare messages).
-inline void check_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
-                                 std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
-    LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: sizes M = ", M, ", N = ", N, ", K = ", K, " must all be >= 0");
-    const std::int64_t a_cols = ta == Trans::no ? K : M;
-    const std::int64_t b_cols = tb == Trans::no ? N : K;
-    LOOM_CHECK(lda >= std::max<std::int64_t>(1, a_cols), "gemm: lda = ", lda, " is shorter than a stored row of A (",
-               a_cols, " columns with ta = ", trans_name(ta), ", M = ", M, ", K = ", K, "); pass lda >= ",
-               std::max<std::int64_t>(1, a_cols));
-    LOOM_CHECK(ldb >= std::max<std::int64_t>(1, b_cols), "gemm: ldb = ", ldb, " is shorter than a stored row of B (",
-               b_cols, " columns with tb = ", trans_name(tb), ", K = ", K, ", N = ", N, "); pass ldb >= ",
-               std::max<std::int64_t>(1, b_cols));
-    LOOM_CHECK(ldc >= std::max<std::int64_t>(1, N), "gemm: ldc = ", ldc, " is shorter than a row of C (N = ", N,
-               "); pass ldc >= ", std::max<std::int64_t>(1, N));
-}
+// The host's argument checks and their messages (kernels/gemm_arguments.hpp).
+using kernels::check_gemm_arguments;
+using kernels::trans_name;
 
 [[nodiscard]] __host__ __device__ inline float gemm_load(float x) { return x; }
 [[nodiscard]] __host__ __device__ inline float gemm_load(bf16 x) { return to_float(x); }

@@ -16,6 +16,7 @@
 
 #include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
+#include "loom/kernels/gemm_arguments.hpp"
 #include "loom/kernels/trans.hpp"
 
 // OpenBLAS's cblas.h includes openblas_config.h, which defines OPENBLAS_VERSION
@@ -39,28 +40,17 @@ using kernels::Trans;  // op(X) = X or X^T, as stored row-major (kernels/trans.h
 
 namespace detail {
 
-[[nodiscard]] inline const char* trans_name(Trans t) { return t == Trans::yes ? "yes" : "no"; }
-
 // CBLAS takes int sizes (LP64 builds); larger ones would wrap silently.
 inline void check_blas_int(const char* what, std::int64_t value) {
     LOOM_CHECK(value <= INT_MAX, "gemm: ", what, " = ", value, " exceeds the BLAS's int range (at most ", INT_MAX,
                "); split the product");
 }
 
-// The argument checks every GEMM entry point makes, with its messages.
+// The argument checks every GEMM entry point makes (kernels/gemm_arguments.hpp,
+// the CUDA GEMM's too), then the BLAS's int range.
 inline void check_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda,
                                  std::int64_t ldb, std::int64_t ldc) {
-    LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: sizes M = ", M, ", N = ", N, ", K = ", K, " must all be >= 0");
-    const std::int64_t a_cols = ta == Trans::no ? K : M;
-    const std::int64_t b_cols = tb == Trans::no ? N : K;
-    LOOM_CHECK(lda >= std::max<std::int64_t>(1, a_cols), "gemm: lda = ", lda, " is shorter than a stored row of A (",
-               a_cols, " columns with ta = ", trans_name(ta), ", M = ", M, ", K = ", K, "); pass lda >= ",
-               std::max<std::int64_t>(1, a_cols));
-    LOOM_CHECK(ldb >= std::max<std::int64_t>(1, b_cols), "gemm: ldb = ", ldb, " is shorter than a stored row of B (",
-               b_cols, " columns with tb = ", trans_name(tb), ", K = ", K, ", N = ", N, "); pass ldb >= ",
-               std::max<std::int64_t>(1, b_cols));
-    LOOM_CHECK(ldc >= std::max<std::int64_t>(1, N), "gemm: ldc = ", ldc, " is shorter than a row of C (N = ", N,
-               "); pass ldc >= ", std::max<std::int64_t>(1, N));
+    kernels::check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     check_blas_int("M", M);
     check_blas_int("N", N);
     check_blas_int("K", K);
