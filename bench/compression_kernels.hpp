@@ -50,8 +50,8 @@ inline void fill_gradient(std::vector<float>& x, std::uint64_t seed) {
 }
 
 inline KernelRow chunk_codec_row(const Compression& c, const std::string& spelling, std::vector<float>& x,
-                          const std::vector<float>& pristine, std::vector<float>& out, std::int64_t chunk, int N,
-                          int reps) {
+                                 const std::vector<float>& pristine, std::vector<float>& out, std::int64_t chunk, int N,
+                                 int reps) {
     loom::exec::ChunkCodec codec(c);
     const auto n = static_cast<std::int64_t>(x.size());
     const std::int64_t chunks = n / chunk, words = codec.words(chunk);
@@ -83,8 +83,8 @@ inline KernelRow chunk_codec_row(const Compression& c, const std::string& spelli
 }
 
 // PowerSGD: every bucket's start + finish over the GPT's gradient on a 1-rank world.
-inline KernelRow power_sgd_buckets_row(const Compression& c, const std::string& spelling, const BenchConfig& config, int N,
-                                std::int64_t bucket, int reps, std::int64_t& elements) {
+inline KernelRow power_sgd_buckets_row(const Compression& c, const std::string& spelling, const BenchConfig& config,
+                                       int N, std::int64_t bucket, int reps, std::int64_t& elements) {
     KernelRow row{spelling + " GPT buckets (start + finish, 1 rank)"};
     loom::comm::ThreadWorld(1).run([&](ThreadComm& comm) {
         auto model = loom::gpt::make_model(config.model);
@@ -119,7 +119,7 @@ inline KernelRow power_sgd_buckets_row(const Compression& c, const std::string& 
 
 // PowerSGD's kernels alone on one rows x cols matrix (no communication).
 inline KernelRow power_sgd_kernels_row(int rank, std::vector<float>& m, const std::vector<float>& pristine,
-                                std::vector<float>& approx, std::int64_t rows, std::int64_t cols, int reps) {
+                                       std::vector<float>& approx, std::int64_t rows, std::int64_t cols, int reps) {
     namespace k = loom::kernels::host;
     std::vector<float> p(static_cast<std::size_t>(rows * rank)), q(static_cast<std::size_t>(cols * rank));
     const loom::RngStream rng{loom::exec::power_sgd_seed, 0};
@@ -135,7 +135,8 @@ inline KernelRow power_sgd_kernels_row(int rank, std::vector<float>& m, const st
                     q.data(), rank);
             k::gemm(k::Trans::no, k::Trans::yes, rows, cols, rank, 1.0f, p.data(), rank, q.data(), rank, 0.0f,
                     approx.data(), cols);
-            for (std::int64_t i = 0; i < rows * cols; ++i) m[static_cast<std::size_t>(i)] -= approx[static_cast<std::size_t>(i)];
+            for (std::int64_t i = 0; i < rows * cols; ++i)
+                m[static_cast<std::size_t>(i)] -= approx[static_cast<std::size_t>(i)];
             keep_memory(m.data());
         },
         [&] {

@@ -18,9 +18,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace bench::pipeline_runs {
@@ -65,9 +67,10 @@ struct RankRun {
 // Interprets one rank's program: a compute sleeps its time, a send posts the
 // rank's outgoing buffer, a recv blocks until its message is copied in, a
 // wait finishes its send. Time starts at `start`, which every rank shares.
-inline void run_rank(ThreadComm& comm, const loom::schedule::StepProgram& program, const loom::schedule::StageTimes& times,
-              int micro_batches, Clock::time_point start, std::vector<float>& outgoing, std::vector<float>& incoming,
-              std::vector<Request>& requests, RankRun& out) {
+inline void run_rank(ThreadComm& comm, const loom::schedule::StepProgram& program,
+                     const loom::schedule::StageTimes& times, int micro_batches, Clock::time_point start,
+                     std::vector<float>& outgoing, std::vector<float>& incoming, std::vector<Request>& requests,
+                     RankRun& out) {
     const loom::Tensor send_buffer = loom::Tensor::of(outgoing.data(), {message_floats});
     const loom::Tensor recv_buffer = loom::Tensor::of(incoming.data(), {message_floats});
     requests.resize(program.code.size());
@@ -115,7 +118,7 @@ inline void run_rank(ThreadComm& comm, const loom::schedule::StepProgram& progra
 // A rank's spans as trace events named as the simulator names its own
 // ("F c2 mb3", "recv activation c2 mb3"): computes on lane 0, recvs on lane 1.
 inline std::vector<loom::exec::TraceEvent> trace_events(const loom::schedule::StepProgram& program,
-                                                 const std::vector<Span>& spans) {
+                                                        const std::vector<Span>& spans) {
     std::vector<loom::exec::TraceEvent> events;
     for (const Span& span : spans) {
         const auto& in = program.code[span.index];
@@ -202,7 +205,7 @@ struct Repetition {
 // Runs each program `reps` times after one warm-up on ThreadWorld(p), the
 // schedules' repetitions interleaved. Returns [program][repetition].
 inline std::vector<std::vector<Repetition>> measure(const std::vector<PipelineProgram>& programs, int p, int reps,
-                                             double stage_ms, bool realtime) {
+                                                    double stage_ms, bool realtime) {
     const std::size_t runs_total = programs.size() * static_cast<std::size_t>(reps + 1);
     std::vector<Clock::time_point> starts(runs_total);
     std::vector<std::vector<RankRun>> ranks(runs_total, std::vector<RankRun>(static_cast<std::size_t>(p)));

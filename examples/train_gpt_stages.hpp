@@ -1,7 +1,7 @@
 // train_gpt's pipeline stages: how many of the GPT's units each virtual
-// stage runs (given by --partition, or balanced over unit times measured by
-// a short profiling pass on world rank 0 and sent to all), and a line that
-// says who runs what. Included by train_gpt.cpp inside its anonymous
+// stage runs (given by --partition; split evenly for --schedule interleaved;
+// else balanced over unit times measured by a short profiling pass on world
+// rank 0 and sent to all), and a line that says who runs what. Included by train_gpt.cpp inside its anonymous
 // namespace, after train_gpt_flags.hpp.
 #pragma once
 
@@ -9,7 +9,7 @@
 // head, loss; stages split the blocks, the first stage also runs embed and
 // the last ln_f, head and loss. Without --partition the blocks are balanced
 // over the measured unit times, embed's time counted with the first block and
-// the final layers' with the last.
+// the final layers' with the last (interleaving splits them evenly instead).
 inline std::vector<int> gpt_partition(const Flags& flags, const std::vector<double>& unit_seconds) {
     const auto layers = static_cast<int>(flags.model.layers);
     const int stages = flags.pp * flags.chunks_per_rank();

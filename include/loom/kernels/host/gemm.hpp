@@ -47,9 +47,10 @@ inline void check_blas_int(const char* what, std::int64_t value) {
 }
 
 // The argument checks every GEMM entry point makes (kernels/gemm_arguments.hpp,
-// the CUDA GEMM's too), then the BLAS's int range.
-inline void check_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, std::int64_t lda,
-                                 std::int64_t ldb, std::int64_t ldc) {
+// the CUDA GEMM's too), then the BLAS's int range. (Its own name: an
+// unqualified check_gemm_arguments would also find the shared one through Trans.)
+inline void check_blas_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                                      std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
     kernels::check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     check_blas_int("M", M);
     check_blas_int("N", N);
@@ -82,7 +83,7 @@ inline void check_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::int64_
 // specifies; K = 0 scales C by beta.
 inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
                  std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-    detail::check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
+    detail::check_blas_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return;  // nothing to write; some BLAS builds reject the call outright
     cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
                 tb == Trans::yes ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
@@ -98,7 +99,7 @@ inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_
 inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                              const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
                              std::int64_t ldc) {
-    detail::check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
+    detail::check_blas_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return;
     const std::int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
     const std::int64_t b_rows = tb == Trans::no ? K : N, b_cols = tb == Trans::no ? N : K;
