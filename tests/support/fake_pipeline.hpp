@@ -1,5 +1,6 @@
 // The fixture of the pipeline step-program tests (tests/parallel/
-// test_pipeline_step.cpp, test_pipeline_verifier.cpp, test_shard_layout_segments.cpp): ten fake units (names and sizes only: the
+// test_pipeline_step.cpp, test_pipeline_step_verifier.cpp and
+// test_shard_layout_segments.cpp): ten fake units (names and sizes only: the
 // layout and the program generators read nothing else), one of them without
 // parameters,
 //   numel  520 130 0 260 70 400 90 33 180 64   (1747 in all),
