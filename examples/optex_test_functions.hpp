@@ -1,7 +1,8 @@
 // optex_synthetic's test functions, those of the OptEx paper's Figure 2
 // (arXiv 2402.11427): Sphere, Ackley, Rosenbrock and Levy in d dimensions,
 // each with its gradient. Included by optex_synthetic.cpp inside its
-// anonymous namespace.
+// anonymous namespace, after the standard headers it uses (<cmath>,
+// <numbers>, <span>, <string_view>, <vector>).
 #pragma once
 
 inline constexpr double pi = std::numbers::pi;
@@ -30,7 +31,7 @@ inline double sphere_gradient(std::span<const float> x, std::span<float> grad) {
 
 // Ackley with a = 20, b = 0.2, c = 2 pi:
 //   f = -a exp(-b sqrt(mean x^2)) - exp(mean cos(c x)) + a + e.
-constexpr double ackley_a = 20, ackley_b = 0.2, ackley_c = 2 * pi;
+inline constexpr double ackley_a = 20, ackley_b = 0.2, ackley_c = 2 * pi;
 struct AckleyMeans {
     double root_mean_square, mean_cos;
 };

@@ -8,9 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "support/attention_block_tensors.hpp"
-#include "support/message_of.hpp"
 
-#include <loom/core/error.hpp>
 #include <loom/kernels/host/attention.hpp>
 #include <loom/kernels/host/attention_bf16.hpp>
 #include <loom/kernels/host/attention_blocks.hpp>

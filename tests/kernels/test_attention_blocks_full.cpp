@@ -1,19 +1,16 @@
-// Ring-attention block kernels (kernels/host/attention_blocks.hpp) without a
-// mask: blocks of unequal sizes with padded strides against a
+// Ring-attention block kernels (kernels/host/attention_blocks.hpp): blocks
+// without a mask, of unequal sizes with padded strides, against a
 // double-precision softmax; the merge's symmetry, its start from -infinity
-// and its stability far apart; and every refusal's one line. The causal
-// ring: test_attention_blocks.cpp.
+// and its stability far apart; and every refusal's one line, for both masks
+// and the bf16 forms. The causal ring: test_attention_blocks.cpp.
 #include <catch2/catch.hpp>
 
 #include "support/attention_block_tensors.hpp"
 #include "support/message_of.hpp"
 
 #include <loom/core/error.hpp>
-#include <loom/kernels/host/attention.hpp>
-#include <loom/kernels/host/attention_bf16.hpp>
 #include <loom/kernels/host/attention_blocks.hpp>
 #include <loom/kernels/host/attention_blocks_bf16.hpp>
-#include <loom/kernels/matmul_precision.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -30,7 +27,6 @@ namespace {
 
 namespace host = loom::kernels::host;
 using host::BlockMask;
-using loom::kernels::MatmulPrecision;
 using namespace loom_test::attention_blocks;
 
 // ----- non-causal: padded strides, unequal chunks, a double reference ----------------------

@@ -4,8 +4,9 @@
 // barrier orders shows (as NaN from the NaN-filled shared memory, dynamic
 // and static) instead of passing by luck, and that its tensor-core
 // operations (ldmatrix, mma.sync, wmma stores) lay fragments out as the GPU
-// does. What stops a simulated process: test_warp_simulator_stops.cpp. The
-// simulated kernel tests are only as good as these.
+// does. What stops a simulated process, and the turn orders:
+// test_warp_simulator_stops.cpp. The simulated kernel tests are only as good
+// as these.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

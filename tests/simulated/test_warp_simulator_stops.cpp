@@ -3,8 +3,9 @@
 // warp-wide load of shared memory that no barrier of its warp ordered (its
 // lanes' writes with only a shuffle between, another warp's with only a
 // __syncwarp), two warps writing one byte between two __syncthreads, and a
-// thread overflowing its stack (its guard page); and that each turn order
-// runs the warps as it says, and lets what is ordered run to its end.
+// thread overflowing its stack (its guard page); each lets what is ordered
+// run to its end. Also here, in this process: that each turn order runs the
+// warps as it says (the orders these stops depend on).
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>

@@ -1,7 +1,8 @@
 // Tensors for the host block-kernel tests (tests/kernels/test_attention_blocks*.cpp):
 // seeded normal values, errors at a tensor's scale (the largest, and the
 // mean), and copies of row ranges between a whole sequence's tensor and a
-// chunk's (cut, copy_rows). Test code only, all inline.
+// chunk's (cut, copy_rows over Rows), with the NaN and -infinity they fill
+// with and I, their index type. Test code only, all inline.
 #pragma once
 
 #include <catch2/catch.hpp>
