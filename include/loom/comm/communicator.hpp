@@ -180,6 +180,7 @@ private:
 //   all_to_all(send, recv)       both size() * k; block j of rank i -> block i of rank j
 //   broadcast(buffer, root)      root's buffer to everyone
 //   send / recv(buffer, peer, tag)  point to point, matched in order per (peer, tag)
+//                                   (Nccl: in posting order per peer, whatever the tag)
 // split(color, key) returns the communicator of the ranks with the same color,
 // ordered by (key, rank); every rank of the parent must call it.
 template <class C>

@@ -172,18 +172,20 @@ public:
     // Issues the queued sends and recvs as one NCCL group, so an exchange
     // (send to one peer, receive from another) progresses concurrently instead
     // of deadlocking on a stream. NCCL has no tags: it pairs each direction's
-    // messages in issue order. Ordering the batch by (peer, tag, posting
-    // order) on both sides makes that pairing per (peer, tag), provided both
-    // sides post the matching calls between the same synchronising points.
+    // messages in issue order, so the calls go out in the order they were
+    // posted, and a sender's messages to a peer meet that peer's receives in
+    // the order it posts them. (Sorting a batch by tag, as this did before it
+    // ever ran, reordered a pipeline stage's header, body, header, body into
+    // headers first whenever one batch held two messages: the receiver posts
+    // them one by one.) The tag is not matched: a program whose two ranks post
+    // one link's messages in different orders cannot run here (ZB-V's; see
+    // docs/cuda.md).
     void flush_p2p() {
         if (batch_.empty()) return;
         std::vector<NcclP2p> calls = std::move(batch_);
         batch_.clear();
         const std::shared_ptr<NcclCompletion> done = std::move(batch_done_);
         batch_done_.reset();
-        std::stable_sort(calls.begin(), calls.end(), [](const NcclP2p& a, const NcclP2p& b) {
-            return std::pair(a.peer, a.tag) < std::pair(b.peer, b.tag);
-        });
         loom::detail::CudaDeviceScope scope(device_);
         group([&] {
             for (const NcclP2p& call : calls) {
