@@ -227,11 +227,13 @@ public:
 
     // ncclCommSplit: every rank calls it; ranks with the same color form the
     // new communicator, ordered by (key, rank). It shares this one's stream
-    // and options, so work on the two stays in program order.
+    // and options, so work on the two stays in program order. Everything
+    // issued on the parent finishes first (within the timeout): NCCL says a
+    // split with operations outstanding on the communicator may deadlock.
     [[nodiscard]] Nccl split(int color, int key) {
         LOOM_CHECK(color >= 0, "split: color ", color, " is negative; use a color >= 0 (every rank joins one group)");
         t_->check_usable();
-        t_->flush_p2p();
+        t_->synchronize("split");
         loom::detail::CudaDeviceScope scope(t_->device());
         ncclComm_t child = nullptr;
         LOOM_NCCL_CHECK(ncclCommSplit(t_->comm(), color, key, &child, nullptr));

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -122,8 +123,10 @@ public:
         if (switched) cudaSetDevice(device_);
         // NCCL frees memory its kernels may still use: let the stream drain
         // first, within the timeout, and abort rather than hang when it won't.
+        // While an exception unwinds, abort too: ncclCommDestroy is collective
+        // within a node, and the other ranks may never reach theirs.
         if (comm_ != nullptr) {
-            if (drained())
+            if (std::uncaught_exceptions() == 0 && drained())
                 ncclCommDestroy(comm_);
             else
                 ncclCommAbort(comm_);
