@@ -158,14 +158,15 @@ public:
         if (send.empty()) return;
         loom::detail::CudaDeviceScope scope(t_->device());
         // Bytes: data movement does not depend on the element type.
-        LOOM_NCCL_CHECK(ncclAllGather(send.raw(), recv.raw(), send.nbytes(), ncclInt8, t_->comm(), t_->stream()));
+        t_->check(ncclAllGather(send.raw(), recv.raw(), send.nbytes(), ncclInt8, t_->comm(), t_->stream()),
+                  "ncclAllGather");
     }
     void broadcast(const Tensor& buffer, int root) {
         begin(check().broadcast(buffer, root), buffer, buffer);
         if (buffer.empty()) return;
         loom::detail::CudaDeviceScope scope(t_->device());
-        LOOM_NCCL_CHECK(ncclBroadcast(buffer.raw(), buffer.raw(), buffer.nbytes(), ncclInt8, root, t_->comm(),
-                                      t_->stream()));
+        t_->check(ncclBroadcast(buffer.raw(), buffer.raw(), buffer.nbytes(), ncclInt8, root, t_->comm(), t_->stream()),
+                  "ncclBroadcast");
     }
     void all_to_all(const Tensor& send, const Tensor& recv) {
         begin(check().all_to_all(send, recv), send, recv);
@@ -187,7 +188,7 @@ public:
         {
             loom::detail::CudaDeviceScope scope(t_->device());
             std::int64_t* word = t_->words();
-            LOOM_NCCL_CHECK(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, t_->comm(), t_->stream()));
+            t_->check(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, t_->comm(), t_->stream()), "ncclAllReduce");
         }
         t_->synchronize("barrier");
     }
@@ -236,7 +237,7 @@ public:
         t_->synchronize("split");
         loom::detail::CudaDeviceScope scope(t_->device());
         ncclComm_t child = nullptr;
-        LOOM_NCCL_CHECK(ncclCommSplit(t_->comm(), color, key, &child, nullptr));
+        t_->check(ncclCommSplit(t_->comm(), color, key, &child, nullptr), "ncclCommSplit");
         LOOM_CHECK(child != nullptr, "split: NCCL returned no communicator for color ", color, " on ", t_->where());
         return Nccl(std::make_shared<detail::NcclTransport>(child, t_->device(), t_->shared_stream(), t_->options()));
     }
@@ -305,9 +306,9 @@ private:
     void nccl_reduce(const void* in, void* out, std::int64_t n, ncclDataType_t type, ncclRedOp_t op, bool scatter) {
         const auto count = static_cast<std::size_t>(n);
         if (scatter)
-            LOOM_NCCL_CHECK(ncclReduceScatter(in, out, count, type, op, t_->comm(), t_->stream()));
+            t_->check(ncclReduceScatter(in, out, count, type, op, t_->comm(), t_->stream()), "ncclReduceScatter");
         else
-            LOOM_NCCL_CHECK(ncclAllReduce(in, out, count, type, op, t_->comm(), t_->stream()));
+            t_->check(ncclAllReduce(in, out, count, type, op, t_->comm(), t_->stream()), "ncclAllReduce");
     }
 
     // all_to_all as one group of sends and recvs, one block per peer. In
@@ -330,8 +331,8 @@ private:
             for (int peer = 0; peer < size(); ++peer) {
                 if (peer == rank()) continue;
                 const std::size_t at = static_cast<std::size_t>(peer) * block;
-                LOOM_NCCL_CHECK(ncclSend(from + at, block, ncclInt8, peer, t_->comm(), stream));
-                LOOM_NCCL_CHECK(ncclRecv(to + at, block, ncclInt8, peer, t_->comm(), stream));
+                t_->check(ncclSend(from + at, block, ncclInt8, peer, t_->comm(), stream), "ncclSend");
+                t_->check(ncclRecv(to + at, block, ncclInt8, peer, t_->comm(), stream), "ncclRecv");
             }
         });
     }

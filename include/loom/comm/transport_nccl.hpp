@@ -196,9 +196,9 @@ public:
                 const std::size_t bytes = call.buffer.nbytes();
                 if (bytes == 0) continue;  // both sides skip empty messages, so the pairing holds
                 if (call.kind == OpKind::send)
-                    LOOM_NCCL_CHECK(ncclSend(data, bytes, ncclInt8, call.peer, comm_, stream()));
+                    check(ncclSend(data, bytes, ncclInt8, call.peer, comm_, stream()), "ncclSend");
                 else
-                    LOOM_NCCL_CHECK(ncclRecv(data, bytes, ncclInt8, call.peer, comm_, stream()));
+                    check(ncclRecv(data, bytes, ncclInt8, call.peer, comm_, stream()), "ncclRecv");
             }
         });
         record(*done);
@@ -215,7 +215,7 @@ public:
             ncclGroupEnd();
             throw;
         }
-        LOOM_NCCL_CHECK(ncclGroupEnd());
+        check(ncclGroupEnd(), "ncclGroupEnd");  // reports the grouped calls' failures
     }
 
     // A completion for everything enqueued on the stream so far.
@@ -280,6 +280,18 @@ public:
         return static_cast<std::int64_t*>(words_);
     }
 
+    // A call on this communicator. NCCL's error table: after any failure but
+    // an invalid argument the communicator may be broken and must be aborted,
+    // or later calls can hang; so it is aborted, and every later call throws.
+    void check(ncclResult_t code, const char* call,
+               std::source_location location = std::source_location::current()) {
+        if (code == ncclSuccess) [[likely]]
+            return;
+        if (code == ncclInvalidArgument) loom::detail::nccl_failed(code, call, location);
+        abort_and_fail(loom::detail::concat(loom::detail::nccl_failure_text(code, call), " on ", where(),
+                                            "; the NCCL communicator was aborted"));
+    }
+
     [[noreturn]] void abort_and_fail(const std::string& message) {
         if (comm_ != nullptr) ncclCommAbort(comm_);
         comm_ = nullptr;
@@ -328,7 +340,7 @@ private:
         mine[2] = s.root;
         LOOM_CUDA_CHECK(cudaMemcpyAsync(device_words + 3 * rank_, mine, 3 * sizeof(std::int64_t),
                                         cudaMemcpyHostToDevice, stream()));
-        LOOM_NCCL_CHECK(ncclAllGather(device_words + 3 * rank_, device_words, 3, ncclInt64, comm_, stream()));
+        check(ncclAllGather(device_words + 3 * rank_, device_words, 3, ncclInt64, comm_, stream()), "ncclAllGather");
         LOOM_CUDA_CHECK(cudaMemcpyAsync(host_words_, device_words, words_bytes(), cudaMemcpyDeviceToHost, stream()));
         wait(*record(), name(s.kind));
         auto decode = [&](int r) {
