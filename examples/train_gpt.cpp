@@ -315,7 +315,8 @@ int run(int argc, char** argv) {
                 if (flags.pp > 1 && flags.schedule == loom::ScheduleKind::zero_bubble_v)
                     usage_error("--schedule zbv with --device cuda under mpirun: NCCL pairs a link's messages in the "
                                 "order they are sent, and ZB-V's ranks send and receive them in different orders; "
-                                "use --schedule 1f1b, zb or interleaved, or rank threads on one GPU (no mpirun)");
+                                "use --schedule gpipe, 1f1b, zb or interleaved, or rank threads on one GPU "
+                                "(no mpirun)");
                 const std::string transport = device_transport(device, "NCCL processes, one GPU each, rank 0");
                 loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
                 loom::comm::run_process_on(device, host,

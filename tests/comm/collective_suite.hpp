@@ -93,11 +93,16 @@ inline double reference_reduce(DType dtype, ReduceOp op, int ranks, std::int64_t
     throw std::runtime_error(out.str());
 }
 
+// How a transport pairs point-to-point messages: by (peer, tag), in order per
+// tag (rank threads, MPI), or by peer in posting order whatever the tag (Nccl,
+// as NCCL has no tags).
+enum class PointToPoint { by_tag, in_posting_order };
+
 // Every op in every dtype, out of place and in place, with `count` elements per
 // rank block (odd counts, zero). `Comm` is any loom::comm::Communicator on host
 // memory.
 template <class Comm>
-void run_collective_suite(Comm& comm, std::int64_t count) {
+void run_collective_suite(Comm& comm, std::int64_t count, PointToPoint p2p = PointToPoint::by_tag) {
     const int n = comm.size();
     const int me = comm.rank();
     for (DType dtype : loom::all_dtypes) {
@@ -180,9 +185,15 @@ void run_collective_suite(Comm& comm, std::int64_t count) {
             }
             auto s1 = comm.send_async(out_a.tensor(), next, 1);
             auto s2 = comm.send_async(out_b.tensor(), prev, 2);
-            auto r2 = comm.recv_async(in_b.tensor(), next, 2);
-            comm.recv(in_a.tensor(), prev, 1);
-            r2.wait();
+            if (p2p == PointToPoint::by_tag) {  // received in the other order than sent
+                auto r2 = comm.recv_async(in_b.tensor(), next, 2);
+                comm.recv(in_a.tensor(), prev, 1);
+                r2.wait();
+            } else {  // at n = 2 next == prev: received in the order sent
+                auto r1 = comm.recv_async(in_a.tensor(), prev, 1);
+                comm.recv(in_b.tensor(), next, 2);
+                r1.wait();
+            }
             s1.wait();
             s2.wait();
             for (std::int64_t i = 0; i < count; ++i) {

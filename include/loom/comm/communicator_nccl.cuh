@@ -40,14 +40,14 @@ namespace loom::comm {
 // after the operation; until then its buffers belong to NCCL.
 //
 // Point to point. NCCL has no tags and pairs each direction's messages in
-// the order they are issued. Sends and recvs are therefore batched: the ones
-// posted since the last synchronising point (a sync send/recv, a wait or test
-// of one of them, any collective) are issued together as one NCCL group, each
-// peer's messages ordered by tag, then posting order. So messages match per
-// (peer, tag) in order as long as the two sides post matching calls between
-// the same synchronising points, e.g. post every send and recv of an
-// exchange, then wait. A blocking send/recv is issued at once, like
-// MPI_Send it can deadlock if both sides send first.
+// the order they are issued, and so does this communicator: a link's
+// messages match in posting order, whatever their tags (the one departure
+// from the Communicator contract, communicator.hpp). The calls posted since
+// the last synchronising point (a sync send/recv, a wait or test of one of
+// them, any collective) are issued together, in posting order, as one NCCL
+// group, so an exchange (post every send and recv, then wait) progresses
+// without deadlocking on the stream. A blocking send/recv is issued at once;
+// like MPI_Send it can deadlock if both sides send first.
 //
 // Reductions. sum and max of f32, i32 and i64 run in NCCL. bf16 and f16 widen
 // to f32 in scratch memory, NCCL sums the f32 values, and each result is
@@ -331,8 +331,8 @@ private:
             for (int peer = 0; peer < size(); ++peer) {
                 if (peer == rank()) continue;
                 const std::size_t at = static_cast<std::size_t>(peer) * block;
-                t_->check(ncclSend(from + at, block, ncclInt8, peer, t_->comm(), stream), "ncclSend");
-                t_->check(ncclRecv(to + at, block, ncclInt8, peer, t_->comm(), stream), "ncclRecv");
+                LOOM_NCCL_CHECK(ncclSend(from + at, block, ncclInt8, peer, t_->comm(), stream));
+                LOOM_NCCL_CHECK(ncclRecv(to + at, block, ncclInt8, peer, t_->comm(), stream));
             }
         });
     }

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,10 +122,8 @@ public:
         if (switched) cudaSetDevice(device_);
         // NCCL frees memory its kernels may still use: let the stream drain
         // first, within the timeout, and abort rather than hang when it won't.
-        // While an exception unwinds, abort too: ncclCommDestroy is collective
-        // within a node, and the other ranks may never reach theirs.
         if (comm_ != nullptr) {
-            if (std::uncaught_exceptions() == 0 && drained())
+            if (drained())
                 ncclCommDestroy(comm_);
             else
                 ncclCommAbort(comm_);
@@ -196,9 +193,9 @@ public:
                 const std::size_t bytes = call.buffer.nbytes();
                 if (bytes == 0) continue;  // both sides skip empty messages, so the pairing holds
                 if (call.kind == OpKind::send)
-                    check(ncclSend(data, bytes, ncclInt8, call.peer, comm_, stream()), "ncclSend");
+                    LOOM_NCCL_CHECK(ncclSend(data, bytes, ncclInt8, call.peer, comm_, stream()));
                 else
-                    check(ncclRecv(data, bytes, ncclInt8, call.peer, comm_, stream()), "ncclRecv");
+                    LOOM_NCCL_CHECK(ncclRecv(data, bytes, ncclInt8, call.peer, comm_, stream()));
             }
         });
         record(*done);
@@ -206,6 +203,9 @@ public:
 
     // Runs `calls` between ncclGroupStart and ncclGroupEnd; the group is
     // closed even when a call throws, or every later NCCL call would join it.
+    // Calls inside only throw (LOOM_NCCL_CHECK): aborting a communicator with
+    // its group still open is not safe. Their failures reach ncclGroupEnd,
+    // whose check aborts.
     template <class Calls>
     void group(Calls&& calls) {
         LOOM_NCCL_CHECK(ncclGroupStart());
@@ -289,14 +289,16 @@ public:
             return;
         if (code == ncclInvalidArgument) loom::detail::nccl_failed(code, call, location);
         abort_and_fail(loom::detail::concat(loom::detail::nccl_failure_text(code, call), " on ", where(),
-                                            "; the NCCL communicator was aborted"));
+                                            "; the NCCL communicator was aborted"),
+                       location);
     }
 
-    [[noreturn]] void abort_and_fail(const std::string& message) {
+    [[noreturn]] void abort_and_fail(const std::string& message,
+                                     std::source_location location = std::source_location::current()) {
         if (comm_ != nullptr) ncclCommAbort(comm_);
         comm_ = nullptr;
         aborted_ = message;
-        throw Error(message);
+        throw Error(message, location);
     }
 
 private:
