@@ -67,6 +67,23 @@ Message sent(int rank, const Instruction& in) {
 }
 Message received(int rank, const Instruction& in) { return {in.peer, rank, in.payload, in.chunk, in.micro_batch}; }
 
+// Every channel's messages in the order its sender sends them and in the
+// order its receiver receives them: a channel is (sender, receiver, payload),
+// or with by_payload false the whole link (sender, receiver), as NCCL sees it.
+struct Channels {
+    std::map<std::tuple<int, int, int>, std::vector<Message>> sends, recvs;
+};
+Channels channels_of(const PipelineProgram& program, bool by_payload) {
+    Channels out;
+    for (int r = 0; r < program.stages; ++r)
+        for (const Instruction& in : program.ranks[static_cast<std::size_t>(r)].code) {
+            const int payload = by_payload ? static_cast<int>(in.payload) : -1;
+            if (in.op == Op::send) out.sends[{r, in.peer, payload}].push_back(sent(r, in));
+            if (in.op == Op::recv) out.recvs[{in.peer, r, payload}].push_back(received(r, in));
+        }
+    return out;
+}
+
 // The number of forwards rank r runs before its first backward.
 int warmup_of(const PipelineProgram& program, int r) {
     int forwards = 0;
@@ -245,13 +262,8 @@ TEST_CASE("each channel delivers in order: a receiver posts recvs in the order i
     // transport match by arrival order, one queue per (sender, receiver, payload).
     for (const PipelineProgram& program : all_programs()) {
         INFO(what(program));
-        std::map<std::tuple<int, int, Payload>, std::vector<Message>> sends, recvs;
-        for (int r = 0; r < program.stages; ++r)
-            for (const Instruction& in : program.ranks[static_cast<std::size_t>(r)].code) {
-                if (in.op == Op::send) sends[{r, in.peer, in.payload}].push_back(sent(r, in));
-                if (in.op == Op::recv) recvs[{in.peer, r, in.payload}].push_back(received(r, in));
-            }
-        CHECK(sends == recvs);
+        const Channels channels = channels_of(program, /*by_payload=*/true);
+        CHECK(channels.sends == channels.recvs);
     }
 }
 
@@ -266,16 +278,11 @@ TEST_CASE("one link carries its messages in one order on both ranks, except ZB-V
     int zero_bubble_v_differs = 0;
     for (const PipelineProgram& program : all_programs()) {
         INFO(what(program));
-        std::map<std::pair<int, int>, std::vector<Message>> sends, recvs;
-        for (int r = 0; r < program.stages; ++r)
-            for (const Instruction& in : program.ranks[static_cast<std::size_t>(r)].code) {
-                if (in.op == Op::send) sends[{r, in.peer}].push_back(sent(r, in));
-                if (in.op == Op::recv) recvs[{in.peer, r}].push_back(received(r, in));
-            }
+        const Channels links = channels_of(program, /*by_payload=*/false);
         if (program.schedule == "ZB-V")
-            zero_bubble_v_differs += sends != recvs ? 1 : 0;
+            zero_bubble_v_differs += links.sends != links.recvs ? 1 : 0;
         else
-            CHECK(sends == recvs);
+            CHECK(links.sends == links.recvs);
     }
     // Not one program in a few: the refusal is not a precaution.
     CHECK(zero_bubble_v_differs > 100);
