@@ -17,6 +17,10 @@
 #          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py), its
 #          attention on the mma.sync kernels where the tests part passed their
 #          cases, else on wmma (LOOM_GPU_PROFILE_ATTENTION=wmma|mma decides)
+#   sanitize compute-sanitizer's racecheck, synccheck and memcheck on the bf16
+#          attention kernels (wmma and mma.sync) at one small shape: the
+#          shared-memory hazards and barriers that result checks can miss.
+#          One summary line per tool and kernel; the reports go to details.tar.gz
 # Device time is what a lease is short of, so the whole run keeps to
 # LOOM_GPU_BUDGET seconds (default 450): each step gets at most its own cap and
 # what is left, and a step with no time left is skipped, saying so. Give the
@@ -33,7 +37,7 @@ if [ -f .gpu.tar.xz ] && [[ ${LOOM_GPU_PARTS:-} != hostrefs ]]; then
 fi
 [ -d .gpu ] || { echo "gpu_run: no .gpu/ and no .gpu.tar.xz: run scripts/gpu_prepare.sh here first"; exit 2; }
 out=${OUT:-/tmp/loom-gpu}
-parts=${LOOM_GPU_PARTS:-tests,bench,train,profile}
+parts=${LOOM_GPU_PARTS:-tests,bench,train,profile,sanitize}
 budget=${LOOM_GPU_BUDGET:-450}
 started=$(date +%s)
 # cuBLAS and the CUDA runtime from the image: its toolkit, else PyTorch's wheels.
@@ -161,6 +165,29 @@ if [[ $parts == *profile* ]]; then
     python3 scripts/gpu_profile.py "$work/profile_raw.csv" | tee "$out/profile.txt" | head -n 25
   else
     echo "gpu_run: no ncu here; no kernel profile"
+  fi
+fi
+if [[ $parts == *sanitize* ]]; then
+  echo "== compute-sanitizer on the bf16 attention kernels"
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
+  if [ -n "$sanitizer" ]; then
+    # The determinism cases: one small shape (B 2, T 130, H 3, D 64), forward and backward, three times.
+    for label in wmma mma; do
+      on=""
+      [ $label = mma ] && on="on mma.sync "
+      spec="CUDA bf16 attention ${on}is deterministic and runs on the caller's stream"
+      for tool in racecheck synccheck memcheck; do
+        report="$work/sanitize_${tool}_${label}.txt"
+        capped 60 "$sanitizer" --tool "$tool" --error-exitcode 3 .gpu/bin/loom_cuda_tests "$spec" > "$report" 2>&1
+        code=$?
+        ((code == 0)) || status=1
+        echo "$tool $label (exit $code): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test case' "$report" \
+          | tr '\n' ' ' | cut -c1-200)"
+      done
+    done
+  else
+    echo "gpu_run: no compute-sanitizer here"
   fi
 fi
 echo "gpu_run: $(($(date +%s) - started)) s of the ${budget} s budget"
