@@ -163,10 +163,11 @@ void bench_elementwise(const Options& o) {
     report("cast_bf16", 6.0 * n, median_seconds(o, [&] { device::pack_cast(device::Cast::bf16, x.p, n, words.p); }));
 }
 
-// The f32 and wmma kernels, or (mma) the mma.sync kernels alone: main runs
-// those last, so that a fault in kernels not yet run on a GPU cannot cost the
-// other figures.
-void bench_attention(const Options& o, std::int64_t T, std::int64_t B, bool mma) {
+// f32 on the CUDA cores (attention.cuh), then bf16 operands on the tensor
+// cores: the mma.sync kernels (attention_mma.cuh, what --matmul bf16 runs by
+// default) as dtype=bf16, beside SDPA's bf16, and the wmma kernels
+// (attention_bf16.cuh, LOOM_CUDA_ATTENTION=wmma) as dtype=bf16_wmma.
+void bench_attention(const Options& o, std::int64_t T, std::int64_t B) {
     constexpr std::int64_t H = 12, D = 64, C = H * D;
     Device<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * H * T), dout(B * T * C), dqkv(B * T * 3 * C);
     randomize(qkv.p, B * T * 3 * C, 5);
@@ -180,23 +181,16 @@ void bench_attention(const Options& o, std::int64_t T, std::int64_t B, bool mma)
                     static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(D),
                     static_cast<long long>(B), dtype, 7.0 * matmul / seconds / 1e12);
     };
-    // f32 on the CUDA cores (attention.cuh), then bf16 operands on the tensor
-    // cores: the wmma kernels (attention_bf16.cuh, what --matmul bf16 runs by
-    // default) and the mma.sync kernels (attention_mma.cuh,
-    // LOOM_CUDA_ATTENTION=mma).
-    if (mma) {
-        device::StreamScratch scratch;
-        report("bf16_mma", median_seconds(o, [&] {
-                   device::attention_forward_bf16_mma(qkv.p, out.p, lse.p, B, T, H, D);
-                   device::attention_backward_bf16_mma(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D, scratch);
-               }));
-        return;
-    }
     report("f32", median_seconds(o, [&] {
                device::attention_forward(qkv.p, out.p, lse.p, B, T, H, D);
                device::attention_backward(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
            }));
+    device::StreamScratch scratch;
     report("bf16", median_seconds(o, [&] {
+               device::attention_forward_bf16_mma(qkv.p, out.p, lse.p, B, T, H, D);
+               device::attention_backward_bf16_mma(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D, scratch);
+           }));
+    report("bf16_wmma", median_seconds(o, [&] {
                device::attention_forward_bf16_wmma(qkv.p, out.p, lse.p, B, T, H, D);
                device::attention_backward_bf16_wmma(qkv.p, out.p, dout.p, lse.p, dqkv.p, B, T, H, D);
            }));
@@ -217,10 +211,8 @@ int main(int argc, char** argv) {
     try {
         bench_gemm(o);
         bench_elementwise(o);
-        bench_attention(o, 1024, 8, false);
-        bench_attention(o, 4096, 2, false);
-        bench_attention(o, 1024, 8, true);
-        bench_attention(o, 4096, 2, true);
+        bench_attention(o, 1024, 8);
+        bench_attention(o, 4096, 2);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 1;

@@ -200,19 +200,19 @@ TEST_CASE("bf16 attention checks its arguments with the f32 kernel's messages", 
           "(no error)");
 }
 
-TEST_CASE("LOOM_CUDA_ATTENTION parses wmma (the default) and mma, and names a bad value and the choices",
+TEST_CASE("LOOM_CUDA_ATTENTION parses mma (the default) and wmma, and names a bad value and the choices",
           "[kernels][attention][bf16]") {
     using loom::kernels::Bf16AttentionKernels;
     using loom::kernels::parse_bf16_attention_kernels;
-    CHECK(parse_bf16_attention_kernels(nullptr) == Bf16AttentionKernels::wmma);
-    CHECK(parse_bf16_attention_kernels("") == Bf16AttentionKernels::wmma);
+    CHECK(parse_bf16_attention_kernels(nullptr) == Bf16AttentionKernels::mma);
+    CHECK(parse_bf16_attention_kernels("") == Bf16AttentionKernels::mma);
     CHECK(parse_bf16_attention_kernels("wmma") == Bf16AttentionKernels::wmma);
     CHECK(parse_bf16_attention_kernels("mma") == Bf16AttentionKernels::mma);
     std::ostringstream out;
     out << Bf16AttentionKernels::mma << " " << Bf16AttentionKernels::wmma;
     CHECK(out.str() == "mma wmma");
     CHECK(loom_test::message_of([] { (void)parse_bf16_attention_kernels("flash"); }) ==
-          "LOOM_CUDA_ATTENTION = 'flash' is not one of: wmma (the default), mma");
+          "LOOM_CUDA_ATTENTION = 'flash' is not one of: mma (the default), wmma");
     CHECK(loom_test::message_of([] { (void)parse_bf16_attention_kernels("MMA"); }) ==
-          "LOOM_CUDA_ATTENTION = 'MMA' is not one of: wmma (the default), mma");
+          "LOOM_CUDA_ATTENTION = 'MMA' is not one of: mma (the default), wmma");
 }

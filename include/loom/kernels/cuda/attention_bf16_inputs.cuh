@@ -1,9 +1,9 @@
 // attention_forward_bf16_inputs and attention_backward_bf16_inputs: causal
 // multi-head attention at MatmulPrecision::bf16 on the device, as the host's
 // emulation (kernels/host/attention_bf16.hpp), run by the kernels that
-// LOOM_CUDA_ATTENTION chooses (kernels/bf16_attention_kernels.hpp): the wmma
-// kernels of attention_bf16.cuh (the default) or the mma.sync kernels of
-// attention_mma.cuh. Arguments, checks and messages are the f32 kernels'
+// LOOM_CUDA_ATTENTION chooses (kernels/bf16_attention_kernels.hpp): the
+// mma.sync kernels of attention_mma.cuh (the default) or the wmma kernels of
+// attention_bf16.cuh. Arguments, checks and messages are the f32 kernels'
 // (kernels/cuda/attention.cuh) whichever runs.
 #pragma once
 

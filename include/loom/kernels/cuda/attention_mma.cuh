@@ -31,10 +31,12 @@
 // banks. On the diagonal tile a warp skips the 16-wide blocks its rows
 // cannot see; they are masked anyway, so skipping them is exact.
 //
-// None of this has run on a GPU yet: it compiles for sm_90 and sm_80, and its
-// tests (tests/cuda/test_kernels_attention_bf16.cu, the "mma.sync" cases) are
-// built, not run. Which kernels attention_*_bf16_inputs runs is chosen in
-// attention_bf16_inputs.cuh (LOOM_CUDA_ATTENTION), wmma until these have run.
+// On an H200 (run 5, docs/cuda.md) its tests (tests/cuda/test_kernels_attention_bf16.cu,
+// the "mma.sync" cases) passed, compute-sanitizer's racecheck, synccheck and
+// memcheck found nothing, and forward + backward ran at 60.7 and 74.9 TFLOP/s
+// (seq 1024 and 4096), 3.9 and 3.8 times the wmma kernels. They are the
+// default of attention_*_bf16_inputs (attention_bf16_inputs.cuh,
+// LOOM_CUDA_ATTENTION).
 #pragma once
 
 #include <cuda_bf16.h>
