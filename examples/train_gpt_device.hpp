@@ -60,10 +60,19 @@ inline std::string device_transport(loom::Device device, const std::string& what
 
 // This process's GPU under an MPI launcher: --device cuda:N names it for
 // every process (one process per node); --device cuda takes the process's
-// rank on its node, one GPU per process.
+// rank on its node, one GPU per process (comm::device_of_local_rank: a
+// process that sees one GPU takes it; a local rank past the visible GPUs is
+// refused by name).
 inline loom::Device process_device(const Flags& flags) {
     if (!flags.device_per_process) return flags.device;
     for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"})
-        if (const char* value = std::getenv(variable)) return loom::cuda_device(std::atoi(value));
+        if (const char* value = std::getenv(variable)) {
+            const int visible = loom::device_runtime(flags.device).device_count();
+            try {
+                return loom::cuda_device(loom::comm::device_of_local_rank(std::atoi(value), visible, variable));
+            } catch (const loom::Error& e) {
+                usage_error("--device cuda under mpirun: " + e.message());
+            }
+        }
     return flags.device;
 }

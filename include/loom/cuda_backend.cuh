@@ -125,6 +125,13 @@ public:
                    " CUDA device", count == 1 ? "" : "s", " (cuda:0 to cuda:", count - 1, ")");
     }
 
+    [[nodiscard]] int device_count() const override {
+        int count = 0;
+        if (cudaGetDeviceCount(&count) == cudaSuccess) return count;
+        (void)cudaGetLastError();  // as in check_usable: no driver reads as no device
+        return 0;
+    }
+
     [[nodiscard]] std::string describe(int index) const override {
         cudaDeviceProp props{};
         LOOM_CUDA_CHECK(cudaGetDeviceProperties(&props, index));

@@ -2,7 +2,8 @@
 // standing in for MPI processes) join their devices through the registered
 // joiner, here the fenced test device's (tests/support/fenced_comm.hpp), and
 // the body's communicator moves device memory; without a joiner, or for the
-// host, the call is refused by name.
+// host, the call is refused by name. device_of_local_rank, the GPU a
+// launcher's local rank takes, is checked here too.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -50,4 +51,21 @@ TEST_CASE("run_process_on refuses the host and a build without the joiner, by na
                    "built without: compile one .cu file that includes loom/cuda_backend_nccl.cuh and link loom::nccl");
     for (const std::string& m : host_messages)
         CHECK(m == "run_process_on: host is not a device; the processes' host communicator already moves host memory");
+}
+
+TEST_CASE("device_of_local_rank gives a node's processes one GPU each, and names a rank left without one",
+          "[comm][device]") {
+    using loom::comm::device_of_local_rank;
+    // Several visible GPUs: local rank r takes GPU r.
+    CHECK(device_of_local_rank(0, 4, "OMPI_COMM_WORLD_LOCAL_RANK") == 0);
+    CHECK(device_of_local_rank(3, 4, "OMPI_COMM_WORLD_LOCAL_RANK") == 3);
+    // One visible GPU is the process's own, whatever its local rank (srun --gpus-per-task=1).
+    CHECK(device_of_local_rank(5, 1, "SLURM_LOCALID") == 0);
+    // None visible: the rank's own index, for check_device_usable to name the reason.
+    CHECK(device_of_local_rank(2, 0, "SLURM_LOCALID") == 2);
+    CHECK(loom_test::message_of([] { (void)device_of_local_rank(4, 4, "OMPI_COMM_WORLD_LOCAL_RANK"); }) ==
+          "local rank 4 (OMPI_COMM_WORLD_LOCAL_RANK) has no GPU of its own: this process sees 4 (0 to 3); start at "
+          "most 4 processes per node, or give each process one GPU (srun --gpus-per-task=1)");
+    CHECK(loom_test::message_of([] { (void)device_of_local_rank(-1, 2, "PMI_LOCAL_RANK"); }) ==
+          "PMI_LOCAL_RANK = -1 is not a local rank; a launcher numbers a node's processes from 0");
 }

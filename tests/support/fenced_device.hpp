@@ -67,6 +67,7 @@ public:
     void check_usable(int index) const override {
         LOOM_CHECK(index == 0, "cuda:", index, " does not exist: the fenced test device has cuda:0 only");
     }
+    int device_count() const override { return 1; }
     std::string describe(int) const override { return "fenced test device"; }
     void* allocate(std::size_t bytes, loom::Device where) override {
         return fence(loom::Allocator<loom::Host>::allocate(bytes, where));

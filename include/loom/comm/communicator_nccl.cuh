@@ -62,7 +62,9 @@ namespace loom::comm {
 // (Blocking forms do not wait, so their faults surface at the next of these.)
 // Initialisation and split block until all ranks arrive, as in NCCL. The
 // destructor lets the stream drain, within the timeout, before destroying
-// the communicator, and aborts it instead when the stream does not drain.
+// the communicator, and aborts it instead when the stream does not drain or
+// when an exception is unwinding the stack (ncclCommDestroy would wait for
+// the node's other ranks, which may never come).
 // With CommOptions::check_calls every collective first all-gathers its
 // signature and waits for it, so a mismatch throws on every rank.
 //
@@ -85,7 +87,7 @@ public:
                        " but device ", device, " was given; pass ", comm_device);
             owned = std::make_shared<detail::NcclStream>(device, stream);
         } catch (...) {
-            ncclCommDestroy(comm);
+            ncclCommAbort(comm);  // an error path: no barrier with the other ranks
             throw;
         }
         t_ = std::make_shared<detail::NcclTransport>(comm, device, std::move(owned), options);
@@ -118,6 +120,7 @@ public:
                 LOOM_CHECK(devices[j] != devices[i], "Nccl::in_process: device ", devices[i], " is given for ranks ",
                            j, " and ", i, "; NCCL cannot put two ranks of one communicator on one GPU");
         }
+        share_memory_pools(devices);
         std::vector<ncclComm_t> comms(devices.size(), nullptr);
         LOOM_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
         std::vector<Nccl> ranks;
@@ -126,7 +129,7 @@ public:
             try {
                 ranks.push_back(Nccl(comms[i], devices[i], std::nullopt, options));
             } catch (...) {
-                for (std::size_t j = i + 1; j < comms.size(); ++j) ncclCommDestroy(comms[j]);
+                for (std::size_t j = i + 1; j < comms.size(); ++j) ncclCommAbort(comms[j]);
                 throw;
             }
         }
@@ -250,6 +253,32 @@ private:
         LOOM_CUDA_CHECK(cudaGetDeviceCount(&count));
         LOOM_CHECK(device >= 0 && device < count, "Nccl: CUDA device ", device, " does not exist; this process sees ",
                    count, " device(s), 0..", count - 1);
+    }
+
+    // Within one process NCCL's kernels read and write the peers' user
+    // buffers directly (P2P direct). Buffer<Cuda> comes from each device's
+    // default cudaMallocAsync pool, which peer access (cudaDeviceEnablePeerAccess)
+    // does not cover: each pool must grant it itself. Devices that cannot
+    // reach each other are left alone; NCCL then moves data another way.
+    static void share_memory_pools(const std::vector<int>& devices) {
+        for (const int owner : devices) {
+            std::vector<cudaMemAccessDesc> grants;
+            for (const int peer : devices) {
+                int reachable = 0;
+                if (peer == owner) continue;
+                LOOM_CUDA_CHECK(cudaDeviceCanAccessPeer(&reachable, peer, owner));
+                if (reachable == 0) continue;
+                cudaMemAccessDesc grant{};
+                grant.location.type = cudaMemLocationTypeDevice;
+                grant.location.id = peer;
+                grant.flags = cudaMemAccessFlagsProtReadWrite;
+                grants.push_back(grant);
+            }
+            if (grants.empty()) continue;
+            cudaMemPool_t pool = nullptr;
+            LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, owner));
+            LOOM_CUDA_CHECK(cudaMemPoolSetAccess(pool, grants.data(), grants.size()));
+        }
     }
 
     [[nodiscard]] ArgumentCheck check() const { return ArgumentCheck{rank(), size(), device()}; }

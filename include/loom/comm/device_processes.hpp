@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <string_view>
 
 #include "loom/comm/any_comm.hpp"
 #include "loom/core/device.hpp"
@@ -22,6 +23,23 @@ public:
     virtual ~DeviceProcessJoiner() = default;
     virtual void run(AnyComm& host, Device device, const std::function<void(AnyComm&)>& body) const = 0;
 };
+
+// The device of the process that a launcher numbers `local_rank` on its node
+// (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID: `variable` names which), where
+// the process sees `visible` devices. One visible device is the process's own
+// (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per process); with
+// several, local rank r takes device r, and a rank past the last has none:
+// two processes on one GPU cannot join one NCCL communicator. With none
+// visible, the local rank is returned and check_device_usable names why.
+[[nodiscard]] inline int device_of_local_rank(int local_rank, int visible, std::string_view variable) {
+    LOOM_CHECK(local_rank >= 0, variable, " = ", local_rank, " is not a local rank; a launcher numbers a node's "
+               "processes from 0");
+    if (visible == 1) return 0;
+    LOOM_CHECK(visible <= 0 || local_rank < visible, "local rank ", local_rank, " (", variable,
+               ") has no GPU of its own: this process sees ", visible, " (0 to ", visible - 1, "); start at most ",
+               visible, " processes per node, or give each process one GPU (srun --gpus-per-task=1)");
+    return local_rank;
+}
 
 // Collective over `host`: every process calls it with its own device.
 inline void run_process_on(Device device, AnyComm& host, const std::function<void(AnyComm&)>& body) {

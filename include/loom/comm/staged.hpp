@@ -4,7 +4,11 @@
 // collective runs on it, and the result comes back; on the host these are the
 // plain calls. For the small host-side exchanges around training (a
 // checkpoint's arrays, profiled unit times, trace text), not for the step's
-// traffic, which lives on the device already.
+// traffic, which lives on the device already. Each waits for its collective
+// through the Request, not through the copy home: a device communicator's
+// blocking forms may return once the work is queued (Nccl's do), and the
+// Request's wait keeps the communicator's timeout where the copy would wait
+// on the stream for ever.
 #pragma once
 
 #include "loom/comm/communicator.hpp"
@@ -32,7 +36,7 @@ void staged_all_gather(C& comm, const Tensor& send, const Tensor& recv, Device w
     }
     const DeviceBuffer from = detail::staging_for(send, where), to = detail::staging_for(recv, where);
     copy_tensor(from.tensor(), send);
-    comm.all_gather(from.tensor(), to.tensor());
+    comm.all_gather_async(from.tensor(), to.tensor()).wait();
     copy_tensor(recv, to.tensor());
 }
 
@@ -45,7 +49,7 @@ void staged_all_reduce(C& comm, const Tensor& t, ReduceOp op, Device where) {
     }
     const DeviceBuffer staged = detail::staging_for(t, where);
     copy_tensor(staged.tensor(), t);
-    comm.all_reduce(staged.tensor(), staged.tensor(), op);
+    comm.all_reduce_async(staged.tensor(), staged.tensor(), op).wait();
     copy_tensor(t, staged.tensor());
 }
 
@@ -58,7 +62,7 @@ void staged_broadcast(C& comm, const Tensor& t, int root, Device where) {
     }
     const DeviceBuffer staged = detail::staging_for(t, where);
     copy_tensor(staged.tensor(), t);
-    comm.broadcast(staged.tensor(), root);
+    comm.broadcast_async(staged.tensor(), root).wait();
     copy_tensor(t, staged.tensor());
 }
 

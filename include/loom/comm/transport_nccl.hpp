@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -109,8 +110,19 @@ public:
         const ncclResult_t rank = ncclCommUserRank(comm_, &rank_);
         const ncclResult_t size = rank == ncclSuccess ? ncclCommCount(comm_, &size_) : rank;
         if (size != ncclSuccess) {
-            ncclCommDestroy(comm_);
+            ncclCommAbort(comm_);  // an error path: no barrier with the other ranks
             loom::detail::nccl_failed(size, "ncclCommUserRank/ncclCommCount(comm)", std::source_location::current());
+        }
+        // The checked calls' page-locked words, now rather than at the first
+        // collective: cudaMallocHost synchronizes the device, which would
+        // stall the other streams' work in the middle of a step.
+        if (options_.check_calls) {
+            loom::detail::CudaDeviceScope scope(device_);
+            if (const cudaError_t status = cudaMallocHost(&host_words_, words_bytes()); status != cudaSuccess) {
+                ncclCommAbort(comm_);
+                loom::detail::cuda_failed(status, "cudaMallocHost(&host_words_, words_bytes())",
+                                          std::source_location::current());
+            }
         }
     }
     NcclTransport(const NcclTransport&) = delete;
@@ -122,8 +134,14 @@ public:
         if (switched) cudaSetDevice(device_);
         // NCCL frees memory its kernels may still use: let the stream drain
         // first, within the timeout, and abort rather than hang when it won't.
+        // Unwinding from an exception, abort at once: the other ranks may
+        // never reach their destroy, and ncclCommDestroy waits for the
+        // node's other ranks in a barrier (NCCL's commDestroySync), which
+        // ncclCommAbort skips. (Within one process NCCL defers the work to
+        // the last of its ranks' destroys, so destroying several ranks one
+        // after another on one thread, as in_process's vector does, is safe.)
         if (comm_ != nullptr) {
-            if (drained())
+            if (std::uncaught_exceptions() == 0 && drained())
                 ncclCommDestroy(comm_);
             else
                 ncclCommAbort(comm_);
@@ -334,7 +352,6 @@ private:
         ++calls_;
         std::int64_t* device_words = words();
         loom::detail::CudaDeviceScope scope(device_);
-        if (host_words_ == nullptr) LOOM_CUDA_CHECK(cudaMallocHost(&host_words_, words_bytes()));
         std::int64_t* mine = host_words_ + 3 * rank_;
         mine[0] = static_cast<std::int64_t>(s.kind) | static_cast<std::int64_t>(s.dtype) << 8 |
                   static_cast<std::int64_t>(s.op) << 16;

@@ -27,6 +27,8 @@ public:
     // Throws, naming the reason (no driver, no device, index out of range),
     // unless device `index` can run work.
     virtual void check_usable(int index) const = 0;
+    // How many devices this process sees (0 where none, or no driver).
+    [[nodiscard]] virtual int device_count() const = 0;
     // "NVIDIA H200 (sm_90, 139 GiB)": device `index` for a person to read.
     [[nodiscard]] virtual std::string describe(int index) const = 0;
     // Zero-filled memory on `where`, ordered before any later work of any

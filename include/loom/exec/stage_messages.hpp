@@ -82,7 +82,9 @@ void recv_stage_tensor(C& pp, MicroBatchPool& pool, const schedule::Instruction&
     const int sender = in.chunk + (in.payload == schedule::Payload::activation ? -1 : 1);
     std::int64_t h[longs] = {};
     const Tensor header = pool.header_parcel(longs);
-    pp.recv(header, in.peer, stage_tag(in.payload, sender, false));
+    // Through the Request: Nccl's blocking recv returns once queued, and the
+    // copy home would then wait on the stream with no timeout.
+    pp.recv_async(header, in.peer, stage_tag(in.payload, sender, false)).wait();
     copy_tensor(Tensor::of(h, {longs}), header);
     const std::int64_t cast = h[longs - 1];
     LOOM_CHECK(h[1] >= 0 && h[1] <= longs - 3 && h[0] >= 0 && h[0] <= static_cast<std::int64_t>(DType::i64) &&
