@@ -11,15 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "loom/comm/thread_world.hpp"
-#include "loom/core/rng.hpp"
 #include "loom/exec/model_gradient.hpp"
 #include "loom/gpt/model.hpp"
-#include "loom/optim/adamw.hpp"
-#include "loom/optim/optex.hpp"
 #include "support/device_training.hpp"
 #include "support/fenced_device.hpp"
 #include "support/message_of.hpp"
+#include "support/optex_runs.hpp"
 
 namespace {
 
@@ -28,18 +25,7 @@ using loom_test::differing_bits;
 
 const loom::gpt::Config tiny{.layers = 2, .width = 32, .heads = 2, .seq = 16, .vocab = 64};
 
-// The model's initial values from seed 5, each nudged so the point is not
-// one any initialisation would give.
-std::vector<float> start_point(std::int64_t n) {
-    auto model = loom::gpt::make_model(tiny);
-    ModelGradient<loom::gpt::Model> host(model, loom::host_device);
-    host.arena().initialize(model, 5);
-    std::vector<float> x(static_cast<std::size_t>(n)), noise(x.size());
-    host.store(x);
-    loom::RngStream(5, 1).fill_normal(noise, 0, 0.0f, 1e-3f);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += noise[i];
-    return x;
-}
+std::vector<float> start_point(std::int64_t n) { return loom_test::optex_runs::start_point(tiny, n); }
 
 }  // namespace
 
@@ -77,35 +63,7 @@ TEST_CASE("ModelGradient on a device gives the host's loss and gradient bit for 
 
 TEST_CASE("OptEx with 2 workers computing gradients on a device equals the host run bit for bit", "[device][optex]") {
     loom_test::FencedDevice device;
-    const auto run = [](loom::Device where) {
-        std::vector<float> result;
-        std::vector<float> losses;
-        loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
-            auto model = loom::gpt::make_model(tiny);
-            ModelGradient<loom::gpt::Model> gradient_at(model, where);
-            const auto x0 = start_point(gradient_at.size());
-            loom::optim::OptEx<loom::optim::AdamW, loom::comm::ThreadComm> optex(
-                comm, x0, [](std::int64_t n) { return loom::optim::AdamW(n, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}); },
-                loom::optim::OptExConfig{.workers = 2});
-            std::vector<float> mine;
-            for (int t = 0; t < 3; ++t) {
-                const auto result_t = optex.iterate([&](std::span<const float> x, std::span<float> g) {
-                    const loom_test::TokenBatch batch(4, tiny.seq, tiny.vocab,
-                                                      static_cast<std::uint32_t>(10 * t + comm.rank()));
-                    return gradient_at(x, batch.input_tensor(), batch.target_tensor(), g);
-                });
-                mine.push_back(result_t.loss);
-            }
-            std::vector<float> whole(static_cast<std::size_t>(gradient_at.size()));
-            optex.gather_params(whole);
-            if (comm.rank() == 0) {
-                result = whole;
-                losses = mine;
-            }
-        });
-        result.insert(result.end(), losses.begin(), losses.end());
-        return result;
-    };
+    const auto run = [](loom::Device where) { return loom_test::optex_runs::run(tiny, where); };
     const auto on_host = run(loom::host_device);
     const int gemms_before = device.calls("gemm");
     const auto on_device = run(loom::cuda_device(0));
