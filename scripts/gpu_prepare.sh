@@ -5,7 +5,9 @@
 # travels is limited to 64 MiB):
 #   .gpu/bin: loom_cuda_tests, train_gpt, bench_gpu_kernels, bench_gpu_train
 #             (Release, sm_90 cubins only, MPI and NCCL off: the GPU machine
-#             has neither Open MPI nor Debian's libraries)
+#             has neither Open MPI nor Debian's libraries), and
+#             loom_cuda_tests_nccl, the same tests built with NCCL (its Nccl
+#             cases; libnccl from the GPU machine's PyTorch), where NCCL is here
 #   .gpu/lib: the shared libraries they need that a CUDA image lacks (OpenBLAS
 #             and its Fortran runtime); cuBLAS comes from the image.
 #   .gpu/ref: the host halves of gpu_run.sh's train_gpt comparisons and the host
@@ -17,12 +19,22 @@ cd "$(dirname "$0")/.."
 cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DLOOM_WITH_MPI=OFF -DLOOM_WITH_NCCL=OFF \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_EXAMPLES=ON -DLOOM_BUILD_BENCH=ON >/dev/null
 cmake --build build/gpu --target loom_cuda_tests train_gpt bench_gpu_kernels bench_gpu_train --parallel 2
+# A second build of the tests with NCCL, so that the first never needs libnccl.
+nccl_tests=""
+if cmake -S . -B build/gpu-nccl -DCMAKE_BUILD_TYPE=Release -DLOOM_WITH_MPI=OFF -DLOOM_WITH_NCCL=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCH=OFF >/dev/null 2>&1; then
+  cmake --build build/gpu-nccl --target loom_cuda_tests --parallel 2
+  nccl_tests=build/gpu-nccl/tests/loom_cuda_tests
+else
+  echo "gpu_prepare: no NCCL here; loom_cuda_tests_nccl is not built"
+fi
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/lib
 cp build/gpu/tests/loom_cuda_tests build/gpu/examples/train_gpt build/gpu/bench/bench_gpu_kernels \
    build/gpu/bench/bench_gpu_train .gpu/bin/
+[ -n "$nccl_tests" ] && cp "$nccl_tests" .gpu/bin/loom_cuda_tests_nccl
 strip --strip-debug .gpu/bin/*
-ldd .gpu/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
+ldd .gpu/bin/* 2>/dev/null | awk '/=>/ {print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libopenblas*|libblas*|liblapack*|libgfortran*|libquadmath*) cp -L "$lib" .gpu/lib/ ;;
   esac

@@ -3,20 +3,24 @@
 # .gpu.tar.xz carried from scripts/gpu_prepare.sh (unpacked here into .gpu/).
 # The summaries go to $OUT (or /tmp/loom-gpu), the rest (metrics, the trace, the
 # test console) into $OUT/details.tar.gz: the device tool returns 8 files. Parts, in this order
-# (LOOM_GPU_PARTS picks some of tests,bench,train,profile; default all four):
+# (LOOM_GPU_PARTS picks some of tests,nccl,bench,train,profile,sanitize; default all six):
 #   tests  every CUDA test case in a process of its own (scripts/gpu_tests.py):
 #          one line per case, and the output of each that did not pass
+#   nccl   the Nccl test cases (loom_cuda_tests_nccl "[nccl]"), on the one GPU
+#          there: a world of one rank, so the cases that need two GPUs say so
+#          and pass; NCCL's library is the GPU machine's (PyTorch's wheel)
 #   bench  the GPU benches beside PyTorch on the same GPU, then the ratios
 #          (bench/gpu/compare.py)
 #   train  train_gpt --device cuda against the same flags on the host: dp 2
 #          (and resumed from a host checkpoint), dp 2 x pp 2 x tp 2 with ZeRO 1
-#          (traced), PowerSGD, Optimus 2D and bf16 matrix products. The host
+#          (traced), PowerSGD, Optimus 2D, bf16 matrix products and OptEx on 2
+#          workers (its gradients through ModelGradient's copies). The host
 #          halves come from .gpu/ref/, made by gpu_prepare.sh on the CPU machine
 #          so that no device time goes to them; without .gpu/ref they run here.
 #   profile  the GPT-2 step with f32 matrix products, and one bf16 step under
 #          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py), its
-#          attention on the mma.sync kernels where the tests part passed their
-#          cases, else on wmma (LOOM_GPU_PROFILE_ATTENTION=wmma|mma decides)
+#          attention on the default kernels (mma.sync) unless
+#          LOOM_GPU_PROFILE_ATTENTION=wmma|mma names others
 #   sanitize compute-sanitizer's racecheck, synccheck and memcheck on the bf16
 #          attention kernels (wmma and mma.sync) at one small shape: the
 #          shared-memory hazards and barriers that result checks can miss.
@@ -37,7 +41,7 @@ if [ -f .gpu.tar.xz ] && [[ ${LOOM_GPU_PARTS:-} != hostrefs ]]; then
 fi
 [ -d .gpu ] || { echo "gpu_run: no .gpu/ and no .gpu.tar.xz: run scripts/gpu_prepare.sh here first"; exit 2; }
 out=${OUT:-/tmp/loom-gpu}
-parts=${LOOM_GPU_PARTS:-tests,bench,train,profile,sanitize}
+parts=${LOOM_GPU_PARTS:-tests,nccl,bench,train,profile,sanitize}
 budget=${LOOM_GPU_BUDGET:-450}
 started=$(date +%s)
 # cuBLAS and the CUDA runtime from the image: its toolkit, else PyTorch's wheels.
@@ -68,8 +72,9 @@ declare -A runs=(
   [psgd]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --compress powersgd:4"
   [2d]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 20 --lr 3e-3 --tp 4 --tp-mode 2d --micro-batches 2"
   [bf16]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 30 --lr 3e-3 --dp 2 --matmul bf16"
+  [optex]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 20 --lr 3e-3 --optex 2"
 )
-run_order="dp2 pp bf16 psgd 2d"
+run_order="dp2 pp bf16 psgd 2d optex"
 
 if [[ $parts == hostrefs ]]; then
   mkdir -p .gpu/ref
@@ -98,13 +103,27 @@ if [[ $parts == *tests* ]]; then
   grep -v '^pass' "$out/cuda_tests.txt" 2>/dev/null | head -n 40
 fi
 
+if [[ $parts == *nccl* ]]; then
+  echo "== Nccl test cases on one GPU"
+  if [ -x .gpu/bin/loom_cuda_tests_nccl ]; then
+    NCCL_DEBUG=VERSION capped 150 .gpu/bin/loom_cuda_tests_nccl --durations yes "[nccl]" > "$work/nccl_tests.txt" 2>&1
+    code=$?
+    ((code == 0)) || status=1
+    grep -E "NCCL version|passed|failed|FAILED|REQUIRE|CHECK|with message|WARNING|needs 2 GPUs| s: |not found" \
+      "$work/nccl_tests.txt" | head -n 40 | cut -c1-220
+    echo "gpu_run: loom_cuda_tests_nccl exit $code"
+  else
+    echo "gpu_run: no .gpu/bin/loom_cuda_tests_nccl (built where NCCL is found; see gpu_prepare.sh)"
+  fi
+fi
+
 if [[ $parts == *bench* ]]; then
   echo "== benches"
   {
     capped 60 .gpu/bin/bench_gpu_kernels
     capped 60 python3 bench/gpu/torch_peer.py --kernels
     capped 60 .gpu/bin/bench_gpu_train
-    LOOM_CUDA_ATTENTION=mma capped 60 .gpu/bin/bench_gpu_train
+    LOOM_CUDA_ATTENTION=wmma capped 60 .gpu/bin/bench_gpu_train
     capped 150 python3 bench/gpu/torch_peer.py --gpt --compile
   } > "$out/bench.txt" 2>&1
   grep -E '^(loom|torch|SKIPPED|device)|rror' "$out/bench.txt" | cut -c1-220
@@ -135,11 +154,11 @@ if [[ $parts == *train* ]]; then
       capped 60 .gpu/bin/train_gpt ${runs[$name]} --device cuda --metrics "$work/gpu_$name.jsonl" $extra || status=1
       python3 bench/gpu/compare.py --losses "$ref/host_$name.jsonl" "$work/gpu_$name.jsonl"
     done
-    # The bf16 run again on the mma.sync attention kernels (attention_mma.cuh), beside the same host run.
-    echo "-- bf16 with LOOM_CUDA_ATTENTION=mma: ${runs[bf16]}"
-    LOOM_CUDA_ATTENTION=mma capped 60 .gpu/bin/train_gpt ${runs[bf16]} --device cuda --metrics "$work/gpu_bf16_mma.jsonl" \
+    # The bf16 run again on the wmma attention kernels (attention_bf16.cuh), beside the same host run.
+    echo "-- bf16 with LOOM_CUDA_ATTENTION=wmma: ${runs[bf16]}"
+    LOOM_CUDA_ATTENTION=wmma capped 60 .gpu/bin/train_gpt ${runs[bf16]} --device cuda --metrics "$work/gpu_bf16_wmma.jsonl" \
       || status=1
-    python3 bench/gpu/compare.py --losses "$ref/host_bf16.jsonl" "$work/gpu_bf16_mma.jsonl"
+    python3 bench/gpu/compare.py --losses "$ref/host_bf16.jsonl" "$work/gpu_bf16_wmma.jsonl"
   } > "$out/train.txt" 2>&1
   grep -E '^(--|[0-9]+ steps|no losses|gpu_run)|rror|refus' "$out/train.txt" | cut -c1-220
 fi
@@ -151,14 +170,9 @@ if [[ $parts == *profile* ]]; then
   # without overlap, and the timed step minus it is launch gaps and host work.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
   if [ -n "$ncu" ]; then
-    # The step as --matmul bf16 runs it, its attention on LOOM_GPU_PROFILE_ATTENTION's kernels: by
-    # default mma where this run's tests passed the mma.sync attention cases, else wmma (kernels
-    # that failed their tests, or never ran, must not cost the profile).
-    profile_attention=${LOOM_GPU_PROFILE_ATTENTION:-}
-    if [ -z "$profile_attention" ]; then
-      profile_attention=wmma
-      grep -q '^pass .*on mma.sync matches' "$out/cuda_tests.txt" 2>/dev/null && profile_attention=mma
-    fi
+    # The step as --matmul bf16 runs it, its attention on LOOM_GPU_PROFILE_ATTENTION's kernels
+    # (kernels/bf16_attention_kernels.hpp's default, mma, when unset).
+    profile_attention=${LOOM_GPU_PROFILE_ATTENTION:-mma}
     echo "gpu_run: profiling with LOOM_CUDA_ATTENTION=$profile_attention"
     LOOM_CUDA_ATTENTION=$profile_attention capped 60 "$ncu" --clock-control none \
       --metrics gpu__time_duration.sum --csv .gpu/bin/bench_gpu_train --steps 1 --warmup 0 > "$work/profile_raw.csv" 2>&1
