@@ -9,6 +9,10 @@
 #   nccl   the Nccl test cases (loom_cuda_tests_nccl "[nccl]"), on the one GPU
 #          there: a world of one rank, so the cases that need two GPUs say so
 #          and pass; NCCL's library is the GPU machine's (PyTorch's wheel)
+#   pairs  the GPT-2 step, loom's then PyTorch eager's, LOOM_GPU_PAIRS times (5)
+#          back to back, and the median of the pairs' ratios (compare.py --pairs;
+#          PyTorch's step drifts by several percent between calls). Not in the
+#          default parts: LOOM_GPU_PARTS=pairs runs it
 #   bench  the GPU benches beside PyTorch on the same GPU, then the ratios
 #          (bench/gpu/compare.py)
 #   train  train_gpt --device cuda against the same flags on the host: dp 2
@@ -115,6 +119,16 @@ if [[ $parts == *nccl* ]]; then
   else
     echo "gpu_run: no .gpu/bin/loom_cuda_tests_nccl (built where NCCL is found; see gpu_prepare.sh)"
   fi
+fi
+
+if [[ $parts == *pairs* ]]; then
+  echo "== the GPT-2 step, loom then PyTorch eager, ${LOOM_GPU_PAIRS:-5} times"
+  for ((pair = 1; pair <= ${LOOM_GPU_PAIRS:-5}; ++pair)); do
+    capped 60 .gpu/bin/bench_gpu_train --steps 20 --warmup 3
+    capped 90 python3 bench/gpu/torch_peer.py --gpt --steps 20 --warmup 3
+  done > "$out/pairs.txt" 2>&1
+  grep -E '^(loom|torch) gpt|rror' "$out/pairs.txt" | cut -c1-200
+  python3 bench/gpu/compare.py --pairs "$out/pairs.txt"
 fi
 
 if [[ $parts == *bench* ]]; then

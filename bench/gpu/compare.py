@@ -8,6 +8,11 @@
         bandwidth, GPT tokens/s >= torch eager (and the ratio to torch.compile).
     python3 bench/gpu/compare.py --losses A.jsonl B.jsonl
         the largest relative difference between two train_gpt --metrics files' losses.
+    python3 bench/gpu/compare.py --pairs PAIRS.txt
+        alternating 'loom gpt' and 'torch gpt mode=eager' lines (gpu_run.sh's pairs part):
+        each pair's tokens/s and ratio, then the medians, against the target >= 1.0. One
+        pair is one call of each, back to back, so the machine's drift between calls
+        reaches both sides.
 """
 
 import json
@@ -83,9 +88,37 @@ def losses(a_path, b_path):
           f"at step {worst} ({a[worst]:.6f} vs {b[worst]:.6f}); final {a[common[-1]]:.4f} vs {b[common[-1]]:.4f}")
 
 
+def median(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2 if n else float("nan")
+
+
+def pairs(path):
+    loom, torch = [], []
+    for line in open(path, encoding="utf-8"):
+        f = fields(line)
+        if line.startswith("loom gpt") and f.get("matmul", "bf16") == "bf16" and f.get("attention", "mma") == "mma":
+            loom.append(float(f["tokens_per_s"]))
+        elif line.startswith("torch gpt") and f.get("mode") == "eager":
+            torch.append(float(f["tokens_per_s"]))
+    n = min(len(loom), len(torch))
+    if n == 0:
+        print(f"no loom/torch GPT pairs in {path}")
+        return
+    ratios = [loom[i] / torch[i] for i in range(n)]
+    for i in range(n):
+        print(f"pair {i + 1}: loom {loom[i]:.0f}, torch eager {torch[i]:.0f} tokens_per_s; loom/torch = {ratios[i]:.3f}")
+    verdict = "meets" if median(ratios) >= 1.0 else "BELOW"
+    print(f"{n} pairs: median loom {median(loom[:n]):.0f}, torch eager {median(torch[:n]):.0f} tokens_per_s; "
+          f"median ratio {median(ratios):.3f} ({min(ratios):.3f} to {max(ratios):.3f}), {verdict} target 1.0")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--losses":
         losses(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--pairs":
+        pairs(sys.argv[2])
     elif len(sys.argv) == 2:
         compare(sys.argv[1])
     else:
