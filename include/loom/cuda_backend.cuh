@@ -208,6 +208,19 @@ public:
         kernels::cuda::gemm_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
                                         detail::gemm_context(where.index, current_stream()), scratch(where));
     }
+    // The bias in cuBLASLt's epilogue: one pass over C, not a pass writing
+    // the bias rows and a product reading them back (kernels/cuda/gemm.cuh).
+    void gemm_bias(Device where, bool bf16_inputs, kernels::Trans ta, kernels::Trans tb, std::int64_t M,
+                   std::int64_t N, std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
+                   std::int64_t ldb, const float* bias, float* C, std::int64_t ldc) override {
+        loom::detail::CudaDeviceScope scope(where.index);
+        kernels::cuda::GemmContext& context = detail::gemm_context(where.index, current_stream());
+        if (bf16_inputs)
+            kernels::cuda::gemm_bias_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context,
+                                                 scratch(where));
+        else
+            kernels::cuda::gemm_bias(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context);
+    }
     void repeat_rows(Device where, const float* row, float* y, std::int64_t rows, std::int64_t n) override {
         loom::detail::CudaDeviceScope scope(where.index);
         kernels::cuda::repeat_rows(row, y, rows, n, current_stream());

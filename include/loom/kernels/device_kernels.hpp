@@ -41,6 +41,22 @@ public:
                                   float beta, float* C, std::int64_t ldc) = 0;
     // y[r, :] = row for r < rows (a bias before an accumulating GEMM).
     virtual void repeat_rows(Device where, const float* row, float* y, std::int64_t rows, std::int64_t n) = 0;
+    // C[M, N] = alpha op(A) op(B) + bias on every row (bias[N]; C written, not
+    // read), at f32 or with bf16_inputs as gemm_bf16_inputs. By default the
+    // host's order, the bias rows and then an accumulating product; a backend
+    // may add the bias in the product's pass instead (CUDA: cuBLASLt's bias
+    // epilogue), which equals it up to the order of the sums.
+    virtual void gemm_bias(Device where, bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int64_t N,
+                           std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
+                           std::int64_t ldb, const float* bias, float* C, std::int64_t ldc) {
+        LOOM_CHECK(ldc == N, "gemm_bias: ldc = ", ldc, " but the bias rows are written contiguously; pass ldc = N = ",
+                   N);
+        repeat_rows(where, bias, C, M, N);
+        if (bf16_inputs)
+            gemm_bf16_inputs(where, ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);
+        else
+            gemm(where, ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);
+    }
     virtual void add(Device where, const float* a, const float* b, float* out, std::int64_t n) = 0;
     virtual void accumulate(Device where, float* into, const float* x, std::int64_t n) = 0;
     virtual void add_bias(Device where, float* y, const float* bias, std::int64_t rows, std::int64_t n) = 0;

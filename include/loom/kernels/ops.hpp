@@ -94,6 +94,24 @@ inline void repeat_rows(const Tensor& row, const Tensor& y, std::int64_t rows, s
     for (std::int64_t r = 0; r < rows; ++r) std::copy_n(pb, n, py + r * n);
 }
 
+// C[M, N] = op(A) op(B) + bias[N] on every row, at a MatmulPrecision: a
+// Linear's forward. On the host the bias rows first and then the product
+// onto them (beta = 1); a device may add the bias in the product's own pass
+// (DeviceKernels::gemm_bias), equal up to the order of the sums. C is
+// contiguous (ldc = N).
+inline void gemm_bias(MatmulPrecision precision, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                      const Tensor& A, std::int64_t lda, const Tensor& B, std::int64_t ldb, const Tensor& bias,
+                      const Tensor& C) {
+    const Device d = detail::common_device("gemm_bias", {&A, &B, &bias, &C});
+    if (detail::on_host(d)) {
+        repeat_rows(bias, C, M, N);
+        gemm(precision, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
+        return;
+    }
+    device_kernels(d).gemm_bias(d, precision == MatmulPrecision::bf16, ta, tb, M, N, K, 1.0f, detail::ptr<float>(A),
+                                lda, detail::ptr<float>(B), ldb, detail::ptr<float>(bias), detail::ptr<float>(C), N);
+}
+
 inline void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     const Device d = detail::common_device("add", {&a, &b, &out});
     if (detail::on_host(d)) host::add(detail::ptr<float>(a), detail::ptr<float>(b), detail::ptr<float>(out), out.numel());

@@ -58,7 +58,6 @@ struct Linear {
         Shape shape = x.shape();
         shape[shape.rank() - 1] = out();
         Tensor y = ctx.alloc(shape);
-        float beta = 0.0f;
         const kernels::MatmulPrecision precision = ctx.matmul_precision();
         using kernels::Trans;
         if (split == Split::grid) {
@@ -76,13 +75,12 @@ struct Linear {
             ctx.saved<Saved>(this).x = x;
             return y;
         }
-        if (has_bias()) {
-            // Bias rows first, then the GEMM accumulates onto them (beta = 1).
-            kernels::repeat_rows(bias.value, y, rows, out());
-            beta = 1.0f;
-        }
-        kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), beta, y,
-                      out());
+        if (has_bias())  // the host writes the bias rows and accumulates onto them; CUDA adds it in the GEMM
+            kernels::gemm_bias(precision, Trans::no, Trans::yes, rows, out(), in(), x, in(), weight.value, in(),
+                               bias.value, y);
+        else
+            kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f,
+                          y, out());
         ctx.saved<Saved>(this).x = x;
         return y;
     }

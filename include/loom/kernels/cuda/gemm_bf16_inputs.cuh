@@ -182,58 +182,98 @@ inline std::int64_t rounded_operand(const float* x, std::int64_t ld, std::int64_
 
 }  // namespace detail
 
-// C[M, N] = alpha * bf16(op(A)) * bf16(op(B)) + beta * C, f32 sums, f32 C; the
-// arguments and checks of gemm (kernels/cuda/gemm.cuh), plus the scratch that
-// holds the rounded operands. Queued on context.stream(); nothing waits.
-// K and N go to cuBLASLt padded to multiples of 8 (detail::padded_to_8): K with
-// zeros in both rounded operands, which add nothing to any sum; N, where it was
-// not one already, through an f32 C in the scratch with rows of the padded N,
-// filled from C first when beta reads it and copied back to C's N columns
-// after, so that nothing past them is written.
-inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                             std::int64_t ldc, GemmContext& context, StreamScratch& scratch) {
-    detail::check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
+namespace detail {
+
+// gemm_bf16_inputs, or with `bias` (beta 0) gemm_bias_bf16_inputs.
+inline void gemm_bf16_inputs_lt(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                                const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
+                                float* C, std::int64_t ldc, GemmContext& context, StreamScratch& scratch,
+                                const float* bias) {
+    check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0 || K == 0 || alpha == 0.0f) {
-        // Nothing to round: C = beta * C at most, which gemm does without reading A or B.
-        gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, context);
+        // Nothing to round: C = beta * C, or the bias rows, which gemm and
+        // gemm_bias write without reading A or B.
+        if (bias != nullptr)
+            gemm_bias(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context);
+        else
+            gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, context);
         return;
     }
-    const std::int64_t padded_K = detail::padded_to_8(K), padded_N = detail::padded_to_8(N);
+    const std::int64_t padded_K = padded_to_8(K), padded_N = padded_to_8(N), padded_M = padded_to_8(M);
     const bool a_plain = ta == Trans::no, b_plain = tb == Trans::no;
     // Stored shapes: A is [M, K] or [K, M], B [K, N] or [N, K]; live, then padded.
     const std::int64_t a_rows = a_plain ? M : K, a_cols = a_plain ? K : M;
     const std::int64_t b_rows = b_plain ? K : N, b_cols = b_plain ? N : K;
-    const std::int64_t a_padded_rows = a_plain ? M : padded_K, a_padded_cols = a_plain ? padded_K : M;
+    const std::int64_t a_padded_rows = a_plain ? padded_M : padded_K, a_padded_cols = a_plain ? padded_K : padded_M;
     const std::int64_t b_padded_rows = b_plain ? padded_K : padded_N, b_padded_cols = b_plain ? padded_N : padded_K;
-    const bool c_through_scratch = padded_N != N;
-    const std::size_t a_bytes = detail::bf16_operand_bytes(a_padded_rows, a_padded_cols);
-    const std::size_t b_bytes = detail::bf16_operand_bytes(b_padded_rows, b_padded_cols);
+    const bool c_through_scratch = padded_N != N || padded_M != M;
+    const std::size_t a_bytes = bf16_operand_bytes(a_padded_rows, a_padded_cols);
+    const std::size_t b_bytes = bf16_operand_bytes(b_padded_rows, b_padded_cols);
     const std::size_t c_bytes =
-        c_through_scratch ? detail::whole_256(static_cast<std::size_t>(M * padded_N) * sizeof(float)) : 0;
+        c_through_scratch ? whole_256(static_cast<std::size_t>(padded_M * padded_N) * sizeof(float)) : 0;
+    // A bias of the padded N for a C of the padded N: zeros past N.
+    const std::size_t bias_bytes =
+        c_through_scratch && bias != nullptr ? whole_256(static_cast<std::size_t>(padded_N) * sizeof(float)) : 0;
     const cudaStream_t stream = context.stream();
     StreamScratchUse use(scratch, stream);
-    auto* base = static_cast<std::byte*>(scratch.acquire(a_bytes + b_bytes + c_bytes, stream));
+    auto* base = static_cast<std::byte*>(scratch.acquire(a_bytes + b_bytes + c_bytes + bias_bytes, stream));
     auto* a16 = reinterpret_cast<bf16*>(base);
     auto* b16 = reinterpret_cast<bf16*>(base + a_bytes);
-    const std::int64_t a16_ld =
-        detail::rounded_operand(A, lda, a_rows, a_cols, a_padded_rows, a_padded_cols, a16, stream);
-    const std::int64_t b16_ld =
-        detail::rounded_operand(B, ldb, b_rows, b_cols, b_padded_rows, b_padded_cols, b16, stream);
+    const std::int64_t a16_ld = rounded_operand(A, lda, a_rows, a_cols, a_padded_rows, a_padded_cols, a16, stream);
+    const std::int64_t b16_ld = rounded_operand(B, ldb, b_rows, b_cols, b_padded_rows, b_padded_cols, b16, stream);
     if (!c_through_scratch) {
-        gemm(ta, tb, M, N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, C, ldc, context);
+        if (bias != nullptr)
+            gemm_bias(ta, tb, M, N, padded_K, alpha, a16, a16_ld, b16, b16_ld, bias, C, ldc, context);
+        else
+            gemm(ta, tb, M, N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, C, ldc, context);
         return;
     }
     auto* c32 = reinterpret_cast<float*>(base + a_bytes + b_bytes);
     const std::size_t row_bytes = static_cast<std::size_t>(N) * sizeof(float);
     const std::size_t c_pitch = static_cast<std::size_t>(ldc) * sizeof(float);
     const std::size_t scratch_pitch = static_cast<std::size_t>(padded_N) * sizeof(float);
-    if (beta != 0.0f)
-        LOOM_CUDA_CHECK(cudaMemcpy2DAsync(c32, scratch_pitch, C, c_pitch, row_bytes, static_cast<std::size_t>(M),
-                                          cudaMemcpyDeviceToDevice, stream));
-    gemm(ta, tb, M, padded_N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, c32, padded_N, context);
+    if (bias != nullptr) {
+        auto* padded_bias = reinterpret_cast<float*>(base + a_bytes + b_bytes + c_bytes);
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(padded_bias, bias, row_bytes, cudaMemcpyDeviceToDevice, stream));
+        LOOM_CUDA_CHECK(cudaMemsetAsync(padded_bias + N, 0, scratch_pitch - row_bytes, stream));
+        gemm_bias(ta, tb, padded_M, padded_N, padded_K, alpha, a16, a16_ld, b16, b16_ld, padded_bias, c32, padded_N,
+                  context);
+    } else {
+        if (beta != 0.0f)
+            LOOM_CUDA_CHECK(cudaMemcpy2DAsync(c32, scratch_pitch, C, c_pitch, row_bytes, static_cast<std::size_t>(M),
+                                              cudaMemcpyDeviceToDevice, stream));
+        gemm(ta, tb, padded_M, padded_N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, c32, padded_N, context);
+    }
     LOOM_CUDA_CHECK(cudaMemcpy2DAsync(C, c_pitch, c32, scratch_pitch, row_bytes, static_cast<std::size_t>(M),
                                       cudaMemcpyDeviceToDevice, stream));
+}
+
+}  // namespace detail
+
+// C[M, N] = alpha * bf16(op(A)) * bf16(op(B)) + beta * C, f32 sums, f32 C; the
+// arguments and checks of gemm (kernels/cuda/gemm.cuh), plus the scratch that
+// holds the rounded operands. Queued on context.stream(); nothing waits.
+// K, N and M go to cuBLASLt padded to multiples of 8 (detail::padded_to_8): K
+// with zeros in both rounded operands, which add nothing to any sum; N or M,
+// where either was not one already, through an f32 C in the scratch of the
+// padded shape, filled from C first when beta reads it and copied back to C's
+// M x N after, so that nothing past them is written. (cuBLASLt's n is our M:
+// GPT-2's head gradient dW, M = 50257, ran on its cutlass fallback in 1.3 ms.)
+inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                             const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                             std::int64_t ldc, GemmContext& context, StreamScratch& scratch) {
+    detail::gemm_bf16_inputs_lt(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, context, scratch, nullptr);
+}
+
+// C[M, N] = alpha * bf16(op(A)) * bf16(op(B)) + bias on every row (bias[N],
+// f32, not rounded: the host adds it in f32 too), in the product's epilogue
+// (gemm.cuh's gemm_bias); C is written, not read.
+inline void gemm_bias_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                                  const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                                  const float* bias, float* C, std::int64_t ldc, GemmContext& context,
+                                  StreamScratch& scratch) {
+    LOOM_CHECK(bias != nullptr || M == 0 || N == 0, "gemm_bias: the bias is null; pass N = ", N, " floats");
+    detail::gemm_bf16_inputs_lt(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc, context, scratch, bias);
 }
 
 }  // namespace loom::kernels::cuda
