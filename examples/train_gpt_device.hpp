@@ -67,9 +67,15 @@ inline loom::Device process_device(const Flags& flags) {
     if (!flags.device_per_process) return flags.device;
     for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"})
         if (const char* value = std::getenv(variable)) {
-            const int visible = loom::device_runtime(flags.device).device_count();
+            char* end = nullptr;
+            const long local_rank = std::strtol(value, &end, 10);
+            if (end == value || *end != '\0' || local_rank > 1'000'000)
+                usage_error(std::string("--device cuda under mpirun: ") + variable + " = '" + value +
+                            "' is not a local rank (a whole number from 0)");
             try {
-                return loom::cuda_device(loom::comm::device_of_local_rank(std::atoi(value), visible, variable));
+                const int visible = loom::device_runtime(flags.device).device_count();
+                return loom::cuda_device(
+                    loom::comm::device_of_local_rank(static_cast<int>(local_rank), visible, variable));
             } catch (const loom::Error& e) {
                 usage_error("--device cuda under mpirun: " + e.message());
             }

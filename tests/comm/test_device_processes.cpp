@@ -64,8 +64,9 @@ TEST_CASE("device_of_local_rank gives a node's processes one GPU each, and names
     // None visible: the rank's own index, for check_device_usable to name the reason.
     CHECK(device_of_local_rank(2, 0, "SLURM_LOCALID") == 2);
     CHECK(loom_test::message_of([] { (void)device_of_local_rank(4, 4, "OMPI_COMM_WORLD_LOCAL_RANK"); }) ==
-          "local rank 4 (OMPI_COMM_WORLD_LOCAL_RANK) has no GPU of its own: this process sees 4 (0 to 3); start at "
-          "most 4 processes per node, or give each process one GPU (srun --gpus-per-task=1)");
+          "local rank 4 (OMPI_COMM_WORLD_LOCAL_RANK) has no GPU of its own: this process sees 4 GPUs (cuda:0 to "
+          "cuda:3); start at most 4 processes per node, or show each process one GPU (CUDA_VISIBLE_DEVICES, srun "
+          "--gpus-per-task=1)");
     CHECK(loom_test::message_of([] { (void)device_of_local_rank(-1, 2, "PMI_LOCAL_RANK"); }) ==
           "PMI_LOCAL_RANK = -1 is not a local rank; a launcher numbers a node's processes from 0");
 }

@@ -5,8 +5,10 @@
 // differs, so each element is allowed 2e-5 of sum_k |a||b| + |bias|, the
 // GEMM tests' bound. Shapes with M and N multiples of 8 and without (the
 // bf16 product then goes through its padded scratch, bias included), a bias
-// at an address cuBLASLt's epilogue does not take (the fallback: bias rows,
-// then the product), and K = 0 (the bias rows, bit for bit). C starts as NaN
+// at an address cuBLASLt's epilogue does not take (the fallback, bias rows
+// then the product, for f32 at both shapes and bf16 at the aligned one; the
+// padded bf16 product copies the bias to an aligned scratch first), and
+// K = 0 (the bias rows, bit for bit). C starts as NaN
 // bytes: it is written, never read. Host C++ (g++): only the backend's
 // translation unit is nvcc's. Skipped with the rest when no GPU is present.
 #include <catch2/catch.hpp>
@@ -37,7 +39,7 @@ std::vector<float> normal_values(std::int64_t n, std::uint32_t seed) {
 
 loom::DeviceBuffer on_gpu(const std::vector<float>& values) {
     loom::DeviceBuffer buffer(loom::DType::f32, Shape{static_cast<std::int64_t>(values.size())}, loom::cuda_device(0));
-    loom::copy_tensor(buffer.tensor(), Tensor::of(const_cast<float*>(values.data()), Shape{buffer.tensor().numel()}));
+    loom::copy_tensor(buffer.tensor(), Tensor::of(values.data(), Shape{buffer.tensor().numel()}));
     return buffer;
 }
 

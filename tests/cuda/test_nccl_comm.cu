@@ -1,7 +1,8 @@
 // loom::comm::Nccl on this machine's GPUs: the collective suite every
 // transport runs (host tensors staged through device memory), bf16/f16 sums
 // accumulated in f32 and rounded once, bootstrap over a host communicator,
-// split, the timeout that aborts, and the messages for buffers it cannot move.
+// split, the timeout that aborts, the messages for buffers it cannot move, and
+// the process joiner (cuda_backend_nccl.cuh) that train_gpt uses under mpirun.
 #include <catch2/catch.hpp>
 
 #if LOOM_TEST_NCCL
@@ -21,9 +22,13 @@
 
 #include "../comm/collective_suite.hpp"
 #include "loom/comm/communicator_nccl.cuh"
+#include "loom/comm/device_processes.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/buffer_cuda.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/cuda_backend_nccl.cuh"
 #include "staged_collectives.hpp"
+#include "support/message_of.hpp"
 
 namespace {
 
@@ -334,6 +339,39 @@ TEST_CASE("Nccl reports a collective that differs between ranks on every rank", 
         }
         fail("a count mismatch between ranks was not reported");
     });
+}
+
+TEST_CASE("run_process_on over NCCL runs the body on the GPU's communicator, and a failed body aborts it",
+          "[nccl][device]") {
+    // One process per GPU in train_gpt; here the ranks of a ThreadWorld on
+    // every visible GPU. The body's error comes back on its rank, and every
+    // rank's communicator is aborted rather than destroyed (the joiner agrees
+    // over the host communicator first, so no rank waits in NCCL's destroy).
+    const std::vector<int> devices = all_devices();
+    loom::comm::ThreadWorld world(static_cast<int>(devices.size()));
+    REQUIRE_NOTHROW(world.run([&](loom::comm::ThreadComm& host_comm) {
+        loom::comm::AnyComm host = loom::comm::AnyComm::view(host_comm);
+        const loom::Device gpu = loom::cuda_device(devices[static_cast<std::size_t>(host_comm.rank())]);
+        std::vector<float> sum;
+        loom::comm::run_process_on(gpu, host, [&](loom::comm::AnyComm& gpus) {
+            loom::Buffer<loom::Cuda> x(DType::f32, Shape{4}, gpu);
+            loom::fill_floats(x.tensor(), static_cast<float>(gpus.rank() + 1));
+            gpus.all_reduce(x.tensor(), x.tensor(), ReduceOp::sum);
+            sum = loom::to_host<float>(x.tensor());
+        });
+        const float want = static_cast<float>(host_comm.size() * (host_comm.size() + 1) / 2);
+        if (sum != std::vector<float>(4, want)) fail("run_process_on's all_reduce gave the wrong sum");
+        const std::string message = loom_test::message_of([&] {
+            loom::comm::run_process_on(gpu, host, [&](loom::comm::AnyComm&) {
+                if (host_comm.rank() == 0) throw loom::Error("the body failed on rank 0");
+            });
+        });
+        const std::string expected =
+            host_comm.rank() == 0 ? "the body failed on rank 0"
+                                  : "rank " + std::to_string(host_comm.rank()) + " of " +
+                                        std::to_string(host_comm.size()) + " finished, but another rank failed";
+        if (message.rfind(expected, 0) != 0) fail("a failed body gave: " + message);
+    }));
 }
 
 #endif  // LOOM_TEST_NCCL

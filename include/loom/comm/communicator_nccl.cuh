@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -125,9 +126,14 @@ public:
         LOOM_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
         std::vector<Nccl> ranks;
         ranks.reserve(devices.size());
+        // One abort group: a rank aborted (a timeout, a failed call) makes
+        // every rank of the process abort at teardown rather than destroy,
+        // whose barrier would wait for the aborted one for ever.
+        const auto group = std::make_shared<std::atomic<bool>>(false);
         for (std::size_t i = 0; i < comms.size(); ++i) {
             try {
                 ranks.push_back(Nccl(comms[i], devices[i], std::nullopt, options));
+                ranks.back().t_->join_abort_group(group);
             } catch (...) {
                 for (std::size_t j = i + 1; j < comms.size(); ++j) ncclCommAbort(comms[j]);
                 throw;
@@ -242,8 +248,18 @@ public:
         ncclComm_t child = nullptr;
         t_->check(ncclCommSplit(t_->comm(), color, key, &child, nullptr), "ncclCommSplit");
         LOOM_CHECK(child != nullptr, "split: NCCL returned no communicator for color ", color, " on ", t_->where());
-        return Nccl(std::make_shared<detail::NcclTransport>(child, t_->device(), t_->shared_stream(), t_->options()));
+        auto transport =
+            std::make_shared<detail::NcclTransport>(child, t_->device(), t_->shared_stream(), t_->options());
+        transport->join_abort_group(t_->abort_group());  // in one process, the parent's ranks and its splits agree
+        return Nccl(std::move(transport));
     }
+
+    // Aborts the communicator now, without throwing: NCCL's work on it stops,
+    // every later call throws `why`, and its abort group (in_process's ranks
+    // and the splits) aborts too at teardown. For a teardown all ranks agree
+    // on (cuda_backend_nccl.cuh): ncclCommDestroy waits for the node's other
+    // ranks, ncclCommAbort does not.
+    void abort(std::string_view why) { t_->abort(why); }
 
 private:
     explicit Nccl(std::shared_ptr<detail::NcclTransport> transport) : t_(std::move(transport)) {}
@@ -257,7 +273,7 @@ private:
 
     // Within one process NCCL's kernels read and write the peers' user
     // buffers directly (P2P direct). Buffer<Cuda> comes from each device's
-    // default cudaMallocAsync pool, which peer access (cudaDeviceEnablePeerAccess)
+    // current cudaMallocAsync pool, which peer access (cudaDeviceEnablePeerAccess)
     // does not cover: each pool must grant it itself. Devices that cannot
     // reach each other are left alone; NCCL then moves data another way.
     static void share_memory_pools(const std::vector<int>& devices) {
@@ -275,8 +291,8 @@ private:
                 grants.push_back(grant);
             }
             if (grants.empty()) continue;
-            cudaMemPool_t pool = nullptr;
-            LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, owner));
+            cudaMemPool_t pool = nullptr;  // the pool cudaMallocAsync draws from now (the default unless set)
+            LOOM_CUDA_CHECK(cudaDeviceGetMemPool(&pool, owner));
             LOOM_CUDA_CHECK(cudaMemPoolSetAccess(pool, grants.data(), grants.size()));
         }
     }

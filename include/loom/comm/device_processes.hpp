@@ -36,8 +36,9 @@ public:
                "processes from 0");
     if (visible == 1) return 0;
     LOOM_CHECK(visible <= 0 || local_rank < visible, "local rank ", local_rank, " (", variable,
-               ") has no GPU of its own: this process sees ", visible, " (0 to ", visible - 1, "); start at most ",
-               visible, " processes per node, or give each process one GPU (srun --gpus-per-task=1)");
+               ") has no GPU of its own: this process sees ", visible, " GPUs (cuda:0 to cuda:", visible - 1,
+               "); start at most ", visible, " processes per node, or show each process one GPU "
+               "(CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1)");
     return local_rank;
 }
 

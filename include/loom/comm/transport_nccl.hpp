@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -134,14 +135,20 @@ public:
         if (switched) cudaSetDevice(device_);
         // NCCL frees memory its kernels may still use: let the stream drain
         // first, within the timeout, and abort rather than hang when it won't.
-        // Unwinding from an exception, abort at once: the other ranks may
-        // never reach their destroy, and ncclCommDestroy waits for the
-        // node's other ranks in a barrier (NCCL's commDestroySync), which
-        // ncclCommAbort skips. (Within one process NCCL defers the work to
-        // the last of its ranks' destroys, so destroying several ranks one
-        // after another on one thread, as in_process's vector does, is safe.)
+        // ncclCommDestroy ends in a barrier with the node's other ranks (NCCL's
+        // commDestroySync), which ncclCommAbort skips, and the barrier has no
+        // timeout: a rank that destroys while another aborted waits for ever.
+        // So the ranks must agree. Unwinding from an exception aborts (the
+        // others may never reach their destroy, and will abort on their
+        // timeout); so does any rank of an abort group (in_process's ranks and
+        // their splits) once one of them was aborted; and the process joiner
+        // (cuda_backend_nccl.cuh) agrees over the host communicator first.
+        // (Within one process NCCL defers the work to the last of its ranks'
+        // destroys, so destroying in_process's ranks one after another on one
+        // thread does not wait.)
         if (comm_ != nullptr) {
-            if (std::uncaught_exceptions() == 0 && drained())
+            const bool group_aborted = abort_group_ != nullptr && abort_group_->load();
+            if (std::uncaught_exceptions() == 0 && !group_aborted && drained())
                 ncclCommDestroy(comm_);
             else
                 ncclCommAbort(comm_);
@@ -163,6 +170,20 @@ public:
     // "rank 1 of 4 on cuda:1", for messages.
     [[nodiscard]] std::string where() const {
         return loom::detail::concat("rank ", rank_, " of ", size_, " on ", cuda_device(device_));
+    }
+
+    // The ranks whose teardown must agree with this one's (see the
+    // destructor); null for a rank on its own.
+    [[nodiscard]] const std::shared_ptr<std::atomic<bool>>& abort_group() const noexcept { return abort_group_; }
+    void join_abort_group(std::shared_ptr<std::atomic<bool>> group) noexcept { abort_group_ = std::move(group); }
+
+    // Aborts the communicator without throwing: every later call throws
+    // `why`, and the abort group tears down by aborting too.
+    void abort(std::string_view why) {
+        if (comm_ != nullptr) ncclCommAbort(comm_);
+        comm_ = nullptr;
+        if (aborted_.empty()) aborted_ = std::string(why);
+        if (abort_group_ != nullptr) abort_group_->store(true);
     }
 
     void check_usable() const {
@@ -313,9 +334,7 @@ public:
 
     [[noreturn]] void abort_and_fail(const std::string& message,
                                      std::source_location location = std::source_location::current()) {
-        if (comm_ != nullptr) ncclCommAbort(comm_);
-        comm_ = nullptr;
-        aborted_ = message;
+        abort(message);
         throw Error(message, location);
     }
 
@@ -411,6 +430,7 @@ private:
     std::shared_ptr<NcclStream> stream_;
     CommOptions options_;
     std::string aborted_;  // why the communicator was aborted; empty while usable
+    std::shared_ptr<std::atomic<bool>> abort_group_;  // set once any rank of the group aborted
     std::vector<NcclP2p> batch_;
     std::shared_ptr<NcclCompletion> batch_done_;
     void* scratch_ = nullptr;

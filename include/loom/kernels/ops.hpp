@@ -103,6 +103,8 @@ inline void gemm_bias(MatmulPrecision precision, Trans ta, Trans tb, std::int64_
                       const Tensor& A, std::int64_t lda, const Tensor& B, std::int64_t ldb, const Tensor& bias,
                       const Tensor& C) {
     const Device d = detail::common_device("gemm_bias", {&A, &B, &bias, &C});
+    LOOM_CHECK(bias.numel() == N && C.numel() == M * N && C.is_contiguous(), "gemm_bias: the bias has ", bias.numel(),
+               " elements and C is ", C, "; pass N = ", N, " biases and a contiguous [", M, ", ", N, "] C");
     if (detail::on_host(d)) {
         repeat_rows(bias, C, M, N);
         gemm(precision, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
