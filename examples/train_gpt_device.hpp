@@ -69,7 +69,7 @@ inline loom::Device process_device(const Flags& flags) {
         if (const char* value = std::getenv(variable)) {
             char* end = nullptr;
             const long local_rank = std::strtol(value, &end, 10);
-            if (end == value || *end != '\0' || local_rank > 1'000'000)
+            if (end == value || *end != '\0' || local_rank < 0 || local_rank > 1'000'000)
                 usage_error(std::string("--device cuda under mpirun: ") + variable + " = '" + value +
                             "' is not a local rank (a whole number from 0)");
             try {

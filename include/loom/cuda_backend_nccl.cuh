@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 
 #include "loom/comm/any_comm.hpp"
 #include "loom/comm/communicator_nccl.cuh"
@@ -24,30 +25,37 @@ namespace loom::nccl_backend {
 
 class NcclProcessJoiner final : public comm::DeviceProcessJoiner {
 public:
-    // The ranks agree on how the communicator ends before it does:
-    // ncclCommDestroy ends in a barrier with the node's other ranks, which
-    // ncclCommAbort skips, so one rank aborting while another destroys would
-    // leave the other waiting for ever. A rank whose body threw (after its
-    // peers' own timeouts, if they were waiting on it) says so over the host
-    // communicator; if any did, every rank aborts, and the ranks whose body
-    // finished throw too, naming the failure as theirs does not.
+    // The ranks learn whether any of them failed before the communicator
+    // ends: a rank whose bootstrap or body threw (after its peers' own NCCL
+    // timeouts, where they were waiting on it) says so over the host
+    // communicator; if any did, every rank aborts its communicator (stopping
+    // NCCL work no peer will match), and the ranks that finished throw too,
+    // saying so, rather than return as if the job had succeeded.
     void run(comm::AnyComm& host, Device device, const std::function<void(comm::AnyComm&)>& body) const override {
-        comm::Nccl nccl = comm::Nccl::bootstrap(host, device.index);
+        std::optional<comm::Nccl> nccl;
         std::exception_ptr failure;
         try {
-            const cuda_backend::StreamScope stream(nccl.stream());
-            comm::AnyComm any = comm::AnyComm::view(nccl);
+            nccl.emplace(comm::Nccl::bootstrap(host, device.index));
+            const cuda_backend::StreamScope stream(nccl->stream());
+            comm::AnyComm any = comm::AnyComm::view(*nccl);
             body(any);
-            nccl.synchronize();  // the body's last work is done before the communicator goes
+            nccl->synchronize();  // the body's last work is done before the communicator goes
         } catch (...) {
             failure = std::current_exception();
         }
         std::int32_t failed = failure != nullptr ? 1 : 0;
-        host.all_reduce(Tensor::of(&failed, Shape{1}), Tensor::of(&failed, Shape{1}), comm::ReduceOp::max);
-        if (failed != 0) nccl.abort("another rank's work on this communicator failed; it was aborted on every rank");
+        try {
+            host.all_reduce(Tensor::of(&failed, Shape{1}), Tensor::of(&failed, Shape{1}), comm::ReduceOp::max);
+        } catch (...) {  // the host communicator failed too: this rank's own error first
+            if (nccl) nccl->abort("the host communicator failed while the ranks compared their outcomes");
+            if (failure != nullptr) std::rethrow_exception(failure);
+            throw;
+        }
+        if (failed != 0 && nccl) nccl->abort("another rank's work on this communicator failed; it was aborted");
         if (failure != nullptr) std::rethrow_exception(failure);
-        LOOM_CHECK(failed == 0, "rank ", host.rank(), " of ", host.size(), " finished, but another rank failed on ",
-                   device, ": the NCCL communicator was aborted on every rank (that rank's error says why)");
+        LOOM_CHECK(failed == 0, "rank ", host.rank(), " of ", host.size(), " (", device,
+                   ") finished, but another rank failed: the NCCL communicator was aborted on every rank (that "
+                   "rank's error says why)");
     }
 };
 

@@ -344,9 +344,9 @@ TEST_CASE("Nccl reports a collective that differs between ranks on every rank", 
 TEST_CASE("run_process_on over NCCL runs the body on the GPU's communicator, and a failed body aborts it",
           "[nccl][device]") {
     // One process per GPU in train_gpt; here the ranks of a ThreadWorld on
-    // every visible GPU. The body's error comes back on its rank, and every
-    // rank's communicator is aborted rather than destroyed (the joiner agrees
-    // over the host communicator first, so no rank waits in NCCL's destroy).
+    // every visible GPU. The body's error comes back on its rank, and the
+    // other ranks, whose bodies finished, are told over the host
+    // communicator that one failed.
     const std::vector<int> devices = all_devices();
     loom::comm::ThreadWorld world(static_cast<int>(devices.size()));
     REQUIRE_NOTHROW(world.run([&](loom::comm::ThreadComm& host_comm) {
@@ -369,7 +369,8 @@ TEST_CASE("run_process_on over NCCL runs the body on the GPU's communicator, and
         const std::string expected =
             host_comm.rank() == 0 ? "the body failed on rank 0"
                                   : "rank " + std::to_string(host_comm.rank()) + " of " +
-                                        std::to_string(host_comm.size()) + " finished, but another rank failed";
+                                        std::to_string(host_comm.size()) + " (cuda:" +
+                                        std::to_string(gpu.index) + ") finished, but another rank failed";
         if (message.rfind(expected, 0) != 0) fail("a failed body gave: " + message);
     }));
 }

@@ -7,7 +7,6 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,10 +61,9 @@ namespace loom::comm {
 // loom::Error; every later call throws that the communicator was aborted.
 // (Blocking forms do not wait, so their faults surface at the next of these.)
 // Initialisation and split block until all ranks arrive, as in NCCL. The
-// destructor lets the stream drain, within the timeout, before destroying
-// the communicator, and aborts it instead when the stream does not drain or
-// when an exception is unwinding the stack (ncclCommDestroy would wait for
-// the node's other ranks, which may never come).
+// destructor lets the stream drain, within the timeout, then aborts the
+// communicator: ncclCommDestroy would end in a barrier with the node's other
+// ranks, which has no timeout and hangs when any of them aborted.
 // With CommOptions::check_calls every collective first all-gathers its
 // signature and waits for it, so a mismatch throws on every rank.
 //
@@ -126,14 +124,9 @@ public:
         LOOM_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()));
         std::vector<Nccl> ranks;
         ranks.reserve(devices.size());
-        // One abort group: a rank aborted (a timeout, a failed call) makes
-        // every rank of the process abort at teardown rather than destroy,
-        // whose barrier would wait for the aborted one for ever.
-        const auto group = std::make_shared<std::atomic<bool>>(false);
         for (std::size_t i = 0; i < comms.size(); ++i) {
             try {
                 ranks.push_back(Nccl(comms[i], devices[i], std::nullopt, options));
-                ranks.back().t_->join_abort_group(group);
             } catch (...) {
                 for (std::size_t j = i + 1; j < comms.size(); ++j) ncclCommAbort(comms[j]);
                 throw;
@@ -248,17 +241,12 @@ public:
         ncclComm_t child = nullptr;
         t_->check(ncclCommSplit(t_->comm(), color, key, &child, nullptr), "ncclCommSplit");
         LOOM_CHECK(child != nullptr, "split: NCCL returned no communicator for color ", color, " on ", t_->where());
-        auto transport =
-            std::make_shared<detail::NcclTransport>(child, t_->device(), t_->shared_stream(), t_->options());
-        transport->join_abort_group(t_->abort_group());  // in one process, the parent's ranks and its splits agree
-        return Nccl(std::move(transport));
+        return Nccl(std::make_shared<detail::NcclTransport>(child, t_->device(), t_->shared_stream(), t_->options()));
     }
 
-    // Aborts the communicator now, without throwing: NCCL's work on it stops,
-    // every later call throws `why`, and its abort group (in_process's ranks
-    // and the splits) aborts too at teardown. For a teardown all ranks agree
-    // on (cuda_backend_nccl.cuh): ncclCommDestroy waits for the node's other
-    // ranks, ncclCommAbort does not.
+    // Aborts the communicator now, without throwing: NCCL's work on it stops
+    // and every later call throws `why` (the process joiner's way to end a
+    // communicator another rank's failure has made useless).
     void abort(std::string_view why) { t_->abort(why); }
 
 private:

@@ -10,11 +10,9 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -134,24 +132,17 @@ public:
         const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_;
         if (switched) cudaSetDevice(device_);
         // NCCL frees memory its kernels may still use: let the stream drain
-        // first, within the timeout, and abort rather than hang when it won't.
-        // ncclCommDestroy ends in a barrier with the node's other ranks (NCCL's
-        // commDestroySync), which ncclCommAbort skips, and the barrier has no
-        // timeout: a rank that destroys while another aborted waits for ever.
-        // So the ranks must agree. Unwinding from an exception aborts (the
-        // others may never reach their destroy, and will abort on their
-        // timeout); so does any rank of an abort group (in_process's ranks and
-        // their splits) once one of them was aborted; and the process joiner
-        // (cuda_backend_nccl.cuh) agrees over the host communicator first.
-        // (Within one process NCCL defers the work to the last of its ranks'
-        // destroys, so destroying in_process's ranks one after another on one
-        // thread does not wait.)
+        // first, within the timeout. Then abort, never destroy: ncclCommDestroy
+        // ends in a barrier with the node's other ranks (NCCL's
+        // commDestroySync) that has no timeout, and a rank that destroys while
+        // another aborted (a failure, a timeout, an exception unwinding, a
+        // split destroyed inside a body that failed elsewhere) waits for ever.
+        // ncclCommAbort skips that barrier; once the stream has drained there
+        // is nothing left for it to stop, so it frees what a destroy would.
+        // (PyTorch's ProcessGroupNCCL aborts its communicators at teardown too.)
         if (comm_ != nullptr) {
-            const bool group_aborted = abort_group_ != nullptr && abort_group_->load();
-            if (std::uncaught_exceptions() == 0 && !group_aborted && drained())
-                ncclCommDestroy(comm_);
-            else
-                ncclCommAbort(comm_);
+            (void)drained();
+            ncclCommAbort(comm_);
         }
         if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream());
         if (words_ != nullptr) cudaFreeAsync(words_, stream());
@@ -172,18 +163,12 @@ public:
         return loom::detail::concat("rank ", rank_, " of ", size_, " on ", cuda_device(device_));
     }
 
-    // The ranks whose teardown must agree with this one's (see the
-    // destructor); null for a rank on its own.
-    [[nodiscard]] const std::shared_ptr<std::atomic<bool>>& abort_group() const noexcept { return abort_group_; }
-    void join_abort_group(std::shared_ptr<std::atomic<bool>> group) noexcept { abort_group_ = std::move(group); }
-
-    // Aborts the communicator without throwing: every later call throws
-    // `why`, and the abort group tears down by aborting too.
+    // Aborts the communicator now, without throwing: NCCL's work on it
+    // stops, and every later call throws `why`.
     void abort(std::string_view why) {
         if (comm_ != nullptr) ncclCommAbort(comm_);
         comm_ = nullptr;
         if (aborted_.empty()) aborted_ = std::string(why);
-        if (abort_group_ != nullptr) abort_group_->store(true);
     }
 
     void check_usable() const {
@@ -430,7 +415,6 @@ private:
     std::shared_ptr<NcclStream> stream_;
     CommOptions options_;
     std::string aborted_;  // why the communicator was aborted; empty while usable
-    std::shared_ptr<std::atomic<bool>> abort_group_;  // set once any rank of the group aborted
     std::vector<NcclP2p> batch_;
     std::shared_ptr<NcclCompletion> batch_done_;
     void* scratch_ = nullptr;
