@@ -141,7 +141,7 @@ public:
         // is nothing left for it to stop, so it frees what a destroy would.
         // (PyTorch's ProcessGroupNCCL aborts its communicators at teardown too.)
         if (comm_ != nullptr) {
-            (void)drained();
+            drain();
             ncclCommAbort(comm_);
         }
         if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream());
@@ -377,18 +377,17 @@ private:
                 throw Error(mismatch_message(calls_, 0, first, r, other));
     }
 
-    // Whether the stream finishes within the timeout, for the destructor.
-    [[nodiscard]] bool drained() noexcept {
+    // Waits for the stream to finish, for the destructor: until it does, the
+    // timeout passes, or NCCL reports an error (nothing more will finish).
+    void drain() noexcept {
         cudaEvent_t event = nullptr;
-        if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return false;
-        bool done = false;
+        if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return;
         if (cudaEventRecord(event, stream()) == cudaSuccess) {
             const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
             for (int round = 0;; ++round) {
                 const cudaError_t status = cudaEventQuery(event);
                 ncclResult_t state = ncclSuccess;
-                done = status == cudaSuccess;
-                if (done || status != cudaErrorNotReady || std::chrono::steady_clock::now() > deadline) break;
+                if (status != cudaErrorNotReady || std::chrono::steady_clock::now() > deadline) break;
                 const bool failed = ncclCommGetAsyncError(comm_, &state) != ncclSuccess ||
                                     (state != ncclSuccess && state != ncclInProgress);
                 if (failed) break;
@@ -396,7 +395,6 @@ private:
             }
         }
         cudaEventDestroy(event);
-        return done;
     }
 
     // Yields at first (collectives often finish within microseconds), then

@@ -186,19 +186,16 @@ inline std::int64_t rounded_operand(const float* x, std::int64_t ld, std::int64_
 
 namespace detail {
 
-// gemm_bf16_inputs, or with `bias` (beta 0) gemm_bias_bf16_inputs.
+// gemm_bf16_inputs, or with `bias` (beta 0) gemm_bias_bf16_inputs; each
+// product goes to gemm_lt (gemm.cuh), which takes the bias, or none, itself.
 inline void gemm_bf16_inputs_lt(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                                 const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
                                 float* C, std::int64_t ldc, GemmContext& context, StreamScratch& scratch,
                                 const float* bias) {
     check_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0 || K == 0 || alpha == 0.0f) {
-        // Nothing to round: C = beta * C, or the bias rows, which gemm and
-        // gemm_bias write without reading A or B.
-        if (bias != nullptr)
-            gemm_bias(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context);
-        else
-            gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, context);
+        // Nothing to round: C = beta * C, or the bias rows, written without reading A or B.
+        gemm_lt(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, context, bias);
         return;
     }
     const std::int64_t padded_K = padded_to_8(K), padded_N = padded_to_8(N), padded_M = padded_to_8(M);
@@ -224,28 +221,24 @@ inline void gemm_bf16_inputs_lt(Trans ta, Trans tb, std::int64_t M, std::int64_t
     const std::int64_t a16_ld = rounded_operand(A, lda, a_rows, a_cols, a_padded_rows, a_padded_cols, a16, stream);
     const std::int64_t b16_ld = rounded_operand(B, ldb, b_rows, b_cols, b_padded_rows, b_padded_cols, b16, stream);
     if (!c_through_scratch) {
-        if (bias != nullptr)
-            gemm_bias(ta, tb, M, N, padded_K, alpha, a16, a16_ld, b16, b16_ld, bias, C, ldc, context);
-        else
-            gemm(ta, tb, M, N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, C, ldc, context);
+        gemm_lt(ta, tb, M, N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, C, ldc, context, bias);
         return;
     }
     auto* c32 = reinterpret_cast<float*>(base + a_bytes + b_bytes);
     const std::size_t row_bytes = static_cast<std::size_t>(N) * sizeof(float);
     const std::size_t c_pitch = static_cast<std::size_t>(ldc) * sizeof(float);
     const std::size_t scratch_pitch = static_cast<std::size_t>(padded_N) * sizeof(float);
-    if (bias != nullptr) {
-        auto* padded_bias = reinterpret_cast<float*>(base + a_bytes + b_bytes + c_bytes);
+    float* padded_bias = nullptr;
+    if (bias != nullptr) {  // C is written, not read
+        padded_bias = reinterpret_cast<float*>(base + a_bytes + b_bytes + c_bytes);
         LOOM_CUDA_CHECK(cudaMemcpyAsync(padded_bias, bias, row_bytes, cudaMemcpyDeviceToDevice, stream));
         LOOM_CUDA_CHECK(cudaMemsetAsync(padded_bias + N, 0, scratch_pitch - row_bytes, stream));
-        gemm_bias(ta, tb, padded_M, padded_N, padded_K, alpha, a16, a16_ld, b16, b16_ld, padded_bias, c32, padded_N,
-                  context);
-    } else {
-        if (beta != 0.0f)
-            LOOM_CUDA_CHECK(cudaMemcpy2DAsync(c32, scratch_pitch, C, c_pitch, row_bytes, static_cast<std::size_t>(M),
-                                              cudaMemcpyDeviceToDevice, stream));
-        gemm(ta, tb, padded_M, padded_N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, c32, padded_N, context);
+    } else if (beta != 0.0f) {
+        LOOM_CUDA_CHECK(cudaMemcpy2DAsync(c32, scratch_pitch, C, c_pitch, row_bytes, static_cast<std::size_t>(M),
+                                          cudaMemcpyDeviceToDevice, stream));
     }
+    gemm_lt(ta, tb, padded_M, padded_N, padded_K, alpha, a16, a16_ld, b16, b16_ld, beta, c32, padded_N, context,
+            padded_bias);
     LOOM_CUDA_CHECK(cudaMemcpy2DAsync(C, c_pitch, c32, scratch_pitch, row_bytes, static_cast<std::size_t>(M),
                                       cudaMemcpyDeviceToDevice, stream));
 }
