@@ -1,6 +1,6 @@
 // What the executor is asked to run: ExecutorOptions (micro-batches, AdamW,
-// tracing, the pipeline partition) and ExecutionPlan (a Strategy's facts as
-// run-time values, so one executor serves every strategy), and how a
+// tracing, the pipeline partition) and ExecutionPlan (a Strategy's value,
+// StrategySpec, so one executor serves every strategy), and how a
 // partition becomes the units of each virtual stage.
 #pragma once
 
@@ -17,6 +17,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/pipeline.hpp"
+#include "loom/parallel/strategy_spec.hpp"
 #include "loom/plan/partition.hpp"
 #include "loom/schedule/pipeline_step.hpp"
 
@@ -48,32 +49,9 @@ struct ExecutorOptions {
     kernels::MatmulPrecision matmul = kernels::MatmulPrecision::f32;
 };
 
-// What a Strategy asks of the executor, as run-time values.
-struct ExecutionPlan {
-    int zero_stage = 0;
-    std::int64_t bucket_bytes = default_bucket_bytes;
-    bool pipelined = false;
-    ScheduleKind schedule = ScheduleKind::one_f_one_b;
-    int chunks = 1;
-    bool tensor_parallel = false;
-    bool tensor_grid = false;  // Optimus2D: the tp axis is a q x q grid
-    bool sequence_parallel = false;
-    nn::SequenceAttention sequence_attention = nn::SequenceAttention::ring;
-    bool sequence_zigzag = true;
-    int sequence_ulysses = 1;  // UlyssesRing<K>: K
-    Compression dp_compression{};  // GradCompress<C> (DpAxis): the gradient exchange
-    Compression pp_compression{};  // GradCompress<Cast, PpAxis>: stage messages
-    Compression tp_compression{};  // GradCompress<Cast, TpAxis>: the f/g all-reduces
-
-    template <class S>
-    [[nodiscard]] static ExecutionPlan of() {
-        return ExecutionPlan{S::zero_stage,        S::bucket_bytes,       S::pipelined,
-                             S::schedule,          S::chunks,             S::tensor_parallel,
-                             S::tensor_grid,       S::sequence_parallel,  S::sequence_attention,
-                             S::sequence_zigzag,   S::sequence_ulysses,   S::dp_compression,
-                             S::pp_compression,    S::tp_compression};
-    }
-};
+// What a Strategy asks of the executor, as run-time values: the strategy's
+// one value (parallel/strategy_spec.hpp), under the executor's older name.
+using ExecutionPlan = StrategySpec;
 
 // The units per virtual stage for `units` units over `virtual_stages`: the
 // given partition, checked, or the min-max balance of the costs.

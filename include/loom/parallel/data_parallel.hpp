@@ -8,11 +8,17 @@
 //   using S = loom::Strategy<loom::DataParallel<loom::BucketBytes<4 << 20>>>;
 #pragma once
 
+#include <charconv>
 #include <cstdint>
+#include <optional>
 #include <ostream>
+#include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/strategy_rules.hpp"
 
 namespace loom {
 
@@ -21,7 +27,7 @@ namespace loom {
 // per-call latency.
 template <std::int64_t Bytes>
 struct BucketBytes {
-    static_assert(Bytes >= 1, "BucketBytes<N>: a bucket must hold at least 1 byte");
+    static_assert(Bytes >= 1, LOOM_RULE_BUCKET_BYTES);
     static constexpr std::int64_t value = Bytes;
 };
 
@@ -47,17 +53,40 @@ constexpr std::int64_t bucket_bytes_of() {
 }
 }  // namespace detail
 
+// A bucket size in words: "512 B", "16.0 KiB", "2 MiB", "1.5 MiB", "1.0 GiB"
+// as readable_bytes writes it, and its inverse; a size those words would
+// round ("1000000 B") is written in bytes, so the text always reads back.
+[[nodiscard]] inline std::optional<std::int64_t> parse_bucket_size(std::string_view number, std::string_view unit) {
+    double value = 0;
+    const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), value);
+    double scale = 0;
+    if (unit == "B") scale = 1;
+    else if (unit == "KiB") scale = 1 << 10;
+    else if (unit == "MiB") scale = 1 << 20;
+    else if (unit == "GiB") scale = 1 << 30;
+    const double bytes = value * scale;
+    if (error != std::errc{} || end != number.data() + number.size() || scale == 0 || !(bytes >= 1) ||
+        bytes > 9e18 || bytes != static_cast<double>(static_cast<std::int64_t>(bytes)))
+        return std::nullopt;
+    return static_cast<std::int64_t>(bytes);
+}
+[[nodiscard]] inline std::string bucket_size_text(std::int64_t bytes) {
+    const std::string words = readable_bytes(bytes);
+    const auto space = words.find(' ');
+    const auto back = parse_bucket_size(std::string_view(words).substr(0, space), std::string_view(words).substr(space + 1));
+    return back == bytes ? words : std::to_string(bytes) + " B";
+}
+
 template <class... Options>
 struct DataParallel {
     static_assert((detail::is_bucket_bytes<Options>::value && ...),
                   "DataParallel<Options...>: every option must be a DataParallel option (BucketBytes<N>)");
-    static_assert((0 + ... + (detail::is_bucket_bytes<Options>::value ? 1 : 0)) <= 1,
-                  "DataParallel<Options...>: BucketBytes is given twice; give one bucket size");
+    static_assert((0 + ... + (detail::is_bucket_bytes<Options>::value ? 1 : 0)) <= 1, LOOM_RULE_ONE_BUCKET_SIZE);
 
     static constexpr PolicyKind kind = PolicyKind::data_parallel;
     static constexpr std::int64_t bucket_bytes = detail::bucket_bytes_of<Options...>();
 
-    static void describe(std::ostream& out) { out << "DataParallel<bucket " << readable_bytes(bucket_bytes) << ">"; }
+    static void describe(std::ostream& out) { out << "DataParallel<bucket " << bucket_size_text(bucket_bytes) << ">"; }
 };
 
 }  // namespace loom

@@ -23,6 +23,7 @@
 // start after ExecutorOptions::compress_warmup uncompressed steps.
 #pragma once
 
+#include <charconv>
 #include <concepts>
 #include <cstdint>
 #include <cstdlib>
@@ -33,6 +34,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/strategy_rules.hpp"
 
 namespace loom {
 
@@ -84,7 +86,13 @@ struct Compression {
             case CompressorKind::bf16: out << "CastBf16"; return;
             case CompressorKind::fp16: out << "CastFp16"; return;
             case CompressorKind::int8: out << "Int8Block<" << block << ">"; return;
-            case CompressorKind::top_k: out << "TopK<" << ratio << ">"; return;
+            case CompressorKind::top_k: {
+                // The shortest digits that read back as this ratio.
+                char digits[32];
+                const auto printed = std::to_chars(digits, digits + sizeof digits, ratio);
+                out << "TopK<" << std::string_view(digits, static_cast<std::size_t>(printed.ptr - digits)) << ">";
+                return;
+            }
             case CompressorKind::power_sgd: out << "PowerSGD<" << rank << ">"; return;
             case CompressorKind::one_bit:
                 out << "OneBit";
@@ -220,8 +228,7 @@ struct GradCompress {
                   "TopK<ratio>, PowerSGD<rank> or OneBit");
     static_assert(Axis::axis == CompressedAxis::dp || !CompressorPolicy<Compressor> ||
                       detail::compression_of<Compressor>().is_cast(),
-                  "GradCompress on PpAxis or TpAxis takes CastBf16 or CastFp16: activations cross those axes once, "
-                  "with no error feedback to recover what a lossier compressor drops");
+                  LOOM_RULE_ACTIVATION_CAST);
 
     static constexpr PolicyKind kind = PolicyKind::compression;
     static constexpr Compression compression = detail::compression_of<Compressor>();

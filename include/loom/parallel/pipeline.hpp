@@ -16,6 +16,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/strategy_rules.hpp"
 
 namespace loom {
 
@@ -63,8 +64,7 @@ struct OneFOneB {
 // rank r; the bubble shrinks by V at V times the p2p traffic.
 template <int V>
 struct Interleaved {
-    static_assert(V >= 2, "Interleaved<V>: V is the number of chunks per rank and must be at least 2; "
-                          "one chunk per rank is OneFOneB");
+    static_assert(V >= 2, LOOM_RULE_INTERLEAVED_CHUNKS);
     static constexpr ScheduleKind kind = ScheduleKind::interleaved;
     static constexpr int chunks = V;
     static void describe(std::ostream& out) { out << "Interleaved<" << V << ">"; }

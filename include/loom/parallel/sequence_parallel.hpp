@@ -24,6 +24,7 @@
 
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/strategy_rules.hpp"
 
 namespace loom {
 
@@ -41,7 +42,7 @@ struct Ulysses {
 
 template <int K>
 struct UlyssesRing {
-    static_assert(K >= 2, "UlyssesRing<K>: K is the Ulysses group size, 2 or more (K = 1 is RingAttention)");
+    static_assert(K >= 2, LOOM_RULE_ULYSSES_GROUP);
     static constexpr nn::SequenceAttention attention = nn::SequenceAttention::hybrid;
     static constexpr int ulysses = K;
     static void describe(std::ostream& out) { out << "UlyssesRing<" << K << ">"; }

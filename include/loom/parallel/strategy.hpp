@@ -1,4 +1,5 @@
-// Strategy<Policies...>: the compile-time set of policies a model trains with.
+// Strategy<Policies...>: the compile-time set of policies a model trains with,
+// and its value, Strategy<...>::spec (parallel/strategy_spec.hpp).
 // Mistakes are caught here, as sentences: something that is not a policy, the
 // same kind of policy twice (two bucket sizes, two ZeRO stages). Degrees (how
 // many ranks on each axis) are not part of the type: they come from the mesh
@@ -18,6 +19,8 @@
 #include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/policy.hpp"
 #include "loom/parallel/sequence_parallel.hpp"
+#include "loom/parallel/strategy_rules.hpp"
+#include "loom/parallel/strategy_spec.hpp"
 #include "loom/parallel/zero_shard.hpp"
 
 namespace loom {
@@ -79,22 +82,14 @@ constexpr bool check_is_policy() {
 template <class... Ps>
 struct Strategy {
     static_assert((detail::check_is_policy<Ps>() && ...));
-    static_assert(detail::count_of_kind<PolicyKind::data_parallel, Ps...> <= 1,
-                  "loom::Strategy<...> lists DataParallel twice; give it once, with all its options");
-    static_assert(detail::count_of_kind<PolicyKind::zero_shard, Ps...> <= 1,
-                  "loom::Strategy<...> lists ZeroShard twice; a model has one ZeRO stage, choose 1, 2 or 3");
-    static_assert(detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> <= 1,
-                  "loom::Strategy<...> lists TensorParallel or Optimus2D twice; a model has one tensor-parallel "
-                  "axis, cut in 1D (TensorParallel) or 2D (Optimus2D)");
-    static_assert(detail::count_of_kind<PolicyKind::sequence_parallel, Ps...> <= 1,
-                  "loom::Strategy<...> lists SequenceParallel twice; a model has one sp axis, with one attention");
-    static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1,
-                  "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one");
+    static_assert(detail::count_of_kind<PolicyKind::data_parallel, Ps...> <= 1, LOOM_RULE_ONE_DATA_PARALLEL);
+    static_assert(detail::count_of_kind<PolicyKind::zero_shard, Ps...> <= 1, LOOM_RULE_ONE_ZERO_STAGE);
+    static_assert(detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> <= 1, LOOM_RULE_ONE_TENSOR_POLICY);
+    static_assert(detail::count_of_kind<PolicyKind::sequence_parallel, Ps...> <= 1, LOOM_RULE_ONE_SEQUENCE_POLICY);
+    static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1, LOOM_RULE_ONE_PIPELINE);
     static_assert(detail::compressors_on<CompressedAxis::dp, Ps...> <= 1 &&
                       detail::compressors_on<CompressedAxis::pp, Ps...> <= 1 &&
-                      detail::compressors_on<CompressedAxis::tp, Ps...> <= 1,
-                  "loom::Strategy<...> lists two GradCompress policies for one axis; give each axis (DpAxis, PpAxis, "
-                  "TpAxis) at most one compressor");
+                      detail::compressors_on<CompressedAxis::tp, Ps...> <= 1, LOOM_RULE_ONE_COMPRESSOR_PER_AXIS);
 
     // ZeroShard alone implies data parallelism with the default bucket.
     using data_parallel_policy = typename detail::first_of_kind<PolicyKind::data_parallel, DataParallel<>, Ps...>::type;
@@ -149,6 +144,13 @@ struct Strategy {
     static constexpr Compression dp_compression = detail::compression_on<CompressedAxis::dp, Ps...>();
     static constexpr Compression pp_compression = detail::compression_on<CompressedAxis::pp, Ps...>();
     static constexpr Compression tp_compression = detail::compression_on<CompressedAxis::tp, Ps...>();
+
+    // The whole strategy as one value: what the executor runs, and what
+    // parse_strategy reads back from this type's printed text.
+    static constexpr StrategySpec spec{zero_stage,        bucket_bytes,      pipelined,         schedule,
+                                       chunks,            tensor_parallel,   tensor_grid,       sequence_parallel,
+                                       sequence_attention, sequence_zigzag,  sequence_ulysses,  dp_compression,
+                                       pp_compression,    tp_compression};
 
     static void describe(std::ostream& out) {
         out << "Strategy<";

@@ -10,14 +10,13 @@
 #include <ostream>
 
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/strategy_rules.hpp"
 
 namespace loom {
 
 template <int Stage>
 struct ZeroShard {
-    static_assert(Stage >= 1 && Stage <= 3,
-                  "ZeroShard<Stage>: Stage must be 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters); "
-                  "plain DataParallel<> is stage 0");
+    static_assert(Stage >= 1 && Stage <= 3, LOOM_RULE_ZERO_STAGE_RANGE);
 
     static constexpr PolicyKind kind = PolicyKind::zero_shard;
     static constexpr int stage = Stage;
