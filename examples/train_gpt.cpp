@@ -1,44 +1,13 @@
 // train_gpt: trains loom's reference GPT byte by byte, on a text file or on a
-// built-in synthetic corpus: on one core, on --dp N x --pp P x --tp T rank threads of
-// this process, or on the processes of `mpirun -np N train_gpt` (found from
-// the launcher's environment), with ZeRO stage --zero S, --micro-batches M
-// and, with --pp, a pipeline schedule (--schedule) over a partition of the
-// layers that is measured (a short profiling pass) or given (--partition).
-//
-//   train_gpt [--data FILE] [--layers 4] [--width 256] [--heads 4] [--seq 128] [--batch 8]
-//             [--vocab 256] [--steps 200] [--until N] [--lr 1e-3] [--seed 1] [--threads 1]
-//             [--dp 1] [--zero 0] [--micro-batches 1] [--pp 1] [--schedule 1f1b] [--tp 1]
-//             [--tp-mode 1d|2d] [--sp 1] [--sp-mode ring|ulysses|hybrid] [--ulysses 2|4]
-//             [--sp-layout zigzag|contiguous]
-//             [--compress none|bf16|fp16|int8|topk:0.01|powersgd:4|onebit] [--compress-warmup N]
-//             [--compress-pp none|bf16|fp16] [--compress-tp none|bf16|fp16] [--freeze-variance N]
-//             [--optex N] [--optex-history 50] [--optex-length-scale 0.1]
-//             [--optex-select last|lowest-loss|smallest-gradient] [--optex-tune N] [--optex-effective-dim N]
-//             [--chunks 2] [--partition 3,3,2] [--trace FILE.json]
-//             [--metrics FILE.jsonl] [--save FILE.safetensors] [--resume FILE.safetensors]
-//             [--sample N] [--device host|cuda|cuda:N] [--matmul f32|bf16]
-//
-// --batch is the global batch per optimizer step: --dp 2 --batch 16 is 8
-// sequences per rank, so the same flags with another --dp train the same
-// model (up to the order of floating-point sums). Checkpoints hold the whole
-// model whatever the strategy: save with --dp 4 --zero 3, resume serially.
-// A progress bar on a terminal (plain lines otherwise), one JSON object per
-// step with --metrics, checkpoints in safetensors written atomically, a
-// Chrome/Perfetto trace of every rank with --trace, and a sample of
-// generated text at the end with --sample. --compress sends compressed
-// gradients over the dp axis (GradCompress); --compress-pp and --compress-tp
-// cast what crosses the pipeline and tensor axes (the hybrid setting).
-// --optex N trains with OptEx<AdamW> over N workers (each a --dp group):
-// every step is one sequential iteration of N - 1 proxy steps and N true
-// gradients, each worker on its own batch. --device cuda trains --dp rank
-// threads on one GPU (train_gpt_device.hpp), when this build has the CUDA backend.
-// --matmul bf16 rounds every Linear's operands to bf16 and sums in f32
-// (tensor cores on a GPU; an exact emulation on the host); weights,
-// gradients and AdamW state stay f32 (kernels/matmul_precision.hpp).
-// The flags and their parsing are train_gpt_flags.hpp; what they must agree
-// on before anything is built, train_gpt_checks.hpp; the Strategy type they
-// name, train_gpt_strategy.hpp; the pipeline's stages, train_gpt_stages.hpp;
-// --optex's loop, train_gpt_optex.hpp.
+// built-in synthetic corpus: on one core, on --dp x --pp x --tp x --sp rank
+// threads of this process, on the processes of `mpirun -np N train_gpt`
+// (found from the launcher's environment), or on GPUs (--device cuda). The
+// strategy is one loom::StrategySpec, from --strategy TEXT or the piecewise
+// flags; the executor runs it whatever it is, so nothing here dispatches on
+// types. `train_gpt --help` lists every flag, docs/train_gpt.md says more.
+// The flags are train_gpt_flags.hpp; what they must agree on before anything
+// is built, train_gpt_checks.hpp; the pipeline's stages, train_gpt_stages.hpp;
+// --device, train_gpt_device.hpp; --optex's loop, train_gpt_optex.hpp.
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/device_processes.hpp>
 #include <loom/comm/device_ranks.hpp>
@@ -66,7 +35,8 @@
 #include <loom/schedule/pipeline.hpp>
 #include <loom/optim/schedule.hpp>
 #include <loom/parallel/optimus2d.hpp>
-#include <loom/parallel/strategy.hpp>
+#include <loom/parallel/strategy_spec.hpp>
+#include <loom/parallel/strategy_text.hpp>
 #include <loom/train/compression_state.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/progress.hpp>
@@ -76,12 +46,18 @@
 #include <loom/comm/session_mpi.hpp>
 #endif
 
+#include <CLI/CLI.hpp>
+
+#include "train_gpt_spelling.hpp"  // tools/: the schedule spellings loom-plan shares
+
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -94,7 +70,6 @@
 namespace {
 
 #include "train_gpt_flags.hpp"
-#include "train_gpt_strategy.hpp"
 
 #include "train_gpt_checks.hpp"
 #include "train_gpt_stages.hpp"
@@ -158,10 +133,9 @@ void train(C& world, const Flags& flags, const char* transport) {
                                              ? profiled_unit_seconds(world, flags, corpus, rows / flags.micro_batches)
                                              : std::vector<double>{});
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
-    const auto [plan, strategy] = strategy_for(flags);
     loom::exec::Executor<C> exec(model, dp, flags.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  flags.tp > 1 ? &mesh.axis("tp") : nullptr,
-                                 flags.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
+                                 flags.sp > 1 ? &mesh.axis("sp") : nullptr, flags.strategy,
                                  {.micro_batches = flags.micro_batches,
                                   .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f,
                                                                      std::max<std::int64_t>(0, flags.freeze_variance)},
@@ -174,7 +148,7 @@ void train(C& world, const Flags& flags, const char* transport) {
     const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds
     std::int64_t first_step = 0;
     const std::string compression_signature =
-        loom::train::compression_signature(flags.compress, dp_size, flags.pp, flags.tp, flags.sp);
+        loom::train::compression_signature(flags.compress(), dp_size, flags.pp, flags.tp, flags.sp);
     std::string compression_note;  // why a resume starts the compressor's state from zero
     if (!flags.resume.empty()) {
         // Every rank reads the whole checkpoint and keeps what it owns.
@@ -182,7 +156,7 @@ void train(C& world, const Flags& flags, const char* transport) {
         const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
         exec.load_state(values, m, v, steps.optimizer_steps);
         first_step = steps.step;
-        if (flags.compress.on()) {
+        if (flags.compress().on()) {
             std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
             if (loom::train::read_compression_state(flags.resume, compression_signature, world.rank(), state,
                                                     compression_note))
@@ -198,7 +172,7 @@ void train(C& world, const Flags& flags, const char* transport) {
         std::printf("%s, %lld parameters, batch %lld x %lld tokens, %s\n", config.str().c_str(),
                     static_cast<long long>(parameters), static_cast<long long>(flags.batch),
                     static_cast<long long>(flags.model.seq), corpus.describe().c_str());
-        std::printf("%s on %d %s%s, %d micro-batch%s, %d BLAS thread%s per rank\n", strategy.c_str(), world.size(),
+        std::printf("%s on %d %s%s, %d micro-batch%s, %d BLAS thread%s per rank\n", flags.strategy.text().c_str(), world.size(),
                     transport,
                     flags.pp == 1 && flags.tp == 1 && flags.sp == 1
                         ? ""
@@ -219,7 +193,7 @@ void train(C& world, const Flags& flags, const char* transport) {
         if (!compression_note.empty())
             std::printf("note: %s; the error feedback starts from zero\n", compression_note.c_str());
         if (flags.warmup_steps() > 0)
-            std::printf("%s starts after %lld uncompressed warm-up steps\n", flags.compress.describe().c_str(),
+            std::printf("%s starts after %lld uncompressed warm-up steps\n", flags.compress().describe().c_str(),
                         static_cast<long long>(flags.warmup_steps()));
     }
 
@@ -262,7 +236,7 @@ void train(C& world, const Flags& flags, const char* transport) {
         std::vector<loom::Buffer<loom::Host>> storage;
         std::vector<loom::io::NamedTensor> extra;
         std::map<std::string, std::string> extra_metadata;
-        if (flags.compress.on() && !flags.save.empty()) {
+        if (flags.compress().on() && !flags.save.empty()) {
             std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
             exec.save_compression_state(state);
             extra = loom::train::gather_compression_states(world, state, storage);
@@ -312,7 +286,7 @@ int run(int argc, char** argv) {
                 // NCCL pairs one link's messages in the order they are issued,
                 // whatever their tags, and ZB-V's two ranks of a link post
                 // activations and gradients in different orders (transport_nccl.hpp).
-                if (flags.pp > 1 && flags.schedule == loom::ScheduleKind::zero_bubble_v)
+                if (flags.pp > 1 && flags.strategy.schedule == loom::ScheduleKind::zero_bubble_v)
                     usage_error("--schedule zbv with --device cuda under mpirun: NCCL pairs a link's messages in the "
                                 "order they are sent, and ZB-V's ranks send and receive them in different orders; "
                                 "use --schedule gpipe, 1f1b, zb or interleaved, or rank threads on one GPU "
@@ -376,12 +350,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (help_asked(argc, argv)) {
-        std::printf("usage: train_gpt [flags]; every flag takes a value, and all have defaults\n  %s\n"
-                    "each flag is described in docs/train_gpt.md\n",
-                    flag_list);
-        return 0;
-    }
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {

@@ -58,14 +58,13 @@ inline void check_grid(const Flags& flags, int dp) {
 // Sequence parallelism cuts every sequence into chunks (2 per rank in the
 // zigzag layout); Ulysses also gives each sp rank heads/sp of its heads.
 inline void check_sequence_parallel(const Flags& flags) {
-    if (flags.tp_grid && flags.tp > 1)
+    const loom::StrategySpec& s = flags.strategy;
+    if (s.tensor_grid)
         usage_error("--sp with --tp-mode 2d is not supported; use --tp-mode 1d (Megatron) with --sp");
-    const int sp = flags.sp, chunks = flags.sp_contiguous ? sp : 2 * sp;
+    const int sp = flags.sp, chunks = s.sequence_zigzag ? 2 * sp : sp;
     const std::int64_t heads = flags.model.heads / flags.tp;
-    if (flags.sp_hybrid && flags.ulysses == 0)
-        usage_error("--sp-mode hybrid needs --ulysses 2 or 4 (the Ulysses group size)");
-    if (flags.sp_hybrid) {
-        const int k = flags.ulysses;
+    if (s.sequence_attention == loom::nn::SequenceAttention::hybrid) {
+        const int k = s.sequence_ulysses;
         if (sp % k != 0 || k == sp)
             usage_error("--ulysses " + std::to_string(k) + " does not leave a ring of 2 or more in --sp " +
                         std::to_string(sp) + "; use an --sp that is a multiple of " + std::to_string(2 * k) +
@@ -78,9 +77,9 @@ inline void check_sequence_parallel(const Flags& flags) {
     if (flags.model.seq % chunks != 0)
         usage_error("--seq " + std::to_string(flags.model.seq) + " does not split into the " + std::to_string(chunks) +
                     " chunks of --sp " + std::to_string(sp) +
-                    (flags.sp_contiguous ? "" : " in the zigzag layout (2 x --sp)") +
+                    (s.sequence_zigzag ? " in the zigzag layout (2 x --sp)" : "") +
                     "; use a --seq that is a multiple of " + std::to_string(chunks));
-    if (flags.sp_ulysses && heads % sp != 0)
+    if (s.sequence_attention == loom::nn::SequenceAttention::ulysses && heads % sp != 0)
         usage_error("--sp " + std::to_string(sp) + " with --sp-mode ulysses does not divide the " +
                     std::to_string(heads) + " attention heads" + (flags.tp > 1 ? " per --tp rank" : "") + "; use " +
                     divisors_of(heads) + ", or --sp-mode ring");
@@ -99,22 +98,19 @@ inline void check_degrees(const Flags& flags, int world, int dp) {
     if (product != world)
         usage_error(degrees + " leaves " + std::to_string(world - product) + " of the " + std::to_string(world) +
                     " ranks without work; the degrees must multiply to " + std::to_string(world));
-    if (flags.tp_grid) check_grid(flags, dp);
+    if (flags.strategy.tensor_grid) check_grid(flags, dp);
     else check_tensor_parallel(flags);
-    if (flags.ulysses != 0 && (!flags.sp_hybrid || sp == 1))
-        usage_error("--ulysses " + std::to_string(flags.ulysses) + " sets the hybrid's Ulysses group size; use it "
-                    "with --sp-mode hybrid and --sp " + std::to_string(2 * flags.ulysses) + " or more");
     if (sp > 1) check_sequence_parallel(flags);
     const std::int64_t split = static_cast<std::int64_t>(dp) * flags.micro_batches;
-    if (flags.compress.on() && dp * sp == 1)
-        usage_error("--compress " + flags.compress.describe() + " compresses the data-parallel gradient exchange, "
+    if (flags.compress().on() && dp * sp == 1)
+        usage_error("--compress " + flags.compress().describe() + " compresses the data-parallel gradient exchange, "
                     "which one rank does not have; use --dp 2 or more");
     if (flags.batch % split != 0)
         usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp) +
                     " x --micro-batches " + std::to_string(flags.micro_batches) + " = " + std::to_string(split) +
                     "; every rank needs the same whole number of sequences per micro-batch");
     if (pp == 1) return;
-    const int chunks = flags.chunks_per_rank(), stages = pp * chunks;
+    const int chunks = flags.strategy.chunks, stages = pp * chunks;
     const auto layers = static_cast<int>(flags.model.layers);
     const std::string stage_words =
         chunks == 1 ? "--pp " + std::to_string(pp) : "--pp " + std::to_string(pp) + " x " + std::to_string(chunks) + " chunks";
@@ -122,7 +118,7 @@ inline void check_degrees(const Flags& flags, int world, int dp) {
         usage_error(stage_words + " = " + std::to_string(stages) + " stages but the model has " + std::to_string(layers) +
                     (layers == 1 ? " layer" : " layers") + " (--layers); every stage needs at least one layer: use --pp <= " +
                     std::to_string(layers / chunks) + (chunks > 1 ? ", fewer --chunks" : "") + " or more --layers");
-    if (flags.partition.empty() && flags.schedule == loom::ScheduleKind::interleaved && layers % stages != 0)
+    if (flags.partition.empty() && flags.strategy.schedule == loom::ScheduleKind::interleaved && layers % stages != 0)
         usage_error("--schedule interleaved with " + std::to_string(chunks) + " chunks per rank needs the " +
                     std::to_string(layers) + " layers to split evenly into " + std::to_string(stages) +
                     " chunks (--layers divisible by --pp x --chunks); use --chunks dividing the " +
@@ -132,7 +128,7 @@ inline void check_degrees(const Flags& flags, int world, int dp) {
         if (!flags.partition.empty())
             (void)loom::plan::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : stage_words + " is " + std::to_string(stages));
         // The schedule's own rules (interleaving needs micro-batches in multiples of --pp).
-        (void)loom::schedule::pipeline_program(flags.schedule, pp, flags.micro_batches, chunks);
+        (void)loom::schedule::pipeline_program(flags.strategy.schedule, pp, flags.micro_batches, chunks);
     } catch (const loom::Error& e) {
         usage_error(e.message());
     }

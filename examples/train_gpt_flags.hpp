@@ -1,7 +1,11 @@
-// train_gpt's flags: what each means (Flags), what --help prints, and how
-// a command line becomes Flags, refusing a bad flag with the line that names
-// it and the list of every flag. Included by train_gpt.cpp inside its
-// anonymous namespace, after the loom and standard headers it uses.
+// train_gpt's flags: what each means (Flags, and --help, grouped by CLI11),
+// and how a command line becomes Flags, refusing a bad value with one line
+// that names it and what would be valid. The strategy is one value,
+// loom::StrategySpec: --strategy TEXT in the grammar Strategy<...> prints
+// (parallel/strategy_text.hpp), or built from the older flags (--zero,
+// --schedule, --tp-mode, --sp-mode, --compress, ...); the degrees (--dp --pp
+// --tp --sp) stay separate. Included by train_gpt.cpp inside its anonymous
+// namespace, after the loom, CLI11 and standard headers it uses.
 #pragma once
 
 struct Flags {
@@ -13,28 +17,17 @@ struct Flags {
     std::uint64_t seed = 1;
     int threads = 1;               // BLAS threads per rank
     int dp = 0;                    // 0: 1 on threads, the world size under MPI
-    int zero = 0;
+    int pp = 1, tp = 1, sp = 1;    // the other degrees; what cuts along them is `strategy`
     int micro_batches = 1;
-    int pp = 1;
-    int tp = 1;                    // tensor parallel: Megatron 1D, or Optimus 2D (tp = q x q)
-    bool tp_grid = false;          // --tp-mode 2d
-    int sp = 1;                    // sequence parallel: each sequence split over sp ranks
-    bool sp_ulysses = false;       // --sp-mode ulysses (default ring)
-    bool sp_hybrid = false;        // --sp-mode hybrid
-    int ulysses = 0;               // --ulysses: the hybrid's Ulysses group size (2 or 4)
-    bool sp_contiguous = false;    // --sp-layout contiguous (default zigzag)
-    loom::ScheduleKind schedule = loom::ScheduleKind::one_f_one_b;
-    std::string schedule_text;     // as given, for messages; empty: not given
-    int chunks = 0;                // 0: the schedule's own (interleaved 2, zbv 2, others 1)
+    loom::StrategySpec strategy;   // the policies, whichever flags named them
     std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
     std::string data, metrics, save, resume, trace;
+    std::int64_t sample = 0;
     loom::Device device = loom::host_device;  // --device: where one rank's layers run
     bool device_per_process = false;          // --device cuda under mpirun: each process its node rank's GPU
     loom::kernels::MatmulPrecision matmul = loom::kernels::MatmulPrecision::f32;  // --matmul
     std::string cluster;           // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan prices them
-    loom::Compression compress{};      // --compress: the dp gradient exchange
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
-    loom::Compression compress_pp{}, compress_tp{};  // casts of the pp / tp traffic
     std::int64_t freeze_variance = -1;  // AdamW's v frozen after N steps; -1: at an error-feedback compressor's start
     int optex = 0;                      // OptEx workers; 0: plain AdamW
     int optex_tune = -1;                // re-tune the length scale every N iterations; -1: 25, 0: never
@@ -42,40 +35,16 @@ struct Flags {
 
     // The warm-up the run uses: given, or the reference's share of the steps.
     [[nodiscard]] std::int64_t warmup_steps() const {
+        const loom::CompressorKind kind = strategy.dp_compression.kind;
         if (compress_warmup >= 0) return compress_warmup;
-        if (compress.kind == loom::CompressorKind::power_sgd || compress.kind == loom::CompressorKind::top_k)
-            return steps / 10;
-        if (compress.kind == loom::CompressorKind::one_bit) return steps / 5;
-        return 0;
+        if (kind == loom::CompressorKind::power_sgd || kind == loom::CompressorKind::top_k) return steps / 10;
+        return kind == loom::CompressorKind::one_bit ? steps / 5 : 0;
     }
-
-    [[nodiscard]] int chunks_per_rank() const {
-        if (chunks > 0) return chunks;
-        return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
-    }
-    std::int64_t sample = 0;
+    [[nodiscard]] const loom::Compression& compress() const { return strategy.dp_compression; }
 };
 
-// Every flag: what --help prints, and what a bad flag's line ends with.
-constexpr const char* flag_list =
-    "--data FILE --layers N --width N --heads N --seq N --batch N --vocab N --steps N --lr X --until N --seed N "
-    "--threads N --dp N --zero 0..3 --micro-batches N --pp N --tp N --tp-mode 1d|2d --sp N "
-    "--sp-mode ring|ulysses|hybrid --ulysses 2|4 --sp-layout zigzag|contiguous --schedule gpipe|1f1b|interleaved|zb|zbv "
-    "--chunks 2..4 --partition N,N,... --trace FILE --metrics FILE --save FILE --resume FILE --sample N "
-    "--compress none|bf16|fp16|int8|topk:R|powersgd:R|onebit --compress-warmup N --compress-pp none|bf16|fp16 "
-    "--compress-tp none|bf16|fp16 --freeze-variance N --optex N --optex-history N --optex-length-scale X "
-    "--optex-select last|lowest-loss|smallest-gradient --optex-tune N --optex-effective-dim N "
-    "--device host|cuda|cuda:N --matmul f32|bf16 --cluster FILE";
-
 [[noreturn]] inline void usage_error(const std::string& what) {
-    throw loom::Error("train_gpt: " + what + " (flags: " + flag_list + ")");
-}
-
-// --help or -h in a flag's place (not a value: `--data -h` reads a file named -h).
-inline bool help_asked(int argc, char** argv) {
-    for (int i = 1; i < argc; i += 2)
-        if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") return true;
-    return false;
+    throw loom::Error("train_gpt: " + what + " (train_gpt --help lists every flag)");
 }
 
 // Says so when the run's matrix products are not plain f32.
@@ -84,161 +53,264 @@ inline void print_matmul_precision(const Flags& flags) {
         std::printf("matrix products: bf16 operands, f32 sums and outputs (--matmul bf16)\n");
 }
 
-inline std::int64_t parse_int(std::string_view flag, const char* text, std::int64_t low, std::int64_t high) {
+inline std::int64_t parse_int(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high) {
     char* end = nullptr;
-    const long long value = std::strtoll(text, &end, 10);
-    if (end == text || *end != '\0' || value < low || value > high)
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || value < low || value > high)
         usage_error(std::string(flag) + " " + text + " is not a whole number in " + std::to_string(low) + ".." +
                     std::to_string(high));
     return value;
 }
 
-// "host", "cuda" (cuda:0) or "cuda:N".
-inline loom::Device parse_device(std::string_view text) {
-    if (text == "host") return loom::host_device;
-    if (text == "cuda") return loom::cuda_device(0);
-    if (text.starts_with("cuda:")) {
-        const std::string index(text.substr(5));
-        char* end = nullptr;
-        const long value = std::strtol(index.c_str(), &end, 10);
-        if (!index.empty() && *end == '\0' && value >= 0 && value < 1024) return loom::cuda_device(static_cast<int>(value));
+// "--tp-mode 3d is not 1d (Megatron) or 2d (Optimus)": the index of `text` among `names`.
+inline int pick(std::string_view flag, const std::string& text, std::initializer_list<std::string_view> names,
+                const std::string& valid) {
+    int i = 0;
+    for (std::string_view n : names) {
+        if (text == n) return i;
+        ++i;
     }
-    usage_error("--device " + std::string(text) + " is not host, cuda or cuda:N (N a device index)");
+    usage_error(std::string(flag) + " " + text + " is not " + valid);
 }
 
+// "host", "cuda" (cuda:0) or "cuda:N".
+inline loom::Device parse_device(const std::string& text) {
+    if (text == "host") return loom::host_device;
+    if (text == "cuda") return loom::cuda_device(0);
+    char* end = nullptr;
+    const long index = text.starts_with("cuda:") ? std::strtol(text.c_str() + 5, &end, 10) : -1;
+    if (text.size() > 5 && end != nullptr && *end == '\0' && index >= 0 && index < 1024)
+        return loom::cuda_device(static_cast<int>(index));
+    usage_error("--device " + text + " is not host, cuda or cuda:N (N a device index)");
+}
+
+// The flags that name the strategy piece by piece, as given (empty: not given).
+struct StrategyFlags {
+    std::string strategy, zero, schedule, chunks, tp_mode, sp_mode, ulysses, sp_layout, compress, compress_pp, compress_tp;
+};
+
+inline loom::Compression parse_compress_flag(const std::string& flag, const std::string& text) {
+    try {
+        const loom::Compression c = loom::parse_compression(text);
+        if (flag != "--compress" && c.on() && !c.is_cast())
+            usage_error(flag + " " + text + ": activations take bf16, fp16 or none (no error feedback recovers "
+                        "what a lossier compressor drops); --compress is for gradients");
+        return c;
+    } catch (const loom::Error& e) {
+        if (e.message().starts_with("train_gpt: ")) throw;
+        usage_error(flag + ": " + e.message());
+    }
+}
+
+// The spec the piecewise flags name, for the degrees given.
+inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
+    loom::StrategySpec spec;
+    spec.zero_stage = s.zero.empty() ? 0 : static_cast<int>(parse_int("--zero", s.zero, 0, 3));
+    if (f.pp > 1) {
+        spec.pipelined = true;
+        try {
+            if (!s.schedule.empty()) spec.schedule = parse_schedule_flag(s.schedule);
+        } catch (const loom::Error& e) {
+            usage_error("--schedule: " + e.message());
+        }
+        spec.chunks = loom::fixed_chunks(spec.schedule) == 0 ? 2 : loom::fixed_chunks(spec.schedule);
+    } else if (!s.schedule.empty()) {
+        usage_error("--schedule " + s.schedule + " needs a pipeline; add --pp 2 or more");
+    }
+    if (!s.chunks.empty()) {
+        const int chunks = static_cast<int>(parse_int("--chunks", s.chunks, 2, 4));
+        if (spec.schedule != loom::ScheduleKind::interleaved)
+            usage_error("--chunks " + s.chunks + " is for --schedule interleaved; " + std::string(loom::name(spec.schedule)) +
+                        " runs " + std::to_string(loom::fixed_chunks(spec.schedule)) + " chunk(s) per rank");
+        spec.chunks = chunks;
+    }
+    const bool grid = !s.tp_mode.empty() && pick("--tp-mode", s.tp_mode, {"1d", "2d"}, "1d (Megatron) or 2d (Optimus)") == 1;
+    spec.tensor_parallel = f.tp > 1;
+    spec.tensor_grid = f.tp > 1 && grid;
+    const int mode = s.sp_mode.empty() ? 0 : pick("--sp-mode", s.sp_mode, {"ring", "ulysses", "hybrid"},
+                                                  "ring (RingAttention), ulysses (Ulysses) or hybrid (UlyssesRing, with --ulysses)");
+    const int ulysses = s.ulysses.empty() ? 0 : static_cast<int>(parse_int("--ulysses", s.ulysses, 2, 4));
+    if (ulysses == 3) usage_error("--ulysses 3 is not a Ulysses group size this binary has; use 2 or 4");
+    if (ulysses != 0 && (mode != 2 || f.sp == 1))
+        usage_error("--ulysses " + s.ulysses + " sets the hybrid's Ulysses group size; use it with --sp-mode hybrid and --sp " +
+                    std::to_string(2 * ulysses) + " or more");
+    const bool contiguous = !s.sp_layout.empty() && pick("--sp-layout", s.sp_layout, {"zigzag", "contiguous"}, "zigzag or contiguous") == 1;
+    if (f.sp > 1) {
+        if (mode == 2 && ulysses == 0) usage_error("--sp-mode hybrid needs --ulysses 2 or 4 (the Ulysses group size)");
+        spec.sequence_parallel = true;
+        spec.sequence_attention = mode == 0 ? loom::nn::SequenceAttention::ring
+                                : mode == 1 ? loom::nn::SequenceAttention::ulysses : loom::nn::SequenceAttention::hybrid;
+        spec.sequence_ulysses = mode == 0 ? 1 : mode == 1 ? 0 : ulysses;
+        spec.sequence_zigzag = !contiguous;
+    }
+    if (!s.compress.empty()) spec.dp_compression = parse_compress_flag("--compress", s.compress);
+    if (!s.compress_pp.empty()) spec.pp_compression = parse_compress_flag("--compress-pp", s.compress_pp);
+    if (!s.compress_tp.empty()) spec.tp_compression = parse_compress_flag("--compress-tp", s.compress_tp);
+    return spec;
+}
+
+// --strategy TEXT: the spec as written, whose policies must match the degrees.
+inline loom::StrategySpec strategy_of(const std::string& text, const Flags& f) {
+    loom::StrategySpec spec;
+    try {
+        spec = loom::parse_strategy(text);
+    } catch (const loom::Error& e) {
+        usage_error("--strategy: " + e.message());
+    }
+    const auto agree = [&](bool policy, const char* names, const char* flag, int degree) {
+        if (policy && degree == 1)
+            usage_error(std::string("--strategy names ") + names + " but " + flag + " is 1; add " + flag + " 2 or more");
+        if (!policy && degree > 1)
+            usage_error(std::string(flag) + " " + std::to_string(degree) + " needs " + names + " in --strategy; add it");
+    };
+    agree(spec.pipelined, "Pipeline<...>", "--pp", f.pp);
+    agree(spec.tensor_parallel, "TensorParallel or Optimus2D", "--tp", f.tp);
+    agree(spec.sequence_parallel, "SequenceParallel<...>", "--sp", f.sp);
+    return spec;
+}
+
+// The whole command line as Flags, or the one-line reason it is not one.
 inline Flags parse(int argc, char** argv) {
     Flags f;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view flag = argv[i];
-        if (i + 1 >= argc) usage_error("flag " + std::string(flag) + " needs a value");
-        const char* value = argv[++i];
-        if (flag == "--data") f.data = value;
-        else if (flag == "--layers") f.model.layers = parse_int(flag, value, 1, 1024);
-        else if (flag == "--width") f.model.width = parse_int(flag, value, 1, 65536);
-        else if (flag == "--heads") f.model.heads = parse_int(flag, value, 1, 65536);
-        else if (flag == "--seq") f.model.seq = parse_int(flag, value, 1, 1 << 20);
-        else if (flag == "--batch") f.batch = parse_int(flag, value, 1, 1 << 20);
-        else if (flag == "--vocab") f.model.vocab = parse_int(flag, value, 2, 256);
-        else if (flag == "--steps") f.steps = parse_int(flag, value, 0, 1LL << 40);
-        else if (flag == "--until") f.until = parse_int(flag, value, 0, 1LL << 40);
-        else if (flag == "--seed") f.seed = static_cast<std::uint64_t>(parse_int(flag, value, 0, 1LL << 62));
-        else if (flag == "--threads") f.threads = static_cast<int>(parse_int(flag, value, 1, 1024));
-        else if (flag == "--dp") f.dp = static_cast<int>(parse_int(flag, value, 1, 4096));
-        else if (flag == "--zero") f.zero = static_cast<int>(parse_int(flag, value, 0, 3));
-        else if (flag == "--micro-batches") f.micro_batches = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
-        else if (flag == "--pp") f.pp = static_cast<int>(parse_int(flag, value, 1, 1024));
-        else if (flag == "--tp") f.tp = static_cast<int>(parse_int(flag, value, 1, 1024));
-        else if (flag == "--sp") f.sp = static_cast<int>(parse_int(flag, value, 1, 1024));
-        else if (flag == "--sp-mode") {
-            const std::string_view mode(value);
-            if (mode != "ring" && mode != "ulysses" && mode != "hybrid")
-                usage_error("--sp-mode " + std::string(value) +
-                            " is not ring (RingAttention), ulysses (Ulysses) or hybrid (UlyssesRing, with --ulysses)");
-            f.sp_ulysses = mode == "ulysses";
-            f.sp_hybrid = mode == "hybrid";
-        } else if (flag == "--ulysses") {
-            f.ulysses = static_cast<int>(parse_int(flag, value, 2, 4));
-            if (f.ulysses == 3) usage_error("--ulysses 3 is not a Ulysses group size this binary has; use 2 or 4");
-        } else if (flag == "--sp-layout") {
-            if (std::string_view(value) != "zigzag" && std::string_view(value) != "contiguous")
-                usage_error("--sp-layout " + std::string(value) + " is not zigzag or contiguous");
-            f.sp_contiguous = std::string_view(value) == "contiguous";
+    StrategyFlags s;
+    CLI::App app{"train_gpt: trains loom's reference GPT byte by byte, on rank threads, MPI processes or GPUs.",
+                 "train_gpt"};
+    app.footer("Each flag is described in docs/train_gpt.md.");
+    app.get_formatter()->column_width(24);
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a flag given again wins
+    // Each flag with its group, its value's shape, its meaning and its default.
+    const auto described = [](CLI::Option* o, const char* group, const char* type, const std::string& meaning,
+                              const std::string& shown) {
+        return o->type_name(type)->description(shown.empty() ? meaning : meaning + " (default " + shown + ")")->group(group);
+    };
+    const auto whole = [&](const char* group, const char* name, auto& field, std::int64_t low, std::int64_t high,
+                           const char* meaning, std::string shown = "") {
+        if (shown.empty()) shown = std::to_string(field);
+        return described(app.add_option_function<std::string>(name, [&field, name, low, high](const std::string& v) {
+            field = static_cast<std::remove_reference_t<decltype(field)>>(parse_int(name, v, low, high));
+        }), group, "N", meaning, shown);
+    };
+    const auto text = [&](const char* group, const char* name, std::string& field, const char* type, const char* meaning,
+                          const char* shown = "") {
+        return described(app.add_option(name, field), group, type, meaning, shown);
+    };
+    const auto value = [&](const char* group, const char* name, const char* type, const char* shown, const char* meaning,
+                           std::function<void(const std::string&)> set) {
+        return described(app.add_option_function<std::string>(name, std::move(set)), group, type, meaning, shown);
+    };
+
+    whole("Model", "--layers", f.model.layers, 1, 1024, "transformer blocks");
+    whole("Model", "--width", f.model.width, 1, 65536, "features per token");
+    whole("Model", "--heads", f.model.heads, 1, 65536, "attention heads (dividing --width)");
+    whole("Model", "--seq", f.model.seq, 1, 1 << 20, "tokens per sequence");
+    whole("Model", "--vocab", f.model.vocab, 2, 256, "byte vocabulary: bytes taken modulo it");
+    text("Data", "--data", f.data, "FILE", "text to train on", "a synthetic corpus");
+    whole("Data", "--batch", f.batch, 1, 1 << 20, "sequences per optimizer step, over all ranks and micro-batches");
+    whole("Data", "--seed", f.seed, 0, std::int64_t{1} << 62, "initialisation, data order and sampling");
+    whole("Training", "--steps", f.steps, 0, std::int64_t{1} << 40, "the learning-rate schedule's length");
+    whole("Training", "--until", f.until, 0, std::int64_t{1} << 40, "stop after this step", "--steps");
+    value("Training", "--lr", "X", "1e-3", "peak learning rate, in (0, 10], cosine decay", [&f](const std::string& v) {
+        char* end = nullptr;
+        f.lr = std::strtof(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !(f.lr > 0.0f) || f.lr > 10.0f) usage_error("--lr " + v + " is not a number in (0, 10]");
+    });
+    whole("Training", "--threads", f.threads, 1, 1024, "BLAS threads per rank");
+    whole("Training", "--freeze-variance", f.freeze_variance, 1, std::int64_t{1} << 40,
+          "freeze AdamW's v after N steps", "at an error-feedback compressor's start");
+
+    text("Strategy", "--strategy", s.strategy, "TEXT",
+         "the policies as one value, as Strategy<...> prints them: e.g. 'Strategy<DataParallel<>, Pipeline<1F1B>, "
+         "ZeroShard<1>>' (parallel/strategy_text.hpp); or name them piece by piece with --zero ... --compress-tp",
+         "DataParallel<> and the pieces below");
+    whole("Strategy", "--dp", f.dp, 1, 4096, "data-parallel degree", "1 on threads, the world under mpirun");
+    whole("Strategy", "--pp", f.pp, 1, 1024, "pipeline stages");
+    whole("Strategy", "--tp", f.tp, 1, 1024, "tensor-parallel degree (q x q with --tp-mode 2d)");
+    whole("Strategy", "--sp", f.sp, 1, 1024, "sequence-parallel degree");
+    whole("Strategy", "--micro-batches", f.micro_batches, 1, 1 << 20, "micro-batches per step");
+    text("Strategy", "--partition", f.partition, "N,N,...", "layers per virtual stage", "balanced over measured times");
+    const std::array pieces{text("Strategy", "--zero", s.zero, "0..3", "ZeRO stage", "0"),
+                            text("Strategy", "--schedule", s.schedule, "NAME", "gpipe, 1f1b, interleaved, zb (ZB-H1) or zbv", "1f1b"),
+                            text("Strategy", "--chunks", s.chunks, "2..4", "chunks per rank of --schedule interleaved", "2"),
+                            text("Strategy", "--tp-mode", s.tp_mode, "1d|2d", "Megatron (1d) or Optimus (2d)", "1d"),
+                            text("Strategy", "--sp-mode", s.sp_mode, "MODE", "ring, ulysses or hybrid (UlyssesRing)", "ring"),
+                            text("Strategy", "--ulysses", s.ulysses, "2|4", "the hybrid's Ulysses group size"),
+                            text("Strategy", "--sp-layout", s.sp_layout, "LAYOUT", "zigzag or contiguous", "zigzag"),
+                            text("Strategy", "--compress", s.compress, "C",
+                                 "dp gradients: none, bf16, fp16, int8[:B], topk:R, powersgd:R, onebit[:B]", "none"),
+                            text("Strategy", "--compress-pp", s.compress_pp, "C", "pipeline traffic: none, bf16 or fp16", "none"),
+                            text("Strategy", "--compress-tp", s.compress_tp, "C", "tensor-parallel traffic: none, bf16 or fp16", "none")};
+    whole("Strategy", "--compress-warmup", f.compress_warmup, 0, std::int64_t{1} << 40, "uncompressed steps first",
+          "10% of --steps (PowerSGD, TopK), 20% (OneBit)");
+
+    whole("OptEx", "--optex", f.optex, 1, 1024, "OptEx<AdamW> over N workers (each a --dp group)", "off");
+    whole("OptEx", "--optex-history", f.optex_config.estimator.history, 2, 100000, "gradients the estimator keeps");
+    value("OptEx", "--optex-length-scale", "X", "0.1", "the kernel's length scale, > 0", [&f](const std::string& v) {
+        char* end = nullptr;
+        const double l = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !(l > 0) || !std::isfinite(l))
+            usage_error("--optex-length-scale " + v + " is not a finite number > 0");
+        f.optex_config.estimator.length_scale = l;
+    });
+    value("OptEx", "--optex-select", "RULE", "last", "which iterate to keep: last, lowest-loss or smallest-gradient",
+          [&f](const std::string& v) {
+              using loom::optim::OptExSelect;
+              f.optex_config.select = std::array{OptExSelect::last, OptExSelect::lowest_loss, OptExSelect::smallest_gradient}[
+                  static_cast<std::size_t>(pick("--optex-select", v, {"last", "lowest-loss", "smallest-gradient"},
+                                                "last, lowest-loss or smallest-gradient"))];
+          });
+    whole("OptEx", "--optex-tune", f.optex_tune, 0, 1 << 30, "re-tune the length scale every N iterations (0: never)", "25");
+    whole("OptEx", "--optex-effective-dim", f.optex_config.effective_dim, 1, std::int64_t{1} << 40,
+          "dimensions the kernel sees", "all");
+
+    text("Output", "--metrics", f.metrics, "FILE", "one JSON line per step");
+    text("Output", "--save", f.save, "FILE", "checkpoint (safetensors) at the end");
+    text("Output", "--resume", f.resume, "FILE", "continue from a checkpoint");
+    text("Output", "--trace", f.trace, "FILE", "Chrome/Perfetto trace of every rank");
+    whole("Output", "--sample", f.sample, 0, 1 << 20, "bytes of generated text at the end");
+
+    value("Devices", "--device", "WHERE", "host", "host, cuda (under mpirun: each process its node rank's GPU) or cuda:N",
+          [&f](const std::string& v) {
+              f.device = parse_device(v);
+              f.device_per_process = v == "cuda";
+          });
+    value("Devices", "--matmul", "P", "f32", "f32, or bf16 operands with f32 sums", [&f](const std::string& v) {
+        try {
+            f.matmul = loom::kernels::parse_matmul_precision(v);
+        } catch (const loom::Error& e) {
+            usage_error("--matmul: " + e.message());
         }
-        else if (flag == "--tp-mode") {
-            if (std::string_view(value) != "1d" && std::string_view(value) != "2d")
-                usage_error("--tp-mode " + std::string(value) + " is not 1d (Megatron) or 2d (Optimus)");
-            f.tp_grid = std::string_view(value) == "2d";
-        }
-        else if (flag == "--chunks") f.chunks = static_cast<int>(parse_int(flag, value, 2, 4));
-        else if (flag == "--partition") f.partition = value;
-        else if (flag == "--schedule") {
-            f.schedule_text = value;
-            try {
-                f.schedule = loom::parse_schedule(value);
-            } catch (const loom::Error& e) {
-                usage_error(std::string("--schedule: ") + e.message());
-            }
-        }
-        else if (flag == "--sample") f.sample = parse_int(flag, value, 0, 1 << 20);
-        else if (flag == "--compress" || flag == "--compress-pp" || flag == "--compress-tp") {
-            loom::Compression c;
-            try {
-                c = loom::parse_compression(value);
-            } catch (const loom::Error& e) {
-                usage_error(std::string(flag) + ": " + e.message());
-            }
-            if (flag == "--compress") {
-                f.compress = c;
-            } else {
-                if (c.on() && !c.is_cast())
-                    usage_error(std::string(flag) + " " + value + ": activations take bf16, fp16 or none (no error "
-                                "feedback recovers what a lossier compressor drops); --compress is for gradients");
-                (flag == "--compress-pp" ? f.compress_pp : f.compress_tp) = c;
-            }
-        } else if (flag == "--compress-warmup") f.compress_warmup = parse_int(flag, value, 0, 1LL << 40);
-        else if (flag == "--freeze-variance") f.freeze_variance = parse_int(flag, value, 1, 1LL << 40);
-        else if (flag == "--optex") f.optex = static_cast<int>(parse_int(flag, value, 1, 1024));
-        else if (flag == "--optex-history") f.optex_config.estimator.history = static_cast<int>(parse_int(flag, value, 2, 100000));
-        else if (flag == "--optex-effective-dim") f.optex_config.effective_dim = parse_int(flag, value, 1, 1LL << 40);
-        else if (flag == "--optex-tune") f.optex_tune = static_cast<int>(parse_int(flag, value, 0, 1 << 30));
-        else if (flag == "--optex-length-scale") {
-            char* end = nullptr;
-            const double l = std::strtod(value, &end);
-            if (end == value || *end != '\0' || !(l > 0) || !std::isfinite(l))
-                usage_error(std::string("--optex-length-scale ") + value + " is not a finite number > 0");
-            f.optex_config.estimator.length_scale = l;
-        } else if (flag == "--optex-select") {
-            const std::string_view rule(value);
-            using loom::optim::OptExSelect;
-            if (rule == "last") f.optex_config.select = OptExSelect::last;
-            else if (rule == "lowest-loss") f.optex_config.select = OptExSelect::lowest_loss;
-            else if (rule == "smallest-gradient") f.optex_config.select = OptExSelect::smallest_gradient;
-            else usage_error("--optex-select " + std::string(value) + " is not last, lowest-loss or smallest-gradient");
-        }
-        else if (flag == "--metrics") f.metrics = value;
-        else if (flag == "--save") f.save = value;
-        else if (flag == "--resume") f.resume = value;
-        else if (flag == "--trace") f.trace = value;
-        else if (flag == "--cluster") f.cluster = value;
-        else if (flag == "--device") {
-            f.device = parse_device(value);
-            f.device_per_process = std::string_view(value) == "cuda";
-        }
-        else if (flag == "--matmul") {
-            try {
-                f.matmul = loom::kernels::parse_matmul_precision(value);
-            } catch (const loom::Error& e) {
-                usage_error("--matmul: " + e.message());
-            }
-        }
-        else if (flag == "--lr") {
-            char* end = nullptr;
-            f.lr = std::strtof(value, &end);
-            if (end == value || *end != '\0' || !(f.lr > 0.0f) || f.lr > 10.0f)
-                usage_error(std::string("--lr ") + value + " is not a number in (0, 10]");
-        } else {
-            usage_error("unknown flag " + std::string(flag));
-        }
+    });
+    text("Devices", "--cluster", f.cluster, "FILE", "rank threads talk over this cluster's links, as loom-plan prices them");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+        std::printf("%s", app.help().c_str());
+        std::exit(0);
+    } catch (const CLI::ParseError& e) {
+        usage_error(e.what());
     }
     f.model.validate();
-    if (f.pp == 1 && !f.schedule_text.empty())
-        usage_error("--schedule " + f.schedule_text + " needs a pipeline; add --pp 2 or more");
+    for (const CLI::Option* piece : pieces)
+        if (!s.strategy.empty() && piece->count() > 0)
+            usage_error("--strategy gives the whole strategy; drop " + piece->get_name() + " " + piece->as<std::string>() +
+                        " or write it into --strategy");
+    f.strategy = s.strategy.empty() ? strategy_of(s, f) : strategy_of(s.strategy, f);
+    try {
+        f.strategy.validate();
+    } catch (const loom::Error& e) {
+        usage_error(e.message());
+    }
     if (f.pp == 1 && !f.partition.empty()) usage_error("--partition " + f.partition + " needs a pipeline; add --pp 2 or more");
-    if (f.chunks > 0 && f.schedule != loom::ScheduleKind::interleaved)
-        usage_error("--chunks " + std::to_string(f.chunks) + " is for --schedule interleaved; " +
-                    std::string(loom::name(f.schedule)) + " runs " + (f.schedule == loom::ScheduleKind::zero_bubble_v ? "2" : "1") +
-                    " chunk(s) per rank");
-    if (f.compress_warmup >= 0 && !f.compress.on())
+    if (f.compress_warmup >= 0 && !f.compress().on())
         usage_error("--compress-warmup " + std::to_string(f.compress_warmup) + " needs a compressor; add --compress");
-    if (f.compress_pp.on() && f.pp == 1) usage_error("--compress-pp needs a pipeline; add --pp 2 or more");
-    if (f.compress_tp.on() && f.tp == 1) usage_error("--compress-tp needs tensor parallelism; add --tp 2 or more");
-    if (f.compress_tp.on() && f.tp_grid)
+    if (f.strategy.pp_compression.on() && f.pp == 1) usage_error("--compress-pp needs a pipeline; add --pp 2 or more");
+    if (f.strategy.tp_compression.on() && f.tp == 1) usage_error("--compress-tp needs tensor parallelism; add --tp 2 or more");
+    if (f.strategy.tp_compression.on() && f.strategy.tensor_grid)
         usage_error("--compress-tp casts Megatron's all-reduces; it is not supported with --tp-mode 2d");
     if (f.optex == 0) {
-        const bool tuned = f.optex_tune >= 0 || f.optex_config.effective_dim > 0, default_history = f.optex_config.estimator.history == 50,
-                   default_scale = f.optex_config.estimator.length_scale == 0.1,
-                   default_select = f.optex_config.select == loom::optim::OptExSelect::last;
-        if (tuned || !default_history || !default_scale || !default_select)
+        if (app.count("--optex-history") + app.count("--optex-length-scale") + app.count("--optex-select") +
+                app.count("--optex-tune") + app.count("--optex-effective-dim") > 0)
             usage_error("--optex-history, --optex-length-scale, --optex-select, --optex-tune and --optex-effective-dim set "
                         "up OptEx; add --optex N");
     } else {
@@ -250,9 +322,10 @@ inline Flags parse(int argc, char** argv) {
         refuse(f.pp > 1, "--pp " + std::to_string(f.pp));
         refuse(f.tp > 1, "--tp " + std::to_string(f.tp));
         refuse(f.sp > 1, "--sp " + std::to_string(f.sp));
-        refuse(f.zero > 0, "--zero " + std::to_string(f.zero) + " (OptEx shards its own state over the workers)");
+        refuse(f.strategy.zero_stage > 0,
+               "--zero " + std::to_string(f.strategy.zero_stage) + " (OptEx shards its own state over the workers)");
         refuse(f.micro_batches > 1, "--micro-batches " + std::to_string(f.micro_batches));
-        refuse(f.compress.on(), "--compress " + f.compress.describe());
+        refuse(f.compress().on(), "--compress " + f.compress().describe());
         refuse(f.freeze_variance >= 0, "--freeze-variance");
         refuse(!f.trace.empty(), "--trace (the step program is the executor's; OptEx steps outside it)");
         // Tuned by default: on the GPT the reference's l = 0.1 (chosen for its
@@ -262,7 +335,7 @@ inline Flags parse(int argc, char** argv) {
         if (f.optex_tune > 0 && history < 3)
             usage_error("--optex-tune needs --optex-history 3 or more (one point held out, two fitted)");
         f.optex_config.tune_every = f.optex_tune >= 0 ? f.optex_tune : (history >= 3 ? 25 : 0);
-        f.optex_config.holdout = std::max(1, std::min(f.optex_config.holdout, f.optex_config.estimator.history - 2));
+        f.optex_config.holdout = std::max(1, std::min(f.optex_config.holdout, history - 2));
         f.optex_config.workers = f.optex;
     }
     if (f.until < 0) f.until = f.steps;

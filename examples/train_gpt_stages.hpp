@@ -12,7 +12,7 @@
 // the final layers' with the last (interleaving splits them evenly instead).
 inline std::vector<int> gpt_partition(const Flags& flags, const std::vector<double>& unit_seconds) {
     const auto layers = static_cast<int>(flags.model.layers);
-    const int stages = flags.pp * flags.chunks_per_rank();
+    const int stages = flags.pp * flags.strategy.chunks;
     std::vector<int> blocks;
     if (!flags.partition.empty()) {
         blocks = loom::plan::parse_partition(flags.partition, layers, stages);
@@ -20,7 +20,7 @@ inline std::vector<int> gpt_partition(const Flags& flags, const std::vector<doub
         std::vector<double> cost(unit_seconds.begin() + 1, unit_seconds.begin() + 1 + layers);
         cost.front() += unit_seconds.front();
         for (std::size_t u = static_cast<std::size_t>(layers) + 1; u < unit_seconds.size(); ++u) cost.back() += unit_seconds[u];
-        if (flags.schedule == loom::ScheduleKind::interleaved) blocks.assign(static_cast<std::size_t>(stages), layers / stages);
+        if (flags.strategy.schedule == loom::ScheduleKind::interleaved) blocks.assign(static_cast<std::size_t>(stages), layers / stages);
         else blocks = loom::plan::balance(cost, stages).layers_per_stage;
     }
     blocks.front() += 1;  // embed

@@ -9,6 +9,7 @@ packages=(
   build-essential cmake git          # compiler and build tools
   libboost1.81-dev                   # Boost.PFR (1.74 has no PFR)
   catch2                             # tests (Catch2 v2)
+  libcli11-dev                       # train_gpt's and loom-plan's flags (CLI11)
   libopenblas-dev                    # CBLAS for host GEMM
   libopenmpi-dev openmpi-bin         # the MPI backend and mpirun
   python3 python3-venv               # the Conan client's virtual environment

@@ -5,6 +5,10 @@
 //   loom-plan --gpt 12,768,12,1024,50257 --batch 32 --cluster cluster.json
 //   loom-plan ... --evaluate "--dp 2 --pp 4 --schedule 1f1b --micro-batches 8"   (price one plan)
 //   loom-plan ... --trace plan.json                                               (the best plan's simulated step)
+//
+// Each plan prints its strategy as StrategySpec's text and the train_gpt
+// line that runs it (`--strategy '...'`, pasted as is); --json also gives the
+// piecewise flags ("flags"), words a script can split. `--help` lists the flags.
 #include <loom/exec/trace.hpp>
 #include <loom/io/atomic_file.hpp>
 #include <loom/io/json.hpp>
@@ -13,6 +17,11 @@
 #include <loom/plan/gpt_description.hpp>
 #include <loom/plan/model_json.hpp>
 #include <loom/plan/search.hpp>
+#include <loom/parallel/strategy_text.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include "train_gpt_spelling.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -24,14 +33,8 @@
 
 namespace {
 
-constexpr const char* usage_text =
-    "usage: loom-plan (--model FILE | --gpt LAYERS,WIDTH,HEADS,SEQ,VOCAB --batch N) --cluster FILE\n"
-    "                 [--top K] [--json] [--evaluate \"TRAIN_GPT FLAGS\"] [--trace FILE]\n"
-    "                 [--schedules 1f1b,gpipe,interleaved,zb,zbv] [--zero 0,1,2,3] [--no-2d] [--no-sp]\n"
-    "                 [--max-micro-batches N]\n";
-
 [[noreturn]] void usage_error(const std::string& message) {
-    std::fprintf(stderr, "loom-plan: %s\n%s", message.c_str(), usage_text);
+    std::fprintf(stderr, "loom-plan: %s (loom-plan --help lists every flag)\n", message.c_str());
     std::exit(2);
 }
 
@@ -62,46 +65,67 @@ std::vector<std::string> split(std::string_view text, char by) {
     return out;
 }
 
+// Parses `app`'s flags from the command line (or, for --evaluate, from one
+// string), with --help printing the groups and every other mistake one line.
+template <class Parse>
+void parse_or_exit(CLI::App& app, Parse parse, const std::string& context) {
+    try {
+        parse();
+    } catch (const CLI::CallForHelp&) {
+        std::printf("%s", app.help().c_str());
+        std::exit(0);
+    } catch (const CLI::ParseError& e) {
+        usage_error(context + e.what());
+    }
+}
+
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view flag = argv[i];
-        if (flag == "--help" || flag == "-h") {
-            std::printf("%s", usage_text);
-            std::exit(0);
-        }
-        if (flag == "--json") { o.json = true; continue; }
-        if (flag == "--no-2d") { o.search.tensor_grid = false; continue; }
-        if (flag == "--no-sp") { o.search.sequence = false; continue; }
-        if (i + 1 >= argc) usage_error(std::string(flag) + " needs a value");
-        const std::string_view value = argv[++i];
-        if (flag == "--model") o.model_file = value;
-        else if (flag == "--cluster") o.cluster_file = value;
-        else if (flag == "--gpt") o.gpt = value;
-        else if (flag == "--batch") o.batch = parse_int(flag, value, 1, std::int64_t{1} << 30);
-        else if (flag == "--top") o.search.top = static_cast<int>(parse_int(flag, value, 1, 1000));
-        else if (flag == "--evaluate") o.evaluate = value;
-        else if (flag == "--trace") o.trace = value;
-        else if (flag == "--max-micro-batches") o.search.max_micro_batches = static_cast<int>(parse_int(flag, value, 1, 4096));
-        else if (flag == "--schedules") {
-            o.search.schedules.clear();
-            for (const auto& s : split(value, ',')) {
-                try {
-                    o.search.schedules.push_back(loom::parse_schedule(s));
-                } catch (const loom::Error& e) {
-                    usage_error("--schedules: " + e.message());
-                }
+    CLI::App app{"loom-plan: the best ways to train a model on a cluster, by loom's cost model and search.", "loom-plan"};
+    app.footer("docs/planner.md describes the cost model, the files and the output.");
+    app.get_formatter()->column_width(24);
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a flag given again wins
+    const auto whole = [&](const char* group, const char* name, auto set, const std::string& meaning, const std::string& shown) {
+        return app.add_option_function<std::string>(name, set, shown.empty() ? meaning : meaning + " (default " + shown + ")")
+            ->type_name("N")->group(group);
+    };
+    app.add_option("--model", o.model_file, "the model: a JSON description")->type_name("FILE")->group("Model");
+    app.add_option("--gpt", o.gpt, "or loom's GPT: layers, width, heads, sequence, vocabulary")
+        ->type_name("L,W,H,S,V")->group("Model");
+    whole("Model", "--batch", [&o](const std::string& v) { o.batch = parse_int("--batch", v, 1, std::int64_t{1} << 30); },
+          "sequences per step (with --gpt)", "");
+    app.add_option("--cluster", o.cluster_file, "the devices and their links: a JSON description (required)")
+        ->type_name("FILE")->group("Cluster");
+    whole("Search", "--top", [&o](const std::string& v) { o.search.top = static_cast<int>(parse_int("--top", v, 1, 1000)); },
+          "plans to print", "5");
+    app.add_option_function<std::string>("--schedules", [&o](const std::string& v) {
+        o.search.schedules.clear();
+        for (const auto& s : split(v, ',')) {
+            try {
+                o.search.schedules.push_back(parse_schedule_flag(s));
+            } catch (const loom::Error& e) {
+                usage_error("--schedules: " + e.message());
             }
-            if (o.search.schedules.empty()) usage_error("--schedules is empty; name at least one schedule");
-        } else if (flag == "--zero") {
-            o.search.zero_stages.clear();
-            for (const auto& s : split(value, ','))
-                o.search.zero_stages.push_back(static_cast<int>(parse_int("--zero", s, 0, 3)));
-            if (o.search.zero_stages.empty()) usage_error("--zero is empty; give stages among 0,1,2,3");
-        } else {
-            usage_error("unknown flag " + std::string(flag));
         }
-    }
+        if (o.search.schedules.empty()) usage_error("--schedules is empty; name at least one schedule");
+    }, "pipeline schedules to try: gpipe, 1f1b, interleaved, zb, zbv (default all)")->type_name("S,S,...")->group("Search");
+    app.add_option_function<std::string>("--zero", [&o](const std::string& v) {
+        o.search.zero_stages.clear();
+        for (const auto& s : split(v, ',')) o.search.zero_stages.push_back(static_cast<int>(parse_int("--zero", s, 0, 3)));
+        if (o.search.zero_stages.empty()) usage_error("--zero is empty; give stages among 0,1,2,3");
+    }, "ZeRO stages to try (default 0,1,2,3)")->type_name("Z,Z,...")->group("Search");
+    app.add_flag_callback("--no-2d", [&o] { o.search.tensor_grid = false; }, "no Optimus 2D tensor grids")->group("Search");
+    app.add_flag_callback("--no-sp", [&o] { o.search.sequence = false; }, "no sequence parallelism")->group("Search");
+    whole("Search", "--max-micro-batches", [&o](const std::string& v) {
+        o.search.max_micro_batches = static_cast<int>(parse_int("--max-micro-batches", v, 1, 4096));
+    }, "the most micro-batches per step to try", "64");
+    app.add_option("--evaluate", o.evaluate,
+                   "price one train_gpt command line instead of searching, e.g. \"--dp 2 --pp 4 --schedule 1f1b "
+                   "--micro-batches 8\" or \"--dp 2 --pp 4 --strategy 'Strategy<DataParallel<>, Pipeline<1F1B>>'\"")
+        ->type_name("FLAGS")->group("Output");
+    app.add_flag("--json", o.json, "print JSON instead of a table")->group("Output");
+    app.add_option("--trace", o.trace, "the best plan's simulated step, for ui.perfetto.dev")->type_name("FILE")->group("Output");
+    parse_or_exit(app, [&] { app.parse(argc, argv); }, "");
     if (o.cluster_file.empty()) usage_error("--cluster FILE is required");
     if (o.model_file.empty() == o.gpt.empty()) usage_error("give exactly one of --model FILE and --gpt L,W,H,S,V");
     if (!o.gpt.empty() && o.batch == 0) usage_error("--gpt needs --batch N (sequences per step)");
@@ -127,46 +151,57 @@ loom::gpt::Config gpt_config(std::string_view text) {
     return c;
 }
 
-// The candidate a train_gpt command line names ("--dp 2 --pp 4 ...").
-loom::plan::Candidate candidate_of(std::string_view text, const loom::plan::ModelDescription& model) {
+// The candidate a train_gpt command line names ("--dp 2 --pp 4 ...", or
+// with --strategy '...' for the policies): train_gpt's flags that shape a
+// step, read by CLI11 from the one string (quotes as in a shell).
+loom::plan::Candidate candidate_of(const std::string& text, const loom::plan::ModelDescription& model) {
     loom::plan::Candidate c;
-    const auto words = split(text, ' ');
-    bool chunks_given = false;
-    for (std::size_t i = 0; i < words.size(); ++i) {
-        const std::string& flag = words[i];
-        if (i + 1 >= words.size()) usage_error("--evaluate: " + flag + " needs a value");
-        const std::string& value = words[++i];
-        if (flag == "--dp") c.dp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
-        else if (flag == "--pp") c.pp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
-        else if (flag == "--tp") c.tp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
-        else if (flag == "--sp") c.sp = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
-        else if (flag == "--micro-batches") c.micro_batches = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
-        else if (flag == "--zero") c.zero = static_cast<int>(parse_int(flag, value, 0, 3));
-        else if (flag == "--chunks") { c.chunks = static_cast<int>(parse_int(flag, value, 2, 4)); chunks_given = true; }
-        else if (flag == "--tp-mode") {
-            if (value != "1d" && value != "2d") usage_error("--evaluate: --tp-mode " + value + " is not 1d or 2d");
-            c.tp_grid = value == "2d";
-        } else if (flag == "--sp-mode") {
-            if (value != "ring" && value != "ulysses") usage_error("--evaluate: --sp-mode " + value + " is not ring or ulysses");
-            c.ulysses = value == "ulysses";
-        } else if (flag == "--schedule") {
-            try {
-                c.schedule = loom::parse_schedule(value);
-            } catch (const loom::Error& e) {
-                usage_error("--evaluate: --schedule: " + e.message());
-            }
-        } else if (flag == "--partition") {
-            for (const auto& n : split(value, ',')) c.partition.push_back(static_cast<int>(parse_int("--partition", n, 1, 1 << 20)));
-        } else if (flag == "--batch") {
-            if (parse_int(flag, value, 1, std::int64_t{1} << 30) != model.batch)
-                usage_error("--evaluate: --batch " + value + " differs from the model's batch of " + std::to_string(model.batch));
-        } else {
-            usage_error("--evaluate: unknown flag " + flag +
-                        "; use --dp --pp --tp --tp-mode --sp --sp-mode --schedule --chunks --micro-batches --zero --partition --batch");
-        }
+    std::string schedule, tp_mode = "1d", sp_mode = "ring", strategy, partition;
+    int chunks = 0;
+    std::int64_t batch = model.batch;
+    CLI::App app{"loom-plan --evaluate: the train_gpt flags that shape a step", "--evaluate"};
+    app.add_option("--dp", c.dp)->check(CLI::Range(1, 1 << 20));
+    app.add_option("--pp", c.pp)->check(CLI::Range(1, 1 << 20));
+    app.add_option("--tp", c.tp)->check(CLI::Range(1, 1 << 20));
+    app.add_option("--sp", c.sp)->check(CLI::Range(1, 1 << 20));
+    app.add_option("--micro-batches", c.micro_batches)->check(CLI::Range(1, 1 << 20));
+    app.add_option("--batch", batch);
+    app.add_option("--partition", partition);
+    auto* whole = app.add_option("--strategy", strategy);
+    for (auto* piece : {app.add_option("--zero", c.zero)->check(CLI::Range(0, 3)),
+                        app.add_option("--chunks", chunks)->check(CLI::Range(2, 4)),
+                        app.add_option("--schedule", schedule),
+                        app.add_option("--tp-mode", tp_mode)->check(CLI::IsMember({"1d", "2d"})),
+                        app.add_option("--sp-mode", sp_mode)->check(CLI::IsMember({"ring", "ulysses"}))})
+        piece->excludes(whole);
+    parse_or_exit(app, [&] { app.parse(text, false); }, "--evaluate: ");
+    if (batch != model.batch)
+        usage_error("--evaluate: --batch " + std::to_string(batch) + " differs from the model's batch of " +
+                    std::to_string(model.batch));
+    for (const auto& n : split(partition, ',')) c.partition.push_back(static_cast<int>(parse_int("--partition", n, 1, 1 << 20)));
+    if (!strategy.empty()) {
+        // The one grammar; the planner prices what a Candidate can say.
+        const loom::StrategySpec spec = loom::parse_strategy(strategy);
+        c.zero = spec.zero_stage;
+        c.schedule = spec.schedule;
+        c.chunks = spec.chunks;
+        c.tp_grid = spec.tensor_grid;
+        c.ulysses = spec.sequence_attention == loom::nn::SequenceAttention::ulysses;
+        if (c.strategy() != spec)
+            usage_error("--evaluate: the planner prices " + c.strategy().text() + " for these degrees, not " + spec.text() +
+                        " (no compression, hybrid or contiguous sequence layout, default bucket; --pp/--tp/--sp give the "
+                        "pipeline, tensor and sequence degrees)");
+        return c;
     }
-    if (!chunks_given)
-        c.chunks = c.schedule == loom::ScheduleKind::interleaved || c.schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
+    c.tp_grid = tp_mode == "2d";
+    c.ulysses = sp_mode == "ulysses";
+    try {
+        if (!schedule.empty()) c.schedule = parse_schedule_flag(schedule);
+    } catch (const loom::Error& e) {
+        usage_error("--evaluate: --schedule: " + e.message());
+    }
+    c.chunks = chunks > 0 ? chunks
+                          : c.schedule == loom::ScheduleKind::interleaved || c.schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
     return c;
 }
 
@@ -186,12 +221,13 @@ std::string plan_json(const loom::plan::Candidate& c, const loom::plan::Estimate
         << ", \"fits\": " << (e.fits ? "true" : "false") << ", \"dp\": " << c.dp << ", \"pp\": " << c.pp
         << ", \"tp\": " << c.tp << ", \"tp_mode\": \"" << (c.tp_grid ? "2d" : "1d") << "\", \"sp\": " << c.sp
         << ", \"sp_mode\": \"" << (c.ulysses ? "ulysses" : "ring") << "\", \"schedule\": \""
-        << loom::plan::schedule_flag(c.schedule) << "\", \"chunks\": " << c.chunks
+        << schedule_flag(c.schedule) << "\", \"chunks\": " << c.chunks
         << ", \"micro_batches\": " << c.micro_batches << ", \"zero\": " << c.zero << ", \"partition\": [";
     for (std::size_t i = 0; i < e.partition.size(); ++i) out << (i ? ", " : "") << e.partition[i];
     loom::plan::Candidate with = c;
     with.partition = e.partition;
-    out << "], \"strategy\": " << quote(c.strategy()) << ", \"flags\": " << quote(with.flags(batch) + extra_flags) << "}";
+    out << "], \"strategy\": " << quote(c.strategy().text()) << ", \"flags\": " << quote(train_gpt_flags(with, batch) + extra_flags)
+        << ", \"strategy_flags\": " << quote(train_gpt_strategy_flags(with, batch) + extra_flags) << "}";
     return out.str();
 }
 
@@ -203,7 +239,8 @@ void print_plan(const loom::plan::Candidate& c, const loom::plan::Estimate& e, s
     line << with;
     std::printf("%3d  %9.4f  %9.4f  %10s  %s\n", rank, e.step_seconds, e.compute_seconds, gigabytes(e.peak_memory).c_str(),
                 line.str().c_str());
-    std::printf("     %s\n     train_gpt %s%s\n", c.strategy().c_str(), with.flags(batch).c_str(), extra_flags.c_str());
+    std::printf("     %s\n     train_gpt %s%s\n", c.strategy().text().c_str(),
+                train_gpt_strategy_flags(with, batch).c_str(), extra_flags.c_str());
 }
 
 void write_trace(const loom::plan::Estimate& e, const std::string& path) {

@@ -13,6 +13,7 @@
 #include <loom/schedule/pipeline.hpp>
 #include <loom/schedule/verify_pipeline.hpp>
 
+#include "../../tools/train_gpt_spelling.hpp"  // train_gpt's schedule spellings
 #include "support/message_of.hpp"
 #include "support/step_programs.hpp"
 
@@ -377,16 +378,19 @@ TEST_CASE("pipeline schedules refuse what they cannot schedule, in one line", "[
           "GPipe: 2 chunks per rank; GPipe runs exactly 1");
     CHECK(message_of([] { (void)pipeline_program(ScheduleKind::zero_bubble_v, 2, 4, 1); }) ==
           "ZB-V: 1 chunks per rank; ZB-V runs exactly 2");
-    CHECK(message_of([] { (void)loom::parse_schedule("zb-h1"); }) ==
+    CHECK(message_of([] { (void)parse_schedule_flag("zb-h1"); }) ==
           "unknown pipeline schedule \"zb-h1\"; use gpipe, 1f1b, interleaved, zb (ZB-H1) or zbv (ZB-V)");
 }
 
 TEST_CASE("schedule names, tags and Pipeline<Schedule> print themselves", "[parallel][pipeline]") {
-    CHECK(loom::parse_schedule("gpipe") == ScheduleKind::gpipe);
-    CHECK(loom::parse_schedule("1f1b") == ScheduleKind::one_f_one_b);
-    CHECK(loom::parse_schedule("interleaved") == ScheduleKind::interleaved);
-    CHECK(loom::parse_schedule("zb") == ScheduleKind::zero_bubble_h1);
-    CHECK(loom::parse_schedule("zbv") == ScheduleKind::zero_bubble_v);
+    CHECK(parse_schedule_flag("gpipe") == ScheduleKind::gpipe);
+    CHECK(parse_schedule_flag("1f1b") == ScheduleKind::one_f_one_b);
+    CHECK(parse_schedule_flag("interleaved") == ScheduleKind::interleaved);
+    CHECK(parse_schedule_flag("zb") == ScheduleKind::zero_bubble_h1);
+    CHECK(parse_schedule_flag("zbv") == ScheduleKind::zero_bubble_v);
+    for (auto kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                      ScheduleKind::zero_bubble_h1, ScheduleKind::zero_bubble_v})
+        CHECK(parse_schedule_flag(schedule_flag(kind)) == kind);
 
     STATIC_REQUIRE(loom::Policy<loom::Pipeline<loom::OneFOneB>>);
     STATIC_REQUIRE(loom::Pipeline<>::kind == loom::PolicyKind::pipeline);

@@ -10,7 +10,11 @@
 #include "loom/plan/cluster_json.hpp"
 #include "loom/plan/cost_model.hpp"
 #include "loom/plan/gpt_description.hpp"
+#include "loom/parallel/strategy.hpp"
+#include "loom/parallel/strategy_text.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
 #include "loom/plan/search.hpp"
+#include "../../tools/train_gpt_spelling.hpp"  // loom-plan's train_gpt flags
 #include "support/message_of.hpp"
 
 using loom::plan::Candidate;
@@ -163,10 +167,32 @@ TEST_CASE("plan: a cluster too small for the model says the least memory any pla
 
 TEST_CASE("plan: candidates print themselves as a Strategy and as train_gpt flags", "[plan]") {
     Candidate c{2, 2, 2, 1, false, false, loom::ScheduleKind::interleaved, 2, 4, 1, {3, 3, 3, 3}};
-    CHECK(c.strategy() ==
-          "loom::Strategy<loom::DataParallel<>, loom::Pipeline<loom::Interleaved<2>>, loom::TensorParallel, loom::ZeroShard<1>>");
-    CHECK(c.flags(16) ==
+    CHECK(c.strategy().text() == "Strategy<DataParallel<bucket 2 MiB>, Pipeline<Interleaved<2>>, TensorParallel, ZeroShard<1>>");
+    CHECK(c.strategy() == loom::Strategy<loom::DataParallel<>, loom::Pipeline<loom::Interleaved<2>>, loom::TensorParallel,
+                                         loom::ZeroShard<1>>::spec);
+    CHECK(train_gpt_flags(c, 16) ==
           "--dp 2 --pp 2 --schedule interleaved --chunks 2 --tp 2 --micro-batches 4 --batch 16 --zero 1 --partition 3,3,3,3");
+    CHECK(train_gpt_strategy_flags(c, 16) ==
+          "--dp 2 --pp 2 --tp 2 --strategy 'Strategy<DataParallel<bucket 2 MiB>, Pipeline<Interleaved<2>>, TensorParallel, "
+          "ZeroShard<1>>' --micro-batches 4 --batch 16 --partition 3,3,3,3");
+}
+
+TEST_CASE("plan: every candidate's printed strategy reads back as the same value", "[plan]") {
+    // What loom-plan prints is what train_gpt --strategy parses: the pasted line runs the plan.
+    for (const auto schedule : {loom::ScheduleKind::gpipe, loom::ScheduleKind::one_f_one_b, loom::ScheduleKind::interleaved,
+                                loom::ScheduleKind::zero_bubble_h1, loom::ScheduleKind::zero_bubble_v})
+        for (const int pp : {1, 2})
+            for (const int tp : {1, 4})
+                for (const bool grid : {false, true})
+                    for (const int sp : {1, 2})
+                        for (const bool ulysses : {false, true})
+                            for (const int zero : {0, 1, 2, 3}) {
+                                const int chunks = schedule == loom::ScheduleKind::interleaved ? 3
+                                                   : schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
+                                const Candidate c{1, pp, tp, sp, grid, ulysses, schedule, chunks, 4, zero, {}};
+                                INFO(c.strategy());
+                                CHECK(loom::parse_strategy(c.strategy().text()) == c.strategy());
+                            }
 }
 
 TEST_CASE("plan: invalid candidates are refused with the rule they break", "[plan]") {

@@ -34,11 +34,11 @@ struct Config {
     std::int64_t vocab = 256;
 
     void validate() const {
-        LOOM_CHECK(layers >= 1 && layers <= 1024, "GPT: --layers ", layers, " is not in 1..1024");
-        LOOM_CHECK(width >= 1 && width <= 65536, "GPT: --width ", width, " is not in 1..65536");
-        LOOM_CHECK(heads >= 1 && width % heads == 0, "GPT: --heads ", heads, " does not divide --width ", width);
-        LOOM_CHECK(seq >= 1 && seq <= 1 << 20, "GPT: --seq ", seq, " is not in 1..1048576");
-        LOOM_CHECK(vocab >= 2 && vocab <= 1 << 24, "GPT: --vocab ", vocab, " is not in 2..16777216");
+        LOOM_CHECK(layers >= 1 && layers <= 1024, "GPT: layers ", layers, " is not in 1..1024");
+        LOOM_CHECK(width >= 1 && width <= 65536, "GPT: width ", width, " is not in 1..65536");
+        LOOM_CHECK(heads >= 1 && width % heads == 0, "GPT: heads ", heads, " does not divide the width ", width);
+        LOOM_CHECK(seq >= 1 && seq <= 1 << 20, "GPT: seq ", seq, " is not in 1..1048576");
+        LOOM_CHECK(vocab >= 2 && vocab <= 1 << 24, "GPT: vocab ", vocab, " is not in 2..16777216");
     }
 
     // Parameters, and training FLOPs per token (6 per weight for the

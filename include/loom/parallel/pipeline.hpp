@@ -36,16 +36,6 @@ enum class ScheduleKind : std::uint8_t { gpipe, one_f_one_b, interleaved, zero_b
     return "?";
 }
 
-// The command-line spelling: gpipe, 1f1b, interleaved, zb (ZB-H1), zbv.
-[[nodiscard]] inline ScheduleKind parse_schedule(std::string_view text) {
-    if (text == "gpipe") return ScheduleKind::gpipe;
-    if (text == "1f1b") return ScheduleKind::one_f_one_b;
-    if (text == "interleaved") return ScheduleKind::interleaved;
-    if (text == "zb") return ScheduleKind::zero_bubble_h1;
-    if (text == "zbv") return ScheduleKind::zero_bubble_v;
-    LOOM_FAIL("unknown pipeline schedule \"", text, "\"; use gpipe, 1f1b, interleaved, zb (ZB-H1) or zbv (ZB-V)");
-}
-
 // All forwards, then all backwards: m micro-batches of activations in flight.
 struct GPipe {
     static constexpr ScheduleKind kind = ScheduleKind::gpipe;

@@ -2,9 +2,9 @@
 // searches over: the degrees of data, pipeline, tensor (Megatron 1D or an
 // Optimus 2D grid) and sequence (ring or Ulysses) parallelism, the pipeline
 // schedule, the micro-batches per step, the ZeRO stage and the layers of
-// each virtual stage. It says which loom::Strategy realises it and which
-// train_gpt flags run it, and why_invalid() names the first rule a
-// candidate breaks for a model and a cluster.
+// each virtual stage. It says which strategy realises it (a StrategySpec,
+// whose text train_gpt --strategy reads), and why_invalid() names the first
+// rule a candidate breaks for a model and a cluster.
 #pragma once
 
 #include <cstdint>
@@ -14,23 +14,12 @@
 #include <vector>
 
 #include "loom/parallel/pipeline.hpp"
+#include "loom/parallel/strategy_spec.hpp"
 #include "loom/plan/cluster.hpp"
 #include "loom/plan/model_description.hpp"
 #include "loom/schedule/pipeline.hpp"
 
 namespace loom::plan {
-
-// The schedule as train_gpt's --schedule names it (parse_schedule's inverse).
-[[nodiscard]] constexpr const char* schedule_flag(ScheduleKind kind) noexcept {
-    switch (kind) {
-        case ScheduleKind::gpipe: return "gpipe";
-        case ScheduleKind::one_f_one_b: return "1f1b";
-        case ScheduleKind::interleaved: return "interleaved";
-        case ScheduleKind::zero_bubble_h1: return "zb";
-        case ScheduleKind::zero_bubble_v: return "zbv";
-    }
-    return "?";
-}
 
 struct Candidate {
     int dp = 1, pp = 1, tp = 1, sp = 1;
@@ -50,43 +39,25 @@ struct Candidate {
         return ((stage * dp + replica) * sp + sequence) * tp + tensor;
     }
 
-    // "loom::Strategy<loom::DataParallel<>, loom::Pipeline<loom::OneFOneB>, loom::TensorParallel, loom::ZeroShard<1>>"
-    [[nodiscard]] std::string strategy() const {
-        std::string s = "loom::Strategy<loom::DataParallel<>";
-        if (pp > 1) {
-            s += ", loom::Pipeline<loom::";
-            switch (schedule) {
-                case ScheduleKind::gpipe: s += "GPipe"; break;
-                case ScheduleKind::one_f_one_b: s += "OneFOneB"; break;
-                case ScheduleKind::interleaved: s += "Interleaved<" + std::to_string(chunks) + ">"; break;
-                case ScheduleKind::zero_bubble_h1: s += "ZeroBubbleH1"; break;
-                case ScheduleKind::zero_bubble_v: s += "ZeroBubbleV"; break;
-            }
-            s += ">";
+    // The strategy this candidate runs, as one value: it prints as
+    // "Strategy<DataParallel<bucket 2 MiB>, Pipeline<1F1B>, TensorParallel, ZeroShard<1>>",
+    // which parse_strategy and train_gpt --strategy read back.
+    [[nodiscard]] StrategySpec strategy() const {
+        StrategySpec s;
+        s.zero_stage = zero;
+        s.pipelined = pp > 1;
+        if (s.pipelined) {
+            s.schedule = schedule;
+            s.chunks = chunks;
         }
-        if (tp > 1) s += tp_grid ? ", loom::Optimus2D" : ", loom::TensorParallel";
-        if (sp > 1) s += ulysses ? ", loom::SequenceParallel<loom::Ulysses>" : ", loom::SequenceParallel<loom::RingAttention>";
-        if (zero > 0) s += ", loom::ZeroShard<" + std::to_string(zero) + ">";
-        return s + ">";
-    }
-
-    // The train_gpt flags of this candidate (the model's own flags aside).
-    [[nodiscard]] std::string flags(std::int64_t batch) const {
-        std::ostringstream f;
-        f << "--dp " << dp;
-        if (pp > 1) {
-            f << " --pp " << pp << " --schedule " << schedule_flag(schedule);
-            if (schedule == ScheduleKind::interleaved) f << " --chunks " << chunks;
+        s.tensor_parallel = tp > 1;
+        s.tensor_grid = tp > 1 && tp_grid;
+        s.sequence_parallel = sp > 1;
+        if (sp > 1 && ulysses) {
+            s.sequence_attention = nn::SequenceAttention::ulysses;
+            s.sequence_ulysses = 0;
         }
-        if (tp > 1) f << " --tp " << tp << (tp_grid ? " --tp-mode 2d" : "");
-        if (sp > 1) f << " --sp " << sp << (ulysses ? " --sp-mode ulysses" : "");
-        f << " --micro-batches " << micro_batches << " --batch " << batch;
-        if (zero > 0) f << " --zero " << zero;
-        if (pp > 1 && !partition.empty()) {
-            f << " --partition ";
-            for (std::size_t i = 0; i < partition.size(); ++i) f << (i ? "," : "") << partition[i];
-        }
-        return f.str();
+        return s;
     }
 
     // "dp 2 x pp 2 x tp 2, 1F1B, 8 micro-batches, ZeRO-1, partition 12,12".

@@ -1,0 +1,73 @@
+// train_gpt's flag spellings that loom-plan shares: pipeline schedules
+// (gpipe, 1f1b, interleaved, zb for ZB-H1, zbv for ZB-V), read by train_gpt
+// --schedule and loom-plan --schedules / --evaluate, and a planner's
+// candidate as train_gpt flags. Spellings of the programs, so they live with
+// them; the library's own grammar is parallel/strategy_text.hpp's.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include <loom/core/error.hpp>
+#include <loom/parallel/pipeline.hpp>
+#include <loom/plan/candidate.hpp>
+
+[[nodiscard]] inline loom::ScheduleKind parse_schedule_flag(std::string_view text) {
+    using loom::ScheduleKind;
+    if (text == "gpipe") return ScheduleKind::gpipe;
+    if (text == "1f1b") return ScheduleKind::one_f_one_b;
+    if (text == "interleaved") return ScheduleKind::interleaved;
+    if (text == "zb") return ScheduleKind::zero_bubble_h1;
+    if (text == "zbv") return ScheduleKind::zero_bubble_v;
+    LOOM_FAIL("unknown pipeline schedule \"", text, "\"; use gpipe, 1f1b, interleaved, zb (ZB-H1) or zbv (ZB-V)");
+}
+
+// parse_schedule_flag's inverse.
+[[nodiscard]] constexpr std::string_view schedule_flag(loom::ScheduleKind kind) noexcept {
+    switch (kind) {
+        case loom::ScheduleKind::gpipe: return "gpipe";
+        case loom::ScheduleKind::one_f_one_b: return "1f1b";
+        case loom::ScheduleKind::interleaved: return "interleaved";
+        case loom::ScheduleKind::zero_bubble_h1: return "zb";
+        case loom::ScheduleKind::zero_bubble_v: return "zbv";
+    }
+    return "?";
+}
+
+// The train_gpt flags of a candidate (the model's own flags aside): degrees
+// and the piecewise strategy flags, words a script can split on spaces.
+[[nodiscard]] inline std::string train_gpt_flags(const loom::plan::Candidate& c, std::int64_t batch) {
+    std::ostringstream f;
+    f << "--dp " << c.dp;
+    if (c.pp > 1) {
+        f << " --pp " << c.pp << " --schedule " << schedule_flag(c.schedule);
+        if (c.schedule == loom::ScheduleKind::interleaved) f << " --chunks " << c.chunks;
+    }
+    if (c.tp > 1) f << " --tp " << c.tp << (c.tp_grid ? " --tp-mode 2d" : "");
+    if (c.sp > 1) f << " --sp " << c.sp << (c.ulysses ? " --sp-mode ulysses" : "");
+    f << " --micro-batches " << c.micro_batches << " --batch " << batch;
+    if (c.zero > 0) f << " --zero " << c.zero;
+    if (c.pp > 1 && !c.partition.empty()) {
+        f << " --partition ";
+        for (std::size_t i = 0; i < c.partition.size(); ++i) f << (i ? "," : "") << c.partition[i];
+    }
+    return f.str();
+}
+
+// The same run with the strategy as one value: degrees, then --strategy
+// with the spec's text in single quotes, ready to paste into a shell.
+[[nodiscard]] inline std::string train_gpt_strategy_flags(const loom::plan::Candidate& c, std::int64_t batch) {
+    std::ostringstream f;
+    f << "--dp " << c.dp;
+    if (c.pp > 1) f << " --pp " << c.pp;
+    if (c.tp > 1) f << " --tp " << c.tp;
+    if (c.sp > 1) f << " --sp " << c.sp;
+    f << " --strategy '" << c.strategy() << "' --micro-batches " << c.micro_batches << " --batch " << batch;
+    if (c.pp > 1 && !c.partition.empty()) {
+        f << " --partition ";
+        for (std::size_t i = 0; i < c.partition.size(); ++i) f << (i ? "," : "") << c.partition[i];
+    }
+    return f.str();
+}
