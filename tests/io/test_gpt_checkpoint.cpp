@@ -140,3 +140,13 @@ TEST_CASE("GPT checkpoints cannot be saved with a negative or oversized step", "
                Contains("optimizer_steps 9223372036854775807"));
     CHECK(dir.entries().empty());
 }
+
+TEST_CASE("GPT training state with a NaN is named by step and tensor before a save", "[checkpoint]") {
+    const auto config = tiny();
+    const auto names = loom::gpt::parameter_names(config);
+    Arrays a(config);
+    CHECK_NOTHROW(loom::gpt::check_finite_state(config, a.values, a.m, a.v, "step 3"));
+    a.v[5] = std::nanf("");  // the 6th element of the first parameter's second moment
+    CHECK_THAT(message_of([&] { loom::gpt::check_finite_state(config, a.values, a.m, a.v, "step 3"); }),
+               Contains("step 3: tensor optimizer.v." + names.front() + " holds nan at element 5"));
+}

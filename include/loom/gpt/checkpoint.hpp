@@ -118,6 +118,22 @@ inline void save_checkpoint(const std::filesystem::path& path, const Config& con
     io::save_safetensors(path, tensors, metadata);
 }
 
+// Throws "<context>: tensor <name> holds nan at element i of n; only finite
+// values are valid" for the first parameter or AdamW moment (checkpoint
+// names, "optimizer.m.<name>") holding a NaN or an infinity. The training
+// loop calls it before a save ("step 120"), so a diverged run stops without
+// replacing the last good checkpoint.
+inline void check_finite_state(const Config& config, std::span<const float> values, std::span<const float> m,
+                               std::span<const float> v, std::string_view context) {
+    auto writable = [](std::span<const float> s) { return std::span<float>(const_cast<float*>(s.data()), s.size()); };
+    detail::for_each_named(config, writable(values), writable(m), writable(v),
+                           [&](const std::string& name, const Tensor& value, const Tensor& mv, const Tensor& vv) {
+                               train::check_finite(value, name, context);
+                               train::check_finite(mv, "optimizer.m." + name, context);
+                               train::check_finite(vv, "optimizer.v." + name, context);
+                           });
+}
+
 struct CheckpointSteps {
     std::int64_t step = 0;             // the training step to continue from
     std::int64_t optimizer_steps = 0;  // AdamW's step count
