@@ -49,7 +49,7 @@ void rewrite(const std::filesystem::path& path, const std::map<std::string, std:
     std::map<std::string, std::string> metadata;
     {
         const loom::io::SafetensorsFile file(path);
-        metadata = file.metadata();
+        metadata = file.metadata().to_map();
         const auto names = file.names();
         copies.reserve(names.size());
         for (const std::string& name : names) {

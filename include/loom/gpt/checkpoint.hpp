@@ -146,11 +146,11 @@ inline CheckpointSteps load_checkpoint(const std::filesystem::path& path, const 
                                        std::span<float> m, std::span<float> v) {
     const io::SafetensorsFile file(path);
     const auto& metadata = file.metadata();
-    auto field = [&](const std::string& key) -> const std::string& {
-        const auto it = metadata.find(key);
-        LOOM_CHECK(it != metadata.end(), "checkpoint ", path.string(), " has no '", key,
+    auto field = [&](const std::string& key) -> std::string {
+        const std::optional<std::string_view> value = metadata.find(key);
+        LOOM_CHECK(value.has_value(), "checkpoint ", path.string(), " has no '", key,
                    "' in its metadata; it was not written by train_gpt");
-        return it->second;
+        return std::string(*value);
     };
     LOOM_CHECK(field("format") == "loom-gpt-checkpoint-1", "checkpoint ", path.string(), " has format '",
                field("format"), "', expected loom-gpt-checkpoint-1");
