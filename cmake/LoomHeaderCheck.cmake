@@ -81,6 +81,28 @@ function(loom_add_header_check target)
   endif()
 endfunction()
 
+# loom_clang_include_flags(out): the include flags a compiler outside the
+# project's toolchain needs for loom::loom: include/, then the directories
+# its dependencies bring (Boost, cblas.h) as system directories (their own
+# warnings are not loom's); imported targets list them plainly, and the
+# compiler's default directories stay its own.
+function(loom_clang_include_flags out)
+  set(flags "-I${PROJECT_SOURCE_DIR}/include")
+  foreach(dependency IN ITEMS Boost::headers loom::blas)
+    if(TARGET ${dependency})
+      get_target_property(dirs ${dependency} INTERFACE_INCLUDE_DIRECTORIES)
+      if(dirs)
+        foreach(dir IN LISTS dirs)
+          if(NOT dir MATCHES "^/usr(/local)?/include/?$")
+            list(APPEND flags -isystem "${dir}")
+          endif()
+        endforeach()
+      endif()
+    endif()
+  endforeach()
+  set(${out} "${flags}" PARENT_SCOPE)
+endfunction()
+
 # loom_add_clang_header_test(name stem): one translation unit (<stem>.cpp) including every
 # host header, checked by clang++ (-fsyntax-only, the warnings as errors) as
 # a test, when a clang++ is found (LOOM_CLANG_CXX names another). A
@@ -105,24 +127,9 @@ function(loom_add_clang_header_test name stem)
     string(APPEND content "#include <${include_name}>\n")
   endforeach()
   file(CONFIGURE OUTPUT "${file}" CONTENT "${content}")
-  # The include directories loom::loom's dependencies bring (Boost, cblas.h),
-  # as system directories (their own warnings are not loom's); imported
-  # targets list them plainly, and the compiler's defaults stay its own.
-  set(include_flags "")
-  foreach(dependency IN ITEMS Boost::headers loom::blas)
-    if(TARGET ${dependency})
-      get_target_property(dirs ${dependency} INTERFACE_INCLUDE_DIRECTORIES)
-      if(dirs)
-        foreach(dir IN LISTS dirs)
-          if(NOT dir MATCHES "^/usr(/local)?/include/?$")
-            list(APPEND include_flags -isystem "${dir}")
-          endif()
-        endforeach()
-      endif()
-    endif()
-  endforeach()
+  loom_clang_include_flags(include_flags)
   add_test(NAME "${name}"
            COMMAND "${LOOM_CLANG_CXX}" -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wconversion
-                   -Wno-sign-conversion -Werror "-I${PROJECT_SOURCE_DIR}/include" ${include_flags} "${file}")
+                   -Wno-sign-conversion -Werror ${include_flags} "${file}")
 endfunction()
 
