@@ -14,12 +14,20 @@ set(LOOM_FUZZ_SECONDS 3 CACHE STRING "seconds each fuzz target runs in the test 
 if(NOT LOOM_CLANG_CXX)
   return()
 endif()
-set(_probe_dir "${CMAKE_CURRENT_BINARY_DIR}/fuzz_probe")
-file(CONFIGURE OUTPUT "${_probe_dir}/probe.cpp" CONTENT
-     "#include <cstddef>\n#include <cstdint>\nextern \"C\" int LLVMFuzzerTestOneInput(const std::uint8_t*, std::size_t) { return 0; }\n")
-execute_process(COMMAND "${LOOM_CLANG_CXX}" -fsanitize=fuzzer,address "${_probe_dir}/probe.cpp" -o "${_probe_dir}/probe"
-                RESULT_VARIABLE _fuzzer_links OUTPUT_QUIET ERROR_QUIET)
-if(NOT _fuzzer_links EQUAL 0)
+# Whether this clang has the fuzzer runtime: probed once, then cached.
+if(NOT DEFINED LOOM_CLANG_FUZZER_LINKS)
+  set(_probe_dir "${CMAKE_CURRENT_BINARY_DIR}/fuzz_probe")
+  file(CONFIGURE OUTPUT "${_probe_dir}/probe.cpp" CONTENT
+       "#include <cstddef>\n#include <cstdint>\nextern \"C\" int LLVMFuzzerTestOneInput(const std::uint8_t*, std::size_t) { return 0; }\n")
+  execute_process(COMMAND "${LOOM_CLANG_CXX}" -fsanitize=fuzzer,address "${_probe_dir}/probe.cpp" -o "${_probe_dir}/probe"
+                  RESULT_VARIABLE _fuzzer_links OUTPUT_QUIET ERROR_QUIET)
+  if(_fuzzer_links EQUAL 0)
+    set(LOOM_CLANG_FUZZER_LINKS ON CACHE BOOL "${LOOM_CLANG_CXX} links -fsanitize=fuzzer")
+  else()
+    set(LOOM_CLANG_FUZZER_LINKS OFF CACHE BOOL "${LOOM_CLANG_CXX} links -fsanitize=fuzzer")
+  endif()
+endif()
+if(NOT LOOM_CLANG_FUZZER_LINKS)
   message(STATUS "loom: ${LOOM_CLANG_CXX} cannot link -fsanitize=fuzzer; no fuzz tests")
   return()
 endif()
