@@ -114,6 +114,14 @@ TEST_CASE("json refuses deep nesting instead of overflowing the stack", "[json][
     CHECK(parse_error(ok) == "<parsed>");
 }
 
+TEST_CASE("json refuses a text longer than its offsets can address", "[json][errors]") {
+    CHECK(json::max_document_bytes == (std::size_t{1} << 30) - 4);
+    std::string error;
+    CHECK_FALSE(json::detail::Parser("[1, 2]", 5).document(error).has_value());
+    CHECK(error == "a JSON text of 6 bytes is longer than the 5 this reader accepts at byte 0");
+    CHECK(json::detail::Parser("[1, 2]", 6).document(error).has_value());
+}
+
 TEST_CASE("json parse_or_throw names the context", "[json][errors]") {
     CHECK_THROWS_WITH(json::parse_or_throw("{", "header of x.st"),
                       Catch::StartsWith("header of x.st: invalid JSON: expected a string key in an object but found "

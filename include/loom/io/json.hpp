@@ -270,9 +270,10 @@ private:
     std::unique_ptr<detail::Storage> storage_;
 };
 
-// The largest text parse accepts: offsets are 32-bit, and nodes number at
-// most half the bytes plus one, which must fit the 29 bits above the kind.
-inline constexpr std::size_t max_document_bytes = std::size_t{1} << 30;
+// The largest text parse accepts, just under 1 GiB: offsets are 32-bit, and
+// the nodes (at most half the bytes plus one) are indexed, up to one past
+// the last, in the 29 bits above the kind.
+inline constexpr std::size_t max_document_bytes = (std::size_t{1} << 30) - 4;
 
 namespace detail {
 
@@ -282,13 +283,16 @@ public:
     // a million '[' must fail with a message, not overflow the stack.
     static constexpr int max_depth = 64;
 
-    explicit Parser(std::string_view text) : source_size_(text.size()), input_(text) {}
+    // `limit` below max_document_bytes only lets tests see the refusal
+    // without a gigabyte of text.
+    explicit Parser(std::string_view text, std::size_t limit = max_document_bytes)
+        : source_size_(text.size()), input_(text), limit_(limit < max_document_bytes ? limit : max_document_bytes) {}
 
     // The whole text must be exactly one value, with optional whitespace around it.
     std::optional<Document> document(std::string& error) {
-        if (input_.size() > max_document_bytes) {
+        if (input_.size() > limit_) {
             error = "a JSON text of " + std::to_string(input_.size()) + " bytes is longer than the " +
-                    std::to_string(max_document_bytes) + " this reader accepts at byte 0";
+                    std::to_string(limit_) + " this reader accepts at byte 0";
             return std::nullopt;
         }
         Document result;
@@ -643,6 +647,7 @@ private:
 
     std::size_t source_size_;
     std::string_view input_;
+    std::size_t limit_;
     char* text_ = nullptr;             // the document's copy, decoded in place
     std::vector<Node>* nodes_ = nullptr;
     std::size_t at_ = 0;               // read position
