@@ -80,3 +80,56 @@ function(loom_add_header_check target)
     target_link_libraries(${target} PRIVATE loom::nccl)
   endif()
 endfunction()
+
+# loom_clang_include_flags(out): the include flags a compiler outside the
+# project's toolchain needs for loom::loom: include/, then the directories
+# its dependencies bring (Boost, cblas.h) as system directories (their own
+# warnings are not loom's); imported targets list them plainly, and the
+# compiler's default directories stay its own.
+function(loom_clang_include_flags out)
+  set(flags "-I${PROJECT_SOURCE_DIR}/include")
+  foreach(dependency IN ITEMS Boost::headers loom::blas)
+    if(TARGET ${dependency})
+      get_target_property(dirs ${dependency} INTERFACE_INCLUDE_DIRECTORIES)
+      if(dirs)
+        foreach(dir IN LISTS dirs)
+          if(NOT dir MATCHES "^/usr(/local)?/include/?$")
+            list(APPEND flags -isystem "${dir}")
+          endif()
+        endforeach()
+      endif()
+    endif()
+  endforeach()
+  set(${out} "${flags}" PARENT_SCOPE)
+endfunction()
+
+# loom_add_clang_header_test(name stem): one translation unit (<stem>.cpp) including every
+# host header, checked by clang++ (-fsyntax-only, the warnings as errors) as
+# a test, when a clang++ is found (LOOM_CLANG_CXX names another). A
+# header-only library is compiled by its users' compiler, and clang 14 with
+# libstdc++ 12 lacks what GCC has (std::source_location, parenthesised
+# aggregate initialisation); one TU keeps it to seconds where a TU per
+# header would cost minutes of CI.
+function(loom_add_clang_header_test name stem)
+  find_program(LOOM_CLANG_CXX NAMES clang++ clang++-18 clang++-17 clang++-16 clang++-15 clang++-14
+               DOC "clang++ that checks the host headers (empty: no check)")
+  if(NOT LOOM_CLANG_CXX)
+    message(STATUS "loom: no clang++ found; the headers are checked with ${CMAKE_CXX_COMPILER_ID} only")
+    return()
+  endif()
+  set(file "${CMAKE_CURRENT_BINARY_DIR}/${stem}.cpp")
+  set(content "")
+  foreach(header IN LISTS LOOM_ALL_HEADERS)
+    if(header MATCHES "(_mpi|_cuda|_nccl)\\.hpp$" OR header MATCHES "\\.cuh$")
+      continue()
+    endif()
+    string(REGEX REPLACE "^include/" "" include_name "${header}")
+    string(APPEND content "#include <${include_name}>\n")
+  endforeach()
+  file(CONFIGURE OUTPUT "${file}" CONTENT "${content}")
+  loom_clang_include_flags(include_flags)
+  add_test(NAME "${name}"
+           COMMAND "${LOOM_CLANG_CXX}" -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wconversion
+                   -Wno-sign-conversion -Werror ${include_flags} "${file}")
+endfunction()
+

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <vector>
 #include <string>
 
 namespace json = loom::io::json;
@@ -20,44 +22,63 @@ std::string parse_error(std::string_view text) {
 }  // namespace
 
 TEST_CASE("json parses objects in document order with nested values", "[json]") {
-    const json::Value v = json::parse_or_throw(
+    const json::Document doc = json::parse_or_throw(
         R"( {"b": [1, 20, 300], "a": {"x": "y"}, "t": true, "f": false, "n": null, "d": -1.5e3} )", "test");
+    const json::Value v = doc.root();
     REQUIRE(v.is_object());
-    CHECK(v.keys == std::vector<std::string>{"b", "a", "t", "f", "n", "d"});
-    const json::Value* b = v.find("b");
-    REQUIRE(b != nullptr);
+    std::vector<std::string> keys;
+    std::vector<std::size_t> key_offsets;
+    for (const json::Member& m : v.members()) {
+        keys.emplace_back(m.key);
+        key_offsets.push_back(m.key_offset);
+    }
+    CHECK(keys == std::vector<std::string>{"b", "a", "t", "f", "n", "d"});
+    CHECK(key_offsets == std::vector<std::size_t>{2, 21, 38, 49, 61, 72});
+    const std::optional<json::Value> b = v.find("b");
+    REQUIRE(b.has_value());
     REQUIRE(b->is_array());
-    REQUIRE(b->items.size() == 3);
-    CHECK(b->items[2].as_uint64() == 300u);
-    CHECK(v.find("a")->find("x")->text == "y");
-    CHECK(v.find("t")->kind == json::Kind::boolean);
-    CHECK(v.find("t")->boolean);
-    CHECK_FALSE(v.find("f")->boolean);
-    CHECK(v.find("n")->kind == json::Kind::null);
+    REQUIRE(b->size() == 3);
+    CHECK(b->item(2).as_uint64() == 300u);
+    std::vector<std::uint64_t> elements;
+    for (const json::Value e : b->items()) elements.push_back(*e.as_uint64());
+    CHECK(elements == std::vector<std::uint64_t>{1, 20, 300});
+    CHECK(b->offset() == 7);
+    CHECK(v.find("a")->find("x")->text() == "y");
+    CHECK(v.find("t")->kind() == json::Kind::boolean);
+    CHECK(v.find("t")->boolean());
+    CHECK_FALSE(v.find("f")->boolean());
+    CHECK(v.find("n")->kind() == json::Kind::null);
     CHECK(v.find("d")->as_double() == -1500.0);
     CHECK_FALSE(v.find("d")->as_uint64().has_value());
-    CHECK(v.find("missing") == nullptr);
+    CHECK_FALSE(v.find("missing").has_value());
+    CHECK_FALSE(v.find("b")->find("x").has_value());  // not an object
+    // Handles stay valid when their document moves.
+    json::Document moved = json::parse_or_throw(R"({"k": "short"})", "t");
+    const json::Value k = *moved.root().find("k");
+    const json::Document elsewhere = std::move(moved);
+    CHECK(k.text() == "short");
 }
 
 TEST_CASE("json integers keep all 64 bits and refuse anything that is not a plain non-negative integer",
           "[json]") {
-    CHECK(json::parse_or_throw("18446744073709551615", "t").as_uint64() == std::numeric_limits<std::uint64_t>::max());
-    CHECK_FALSE(json::parse_or_throw("18446744073709551616", "t").as_uint64().has_value());
-    CHECK(json::parse_or_throw("0", "t").as_uint64() == 0u);
+    CHECK(json::parse_or_throw("18446744073709551615", "t").root().as_uint64() ==
+          std::numeric_limits<std::uint64_t>::max());
+    CHECK_FALSE(json::parse_or_throw("18446744073709551616", "t").root().as_uint64().has_value());
+    CHECK(json::parse_or_throw("0", "t").root().as_uint64() == 0u);
     for (const char* not_unsigned : {"-1", "-0", "1.0", "1e3", "2.5"})
-        CHECK_FALSE(json::parse_or_throw(not_unsigned, "t").as_uint64().has_value());
+        CHECK_FALSE(json::parse_or_throw(not_unsigned, "t").root().as_uint64().has_value());
 }
 
 TEST_CASE("json strings decode every escape, surrogate pairs and raw UTF-8", "[json]") {
-    const json::Value v = json::parse_or_throw(R"("q\" b\\ s\/ \b\f\n\r\t \u00e9 \ud83d\ude00 ü")", "t");
-    CHECK(v.text == "q\" b\\ s/ \b\f\n\r\t \xc3\xa9 \xf0\x9f\x98\x80 \xc3\xbc");
+    const json::Document doc = json::parse_or_throw(R"("q\" b\\ s\/ \b\f\n\r\t \u00e9 \ud83d\ude00 ü")", "t");
+    CHECK(doc.root().text() == "q\" b\\ s/ \b\f\n\r\t \xc3\xa9 \xf0\x9f\x98\x80 \xc3\xbc");
 }
 
 TEST_CASE("json quote round-trips any valid UTF-8 text", "[json]") {
     const std::string text = std::string("tab\there \"quoted\" back\\slash nul") + '\0' + "\x01 \xc3\xa9 end\n";
     const std::string quoted = json::quote(text);
     CHECK(quoted.find('\0') == std::string::npos);
-    CHECK(json::parse_or_throw(quoted, "t").text == text);
+    CHECK(json::parse_or_throw(quoted, "t").root().text() == text);
     CHECK(json::quote("a\"b") == R"("a\"b")");
     CHECK(json::quote(std::string("\x1f")) == R"("\u001f")");
 }
@@ -93,6 +114,14 @@ TEST_CASE("json refuses deep nesting instead of overflowing the stack", "[json][
     CHECK(parse_error(ok) == "<parsed>");
 }
 
+TEST_CASE("json refuses a text longer than its offsets can address", "[json][errors]") {
+    CHECK(json::max_document_bytes == (std::size_t{1} << 30) - 4);
+    std::string error;
+    CHECK_FALSE(json::detail::Parser("[1, 2]", 5).document(error).has_value());
+    CHECK(error == "a JSON text of 6 bytes is longer than the 5 this reader accepts at byte 0");
+    CHECK(json::detail::Parser("[1, 2]", 6).document(error).has_value());
+}
+
 TEST_CASE("json parse_or_throw names the context", "[json][errors]") {
     CHECK_THROWS_WITH(json::parse_or_throw("{", "header of x.st"),
                       Catch::StartsWith("header of x.st: invalid JSON: expected a string key in an object but found "
@@ -109,5 +138,5 @@ TEST_CASE("json numbers print the shortest text that reads back exactly, and nul
     CHECK(json::number(std::nan("")) == "null");
     CHECK(json::number(std::numeric_limits<float>::infinity()) == "null");
     for (double x : {1e20, 1e-300, 123456789.125, -0.0})
-        CHECK(json::parse_or_throw(json::number(x), "t").as_double() == x);
+        CHECK(json::parse_or_throw(json::number(x), "t").root().as_double() == x);
 }

@@ -163,10 +163,11 @@ TEST_CASE("a traced ZeRO-2 run on 2 rank threads writes a Chrome trace", "[paral
     file.close();
     std::filesystem::remove_all(dir);
 
-    const auto json = loom::io::json::parse_or_throw(text, "trace.json");
+    const auto document = loom::io::json::parse_or_throw(text, "trace.json");
+    const auto json = document.root();
     REQUIRE(json.is_object());
-    const auto* events = json.find("traceEvents");
-    REQUIRE(events != nullptr);
+    const auto events = json.find("traceEvents");
+    REQUIRE(events.has_value());
     REQUIRE(events->is_array());
 
     std::map<int, std::size_t> x_events;                    // pid -> complete events
@@ -175,39 +176,40 @@ TEST_CASE("a traced ZeRO-2 run on 2 rank threads writes a Chrome trace", "[paral
     std::set<std::int64_t> steps_seen;
     const std::set<std::string> communication{"all_reduce", "reduce_scatter", "all_gather"};
     std::string first_forward;
-    for (const auto& e : events->items) {
+    for (const auto& e : events->items()) {
         REQUIRE(e.is_object());
-        const auto* ph = e.find("ph");
-        REQUIRE(ph != nullptr);
-        const auto* pid = e.find("pid");
-        REQUIRE(pid != nullptr);
+        const auto ph = e.find("ph");
+        REQUIRE(ph.has_value());
+        const auto pid = e.find("pid");
+        REQUIRE(pid.has_value());
         REQUIRE(pid->as_uint64().has_value());
         const int p = static_cast<int>(*pid->as_uint64());
-        if (ph->text == "M") {
-            if (e.find("name")->text == "process_name") process_names.insert(e.find("args")->find("name")->text);
+        if (ph->text() == "M") {
+            if (e.find("name")->text() == "process_name")
+                process_names.insert(std::string(e.find("args")->find("name")->text()));
             continue;
         }
-        REQUIRE(ph->text == "X");
-        const auto* cat = e.find("cat");
-        const auto* tid = e.find("tid");
-        const auto* ts = e.find("ts");
-        const auto* dur = e.find("dur");
-        const auto* name = e.find("name");
+        REQUIRE(ph->text() == "X");
+        const auto cat = e.find("cat");
+        const auto tid = e.find("tid");
+        const auto ts = e.find("ts");
+        const auto dur = e.find("dur");
+        const auto name = e.find("name");
         REQUIRE((cat && tid && ts && dur && name));
-        INFO(name->text);
+        INFO(name->text());
         ++x_events[p];
-        ++per_category[{p, cat->text}];
-        categories.insert(cat->text);
+        ++per_category[{p, std::string(cat->text())}];
+        categories.insert(std::string(cat->text()));
         REQUIRE(ts->as_double().has_value());
         REQUIRE(dur->as_double().has_value());
         CHECK(*ts->as_double() >= 0.0);
         CHECK(*dur->as_double() >= 0.0);
         // Communication on lane 1, everything else on lane 0.
-        CHECK(*tid->as_uint64() == (communication.count(cat->text) ? 1u : 0u));
-        const auto* step = e.find("args")->find("step");
-        REQUIRE(step != nullptr);
+        CHECK(*tid->as_uint64() == (communication.count(std::string(cat->text())) ? 1u : 0u));
+        const auto step = e.find("args")->find("step");
+        REQUIRE(step.has_value());
         steps_seen.insert(static_cast<std::int64_t>(*step->as_uint64()));
-        if (p == 0 && cat->text == "forward" && first_forward.empty()) first_forward = name->text;
+        if (p == 0 && cat->text() == "forward" && first_forward.empty()) first_forward = std::string(name->text());
     }
     CHECK(process_names == std::set<std::string>{"rank 0", "rank 1"});
     CHECK(x_events.size() == 2);

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -248,4 +249,39 @@ TEST_CASE("plan: a rank thread whose exchange ends while the cores are taken pay
     const auto read = loom::plan::read_cluster(
         R"({"shared_cores": 2, "wake_us": 250, "nodes": [{"name": "a", "devices": 2, "tflops": 1, "link": {"unlimited": true}}]})");
     CHECK(read.wake_seconds() == Approx(250e-6));
+}
+
+// A link of 1e-7 Gbit/s or 1e4 s of latency puts the clock near 1e9 s, where
+// a double's step is about 1e-7 s: a fixed 1e-12 s tolerance never sees a
+// compute step end, and the clock stopped (loom-plan never finished).
+TEST_CASE("plan: the simulator finishes when links are extremely slow or late", "[plan]") {
+    const auto model = loom::plan::describe_gpt({4, 64, 4, 32, 256}, 8);
+    for (const Link link : {Link::gbit(1e-7, 50e-6), Link::gbit(1, 1e4)}) {
+        const auto cluster = fast_cluster(4, link, 2);
+        const auto report = loom::plan::search(model, cluster, {.top = 3});
+        REQUIRE_FALSE(report.plans.empty());
+        CHECK(std::isfinite(report.plans.front().estimate.step_seconds));
+        CHECK(report.plans.front().estimate.step_seconds > 0);
+    }
+}
+
+TEST_CASE("plan: the simulator's clock advances past 1e9 s with microsecond work", "[plan]") {
+    // Rank 0 sends after a 1e9 s transfer; then both ranks compute 3 us
+    // steps, the two sharing one core so their rates are not 1.
+    loom::plan::SimProgram p;
+    using Step = loom::plan::SimStep;
+    Step send{Step::Kind::send, 0, 1e9, 1, 7};
+    Step recv{Step::Kind::recv, 0, 0, 0, 7};
+    Step wait{};
+    wait.kind = Step::Kind::wait;
+    wait.target = 0;
+    Step work{Step::Kind::compute, 3e-6, 0};
+    p.ranks = {{send, wait, work, work, work}, {recv, work, work, work, work}};
+    p.devices = {1, 1};
+    p.pool = {0, 0};
+    p.pool_cores = {1.5};
+    const auto result = loom::plan::simulate_steps(p);
+    // Three steps side by side at 0.75 of full speed, then rank 1's last alone.
+    CHECK(result.makespan - 1e9 == Approx(3 * 4e-6 + 3e-6).margin(1e-6));
+    CHECK(result.busy[1] == Approx(12e-6));
 }

@@ -45,7 +45,7 @@ struct Allocator<Cuda> {
         if (const cudaError_t status = cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy); status != cudaSuccess) {
             cudaFreeAsync(p, cudaStreamLegacy);  // nothing may leak on the error path
             detail::cuda_failed(status, "cudaMemsetAsync(p, 0, bytes, cudaStreamLegacy)",
-                                std::source_location::current());
+                                ::loom::SourceLocation::current());
         }
         return p;
     }

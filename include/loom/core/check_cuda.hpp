@@ -10,13 +10,13 @@
 
 namespace loom::detail {
 
-[[noreturn]] inline void cuda_failed(cudaError_t code, const char* call, std::source_location where) {
+[[noreturn]] inline void cuda_failed(cudaError_t code, const char* call, ::loom::SourceLocation where) {
     throw Error(concat(call, " failed: ", cudaGetErrorName(code), " (", cudaGetErrorString(code),
                                 ")"),
                 where);
 }
 
-[[noreturn]] inline void cublas_failed(cublasStatus_t code, const char* call, std::source_location where) {
+[[noreturn]] inline void cublas_failed(cublasStatus_t code, const char* call, ::loom::SourceLocation where) {
     throw Error(concat(call, " failed: ", cublasGetStatusName(code), " (", cublasGetStatusString(code),
                                 ")"),
                 where);
@@ -28,12 +28,12 @@ namespace loom::detail {
     do {                                                                                     \
         const cudaError_t loom_cuda_status_ = (call);                                        \
         if (loom_cuda_status_ != cudaSuccess) [[unlikely]]                                   \
-            ::loom::detail::cuda_failed(loom_cuda_status_, #call, std::source_location::current()); \
+            ::loom::detail::cuda_failed(loom_cuda_status_, #call, ::loom::SourceLocation::current()); \
     } while (false)
 
 #define LOOM_CUBLAS_CHECK(call)                                                              \
     do {                                                                                     \
         const cublasStatus_t loom_cublas_status_ = (call);                                   \
         if (loom_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                       \
-            ::loom::detail::cublas_failed(loom_cublas_status_, #call, std::source_location::current()); \
+            ::loom::detail::cublas_failed(loom_cublas_status_, #call, ::loom::SourceLocation::current()); \
     } while (false)

@@ -9,7 +9,7 @@
 
 namespace loom::detail {
 
-[[noreturn]] inline void mpi_failed(int code, const char* call, std::source_location where) {
+[[noreturn]] inline void mpi_failed(int code, const char* call, ::loom::SourceLocation where) {
     char text[MPI_MAX_ERROR_STRING] = {};
     int length = 0;
     if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
@@ -26,5 +26,5 @@ namespace loom::detail {
     do {                                                                                     \
         const int loom_mpi_status_ = (call);                                                 \
         if (loom_mpi_status_ != MPI_SUCCESS) [[unlikely]]                                    \
-            ::loom::detail::mpi_failed(loom_mpi_status_, #call, std::source_location::current()); \
+            ::loom::detail::mpi_failed(loom_mpi_status_, #call, ::loom::SourceLocation::current()); \
     } while (false)

@@ -23,7 +23,7 @@ namespace loom::detail {
                   detail != nullptr ? detail : "");
 }
 
-[[noreturn]] inline void nccl_failed(ncclResult_t code, const char* call, std::source_location where) {
+[[noreturn]] inline void nccl_failed(ncclResult_t code, const char* call, ::loom::SourceLocation where) {
     throw Error(nccl_failure_text(code, call), where);
 }
 
@@ -33,5 +33,5 @@ namespace loom::detail {
     do {                                                                                     \
         const ncclResult_t loom_nccl_status_ = (call);                                       \
         if (loom_nccl_status_ != ncclSuccess) [[unlikely]]                                   \
-            ::loom::detail::nccl_failed(loom_nccl_status_, #call, std::source_location::current()); \
+            ::loom::detail::nccl_failed(loom_nccl_status_, #call, ::loom::SourceLocation::current()); \
     } while (false)

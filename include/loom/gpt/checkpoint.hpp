@@ -5,12 +5,15 @@
 // the configuration against the flags before any tensor is read.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <span>
 #include <string_view>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "loom/core/error.hpp"
@@ -19,10 +22,29 @@
 #include "loom/io/safetensors.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "loom/optim/adamw.hpp"
+#include "loom/train/finite_check.hpp"
 
 namespace loom::gpt {
 
+// The largest step or optimizer step count a checkpoint holds: half the
+// int64 range, so a resumed run can go on counting (and adding a schedule's
+// offsets) without a signed overflow.
+inline constexpr std::int64_t max_checkpoint_steps = std::numeric_limits<std::int64_t>::max() / 2;
+
 namespace detail {
+
+// A metadata step count, strictly: decimal digits only (no sign, blank,
+// exponent or trailing text), at most max_checkpoint_steps.
+inline std::int64_t parse_step_count(const std::filesystem::path& path, const std::string& key, const std::string& text) {
+    std::int64_t value = -1;
+    const char* const end = text.data() + text.size();
+    const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+    const auto [stop, error] = std::from_chars(text.data(), end, value);
+    LOOM_CHECK(digits && error == std::errc{} && stop == end && value <= max_checkpoint_steps, "checkpoint ",
+               path.string(), ": metadata '", key, "' is '", text, "'; give a whole number from 0 to ",
+               max_checkpoint_steps);
+    return value;
+}
 
 inline std::map<std::string, std::string> config_metadata(const Config& c) {
     return {{"layers", std::to_string(c.layers)}, {"width", std::to_string(c.width)},
@@ -70,6 +92,11 @@ inline void save_checkpoint(const std::filesystem::path& path, const Config& con
                             std::int64_t step, const std::string& data,
                             const std::vector<io::NamedTensor>& extra = {},
                             const std::map<std::string, std::string>& extra_metadata = {}) {
+    LOOM_CHECK(step >= 0 && step <= max_checkpoint_steps, "GPT checkpoint ", path.string(), ": step ", step,
+               " cannot be saved; give a whole number from 0 to ", max_checkpoint_steps);
+    LOOM_CHECK(optimizer_steps >= 0 && optimizer_steps <= max_checkpoint_steps, "GPT checkpoint ", path.string(),
+               ": optimizer_steps ", optimizer_steps, " cannot be saved; give a whole number from 0 to ",
+               max_checkpoint_steps);
     std::vector<io::NamedTensor> tensors;
     auto writable = [](std::span<const float> s) { return std::span<float>(const_cast<float*>(s.data()), s.size()); };
     detail::for_each_named(config, writable(values), writable(m), writable(v),
@@ -91,6 +118,22 @@ inline void save_checkpoint(const std::filesystem::path& path, const Config& con
     io::save_safetensors(path, tensors, metadata);
 }
 
+// Throws "<context>: tensor <name> holds nan at element i of n; only finite
+// values are valid" for the first parameter or AdamW moment (checkpoint
+// names, "optimizer.m.<name>") holding a NaN or an infinity. The training
+// loop calls it before a save ("step 120"), so a diverged run stops without
+// replacing the last good checkpoint.
+inline void check_finite_state(const Config& config, std::span<const float> values, std::span<const float> m,
+                               std::span<const float> v, std::string_view context) {
+    auto writable = [](std::span<const float> s) { return std::span<float>(const_cast<float*>(s.data()), s.size()); };
+    detail::for_each_named(config, writable(values), writable(m), writable(v),
+                           [&](const std::string& name, const Tensor& value, const Tensor& mv, const Tensor& vv) {
+                               train::check_finite(value, name, context);
+                               train::check_finite(mv, "optimizer.m." + name, context);
+                               train::check_finite(vv, "optimizer.v." + name, context);
+                           });
+}
+
 struct CheckpointSteps {
     std::int64_t step = 0;             // the training step to continue from
     std::int64_t optimizer_steps = 0;  // AdamW's step count
@@ -103,32 +146,35 @@ inline CheckpointSteps load_checkpoint(const std::filesystem::path& path, const 
                                        std::span<float> m, std::span<float> v) {
     const io::SafetensorsFile file(path);
     const auto& metadata = file.metadata();
-    auto field = [&](const std::string& key) -> const std::string& {
-        const auto it = metadata.find(key);
-        LOOM_CHECK(it != metadata.end(), "checkpoint ", path.string(), " has no '", key,
+    auto field = [&](const std::string& key) -> std::string {
+        const std::optional<std::string_view> value = metadata.find(key);
+        LOOM_CHECK(value.has_value(), "checkpoint ", path.string(), " has no '", key,
                    "' in its metadata; it was not written by train_gpt");
-        return it->second;
+        return std::string(*value);
     };
     LOOM_CHECK(field("format") == "loom-gpt-checkpoint-1", "checkpoint ", path.string(), " has format '",
                field("format"), "', expected loom-gpt-checkpoint-1");
     for (const auto& [key, expected] : detail::config_metadata(config))
         LOOM_CHECK(field(key) == expected, "checkpoint ", path.string(), " was trained with --", key, " ", field(key),
                    " but the flags say --", key, " ", expected);
+    // The step counts before any tensor is read, so a bad one leaves the
+    // caller's arrays untouched.
+    const CheckpointSteps steps{detail::parse_step_count(path, "step", field("step")),
+                                detail::parse_step_count(path, "optimizer_steps", field("optimizer_steps"))};
+    // A NaN or an infinity would train to `loss nan` and be saved over the
+    // good checkpoint: refused here, naming the tensor and its first bad element.
+    const std::string context = "checkpoint " + path.string();
+    auto read = [&](const std::string& name, const Tensor& into) {
+        train::check_finite(file.tensor(name), name, context);
+        file.read_into(name, into);
+    };
     detail::for_each_named(config, values, m, v,
                            [&](const std::string& name, const Tensor& value, const Tensor& mv, const Tensor& vv) {
-                               file.read_into(name, value);
-                               file.read_into("optimizer.m." + name, mv);
-                               file.read_into("optimizer.v." + name, vv);
+                               read(name, value);
+                               read("optimizer.m." + name, mv);
+                               read("optimizer.v." + name, vv);
                            });
-    auto number = [&](const std::string& key) {
-        const std::string& text = field(key);
-        char* end = nullptr;
-        const long long value = std::strtoll(text.c_str(), &end, 10);
-        LOOM_CHECK(end != text.c_str() && *end == '\0' && value >= 0, "checkpoint ", path.string(), ": '", key,
-                   "' is '", text, "', not a step count");
-        return static_cast<std::int64_t>(value);
-    };
-    return {number("step"), number("optimizer_steps")};
+    return steps;
 }
 
 // The serial forms: a ParamArena and its AdamW.

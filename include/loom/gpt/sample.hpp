@@ -35,7 +35,7 @@ namespace loom::gpt {
             probabilities[static_cast<std::size_t>(v)] = std::exp((last[v] - top) / temperature);
             total += probabilities[static_cast<std::size_t>(v)];
         }
-        double u = RngStream(seed, static_cast<std::uint64_t>(k)).uniform(0) * total;
+        double u = RngStream{seed, static_cast<std::uint64_t>(k)}.uniform(0) * total;
         std::int32_t chosen = static_cast<std::int32_t>(config.vocab - 1);
         for (std::int64_t v = 0; v < config.vocab; ++v) {
             u -= probabilities[static_cast<std::size_t>(v)];

@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,8 @@ struct NamedTensor {
     std::string name;
     loom::Tensor tensor;
 };
+
+class SafetensorsFile;
 
 namespace safetensors {
 
@@ -80,6 +83,50 @@ inline constexpr std::uint64_t max_header_bytes = 100'000'000;
     for (DType type : all_dtypes) list += (list.empty() ? "" : ", ") + std::string(dtype_name(type));
     return list;
 }
+
+// A header's "__metadata__": string keys and values, sorted by key, all in
+// one buffer (16 bytes per entry beside the text: a header of a million
+// tiny entries must not cost a million map nodes).
+class Metadata {
+public:
+    [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+    [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+
+    // The value under `key`, or nullopt.
+    [[nodiscard]] std::optional<std::string_view> find(std::string_view key) const {
+        const auto it = std::lower_bound(entries_.begin(), entries_.end(), key,
+                                         [&](const Entry& e, std::string_view k) { return key_of(e) < k; });
+        if (it == entries_.end() || key_of(*it) != key) return std::nullopt;
+        return value_of(*it);
+    }
+    [[nodiscard]] bool contains(std::string_view key) const { return find(key).has_value(); }
+
+    // Calls f(key, value) in key order.
+    template <class F>
+    void for_each(F&& f) const {
+        for (const Entry& e : entries_) f(key_of(e), value_of(e));
+    }
+
+    // As the map save_safetensors takes.
+    [[nodiscard]] std::map<std::string, std::string> to_map() const {
+        std::map<std::string, std::string> out;
+        for (const Entry& e : entries_) out.emplace(key_of(e), value_of(e));
+        return out;
+    }
+
+private:
+    friend class io::SafetensorsFile;
+    struct Entry {
+        std::uint32_t key_begin = 0, key_size = 0, value_begin = 0, value_size = 0;
+    };
+    [[nodiscard]] std::string_view key_of(const Entry& e) const noexcept { return {text_.data() + e.key_begin, e.key_size}; }
+    [[nodiscard]] std::string_view value_of(const Entry& e) const noexcept {
+        return {text_.data() + e.value_begin, e.value_size};
+    }
+
+    std::string text_;
+    std::vector<Entry> entries_;
+};
 
 }  // namespace safetensors
 
@@ -195,18 +242,18 @@ public:
     SafetensorsFile& operator=(SafetensorsFile&&) = default;
 
     [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
-    [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+    [[nodiscard]] const safetensors::Metadata& metadata() const noexcept { return metadata_; }
     [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
 
     // Tensor names in the order the header lists them.
     [[nodiscard]] std::vector<std::string> names() const {
         std::vector<std::string> result;
         result.reserve(entries_.size());
-        for (const Entry& entry : entries_) result.push_back(entry.name);
+        for (const Entry& entry : entries_) result.emplace_back(name_of(entry));
         return result;
     }
 
-    [[nodiscard]] bool contains(std::string_view name) const { return index_.find(name) != index_.end(); }
+    [[nodiscard]] bool contains(std::string_view name) const { return lookup(name) != nullptr; }
 
     // A read-only view of the tensor's bytes in this object's memory (valid
     // while it lives). Do not write through it.
@@ -232,8 +279,11 @@ public:
     }
 
 private:
+    // Compact, because a 100 MB header may describe millions of tensors:
+    // the name lives in names_, the index is a sorted list of positions.
     struct Entry {
-        std::string name;
+        std::uint32_t name_begin = 0;  // in names_
+        std::uint32_t name_size = 0;
         DType dtype = DType::f32;
         Shape shape;
         std::uint64_t begin = 0;  // data_offsets, relative to the data section
@@ -241,14 +291,28 @@ private:
         std::byte* data = nullptr;
     };
 
+    [[nodiscard]] std::string_view name_of(const Entry& entry) const noexcept {
+        return {names_.data() + entry.name_begin, entry.name_size};
+    }
+
+    [[nodiscard]] const Entry* lookup(std::string_view name) const {
+        const auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name, [&](std::uint32_t i, std::string_view n) {
+            return name_of(entries_[i]) < n;
+        });
+        if (it == by_name_.end() || name_of(entries_[*it]) != name) return nullptr;
+        return &entries_[*it];
+    }
+
     const Entry& find(std::string_view name) const {
-        const auto found = index_.find(name);
-        if (found != index_.end()) return entries_[found->second];
+        if (const Entry* found = lookup(name)) return *found;
         // Name a few tensors that do exist: the usual cause is a renamed
         // layer or a checkpoint from another model.
         std::string some;
         const std::size_t shown = std::min<std::size_t>(entries_.size(), 5);
-        for (std::size_t i = 0; i < shown; ++i) some += (i ? ", " : "") + entries_[i].name;
+        for (std::size_t i = 0; i < shown; ++i) {
+            if (i) some += ", ";
+            some += name_of(entries_[i]);
+        }
         if (entries_.empty()) LOOM_FAIL(label_, " has no tensor ", name, "; it holds no tensors at all");
         LOOM_FAIL(label_, " has no tensor ", name, "; it holds ", entries_.size(),
                   entries_.size() == 1 ? " tensor: " : " tensors: ", some,
@@ -301,23 +365,33 @@ private:
         LOOM_CHECK(!header.empty() && header.front() == '{', label_,
                    ": the header does not start with '{'; this is not a safetensors file");
 
-        std::string why;
-        const std::optional<json::Value> parsed = json::parse(header, why);
-        LOOM_CHECK(parsed.has_value(), label_, ": the header is not valid JSON: ", why, " of the header");
-        LOOM_CHECK(parsed->is_object(), label_, ": the header is ", json::kind_name(parsed->kind), ", not an object");
-
         const std::uint64_t data_size = size_ - 8 - header_length;
         std::byte* const data = bytes_.get() + 8 + header_length;
-        for (std::size_t i = 0; i < parsed->keys.size(); ++i) {
-            const std::string& key = parsed->keys[i];
-            if (key == "__metadata__") read_metadata(parsed->items[i]);
-            else entries_.push_back(read_entry(key, parsed->items[i], data_size));
+        {
+            // The parsed header lives only while the entries are read from it.
+            std::string why;
+            const std::optional<json::Document> parsed = json::parse(header, why);
+            LOOM_CHECK(parsed.has_value(), label_, ": the header is not valid JSON: ", why, " of the header");
+            const json::Value root = parsed->root();
+            LOOM_CHECK(root.is_object(), label_, ": the header is ", json::kind_name(root.kind()), ", not an object");
+            // Exact sizes up front: a growing vector's peak is three times its contents.
+            std::size_t name_bytes = 0;
+            for (const json::Member& member : root.members())
+                if (member.key != "__metadata__") name_bytes += member.key.size();
+            names_.reserve(name_bytes);
+            entries_.reserve(root.size());
+            for (const json::Member& member : root.members()) {
+                if (member.key == "__metadata__") read_metadata(member.value);
+                else entries_.push_back(read_entry(member.key, member.value, data_size));
+            }
         }
         check_coverage(data_size);
 
-        for (std::size_t i = 0; i < entries_.size(); ++i) {
-            Entry& entry = entries_[i];
-            index_.emplace(entry.name, i);
+        by_name_.resize(entries_.size());
+        std::iota(by_name_.begin(), by_name_.end(), std::uint32_t{0});
+        std::sort(by_name_.begin(), by_name_.end(),
+                  [&](std::uint32_t a, std::uint32_t b) { return name_of(entries_[a]) < name_of(entries_[b]); });
+        for (Entry& entry : entries_) {
             entry.data = data + entry.begin;
             // Like a Buffer of zero elements, an empty tensor points nowhere
             // (rather than at a possibly misaligned spot between neighbours).
@@ -337,59 +411,79 @@ private:
     }
 
     void read_metadata(const json::Value& value) {
-        LOOM_CHECK(value.is_object(), label_, ": __metadata__ is ", json::kind_name(value.kind),
+        LOOM_CHECK(value.is_object(), label_, ": __metadata__ is ", json::kind_name(value.kind()),
                    "; it must be an object of strings");
-        for (std::size_t i = 0; i < value.keys.size(); ++i) {
-            LOOM_CHECK(value.items[i].is_string(), label_, ": __metadata__ entry ", json::quote(value.keys[i]), " is ",
-                       json::kind_name(value.items[i].kind), "; metadata values must be strings");
-            metadata_.emplace(value.keys[i], value.items[i].text);
+        std::size_t bytes = 0;
+        for (const json::Member& member : value.members()) {
+            LOOM_CHECK(member.value.is_string(), label_, ": __metadata__ entry ", json::quote(member.key), " is ",
+                       json::kind_name(member.value.kind()), "; metadata values must be strings");
+            bytes += member.key.size() + member.value.text().size();
         }
+        std::string& text = metadata_.text_;
+        text.reserve(bytes);
+        metadata_.entries_.reserve(value.size());
+        for (const json::Member& member : value.members()) {
+            safetensors::Metadata::Entry entry;
+            entry.key_begin = static_cast<std::uint32_t>(text.size());
+            entry.key_size = static_cast<std::uint32_t>(member.key.size());
+            text += member.key;
+            entry.value_begin = static_cast<std::uint32_t>(text.size());
+            entry.value_size = static_cast<std::uint32_t>(member.value.text().size());
+            text += member.value.text();
+            metadata_.entries_.push_back(entry);
+        }
+        // Keys are unique (the JSON reader refuses a repeated key).
+        std::sort(metadata_.entries_.begin(), metadata_.entries_.end(),
+                  [&](const auto& a, const auto& b) { return metadata_.key_of(a) < metadata_.key_of(b); });
     }
 
-    Entry read_entry(const std::string& name, const json::Value& value, std::uint64_t data_size) const {
-        const std::string what = label_ + ": tensor " + name;
-        LOOM_CHECK(value.is_object(), what, " is described by ", json::kind_name(value.kind),
+    Entry read_entry(std::string_view name, const json::Value& value, std::uint64_t data_size) {
+        const std::string what = label_ + ": tensor " + std::string(name);
+        LOOM_CHECK(value.is_object(), what, " is described by ", json::kind_name(value.kind()),
                    "; expected an object with dtype, shape and data_offsets");
-        for (const std::string& field : value.keys)
-            LOOM_CHECK(field == "dtype" || field == "shape" || field == "data_offsets", what, " has the unknown field ",
-                       json::quote(field), "; valid fields are dtype, shape and data_offsets");
-        const json::Value* dtype = value.find("dtype");
-        const json::Value* shape = value.find("shape");
-        const json::Value* offsets = value.find("data_offsets");
-        LOOM_CHECK(dtype != nullptr && shape != nullptr && offsets != nullptr, what, " lacks the field ",
-                   dtype == nullptr ? "dtype" : shape == nullptr ? "shape" : "data_offsets");
+        std::optional<json::Value> dtype, shape, offsets;
+        for (const json::Member& field : value.members()) {
+            if (field.key == "dtype") dtype = field.value;
+            else if (field.key == "shape") shape = field.value;
+            else if (field.key == "data_offsets") offsets = field.value;
+            else
+                LOOM_FAIL(what, " has the unknown field ", json::quote(field.key),
+                          "; valid fields are dtype, shape and data_offsets");
+        }
+        LOOM_CHECK(dtype && shape && offsets, what, " lacks the field ",
+                   !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
 
         Entry entry;
-        entry.name = name;
-        LOOM_CHECK(dtype->is_string(), what, " has a dtype that is ", json::kind_name(dtype->kind), ", not a string");
-        const std::optional<DType> type = safetensors::parse_dtype_name(dtype->text);
-        LOOM_CHECK(type.has_value(), what, " has the dtype ", json::quote(dtype->text),
+        LOOM_CHECK(dtype->is_string(), what, " has a dtype that is ", json::kind_name(dtype->kind()), ", not a string");
+        const std::optional<DType> type = safetensors::parse_dtype_name(dtype->text());
+        LOOM_CHECK(type.has_value(), what, " has the dtype ", json::quote(dtype->text()),
                    ", which loom does not support; supported are ", safetensors::valid_dtype_names());
         entry.dtype = *type;
 
-        LOOM_CHECK(shape->is_array(), what, " has a shape that is ", json::kind_name(shape->kind), ", not an array");
-        LOOM_CHECK(shape->items.size() <= static_cast<std::size_t>(Shape::max_rank), what, " has ",
-                   shape->items.size(), " dimensions; loom tensors have at most ", Shape::max_rank);
-        std::vector<std::int64_t> dims;
+        LOOM_CHECK(shape->is_array(), what, " has a shape that is ", json::kind_name(shape->kind()), ", not an array");
+        LOOM_CHECK(shape->size() <= static_cast<std::size_t>(Shape::max_rank), what, " has ", shape->size(),
+                   " dimensions; loom tensors have at most ", Shape::max_rank);
+        std::int64_t dims[Shape::max_rank] = {};
+        std::size_t rank = 0;
         std::uint64_t numel = 1;
-        for (const json::Value& extent : shape->items) {
+        for (const json::Value extent : shape->items()) {
             const std::optional<std::uint64_t> dim = extent.as_uint64();
             LOOM_CHECK(dim.has_value(), what, " has the shape entry ",
-                       extent.is_number() ? extent.text : std::string(json::kind_name(extent.kind)),
+                       extent.is_number() ? std::string(extent.text()) : std::string(json::kind_name(extent.kind())),
                        "; extents must be non-negative integers");
             // Bounded so that no order of the extents overflows Shape's product.
             LOOM_CHECK(*dim == 0 || numel <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / *dim,
                        what, " has a shape whose extents multiply past 2^63 - 1");
             if (*dim != 0) numel *= *dim;
-            dims.push_back(static_cast<std::int64_t>(*dim));
+            dims[rank++] = static_cast<std::int64_t>(*dim);
         }
-        entry.shape = Shape(dims.begin(), dims.end());
+        entry.shape = Shape(dims, dims + rank);
 
-        LOOM_CHECK(offsets->is_array() && offsets->items.size() == 2 && offsets->items[0].as_uint64() &&
-                       offsets->items[1].as_uint64(),
+        LOOM_CHECK(offsets->is_array() && offsets->size() == 2 && offsets->item(0).as_uint64() &&
+                       offsets->item(1).as_uint64(),
                    what, " has data_offsets that are not two non-negative integers [begin, end]");
-        entry.begin = *offsets->items[0].as_uint64();
-        entry.end = *offsets->items[1].as_uint64();
+        entry.begin = *offsets->item(0).as_uint64();
+        entry.end = *offsets->item(1).as_uint64();
         LOOM_CHECK(entry.begin <= entry.end, what, " has data_offsets [", entry.begin, ", ", entry.end,
                    "] whose begin is after its end");
         LOOM_CHECK(entry.end <= data_size, what, " has data_offsets [", entry.begin, ", ", entry.end,
@@ -401,26 +495,29 @@ private:
                    what, " has data_offsets [", entry.begin, ", ", entry.end, "], ", entry.end - entry.begin,
                    " bytes, but ", safetensors::dtype_name(entry.dtype), " ", entry.shape, " needs ",
                    element_count, " x ", element_size, " bytes");
+        entry.name_begin = static_cast<std::uint32_t>(names_.size());
+        entry.name_size = static_cast<std::uint32_t>(name.size());
+        names_ += name;
         return entry;
     }
 
     // The byte ranges, sorted, must follow each other from 0 to the end of
     // the data section without a gap or an overlap.
     void check_coverage(std::uint64_t data_size) const {
-        std::vector<std::size_t> order(entries_.size());
-        std::iota(order.begin(), order.end(), std::size_t{0});
-        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-            return std::pair(entries_[a].begin, entries_[a].end) < std::pair(entries_[b].begin, entries_[b].end);
+        std::vector<std::uint32_t> order(entries_.size());
+        std::iota(order.begin(), order.end(), std::uint32_t{0});
+        std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+            return std::tuple(entries_[a].begin, entries_[a].end, a) < std::tuple(entries_[b].begin, entries_[b].end, b);
         });
         std::uint64_t covered = 0;
         const Entry* previous = nullptr;
-        for (std::size_t i : order) {
+        for (std::uint32_t i : order) {
             const Entry& entry = entries_[i];
-            LOOM_CHECK(entry.begin >= covered, label_, ": tensors ", previous->name, " [", previous->begin, ", ",
-                       previous->end, "] and ", entry.name, " [", entry.begin, ", ", entry.end,
+            LOOM_CHECK(entry.begin >= covered, label_, ": tensors ", name_of(*previous), " [", previous->begin, ", ",
+                       previous->end, "] and ", name_of(entry), " [", entry.begin, ", ", entry.end,
                        "] overlap; each byte of the data section belongs to exactly one tensor");
             LOOM_CHECK(entry.begin == covered, label_, ": bytes [", covered, ", ", entry.begin,
-                       ") of the data section belong to no tensor (a hole before ", entry.name, ")");
+                       ") of the data section belong to no tensor (a hole before ", name_of(entry), ")");
             covered = entry.end;
             previous = &entry;
         }
@@ -434,8 +531,9 @@ private:
     detail::AlignedBytes bytes_;
     std::vector<detail::AlignedBytes> realigned_;
     std::vector<Entry> entries_;
-    std::map<std::string, std::size_t, std::less<>> index_;
-    std::map<std::string, std::string> metadata_;
+    std::string names_;                  // every tensor's name, back to back
+    std::vector<std::uint32_t> by_name_;  // entries_ positions sorted by name
+    safetensors::Metadata metadata_;
 };
 
 }  // namespace loom::io

@@ -59,7 +59,7 @@ inline comm::Link read_link(const jf::Object& link) {
     if (gbit) return comm::Link::gbit(link.positive("gbit", "Gbit/s"), latency);
     if (gbyte) return comm::Link::gbytes(link.positive("gbyte", "GB/s"), latency);
     const jf::Node flag = link.required("unlimited", "give true");
-    if (!(flag.value().kind == io::json::Kind::boolean && flag.value().boolean))
+    if (!flag.value().boolean())
         flag.invalid(R"(give true, or a bandwidth as "gbit" or "gbyte")");
     return comm::Link{std::numeric_limits<double>::infinity(), latency};
 }

@@ -67,13 +67,13 @@ struct Position {
 // A value as the file writes it, for "nodes[1].devices is -2": numbers by
 // their literal, strings quoted, anything else by its kind.
 [[nodiscard]] inline std::string describe(const json::Value& value) {
-    switch (value.kind) {
-        case json::Kind::number: return value.text;
-        case json::Kind::string: return json::quote(value.text);
-        case json::Kind::boolean: return value.boolean ? "true" : "false";
-        case json::Kind::array: return value.items.empty() ? "an empty array" : "an array";
-        case json::Kind::object: return value.items.empty() ? "an empty object" : "an object";
-        default: return std::string(json::kind_name(value.kind));
+    switch (value.kind()) {
+        case json::Kind::number: return std::string(value.text());
+        case json::Kind::string: return json::quote(value.text());
+        case json::Kind::boolean: return value.boolean() ? "true" : "false";
+        case json::Kind::array: return value.empty() ? "an empty array" : "an array";
+        case json::Kind::object: return value.empty() ? "an empty object" : "an object";
+        default: return std::string(json::kind_name(value.kind()));
     }
 }
 
@@ -107,8 +107,8 @@ public:
     // Parses `text`; malformed JSON throws "<source>:<line>:<col>: invalid JSON: <why>".
     Document(std::string_view text, std::string_view source) : text_(text), source_(source) {
         std::string error;
-        std::optional<json::Value> root = json::parse(text_, error);
-        if (!root) {
+        std::optional<json::Document> parsed = json::parse(text_, error);
+        if (!parsed) {
             // The parser ends its sentence with "at byte N": turn N into a line
             // and column, which is what an editor can jump to.
             std::size_t offset = 0;
@@ -119,39 +119,13 @@ public:
             }
             LOOM_FAIL(location(source_, text_, offset), ": invalid JSON: ", error);
         }
-        root_ = std::move(*root);
+        parsed_ = std::move(*parsed);
     }
 
-    [[nodiscard]] const json::Value& root() const noexcept { return root_; }
+    [[nodiscard]] json::Value root() const noexcept { return parsed_.root(); }
     [[nodiscard]] const std::string& source() const noexcept { return source_; }
     [[nodiscard]] const std::string& text() const noexcept { return text_; }
     [[nodiscard]] std::string where(std::size_t offset) const { return location(source_, text_, offset); }
-
-    // The byte offset of the key naming a member whose value starts at
-    // `value_offset` (json::Value keeps only the value's): back over ':' and
-    // blanks to the closing quote, then to the opening quote that no
-    // backslash escapes. The value's own offset if the text does not fit.
-    [[nodiscard]] std::size_t key_offset(std::size_t value_offset) const {
-        std::size_t i = value_offset;
-        auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
-        auto back_over_blanks = [&] {
-            while (i > 0 && blank(text_[i - 1])) --i;
-        };
-        back_over_blanks();
-        if (i == 0 || text_[i - 1] != ':') return value_offset;
-        --i;
-        back_over_blanks();
-        if (i == 0 || text_[i - 1] != '"') return value_offset;
-        --i;  // i: the closing quote
-        while (i > 0) {
-            --i;
-            if (text_[i] != '"') continue;
-            std::size_t backslashes = 0;
-            while (backslashes < i && text_[i - 1 - backslashes] == '\\') ++backslashes;
-            if (backslashes % 2 == 0) return i;
-        }
-        return value_offset;
-    }
 
     // The root, which must be an object whose keys are all in `keys`.
     [[nodiscard]] inline Object top(std::vector<std::string_view> keys) const;
@@ -159,21 +133,21 @@ public:
 private:
     std::string text_;
     std::string source_;
-    json::Value root_;
+    json::Document parsed_;
 };
 
 // One value of a document and its path ("nodes[1].link"; empty for the root).
 class Node {
 public:
-    Node(const Document& doc, const json::Value& value, std::string path)
-        : doc_(&doc), value_(&value), path_(std::move(path)) {}
+    Node(const Document& doc, json::Value value, std::string path)
+        : doc_(&doc), value_(value), path_(std::move(path)) {}
 
-    [[nodiscard]] const json::Value& value() const noexcept { return *value_; }
+    [[nodiscard]] const json::Value& value() const noexcept { return value_; }
     [[nodiscard]] const std::string& path() const noexcept { return path_; }
     [[nodiscard]] const Document& document() const noexcept { return *doc_; }
     // What messages call it: its path, or "the top level" for the root.
     [[nodiscard]] std::string subject() const { return path_.empty() ? std::string("the top level") : path_; }
-    [[nodiscard]] std::string where() const { return doc_->where(value_->offset); }
+    [[nodiscard]] std::string where() const { return doc_->where(value_.offset()); }
 
     // Throws "<where>: <subject> <problem>".
     template <class... Parts>
@@ -181,21 +155,21 @@ public:
         LOOM_FAIL(where(), ": ", subject(), " ", problem...);
     }
     // Throws "<where>: <subject> is <value>; <valid>".
-    [[noreturn]] void invalid(std::string_view valid) const { fail("is ", describe(*value_), "; ", valid); }
+    [[noreturn]] void invalid(std::string_view valid) const { fail("is ", describe(value_), "; ", valid); }
 
     [[nodiscard]] bool is_string(std::string_view text) const {
-        return value_->is_string() && value_->text == text;
+        return value_.is_string() && value_.text() == text;
     }
 
     // A finite number > 0.
     [[nodiscard]] double positive(std::string_view unit = {}) const {
-        const std::optional<double> x = value_->as_double();
+        const std::optional<double> x = value_.as_double();
         if (!x || !std::isfinite(*x) || *x <= 0) invalid(give_positive(unit));
         return *x;
     }
     // A finite number >= 0.
     [[nodiscard]] double non_negative(std::string_view unit = {}) const {
-        const std::optional<double> x = value_->as_double();
+        const std::optional<double> x = value_.as_double();
         if (!x || !std::isfinite(*x) || *x < 0) invalid(give_non_negative(unit));
         return *x;
     }
@@ -205,10 +179,10 @@ public:
     [[nodiscard]] std::int64_t integer(std::int64_t at_least, std::string_view unit = {},
                                        std::int64_t at_most = std::numeric_limits<std::int64_t>::max()) const {
         std::optional<std::int64_t> n;
-        if (const std::optional<std::uint64_t> u = value_->as_uint64();
+        if (const std::optional<std::uint64_t> u = value_.as_uint64();
             u && *u <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
             n = static_cast<std::int64_t>(*u);
-        } else if (const std::optional<double> x = value_->as_double();
+        } else if (const std::optional<double> x = value_.as_double();
                    x && std::isfinite(*x) && std::floor(*x) == *x && std::fabs(*x) <= 9007199254740992.0) {
             n = static_cast<std::int64_t>(*x);
         }
@@ -217,17 +191,17 @@ public:
     }
     // Any string; `what` names it in the message ("a node name").
     [[nodiscard]] std::string string(std::string_view what = {}) const {
-        if (!value_->is_string()) invalid(give_string(what));
-        return value_->text;
+        if (!value_.is_string()) invalid(give_string(what));
+        return std::string(value_.text());
     }
     // An array's elements, with paths "<path>[i]"; `valid` says what the
     // array should be if this is something else.
     [[nodiscard]] std::vector<Node> elements(std::string_view valid) const {
-        if (!value_->is_array()) invalid(valid);
+        if (!value_.is_array()) invalid(valid);
         std::vector<Node> out;
-        out.reserve(value_->items.size());
-        for (std::size_t i = 0; i < value_->items.size(); ++i)
-            out.emplace_back(*doc_, value_->items[i], loom::detail::concat(path_, "[", i, "]"));
+        out.reserve(value_.size());
+        for (const json::Value element : value_.items())
+            out.emplace_back(*doc_, element, loom::detail::concat(path_, "[", out.size(), "]"));
         return out;
     }
     // This value as an object whose keys must all be in `keys`.
@@ -235,7 +209,7 @@ public:
 
 private:
     const Document* doc_;
-    const json::Value* value_;
+    json::Value value_;
     std::string path_;
 };
 
@@ -246,25 +220,24 @@ class Object {
 public:
     Object(const Node& node, std::vector<std::string_view> keys) : node_(node), keys_(std::move(keys)) {
         if (!node_.value().is_object()) node_.invalid("give an object {...}");
-        const json::Value& v = node_.value();
-        for (std::size_t i = 0; i < v.keys.size(); ++i) {
+        for (const json::Member& member : node_.value().members()) {
             bool known = false;
-            for (std::string_view k : keys_) known = known || k == v.keys[i];
+            for (std::string_view k : keys_) known = known || k == member.key;
             if (known) continue;
             std::ostringstream valid;
             for (std::size_t k = 0; k < keys_.size(); ++k) valid << (k == 0 ? "" : ", ") << keys_[k];
-            LOOM_FAIL(node_.document().where(node_.document().key_offset(v.items[i].offset)), ": ", node_.subject(),
-                      " has an unknown key ", json::quote(v.keys[i]), "; the valid keys are ", valid.str());
+            LOOM_FAIL(node_.document().where(member.key_offset), ": ", node_.subject(), " has an unknown key ",
+                      json::quote(member.key), "; the valid keys are ", valid.str());
         }
     }
 
     [[nodiscard]] const Node& node() const noexcept { return node_; }
-    [[nodiscard]] bool has(std::string_view key) const { return node_.value().find(key) != nullptr; }
+    [[nodiscard]] bool has(std::string_view key) const { return node_.value().find(key).has_value(); }
 
     // The member `key`, or nullopt.
     [[nodiscard]] std::optional<Node> optional(std::string_view key) const {
-        const json::Value* v = node_.value().find(key);
-        if (v == nullptr) return std::nullopt;
+        const std::optional<json::Value> v = node_.value().find(key);
+        if (!v) return std::nullopt;
         return Node(node_.document(), *v, member_path(key));
     }
     // The member `key`; absent: "<where>: <subject> has no "<key>"; <valid>".
@@ -315,7 +288,7 @@ private:
 inline Object Node::object(std::vector<std::string_view> keys) const { return Object(*this, std::move(keys)); }
 
 inline Object Document::top(std::vector<std::string_view> keys) const {
-    return Object(Node(*this, root_, ""), std::move(keys));
+    return Object(Node(*this, root(), ""), std::move(keys));
 }
 
 // The whole of a file, or "<what>: cannot open <path> (no such file); <hint>".

@@ -256,12 +256,19 @@ private:
         }
         if (next == std::numeric_limits<double>::infinity()) fail_stuck();
         const double dt = next - now_;
+        const double before = now_;
         now_ = next;
         for (std::size_t r = 0; r < n; ++r) {
             State& s = state_[r];
             if (s.phase == Phase::computing) {
+                // The rank whose completion chose `next` completes, whatever
+                // rounding did to dt: far from 0 a double's step exceeds any
+                // fixed tolerance (about 1e-7 s near 1e9 s), and leaving a
+                // residue there stopped the clock for good. Event driven,
+                // every call moves at least one rank on, so the run ends.
+                const bool chosen = before + s.remaining / rate_[r] <= next;
                 s.remaining -= dt * rate_[r];
-                if (s.remaining > epsilon * std::max(1.0, rate_[r])) continue;
+                if (!chosen && s.remaining > epsilon * std::max(1.0, rate_[r])) continue;
                 const SimStep& in = p_.ranks[r][s.pc - 1];
                 note(static_cast<int>(r), in, 0, s.started, now_ - s.started);
                 const double then = s.then + (in.syncs > 0 && oversubscribed(static_cast<int>(r)) ? in.syncs * p_.wake : 0.0);

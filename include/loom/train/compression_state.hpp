@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
@@ -67,13 +69,13 @@ template <comm::Communicator C>
 [[nodiscard]] inline bool read_compression_state(const std::filesystem::path& path, const std::string& signature,
                                                  int rank, std::span<float> out, std::string& why) {
     const io::SafetensorsFile file(path);
-    const auto it = file.metadata().find(compression_metadata_key);
-    if (it == file.metadata().end()) {
+    const std::optional<std::string_view> saved = file.metadata().find(compression_metadata_key);
+    if (!saved) {
         why = "the checkpoint has no compressor state (saved without GradCompress)";
         return false;
     }
-    if (it->second != signature) {
-        why = "the checkpoint's compressor state belongs to " + it->second + ", not " + signature;
+    if (*saved != signature) {
+        why = "the checkpoint's compressor state belongs to " + std::string(*saved) + ", not " + signature;
         return false;
     }
     const std::string name = compression_tensor_name(rank);
