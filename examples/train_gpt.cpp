@@ -7,7 +7,8 @@
 // types. `train_gpt --help` lists every flag, docs/train_gpt.md says more.
 // The flags are train_gpt_flags.hpp; what they must agree on before anything
 // is built, train_gpt_checks.hpp; the pipeline's stages, train_gpt_stages.hpp;
-// --device, train_gpt_device.hpp; --optex's loop, train_gpt_optex.hpp.
+// --device, train_gpt_device.hpp; --optex's loop, train_gpt_optex.hpp; what
+// is written and when (probes, saves, stops), train_gpt_outputs.hpp.
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/device_processes.hpp>
 #include <loom/comm/device_ranks.hpp>
@@ -23,6 +24,7 @@
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/gpt/sample.hpp>
+#include <loom/io/atomic_file.hpp>
 #include <loom/kernels/attention_shape.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/kernels/matmul_precision.hpp>
@@ -38,8 +40,12 @@
 #include <loom/parallel/strategy_spec.hpp>
 #include <loom/parallel/strategy_text.hpp>
 #include <loom/train/compression_state.hpp>
+#include <loom/train/data_identity.hpp>
+#include <loom/train/finite_check.hpp>
 #include <loom/train/metrics.hpp>
+#include <loom/train/periodic_save.hpp>
 #include <loom/train/progress.hpp>
+#include <loom/train/stop_signal.hpp>
 
 #if LOOM_EXAMPLE_WITH_MPI
 #include <loom/comm/communicator_mpi.hpp>
@@ -73,6 +79,7 @@ namespace {
 
 #include "train_gpt_checks.hpp"
 #include "train_gpt_stages.hpp"
+#include "train_gpt_outputs.hpp"
 
 // What a run reports as it goes, on the lead rank: the metrics file (a
 // resumed run continues it instead of replacing it) and the progress bar.
@@ -205,50 +212,47 @@ void train(C& world, const Flags& flags, const char* transport) {
     auto& [metrics, progress] = run_report;
     const std::int64_t total = flags.steps, last = flags.until;
     float loss = 0;
+    std::int64_t done = last;  // less after a stop signal
     for (std::int64_t step = first_step; step < last; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         corpus.rows(flags.seed, step, mesh.coordinate("dp") * rows, rows, flags.model.seq, inputs, targets);
         const float lr = loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10));
         loss = exec.step(input_tensor, target_tensor, lr);
+        loom::train::check_finite_loss(loss, step);  // the same loss on every rank: all stop together
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double tokens_per_second = static_cast<double>(tokens_per_step) / seconds;
         if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
         if (metrics) metrics->write(step, loss, tokens_per_second);
+        if (loom::train::agree_to_stop(world, flags.device)) {
+            done = step + 1;
+            break;
+        }
+        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
+            (void)save_state(world, exec, flags, loom::train::periodic_checkpoint_path(flags.save, step + 1).string(),
+                             step + 1, compression_signature, corpus.describe());
+            if (lead) loom::train::prune_periodic_checkpoints(flags.save, flags.keep);
+        }
     }
     if (progress) progress->finish();
-    if (lead && last > first_step)
-        std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(last));
+    if (lead && done > first_step)
+        std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(done));
     if (lead && world.size() > 1) {
         std::ostringstream report;
         report << exec.memory_report();
         std::printf("memory per rank: %s\n", report.str().c_str());
     }
 
+    // The checkpoint first: a trace that cannot be written must not cost it.
+    if (!flags.save.empty() || flags.sample > 0) {
+        const std::vector<float> values = save_state(world, exec, flags, flags.save, done, compression_signature, corpus.describe());
+        if (lead && !flags.save.empty()) std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(done));
+        if (lead && flags.sample > 0 && done == last) print_sample(flags, corpus, values);
+    }
     if (!flags.trace.empty()) {
         loom::exec::write_trace(world, exec.trace(), flags.trace, flags.device);
         if (lead) std::printf("trace of %d ranks written to %s (open in ui.perfetto.dev)\n", world.size(), flags.trace.c_str());
     }
-    if (!flags.save.empty() || flags.sample > 0) {
-        // The whole model on every rank (a collective), in the serial layout.
-        std::vector<float> values(static_cast<std::size_t>(parameters)), m(values.size()), v(values.size());
-        exec.gather_state(values, m, v);
-        // Each rank's compressor state too (collective), for an exact resume.
-        std::vector<loom::Buffer<loom::Host>> storage;
-        std::vector<loom::io::NamedTensor> extra;
-        std::map<std::string, std::string> extra_metadata;
-        if (flags.compress().on() && !flags.save.empty()) {
-            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
-            exec.save_compression_state(state);
-            extra = loom::train::gather_compression_states(world, state, storage);
-            extra_metadata[loom::train::compression_metadata_key] = compression_signature;
-        }
-        if (lead && !flags.save.empty()) {
-            loom::gpt::save_checkpoint(flags.save, flags.model, values, m, v, exec.optimizer_steps(), last,
-                                       corpus.describe(), extra, extra_metadata);
-            std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(last));
-        }
-        if (lead && flags.sample > 0) print_sample(flags, corpus, values);
-    }
+    if (lead && done < last) report_stop(flags, done);
 }
 
 // mpirun and srun tell their processes who they are in the environment.
@@ -261,6 +265,10 @@ bool launched_by_mpi() {
 int run(int argc, char** argv) {
     const Flags flags = parse(argc, argv);
     check_device_flags(flags);
+    check_outputs_and_resume(flags);
+    // From here SIGINT and SIGTERM stop the run after its current step
+    // (saving it), and run() returns 130 or 143.
+    const loom::train::StopSignal stop;
     if (launched_by_mpi()) {
         if (!flags.cluster.empty())
             usage_error("--cluster " + flags.cluster + " shapes the links between rank threads; under mpirun the "
@@ -301,7 +309,7 @@ int run(int argc, char** argv) {
             std::fprintf(stderr, "%s\n", e.what());
             return 1;
         }
-        return 0;
+        return stop.exit_code();
 #else
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
@@ -313,7 +321,7 @@ int run(int argc, char** argv) {
         const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
         loom::comm::ThreadWorld(ranks).run(
             [&](loom::comm::ThreadComm& comm) { train_optex(comm, flags, transport.c_str(), flags.device); });
-        return 0;
+        return stop.exit_code();
     }
     if (flags.device.kind != loom::DeviceKind::host) {
         // Rank threads on the GPU (the backend's world), each with its own stream.
@@ -321,7 +329,7 @@ int run(int argc, char** argv) {
         const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
         loom::comm::run_ranks_on(flags.device, ranks,
                                  [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
-        return 0;
+        return stop.exit_code();
     }
     const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
     if (!flags.cluster.empty()) {
@@ -339,12 +347,12 @@ int run(int argc, char** argv) {
             loom::comm::Shaped<loom::comm::ThreadComm> shaped(std::move(comm), cluster.links());
             train(shaped, flags, "rank threads");
         });
-        return 0;
+        return stop.exit_code();
     }
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });
-    return 0;
+    return stop.exit_code();
 }
 
 }  // namespace

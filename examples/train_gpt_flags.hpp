@@ -22,6 +22,8 @@ struct Flags {
     loom::StrategySpec strategy;   // the policies, whichever flags named them
     std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
     std::string data, metrics, save, resume, trace;
+    std::int64_t save_every = 0, keep = 2;  // --save-every N: <save>.step-<n> every N steps, the newest --keep kept
+    bool resume_anyway = false;             // resume on other --data or --seed
     std::int64_t sample = 0;
     loom::Device device = loom::host_device;  // --device: where one rank's layers run
     bool device_per_process = false;          // --device cuda under mpirun: each process its node rank's GPU
@@ -263,8 +265,11 @@ inline Flags parse(int argc, char** argv) {
           "dimensions the kernel sees", "all");
 
     text("Output", "--metrics", f.metrics, "FILE", "one JSON line per step");
-    text("Output", "--save", f.save, "FILE", "checkpoint (safetensors) at the end");
-    text("Output", "--resume", f.resume, "FILE", "continue from a checkpoint");
+    text("Output", "--save", f.save, "FILE", "checkpoint (safetensors) at the end, or on SIGINT/SIGTERM");
+    whole("Output", "--save-every", f.save_every, 1, std::int64_t{1} << 40, "also save FILE.step-<n> every N steps", "off");
+    whole("Output", "--keep", f.keep, 1, 1 << 20, "periodic checkpoints kept, the newest");
+    text("Output", "--resume", f.resume, "FILE", "continue from a checkpoint (same --data and --seed)");
+    described(app.add_flag("--resume-anyway", f.resume_anyway), "Output", "", "resume on other --data or --seed", "");
     text("Output", "--trace", f.trace, "FILE", "Chrome/Perfetto trace of every rank");
     whole("Output", "--sample", f.sample, 0, 1 << 20, "bytes of generated text at the end");
 
@@ -327,6 +332,7 @@ inline Flags parse(int argc, char** argv) {
         refuse(f.micro_batches > 1, "--micro-batches " + std::to_string(f.micro_batches));
         refuse(f.compress().on(), "--compress " + f.compress().describe());
         refuse(f.freeze_variance >= 0, "--freeze-variance");
+        refuse(f.save_every > 0, "--save-every (OptEx saves at the end, or on SIGINT/SIGTERM)");
         refuse(!f.trace.empty(), "--trace (the step program is the executor's; OptEx steps outside it)");
         // Tuned by default: on the GPT the reference's l = 0.1 (chosen for its
         // synthetic functions) makes 4 workers worse than AdamW, and the
@@ -338,6 +344,9 @@ inline Flags parse(int argc, char** argv) {
         f.optex_config.holdout = std::max(1, std::min(f.optex_config.holdout, history - 2));
         f.optex_config.workers = f.optex;
     }
+    if (f.save_every > 0 && f.save.empty()) usage_error("--save-every " + std::to_string(f.save_every) + " needs --save FILE");
+    if (app.count("--keep") > 0 && f.save_every == 0) usage_error("--keep " + std::to_string(f.keep) + " needs --save-every N");
+    if (f.resume_anyway && f.resume.empty()) usage_error("--resume-anyway needs --resume FILE");
     if (f.until < 0) f.until = f.steps;
     if (f.until > f.steps) usage_error("--until " + std::to_string(f.until) + " is past --steps " + std::to_string(f.steps));
     return f;

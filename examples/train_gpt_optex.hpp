@@ -84,7 +84,7 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     const std::int64_t total = flags.steps, last = flags.until;
     float loss = 0;
     double length_scale = flags.optex_config.estimator.length_scale;
-    std::int64_t skipped = 0;
+    std::int64_t skipped = 0, done = last;  // done: less after a stop signal
     for (std::int64_t step = first_step; step < last; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
@@ -109,12 +109,16 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
         const double tokens_per_second = static_cast<double>(workers * flags.batch * T) / seconds;
         if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
         if (metrics) metrics->write(step, loss, tokens_per_second);
+        if (loom::train::agree_to_stop(world, loom::host_device)) {
+            done = step + 1;
+            break;
+        }
     }
     if (progress) progress->finish();
-    if (lead && last > first_step) {
-        std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(last));
+    if (lead && done > first_step) {
+        std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(done));
         std::printf("OptEx: %lld sequential iterations, %lld gradients, %lld not finite (kept out of the history)\n",
-                    static_cast<long long>(last - first_step), static_cast<long long>((last - first_step) * workers),
+                    static_cast<long long>(done - first_step), static_cast<long long>((done - first_step) * workers),
                     static_cast<long long>(skipped));
     }
     if (!flags.save.empty() || flags.sample > 0) {
@@ -124,11 +128,15 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
         optex.gather_params(values);
         optex.gather(optex.inner().m(), m);
         optex.gather(optex.inner().v(), v);
+        if (!flags.save.empty())  // every rank holds the same state, so all throw together
+            loom::gpt::check_finite_state(flags.model, values, m, v,
+                                          "step " + std::to_string(done) + " (" + flags.save + " was not written)");
         if (lead && !flags.save.empty()) {
-            loom::gpt::save_checkpoint(flags.save, flags.model, values, m, v, optex.inner().steps(), last,
-                                       corpus.describe());
-            std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(last));
+            loom::gpt::save_checkpoint(flags.save, flags.model, values, m, v, optex.inner().steps(), done,
+                                       corpus.describe(), {}, loom::train::run_identity_metadata(flags.data, flags.seed));
+            std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(done));
         }
-        if (lead && flags.sample > 0) print_sample(flags, corpus, values);
+        if (lead && flags.sample > 0 && done == last) print_sample(flags, corpus, values);
     }
+    if (lead && done < last) report_stop(flags, done);
 }

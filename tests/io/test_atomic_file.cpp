@@ -6,11 +6,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
 
 #include "io/temp_dir.hpp"
+#include "support/message_of.hpp"
 
 using loom::io::AtomicFile;
 using loom::io::write_file_atomically;
@@ -136,4 +138,30 @@ TEST_CASE("a relative path works in the current directory", "[atomic]") {
         throw;
     }
     CHECK(read_bytes(dir / "relative.txt") == "here");
+}
+
+TEST_CASE("probe_writable creates and removes the temporary a save would use, or says why it cannot", "[atomic]") {
+    TempDir dir;
+    loom::io::probe_writable(dir / "run.st");
+    CHECK(dir.entries().empty());
+    CHECK_THAT(loom_test::message_of([&] { loom::io::probe_writable(dir / "no" / "run.st"); }),
+               Catch::StartsWith("cannot create the temporary file " + temp_name_for((dir / "no" / "run.st").string())) &&
+                   Catch::EndsWith(": No such file or directory"));
+    CHECK(loom_test::message_of([&] { loom::io::probe_writable(dir.path()); }) ==
+          "cannot write " + dir.path().string() + ": it is a directory; give a file name");
+}
+
+TEST_CASE("remove_stale_temporaries removes a dead process's temporaries, not a live one's", "[atomic]") {
+    TempDir dir;
+    write_bytes(dir / "run.st.tmp-999999999", "dead");          // above any pid_max
+    write_bytes(dir / "run.st.step-4.tmp-999999998", "dead");   // a periodic save's
+    write_bytes(dir / temp_name_for("run.st"), "ours: live");   // this process
+    write_bytes(dir / "run.st.tmp-1", "init: live");
+    write_bytes(dir / "other.st.tmp-999999999", "another file's");
+    write_bytes(dir / "run.st", "the checkpoint");
+    const auto removed = loom::io::remove_stale_temporaries(dir / "run.st");
+    CHECK(removed.size() == 2);
+    std::vector<std::string> kept{"other.st.tmp-999999999", "run.st", temp_name_for("run.st"), "run.st.tmp-1"};
+    std::sort(kept.begin(), kept.end());
+    CHECK(dir.entries() == kept);
 }

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "loom/core/error.hpp"
 
@@ -152,6 +155,43 @@ void write_file_atomically(const std::filesystem::path& path, Fill&& fill) {
     AtomicFile file(path);
     fill(file);
     file.commit();
+}
+
+// Checks, before hours of work, that `path` can be written the way it will
+// be: creates its temporary file in the target directory and removes it.
+// Throws "cannot create the temporary file ..." naming the system's reason
+// (no such directory, permission denied, read-only file system).
+inline void probe_writable(const std::filesystem::path& path) {
+    std::error_code error;
+    LOOM_CHECK(!std::filesystem::is_directory(path, error), "cannot write ", path.string(),
+               ": it is a directory; give a file name");
+    const AtomicFile probe(path);  // destroyed uncommitted: the temporary is removed, `path` untouched
+}
+
+// A process killed by SIGKILL or a power cut leaves its "<path>.tmp-<pid>"
+// behind, and the next run (another pid) a new one beside it. Removes, from
+// path's directory, every "<path's name>*.tmp-<pid>" whose process no longer
+// exists (a live writer's file is left alone), and returns what it removed
+// so the caller can say so. Errors are ignored: this only tidies.
+inline std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& path) {
+    std::vector<std::filesystem::path> removed;
+    const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+    const std::string prefix = path.filename().string();
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+        const std::string name = entry.path().filename().string();
+        const std::size_t mark = name.rfind(".tmp-");
+        if (mark == std::string::npos || mark < prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+        const std::string digits = name.substr(mark + 5);
+        if (digits.empty() || digits.size() > 9 ||
+            !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            continue;
+        const auto pid = static_cast<::pid_t>(std::stol(digits));
+        if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+        std::error_code gone;
+        if (std::filesystem::remove(entry.path(), gone)) removed.push_back(entry.path());
+    }
+    return removed;
 }
 
 }  // namespace loom::io
