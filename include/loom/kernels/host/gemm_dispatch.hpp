@@ -189,6 +189,18 @@ inline void set_bf16_dot_products(bool on) {
     return text + ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
 }
 
+// host_gemm_description(), then, when the BLAS path is in use and runs
+// kernels below this CPU's level, blas_kernel_warning() after "; ": the line
+// train_gpt and the benches print.
+[[nodiscard]] inline std::string host_gemm_report() {
+    std::string text = host_gemm_description();
+    if (host_gemm().backend == HostGemmBackend::blas) {
+        const std::string warning = blas_kernel_warning();
+        if (!warning.empty()) text += "; " + warning;
+    }
+    return text;
+}
+
 namespace gemm_detail {
 
 // Products smaller than this many multiply-adds run on one thread: below it
