@@ -3,10 +3,10 @@
 // K in kc-deep blocks (op(B)'s kc x nc block packed into NR-wide panels,
 // kernels/host/gemm_packing.hpp), M in mc-row blocks, then NR x MR tiles.
 //
-// A is packed (MR-row panels) only where a block of it is reused across
-// enough column panels to repay the copy; otherwise the kernel reads op(A)
-// where it lies, through a row and a k stride (transposed A is then already
-// k-major). Config B's products (256 x 64 x 64..256) take that path.
+// A is packed (MR-row panels) only when transposed and reused across enough
+// column panels to repay the copy; otherwise the kernel reads op(A) where it
+// lies, through a row and a k stride (a transposed A is then already k-major,
+// a plain one is read row by row).
 //
 // Determinism: the k blocks are the same kc-deep slices of K whatever the
 // sizes of M and N, and each tile's arithmetic is fixed by its kernel, so
@@ -23,9 +23,12 @@
 
 namespace loom::kernels::host::gemm_detail {
 
-// Pack A when a block of it is read by more column panels than this: below,
-// the kernel's strided reads of A cost less than the copy (measured on the
-// Xeon of docs/performance.md at config B's shapes).
+// Pack a transposed A when a block of it is read by more column panels than
+// this: below, the kernel's strided reads cost less than the copy. A plain A
+// (rows contiguous along k) is never packed: its packing is a transposing
+// gather, and measured on the Xeon of docs/performance.md reading it in place
+// was 5-20% faster at config A's and B's shapes and at 1024^3 (perf showed
+// packing at a fifth of a training step's time when A was packed).
 inline constexpr std::int64_t pack_a_min_panels = 4;
 
 // C = alpha op(A) op(B) + beta C for M, N, K >= 1, on one thread; with
@@ -42,7 +45,7 @@ inline void blocked_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std
     float* bp = b_buffer.reserve(kc_max * ((nc_max + NR - 1) / NR) * NR);
     for (std::int64_t jc = 0; jc < N; jc += Kernel::nc) {
         const std::int64_t nc = std::min<std::int64_t>(Kernel::nc, N - jc);
-        const bool packs_a = (nc + NR - 1) / NR > pack_a_min_panels;
+        const bool packs_a = ta == Trans::yes && (nc + NR - 1) / NR > pack_a_min_panels;
         for (std::int64_t pc = 0; pc < K; pc += Kernel::kc) {
             const std::int64_t kc = std::min<std::int64_t>(Kernel::kc, K - pc);
             const float beta_block = pc == 0 ? beta : 1.0f;
