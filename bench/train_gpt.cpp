@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     loom::kernels::host::set_blas_threads(1);
     const double peak = loom::kernels::host::measure_sgemm_gflops(1024, 7);
-    std::printf("# single-core sgemm peak (1024^3, OpenBLAS, 1 thread): %.1f GFLOP/s\n", peak);
+    std::printf("# host GEMM: %s\n", loom::kernels::host::host_gemm_report().c_str());
+    std::printf("# single-core sgemm peak (1024^3, that GEMM, 1 thread): %.1f GFLOP/s\n", peak);
     std::printf("# config  impl   tokens/s   step_ms   GFLOP/s  of_peak\n");
     for (const auto& name : which) {
         const BenchConfig& config = configs().at(name);

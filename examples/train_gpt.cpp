@@ -188,6 +188,7 @@ void train(C& world, const Flags& flags, const char* transport) {
                            ")").c_str(),
                     flags.micro_batches, flags.micro_batches == 1 ? "" : "es", flags.threads, flags.threads == 1 ? "" : "s");
         print_matmul_precision(flags);
+        std::printf("host GEMM: %s\n", loom::kernels::host::host_gemm_report().c_str());
         if (flags.pp > 1)
             std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
                         describe_stages(partition, flags.model.layers).c_str());

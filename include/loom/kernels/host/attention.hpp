@@ -2,8 +2,9 @@
 // causal triangle is tiled into blocks of queries x keys, the forward keeps a
 // running max and sum per query row (online softmax) and the backward recomputes
 // the probabilities from the saved log-sum-exp, so no T x T matrix ever exists.
-// The block matmuls run on cblas_sgemm: the BLAS picks its AVX2/AVX-512
-// kernels at run time, which the baseline x86-64 (SSE2) build cannot. Measured
+// The block matmuls run on the host GEMM (kernels/host/gemm_dispatch.hpp:
+// loom's kernels at the CPU's level, or the BLAS), which picks AVX2/AVX-512
+// kernels at run time, as the baseline x86-64 (SSE2) build cannot. Measured
 // on one core, forward + backward with the same tiles, sgemm against
 // auto-vectorised loops for the block products: 3.8x faster at B=8 T=128 H=4
 // D=64 (72 vs 19 GFLOP/s), 4.3x at B=4 T=64 H=4 D=16 (36 vs 8.4). What is left
@@ -11,8 +12,6 @@
 // the compiler vectorises it. Scratch lives on the stack (one 16 KiB tile in
 // the forward, two in the backward); nothing is allocated.
 #pragma once
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <bit>
@@ -24,6 +23,7 @@
 #include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/attention_shape.hpp"
+#include "loom/kernels/host/gemm_dispatch.hpp"
 
 namespace loom::kernels::host {
 
@@ -135,27 +135,21 @@ inline void round_to_bf16(float* x, std::int64_t n) {
 }
 
 // Row-major sgemm with the three transpositions attention needs; sizes are the
-// tile's, which the shape check keeps inside int.
+// tile's, which the shape check keeps inside int (for the BLAS path).
 // C[m x n] = alpha * A[m x k] * B[n x k]^T + beta * C
 inline void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
                     const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-                static_cast<int>(ldc));
+    gemm_detail::dispatched_gemm(Trans::no, Trans::yes, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 // C[m x n] = alpha * A[m x k] * B[k x n] + beta * C
 inline void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
                     const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-                static_cast<int>(ldc));
+    gemm_detail::dispatched_gemm(Trans::no, Trans::no, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 // C[m x n] = alpha * A[k x m]^T * B[k x n] + beta * C
 inline void gemm_tn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
                     const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-                static_cast<int>(ldc));
+    gemm_detail::dispatched_gemm(Trans::yes, Trans::no, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // One head of one sequence: rows of q are `ld_q` floats apart, rows of k and v

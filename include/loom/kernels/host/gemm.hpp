@@ -1,8 +1,10 @@
-// Host GEMM: C = alpha * op(A) * op(B) + beta * C through the CBLAS the build
-// found (OpenBLAS by preference, see cmake/LoomBlas.cmake), in f32 or with
-// operands rounded to bf16 first (MatmulPrecision::bf16). Row-major, f32;
-// lda/ldb/ldc are the row strides of the matrices as stored. Also the knobs a
-// trainer needs around it: the BLAS's thread count, and a measurement of this
+// Host GEMM: C = alpha * op(A) * op(B) + beta * C, in f32 or with operands
+// rounded to bf16 first (MatmulPrecision::bf16). Row-major, f32; lda/ldb/ldc
+// are the row strides of the matrices as stored. Runs loom's own packed
+// micro-kernels at this CPU's instruction level by default, or the CBLAS the
+// build found (OpenBLAS by preference, cmake/LoomBlas.cmake) with
+// LOOM_HOST_GEMM=blas: kernels/host/gemm_dispatch.hpp. Also the knobs a
+// trainer needs around it: the thread count, and a measurement of this
 // machine's sgemm peak for benchmarks to compare against.
 #pragma once
 
@@ -17,6 +19,8 @@
 #include "loom/core/dtype.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/gemm_arguments.hpp"
+#include "loom/kernels/host/gemm_dispatch.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 #include "loom/kernels/trans.hpp"
 
 // OpenBLAS's cblas.h includes openblas_config.h, which defines OPENBLAS_VERSION
@@ -80,27 +84,37 @@ inline void check_blas_gemm_arguments(Trans ta, Trans tb, std::int64_t M, std::i
 // C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C. A is stored [M, K]
 // (ta = no) or [K, M] (ta = yes), B [K, N] or [N, K]; each row stride must
 // cover its stored row. beta = 0 overwrites C (any NaN there included), as BLAS
-// specifies; K = 0 scales C by beta.
+// specifies; K = 0 scales C by beta. With loom's kernels C[i][j] is the same
+// bits however M and N are split (between threads, tensor-parallel shards).
 inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
                  std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
     detail::check_blas_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return;  // nothing to write; some BLAS builds reject the call outright
-    cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
-                tb == Trans::yes ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C,
-                static_cast<int>(ldc));
+    gemm_detail::dispatched_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // The same product at MatmulPrecision::bf16 (kernels/matmul_precision.hpp):
-// every element of A and B rounded to bf16 first, then the f32 product of the
-// rounded operands (exact products, f32 sums), into the f32 C. The host's
-// emulation of a tensor-core bf16 GEMM, equal to it up to the order of the
-// sums; it copies both operands, so it is slower than gemm, not faster.
+// every element of A and B rounded to bf16 (nearest even), then the f32 sum
+// of their exact products, into the f32 C. loom's kernels round the operands
+// as they pack them and run the f32 micro-kernels (the same bits as the f32
+// GEMM of rounded copies, at the f32 rate), or, asked for on a CPU with
+// AVX512_BF16, bf16 dot products (vdpbf16ps, set_bf16_dot_products); the
+// BLAS path rounds into copies and calls sgemm. All are the host's emulation
+// of a tensor-core bf16 GEMM, equal to it up to the order of the sums.
 inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                              const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
                              std::int64_t ldc) {
     detail::check_blas_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return;
+    const HostGemm choice = host_gemm();
+    if (gemm_detail::bf16_dot_products(choice)) {
+        gemm_detail::loom_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    if (choice.backend == HostGemmBackend::loom) {
+        gemm_detail::loom_gemm(choice.isa, true, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
     const std::int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
     const std::int64_t b_rows = tb == Trans::no ? K : N, b_cols = tb == Trans::no ? N : K;
     const std::vector<float> a = detail::rounded_to_bf16(A, a_rows, a_cols, lda);
@@ -109,11 +123,13 @@ inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N,
          std::max<std::int64_t>(1, b_cols), beta, C, ldc);
 }
 
-// Threads the BLAS may use for one call (OpenBLAS: openblas_set_num_threads;
-// a no-op with another BLAS). Rank threads that each run their own GEMMs want
-// 1 here, so ranks do not oversubscribe the cores between them.
+// Threads one host GEMM may use, for loom's kernels (set_gemm_threads) and the
+// BLAS alike (OpenBLAS: openblas_set_num_threads; nothing more with another
+// BLAS). Rank threads that each run their own GEMMs want 1 here, so ranks do
+// not oversubscribe the cores between them.
 inline void set_blas_threads(int threads) {
     LOOM_CHECK(threads >= 1, "set_blas_threads: threads = ", threads, "; pass at least 1");
+    set_gemm_threads(threads);
 #if defined(LOOM_BLAS_THREADS_DIRECT)
     openblas_set_num_threads(threads);
 #elif defined(LOOM_BLAS_THREADS_WEAK)

@@ -1,0 +1,93 @@
+// The host GEMM's blocked loops around a micro-kernel (kernels/host/
+// gemm_kernel_*.hpp), Goto / BLIS style: C is walked in nc-column blocks,
+// K in kc-deep blocks (op(B)'s kc x nc block packed into NR-wide panels,
+// kernels/host/gemm_packing.hpp), M in mc-row blocks, then NR x MR tiles.
+//
+// A is packed (MR-row panels) only when transposed and reused across enough
+// column panels to repay the copy; otherwise the kernel reads op(A) where it
+// lies, through a row and a k stride (a transposed A is then already k-major,
+// a plain one is read row by row).
+//
+// Determinism: the k blocks are the same kc-deep slices of K whatever the
+// sizes of M and N, and each tile's arithmetic is fixed by its kernel, so
+// C[i][j] = the kernel's sum over K's blocks in order, independent of how M
+// or N are cut into blocks, tiles or threads. K is never split between
+// threads (kernels/host/gemm_threads.hpp splits M or N only).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "loom/kernels/host/gemm_packing.hpp"
+#include "loom/kernels/trans.hpp"
+
+namespace loom::kernels::host::gemm_detail {
+
+// Pack a transposed A when a block of it is read by more column panels than
+// this: below, the kernel's strided reads cost less than the copy. A plain A
+// (rows contiguous along k) is never packed: its packing is a transposing
+// gather, and measured on the Xeon of docs/performance.md reading it in place
+// was 5-20% faster at config A's and B's shapes and at 1024^3 (perf showed
+// packing at a fifth of a training step's time when A was packed).
+inline constexpr std::int64_t pack_a_min_panels = 4;
+
+// C = alpha op(A) op(B) + beta C for M, N, K >= 1, on one thread; with
+// RoundBf16, of op(A) and op(B) rounded to bf16 as they are packed (A then
+// always packed): MatmulPrecision::bf16 at the f32 kernels' rate.
+template <class Kernel, bool RoundBf16 = false>
+inline void blocked_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                         const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                         std::int64_t ldc) {
+    constexpr int MR = Kernel::mr, NR = Kernel::nr;
+    thread_local PackBuffer b_buffer, a_buffer;
+    const std::int64_t kc_max = std::min<std::int64_t>(Kernel::kc, K);
+    const std::int64_t nc_max = std::min<std::int64_t>(Kernel::nc, N);
+    float* bp = b_buffer.reserve(kc_max * ((nc_max + NR - 1) / NR) * NR);
+    for (std::int64_t jc = 0; jc < N; jc += Kernel::nc) {
+        const std::int64_t nc = std::min<std::int64_t>(Kernel::nc, N - jc);
+        const bool packs_a = ta == Trans::yes && (nc + NR - 1) / NR > pack_a_min_panels;
+        for (std::int64_t pc = 0; pc < K; pc += Kernel::kc) {
+            const std::int64_t kc = std::min<std::int64_t>(Kernel::kc, K - pc);
+            const float beta_block = pc == 0 ? beta : 1.0f;
+            pack_b<NR, RoundBf16>(tb, B, ldb, pc, kc, jc, nc, bp);
+            for (std::int64_t ic = 0; ic < M; ic += Kernel::mc) {
+                const std::int64_t mc = std::min<std::int64_t>(Kernel::mc, M - ic);
+                const float* a_block;
+                std::int64_t a_rs, a_ks, a_panel_step;
+                if (packs_a) {
+                    float* ap = a_buffer.reserve(kc * ((Kernel::mc + MR - 1) / MR) * MR);
+                    pack_a<MR, RoundBf16>(ta, A, lda, ic, mc, pc, kc, ap);
+                    a_block = ap;
+                    a_rs = 1;
+                    a_ks = MR;
+                    a_panel_step = kc * MR;
+                } else if (RoundBf16) {
+                    // The block rounded in its stored layout (rows contiguous
+                    // along k, or along M when transposed): a vectorised copy.
+                    float* ap = a_buffer.reserve(kc * mc);
+                    round_block_bf16(ta, A, lda, ic, mc, pc, kc, ap);
+                    a_block = ap;
+                    a_rs = ta == Trans::no ? kc : 1;
+                    a_ks = ta == Trans::no ? 1 : mc;
+                    a_panel_step = MR * a_rs;
+                } else {
+                    a_block = op_at(A, lda, ta, ic, pc);
+                    a_rs = ta == Trans::no ? lda : 1;
+                    a_ks = ta == Trans::no ? 1 : lda;
+                    a_panel_step = MR * a_rs;
+                }
+                for (std::int64_t jr = 0; jr < nc; jr += NR) {
+                    const int cols = static_cast<int>(std::min<std::int64_t>(NR, nc - jr));
+                    const float* b_panel = bp + (jr / NR) * kc * NR;
+                    for (std::int64_t ir = 0; ir < mc; ir += MR) {
+                        const int rows = static_cast<int>(std::min<std::int64_t>(MR, mc - ir));
+                        Kernel::tile(rows, cols, kc, a_block + (ir / MR) * a_panel_step, a_rs, a_ks, b_panel,
+                                     C + (ic + ir) * ldc + jc + jr, ldc, alpha, beta_block);
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace loom::kernels::host::gemm_detail

@@ -1,0 +1,44 @@
+// The host GEMM's portable micro-kernel, for CPUs (or compilers, or nvcc's
+// view of a header) without the AVX2 / AVX-512 kernels: a 4 x 16 tile in
+// plain loops the compiler vectorises for the baseline (SSE2 on x86-64, NEON
+// on Arm). Same structure and order as the vector kernels, with separate
+// multiply and add where the baseline has no FMA: acc += a * b over k in
+// order, then alpha * acc, plus beta * C where beta != 0.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/kernels/host/cpu_features.hpp"
+
+namespace loom::kernels::host::gemm_detail {
+
+struct PortableKernel {
+    static constexpr CpuIsa isa = CpuIsa::portable;
+    static constexpr const char* shape = "4x16";
+    static constexpr int mr = 4;
+    static constexpr int nr = 16;
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t mc = 64;
+    static constexpr std::int64_t nc = 1024;
+
+    static void tile(int rows, int cols, std::int64_t k, const float* a, std::int64_t a_rs, std::int64_t a_ks,
+                     const float* b, float* c, std::int64_t ldc, float alpha, float beta) noexcept {
+        float acc[mr][nr] = {};
+        for (std::int64_t p = 0; p < k; ++p) {
+            const float* brow = b + p * nr;
+            for (int r = 0; r < rows; ++r) {
+                const float x = a[r * a_rs + p * a_ks];
+                for (int j = 0; j < nr; ++j) acc[r][j] += x * brow[j];
+            }
+        }
+        for (int r = 0; r < rows; ++r) {
+            float* row = c + r * ldc;
+            for (int j = 0; j < cols; ++j) {
+                const float t = alpha * acc[r][j];
+                row[j] = beta != 0.0f ? beta * row[j] + t : t;
+            }
+        }
+    }
+};
+
+}  // namespace loom::kernels::host::gemm_detail
