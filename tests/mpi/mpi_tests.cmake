@@ -46,6 +46,8 @@ endforeach()
 _loom_mpi_fault_test("mpi: faults: a rank that throws fails the others with check_calls on 3 processes" 3 throws check)
 _loom_mpi_fault_test("mpi: faults: a rank that never arrives times out with check_calls on 3 processes" 3 absent check)
 _loom_mpi_fault_test("mpi: faults: ranks waiting on each other time out alike on 3 processes" 3 stuck)
+_loom_mpi_fault_test("mpi: faults: a rank stopped inside a large all_reduce times out like an absent one on 3 processes"
+                     3 stalled)
 loom_add_mpi_test("mpi: sequence parallelism (ring sp 4, Ulysses dp 2 x sp 2) equals serial on 4 processes" 4
                   loom_mpi_tests "[sequence]")
 loom_add_mpi_test("mpi: sequence parallelism dp 2 x sp 2 x tp 2 at ZeRO 3 equals serial on 8 processes" 8

@@ -4,16 +4,12 @@
 // polls the control channel (control_mpi.hpp), so a failed or missing rank
 // fails the others with one sentence instead of hanging them.
 //
-// How a collective runs (measured on Open MPI 4.1, see plan_mpi.hpp):
-//   - below 64 KiB, and all_reduce from 32 MiB: the nonblocking collective
-//     (MPI_Iallreduce, ...), polled until done;
-//   - otherwise a polled handshake (MPI_Ibarrier, or the signature exchange
-//     when CommOptions::check_calls is on) and then the blocking collective:
-//     once every rank has arrived, the blocking call cannot wait for a rank
-//     that is not coming, and it runs at the speed of raw MPI.
-//   - the *_async forms always post the nonblocking collective.
-// A rank that arrives after the others gave up on it (timeout) may block in
-// that blocking call; the others' MpiSession then aborts the job.
+// Every collective is the nonblocking MPI call (MPI_Iallreduce, ...), polled
+// until done (MpiControl::wait): a blocking MPI call cannot be timed out, so a
+// peer that stalls inside one (SIGSTOP, a hung device, a debugger) would hold
+// every other rank in it forever, spinning a core. Polling costs speed from 1
+// to 16 MiB (libnbc is 25-70% slower than the tuned blocking collectives, see
+// plan_mpi.hpp) and buys a bound on every wait.
 // An Mpi and the communicators split from it share state: use them from one
 // thread at a time (MpiSession asks MPI for MPI_THREAD_SERIALIZED).
 //
@@ -273,21 +269,11 @@ private:
         return call;
     }
 
-    [[nodiscard]] static bool nonblocking(const detail::MpiPlan& plan) {
-        return plan.bytes < detail::mpi_nonblocking_below ||
-               (plan.sig.kind == OpKind::all_reduce && plan.bytes >= detail::mpi_nonblocking_all_reduce_from);
-    }
-
     void execute(detail::MpiPlan plan) {
         plan.call = enter_collective(plan.sig);
-        if (nonblocking(plan)) {
-            MPI_Request request = MPI_REQUEST_NULL;
-            post(plan, &request);
-            wait(request, plan.sig.kind, plan.call, plan.scratch);
-        } else {
-            if (!options_.check_calls) handshake(plan.sig.kind, plan.call);  // the signature exchange was one
-            block(plan);
-        }
+        MPI_Request request = MPI_REQUEST_NULL;
+        post(plan, &request);
+        wait(request, plan.sig.kind, plan.call, plan.scratch);
         plan.complete(MPI_Status{});
     }
 
@@ -321,25 +307,6 @@ private:
         }
     }
 
-    void block(const detail::MpiPlan& p) {
-        switch (p.sig.kind) {
-            case OpKind::all_reduce:
-                LOOM_MPI_CHECK(MPI_Allreduce(p.send, p.recv, p.count, p.type, p.op, comm_));
-                return;
-            case OpKind::reduce_scatter:
-                LOOM_MPI_CHECK(MPI_Reduce_scatter_block(p.send, p.recv, p.count, p.type, p.op, comm_));
-                return;
-            case OpKind::all_gather:
-                LOOM_MPI_CHECK(MPI_Allgather(p.send, p.count, p.type, p.recv, p.count, p.type, comm_));
-                return;
-            case OpKind::broadcast: LOOM_MPI_CHECK(MPI_Bcast(p.recv, p.count, p.type, p.sig.root, comm_)); return;
-            case OpKind::all_to_all:
-                LOOM_MPI_CHECK(MPI_Alltoall(p.send, p.count, p.type, p.recv, p.count, p.type, comm_));
-                return;
-            case OpKind::barrier: LOOM_MPI_CHECK(MPI_Barrier(comm_)); return;
-            default: LOOM_FAIL("Mpi: ", p.sig.kind, " is not a collective");
-        }
-    }
 
     // all_reduce and reduce_scatter. bf16/f16 go through an f32 copy of send
     // (reduced in place) and round once into recv. reduce_scatter in place

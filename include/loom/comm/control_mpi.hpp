@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -180,7 +181,7 @@ public:
         using clock = std::chrono::steady_clock;
         throw_if_faulted();
         const auto start = clock::now();
-        bool asking = false;
+        bool asking = false, patient = false;
         clock::time_point give_up{};
         for (unsigned spin = 0;; ++spin) {
             // A call that completed returns its (valid) result even when a
@@ -189,8 +190,11 @@ public:
             LOOM_MPI_CHECK(MPI_Test(&request, &done, status));
             if (done != 0) return;
             service(site.kind, site.call);
-            if (spin % 64 != 0) continue;  // the clock costs more than a poll
+            // The clock costs more than a poll, but once this wait sleeps
+            // between polls every poll reads it.
+            if (spin % 64 != 0 && !patient) continue;
             const auto now = clock::now();
+            patient = back_off(now - start);
             if (!asking && now - start >= site.timeout) {
                 ask(site.members);
                 asking = true;
@@ -200,6 +204,18 @@ public:
                 raise_collective(*fault_);
             }
         }
+    }
+
+    // A wait that has lasted a while is waiting for a slow or stalled peer,
+    // not for the network: it sleeps between polls instead of burning a core.
+    // The first milliseconds spin, so a collective's own rounds are not
+    // delayed; after that each sleep is short next to the time already waited.
+    // Returns whether it slept.
+    static bool back_off(std::chrono::steady_clock::duration waited) {
+        using std::chrono::microseconds, std::chrono::milliseconds;
+        if (waited < milliseconds(5)) return false;
+        std::this_thread::sleep_for(waited < milliseconds(100) ? microseconds(50) : microseconds(500));
+        return true;
     }
 
     // Breaks the communicator with `text` (unless it is broken already) and
