@@ -59,7 +59,8 @@ public:
 
     Mpi(Mpi&& other) noexcept
         : control_(std::move(other.control_)), comm_(std::exchange(other.comm_, MPI_COMM_NULL)), rank_(other.rank_),
-          size_(other.size_), members_(std::move(other.members_)), options_(other.options_), calls_(other.calls_) {}
+          size_(other.size_), members_(std::move(other.members_)), options_(other.options_), calls_(other.calls_),
+          flight_group_(other.flight_group_) {}
     Mpi& operator=(Mpi&& other) noexcept {
         if (this != &other) {
             release();
@@ -70,6 +71,7 @@ public:
             members_ = std::move(other.members_);
             options_ = other.options_;
             calls_ = other.calls_;
+            flight_group_ = other.flight_group_;
         }
         return *this;
     }
@@ -187,6 +189,7 @@ private:
         MPI_Group_free(&mine);
         MPI_Group_free(&root);
         LOOM_MPI_CHECK(status);
+        flight_group_ = control_->recorder().group(members);
         members_ = std::make_shared<const std::vector<int>>(std::move(members));
     }
 
@@ -249,6 +252,7 @@ private:
         control_->throw_if_faulted();
         const std::int64_t call = calls_++;
         control_->service(sig.kind, call);
+        control_->recorder().record(flight_group_, call, sig);  // after service: a faulted call never started
         if (!options_.check_calls) return call;
         const std::array<std::int64_t, 6> mine{call, static_cast<std::int64_t>(sig.kind),
                                                static_cast<std::int64_t>(sig.dtype), sig.count, sig.root,
@@ -264,8 +268,11 @@ private:
                                  static_cast<std::int32_t>(w[4]), static_cast<ReduceOp>(w[5])};
         };
         for (int r = 1; r < size_; ++r)
-            if (signature(r) != signature(0))
-                detail::raise_collective(mismatch_message(words[0], 0, signature(0), r, signature(r)));
+            if (signature(r) != signature(0)) {
+                const std::string message = mismatch_message(words[0], 0, signature(0), r, signature(r));
+                control_->recorder().write(message);  // the communicator stays usable, but the ranks disagree
+                detail::raise_collective(message);
+            }
         return call;
     }
 
@@ -389,6 +396,8 @@ private:
         args().point_to_point(buffer, peer, tag, kind);
         control_->throw_if_faulted();
         control_->service(kind, -1);
+        control_->recorder().record(flight_group_, -1, CallSignature{kind, buffer.dtype(), buffer.numel()},
+                                    (*members_)[static_cast<std::size_t>(peer)]);
         const int count = detail::mpi_count(buffer.numel(), kind);
         MPI_Request request = MPI_REQUEST_NULL;
         if (kind == OpKind::send)
@@ -407,6 +416,7 @@ private:
     std::shared_ptr<const std::vector<int>> members_;
     CommOptions options_;
     std::int64_t calls_ = 0;  // collectives so far, named in mismatch messages
+    std::int32_t flight_group_ = 0;  // this communicator's group in the flight recorder
 };
 
 static_assert(Communicator<Mpi>);

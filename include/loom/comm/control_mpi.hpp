@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/flight_recorder.hpp"
 #include "loom/core/check_mpi.hpp"
 #include "loom/core/error.hpp"
 
@@ -122,6 +123,7 @@ public:
         LOOM_MPI_CHECK(MPI_Comm_size(comm_, &size_));
         LOOM_MPI_CHECK(MPI_Op_create(&mpi_max_nan_f32, 1, &max_op_));
         answers_.assign(static_cast<std::size_t>(size_), no_answer);
+        recorder_ = std::make_unique<FlightRecorder>(FlightRecorder::directory_from_environment(), rank_, size_);
     }
     MpiControl(const MpiControl&) = delete;
     MpiControl& operator=(const MpiControl&) = delete;
@@ -141,6 +143,8 @@ public:
     [[nodiscard]] int size() const noexcept { return size_; }
     [[nodiscard]] MPI_Op max_op() const noexcept { return max_op_; }
     [[nodiscard]] bool faulted() const noexcept { return fault_.has_value(); }
+    // The calls of every communicator sharing this channel (flight_recorder.hpp).
+    [[nodiscard]] FlightRecorder& recorder() noexcept { return *recorder_; }
 
     void throw_if_faulted() const {
         if (fault_) raise_collective(*fault_);
@@ -266,6 +270,7 @@ private:
     void mark_faulted(std::string text) {
         fault_ = std::move(text);
         mpi_fault_seen.store(true);
+        recorder_->write(*fault_);  // the moment the ranks can still say what they did
     }
 
     void ask(std::span<const int> members) {
@@ -324,6 +329,7 @@ private:
     std::int64_t round_ = 0;  // this rank's latest query round
     std::vector<std::array<std::int64_t, 2>> answers_;  // per control rank: its OpKind and call, or no_answer
     std::vector<std::shared_ptr<void>> graveyard_;
+    std::unique_ptr<FlightRecorder> recorder_;
 };
 
 }  // namespace detail
