@@ -129,8 +129,11 @@ public:
     void write(const std::string& reason) const noexcept {
         if (!enabled()) return;
         try {
+            const std::string contents = text(reason);
+            // Under ThreadWorld a rank's own write and the fault's write-all may meet.
+            const std::lock_guard lock(file_mutex_);
             std::ofstream file(path(), std::ios::trunc);
-            file << text(reason);
+            file << contents;
         } catch (...) {
         }
     }
@@ -144,6 +147,7 @@ private:
     int rank_ = 0;
     int size_ = 1;
     mutable std::mutex mutex_;  // a communicator may move between threads; the lock is uncontended
+    mutable std::mutex file_mutex_;
     std::vector<FlightRecord> ring_;
     std::uint64_t next_ = 0;
     std::vector<std::string> groups_;
