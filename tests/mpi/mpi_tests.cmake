@@ -46,6 +46,31 @@ endforeach()
 _loom_mpi_fault_test("mpi: faults: a rank that throws fails the others with check_calls on 3 processes" 3 throws check)
 _loom_mpi_fault_test("mpi: faults: a rank that never arrives times out with check_calls on 3 processes" 3 absent check)
 _loom_mpi_fault_test("mpi: faults: ranks waiting on each other time out alike on 3 processes" 3 stuck)
+_loom_mpi_fault_test("mpi: faults: a rank stopped inside a large all_reduce times out like an absent one on 3 processes"
+                     3 stalled)
+
+# The flight recorder: a job goes wrong under mpirun -np 4 with the recorder on,
+# then loom-flight merges the four files and must name the rank and the call.
+add_executable(loom_mpi_flight_job mpi/flight_recorder_job.cpp)
+target_link_libraries(loom_mpi_flight_job PRIVATE loom::mpi)
+loom_strict(loom_mpi_flight_job)
+if(LOOM_BUILD_EXAMPLES)  # loom-flight is built with the tools
+  _loom_mpiexec_flags(_flight_flags)
+  string(JOIN " " _flight_flags ${_flight_flags})
+  foreach(_scenario mismatch stall)
+    set(_dir "${CMAKE_CURRENT_BINARY_DIR}/flight_${_scenario}")
+    add_test(NAME "mpi: flight recorder: loom-flight names the rank and call of a ${_scenario} on 4 processes"
+      COMMAND sh -c "rm -rf '${_dir}' && mkdir -p '${_dir}' && LOOM_FLIGHT_RECORDER_DIR='${_dir}' '${MPIEXEC_EXECUTABLE}' ${MPIEXEC_NUMPROC_FLAG} 4 ${_flight_flags} '$<TARGET_FILE:loom_mpi_flight_job>' ${_scenario}; '$<TARGET_FILE:loom-flight>' '${_dir}'")
+    set_tests_properties("mpi: flight recorder: loom-flight names the rank and call of a ${_scenario} on 4 processes"
+      PROPERTIES PROCESSORS 4 TIMEOUT 60 ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
+  set_tests_properties("mpi: flight recorder: loom-flight names the rank and call of a mismatch on 4 processes" PROPERTIES
+    PASS_REGULAR_EXPRESSION "loom flight report: 4 file\\(s\\).*\ndiverged: call 3 of group \\[0,1,2,3\\]: world rank 2 called all_reduce of 7 x f32 \\(sum\\), world ranks 0, 1, 3 called all_reduce of 8 x f32 \\(sum\\)\n"
+    FAIL_REGULAR_EXPRESSION "stalled")
+  set_tests_properties("mpi: flight recorder: loom-flight names the rank and call of a stall on 4 processes" PROPERTIES
+    PASS_REGULAR_EXPRESSION "loom flight report: 4 file\\(s\\).*\nstalled: world rank 3 (arrived late at call 2 of group \\[0,1,2,3\\] \\(all_reduce of 8 x f32 \\(sum\\)\\), [0-9.]+ s after world rank [012] had given up|in group \\[0,1,2,3\\]: its last call was 1 \\(all_reduce of 8 x f32 \\(sum\\)\\). world ranks 0, 1, 2 reached call 2 )"
+    FAIL_REGULAR_EXPRESSION "stalled: world rank [012]|diverged")
+endif()
 loom_add_mpi_test("mpi: sequence parallelism (ring sp 4, Ulysses dp 2 x sp 2) equals serial on 4 processes" 4
                   loom_mpi_tests "[sequence]")
 loom_add_mpi_test("mpi: sequence parallelism dp 2 x sp 2 x tp 2 at ZeRO 3 equals serial on 8 processes" 8

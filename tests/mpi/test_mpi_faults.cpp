@@ -8,6 +8,11 @@
 //           so does the late rank's next call;
 //   stuck   every rank waits in a receive nobody sends; every rank fails
 //           with the same "... no rank is missing, every one is waiting ...".
+//   stalled the last rank stops itself (SIGSTOP) inside a 4 MiB all_reduce
+//           (in MPI's entry point, see below): the others fail after the 500 ms timeout
+//           with "... world rank N-1 never arrived" (a blocking MPI call would
+//           have held them forever); they report to rank 0 point to point,
+//           since the stopped rank joins no collective again.
 // argv[2] == "check" turns check_calls on. Each rank records what it saw; rank
 // 0 gathers the records over MPI_COMM_WORLD (untouched by loom's duplicates),
 // verifies them and prints "fault test passed" or "FAIL: ...". Then
@@ -18,6 +23,7 @@
 #include <loom/comm/communicator_mpi.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -31,6 +37,32 @@ using loom::comm::CommOptions;
 using loom::comm::Mpi;
 using loom::comm::ReduceOp;
 using Records = std::vector<std::pair<std::string, std::string>>;  // (what happened, its text)
+
+namespace {
+
+// Set on the rank that must stall: its next large collective stops the
+// process from inside MPI (see the interposed calls below).
+bool stall_armed = false;
+void stall_if_armed(int count) {
+    if (stall_armed && count >= (1 << 16)) std::raise(SIGSTOP);
+}
+
+}  // namespace
+
+// MPI's profiling interface: these definitions replace the library's entry
+// points in this program and forward to PMPI_*, so the stall happens inside
+// the MPI call, whichever form loom uses. Before MPI has the call, so that no
+// peer can complete it: with the blocking form (after a handshake every rank
+// passed) the others would wait in MPI_Allreduce forever.
+extern "C" int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+    stall_if_armed(count);
+    return PMPI_Allreduce(send, recv, count, type, op, comm);
+}
+extern "C" int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                              MPI_Request* request) {
+    stall_if_armed(count);
+    return PMPI_Iallreduce(send, recv, count, type, op, comm, request);
+}
 
 namespace {
 
@@ -197,11 +229,46 @@ Expectation stuck(Mpi& comm, Records& mine) {
     return e;
 }
 
+// The last rank stops inside a 4 MiB all_reduce; the others must end at the
+// timeout naming it. Returns their records, on rank 0, gathered point to point.
+Expectation stalled(Mpi& comm, Records& mine, std::vector<Records>& seen) {
+    const int me = comm.rank(), n = comm.size(), stopping = n - 1;
+    std::vector<float> x(8, 1.0f), big(std::size_t{1} << 20, 1.0f);
+    comm.all_reduce(view(x), view(x), ReduceOp::sum);
+    stall_armed = me == stopping;
+    record(mine, "stalled call", [&] { comm.all_reduce(view(big), view(big), ReduceOp::sum); });
+    record(mine, "later call", [&] { comm.barrier(); });
+    const std::string text = serialize(mine);
+    if (me != 0) {
+        MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, 0, 99, MPI_COMM_WORLD);
+    } else {
+        seen.push_back(mine);
+        for (int r = 1; r < stopping; ++r) {
+            MPI_Status status;
+            MPI_Probe(r, 99, MPI_COMM_WORLD, &status);
+            int length = 0;
+            MPI_Get_count(&status, MPI_CHAR, &length);
+            std::string theirs(static_cast<std::size_t>(length), '\0');
+            MPI_Recv(theirs.data(), length, MPI_CHAR, r, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            seen.push_back(parse(theirs));
+        }
+    }
+    return Expectation{"all_reduce (call 1 of a " + std::to_string(n) +
+                           "-rank group) timed out after 500 ms: world rank " + std::to_string(stopping) +
+                           " never arrived",
+                       std::vector<Records>(static_cast<std::size_t>(stopping),
+                                            Records{{"stalled call", "COLLECTIVE"}, {"later call", "COLLECTIVE"}})};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    loom::comm::MpiSession session(argc, argv);
     const std::string scenario = argc > 1 ? argv[1] : "";
+    // stalled: the stopped rank never reaches the session's end, so the others
+    // abort the job after a short wait instead of the default 10 s.
+    loom::comm::MpiSessionOptions session_options;
+    if (scenario == "stalled") session_options.exit_timeout = std::chrono::milliseconds(500);
+    loom::comm::MpiSession session(argc, argv, session_options);
     const bool check_calls = argc > 2 && std::string_view(argv[2]) == "check";
     // throws: a long timeout, so only the failure notice can end the waits in time.
     const auto timeout = scenario == "throws" ? std::chrono::milliseconds(20000) : std::chrono::milliseconds(500);
@@ -209,6 +276,7 @@ int main(int argc, char** argv) {
 
     Records mine;
     Expectation expected;
+    std::vector<Records> stalled_seen;
     const auto begin = std::chrono::steady_clock::now();
     if (scenario == "throws")
         expected = throws(comm, mine);
@@ -216,11 +284,13 @@ int main(int argc, char** argv) {
         expected = absent(comm, mine);
     else if (scenario == "stuck")
         expected = stuck(comm, mine);
+    else if (scenario == "stalled")
+        expected = stalled(comm, mine, stalled_seen);
     else if (session.world_rank() == 0)
-        std::printf("FAIL: unknown scenario \"%s\"; use throws, absent or stuck\n", scenario.c_str());
+        std::printf("FAIL: unknown scenario \"%s\"; use throws, absent, stuck or stalled\n", scenario.c_str());
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 
-    const auto seen = gather(mine, session.world_rank(), session.world_size());
+    const auto seen = scenario == "stalled" ? stalled_seen : gather(mine, session.world_rank(), session.world_size());
     if (session.world_rank() == 0 && !expected.per_rank.empty()) {
         const int failures = verify(seen, expected);
         if (failures == 0)

@@ -4,16 +4,12 @@
 // polls the control channel (control_mpi.hpp), so a failed or missing rank
 // fails the others with one sentence instead of hanging them.
 //
-// How a collective runs (measured on Open MPI 4.1, see plan_mpi.hpp):
-//   - below 64 KiB, and all_reduce from 32 MiB: the nonblocking collective
-//     (MPI_Iallreduce, ...), polled until done;
-//   - otherwise a polled handshake (MPI_Ibarrier, or the signature exchange
-//     when CommOptions::check_calls is on) and then the blocking collective:
-//     once every rank has arrived, the blocking call cannot wait for a rank
-//     that is not coming, and it runs at the speed of raw MPI.
-//   - the *_async forms always post the nonblocking collective.
-// A rank that arrives after the others gave up on it (timeout) may block in
-// that blocking call; the others' MpiSession then aborts the job.
+// Every collective is the nonblocking MPI call (MPI_Iallreduce, ...), polled
+// until done (MpiControl::wait): a blocking MPI call cannot be timed out, so a
+// peer that stalls inside one (SIGSTOP, a hung device, a debugger) would hold
+// every other rank in it forever, spinning a core. Polling costs speed from 1
+// to 16 MiB (libnbc is 25-70% slower than the tuned blocking collectives, see
+// plan_mpi.hpp) and buys a bound on every wait.
 // An Mpi and the communicators split from it share state: use them from one
 // thread at a time (MpiSession asks MPI for MPI_THREAD_SERIALIZED).
 //
@@ -63,7 +59,8 @@ public:
 
     Mpi(Mpi&& other) noexcept
         : control_(std::move(other.control_)), comm_(std::exchange(other.comm_, MPI_COMM_NULL)), rank_(other.rank_),
-          size_(other.size_), members_(std::move(other.members_)), options_(other.options_), calls_(other.calls_) {}
+          size_(other.size_), members_(std::move(other.members_)), options_(other.options_), calls_(other.calls_),
+          flight_group_(other.flight_group_) {}
     Mpi& operator=(Mpi&& other) noexcept {
         if (this != &other) {
             release();
@@ -74,6 +71,7 @@ public:
             members_ = std::move(other.members_);
             options_ = other.options_;
             calls_ = other.calls_;
+            flight_group_ = other.flight_group_;
         }
         return *this;
     }
@@ -191,6 +189,7 @@ private:
         MPI_Group_free(&mine);
         MPI_Group_free(&root);
         LOOM_MPI_CHECK(status);
+        flight_group_ = control_->recorder().group(members);
         members_ = std::make_shared<const std::vector<int>>(std::move(members));
     }
 
@@ -253,6 +252,7 @@ private:
         control_->throw_if_faulted();
         const std::int64_t call = calls_++;
         control_->service(sig.kind, call);
+        control_->recorder().record(flight_group_, call, sig);  // after service: a faulted call never started
         if (!options_.check_calls) return call;
         const std::array<std::int64_t, 6> mine{call, static_cast<std::int64_t>(sig.kind),
                                                static_cast<std::int64_t>(sig.dtype), sig.count, sig.root,
@@ -268,26 +268,19 @@ private:
                                  static_cast<std::int32_t>(w[4]), static_cast<ReduceOp>(w[5])};
         };
         for (int r = 1; r < size_; ++r)
-            if (signature(r) != signature(0))
-                detail::raise_collective(mismatch_message(words[0], 0, signature(0), r, signature(r)));
+            if (signature(r) != signature(0)) {
+                const std::string message = mismatch_message(words[0], 0, signature(0), r, signature(r));
+                control_->recorder().write(message);  // the communicator stays usable, but the ranks disagree
+                detail::raise_collective(message);
+            }
         return call;
-    }
-
-    [[nodiscard]] static bool nonblocking(const detail::MpiPlan& plan) {
-        return plan.bytes < detail::mpi_nonblocking_below ||
-               (plan.sig.kind == OpKind::all_reduce && plan.bytes >= detail::mpi_nonblocking_all_reduce_from);
     }
 
     void execute(detail::MpiPlan plan) {
         plan.call = enter_collective(plan.sig);
-        if (nonblocking(plan)) {
-            MPI_Request request = MPI_REQUEST_NULL;
-            post(plan, &request);
-            wait(request, plan.sig.kind, plan.call, plan.scratch);
-        } else {
-            if (!options_.check_calls) handshake(plan.sig.kind, plan.call);  // the signature exchange was one
-            block(plan);
-        }
+        MPI_Request request = MPI_REQUEST_NULL;
+        post(plan, &request);
+        wait(request, plan.sig.kind, plan.call, plan.scratch);
         plan.complete(MPI_Status{});
     }
 
@@ -321,25 +314,6 @@ private:
         }
     }
 
-    void block(const detail::MpiPlan& p) {
-        switch (p.sig.kind) {
-            case OpKind::all_reduce:
-                LOOM_MPI_CHECK(MPI_Allreduce(p.send, p.recv, p.count, p.type, p.op, comm_));
-                return;
-            case OpKind::reduce_scatter:
-                LOOM_MPI_CHECK(MPI_Reduce_scatter_block(p.send, p.recv, p.count, p.type, p.op, comm_));
-                return;
-            case OpKind::all_gather:
-                LOOM_MPI_CHECK(MPI_Allgather(p.send, p.count, p.type, p.recv, p.count, p.type, comm_));
-                return;
-            case OpKind::broadcast: LOOM_MPI_CHECK(MPI_Bcast(p.recv, p.count, p.type, p.sig.root, comm_)); return;
-            case OpKind::all_to_all:
-                LOOM_MPI_CHECK(MPI_Alltoall(p.send, p.count, p.type, p.recv, p.count, p.type, comm_));
-                return;
-            case OpKind::barrier: LOOM_MPI_CHECK(MPI_Barrier(comm_)); return;
-            default: LOOM_FAIL("Mpi: ", p.sig.kind, " is not a collective");
-        }
-    }
 
     // all_reduce and reduce_scatter. bf16/f16 go through an f32 copy of send
     // (reduced in place) and round once into recv. reduce_scatter in place
@@ -422,6 +396,8 @@ private:
         args().point_to_point(buffer, peer, tag, kind);
         control_->throw_if_faulted();
         control_->service(kind, -1);
+        control_->recorder().record(flight_group_, -1, CallSignature{kind, buffer.dtype(), buffer.numel()},
+                                    (*members_)[static_cast<std::size_t>(peer)]);
         const int count = detail::mpi_count(buffer.numel(), kind);
         MPI_Request request = MPI_REQUEST_NULL;
         if (kind == OpKind::send)
@@ -440,6 +416,7 @@ private:
     std::shared_ptr<const std::vector<int>> members_;
     CommOptions options_;
     std::int64_t calls_ = 0;  // collectives so far, named in mismatch messages
+    std::int32_t flight_group_ = 0;  // this communicator's group in the flight recorder
 };
 
 static_assert(Communicator<Mpi>);

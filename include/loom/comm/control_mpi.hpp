@@ -24,10 +24,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/flight_recorder.hpp"
 #include "loom/core/check_mpi.hpp"
 #include "loom/core/error.hpp"
 
@@ -121,6 +123,7 @@ public:
         LOOM_MPI_CHECK(MPI_Comm_size(comm_, &size_));
         LOOM_MPI_CHECK(MPI_Op_create(&mpi_max_nan_f32, 1, &max_op_));
         answers_.assign(static_cast<std::size_t>(size_), no_answer);
+        recorder_ = std::make_unique<FlightRecorder>(FlightRecorder::directory_from_environment(), rank_, size_);
     }
     MpiControl(const MpiControl&) = delete;
     MpiControl& operator=(const MpiControl&) = delete;
@@ -140,6 +143,8 @@ public:
     [[nodiscard]] int size() const noexcept { return size_; }
     [[nodiscard]] MPI_Op max_op() const noexcept { return max_op_; }
     [[nodiscard]] bool faulted() const noexcept { return fault_.has_value(); }
+    // The calls of every communicator sharing this channel (flight_recorder.hpp).
+    [[nodiscard]] FlightRecorder& recorder() noexcept { return *recorder_; }
 
     void throw_if_faulted() const {
         if (fault_) raise_collective(*fault_);
@@ -180,7 +185,7 @@ public:
         using clock = std::chrono::steady_clock;
         throw_if_faulted();
         const auto start = clock::now();
-        bool asking = false;
+        bool asking = false, patient = false;
         clock::time_point give_up{};
         for (unsigned spin = 0;; ++spin) {
             // A call that completed returns its (valid) result even when a
@@ -189,8 +194,11 @@ public:
             LOOM_MPI_CHECK(MPI_Test(&request, &done, status));
             if (done != 0) return;
             service(site.kind, site.call);
-            if (spin % 64 != 0) continue;  // the clock costs more than a poll
+            // The clock costs more than a poll, but once this wait sleeps
+            // between polls every poll reads it.
+            if (spin % 64 != 0 && !patient) continue;
             const auto now = clock::now();
+            patient = back_off(now - start);
             if (!asking && now - start >= site.timeout) {
                 ask(site.members);
                 asking = true;
@@ -200,6 +208,18 @@ public:
                 raise_collective(*fault_);
             }
         }
+    }
+
+    // A wait that has lasted a while is waiting for a slow or stalled peer,
+    // not for the network: it sleeps between polls instead of burning a core.
+    // The first milliseconds spin, so a collective's own rounds are not
+    // delayed; after that each sleep is short next to the time already waited.
+    // Returns whether it slept.
+    static bool back_off(std::chrono::steady_clock::duration waited) {
+        using std::chrono::microseconds, std::chrono::milliseconds;
+        if (waited < milliseconds(5)) return false;
+        std::this_thread::sleep_for(waited < milliseconds(100) ? microseconds(50) : microseconds(500));
+        return true;
     }
 
     // Breaks the communicator with `text` (unless it is broken already) and
@@ -250,6 +270,7 @@ private:
     void mark_faulted(std::string text) {
         fault_ = std::move(text);
         mpi_fault_seen.store(true);
+        recorder_->write(*fault_);  // the moment the ranks can still say what they did
     }
 
     void ask(std::span<const int> members) {
@@ -308,6 +329,7 @@ private:
     std::int64_t round_ = 0;  // this rank's latest query round
     std::vector<std::array<std::int64_t, 2>> answers_;  // per control rank: its OpKind and call, or no_answer
     std::vector<std::shared_ptr<void>> graveyard_;
+    std::unique_ptr<FlightRecorder> recorder_;
 };
 
 }  // namespace detail

@@ -29,12 +29,10 @@ namespace loom::comm {
 namespace detail {
 
 // Measured with Open MPI 4.1.4, 2 processes, shared memory, f32 sum (medians):
-// below 64 KiB the polled nonblocking collective beats handshake + blocking
-// call (one round instead of two; 4 B: 0.8 vs 1.1 us); from 1 to 16 MiB
-// libnbc's MPI_Iallreduce is 25-70% slower than the tuned MPI_Allreduce, from
-// 32 MiB about 35% faster (64 MiB: 19 vs 29 ms).
-inline constexpr std::size_t mpi_nonblocking_below = std::size_t{64} << 10;
-inline constexpr std::size_t mpi_nonblocking_all_reduce_from = std::size_t{32} << 20;
+// from 1 to 16 MiB libnbc's MPI_Iallreduce is 25-70% slower than the tuned
+// MPI_Allreduce, from 32 MiB about 35% faster (64 MiB: 19 vs 29 ms). loom
+// nevertheless polls the nonblocking form at every size: only a polled wait
+// can end at CommOptions::timeout when a peer stalls (communicator_mpi.hpp).
 
 // The MPI type that moves `dtype` unchanged (bf16 and f16 as raw 16 bits).
 [[nodiscard]] inline MPI_Datatype mpi_type(DType dtype) {

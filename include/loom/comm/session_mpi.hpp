@@ -74,7 +74,7 @@ public:
                     any = 1;
                     break;
                 }
-                if (done == 0) std::this_thread::yield();
+                if (done == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // no core burnt
             }
         } else {
             any = mine;

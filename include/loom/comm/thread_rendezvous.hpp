@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct GroupCore {
           barrier(*fault, std::move(world_ranks)),
           mailboxes(static_cast<std::size_t>(barrier.size())) {
         for (auto& parity : slots) parity = MemberSlots<Group>(static_cast<std::size_t>(barrier.size()));
+        std::vector<int> members;
+        for (int m = 0; m < barrier.size(); ++m) members.push_back(barrier.world_rank(m));
+        for (int m : members) flight_groups.push_back(fault->recorder(m).group(members));
     }
 
     std::shared_ptr<FaultState> fault;
@@ -55,6 +59,7 @@ struct GroupCore {
     // a slow one still reads call k's slots.
     MemberSlots<Group> slots[2];
     std::vector<Mailbox> mailboxes;  // one per receiving member
+    std::vector<std::int32_t> flight_groups;  // per member: this group in its flight recorder
 };
 
 // One rank's state in one group, shared by its communicator handle and its
@@ -77,6 +82,8 @@ void rendezvous(RankState<Group>& s, const CallSignature& signature, const void*
                 int color, int key) {
     Group& group = *s.group;
     const std::int64_t call = s.calls++;
+    FlightRecorder& recorder = group.fault->recorder(group.barrier.world_rank(s.me));
+    recorder.record(group.flight_groups[static_cast<std::size_t>(s.me)], call, signature);
     auto& slots = group.slots[call & 1];
     auto& mine = slots[static_cast<std::size_t>(s.me)].value;
     mine.send = send;
@@ -87,9 +94,12 @@ void rendezvous(RankState<Group>& s, const CallSignature& signature, const void*
     group.barrier.arrive_and_wait(s.me, signature.kind, call);
     for (int m = 1; m < group.barrier.size(); ++m) {
         const auto& other = slots[static_cast<std::size_t>(m)].value.signature;
-        if (!(other == slots[0].value.signature))
-            throw Error(mismatch_message(call, group.barrier.world_rank(0), slots[0].value.signature,
-                                         group.barrier.world_rank(m), other));
+        if (!(other == slots[0].value.signature)) {
+            const std::string message = mismatch_message(call, group.barrier.world_rank(0), slots[0].value.signature,
+                                                         group.barrier.world_rank(m), other);
+            recorder.write(message);
+            throw Error(message);
+        }
     }
     work(slots);
     group.barrier.arrive_and_wait(s.me, signature.kind, call);

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/flight_recorder.hpp"
 #include "loom/core/error.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,7 +54,13 @@ struct alignas(64) Padded {
 // threw, or never arrived, cannot leave the others hanging.
 class FaultState {
 public:
-    explicit FaultState(int ranks, std::chrono::milliseconds timeout) : ranks_(ranks), timeout_(timeout) {}
+    explicit FaultState(int ranks, std::chrono::milliseconds timeout) : ranks_(ranks), timeout_(timeout) {
+        const std::string directory = FlightRecorder::directory_from_environment();
+        for (int r = 0; r < ranks; ++r) recorders_.push_back(std::make_unique<FlightRecorder>(directory, r, ranks));
+    }
+
+    // Each world rank's flight recorder (flight_recorder.hpp).
+    [[nodiscard]] FlightRecorder& recorder(int world_rank) { return *recorders_[static_cast<std::size_t>(world_rank)]; }
 
     [[nodiscard]] bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
     [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
@@ -69,6 +77,8 @@ public:
         }
         epoch_.fetch_add(1, std::memory_order_seq_cst);
         cv_.notify_all();
+        // Every rank lives in this process, so the first fault writes all their files.
+        for (const auto& recorder : recorders_) recorder->write(message);
     }
 
     // Every rank's pending and future call fails here, with the same text.
@@ -156,6 +166,7 @@ private:
     std::string message_;
     int failed_rank_ = -1;
     std::exception_ptr cause_;
+    std::vector<std::unique_ptr<FlightRecorder>> recorders_;
 };
 
 // A reusable barrier for the members of one group. Each member counts the
