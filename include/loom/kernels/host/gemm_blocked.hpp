@@ -49,14 +49,14 @@ inline void blocked_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std
         for (std::int64_t pc = 0; pc < K; pc += Kernel::kc) {
             const std::int64_t kc = std::min<std::int64_t>(Kernel::kc, K - pc);
             const float beta_block = pc == 0 ? beta : 1.0f;
-            pack_b<NR, RoundBf16>(tb, B, ldb, pc, kc, jc, nc, bp);
+            Kernel::template pack_b_panels<RoundBf16>(tb, B, ldb, pc, kc, jc, nc, bp);
             for (std::int64_t ic = 0; ic < M; ic += Kernel::mc) {
                 const std::int64_t mc = std::min<std::int64_t>(Kernel::mc, M - ic);
                 const float* a_block;
                 std::int64_t a_rs, a_ks, a_panel_step;
                 if (packs_a) {
                     float* ap = a_buffer.reserve(kc * ((Kernel::mc + MR - 1) / MR) * MR);
-                    pack_a<MR, RoundBf16>(ta, A, lda, ic, mc, pc, kc, ap);
+                    Kernel::template pack_a_panels<RoundBf16>(ta, A, lda, ic, mc, pc, kc, ap);
                     a_block = ap;
                     a_rs = 1;
                     a_ks = MR;
@@ -65,7 +65,7 @@ inline void blocked_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std
                     // The block rounded in its stored layout (rows contiguous
                     // along k, or along M when transposed): a vectorised copy.
                     float* ap = a_buffer.reserve(kc * mc);
-                    round_block_bf16(ta, A, lda, ic, mc, pc, kc, ap);
+                    Kernel::round_block(ta, A, lda, ic, mc, pc, kc, ap);
                     a_block = ap;
                     a_rs = ta == Trans::no ? kc : 1;
                     a_ks = ta == Trans::no ? 1 : mc;

@@ -11,6 +11,8 @@
 #include <cstdint>
 
 #include "loom/kernels/host/cpu_features.hpp"
+#include "loom/kernels/host/gemm_packing.hpp"
+#include "loom/kernels/trans.hpp"
 
 #if defined(LOOM_GEMM_X86)
 #include <immintrin.h>
@@ -27,6 +29,24 @@ struct Avx2Kernel {
     static constexpr std::int64_t kc = 256;
     static constexpr std::int64_t mc = 144;
     static constexpr std::int64_t nc = 2048;
+
+    // The packing loops (kernels/host/gemm_packing.hpp) compiled for this
+    // kernel's instruction set: wider copies, and the bf16 rounding
+    // vectorised (a plain call would run them at the baseline's SSE2).
+    template <bool RoundBf16>
+    LOOM_TARGET_AVX2 static void pack_b_panels(Trans tb, const float* B, std::int64_t ldb, std::int64_t k0, std::int64_t kc_,
+                                        std::int64_t j0, std::int64_t nc_, float* out) noexcept {
+        pack_b<nr, RoundBf16>(tb, B, ldb, k0, kc_, j0, nc_, out);
+    }
+    template <bool RoundBf16>
+    LOOM_TARGET_AVX2 static void pack_a_panels(Trans ta, const float* A, std::int64_t lda, std::int64_t i0, std::int64_t mc_,
+                                        std::int64_t k0, std::int64_t kc_, float* out) noexcept {
+        pack_a<mr, RoundBf16>(ta, A, lda, i0, mc_, k0, kc_, out);
+    }
+    LOOM_TARGET_AVX2 static void round_block(Trans ta, const float* A, std::int64_t lda, std::int64_t i0, std::int64_t mc_,
+                                      std::int64_t k0, std::int64_t kc_, float* out) noexcept {
+        round_block_bf16(ta, A, lda, i0, mc_, k0, kc_, out);
+    }
 
     LOOM_TARGET_AVX2 static void tile(int rows, int cols, std::int64_t k, const float* a, std::int64_t a_rs,
                                       std::int64_t a_ks, const float* b, float* c, std::int64_t ldc, float alpha,

@@ -15,6 +15,8 @@
 #include <cstdint>
 
 #include "loom/kernels/host/cpu_features.hpp"
+#include "loom/kernels/host/gemm_packing.hpp"
+#include "loom/kernels/trans.hpp"
 
 #if defined(LOOM_GEMM_X86)
 #include <immintrin.h>
@@ -35,6 +37,24 @@ struct Avx512Kernel {
     static constexpr std::int64_t kc = 384;
     static constexpr std::int64_t mc = 140;
     static constexpr std::int64_t nc = 3072;
+
+    // The packing loops (kernels/host/gemm_packing.hpp) compiled for this
+    // kernel's instruction set: wider copies, and the bf16 rounding
+    // vectorised (a plain call would run them at the baseline's SSE2).
+    template <bool RoundBf16>
+    LOOM_TARGET_AVX512 static void pack_b_panels(Trans tb, const float* B, std::int64_t ldb, std::int64_t k0, std::int64_t kc_,
+                                        std::int64_t j0, std::int64_t nc_, float* out) noexcept {
+        pack_b<nr, RoundBf16>(tb, B, ldb, k0, kc_, j0, nc_, out);
+    }
+    template <bool RoundBf16>
+    LOOM_TARGET_AVX512 static void pack_a_panels(Trans ta, const float* A, std::int64_t lda, std::int64_t i0, std::int64_t mc_,
+                                        std::int64_t k0, std::int64_t kc_, float* out) noexcept {
+        pack_a<mr, RoundBf16>(ta, A, lda, i0, mc_, k0, kc_, out);
+    }
+    LOOM_TARGET_AVX512 static void round_block(Trans ta, const float* A, std::int64_t lda, std::int64_t i0, std::int64_t mc_,
+                                      std::int64_t k0, std::int64_t kc_, float* out) noexcept {
+        round_block_bf16(ta, A, lda, i0, mc_, k0, kc_, out);
+    }
 
     // C[rows x cols] (rows <= 14, cols <= 32) from k steps of A, read at
     // a[r * a_rs + p * a_ks], and the packed B panel b[p * 32 + j].
