@@ -67,8 +67,9 @@ public:
     }
     // "strategy "Strategy<Foo>": expected a policy (...), found "Foo"".
     [[noreturn]] void fail(std::string_view token, const std::string& expected) const {
-        LOOM_FAIL("strategy \"", text_, "\": expected ", expected, ", found ",
-                  token.empty() ? std::string("the end of the text") : "\"" + std::string(token) + "\"");
+        // Streamed piece by piece: GCC 12's -Wrestrict misreads `"\"" + std::string(token)` here.
+        if (token.empty()) LOOM_FAIL("strategy \"", text_, "\": expected ", expected, ", found the end of the text");
+        LOOM_FAIL("strategy \"", text_, "\": expected ", expected, ", found \"", token, "\"");
     }
     // A whole number in [low, high] between '<' and '>'.
     std::int64_t number_argument(std::string_view what, std::int64_t low, std::int64_t high) {
