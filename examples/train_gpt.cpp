@@ -42,6 +42,8 @@
 #include <loom/train/compression_state.hpp>
 #include <loom/train/data_identity.hpp>
 #include <loom/train/finite_check.hpp>
+#include <loom/train/launcher.hpp>
+#include <loom/train/memory_preflight.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/periodic_save.hpp>
 #include <loom/train/progress.hpp>
@@ -255,17 +257,19 @@ void train(C& world, const Flags& flags, const char* transport) {
     if (lead && done < last) report_stop(flags, done);
 }
 
-// mpirun and srun tell their processes who they are in the environment.
-bool launched_by_mpi() {
-    for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
-        if (std::getenv(variable) != nullptr) return true;
-    return false;
-}
-
 int run(int argc, char** argv) {
     const Flags flags = parse(argc, argv);
     check_device_flags(flags);
     check_outputs_and_resume(flags);
+    // Under mpirun the degrees and the memory are checked from the launcher's
+    // world size before MPI starts: every process refuses alike, rank 0 says
+    // why (main), and none waits for another or aborts the job.
+    using loom::train::launched_by_mpi;
+    if (const int world = loom::train::launcher_world_size(); launched_by_mpi() && world > 0)
+        check_memory(flags, dp_degree(flags, world), 1);
+    else if (!launched_by_mpi())
+        check_memory(flags, flags.dp > 0 ? flags.dp : 1,
+                     (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex));
     // From here SIGINT and SIGTERM stop the run after its current step
     // (saving it), and run() returns 130 or 143.
     const loom::train::StopSignal stop;
@@ -361,7 +365,9 @@ int main(int argc, char** argv) {
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s\n", e.what());
+        // Under mpirun, an error found before MPI starts is every process's:
+        // rank 0 prints it once.
+        if (loom::train::launcher_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
         return 1;
     }
 }
