@@ -65,7 +65,7 @@ TEST_CASE("check_memory_fits refuses in one line naming the need, the available 
     const MemoryNeed activations_heavy{.model_states = 1e9, .activations = 5e9, .ranks = 1};
     CHECK(refusal(activations_heavy, 6.5e9).empty());
     CHECK(refusal(activations_heavy, 3.0 * (1 << 30)) ==
-          "the run needs at least 5.6 GiB of memory (model states 954 MiB, activations 4.7 GiB) but 3 GiB is "
+          "the run needs at least 5.6 GiB of memory (model states 953.7 MiB, activations 4.7 GiB) but 3.0 GiB is "
           "available (a fake limit); lower --batch, or pass --no-memory-check to try anyway");
     const MemoryNeed states_heavy{.model_states = 4e9, .activations = 1e9, .ranks = 2};
     const std::string message = refusal(states_heavy, 1e9);
@@ -84,7 +84,7 @@ TEST_CASE("available_memory takes the smaller of the cgroup's room and MemAvaila
         const auto available = loom::train::available_memory(dir / "cg", dir / "meminfo");
         REQUIRE(available);
         CHECK(available->bytes == 3e9);
-        CHECK_THAT(available->source, Catch::Contains("memory.max 3 GiB"));
+        CHECK_THAT(available->source, Catch::Contains("memory.max 3.0 GiB"));
     }
     SECTION("cgroup v2 without a limit, and v1's huge no-limit value: MemAvailable") {
         write_text(dir / "cg" / "memory.max", "max\n");
