@@ -42,6 +42,7 @@
 #include <loom/train/compression_state.hpp>
 #include <loom/train/data_identity.hpp>
 #include <loom/train/finite_check.hpp>
+#include <loom/train/setup_refusal.hpp>
 #include <loom/train/launcher.hpp>
 #include <loom/train/memory_preflight.hpp>
 #include <loom/train/metrics.hpp>
@@ -60,6 +61,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -122,15 +124,15 @@ void train(C& world, const Flags& flags, const char* transport) {
     check_degrees(flags, world.size(), dp_size);
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
-
-    const auto corpus = flags.data.empty()
-                            ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
-                            : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
-    {
-        // A corpus too short for one sequence is refused before anything is built.
-        std::vector<std::int32_t> probe(static_cast<std::size_t>(flags.model.seq)), probe_targets(probe.size());
-        corpus.batch(flags.seed, 0, 1, flags.model.seq, probe, probe_targets);
+    // A corpus that cannot be read, or too short for one sequence, is refused
+    // before anything is built: by every rank alike, so the lead says it once.
+    std::optional<loom::data::ByteCorpus> loaded;
+    const auto refusal = loom::train::refusal_of([&] { loaded = load_corpus(flags); });
+    if (loom::train::refused_everywhere(world, refusal, flags.device)) {
+        refuse_run(refusal.message, lead);
+        return;
     }
+    const loom::data::ByteCorpus& corpus = *loaded;
 
     loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}, {"pp", flags.pp}, {"tp", flags.tp}, {"sp", flags.sp}});
     // Sequence-parallel ranks reduce gradients with the data-parallel ones.
@@ -313,7 +315,7 @@ int run(int argc, char** argv) {
             std::fprintf(stderr, "%s\n", e.what());
             return 1;
         }
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
 #else
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
@@ -325,7 +327,7 @@ int run(int argc, char** argv) {
         const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
         loom::comm::ThreadWorld(ranks).run(
             [&](loom::comm::ThreadComm& comm) { train_optex(comm, flags, transport.c_str(), flags.device); });
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
     }
     if (flags.device.kind != loom::DeviceKind::host) {
         // Rank threads on the GPU (the backend's world), each with its own stream.
@@ -333,7 +335,7 @@ int run(int argc, char** argv) {
         const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
         loom::comm::run_ranks_on(flags.device, ranks,
                                  [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
     }
     const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
     if (!flags.cluster.empty()) {
@@ -351,12 +353,12 @@ int run(int argc, char** argv) {
             loom::comm::Shaped<loom::comm::ThreadComm> shaped(std::move(comm), cluster.links());
             train(shaped, flags, "rank threads");
         });
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
     }
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });
-    return stop.exit_code();
+    return refused_run() ? 1 : stop.exit_code();
 }
 
 }  // namespace

@@ -184,3 +184,22 @@ inline void check_memory(const Flags& flags, int dp, int ranks_in_process) {
         throw loom::Error("train_gpt: " + e.message() + " (checked before allocating)");
     }
 }
+
+// The corpus --data names (or the synthetic one), checked to hold one sequence and its targets.
+inline loom::data::ByteCorpus load_corpus(const Flags& flags) {
+    auto corpus = flags.data.empty()
+                      ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
+                      : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
+    std::vector<std::int32_t> probe(static_cast<std::size_t>(flags.model.seq)), probe_targets(probe.size());
+    corpus.batch(flags.seed, 0, 1, flags.model.seq, probe, probe_targets);
+    return corpus;
+}
+
+// A run every rank refused while setting up (train/setup_refusal.hpp): the
+// lead prints why, once, and every process exits 1 after its ranks return.
+inline std::atomic<bool> run_refused{false};
+inline void refuse_run(const std::string& message, bool lead) {
+    if (lead) std::fprintf(stderr, "%s\n", message.c_str());
+    run_refused = true;
+}
+[[nodiscard]] inline bool refused_run() { return run_refused.load(); }

@@ -18,6 +18,10 @@ set -u
 # ignored, so a SIGINT before train_gpt installs its handler would be lost
 # (a terminal's Ctrl-C is not); with -m it keeps the default action.
 set -m
+# And a shell that itself started with SIGINT ignored (a background job, nohup
+# under some shells) cannot reset it for its children: env can.
+DEFAULT_SIGNALS=()
+env --default-signal=INT true 2>/dev/null && DEFAULT_SIGNALS=(env --default-signal=INT)
 TRAIN_GPT=$1
 DIR=$2
 TRIES=${3:-100}
@@ -52,7 +56,7 @@ for ((try = 1; try <= TRIES; ++try)); do
   else sig=KILL; want=137; counts[2]=$((counts[2] + 1)); fi
   resume=()
   [ -f "$SAVE" ] && resume=(--resume "$SAVE")
-  "$TRAIN_GPT" "${MODEL[@]}" --steps 1000000 --save "$SAVE" --save-every 1 --keep 2 "${resume[@]}" \
+  "${DEFAULT_SIGNALS[@]}" "$TRAIN_GPT" "${MODEL[@]}" --steps 1000000 --save "$SAVE" --save-every 1 --keep 2 "${resume[@]}" \
       > "$DIR/try.out" 2>&1 &
   pid=$!
   delay_ms=$((RANDOM * 32768 + RANDOM))
