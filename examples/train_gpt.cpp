@@ -42,6 +42,9 @@
 #include <loom/train/compression_state.hpp>
 #include <loom/train/data_identity.hpp>
 #include <loom/train/finite_check.hpp>
+#include <loom/train/setup_refusal.hpp>
+#include <loom/train/launcher.hpp>
+#include <loom/train/memory_preflight.hpp>
 #include <loom/train/metrics.hpp>
 #include <loom/train/periodic_save.hpp>
 #include <loom/train/progress.hpp>
@@ -58,6 +61,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -120,15 +124,15 @@ void train(C& world, const Flags& flags, const char* transport) {
     check_degrees(flags, world.size(), dp_size);
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
-
-    const auto corpus = flags.data.empty()
-                            ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
-                            : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
-    {
-        // A corpus too short for one sequence is refused before anything is built.
-        std::vector<std::int32_t> probe(static_cast<std::size_t>(flags.model.seq)), probe_targets(probe.size());
-        corpus.batch(flags.seed, 0, 1, flags.model.seq, probe, probe_targets);
+    // A corpus that cannot be read, or too short for one sequence, is refused
+    // before anything is built: by every rank alike, so the lead says it once.
+    std::optional<loom::data::ByteCorpus> loaded;
+    const auto refusal = loom::train::refusal_of([&] { loaded = load_corpus(flags); });
+    if (loom::train::refused_everywhere(world, refusal, flags.device)) {
+        refuse_run(refusal.message, lead);
+        return;
     }
+    const loom::data::ByteCorpus& corpus = *loaded;
 
     loom::comm::Mesh<C> mesh(world, {{"dp", dp_size}, {"pp", flags.pp}, {"tp", flags.tp}, {"sp", flags.sp}});
     // Sequence-parallel ranks reduce gradients with the data-parallel ones.
@@ -256,17 +260,19 @@ void train(C& world, const Flags& flags, const char* transport) {
     if (lead && done < last) report_stop(flags, done);
 }
 
-// mpirun and srun tell their processes who they are in the environment.
-bool launched_by_mpi() {
-    for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
-        if (std::getenv(variable) != nullptr) return true;
-    return false;
-}
-
 int run(int argc, char** argv) {
     const Flags flags = parse(argc, argv);
     check_device_flags(flags);
     check_outputs_and_resume(flags);
+    // Under mpirun the degrees and the memory are checked from the launcher's
+    // world size before MPI starts: every process refuses alike, rank 0 says
+    // why (main), and none waits for another or aborts the job.
+    using loom::train::launched_by_mpi;
+    if (const int world = loom::train::launcher_world_size(); launched_by_mpi() && world > 0)
+        check_memory(flags, dp_degree(flags, world), 1);
+    else if (!launched_by_mpi())
+        check_memory(flags, flags.dp > 0 ? flags.dp : 1,
+                     (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex));
     // From here SIGINT and SIGTERM stop the run after its current step
     // (saving it), and run() returns 130 or 143.
     const loom::train::StopSignal stop;
@@ -310,7 +316,7 @@ int run(int argc, char** argv) {
             std::fprintf(stderr, "%s\n", e.what());
             return 1;
         }
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
 #else
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
@@ -322,7 +328,7 @@ int run(int argc, char** argv) {
         const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
         loom::comm::ThreadWorld(ranks).run(
             [&](loom::comm::ThreadComm& comm) { train_optex(comm, flags, transport.c_str(), flags.device); });
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
     }
     if (flags.device.kind != loom::DeviceKind::host) {
         // Rank threads on the GPU (the backend's world), each with its own stream.
@@ -330,7 +336,7 @@ int run(int argc, char** argv) {
         const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
         loom::comm::run_ranks_on(flags.device, ranks,
                                  [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
     }
     const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
     if (!flags.cluster.empty()) {
@@ -348,12 +354,12 @@ int run(int argc, char** argv) {
             loom::comm::Shaped<loom::comm::ThreadComm> shaped(std::move(comm), cluster.links());
             train(shaped, flags, "rank threads");
         });
-        return stop.exit_code();
+        return refused_run() ? 1 : stop.exit_code();
     }
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
         train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
     });
-    return stop.exit_code();
+    return refused_run() ? 1 : stop.exit_code();
 }
 
 }  // namespace
@@ -362,7 +368,9 @@ int main(int argc, char** argv) {
     try {
         return run(argc, argv);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s\n", e.what());
+        // Under mpirun, an error found before MPI starts is every process's:
+        // rank 0 prints it once.
+        if (loom::train::launcher_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
         return 1;
     }
 }

@@ -24,6 +24,7 @@ struct Flags {
     std::string data, metrics, save, resume, trace;
     std::int64_t save_every = 0, keep = 2;  // --save-every N: <save>.step-<n> every N steps, the newest --keep kept
     bool resume_anyway = false;             // resume on other --data or --seed
+    bool no_memory_check = false;           // skip the memory preflight (train/memory_preflight.hpp)
     std::int64_t sample = 0;
     loom::Device device = loom::host_device;  // --device: where one rank's layers run
     bool device_per_process = false;          // --device cuda under mpirun: each process its node rank's GPU
@@ -270,6 +271,8 @@ inline Flags parse(int argc, char** argv) {
     whole("Output", "--keep", f.keep, 1, 1 << 20, "periodic checkpoints kept, the newest");
     text("Output", "--resume", f.resume, "FILE", "continue from a checkpoint (same --data and --seed)");
     described(app.add_flag("--resume-anyway", f.resume_anyway), "Output", "", "resume on other --data or --seed", "");
+    described(app.add_flag("--no-memory-check", f.no_memory_check), "Training", "",
+              "start although the memory model says the run cannot fit in this process's memory", "");
     text("Output", "--trace", f.trace, "FILE", "Chrome/Perfetto trace of every rank");
     whole("Output", "--sample", f.sample, 0, 1 << 20, "bytes of generated text at the end");
 

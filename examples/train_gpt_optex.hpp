@@ -16,17 +16,7 @@
 template <loom::comm::Communicator C>
 void train_optex(C& world, const Flags& flags, const char* transport, loom::Device device) {
     const int workers = flags.optex;
-    if (world.size() % workers != 0)
-        usage_error("--optex " + std::to_string(workers) + " needs a multiple of " + std::to_string(workers) +
-                    " ranks (one group per worker), but there are " + std::to_string(world.size()) + "; use --optex " +
-                    std::to_string(std::gcd(world.size(), workers)) + " or " + std::to_string(workers) + " x --dp ranks");
-    const int dp_size = flags.dp > 0 ? flags.dp : world.size() / workers;
-    if (dp_size * workers != world.size())
-        usage_error("--optex " + std::to_string(workers) + " x --dp " + std::to_string(dp_size) + " = " +
-                    std::to_string(dp_size * workers) + " ranks, but there are " + std::to_string(world.size()));
-    if (flags.batch % dp_size != 0)
-        usage_error("--batch " + std::to_string(flags.batch) + " is not divisible by --dp " + std::to_string(dp_size) +
-                    "; every rank needs the same whole number of sequences");
+    const int dp_size = optex_dp_size(flags, world.size());
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
     const auto corpus = flags.data.empty()

@@ -1,0 +1,53 @@
+// What a launcher (mpirun, srun) tells each process in its environment: that
+// it was launched, its rank and the world's size. A program reads them before
+// MPI is initialized, so an error every process finds identically (a bad
+// flag, degrees that do not fit the world, a size memory cannot hold) can be
+// printed once, by rank 0, and every process can exit without ever starting
+// MPI: no process waits for another, and the launcher sees no abort.
+#pragma once
+
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+
+namespace loom::train {
+
+namespace detail {
+
+// The first of `variables` that is set and holds a whole number >= 0, or -1.
+[[nodiscard]] inline int first_number_in(std::initializer_list<const char*> variables) {
+    for (const char* variable : variables) {
+        const char* text = std::getenv(variable);
+        if (text == nullptr || *text == '\0') continue;
+        char* end = nullptr;
+        const long value = std::strtol(text, &end, 10);
+        if (*end == '\0' && value >= 0 && value <= 1 << 30) return static_cast<int>(value);
+    }
+    return -1;
+}
+
+}  // namespace detail
+
+// mpirun (Open MPI, MPICH's Hydra) and srun name the process's world.
+[[nodiscard]] inline bool launched_by_mpi() {
+    for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+        if (std::getenv(variable) != nullptr) return true;
+    return false;
+}
+
+// This process's rank in the launcher's world; 0 when not launched (or when
+// the launcher does not say, so a message is printed rather than lost).
+[[nodiscard]] inline int launcher_rank() {
+    const int rank = detail::first_number_in({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"});
+    return rank < 0 ? 0 : rank;
+}
+
+// The number of processes the launcher started; 1 when not launched, 0 when
+// launched by one that does not say (the caller then checks after MPI starts).
+[[nodiscard]] inline int launcher_world_size() {
+    if (!launched_by_mpi()) return 1;
+    const int size = detail::first_number_in({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
+    return size < 0 ? 0 : size;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,30 @@
+// refused_everywhere: ranks that all refuse agree to stop quietly; ranks that
+// partly refuse all throw, each with its reason.
+#include <catch2/catch.hpp>
+
+#include <loom/comm/thread_world.hpp>
+#include <loom/train/setup_refusal.hpp>
+
+#include <atomic>
+#include <string>
+
+TEST_CASE("refused_everywhere: all refuse, none refuse, some refuse", "[train][setup_refusal]") {
+    const auto refuse_if = [](bool refuse) {
+        return loom::train::refusal_of([&] { LOOM_CHECK(!refuse, "data file x cannot be opened"); });
+    };
+    CHECK(refuse_if(false).empty());
+    CHECK_THAT(refuse_if(true).message, Catch::StartsWith("data file x cannot be opened"));
+
+    std::atomic<int> agreed{0};
+    loom::comm::ThreadWorld(3).run([&](loom::comm::ThreadComm& comm) {
+        if (loom::train::refused_everywhere(comm, refuse_if(true), loom::host_device)) ++agreed;
+        CHECK_FALSE(loom::train::refused_everywhere(comm, refuse_if(false), loom::host_device));
+    });
+    CHECK(agreed == 3);
+
+    CHECK_THROWS_WITH(loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        (void)loom::train::refused_everywhere(comm, refuse_if(comm.rank() == 1), loom::host_device);
+    }),
+                      Catch::Contains("data file x cannot be opened") ||
+                          Catch::Contains("1 of 2 ranks could not set the run up (rank 0 could); each names why"));
+}
