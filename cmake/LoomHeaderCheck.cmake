@@ -4,8 +4,8 @@
 # backend headers (named *_mpi.hpp, *_cuda.hpp, *_nccl.hpp, *.cuh) against
 # their backend target, and *.cuh with nvcc (*_nccl.cuh against loom::nccl,
 # the other *.cuh against loom::cuda). A header that forgets an include
-# or defines a non-inline function (caught by including it twice, in two TUs
-# linked together) fails the build.
+# or defines a non-inline function (caught by including it twice, in its own
+# TU and in its group's TU of every header, linked together) fails the build.
 include_guard(GLOBAL)
 
 function(loom_add_header_check target)
@@ -13,6 +13,7 @@ function(loom_add_header_check target)
   set(groups host mpi cuda nccl cu cunccl)
   foreach(group IN LISTS groups)
     set(sources_${group} "")
+    set(together_${group} "")
   endforeach()
   foreach(header IN LISTS LOOM_ALL_HEADERS)
     string(REGEX REPLACE "^include/" "" include_name "${header}")
@@ -36,13 +37,24 @@ function(loom_add_header_check target)
       set(group host)
       set(ext cpp)
     endif()
-    # Two TUs per header: a duplicate definition of a non-inline function
-    # becomes a link error when both are linked into one program.
-    foreach(copy a b)
-      set(file "${gen_dir}/${stem}_${copy}.${ext}")
-      file(CONFIGURE OUTPUT "${file}" CONTENT "#include <${include_name}>\n#include <${include_name}>  // guarded\n")
+    # One TU per header proves it stands alone; the group's TU below
+    # includes it a second time.
+    set(file "${gen_dir}/${stem}_a.${ext}")
+    file(CONFIGURE OUTPUT "${file}" CONTENT "#include <${include_name}>\n#include <${include_name}>  // guarded\n")
+    list(APPEND sources_${group} "${file}")
+    string(APPEND together_${group} "#include <${include_name}>\n")
+    set(ext_${group} ${ext})
+  endforeach()
+  # A second TU per group including all its headers: a non-inline function
+  # defined in a header is then defined twice in one program, a link error.
+  # One TU per group, not a second one per header, halves the check's time
+  # (it was 466 s of CI on 2 cores).
+  foreach(group IN LISTS groups)
+    if(sources_${group})
+      set(file "${gen_dir}/all_${group}_b.${ext_${group}}")
+      file(CONFIGURE OUTPUT "${file}" CONTENT "${together_${group}}")
       list(APPEND sources_${group} "${file}")
-    endforeach()
+    endif()
   endforeach()
 
   set(main "${gen_dir}/main.cpp")

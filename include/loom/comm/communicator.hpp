@@ -76,8 +76,10 @@ inline std::ostream& operator<<(std::ostream& out, const CallSignature& s) {
 // The one sentence every rank throws when two ranks disagree about a call.
 [[nodiscard]] inline std::string mismatch_message(std::int64_t call, int rank_a, const CallSignature& a, int rank_b,
                                                   const CallSignature& b) {
-    return detail::concat("collective call ", call, " differs between ranks: rank ", rank_a, " called ", a, ", rank ",
-                          rank_b, " called ", b);
+    // Qualified: a backend header may open loom::comm::detail first, which
+    // would hide loom::detail from a plain `detail::` here.
+    return loom::detail::concat("collective call ", call, " differs between ranks: rank ", rank_a, " called ", a,
+                                ", rank ", rank_b, " called ", b);
 }
 
 // How a communicator reacts to faults. The timeout bounds every wait for a
