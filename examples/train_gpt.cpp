@@ -371,6 +371,7 @@ int main(int argc, char** argv) {
         // Under mpirun, an error found before MPI starts is every process's:
         // rank 0 prints it once.
         if (loom::train::launcher_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+        else loom::train::let_rank_zero_report_first();
         return 1;
     }
 }

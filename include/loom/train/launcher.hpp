@@ -6,9 +6,11 @@
 // MPI: no process waits for another, and the launcher sees no abort.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <thread>
 
 namespace loom::train {
 
@@ -48,6 +50,18 @@ namespace detail {
     if (!launched_by_mpi()) return 1;
     const int size = detail::first_number_in({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
     return size < 0 ? 0 : size;
+}
+
+// Called by a process that found an error every process finds alike, before
+// MPI starts, and is about to exit 1 without printing it. Rank 0 prints it; a
+// launcher ends the whole job as soon as any process exits non-zero, so a
+// rank that exited first could have rank 0 killed before it printed. Waiting
+// here a few seconds lets rank 0 speak and end the job; were rank 0 not to
+// fail (an error only this process saw, such as a file its node lacks), the
+// job still ends, a few seconds later, by this exit.
+inline void let_rank_zero_report_first(std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+    if (!launched_by_mpi() || launcher_rank() == 0) return;
+    std::this_thread::sleep_for(wait);
 }
 
 }  // namespace loom::train
