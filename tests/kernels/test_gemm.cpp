@@ -3,6 +3,7 @@
 // beta 1 (accumulated); the argument checks; the BLAS thread knob.
 #include <catch2/catch.hpp>
 
+#include "support/gemm_operands.hpp"
 #include "support/message_of.hpp"
 
 #include <loom/core/rng.hpp>
@@ -20,18 +21,11 @@ namespace {
 using loom::kernels::host::gemm;
 using loom::kernels::host::Trans;
 
-std::vector<float> normal_values(std::size_t n, std::uint64_t stream) {
-    std::vector<float> v(n);
-    loom::RngStream{7, stream}.fill_normal(v, 0);
-    return v;
-}
-
-// Element (i, j) of op(X) for X stored row-major with row stride ld.
-double op_at(const std::vector<float>& x, std::int64_t ld, Trans t, std::int64_t i, std::int64_t j) {
-    return t == Trans::no ? x[static_cast<std::size_t>(i * ld + j)] : x[static_cast<std::size_t>(j * ld + i)];
-}
-
 using loom_test::message_of;
+using loom_test::op_at;
+
+// The values this file has always drawn: seed 7.
+std::vector<float> normal_values(std::size_t n, std::uint64_t stream) { return loom_test::normal_values(n, stream, 7); }
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 // the precision's names parse and print.
 #include <catch2/catch.hpp>
 
+#include "support/gemm_operands.hpp"
 #include "support/message_of.hpp"
 
 #include <loom/core/dtype.hpp>
@@ -28,17 +29,7 @@ using loom::kernels::host::gemm;
 using loom::kernels::host::gemm_bf16_inputs;
 using loom::kernels::host::Trans;
 using loom_test::message_of;
-
-std::vector<float> normal_values(std::size_t n, std::uint64_t stream) {
-    std::vector<float> v(n);
-    loom::RngStream{11, stream}.fill_normal(v, 0);
-    return v;
-}
-
-std::vector<float> rounded(std::vector<float> v) {
-    for (float& x : v) x = loom::to_float(loom::to_bf16(x));
-    return v;
-}
+using loom_test::normal_values;
 
 }  // namespace
 
@@ -57,7 +48,7 @@ TEST_CASE("gemm_bf16_inputs is the f32 GEMM of the operands rounded to bf16, for
                 const auto C0 = normal_values(static_cast<std::size_t>(M * ldc), 3);
                 auto C = C0, expected = C0, unrounded = C0;
                 gemm_bf16_inputs(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-                const auto A16 = rounded(A), B16 = rounded(B);
+                const auto A16 = loom_test::rounded_to_bf16(A), B16 = loom_test::rounded_to_bf16(B);
                 gemm(ta, tb, M, N, K, 0.5f, A16.data(), lda, B16.data(), ldb, beta, expected.data(), ldc);
                 gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, unrounded.data(), ldc);
                 CHECK(C == expected);     // padding included: it is left as it was

@@ -5,6 +5,7 @@
 // or on the thread count; and the dispatcher choosing the CPU's own level.
 #include <catch2/catch.hpp>
 
+#include "support/gemm_operands.hpp"
 #include "support/message_of.hpp"
 
 #include <loom/core/dtype.hpp>
@@ -28,16 +29,8 @@ using loom::kernels::host::HostGemm;
 using loom::kernels::host::HostGemmBackend;
 using loom::kernels::host::Trans;
 using loom_test::message_of;
-
-std::vector<float> normal_values(std::size_t n, std::uint64_t stream) {
-    std::vector<float> v(n);
-    loom::RngStream{11, stream}.fill_normal(v, 0);
-    return v;
-}
-
-double op_at(const std::vector<float>& x, std::int64_t ld, Trans t, std::int64_t i, std::int64_t j) {
-    return t == Trans::no ? x[static_cast<std::size_t>(i * ld + j)] : x[static_cast<std::size_t>(j * ld + i)];
-}
+using loom_test::normal_values;
+using loom_test::op_at;
 
 // Restores the process's GEMM choice and thread count when a test ends.
 struct KeepHostGemm {
@@ -264,17 +257,6 @@ TEST_CASE("the host GEMM's knobs refuse bad values, naming them", "[kernels][gem
     }
 }
 
-namespace {
-
-// op(X) rounded to bf16, as a copy with the same strides.
-std::vector<float> rounded(const std::vector<float>& x) {
-    std::vector<float> out(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) out[i] = loom::to_float(loom::to_bf16(x[i]));
-    return out;
-}
-
-}  // namespace
-
 TEST_CASE("bf16 products round their operands in the packing: the f32 GEMM's bits on rounded copies, every level",
           "[kernels][gemm][gemm_kernels][bf16]") {
     KeepHostGemm keep;
@@ -297,7 +279,7 @@ TEST_CASE("bf16 products round their operands in the packing: the f32 GEMM's bit
                         auto expected = C;
                         loom::kernels::host::gemm_bf16_inputs(ta, tb, s.M, s.N, s.K, 0.5f, A.data(), lda, B.data(),
                                                               ldb, beta, C.data(), s.N);
-                        const auto Ar = rounded(A), Br = rounded(B);
+                        const auto Ar = loom_test::rounded_to_bf16(A), Br = loom_test::rounded_to_bf16(B);
                         loom::kernels::host::gemm(ta, tb, s.M, s.N, s.K, 0.5f, Ar.data(), lda, Br.data(), ldb, beta,
                                                   expected.data(), s.N);
                         CHECK(std::memcmp(C.data(), expected.data(), C.size() * 4) == 0);
@@ -332,7 +314,7 @@ TEST_CASE("bf16 dot products (vdpbf16ps) match a double loop over the rounded op
                     const auto C_before = C;
                     loom::kernels::host::gemm_bf16_inputs(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, beta,
                                                           C.data(), ldc);
-                    const auto Ar = rounded(A), Br = rounded(B);
+                    const auto Ar = loom_test::rounded_to_bf16(A), Br = loom_test::rounded_to_bf16(B);
                     std::int64_t wrong = 0;
                     for (std::int64_t i = 0; i < M; ++i)
                         for (std::int64_t j = 0; j < ldc; ++j) {

@@ -244,6 +244,16 @@ inline void scale_c(std::int64_t M, std::int64_t N, float beta, float* C, std::i
         for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
 }
 
+// The blocked product with micro-kernel `Kernel`, its rows or columns split
+// over the GEMM threads; with round_bf16, of the operands rounded to bf16.
+template <class Kernel>
+void kernel_gemm(bool round_bf16, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                 const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                 std::int64_t ldc) {
+    threaded_gemm<Kernel::mr, Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                          round_bf16 ? blocked_gemm<Kernel, true> : blocked_gemm<Kernel>);
+}
+
 // loom's product at `isa`, arguments already checked, M and N >= 1; with
 // round_bf16, of the operands rounded to bf16 (MatmulPrecision::bf16).
 inline void loom_gemm(CpuIsa isa, bool round_bf16, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
@@ -254,31 +264,14 @@ inline void loom_gemm(CpuIsa isa, bool round_bf16, Trans ta, Trans tb, std::int6
         return;
     }
 #if defined(LOOM_GEMM_X86)
-    if (isa == CpuIsa::avx512) {
-        if (round_bf16)
-            threaded_gemm<Avx512Kernel::mr, Avx512Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                    blocked_gemm<Avx512Kernel, true>);
-        else
-            threaded_gemm<Avx512Kernel::mr, Avx512Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                    blocked_gemm<Avx512Kernel>);
-        return;
-    }
-    if (isa == CpuIsa::avx2) {
-        if (round_bf16)
-            threaded_gemm<Avx2Kernel::mr, Avx2Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                    blocked_gemm<Avx2Kernel, true>);
-        else
-            threaded_gemm<Avx2Kernel::mr, Avx2Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                    blocked_gemm<Avx2Kernel>);
-        return;
-    }
+    if (isa == CpuIsa::avx512)
+        return kernel_gemm<Avx512Kernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (isa == CpuIsa::avx2)
+        return kernel_gemm<Avx2Kernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    (void)isa;
 #endif
-    if (round_bf16)
-            threaded_gemm<PortableKernel::mr, PortableKernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                    blocked_gemm<PortableKernel, true>);
-        else
-            threaded_gemm<PortableKernel::mr, PortableKernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                    blocked_gemm<PortableKernel>);
+    kernel_gemm<PortableKernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // The bf16 product with bf16 dot products, arguments already checked, M and N
