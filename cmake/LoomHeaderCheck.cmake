@@ -1,11 +1,15 @@
 # loom_add_header_check(target): one generated translation unit per public
-# header, each including only that header, compiled as part of the build.
-# Host headers compile with the plain C++ compiler against loom::loom alone;
-# backend headers (named *_mpi.hpp, *_cuda.hpp, *_nccl.hpp, *.cuh) against
-# their backend target, and *.cuh with nvcc (*_nccl.cuh against loom::nccl,
-# the other *.cuh against loom::cuda). A header that forgets an include
-# or defines a non-inline function (caught by including it twice, in its own
-# TU and in its group's TU of every header, linked together) fails the build.
+# header, each including only that header (twice, to prove its guard),
+# compiled as an object library; building `target` then reads the objects'
+# symbols (LoomHeaderSymbols.cmake). Host headers compile with the plain C++
+# compiler against loom::loom alone; backend headers (named *_mpi.hpp,
+# *_cuda.hpp, *_nccl.hpp, *.cuh) against their backend target, and *.cuh with
+# nvcc (*_nccl.cuh against loom::nccl, the other *.cuh against loom::cuda).
+# A header that forgets an include fails to compile; one that defines a
+# non-inline function or variable leaves a strong global symbol in its
+# object, which the symbol check names (two programs including the header
+# would fail to link). Reading symbols replaced a second TU per group that
+# included every header and linked them all: the nvcc ones alone cost 90 s.
 include_guard(GLOBAL)
 
 function(loom_add_header_check target)
@@ -13,7 +17,6 @@ function(loom_add_header_check target)
   set(groups host mpi cuda nccl cu cunccl)
   foreach(group IN LISTS groups)
     set(sources_${group} "")
-    set(together_${group} "")
   endforeach()
   foreach(header IN LISTS LOOM_ALL_HEADERS)
     string(REGEX REPLACE "^include/" "" include_name "${header}")
@@ -37,46 +40,30 @@ function(loom_add_header_check target)
       set(group host)
       set(ext cpp)
     endif()
-    # One TU per header proves it stands alone; the group's TU below
-    # includes it a second time.
-    set(file "${gen_dir}/${stem}_a.${ext}")
+    set(file "${gen_dir}/${stem}.${ext}")
     file(CONFIGURE OUTPUT "${file}" CONTENT "#include <${include_name}>\n#include <${include_name}>  // guarded\n")
     list(APPEND sources_${group} "${file}")
-    string(APPEND together_${group} "#include <${include_name}>\n")
-    set(ext_${group} ${ext})
-  endforeach()
-  # A second TU per group including all its headers: a non-inline function
-  # defined in a header is then defined twice in one program, a link error.
-  # One TU per group, not a second one per header, halves the check's time
-  # (it was 466 s of CI on 2 cores).
-  foreach(group IN LISTS groups)
-    if(sources_${group})
-      set(file "${gen_dir}/all_${group}_b.${ext_${group}}")
-      file(CONFIGURE OUTPUT "${file}" CONTENT "${together_${group}}")
-      list(APPEND sources_${group} "${file}")
-    endif()
   endforeach()
 
-  set(main "${gen_dir}/main.cpp")
-  file(CONFIGURE OUTPUT "${main}" CONTENT "int main() { return 0; }\n")
-  add_executable(${target} EXCLUDE_FROM_ALL "${main}" ${sources_host})
-  target_link_libraries(${target} PRIVATE loom::loom)
-  loom_strict(${target})
+  set(objects ${target}_objects)
+  add_library(${objects} OBJECT EXCLUDE_FROM_ALL ${sources_host})
+  target_link_libraries(${objects} PRIVATE loom::loom)
+  loom_strict(${objects})
   if(sources_mpi AND TARGET loom::mpi)
-    target_sources(${target} PRIVATE ${sources_mpi})
-    target_link_libraries(${target} PRIVATE loom::mpi)
+    target_sources(${objects} PRIVATE ${sources_mpi})
+    target_link_libraries(${objects} PRIVATE loom::mpi)
   endif()
   if(sources_cuda AND TARGET loom::cuda)
-    target_sources(${target} PRIVATE ${sources_cuda})
-    target_link_libraries(${target} PRIVATE loom::cuda)
+    target_sources(${objects} PRIVATE ${sources_cuda})
+    target_link_libraries(${objects} PRIVATE loom::cuda)
   endif()
   if(sources_nccl AND TARGET loom::nccl)
-    target_sources(${target} PRIVATE ${sources_nccl})
-    target_link_libraries(${target} PRIVATE loom::nccl)
+    target_sources(${objects} PRIVATE ${sources_nccl})
+    target_link_libraries(${objects} PRIVATE loom::nccl)
   endif()
   if(sources_cu AND LOOM_BUILD_CUDA_CODE)
-    target_sources(${target} PRIVATE ${sources_cu})
-    target_link_libraries(${target} PRIVATE loom::cuda)
+    target_sources(${objects} PRIVATE ${sources_cu})
+    target_link_libraries(${objects} PRIVATE loom::cuda)
   endif()
   if((sources_cu OR sources_cunccl) AND LOOM_BUILD_CUDA_CODE)
     # Whether a header stands alone does not depend on the GPU: one virtual
@@ -85,12 +72,20 @@ function(loom_add_header_check target)
     # check past 15 minutes of CI on 2 cores once the mma.sync attention
     # headers came; the cubins themselves are built, and checked, with the
     # tests (tests/cuda).
-    set_property(TARGET ${target} PROPERTY CUDA_ARCHITECTURES 90-virtual)
+    set_property(TARGET ${objects} PROPERTY CUDA_ARCHITECTURES 90-virtual)
   endif()
   if(sources_cunccl AND LOOM_BUILD_CUDA_CODE AND TARGET loom::nccl)
-    target_sources(${target} PRIVATE ${sources_cunccl})
-    target_link_libraries(${target} PRIVATE loom::nccl)
+    target_sources(${objects} PRIVATE ${sources_cunccl})
+    target_link_libraries(${objects} PRIVATE loom::nccl)
   endif()
+  # The objects' paths, known at generation time, in a file the script reads.
+  set(list_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_objects.txt")
+  file(GENERATE OUTPUT "${list_file}" CONTENT "$<JOIN:$<TARGET_OBJECTS:${objects}>,\n>\n")
+  add_custom_target(${target}
+    COMMAND "${CMAKE_COMMAND}" "-DNM=${CMAKE_NM}" "-DOBJECT_LIST=${list_file}" "-DSOURCES_DIR=${gen_dir}"
+            -P "${PROJECT_SOURCE_DIR}/cmake/LoomHeaderSymbols.cmake"
+    DEPENDS ${objects}
+    COMMENT "Checking that no public header defines a non-inline symbol")
 endfunction()
 
 # loom_clang_include_flags(out): the include flags a compiler outside the

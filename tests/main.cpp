@@ -1,3 +1,5 @@
-// Catch2's main for the host test binaries.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The main of the host test binaries; Catch2 itself is compiled once, in
+// catch_session.cpp.
+#include "catch_session.hpp"
+
+int main(int argc, char** argv) { return loom_test::run_catch(argc, argv); }

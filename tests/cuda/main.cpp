@@ -1,8 +1,7 @@
 // Catch2 main for the CUDA tests. Without a usable CUDA device it prints why
 // and exits 77, which ctest reports as "skipped", never as "passed".
 // `--no-device` runs the tests that need only the CUDA runtime library.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -32,5 +31,5 @@ int main(int argc, char** argv) {
         if (cudaGetDeviceProperties(&props, 0) == cudaSuccess)
             std::printf("CUDA device 0: %s (sm_%d%d)\n", props.name, props.major, props.minor);
     }
-    return Catch::Session().run(static_cast<int>(args.size()), args.data());
+    return loom_test::run_catch(static_cast<int>(args.size()), args.data());
 }

@@ -1,8 +1,7 @@
 // Catch2 main for tests run under mpirun: every rank runs the same tests, and
 // the process exit code is the worst over all ranks, so one rank's failure
 // fails the run on every rank instead of leaving the others to hang or pass.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
 #include <mpi.h>
 
 #include <cstdio>
@@ -14,10 +13,8 @@ int main(int argc, char** argv) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 
-    Catch::Session session;
     // Every rank runs and reports its own failures.
-    int result = session.applyCommandLine(argc, argv);
-    if (result == 0) result = session.run();
+    int result = loom_test::run_catch(argc, argv);
 
     int worst = 0;
     MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
