@@ -66,6 +66,17 @@ struct PlainSwish {
     [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dy) { return swish_backward(this, ctx, dy); }
 };
 
+// The spelling before TensorCut, deprecated but still honoured.
+struct LegacySwish {
+    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& x) { return swish_forward(this, ctx, x); }
+    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dy) { return swish_backward(this, ctx, dy); }
+};
+
+}  // namespace
+template <>
+inline constexpr bool loom::tp::keeps_features_sharded<LegacySwish> = true;
+namespace {
+
 // An elementwise layer with a Param: refused, it would see a slice of the features.
 struct Scaled {
     static constexpr nn::TensorCut tensor_cut = nn::TensorCut::elementwise;
@@ -189,6 +200,9 @@ TEST_CASE("a user's elementwise layer is cut by Megatron 1D as Gelu is, and trai
     const Trained tp2 = train<Megatron, Swish>(2);
     check_equal(tp2, serial);
     CHECK(tp2.notice.empty());  // every unit with weights is cut
+
+    auto legacy = make_net<LegacySwish>();
+    CHECK(loom::tp::shard_model(legacy, 1, 2).linear_pairs == 1);  // tp::keeps_features_sharded still works
 }
 
 TEST_CASE("Optimus 2D accepts a user's elementwise layer and trains as the serial run", "[parallel][tp][2d][user-layer]") {
