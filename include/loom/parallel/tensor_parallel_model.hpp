@@ -121,7 +121,7 @@ public:
     template <class T>
     std::size_t record(const T& layer, const Where& where, LayerAction action) {
         if (report_ == nullptr) return 0;
-        const bool weights = declared_cut_or_features<T>() != nn::TensorCut::features && params_of(layer) > 0;
+        const bool weights = declared_or_replicated<T>() != nn::TensorCut::features && params_of(layer) > 0;
         return report_->add({where.unit, where.path, loom::layer_name<T>(), action, weights});
     }
     void set(std::size_t index, LayerAction action) {
@@ -130,7 +130,7 @@ public:
 
 private:
     template <class T>
-    static constexpr nn::TensorCut declared_cut_or_features() {
+    static constexpr nn::TensorCut declared_or_replicated() {
         if constexpr (role_of<T>() == Role::declared) return declared_cut<T>();
         else return nn::TensorCut::replicated;
     }
