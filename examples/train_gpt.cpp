@@ -196,6 +196,7 @@ void train(C& world, const Flags& flags, const char* transport) {
         if (flags.pp > 1)
             std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
                         describe_stages(partition, flags.model.layers).c_str());
+        if (flags.tp > 1) std::printf("%s\n", exec.cut_report().summary().c_str());  // what tp did to the layers
         const unsigned cores = std::thread::hardware_concurrency();
         if (cores > 0 && std::string_view(transport) == "rank threads" &&
             static_cast<unsigned>(world.size() * flags.threads) > cores)

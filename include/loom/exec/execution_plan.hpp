@@ -36,8 +36,9 @@ struct ExecutorOptions {
     // GradCompress: steps of uncompressed exchange before the dp compressor
     // starts (PowerSGD and one-bit want some; the others need none).
     std::int64_t compress_warmup = 0;
-    // Where a compressor's one-time notices go (PowerSGD's matrices too small
-    // for its rank), from the first rank of the gradient group; empty: stderr.
+    // Where one-time notices go (PowerSGD's matrices too small for its rank,
+    // from the first rank of the gradient group; a tensor-parallel strategy
+    // that cuts nothing in a unit, from the world's first rank); empty: stderr.
     std::function<void(const std::string&)> notice{};
     // Where the parameters, gradients, AdamW state and activations live. A
     // device needs its backend built in and a communicator that moves that

@@ -60,6 +60,7 @@
 #include "loom/nn/tensor_group.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/optim/adamw.hpp"
+#include "loom/parallel/cut_report.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
 #include "loom/parallel/optimus2d.hpp"
@@ -121,7 +122,8 @@ public:
           pp_(pp),
           tp_(tensor_parallel_axis(plan, tp) ? tp : nullptr),
           sp_(sequence_parallel_axis(plan, sp, tp_) ? sp : nullptr),
-          shards_(cut_model(model, tp_, plan.tensor_grid)),
+          cuts_(cut_model(model, tp_, plan.tensor_grid, options.field_names)),
+          shards_(model, tp_ != nullptr ? tp_->size() : 1),
           units_(nn::units_of(model, options.field_names)),
           stage_(plan.zero_stage),
           micro_batches_(options.micro_batches),
@@ -148,6 +150,7 @@ public:
         groups_ = LayerGroups<C>(tp_, sp_, plan, dp.size(),
                                  plan.tp_compression.on() ? std::optional(cast_of(plan.tp_compression)) : std::nullopt);
         groups_.attach(pool_);
+        warn_uncut(options);
     }
 
     Executor(Executor&&) noexcept = default;
@@ -165,6 +168,9 @@ public:
     // Whether this rank holds unit u (every unit, without a pipeline).
     [[nodiscard]] bool holds_unit(int u) const { return rank_.chunk_of_unit.at(static_cast<std::size_t>(u)) >= 0; }
     [[nodiscard]] const parallel::ShardLayout& layout() const noexcept { return rank_.layout; }
+    // What the tensor-parallel policy did to each layer, by unit (the same on
+    // every rank; empty without a tp axis). `std::cout << exec.cut_report()`.
+    [[nodiscard]] const tp::CutReport& cut_report() const noexcept { return cuts_; }
     [[nodiscard]] const std::vector<nn::Unit>& units() const noexcept { return units_; }
     [[nodiscard]] int zero_stage() const noexcept { return stage_; }
     [[nodiscard]] int micro_batches() const noexcept { return micro_batches_; }
@@ -427,6 +433,17 @@ private:
         return !pipelined_ || rank_.pipe.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
     }
 
+    // A tensor-parallel strategy that cuts nothing in a unit with weights
+    // says so once, from the world's first rank (the first of the gradient,
+    // pipeline and tp groups), through options.notice or stderr.
+    void warn_uncut(const ExecutorOptions& options) const {
+        const std::string line = cuts_.warning();
+        const bool first = comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
+        if (line.empty() || !first) return;
+        if (options.notice) options.notice(line);
+        else std::cerr << "loom: " << line << "\n";
+    }
+
     [[nodiscard]] static kernels::host::Cast cast_of(const Compression& c) {
         LOOM_CHECK(c.is_cast(), "Executor: ", c.describe(), " on the pp or tp axis; activations take CastBf16 or CastFp16");
         return c.kind == CompressorKind::bf16 ? kernels::host::Cast::bf16 : kernels::host::Cast::f16;
@@ -453,6 +470,7 @@ private:
     C* pp_;
     C* tp_;
     C* sp_;  // sequence parallel axis; null without one
+    tp::CutReport cuts_;  // what the tensor-parallel policy did to each layer
     TensorShards shards_;
     std::vector<nn::Unit> units_;
     int stage_;

@@ -13,6 +13,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
@@ -22,6 +24,7 @@
 #include "loom/kernels/host/quantize.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/tensor_group.hpp"
+#include "loom/parallel/cut_report.hpp"
 #include "loom/parallel/grid2d.hpp"
 #include "loom/parallel/optimus2d.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
@@ -50,12 +53,16 @@ template <comm::Communicator C>
     return on;
 }
 
-// Cuts the model for this tp rank (before its units and layout exist).
+// Cuts the model for this tp rank (before its units and layout exist), and
+// says what was done to each layer, its units named as nn::units_of names
+// them from `field_names` (empty without a tp axis).
 template <comm::Communicator C, class Model>
-[[nodiscard]] TensorShards cut_model(Model& model, const C* tp, bool grid) {
-    if (tp != nullptr && grid) tp::shard_model_grid(model, tp->rank(), tp->size());
-    else if (tp != nullptr) tp::shard_model(model, tp->rank(), tp->size());
-    return TensorShards(model, tp != nullptr ? tp->size() : 1);
+[[nodiscard]] tp::CutReport cut_model(Model& model, const C* tp, bool grid,
+                                      const std::vector<std::string>& field_names) {
+    tp::CutReport report;
+    if (tp != nullptr && grid) tp::shard_model_grid(model, tp->rank(), tp->size(), &report, field_names);
+    else if (tp != nullptr) tp::shard_model(model, tp->rank(), tp->size(), &report, field_names);
+    return report;
 }
 
 template <comm::Communicator C>

@@ -12,11 +12,14 @@
 #include "loom/nn/context.hpp"
 #include "loom/nn/linear.hpp"
 #include "loom/nn/ring_attention.hpp"
+#include "loom/nn/tensor_cut.hpp"
 #include "loom/nn/ulysses_attention.hpp"
 
 namespace loom::nn {
 
 struct CausalSelfAttention {
+    // Its tensor-parallel cut (nn/tensor_cut.hpp): heads split (1D), blocks (2D).
+    static constexpr TensorCut tensor_cut = TensorCut::heads;
     Linear qkv;   // C -> 3C
     Linear proj;  // C -> C
     std::int64_t heads = 1;

@@ -30,11 +30,14 @@
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
+#include "loom/nn/tensor_cut.hpp"
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
 
 struct CrossEntropy {
+    // Its tensor-parallel cut (nn/tensor_cut.hpp): vocabulary-parallel after the head (1D), the grid (2D).
+    static constexpr TensorCut tensor_cut = TensorCut::loss;
     std::int64_t vocab_start = -1;  // the first class of this rank's logits; -1: the logits are whole
     bool grid = false;              // rows and classes cut over an Optimus 2D grid
 

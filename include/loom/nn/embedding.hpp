@@ -31,11 +31,14 @@
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
+#include "loom/nn/tensor_cut.hpp"
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
 
 struct Embedding {
+    // Its tensor-parallel cut (nn/tensor_cut.hpp): token rows by vocabulary (1D), a block (2D).
+    static constexpr TensorCut tensor_cut = TensorCut::vocabulary;
     Param token;     // [vocab, C]; a tp shard: [vocab/t, C], rows from token.slice.start
     Param position;  // [max sequence, C]; whole on every tp rank
 

@@ -4,10 +4,13 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/tensor_cut.hpp"
 
 namespace loom::nn {
 
 struct Gelu {
+    // Its tensor-parallel cut (nn/tensor_cut.hpp): a sharded feature axis passes through.
+    static constexpr TensorCut tensor_cut = TensorCut::elementwise;
     struct Saved {
         Tensor x;
     };

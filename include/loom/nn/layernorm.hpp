@@ -18,10 +18,13 @@
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
+#include "loom/nn/tensor_cut.hpp"
 
 namespace loom::nn {
 
 struct LayerNorm {
+    // Its tensor-parallel cut (nn/tensor_cut.hpp): whole (1D), gain and shift by grid column (2D).
+    static constexpr TensorCut tensor_cut = TensorCut::features;
     Param gain;   // [C], ones
     Param shift;  // [C], zeros
     float eps = 1e-5f;

@@ -27,11 +27,14 @@
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/summa.hpp"
+#include "loom/nn/tensor_cut.hpp"
 #include "loom/nn/tensor_group.hpp"
 
 namespace loom::nn {
 
 struct Linear {
+    // Its tensor-parallel cut (nn/tensor_cut.hpp): column- or row-parallel by its place (1D), a SUMMA block (2D).
+    static constexpr TensorCut tensor_cut = TensorCut::linear;
     Param weight;  // [out, in]; a tp shard: [out/t, in] (columns) or [out, in/t] (rows)
     Param bias;    // [out]; [0] when the layer has no bias; [out/t] when split by columns
     Split split = Split::none;

@@ -11,11 +11,14 @@
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/context.hpp"
+#include "loom/nn/tensor_cut.hpp"
 
 namespace loom::nn {
 
 template <class... Layers>
 struct Residual {
+    // Its tensor-parallel cut (nn/tensor_cut.hpp): its fields in order, plus its input: walked inside.
+    static constexpr TensorCut tensor_cut = TensorCut::chain;
     static_assert(sizeof...(Layers) >= 1, "Residual needs at least one layer");
     std::tuple<Layers...> layers;
 

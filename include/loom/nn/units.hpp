@@ -9,22 +9,15 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
-#include <memory>
 #include <string>
 #include <string_view>
-#include <typeinfo>
 #include <vector>
-
-#if __has_include(<cxxabi.h>)
-#include <cxxabi.h>
-#define LOOM_HAVE_CXXABI 1
-#endif
 
 #include "loom/core/param.hpp"
 #include "loom/core/reflect.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/core/type_name.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/context.hpp"
 
@@ -41,26 +34,10 @@ struct Unit {
 
 namespace detail {
 
-// "loom::gpt::Block" -> "Block": the last component of the demangled name,
-// template arguments dropped.
-template <class T>
-[[nodiscard]] std::string short_type_name() {
-    std::string full = typeid(T).name();
-#ifdef LOOM_HAVE_CXXABI
-    int status = 0;
-    std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(full.c_str(), nullptr, nullptr, &status),
-                                                     std::free);
-    if (status == 0 && demangled) full = demangled.get();
-#endif
-    if (const auto angle = full.find('<'); angle != std::string::npos) full.resize(angle);
-    if (const auto colon = full.rfind("::"); colon != std::string::npos) full.erase(0, colon + 2);
-    return full;
-}
-
 template <class L>
 Unit make_unit(L& layer, std::string path) {
     Unit unit;
-    unit.name = std::move(path) + " " + short_type_name<L>();
+    unit.name = std::move(path) + " " + loom::short_type_name<L>();
     reflect::visit_params(layer, [&](Param& p, std::string_view) {
         unit.params.push_back(&p);
         unit.numel += p.numel();

@@ -15,26 +15,32 @@
 //
 // Vectors (biases, LayerNorm, positions) are cut q ways, not q^2: they are
 // small, and each grid row holds the same copy, its gradient summed down the
-// grid column. Every layer of the model must be one of these, elementwise
-// (Gelu, Residual, or tp::keeps_features_sharded), or a composite of them:
-// every activation is cut, so a layer that needs whole rows cannot run.
+// grid column. Every layer of the model must declare one of these cuts
+// (nn/tensor_cut.hpp: linear, features, heads, vocabulary, loss), or
+// elementwise (Gelu, or a user's layer that declares it), or be a chain or
+// composite of them: every activation is cut, so a layer that needs whole
+// rows (replicated, or one that declares nothing) cannot run.
 #pragma once
 
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <type_traits>
-#include <typeinfo>
+#include <vector>
 
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
 #include "loom/core/reflect.hpp"
+#include "loom/core/type_name.hpp"
 #include "loom/nn/attention.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/cross_entropy.hpp"
 #include "loom/nn/embedding.hpp"
 #include "loom/nn/layernorm.hpp"
 #include "loom/nn/linear.hpp"
+#include "loom/nn/tensor_cut.hpp"
+#include "loom/parallel/cut_report.hpp"
 #include "loom/parallel/policy.hpp"
 #include "loom/parallel/grid2d.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
@@ -94,40 +100,66 @@ namespace detail {
 // Cuts every layer of a model for one grid position (see the header).
 class GridWalker {
 public:
-    explicit GridWalker(GridPosition at) : at_(at) {}
+    GridWalker(GridPosition at, CutRecorder recorder) : at_(at), recorder_(recorder) {}
 
     template <class F>
-    void visit(F& field) {
+    void visit(F& field, const Where& where = {}) {
         using T = std::remove_cvref_t<F>;
-        if constexpr (reflect::ParamField<T> || reflect::is_config<T>()) {
+        constexpr Role role = role_of<T>();
+        if constexpr (role == Role::skip) {
             // not a layer
-        } else if constexpr (std::is_same_v<T, nn::Linear> || std::is_same_v<T, nn::LayerNorm> ||
-                             std::is_same_v<T, nn::CausalSelfAttention> || std::is_same_v<T, nn::Embedding> ||
-                             std::is_same_v<T, nn::CrossEntropy>) {
-            shard_grid(field, at_);
-            ++layers_;
-        } else if constexpr (keeps_features_sharded<T>) {
-            // elementwise: any block of the activations will do
-        } else if constexpr (reflect::LayerSequence<T>) {
-            for (auto& element : field) visit(element);
-        } else if constexpr ((!nn::Leaf<T> || is_residual<T>) &&
-                             (reflect::has_custom_fields<T> || reflect::pfr_reflectable<T>)) {
-            // a composite: its fields run in order (Residual adds its input)
-            reflect::for_each_field(field, [&](auto& member, std::size_t) { visit(member); });
+        } else if constexpr (role == Role::sequence) {
+            std::size_t i = 0;
+            for (auto& element : field) visit(element, CutRecorder::element(where, i++));
+        } else if constexpr (role == Role::composite) {
+            walk_fields(field, where.root ? where : CutRecorder::at<T>(where));
+        } else if constexpr (role == Role::declared) {
+            cut(field, CutRecorder::at<T>(where));
         } else {
-            // A layer that computes itself (its forward sees a block of the
-            // activations) and is none of the above: it could mix sequences
-            // or features, so it cannot run on a block.
-            LOOM_FAIL("Optimus 2D: layer ", typeid(T).name(), " has no 2D form; every activation is cut in q x q "
-                      "blocks, so a model's layers must be loom's Linear, LayerNorm, CausalSelfAttention, Embedding, "
-                      "CrossEntropy, elementwise (tp::keeps_features_sharded), or composites of them");
+            refuse<T>(role == Role::undeclared ? "it computes itself and declares no nn::TensorCut"
+                                               : "reflection cannot see inside it");
         }
     }
 
     [[nodiscard]] int layers() const noexcept { return layers_; }
 
 private:
+    template <class L>
+    void walk_fields(L& composite, const Where& where) {
+        // a chain: its fields run in order (Residual adds its input)
+        reflect::for_each_field(composite, [&](auto& member, std::size_t i) { visit(member, recorder_.field(where, i)); });
+    }
+
+    template <class T>
+    void cut(T& field, const Where& where) {
+        constexpr nn::TensorCut kind = declared_cut<T>();
+        if constexpr (kind == nn::TensorCut::chain) {
+            walk_fields(field, where);
+        } else if constexpr (kind == nn::TensorCut::elementwise) {
+            check_elementwise(field, "Optimus 2D");
+            (void)recorder_.record(field, where, LayerAction::on_shard);  // any block of the activations will do
+        } else if constexpr (kind == nn::TensorCut::replicated) {
+            refuse<T>("it declares TensorCut::replicated (it needs whole rows or features)");
+        } else {
+            shard_grid(field, at_);
+            (void)recorder_.record(field, where, LayerAction::grid);
+            ++layers_;
+        }
+    }
+
+    // A layer whose forward would see a block of the activations and could
+    // mix sequences or features: it cannot run on a block.
+    template <class T>
+    [[noreturn]] static void refuse(std::string_view why) {
+        LOOM_FAIL("Optimus 2D: layer ", loom::layer_name<T>(true), " has no 2D form: ", why, ". Every activation is "
+                  "cut in q x q blocks, so each layer must declare a 2D cut (loom's Linear, LayerNorm, "
+                  "CausalSelfAttention, Embedding, CrossEntropy; an elementwise layer of your own declares "
+                  "`static constexpr loom::nn::TensorCut tensor_cut = loom::nn::TensorCut::elementwise;`) or be a "
+                  "composite of such layers");
+    }
+
     GridPosition at_;
+    CutRecorder recorder_;
     int layers_ = 0;
 };
 
@@ -135,12 +167,15 @@ private:
 
 // Makes `model` tp rank `rank`'s block of itself on a grid of `ranks` = q^2
 // ranks: every layer cut as the header says, by walking the model's own
-// structure. Returns how many layers were cut. Call before the Params are
+// structure. Returns how many layers were cut; `report`, when given,
+// receives what was done to each (as tp::shard_model's does). Call before the Params are
 // bound (the executor does).
 template <class Model>
-int shard_model_grid(Model& model, int rank, int ranks) {
+int shard_model_grid(Model& model, int rank, int ranks, CutReport* report = nullptr,
+                     const std::vector<std::string>& field_names = {}) {
     const GridPosition at = GridPosition::of(rank, ranks);
-    detail::GridWalker walker(at);
+    if (report != nullptr) *report = CutReport("Optimus2D", ranks);
+    detail::GridWalker walker(at, detail::CutRecorder(report, field_names));
     walker.visit(model);
     return walker.layers();
 }
