@@ -7,7 +7,7 @@ Usage:
 
 Starts N worker processes (this script again, with --worker RANK) that join a gloo process
 group over tcp://127.0.0.1:P and train the GPT of tests/parity/torch_gpt.py (the model the
-parity test checks loom against, also trained by bench/train_gpt_torch.py) wrapped in
+parity test checks loom against) wrapped in
 DistributedDataParallel, with AdamW, on random tokens, in f32. Every rank seeds identically,
 so the replicas start equal (DDP also broadcasts rank 0's weights when it wraps the model);
 the tokens differ per rank and are made before the clock starts. The batch is PER RANK: a
@@ -65,7 +65,7 @@ raising) ends the run with a non-zero exit and one line on stderr saying what ha
 other workers are killed at once. The parent waits at most --timeout seconds (default 600)
 for the whole run and then kills the workers. Exit codes: 0 success, 1 a worker failed or
 the run timed out, 2 bad arguments or the port is in use, 77 PyTorch (with gloo) not
-importable by this interpreter (the skip code of bench/train_gpt_torch.py). Use the system
+importable by this interpreter (ctest's skip code). Use the system
 interpreter (/usr/bin/python3): Debian's python3-torch is installed for it.
 """
 

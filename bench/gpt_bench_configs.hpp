@@ -13,8 +13,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,8 +55,11 @@ inline int usable_cores() {
 class ForeignLoad {
 public:
     ForeignLoad() : start_(sample()) {}
+    // Also counts `helper`'s CPU time as ours: a child this process talks to
+    // and has not waited for (bench/train_gpt's PyTorch peer).
+    explicit ForeignLoad(pid_t helper) : helper_(helper), start_(sample()) {}
     // Cores' worth of CPU time (0..cores) that neither this process nor its
-    // waited-for children used since construction; -1 if unknown.
+    // waited-for children (nor the helper) used since construction; -1 if unknown.
     [[nodiscard]] double cores() const {
         const Sample now = sample();
         const double wall = std::chrono::duration<double>(now.when - start_.when).count();
@@ -71,7 +77,23 @@ private:
     static double seconds(const timeval& t) {
         return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
     }
-    static Sample sample() {
+    // utime + stime of a live process, from /proc/PID/stat (fields 14 and 15,
+    // counted after the parenthesised command name, which may hold spaces).
+    static double process_seconds(pid_t pid) {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const auto close = text.rfind(')');
+        if (close == std::string::npos) return 0;
+        std::istringstream fields(text.substr(close + 2));
+        std::string field;
+        double utime = 0, stime = 0;
+        for (int i = 3; i <= 15 && fields >> field; ++i) {
+            if (i == 14) utime = std::atof(field.c_str());
+            if (i == 15) stime = std::atof(field.c_str());
+        }
+        return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+    }
+    Sample sample() const {
         Sample s;
         s.when = std::chrono::steady_clock::now();
         std::ifstream stat("/proc/stat");
@@ -84,8 +106,10 @@ private:
         getrusage(RUSAGE_CHILDREN, &children);
         s.own = seconds(self.ru_utime) + seconds(self.ru_stime) + seconds(children.ru_utime) +
                 seconds(children.ru_stime);
+        if (helper_ > 0) s.own += process_seconds(helper_);
         return s;
     }
+    pid_t helper_ = 0;
     Sample start_;
 };
 

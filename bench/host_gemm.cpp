@@ -8,6 +8,7 @@
 //   bench/host_gemm [--reps N]
 #include <loom/kernels/host/gemm.hpp>
 
+#include "cpu_model.hpp"
 #include "timing.hpp"
 
 #include <cstdio>
@@ -73,14 +74,6 @@ double rate(const Product& p, bool bf16, int reps) {
     return flops * calls / bench::median_seconds(reps, run) * 1e-9;
 }
 
-std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown CPU";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,7 +118,7 @@ int main(int argc, char** argv) {
             pclose(pipe);
         }
     }
-    std::printf("# CPU: %s; loom's level %s%s\n", cpu_model().c_str(), loom::kernels::host::name_of(level),
+    std::printf("# CPU: %s; loom's level %s%s\n", bench::cpu_model().c_str(), loom::kernels::host::name_of(level),
                 loom::kernels::host::cpu_features().avx512_bf16 ? " (avx512_bf16)" : "");
     const loom::kernels::host::HostGemm chosen = loom::kernels::host::host_gemm();
     std::printf("# host GEMM in use: %s\n", loom::kernels::host::host_gemm_report().c_str());

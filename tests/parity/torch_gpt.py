@@ -42,8 +42,9 @@ format above, runs the comparison on it, and then checks that the comparison fai
 corrupted gradient and on a corrupted loss. It tests this script's reader, writer and
 comparator end to end without the C++ tool.
 
-The model (GptModel) is imported by bench/train_gpt_torch.py, so the speed comparison trains
-exactly this network.
+The model (GptModel) is also what bench/data_parallel_torch.py trains. The speed peer of
+bench/train_gpt (bench/train_gpt_torch.py) writes its own, as a user of current PyTorch would
+(scaled_dot_product_attention), and runs in the private venv of scripts/torch_venv.sh.
 """
 
 import argparse
