@@ -110,7 +110,7 @@ public:
         const ncclResult_t size = rank == ncclSuccess ? ncclCommCount(comm_, &size_) : rank;
         if (size != ncclSuccess) {
             ncclCommAbort(comm_);  // an error path: no barrier with the other ranks
-            loom::detail::nccl_failed(size, "ncclCommUserRank/ncclCommCount(comm)", std::source_location::current());
+            loom::detail::nccl_failed(size, "ncclCommUserRank/ncclCommCount(comm)", loom::SourceLocation::current());
         }
         // The checked calls' page-locked words, now rather than at the first
         // collective: cudaMallocHost synchronizes the device, which would
@@ -120,7 +120,7 @@ public:
             if (const cudaError_t status = cudaMallocHost(&host_words_, words_bytes()); status != cudaSuccess) {
                 ncclCommAbort(comm_);
                 loom::detail::cuda_failed(status, "cudaMallocHost(&host_words_, words_bytes())",
-                                          std::source_location::current());
+                                          loom::SourceLocation::current());
             }
         }
     }
@@ -259,7 +259,7 @@ public:
                    " was never issued: an earlier NCCL call of its batch failed");
         const cudaError_t status = cudaEventQuery(done.event);
         if (status != cudaSuccess && status != cudaErrorNotReady)
-            loom::detail::cuda_failed(status, "cudaEventQuery(event)", std::source_location::current());
+            loom::detail::cuda_failed(status, "cudaEventQuery(event)", loom::SourceLocation::current());
         check_async_error(what);
         if (status == cudaSuccess) return true;
         if (std::chrono::steady_clock::now() - done.issued > options_.timeout)
@@ -308,7 +308,7 @@ public:
     // an invalid argument the communicator may be broken and must be aborted,
     // or later calls can hang; so it is aborted, and every later call throws.
     void check(ncclResult_t code, const char* call,
-               std::source_location location = std::source_location::current()) {
+               loom::SourceLocation location = loom::SourceLocation::current()) {
         if (code == ncclSuccess) [[likely]]
             return;
         if (code == ncclInvalidArgument) loom::detail::nccl_failed(code, call, location);
@@ -318,7 +318,7 @@ public:
     }
 
     [[noreturn]] void abort_and_fail(const std::string& message,
-                                     std::source_location location = std::source_location::current()) {
+                                     loom::SourceLocation location = loom::SourceLocation::current()) {
         abort(message);
         throw Error(message, location);
     }
@@ -332,7 +332,7 @@ private:
         LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
         if (const cudaError_t status = cudaEventRecord(event, stream()); status != cudaSuccess) {
             cudaEventDestroy(event);  // an unrecorded event would read as complete
-            loom::detail::cuda_failed(status, "cudaEventRecord(event, stream)", std::source_location::current());
+            loom::detail::cuda_failed(status, "cudaEventRecord(event, stream)", loom::SourceLocation::current());
         }
         done.event = event;
         done.issued = std::chrono::steady_clock::now();

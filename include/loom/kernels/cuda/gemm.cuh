@@ -70,7 +70,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <source_location>
 #include <type_traits>
 #include <utility>
 
@@ -195,7 +194,7 @@ public:
                 status != cudaSuccess) {
                 cublasLtDestroy(handle_);  // nothing may leak on the error path
                 loom::detail::cuda_failed(status, "cudaMallocAsync(&workspace_, workspace_bytes_, stream_)",
-                                          std::source_location::current());
+                                          loom::SourceLocation::current());
             }
         }
     }
@@ -339,7 +338,7 @@ private:
                       workspace_bytes_, " bytes");
         if (status != CUBLAS_STATUS_SUCCESS)
             loom::detail::cublas_failed(status, "cublasLtMatmulAlgoGetHeuristic(handle_, operation, ...)",
-                                        std::source_location::current());
+                                        loom::SourceLocation::current());
         plan.algo = result.algo;
         return plan;
     }
