@@ -293,7 +293,8 @@ inline Flags parse(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
+        // Under mpirun every process parses the same flags: one prints.
+        if (loom::train::launcher_rank() == 0) std::printf("%s", app.help().c_str());
         std::exit(0);
     } catch (const CLI::ParseError& e) {
         usage_error(e.what());
