@@ -28,3 +28,4 @@ loom_compile_fail("TopK with a ratio of 0" compress_top_k_ratio_zero.cpp "TopK<r
 loom_compile_fail("a lossy compressor on the pipeline axis" compress_lossy_on_pipeline.cpp "GradCompress on PpAxis or TpAxis takes CastBf16 or CastFp16")
 loom_compile_fail("two compressors for one axis" compress_twice_on_one_axis.cpp "lists two GradCompress policies for one axis")
 loom_compile_fail("GradCompress of something that is not a compressor" compress_not_a_compressor.cpp "the compressor must be CastBf16, CastFp16")
+loom_compile_fail("a custom policy that does not lower itself" strategy_custom_policy_without_lower.cpp "a policy of kind custom must lower itself")

@@ -33,6 +33,9 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <typeindex>
+#include <typeinfo>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
@@ -51,6 +54,7 @@
 #include "loom/exec/layer_groups.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
 #include "loom/exec/parameter_store.hpp"
+#include "loom/exec/policy_component.hpp"
 #include "loom/exec/stage_messages.hpp"
 #include "loom/exec/tensor_shards.hpp"
 #include "loom/exec/trace.hpp"
@@ -78,12 +82,16 @@ class Executor {
 public:
     template <class Strategy, class Model>
     [[nodiscard]] static Executor make(Model& model, C& dp, const ExecutorOptions& options = {}) {
-        return Executor(model, dp, nullptr, ExecutionPlan::of<Strategy>(), options);
+        Executor exec(model, dp, nullptr, ExecutionPlan::of<Strategy>(), options);
+        exec.adopt_policies<Strategy>();
+        return exec;
     }
     // A pipelined strategy: `pp` is the pipeline axis (its rank is the stage).
     template <class Strategy, class Model>
     [[nodiscard]] static Executor make(Model& model, C& dp, C& pp, const ExecutorOptions& options = {}) {
-        return Executor(model, dp, &pp, ExecutionPlan::of<Strategy>(), options);
+        Executor exec(model, dp, &pp, ExecutionPlan::of<Strategy>(), options);
+        exec.adopt_policies<Strategy>();
+        return exec;
     }
 
     // Every axis of `mesh` the strategy uses: dp always, pp with a Pipeline,
@@ -92,9 +100,20 @@ public:
     template <class Strategy, class Model>
     [[nodiscard]] static Executor make(Model& model, comm::Mesh<C>& mesh, const ExecutorOptions& options = {}) {
         const bool sp = mesh.has("sp") && mesh.size("sp") > 1;
-        return Executor(model, sp ? mesh.combined({"dp", "sp"}) : mesh.axis("dp"),
-                        mesh.has("pp") ? &mesh.axis("pp") : nullptr, mesh.has("tp") ? &mesh.axis("tp") : nullptr,
-                        sp ? &mesh.axis("sp") : nullptr, ExecutionPlan::of<Strategy>(), options);
+        Executor exec(model, sp ? mesh.combined({"dp", "sp"}) : mesh.axis("dp"),
+                      mesh.has("pp") ? &mesh.axis("pp") : nullptr, mesh.has("tp") ? &mesh.axis("tp") : nullptr,
+                      sp ? &mesh.axis("sp") : nullptr, ExecutionPlan::of<Strategy>(), options);
+        exec.adopt_policies<Strategy>();
+        return exec;
+    }
+
+    // A policy of kind custom in the strategy, by type: this rank's instance
+    // of it (its run-time state); null when the strategy has none.
+    template <class P>
+    [[nodiscard]] const P* policy() const {
+        for (std::size_t i = 0; i < components_.size(); ++i)
+            if (component_types_[i] == std::type_index(typeid(P))) return static_cast<const P*>(components_[i]->policy());
+        return nullptr;
     }
 
     template <class Model>
@@ -444,6 +463,84 @@ private:
         else std::cerr << "loom: " << line << "\n";
     }
 
+    // The policies of kind custom in Strategy, in order: each lowers itself
+    // into this rank's program (verified again after) and its instance runs
+    // the Op::policy instructions it put there.
+    template <class Strategy>
+    void adopt_policies() {
+        Strategy::for_each_policy([&]<class P>(std::type_identity<P>) {
+            if constexpr (Policy<P>) {
+                if constexpr (P::kind == PolicyKind::custom) {
+                    static_assert(ComponentPolicy<P, C>,
+                                  "loom::Executor: a policy of kind custom needs a default constructor and "
+                                  "`template <class View> void run(View& gradients)` (exec/policy_component.hpp)");
+                    adopt(describe<P>(), [](schedule::StepProgram& program, int self) { P::lower(program, self); },
+                          std::make_unique<PolicyComponentOf<P, C>>(), typeid(P));
+                }
+            }
+        });
+    }
+
+    void adopt(std::string name, void (*lower)(schedule::StepProgram&, int),
+               std::unique_ptr<PolicyComponent<C>> component, std::type_index type) {
+        LOOM_CHECK(device_.kind == DeviceKind::host, "Executor: policy ", name, " runs on gradients in host memory; ",
+                   "the executor's device is ", device_, "; run it on the host");
+        LOOM_CHECK(!compress_ || stage_ > 0 || !compress_->compression().compresses_momentum(), "Executor: policy ",
+                   name, " would read gradients that ", compress_->compression().describe(),
+                   " mixes into the momentum at ZeRO 0; use ZeroShard<1> or more");
+        const int self = static_cast<int>(rank_.program.policies.size());
+        rank_.program.policies.push_back(name);
+        lower(rank_.program, self);
+        verify(rank_);
+        pending_.resize(rank_.program.code.size());
+        components_.push_back(std::move(component));
+        component_types_.push_back(type);
+    }
+
+    // The gradients this rank's optimizer step updates, split where the
+    // owner changes (exec/policy_component.hpp): every dp rank's at ZeRO 0
+    // are copies of the first's; a tp rank's copy of a Param the cut left
+    // whole is owned by one tp rank (TensorShards::owns).
+    [[nodiscard]] std::vector<GradientBlock> gradient_blocks() {
+        std::vector<GradientBlock> blocks;
+        const int r = comm_->rank();
+        const bool dp_owner = stage_ > 0 || r == 0;
+        const auto copies = tp_ != nullptr ? shards_.copies(tp_->rank())
+                                           : std::vector<std::pair<std::int64_t, std::int64_t>>{};
+        for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
+            const auto& g = rank_.layout.group(gi);
+            // Elements [lo, end) of the group, the first at `base`.
+            const std::int64_t lo = stage_ == 0 ? 0 : r * g.block;
+            const std::int64_t end = std::min(g.numel, stage_ == 0 ? g.numel : lo + g.block);
+            float* base = stage_ >= 2 ? store_.grad_shard.data<float>() + g.shard_offset
+                                      : store_.grads.data<float>() + g.offset + lo;
+            const auto emit = [&](std::int64_t from, std::int64_t to, bool owner) {
+                if (to > from)
+                    blocks.push_back({{base + (from - lo), static_cast<std::size_t>(to - from)}, owner && dp_owner});
+            };
+            std::int64_t k = lo;
+            for (const auto& [first, last] : copies) {
+                const std::int64_t a = std::clamp(first - g.dense_offset, k, std::max(k, end));
+                const std::int64_t b = std::clamp(last - g.dense_offset, a, std::max(a, end));
+                emit(k, a, true);
+                emit(a, b, false);
+                k = b;
+            }
+            emit(k, end, true);
+        }
+        return blocks;
+    }
+
+    void run_policy(int index) {
+        if (gradients_.blocks.empty()) {
+            gradients_.blocks = gradient_blocks();
+            for (C* axis : {comm_, pipelined_ ? pp_ : nullptr, tp_})
+                if (axis != nullptr && axis->size() > 1) gradients_.axes.push_back(axis);
+        }
+        gradients_.optimizer_steps = optimizer_steps_;
+        components_.at(static_cast<std::size_t>(index))->run(gradients_);
+    }
+
     [[nodiscard]] static kernels::host::Cast cast_of(const Compression& c) {
         LOOM_CHECK(c.is_cast(), "Executor: ", c.describe(), " on the pp or tp axis; activations take CastBf16 or CastFp16");
         return c.kind == CompressorKind::bf16 ? kernels::host::Cast::bf16 : kernels::host::Cast::f16;
@@ -495,6 +592,10 @@ private:
     std::unique_ptr<CompressedExchange<C>> compress_;  // null without one (or with one dp rank)
     std::int64_t compress_warmup_ = 0;
     bool momentum_mixed_ = false;  // this step's gradients were mixed into momentum (OneBit, ZeRO 0)
+    // The policies of kind custom, by their index in the program's policies.
+    std::vector<std::unique_ptr<PolicyComponent<C>>> components_;
+    std::vector<std::type_index> component_types_;
+    GradientView<C> gradients_;  // what a component sees (blocks found at its first run)
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step
     std::optional<kernels::host::Cast> pp_cast_;  // GradCompress<Cast, PpAxis>

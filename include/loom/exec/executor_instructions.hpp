@@ -166,6 +166,10 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             return;
         case Op::send: send(index, in); return;
         case Op::recv: recv(in); return;
+        case Op::policy:
+            timed([&] { return rank_.program.policies[static_cast<std::size_t>(in.policy)]; }, "policy", -1,
+                  [&] { run_policy(in.policy); });
+            return;
         case Op::reduce_loss: {
             // Only the rank holding the loss unit has a loss; the pp sum
             // (of it and zeros) gives it to every stage.

@@ -36,6 +36,8 @@ struct RankProgram {
     schedule::StepProgram program;     // what the executor interprets every step
 };
 
+inline void verify(const RankProgram& rank);
+
 // Pipeline rank `pp_rank` of `pp_size` (1 and 0 without a pipeline), its
 // parameters sharded over `dp_size` ranks. Only the units' parameter counts
 // are read. Verified before it is returned.
@@ -54,14 +56,18 @@ struct RankProgram {
     schedule::StepProgram program =
         pipelined ? schedule::pipeline_step_program(pipe, pp_rank, stages, layout, plan.zero_stage)
                   : schedule::data_parallel_program(layout, count, plan.zero_stage, options.micro_batches);
-    if (pipelined) {
-        schedule::verify_pipeline(pipe);
-        schedule::verify(program, layout, chunk_of_unit);
-    } else {
-        schedule::verify(program, layout, count);
-    }
-    return RankProgram{std::move(pipe), std::move(stages), std::move(chunk_of_unit), std::move(layout),
-                       std::move(program)};
+    RankProgram rank{std::move(pipe), std::move(stages), std::move(chunk_of_unit), std::move(layout),
+                     std::move(program)};
+    if (pipelined) schedule::verify_pipeline(rank.pipe);
+    verify(rank);
+    return rank;
+}
+
+// Checks the step program against the rank's layout and units: when it is
+// generated, and again after a policy lowered itself into it.
+inline void verify(const RankProgram& rank) {
+    if (rank.program.pipelined) schedule::verify(rank.program, rank.layout, rank.chunk_of_unit);
+    else schedule::verify(rank.program, rank.layout, static_cast<int>(rank.chunk_of_unit.size()));
 }
 
 }  // namespace loom::exec

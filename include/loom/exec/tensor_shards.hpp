@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
@@ -67,6 +68,39 @@ public:
                 for (std::int64_t k = 0; k < n; ++k) whole[static_cast<std::size_t>(e.whole + theirs.full_index(k))] = block[k];
             }
         }
+    }
+
+    // Whether tp rank `q` is the one that counts its copy of `p` when a sum
+    // runs over the tp axis: each element of the whole model has one owner.
+    // A Param cut by rank is owned by every rank (each holds its own part);
+    // one kept whole by rank 0; on a grid, one cut along rows only by the
+    // ranks of column 0 (the others hold copies of it), and so on.
+    [[nodiscard]] bool owns(const Param& p, int q) const {
+        int side = 1;
+        while (side * side < degree_) ++side;
+        bool by_rank = false, by_row = false, by_column = false;
+        for (const ParamCut& c : p.slice.cuts) {
+            if (c.dim < 0) continue;
+            by_rank |= c.axis == CutAxis::rank;
+            by_row |= c.axis == CutAxis::grid_row;
+            by_column |= c.axis == CutAxis::grid_column;
+        }
+        if (by_rank) return true;
+        if (!by_row && !by_column) return q == 0;
+        return (by_row || q / side == 0) && (by_column || q % side == 0);
+    }
+
+    // The local ranges [first, end) of the Params tp rank `q` holds but does
+    // not own (see owns): what a sum over the tp axis must leave out there.
+    [[nodiscard]] std::vector<std::pair<std::int64_t, std::int64_t>> copies(int q) const {
+        std::vector<std::pair<std::int64_t, std::int64_t>> out;
+        for (const Entry& e : entries_) {
+            if (owns(e.param, q)) continue;
+            const std::int64_t end = e.local + e.param.numel();
+            if (!out.empty() && out.back().second == e.local) out.back().second = end;
+            else out.emplace_back(e.local, end);
+        }
+        return out;
     }
 
     // This rank's local arrays from the whole model (no communication).

@@ -1,7 +1,9 @@
 // What a policy is: a small type that names its kind and prints itself.
-// Strategy<Policies...> composes them; each kind may appear once. The kinds of
-// the later policies (pipeline, tensor, sequence, compression, OptEx) are
-// listed here already, so that the rules of composition live in one place.
+// Strategy<Policies...> composes them; each of loom's kinds may appear once.
+// A policy of kind `custom` is one written outside loom: it lowers itself
+// into every rank's step program (`static void lower(StepProgram&, int self)`)
+// and the executor runs its instructions through the policy's own `run`
+// (exec/policy_component.hpp); any number of them may appear.
 #pragma once
 
 #include <concepts>
@@ -12,9 +14,20 @@
 #include <string>
 #include <string_view>
 
+#include "loom/schedule/program.hpp"
+
 namespace loom {
 
-enum class PolicyKind : std::uint8_t { data_parallel, zero_shard, pipeline, tensor_parallel, sequence_parallel, compression, optex };
+enum class PolicyKind : std::uint8_t {
+    data_parallel,
+    zero_shard,
+    pipeline,
+    tensor_parallel,
+    sequence_parallel,
+    compression,
+    optex,
+    custom,
+};
 
 [[nodiscard]] constexpr std::string_view name(PolicyKind kind) {
     switch (kind) {
@@ -25,6 +38,7 @@ enum class PolicyKind : std::uint8_t { data_parallel, zero_shard, pipeline, tens
         case PolicyKind::sequence_parallel: return "SequenceParallel";
         case PolicyKind::compression: return "GradCompress";
         case PolicyKind::optex: return "OptEx";
+        case PolicyKind::custom: return "custom";
     }
     return "?";
 }
@@ -35,6 +49,11 @@ concept Policy = requires(std::ostream& out) {
     { P::kind } -> std::convertible_to<PolicyKind>;
     P::describe(out);
 };
+
+// A policy that adds its own instructions to a generated step program;
+// `self` is the index its Op::policy instructions carry.
+template <class P>
+concept LowersItself = requires(schedule::StepProgram& program) { P::lower(program, 0); };
 
 // "DataParallel<bucket 2 MiB>": a policy's own words.
 template <Policy P>

@@ -74,6 +74,10 @@ constexpr bool check_is_policy() {
     static_assert(Policy<P>,
                   "loom::Strategy<...>: every argument must be a policy such as DataParallel<>, ZeroShard<1|2|3>; "
                   "this one has no `kind` and `describe`");
+    if constexpr (Policy<P>)
+        static_assert(P::kind != PolicyKind::custom || LowersItself<P>,
+                      "loom::Strategy<...>: a policy of kind custom must lower itself: give it "
+                      "`static void lower(loom::schedule::StepProgram&, int self)` (exec/policy_component.hpp)");
     return Policy<P>;
 }
 
@@ -151,6 +155,13 @@ struct Strategy {
                                        chunks,            tensor_parallel,   tensor_grid,       sequence_parallel,
                                        sequence_attention, sequence_zigzag,  sequence_ulysses,  dp_compression,
                                        pp_compression,    tp_compression};
+
+    // f(std::type_identity<P>{}) for each policy, in order: how the executor
+    // finds the policies that lower themselves.
+    template <class F>
+    static constexpr void for_each_policy(F&& f) {
+        (f(std::type_identity<Ps>{}), ...);
+    }
 
     static void describe(std::ostream& out) {
         out << "Strategy<";

@@ -384,6 +384,8 @@ private:
                     break;
                 case Op::release_params:
                 case Op::bind_grads: s.kind = SimStep::Kind::instant; break;
+                // A policy outside loom's kinds: the planner has no price for it (yet).
+                case Op::policy: s.kind = SimStep::Kind::instant; break;
             }
             steps.push_back(s);
         }

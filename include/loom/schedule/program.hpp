@@ -35,6 +35,7 @@ enum class Op : std::uint8_t {
     reduce_loss,      // the step's loss averaged over the dp axis
     send,             // peer, payload, micro_batch, chunk: to the rank that holds the next (activation) or previous (gradient) chunk (async)
     recv,             // peer, payload, micro_batch, chunk: blocks until the matching send arrives
+    policy,           // policy: what a policy lowered into the program (StepProgram::policies names it), run by its component
 };
 
 // What a pipeline send/recv carries: the activation leaving a chunk's
@@ -66,6 +67,7 @@ enum class Payload : std::uint8_t { none, activation, gradient };
         case Op::reduce_loss: return "reduce_loss";
         case Op::send: return "send";
         case Op::recv: return "recv";
+        case Op::policy: return "policy";
     }
     return "?";
 }
@@ -94,6 +96,7 @@ struct Instruction {
     int chunk = -1;
     int peer = -1;
     Payload payload = Payload::none;
+    int policy = -1;  // Op::policy: the index of the policy in StepProgram::policies
 
     friend bool operator==(const Instruction&, const Instruction&) = default;
 
@@ -101,6 +104,7 @@ struct Instruction {
     friend std::ostream& operator<<(std::ostream& out, const Instruction& in) {
         out << name(in.op);
         if (in.op == Op::wait) return out << " #" << in.target;
+        if (in.op == Op::policy) return out << " p" << in.policy;
         if (in.op == Op::send || in.op == Op::recv)
             out << " " << name(in.payload) << (in.op == Op::send ? " to rank " : " from rank ") << in.peer;
         if (in.unit >= 0) out << " u" << in.unit;
@@ -124,11 +128,35 @@ struct StepProgram {
     // group for the whole step (reduced once) rather than per micro-batch.
     bool pipelined = false;
     std::vector<Instruction> code;
+    // What each Op::policy instruction runs, by its `policy` index: the
+    // policy's own words ("ClipGradNorm<1>"), so the program prints it.
+    std::vector<std::string> policies;
 
     // Appends and returns the index, which a later wait names.
     int emit(const Instruction& in) {
         code.push_back(in);
         return static_cast<int>(code.size()) - 1;
+    }
+
+    // Puts `in` at index `at`; the waits of later instructions are renumbered,
+    // so a policy can lower itself into a generated program.
+    void insert(int at, const Instruction& in) {
+        code.insert(code.begin() + at, in);
+        for (auto& later : code)
+            if (later.op == Op::wait && later.target >= at) ++later.target;
+    }
+
+    // Puts `in` before every instruction of kind `before` (one optimizer_step
+    // a step); returns how many it put.
+    int insert_before(Op before, const Instruction& in) {
+        int put = 0;
+        for (int i = 0; i < static_cast<int>(code.size()); ++i)
+            if (code[static_cast<std::size_t>(i)].op == before) {
+                insert(i, in);
+                ++i;
+                ++put;
+            }
+        return put;
     }
 
     [[nodiscard]] std::int64_t count(Op op) const {
@@ -139,7 +167,13 @@ struct StepProgram {
 
     friend std::ostream& operator<<(std::ostream& out, const StepProgram& program) {
         out << "step program (" << program.generator << "): " << program.code.size() << " instructions\n";
-        for (std::size_t i = 0; i < program.code.size(); ++i) out << "  #" << i << " " << program.code[i] << "\n";
+        for (std::size_t i = 0; i < program.code.size(); ++i) {
+            const Instruction& in = program.code[i];
+            out << "  #" << i << " " << in;
+            if (in.op == Op::policy && in.policy >= 0 && in.policy < static_cast<int>(program.policies.size()))
+                out << " " << program.policies[static_cast<std::size_t>(in.policy)];
+            out << "\n";
+        }
         return out;
     }
 };

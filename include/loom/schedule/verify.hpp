@@ -258,6 +258,10 @@ private:
                 ++optimizer_steps_;
                 break;
             case Op::reduce_loss: break;
+            case Op::policy:
+                check(in.policy >= 0 && in.policy < static_cast<int>(program_.policies.size()), in, " names policy ",
+                      in.policy, " but the program has ", program_.policies.size());
+                break;
             case Op::send:
             case Op::recv: {
                 check(program_.pipelined, in, " is a pipeline instruction; a data-parallel program has none");
