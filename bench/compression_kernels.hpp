@@ -7,8 +7,8 @@
 
 #include <loom/comm/thread_world.hpp>
 #include <loom/core/rng.hpp>
-#include <loom/exec/chunk_codec.hpp>
-#include <loom/exec/power_sgd.hpp>
+#include <loom/parallel/chunk_codec.hpp>
+#include <loom/parallel/power_sgd.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/kernels/host/low_rank.hpp>
@@ -52,7 +52,7 @@ inline void fill_gradient(std::vector<float>& x, std::uint64_t seed) {
 inline KernelRow chunk_codec_row(const Compression& c, const std::string& spelling, std::vector<float>& x,
                                  const std::vector<float>& pristine, std::vector<float>& out, std::int64_t chunk, int N,
                                  int reps) {
-    loom::exec::ChunkCodec codec(c);
+    loom::parallel::ChunkCodec codec(c);
     const auto n = static_cast<std::int64_t>(x.size());
     const std::int64_t chunks = n / chunk, words = codec.words(chunk);
     std::vector<std::uint32_t> packed(static_cast<std::size_t>(chunks * words));
@@ -90,7 +90,7 @@ inline KernelRow power_sgd_buckets_row(const Compression& c, const std::string& 
         auto model = loom::gpt::make_model(config.model);
         const auto units = loom::nn::units_of(model);
         const loom::parallel::ShardLayout layout(units, N, loom::parallel::Grouping::buckets, bucket);
-        loom::exec::PowerSgdBuckets buckets(layout, units, c.rank, {});
+        loom::parallel::PowerSgdBuckets buckets(layout, units, c.rank, {});
         const auto n = static_cast<std::size_t>(layout.padded_size());
         std::vector<float> grad(n), pristine(n), error(n);
         fill_gradient(pristine, 11);
@@ -122,7 +122,7 @@ inline KernelRow power_sgd_kernels_row(int rank, std::vector<float>& m, const st
                                        std::vector<float>& approx, std::int64_t rows, std::int64_t cols, int reps) {
     namespace k = loom::kernels::host;
     std::vector<float> p(static_cast<std::size_t>(rows * rank)), q(static_cast<std::size_t>(cols * rank));
-    const loom::RngStream rng{loom::exec::power_sgd_seed, 0};
+    const loom::RngStream rng{loom::parallel::power_sgd_seed, 0};
     std::vector<float> q0(q.size());
     for (std::size_t i = 0; i < q0.size(); ++i) q0[i] = rng.normal(i);
     const double t = median_seconds(

@@ -32,7 +32,7 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/optex.hpp>
 #include <loom/plan/cluster_json.hpp>
-#include <loom/plan/partition.hpp>
+#include <loom/schedule/partition.hpp>
 #include <loom/plan/profile.hpp>
 #include <loom/schedule/pipeline.hpp>
 #include <loom/optim/schedule.hpp>

@@ -126,7 +126,7 @@ inline void check_degrees(const Flags& flags, int world, int dp) {
                     "layers per stage, other --layers, or --partition");
     try {
         if (!flags.partition.empty())
-            (void)loom::plan::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : stage_words + " is " + std::to_string(stages));
+            (void)loom::schedule::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : stage_words + " is " + std::to_string(stages));
         // The schedule's own rules (interleaving needs micro-batches in multiples of --pp).
         (void)loom::schedule::pipeline_program(flags.strategy.schedule, pp, flags.micro_batches, chunks);
     } catch (const loom::Error& e) {

@@ -15,13 +15,13 @@ inline std::vector<int> gpt_partition(const Flags& flags, const std::vector<doub
     const int stages = flags.pp * flags.strategy.chunks;
     std::vector<int> blocks;
     if (!flags.partition.empty()) {
-        blocks = loom::plan::parse_partition(flags.partition, layers, stages);
+        blocks = loom::schedule::parse_partition(flags.partition, layers, stages);
     } else {
         std::vector<double> cost(unit_seconds.begin() + 1, unit_seconds.begin() + 1 + layers);
         cost.front() += unit_seconds.front();
         for (std::size_t u = static_cast<std::size_t>(layers) + 1; u < unit_seconds.size(); ++u) cost.back() += unit_seconds[u];
         if (flags.strategy.schedule == loom::ScheduleKind::interleaved) blocks.assign(static_cast<std::size_t>(stages), layers / stages);
-        else blocks = loom::plan::balance(cost, stages).layers_per_stage;
+        else blocks = loom::schedule::balance(cost, stages).layers_per_stage;
     }
     blocks.front() += 1;  // embed
     blocks.back() += 3;   // ln_f, head, loss

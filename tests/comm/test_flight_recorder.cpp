@@ -186,4 +186,26 @@ TEST_CASE("flight recorder: ThreadWorld writes every rank's file on a fault", "[
         CHECK_THAT(report[0], Contains("stalled: world rank 2 in group [0,1,2]: its last call was 0 (barrier); world "
                                        "ranks 0, 1 reached call 1 (barrier)"));
     }
+    SECTION("a send nobody receives: the sender's file names it and its peer, as under Mpi") {
+        CHECK_THROWS(loom::comm::ThreadWorld(2, {std::chrono::milliseconds(100)}).run([](loom::comm::ThreadComm& c) {
+            std::vector<float> x(5);
+            const auto t = loom::Tensor::of(x.data(), {5});
+            c.barrier();
+            if (c.rank() == 0) c.send(t, 1, 3);
+            else c.recv(loom::Tensor::of(x.data(), {4}), 0, 4);  // another tag: the two never meet
+        }));
+        const auto logs = directory.logs(2);
+        REQUIRE(logs.size() == 2);
+        REQUIRE(!logs[0].entries.empty());
+        REQUIRE(!logs[1].entries.empty());
+        const auto& sent = logs[0].entries.back();
+        CHECK(sent.sig.kind == OpKind::send);
+        CHECK(sent.sig.count == 5);
+        CHECK(sent.peer == 1);
+        CHECK(sent.call == -1);
+        const auto& expected = logs[1].entries.back();
+        CHECK(expected.sig.kind == OpKind::recv);
+        CHECK(expected.sig.count == 4);
+        CHECK(expected.peer == 0);
+    }
 }

@@ -3,7 +3,7 @@
 // parsing and printing of compressors and GradCompress policies.
 #include <catch2/catch.hpp>
 
-#include <loom/exec/chunk_codec.hpp>
+#include <loom/parallel/chunk_codec.hpp>
 #include <loom/kernels/host/quantize.hpp>
 #include <loom/kernels/host/top_k.hpp>
 #include <loom/parallel/grad_compress.hpp>
@@ -44,7 +44,7 @@ TEST_CASE("error feedback loses nothing: sent + residual == sum of the gradients
         for (const bool in_place : {false, true}) {
             CAPTURE(c.describe(), in_place);
             std::mt19937 rng(555);
-            loom::exec::ChunkCodec codec(c);
+            loom::parallel::ChunkCodec codec(c);
             std::vector<double> sum_g(n, 0.0), sum_sent(n, 0.0), sum_abs(n, 0.0);
             std::vector<float> e(n, 0.0f), x(n);
             std::vector<std::uint32_t> words(static_cast<std::size_t>(codec.words(n)));
@@ -89,7 +89,7 @@ TEST_CASE("ChunkCodec: word counts and round trips for every chunk compressor", 
     std::mt19937 rng(8080);
     std::vector<std::int32_t> scratch;
     for (const auto& c : compressors) {
-        loom::exec::ChunkCodec codec(c);
+        loom::parallel::ChunkCodec codec(c);
         CHECK(codec.compression() == c);
         for (const std::int64_t n : {std::int64_t{1}, std::int64_t{2}, std::int64_t{7}, std::int64_t{1000},
                                      std::int64_t{1025}}) {
@@ -172,17 +172,17 @@ TEST_CASE("ChunkCodec: word counts and round trips for every chunk compressor", 
 }
 
 TEST_CASE("ChunkCodec refuses PowerSGD, no compression and invalid settings", "[compress]") {
-    CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::PowerSGD<4>::compression); }) ==
+    CHECK(message_of([] { loom::parallel::ChunkCodec codec(loom::PowerSGD<4>::compression); }) ==
           "ChunkCodec: PowerSGD<4> does not compress chunk by chunk");
-    CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{}); }) ==
+    CHECK(message_of([] { loom::parallel::ChunkCodec codec(loom::Compression{}); }) ==
           "ChunkCodec: NoCompression does not compress chunk by chunk");
-    CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{loom::CompressorKind::top_k, 0.0}); }) ==
+    CHECK(message_of([] { loom::parallel::ChunkCodec codec(loom::Compression{loom::CompressorKind::top_k, 0.0}); }) ==
           "TopK: ratio 0 is outside (0, 1]; it is the fraction of each chunk sent, e.g. 0.01 for 1%");
-    CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{loom::CompressorKind::int8, 1.0, 0, 0}); }) ==
+    CHECK(message_of([] { loom::parallel::ChunkCodec codec(loom::Compression{loom::CompressorKind::int8, 1.0, 0, 0}); }) ==
           "Int8Block<0>: a block of 0 values; it must hold at least 1");
-    CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{loom::CompressorKind::one_bit}); }) ==
+    CHECK(message_of([] { loom::parallel::ChunkCodec codec(loom::Compression{loom::CompressorKind::one_bit}); }) ==
           "OneBit<0>: a block of 0 values; it must hold at least 1");
-    CHECK(message_of([] { loom::exec::ChunkCodec codec(loom::Compression{loom::CompressorKind::power_sgd}); }) ==
+    CHECK(message_of([] { loom::parallel::ChunkCodec codec(loom::Compression{loom::CompressorKind::power_sgd}); }) ==
           "PowerSGD: rank 0 must be at least 1 (1 to 4 is typical)");
 }
 

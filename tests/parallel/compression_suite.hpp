@@ -17,7 +17,7 @@
 #include <vector>
 
 #include <loom/exec/executor.hpp>
-#include <loom/exec/power_sgd.hpp>
+#include <loom/parallel/power_sgd.hpp>
 #include <loom/kernels/host/elementwise.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/kernels/host/low_rank.hpp>
@@ -45,7 +45,7 @@ struct ReferenceState {
     std::vector<std::vector<float>> q;
 };
 
-// PowerSGD's rule for which Params are factored, as exec/power_sgd.hpp states it.
+// PowerSGD's rule for which Params are factored, as parallel/power_sgd.hpp states it.
 inline bool factored(const loom::Param& p, int rank) {
     if (p.shape.rank() < 2) return false;
     const std::int64_t rows = p.shape[0], cols = p.numel() / rows;
@@ -123,7 +123,7 @@ inline void reference_average(const loom::Compression& c, const loom::parallel::
     }
     // Chunk by chunk: rank r's chunk j compressed (its residual kept), the
     // chunks of j averaged in rank order.
-    loom::exec::ChunkCodec codec(c);
+    loom::parallel::ChunkCodec codec(c);
     const std::int64_t block = group.block, words = codec.words(block);
     std::vector<std::uint32_t> packed(static_cast<std::size_t>(words));
     for (int j = 0; j < n; ++j) {
@@ -162,7 +162,7 @@ inline ReferenceState reference_state(const loom::Compression& c, const loom::pa
             for (const loom::Param* p : units[static_cast<std::size_t>(u)].params)
                 if (c.kind == loom::CompressorKind::power_sgd && factored(*p, c.rank))
                     q.resize(q.size() + static_cast<std::size_t>(p->numel() / p->shape[0] * c.rank));
-        const loom::RngStream stream{loom::exec::power_sgd_seed, static_cast<std::uint64_t>(g)};
+        const loom::RngStream stream{loom::parallel::power_sgd_seed, static_cast<std::uint64_t>(g)};
         for (std::size_t i = 0; i < q.size(); ++i) q[i] = stream.normal(i);
         state.q.push_back(std::move(q));
     }

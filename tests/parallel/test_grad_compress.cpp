@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <loom/comm/thread_world.hpp>
-#include <loom/exec/compressed_exchange.hpp>
+#include <loom/parallel/compressed_exchange.hpp>
 #include <loom/nn/cast_all_reduce.hpp>
 #include <loom/parallel/grad_compress.hpp>
 #include <loom/parallel/strategy.hpp>
@@ -137,7 +137,7 @@ TEST_CASE("error feedback: what was sent plus what is kept is every gradient", "
         const auto padded = static_cast<std::size_t>(layout.padded_size());
         std::vector<double> worst(ranks, 0.0);
         ThreadWorld(ranks).run([&](ThreadComm& comm) {
-            loom::exec::CompressedExchange<ThreadComm> exchange(comm, layout, units, c);
+            loom::parallel::CompressedExchange<ThreadComm> exchange(comm, layout, units, c);
             std::mt19937 rng(11);
             std::normal_distribution<float> normal;
             std::vector<double> sent(padded, 0.0), truth(padded, 0.0);
@@ -183,7 +183,7 @@ TEST_CASE("PowerSGD reconstructs gradients of rank r or less exactly", "[compres
     const auto padded = static_cast<std::size_t>(layout.padded_size());
     std::vector<double> worst(ranks, 0.0);
     ThreadWorld(ranks).run([&](ThreadComm& comm) {
-        loom::exec::CompressedExchange<ThreadComm> exchange(comm, layout, units, parse_compression("powersgd:2"));
+        loom::parallel::CompressedExchange<ThreadComm> exchange(comm, layout, units, parse_compression("powersgd:2"));
         // Rank k's weight gradient is the rank-1 u_k v_k^T, so the average has rank 2 = r.
         std::vector<float> grad(padded, 0.0f), expect(padded, 0.0f);
         for (int k = 0; k < ranks; ++k)
@@ -309,7 +309,7 @@ TEST_CASE("compressed exchange refuses buffers of the wrong size", "[compress][p
         MatrixModel model;
         const auto units = model.units();
         const loom::parallel::ShardLayout layout(units, 1, loom::parallel::Grouping::buckets, 1 << 30);
-        loom::exec::CompressedExchange<ThreadComm> exchange(comm, layout, units, parse_compression("bf16"));
+        loom::parallel::CompressedExchange<ThreadComm> exchange(comm, layout, units, parse_compression("bf16"));
         std::vector<float> small(10);
         CHECK(loom_test::message_of([&] { (void)exchange.reduce_async(0, small, small); })
                   .find("CompressedExchange: bucket 0 has") != std::string::npos);

@@ -2,7 +2,7 @@
 // heterogeneous speeds and memory, and the errors of --partition.
 #include <catch2/catch.hpp>
 
-#include <loom/plan/partition.hpp>
+#include <loom/schedule/partition.hpp>
 
 #include <algorithm>
 #include <functional>
@@ -11,13 +11,13 @@
 
 #include "support/message_of.hpp"
 
-using loom::plan::Device;
+using loom::schedule::StageDevice;
 using loom_test::message_of;
 
 namespace {
 
 // Every split into consecutive non-empty stages; the smallest slowest stage.
-double brute_force(const std::vector<double>& cost, const std::vector<double>& memory, const std::vector<Device>& devices) {
+double brute_force(const std::vector<double>& cost, const std::vector<double>& memory, const std::vector<StageDevice>& devices) {
     double best = std::numeric_limits<double>::infinity();
     std::vector<int> sizes;
     std::function<void(std::size_t, std::size_t)> go = [&](std::size_t stage, std::size_t first) {
@@ -62,16 +62,16 @@ TEST_CASE("balanced partitions equal brute force on equal and unequal devices", 
         std::vector<double> cost(layers), memory(layers);
         for (auto& c : cost) c = 0.5 + next() * 4;
         for (auto& m : memory) m = 1 + next() * 3;
-        std::vector<Device> devices(stages);
-        for (auto& d : devices) d = Device{0.5 + next() * 2, trial % 2 ? 4 + next() * 8 : std::numeric_limits<double>::infinity()};
+        std::vector<StageDevice> devices(stages);
+        for (auto& d : devices) d = StageDevice{0.5 + next() * 2, trial % 2 ? 4 + next() * 8 : std::numeric_limits<double>::infinity()};
         const double expected = brute_force(cost, memory, devices);
         INFO("trial " << trial << ": " << layers << " layers on " << stages << " devices");
         if (expected == std::numeric_limits<double>::infinity()) {
-            CHECK_THAT(message_of([&] { (void)loom::plan::balance(cost, memory, devices); }),
+            CHECK_THAT(message_of([&] { (void)loom::schedule::balance(cost, memory, devices); }),
                        Catch::Contains("do not fit the memory"));
             continue;
         }
-        const auto p = loom::plan::balance(cost, memory, devices);
+        const auto p = loom::schedule::balance(cost, memory, devices);
         CHECK(p.slowest == Approx(expected).epsilon(1e-12));
         int sum = 0;
         for (int s : p.layers_per_stage) {
@@ -83,28 +83,28 @@ TEST_CASE("balanced partitions equal brute force on equal and unequal devices", 
 }
 
 TEST_CASE("equal layers on equal devices split evenly; a faster device takes more", "[parallel][partition]") {
-    CHECK(loom::plan::balance(std::vector<double>(8, 1.0), 4).layers_per_stage == std::vector<int>{2, 2, 2, 2});
-    const auto p = loom::plan::balance(std::vector<double>(9, 1.0), std::vector<double>(9, 0.0),
-                                       {Device{2.0}, Device{1.0}});
+    CHECK(loom::schedule::balance(std::vector<double>(8, 1.0), 4).layers_per_stage == std::vector<int>{2, 2, 2, 2});
+    const auto p = loom::schedule::balance(std::vector<double>(9, 1.0), std::vector<double>(9, 0.0),
+                                       {StageDevice{2.0}, StageDevice{1.0}});
     CHECK(p.layers_per_stage == std::vector<int>{6, 3});
     CHECK(p.slowest == 3.0);
     // The embedding and head are heavier than a block: the middle stages take more blocks.
-    const auto gpt = loom::plan::balance({3, 1, 1, 1, 1, 1, 1, 3}, 4);
+    const auto gpt = loom::schedule::balance({3, 1, 1, 1, 1, 1, 1, 3}, 4);
     CHECK(gpt.slowest == 3.0);
 }
 
 TEST_CASE("bad partitions are refused with the values and what is valid", "[parallel][partition]") {
-    CHECK(message_of([] { (void)loom::plan::balance(std::vector<double>(3, 1.0), 4); }) ==
+    CHECK(message_of([] { (void)loom::schedule::balance(std::vector<double>(3, 1.0), 4); }) ==
           "partition: 4 stages but the model has 3 layers; every stage needs at least one layer, so use at most 3 stages");
-    CHECK(message_of([] { (void)loom::plan::parse_partition("3,3,1", 8, 3); }) ==
+    CHECK(message_of([] { (void)loom::schedule::parse_partition("3,3,1", 8, 3); }) ==
           "--partition 3,3,1 sums to 7 layers but the model has 8");
-    CHECK(message_of([] { (void)loom::plan::parse_partition("4,4", 8, 3); }) ==
+    CHECK(message_of([] { (void)loom::schedule::parse_partition("4,4", 8, 3); }) ==
           "--partition 4,4 has 2 stages but --pp is 3; give one layer count per stage");
-    CHECK(message_of([] { (void)loom::plan::parse_partition("4,x,2", 8, 3); }) ==
+    CHECK(message_of([] { (void)loom::schedule::parse_partition("4,x,2", 8, 3); }) ==
           "--partition 4,x,2: 'x' is not a layer count in 1..8");
-    CHECK(message_of([] { (void)loom::plan::parse_partition("4,0,4", 8, 3); }) ==
+    CHECK(message_of([] { (void)loom::schedule::parse_partition("4,0,4", 8, 3); }) ==
           "--partition 4,0,4: '0' is not a layer count in 1..8");
-    CHECK(loom::plan::parse_partition("3,3,2", 8, 3) == std::vector<int>{3, 3, 2});
-    CHECK(message_of([] { (void)loom::plan::balance({1, 1}, {5, 5}, {Device{1, 4}, Device{1, 4}}); }) ==
+    CHECK(loom::schedule::parse_partition("3,3,2", 8, 3) == std::vector<int>{3, 3, 2});
+    CHECK(message_of([] { (void)loom::schedule::balance({1, 1}, {5, 5}, {StageDevice{1, 4}, StageDevice{1, 4}}); }) ==
           "partition: the model's 2 layers (10 bytes) do not fit the memory of the 2 devices in any split into consecutive stages");
 }

@@ -41,7 +41,7 @@ TEST_CASE("exec::stage_bounds refuses a bad partition or costs in one line", "[p
           "Executor: the partition covers 12 units but the model has 10; the counts must sum to 10");
     CHECK(message_of([] { (void)stage_bounds(10, 4, ExecutorOptions{.unit_costs = std::vector<double>(9, 1.0)}); }) ==
           "Executor: 9 unit costs for 10 units; give one per unit");
-    // More virtual stages than units: plan::balance's message (in its words: layers).
+    // More virtual stages than units: schedule::balance's message (in its words: layers).
     CHECK(message_of([] { (void)stage_bounds(3, 4, ExecutorOptions{}); }) ==
           "partition: 4 stages but the model has 3 layers; every stage needs at least one layer, so use at most 3 stages");
     // A given partition is used as it is.
@@ -53,7 +53,7 @@ TEST_CASE("exec::stage_bounds balances equal costs min-max, ties to the smaller 
     using loom::exec::ExecutorOptions;
     using loom::exec::stage_bounds;
     // Ten equal units over four stages: no split beats a slowest stage of 3,
-    // and plan::balance breaks ties towards "earlier, smaller first stages":
+    // and schedule::balance breaks ties towards "earlier, smaller first stages":
     // for stage 0 it tries 1 unit first, and 1 unit leaves 9 for 3 stages at
     // 3 each, which is optimal, so {1, 3, 3, 3} (not {3, 3, 2, 2}).
     const StageBounds four = stage_bounds(10, 4, ExecutorOptions{});

@@ -99,7 +99,7 @@ struct Lowered {
           program(loom::schedule::pipeline_step_program(pipe, rank, bounds, layout, zero)) {}
 };
 
-// The executor's default split: equal costs, balanced by plan::balance.
+// The executor's default split: equal costs, balanced by schedule::balance.
 inline StageBounds balanced(int virtual_stages) {
     return loom::exec::stage_bounds(fake_count, virtual_stages, loom::exec::ExecutorOptions{});
 }

@@ -140,6 +140,7 @@ public:
         check().point_to_point(buffer, peer, tag, OpKind::send);
         auto& group = *state_->group;
         if (group.fault->failed()) group.fault->throw_failure();
+        record_point_to_point(OpKind::send, buffer, peer);
         auto message = std::make_shared<PostedMessage>();
         detail::post_message(*state_, message, buffer, peer, tag);
         return Request(std::make_unique<SendPending>(state_->group, std::move(message), state_->me, peer));
@@ -148,6 +149,7 @@ public:
     [[nodiscard]] Request recv_async(const Tensor& buffer, int peer, int tag) {
         check().point_to_point(buffer, peer, tag, OpKind::recv);
         if (state_->group->fault->failed()) state_->group->fault->throw_failure();
+        record_point_to_point(OpKind::recv, buffer, peer);
         const std::uint64_t sequence = state_->received[{peer, tag}]++;
         return Request(std::make_unique<RecvPending>(state_->group, buffer, state_->me, peer, tag, sequence));
     }
@@ -198,6 +200,15 @@ private:
     explicit ThreadComm(std::shared_ptr<State> state) : state_(std::move(state)), owner_(false) {}
 
     [[nodiscard]] ArgumentCheck check() const { return ArgumentCheck{rank(), size(), host_device}; }
+
+    // Into this rank's flight recorder, as Mpi does: no call number in the
+    // group (point to point has no rendezvous), the peer's world rank.
+    void record_point_to_point(OpKind kind, const Tensor& buffer, int peer) const {
+        auto& group = *state_->group;
+        group.fault->recorder(group.barrier.world_rank(state_->me))
+            .record(group.flight_groups[static_cast<std::size_t>(state_->me)], -1,
+                    CallSignature{kind, buffer.dtype(), buffer.numel()}, group.barrier.world_rank(peer));
+    }
 
     // The common frame of every collective: publish, meet, agree, work, meet
     // (thread_rendezvous.hpp). `color` and `key` are published for split only.

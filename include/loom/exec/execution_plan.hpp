@@ -18,7 +18,7 @@
 #include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/strategy_spec.hpp"
-#include "loom/plan/partition.hpp"
+#include "loom/schedule/partition.hpp"
 #include "loom/schedule/pipeline_step.hpp"
 
 namespace loom::exec {
@@ -30,7 +30,7 @@ struct ExecutorOptions {
     std::vector<std::string> field_names{};  // names of the model's top-level fields, for traces
     // Pipelines: units per virtual stage (stages x chunks entries, in model
     // order, summing to the units); empty: balanced over unit_costs (one
-    // per unit; empty: every unit costs the same) by plan::balance.
+    // per unit; empty: every unit costs the same) by schedule::balance.
     std::vector<int> partition{};
     std::vector<double> unit_costs{};
     // GradCompress: steps of uncompressed exchange before the dp compressor
@@ -63,7 +63,7 @@ using ExecutionPlan = StrategySpec;
         if (costs.empty()) costs.assign(static_cast<std::size_t>(units), 1.0);
         LOOM_CHECK(static_cast<int>(costs.size()) == units, "Executor: ", costs.size(), " unit costs for ", units,
                    " units; give one per unit");
-        sizes = plan::balance(costs, virtual_stages).layers_per_stage;
+        sizes = schedule::balance(costs, virtual_stages).layers_per_stage;
     }
     LOOM_CHECK(static_cast<int>(sizes.size()) == virtual_stages, "Executor: a partition of ", sizes.size(),
                " stages for a pipeline of ", virtual_stages, " virtual stages; give one count per virtual stage");

@@ -45,7 +45,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/exec/compressed_exchange.hpp"
+#include "loom/parallel/compressed_exchange.hpp"
 #include "loom/kernels/compression_ops.hpp"
 #include "loom/exec/rank_program.hpp"
 #include "loom/exec/execution_plan.hpp"
@@ -68,7 +68,7 @@
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
 #include "loom/parallel/optimus2d.hpp"
-#include "loom/plan/partition.hpp"
+#include "loom/schedule/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
 #include "loom/schedule/pipeline.hpp"
 #include "loom/schedule/pipeline_step.hpp"
@@ -310,12 +310,12 @@ private:
         // a step), so that arrives in full.
         if (compression.error_feedback() && compress_warmup_ > 0 && options.adamw.freeze_variance_after == 0)
             adamw_.freeze_variance_after = compress_warmup_;
-        PowerSgdBuckets::Notice notice;
+        parallel::PowerSgdBuckets::Notice notice;
         if (comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0))
-            notice = options.notice ? options.notice : PowerSgdBuckets::Notice([](const std::string& line) {
+            notice = options.notice ? options.notice : parallel::PowerSgdBuckets::Notice([](const std::string& line) {
                 std::cerr << "loom: " << line << "\n";
             });
-        compress_ = std::make_unique<CompressedExchange<C>>(*comm_, rank_.layout, units_, compression, notice, device_);
+        compress_ = std::make_unique<parallel::CompressedExchange<C>>(*comm_, rank_.layout, units_, compression, notice, device_);
     }
     // After the warm-up: compressed from the step whose optimizer step is compress_warmup_ + 1.
     [[nodiscard]] bool compressing() const noexcept { return compress_ && optimizer_steps_ >= compress_warmup_; }
@@ -589,7 +589,7 @@ private:
     MicroBatchPool pool_;
     // Before pending_: a compressed request still in flight when the executor
     // goes (after a failure) finishes into the exchange, which must still exist.
-    std::unique_ptr<CompressedExchange<C>> compress_;  // null without one (or with one dp rank)
+    std::unique_ptr<parallel::CompressedExchange<C>> compress_;  // null without one (or with one dp rank)
     std::int64_t compress_warmup_ = 0;
     bool momentum_mixed_ = false;  // this step's gradients were mixed into momentum (OneBit, ZeRO 0)
     // The policies of kind custom, by their index in the program's policies.

@@ -1,6 +1,6 @@
 // ChunkEncoding: how a chunk of gradient (a rank's block of a bucket)
 // becomes a fixed number of 32-bit words and back, for the data-parallel
-// compressors that work chunk by chunk (exec/chunk_codec.hpp): 16-bit casts,
+// compressors that work chunk by chunk (parallel/chunk_codec.hpp): 16-bit casts,
 // int8 with a scale per block, one sign bit per value with a scale per
 // block, and top-k (index, value) pairs. A plain value, so the device kernel
 // table (kernels/device_kernels.hpp) can take it without knowing

@@ -1,5 +1,5 @@
-// The kernels of data-parallel gradient compression (exec/compressed_exchange.hpp,
-// exec/power_sgd.hpp) on a device chosen at run time: kernels/host/ for host
+// The kernels of data-parallel gradient compression (parallel/compressed_exchange.hpp,
+// parallel/power_sgd.hpp) on a device chosen at run time: kernels/host/ for host
 // memory, the registered DeviceKernels for a device's. Pointers with the
 // device named, as in attention_block_ops.hpp: the exchange addresses chunks
 // inside a bucket inside the gradient arena, which no Tensor describes.

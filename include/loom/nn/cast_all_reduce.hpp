@@ -1,7 +1,7 @@
 // The sum over a group of a tensor sent as bf16 or f16: GradCompress<Cast,
 // TpAxis>, the mild half of hybrid compression, for the activations and
 // activation gradients that tensor parallelism all-reduces. Two stages with
-// f32 sums in between, as the data-parallel casts (exec/compressed_exchange.hpp):
+// f32 sums in between, as the data-parallel casts (parallel/compressed_exchange.hpp):
 // an all-to-all of 16-bit chunks, each rank sums its chunk in f32, then an
 // all-gather of the 16-bit sums; every rank ends with the same values, each
 // rounded twice. Half the bytes of an f32 all-reduce on every transport (a

@@ -1,7 +1,7 @@
 // GradCompress<Compressor, Axis>: less traffic on slow links. On the dp axis
 // (the default) the gradient exchange sends compressed gradients: each
 // bucket's all-reduce, or ZeRO's reduce-scatter, becomes the compressor's
-// collective (exec/compressed_exchange.hpp). On the pp or tp axis a cast
+// collective (parallel/compressed_exchange.hpp). On the pp or tp axis a cast
 // halves the activations and activation gradients that cross it; that is the
 // hybrid of the hybrid-compression paper: an aggressive compressor for dp
 // gradients, a mild one for the traffic a step cannot do without.

@@ -38,7 +38,7 @@
 #include "loom/plan/cluster.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/model_description.hpp"
-#include "loom/plan/partition.hpp"
+#include "loom/schedule/partition.hpp"
 #include "loom/plan/step_simulator.hpp"
 
 namespace loom::plan {
@@ -79,7 +79,7 @@ public:
         return e.peak_memory;
     }
 
-    // Layers per virtual stage minimising the slowest stage (plan::balance),
+    // Layers per virtual stage minimising the slowest stage (schedule::balance),
     // each stage at its slowest device and its static memory within the
     // smallest device of the stage.
     [[nodiscard]] std::vector<int> balanced_partition() const {
@@ -90,16 +90,16 @@ public:
             cost.push_back(l.forward_flops + l.backward());
             bytes.push_back(static_bytes(b, static_cast<double>(l.params) / c_.tp, c_.zero, c_.dp * c_.sp));
         }
-        std::vector<Device> devices;
+        std::vector<schedule::StageDevice> devices;
         for (int v = 0; v < pipe.virtual_stages(); ++v) {
             const int stage = pipe.rank_of_chunk[static_cast<std::size_t>(v)];
             devices.push_back({slowest(stage), smallest_memory(stage) / c_.chunks});
         }
         try {
-            return balance(cost, bytes, devices).layers_per_stage;
+            return schedule::balance(cost, bytes, devices).layers_per_stage;
         } catch (const Error&) {
             // Nothing fits: split by speed alone; the memory check says by how much it misses.
-            return balance(cost, std::vector<double>(cost.size(), 0.0), std::vector<Device>(devices.size())).layers_per_stage;
+            return schedule::balance(cost, std::vector<double>(cost.size(), 0.0), std::vector<schedule::StageDevice>(devices.size())).layers_per_stage;
         }
     }
 

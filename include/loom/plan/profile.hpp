@@ -1,7 +1,7 @@
 // The short profiling pass behind balanced pipeline partitions: each unit of
 // a model (nn/units.hpp) timed on one micro-batch, forward plus backward, on
 // this machine, on the host or on the device the model will train on (the
-// clock waits for the device after each unit). The times are what plan::balance splits (measured costs; a
+// clock waits for the device after each unit). The times are what schedule::balance splits (measured costs; a
 // user with a cost model passes its own numbers instead).
 //
 //   auto probe = gpt::make_model(config);   // a model of the same shape, not the training one

@@ -3,7 +3,7 @@
 // node), Megatron or 2D tensor parallelism, ring or Ulysses sequence
 // parallelism, every pipeline schedule, every micro-batch count and ZeRO
 // stage, with the layers split by the min-max partition over the stages'
-// device speeds (plan/partition.hpp). Candidates that cannot hold their
+// device speeds (schedule/partition.hpp). Candidates that cannot hold their
 // memory are dropped; the rest are sorted by a lower bound on their step
 // (the busiest rank's compute) and simulated in that order until the bound
 // passes the k-th best step found, so a 64-device search simulates a few

@@ -31,7 +31,7 @@
 #include "loom/nn/units.hpp"
 #include "loom/parallel/shard_layout.hpp"
 
-namespace loom::exec {
+namespace loom::parallel {
 
 // Q's initial values: a standard normal stream, the same on every rank.
 inline constexpr std::uint64_t power_sgd_seed = 0x9057'5cd0'0000'0001ull;
@@ -201,4 +201,4 @@ private:
     std::vector<std::int64_t> q_offset_;
 };
 
-}  // namespace loom::exec
+}  // namespace loom::parallel

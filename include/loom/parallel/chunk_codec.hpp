@@ -16,7 +16,7 @@
 #include "loom/kernels/compression_ops.hpp"
 #include "loom/parallel/grad_compress.hpp"
 
-namespace loom::exec {
+namespace loom::parallel {
 
 // The chunk encoding of a chunk-by-chunk compressor.
 [[nodiscard]] inline kernels::ChunkEncoding chunk_encoding_of(const Compression& c) {
@@ -67,4 +67,4 @@ private:
     std::vector<std::int32_t> scratch_;  // top-k's candidate indices (on the host)
 };
 
-}  // namespace loom::exec
+}  // namespace loom::parallel

@@ -18,9 +18,9 @@
 
 #include "loom/core/error.hpp"
 
-namespace loom::plan {
+namespace loom::schedule {
 
-struct Device {
+struct StageDevice {
     double speed = 1.0;                                           // relative compute speed
     double memory = std::numeric_limits<double>::infinity();     // bytes it can hold for its layers
 };
@@ -54,7 +54,7 @@ inline void check_layers_and_stages(std::size_t layers, std::size_t stages) {
 
 // The stage times and slowest stage of a given split.
 [[nodiscard]] inline Partition evaluate(const std::vector<int>& layers_per_stage, const std::vector<double>& cost,
-                                        const std::vector<Device>& devices) {
+                                        const std::vector<StageDevice>& devices) {
     LOOM_CHECK(layers_per_stage.size() == devices.size(), "partition: ", layers_per_stage.size(), " stages for ",
                devices.size(), " devices; give one stage per device");
     Partition p{layers_per_stage, {}, 0};
@@ -72,7 +72,7 @@ inline void check_layers_and_stages(std::size_t layers, std::size_t stages) {
 // minimises the slowest stage, every stage fitting its device's memory.
 // Ties go to the split with the earlier, smaller first stages.
 [[nodiscard]] inline Partition balance(const std::vector<double>& cost, const std::vector<double>& memory,
-                                       const std::vector<Device>& devices) {
+                                       const std::vector<StageDevice>& devices) {
     const std::size_t n = cost.size(), p = devices.size();
     detail::check_layers_and_stages(n, p);
     LOOM_CHECK(memory.size() == n, "partition: ", memory.size(), " layer memory sizes for ", n, " layers");
@@ -119,7 +119,7 @@ inline void check_layers_and_stages(std::size_t layers, std::size_t stages) {
 // Equal devices, no memory limit.
 [[nodiscard]] inline Partition balance(const std::vector<double>& cost, int stages) {
     LOOM_CHECK(stages >= 1, "partition: ", stages, " stages; there must be at least 1");
-    return balance(cost, std::vector<double>(cost.size(), 0.0), std::vector<Device>(static_cast<std::size_t>(stages)));
+    return balance(cost, std::vector<double>(cost.size(), 0.0), std::vector<StageDevice>(static_cast<std::size_t>(stages)));
 }
 
 // "3,3,2" -> {3, 3, 2}, checked against the layer count and the stages.
@@ -146,4 +146,4 @@ inline void check_layers_and_stages(std::size_t layers, std::size_t stages) {
     return sizes;
 }
 
-}  // namespace loom::plan
+}  // namespace loom::schedule

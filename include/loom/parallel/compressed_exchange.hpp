@@ -12,7 +12,7 @@
 //   top-k                 all-reduce = all-gather of every rank's pairs,
 //                         reduce-scatter = all-to-all of chunk j's pairs
 //                         to rank j (N times fewer bytes)
-//   PowerSGD              all-reduce of P, then of Q (exec/power_sgd.hpp);
+//   PowerSGD              all-reduce of P, then of Q (parallel/power_sgd.hpp);
 //                         ZeRO keeps its block of the result
 // Error feedback (top-k, PowerSGD, one-bit): `error` holds, per element, what
 // earlier steps computed but did not send, laid out like the padded
@@ -35,14 +35,14 @@
 #include "loom/core/device.hpp"
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
-#include "loom/exec/chunk_codec.hpp"
+#include "loom/parallel/chunk_codec.hpp"
 #include "loom/kernels/compression_ops.hpp"
-#include "loom/exec/power_sgd.hpp"
+#include "loom/parallel/power_sgd.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/shard_layout.hpp"
 
-namespace loom::exec {
+namespace loom::parallel {
 
 template <comm::Communicator C>
 class CompressedExchange {
@@ -289,4 +289,4 @@ private:
     std::vector<Buffers> buffers_;     // by bucket: several may be in flight at once
 };
 
-}  // namespace loom::exec
+}  // namespace loom::parallel
