@@ -270,6 +270,16 @@ public:
     void load_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                     std::int64_t optimizer_steps);
 
+    // This rank's part of a sharded checkpoint (exec/sharded_checkpoint.hpp):
+    // the parameters and AdamW moments it owns, each element of the model
+    // owned by exactly one rank of the world, with their places in the whole
+    // model's serial order. No communication.
+    struct OwnedState {
+        std::vector<float> values, m, v;
+        std::vector<std::int64_t> runs;  // (first whole index, count) pairs, in the order of the values
+    };
+    [[nodiscard]] OwnedState owned_state() const;
+
     // GradCompress's per-rank state (error feedback, warm starts): what a
     // checkpoint must keep for an exact resume. Empty without a dp compressor.
     [[nodiscard]] Compression compression() const noexcept { return compress_ ? compress_->compression() : Compression{}; }
@@ -497,26 +507,24 @@ private:
         component_types_.push_back(type);
     }
 
-    // The gradients this rank's optimizer step updates, split where the
-    // owner changes (exec/policy_component.hpp): every dp rank's at ZeRO 0
-    // are copies of the first's; a tp rank's copy of a Param the cut left
-    // whole is owned by one tp rank (TensorShards::owns).
-    [[nodiscard]] std::vector<GradientBlock> gradient_blocks() {
-        std::vector<GradientBlock> blocks;
+    // Calls f(group, first, a, b, owner) for each run [a, b) of a group's
+    // elements that this rank's optimizer step updates (its storage starts
+    // at element `first` of the group: 0 at ZeRO 0, the rank's block after),
+    // split where the owner changes (exec/policy_component.hpp): every dp
+    // rank's runs at ZeRO 0 are copies of the first's; a tp rank's copy of a
+    // Param the cut left whole is owned by one tp rank (TensorShards::owns).
+    template <class F>
+    void for_each_updated_run(F&& f) const {
         const int r = comm_->rank();
         const bool dp_owner = stage_ > 0 || r == 0;
         const auto copies = tp_ != nullptr ? shards_.copies(tp_->rank())
                                            : std::vector<std::pair<std::int64_t, std::int64_t>>{};
         for (int gi = 0; gi < static_cast<int>(rank_.layout.groups().size()); ++gi) {
             const auto& g = rank_.layout.group(gi);
-            // Elements [lo, end) of the group, the first at `base`.
             const std::int64_t lo = stage_ == 0 ? 0 : r * g.block;
             const std::int64_t end = std::min(g.numel, stage_ == 0 ? g.numel : lo + g.block);
-            float* base = stage_ >= 2 ? store_.grad_shard.data<float>() + g.shard_offset
-                                      : store_.grads.data<float>() + g.offset + lo;
             const auto emit = [&](std::int64_t from, std::int64_t to, bool owner) {
-                if (to > from)
-                    blocks.push_back({{base + (from - lo), static_cast<std::size_t>(to - from)}, owner && dp_owner});
+                if (to > from) f(gi, lo, from, to, owner && dp_owner);
             };
             std::int64_t k = lo;
             for (const auto& [first, last] : copies) {
@@ -528,6 +536,17 @@ private:
             }
             emit(k, end, true);
         }
+    }
+
+    // The gradients this rank's optimizer step updates, as the runs above.
+    [[nodiscard]] std::vector<GradientBlock> gradient_blocks() {
+        std::vector<GradientBlock> blocks;
+        for_each_updated_run([&](int gi, std::int64_t first, std::int64_t a, std::int64_t b, bool owner) {
+            const auto& g = rank_.layout.group(gi);
+            float* base = stage_ >= 2 ? store_.grad_shard.data<float>() + g.shard_offset
+                                      : store_.grads.data<float>() + g.offset + first;
+            blocks.push_back({{base + (a - first), static_cast<std::size_t>(b - a)}, owner});
+        });
         return blocks;
     }
 

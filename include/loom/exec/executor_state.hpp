@@ -47,6 +47,37 @@ void Executor<C>::load_state(std::span<const float> values, std::span<const floa
 }
 
 template <comm::Communicator C>
+typename Executor<C>::OwnedState Executor<C>::owned_state() const {
+    LOOM_CHECK(device_.kind == DeviceKind::host, "Executor::owned_state: the state is on ", device_,
+               "; a sharded checkpoint is written from host memory (save a gathered one with gather_state)");
+    OwnedState out;
+    const int r = comm_->rank();
+    for_each_updated_run([&](int gi, std::int64_t, std::int64_t a, std::int64_t b, bool owner) {
+        if (!owner) return;
+        const auto& g = rank_.layout.group(gi);
+        // Where element k of the group is in each array: whole arrays are
+        // padded like the layout, shards hold the rank's block.
+        const auto whole_at = [&](const DeviceBuffer& buffer, std::int64_t k) { return buffer.data<float>() + g.offset + k; };
+        const auto shard_at = [&](const DeviceBuffer& buffer, std::int64_t k) {
+            return buffer.data<float>() + g.shard_offset + (k - r * g.block);
+        };
+        const auto n = static_cast<std::size_t>(b - a);
+        const float* values = stage_ == 3 ? shard_at(store_.value_shard, a) : whole_at(store_.values, a);
+        const float* m = stage_ == 0 ? whole_at(store_.m, a) : shard_at(store_.m, a);
+        const float* v = stage_ == 0 ? whole_at(store_.v, a) : shard_at(store_.v, a);
+        out.values.insert(out.values.end(), values, values + n);
+        out.m.insert(out.m.end(), m, m + n);
+        out.v.insert(out.v.end(), v, v + n);
+        for (std::int64_t k = a; k < b; ++k) {
+            const std::int64_t whole = shards_.whole_index(g.dense_offset + k);
+            if (!out.runs.empty() && out.runs[out.runs.size() - 2] + out.runs.back() == whole) ++out.runs.back();
+            else out.runs.insert(out.runs.end(), {whole, 1});
+        }
+    });
+    return out;
+}
+
+template <comm::Communicator C>
 void Executor<C>::gather_local_state(std::span<float> values, std::span<float> m, std::span<float> v) {
     if (pipelined_)
         for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);

@@ -103,6 +103,15 @@ public:
         return out;
     }
 
+    // Where element `local` of this rank's local arrays is in the whole model.
+    [[nodiscard]] std::int64_t whole_index(std::int64_t local) const {
+        LOOM_CHECK(local >= 0 && local < local_size_, "TensorShards: element ", local, " of a rank with ", local_size_);
+        const auto after = std::upper_bound(entries_.begin(), entries_.end(), local,
+                                            [](std::int64_t at, const Entry& e) { return at < e.local; });
+        const Entry& e = *(after - 1);
+        return e.whole + e.param.full_index(local - e.local);
+    }
+
     // This rank's local arrays from the whole model (no communication).
     void to_local(std::span<const float> whole, std::span<float> local) const {
         check(local.size(), whole.size());
