@@ -20,6 +20,7 @@
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
 #include <loom/exec/model_gradient.hpp>
+#include <loom/exec/sharded_checkpoint.hpp>
 #include <loom/exec/trace.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
@@ -70,6 +71,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -161,7 +163,13 @@ void train(C& world, const Flags& flags, const char* transport) {
     const std::string compression_signature =
         loom::train::compression_signature(flags.compress(), dp_size, flags.pp, flags.tp, flags.sp);
     std::string compression_note;  // why a resume starts the compressor's state from zero
-    if (!flags.resume.empty()) {
+    if (!flags.resume.empty() && std::filesystem::is_directory(flags.resume)) {
+        // A sharded checkpoint, from any strategy: every rank reads the shards and keeps what it owns.
+        first_step = loom::gpt::check_sharded_metadata(flags.resume, flags.model,
+                                                       loom::exec::read_sharded_index(flags.resume).metadata).step;
+        (void)loom::exec::load_sharded(exec, flags.resume);
+        if (flags.compress().on()) compression_note = "a sharded checkpoint keeps no compressor state";
+    } else if (!flags.resume.empty()) {
         // Every rank reads the whole checkpoint and keeps what it owns.
         std::vector<float> values(static_cast<std::size_t>(parameters)), m(values.size()), v(values.size());
         const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
@@ -219,6 +227,7 @@ void train(C& world, const Flags& flags, const char* transport) {
     const std::int64_t total = flags.steps, last = flags.until;
     float loss = 0;
     std::int64_t done = last;  // less after a stop signal
+    std::optional<loom::exec::ShardedSave<C>> sharded_save;  // --sharded: a save writing while training goes on
     for (std::int64_t step = first_step; step < last; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         corpus.rows(flags.seed, step, mesh.coordinate("dp") * rows, rows, flags.model.seq, inputs, targets);
@@ -233,7 +242,9 @@ void train(C& world, const Flags& flags, const char* transport) {
             done = step + 1;
             break;
         }
-        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
+        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last && flags.sharded) {
+            save_sharded_state(world, exec, flags, step + 1, corpus.describe(), sharded_save);
+        } else if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
             (void)save_state(world, exec, flags, loom::train::periodic_checkpoint_path(flags.save, step + 1).string(),
                              step + 1, compression_signature, corpus.describe());
             if (lead) loom::train::prune_periodic_checkpoints(flags.save, flags.keep);
@@ -249,9 +260,16 @@ void train(C& world, const Flags& flags, const char* transport) {
     }
 
     // The checkpoint first: a trace that cannot be written must not cost it.
-    if (!flags.save.empty() || flags.sample > 0) {
-        const std::vector<float> values = save_state(world, exec, flags, flags.save, done, compression_signature, corpus.describe());
-        if (lead && !flags.save.empty()) std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(done));
+    if (flags.sharded) {
+        save_sharded_state(world, exec, flags, done, corpus.describe(), sharded_save);
+        sharded_save->finish();
+        if (lead)
+            std::printf("saved %s (step %lld, one shard per rank)\n", flags.save.c_str(), static_cast<long long>(done));
+    }
+    const std::string whole_file = flags.sharded ? std::string() : flags.save;
+    if (!whole_file.empty() || flags.sample > 0) {
+        const std::vector<float> values = save_state(world, exec, flags, whole_file, done, compression_signature, corpus.describe());
+        if (lead && !whole_file.empty()) std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(done));
         if (lead && flags.sample > 0 && done == last) print_sample(flags, corpus, values);
     }
     if (!flags.trace.empty()) {

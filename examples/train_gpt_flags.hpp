@@ -24,6 +24,7 @@ struct Flags {
     std::string data, metrics, save, resume, trace;
     std::int64_t save_every = 0, keep = 2;  // --save-every N: <save>.step-<n> every N steps, the newest --keep kept
     bool resume_anyway = false;             // resume on other --data or --seed
+    bool sharded = false;                   // --save is a directory of per-rank shards (exec/sharded_checkpoint.hpp)
     bool no_memory_check = false;           // skip the memory preflight (train/memory_preflight.hpp)
     std::int64_t sample = 0;
     loom::Device device = loom::host_device;  // --device: where one rank's layers run
@@ -269,7 +270,9 @@ inline Flags parse(int argc, char** argv) {
     text("Output", "--save", f.save, "FILE", "checkpoint (safetensors) at the end, or on SIGINT/SIGTERM");
     whole("Output", "--save-every", f.save_every, 1, std::int64_t{1} << 40, "also save FILE.step-<n> every N steps", "off");
     whole("Output", "--keep", f.keep, 1, 1 << 20, "periodic checkpoints kept, the newest");
-    text("Output", "--resume", f.resume, "FILE", "continue from a checkpoint (same --data and --seed)");
+    described(app.add_flag("--sharded", f.sharded), "Output", "",
+              "--save is a directory: each rank writes its own shard, in the background; any strategy resumes it", "");
+    text("Output", "--resume", f.resume, "FILE", "continue from a checkpoint or a --sharded directory (same --data and --seed)");
     described(app.add_flag("--resume-anyway", f.resume_anyway), "Output", "", "resume on other --data or --seed", "");
     described(app.add_flag("--no-memory-check", f.no_memory_check), "Training", "",
               "start although the memory model says the run cannot fit in this process's memory", "");
@@ -337,6 +340,7 @@ inline Flags parse(int argc, char** argv) {
         refuse(f.compress().on(), "--compress " + f.compress().describe());
         refuse(f.freeze_variance >= 0, "--freeze-variance");
         refuse(f.save_every > 0, "--save-every (OptEx saves at the end, or on SIGINT/SIGTERM)");
+        refuse(f.sharded, "--sharded (OptEx saves one file)");
         refuse(!f.trace.empty(), "--trace (the step program is the executor's; OptEx steps outside it)");
         // Tuned by default: on the GPT the reference's l = 0.1 (chosen for its
         // synthetic functions) makes 4 workers worse than AdamW, and the
@@ -351,6 +355,9 @@ inline Flags parse(int argc, char** argv) {
     if (f.save_every > 0 && f.save.empty()) usage_error("--save-every " + std::to_string(f.save_every) + " needs --save FILE");
     if (app.count("--keep") > 0 && f.save_every == 0) usage_error("--keep " + std::to_string(f.keep) + " needs --save-every N");
     if (f.resume_anyway && f.resume.empty()) usage_error("--resume-anyway needs --resume FILE");
+    if (f.sharded && f.save.empty()) usage_error("--sharded needs --save DIR");
+    if (f.sharded && f.compress().on())
+        usage_error("--sharded does not keep --compress " + f.compress().describe() + "'s state yet; drop one of them");
     if (f.until < 0) f.until = f.steps;
     if (f.until > f.steps) usage_error("--until " + std::to_string(f.until) + " is past --steps " + std::to_string(f.steps));
     return f;

@@ -11,25 +11,49 @@
 // temporaries a crashed run left beside --save are removed, and --resume
 // continues this run's data and seed (or --resume-anyway says go on).
 inline void check_outputs_and_resume(const Flags& flags) {
-    const std::array<std::pair<const char*, const std::string*>, 2> outputs{{{"--save", &flags.save}, {"--trace", &flags.trace}}};
+    // A sharded --save is a directory: made now, and its index probed.
+    const std::string saved_file = flags.sharded ? (std::filesystem::path(flags.save) / "index.json").string() : flags.save;
+    const std::array<std::pair<const char*, const std::string*>, 2> outputs{{{"--save", &saved_file}, {"--trace", &flags.trace}}};
     for (const auto& [flag, path] : outputs) {
         if (path->empty()) continue;
         try {
+            std::error_code made;
+            if (flags.sharded && path == &saved_file) std::filesystem::create_directories(flags.save, made);
+            LOOM_CHECK(!made, "cannot create the directory: ", made.message());
             loom::io::probe_writable(*path);
         } catch (const loom::Error& e) {
-            throw loom::Error("train_gpt: " + std::string(flag) + " " + *path + " cannot be written (checked before training): " +
-                              e.message());
+            throw loom::Error("train_gpt: " + std::string(flag) + " " + (path == &saved_file ? flags.save : *path) +
+                              " cannot be written (checked before training): " + e.message());
         }
     }
     if (!flags.save.empty())
-        for (const auto& stale : loom::io::remove_stale_temporaries(flags.save))
+        for (const auto& stale : loom::io::remove_stale_temporaries(saved_file))
             std::printf("removed %s, a temporary file left by a run that was killed\n", stale.string().c_str());
     if (!flags.resume.empty()) {
-        const loom::io::SafetensorsFile checkpoint(flags.resume);
-        const std::string note = loom::train::check_run_identity(checkpoint.metadata(), flags.resume, flags.data, flags.seed,
-                                                                 flags.resume_anyway, "--resume-anyway");
+        const std::string note =
+            std::filesystem::is_directory(flags.resume)
+                ? loom::train::check_run_identity(loom::exec::read_sharded_index(flags.resume).metadata, flags.resume,
+                                                  flags.data, flags.seed, flags.resume_anyway, "--resume-anyway")
+                : loom::train::check_run_identity(loom::io::SafetensorsFile(flags.resume).metadata(), flags.resume,
+                                                  flags.data, flags.seed, flags.resume_anyway, "--resume-anyway");
         if (!note.empty()) std::printf("note: %s\n", note.c_str());
     }
+}
+
+// --sharded: finishes the save in flight (a collective: every rank reaches
+// it at the same step), then starts this one, which writes while training
+// goes on. A non-finite state throws on every rank at its finish, and the
+// last good checkpoint stays.
+template <loom::comm::Communicator C>
+void save_sharded_state(C& world, const loom::exec::Executor<C>& exec, const Flags& flags, std::int64_t step,
+                        const std::string& data, std::optional<loom::exec::ShardedSave<C>>& in_flight) {
+    if (in_flight) {
+        in_flight->finish();
+        in_flight.reset();
+    }
+    auto metadata = loom::gpt::sharded_metadata(flags.model, step, exec.optimizer_steps(), data);
+    metadata.merge(loom::train::run_identity_metadata(flags.data, flags.seed));
+    in_flight.emplace(exec, world, flags.save, std::move(metadata));
 }
 
 // The whole model on every rank (a collective), checked finite and, if

@@ -1,13 +1,14 @@
 # Resume equals uninterrupted: 20 steps in one run must give the same losses,
 # bit for bit, as 10 steps, a checkpoint, and 10 more steps from it.
 # Args: TRAIN_GPT (the binary), WORK_DIR, and optionally EXTRA (more flags,
-# ;-separated: a compressed run's error feedback must come back too).
+# ;-separated: a compressed run's error feedback must come back too) and
+# SAVE_EXTRA (flags of the saving run only: --sharded, --save-every).
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 set(model --layers 2 --width 32 --heads 2 --seq 16 --batch 2 --steps 20 --seed 5 ${EXTRA})
 include("${CMAKE_CURRENT_LIST_DIR}/train_gpt_run.cmake")
 run(--metrics "${WORK_DIR}/straight.jsonl")
-run(--until 10 --save "${WORK_DIR}/half.safetensors" --metrics "${WORK_DIR}/resumed.jsonl")
+run(--until 10 --save "${WORK_DIR}/half.safetensors" ${SAVE_EXTRA} --metrics "${WORK_DIR}/resumed.jsonl")
 run(--resume "${WORK_DIR}/half.safetensors" --metrics "${WORK_DIR}/resumed.jsonl")
 file(STRINGS "${WORK_DIR}/straight.jsonl" straight)
 file(STRINGS "${WORK_DIR}/resumed.jsonl" resumed)

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -116,6 +117,7 @@ public:
         for (int r = 0; r < world.size(); ++r) index_.shards.push_back(shard_file_name(index_.optimizer_steps, r, world.size()));
         try {
             state_ = exec.owned_state();
+            check_finite();
         } catch (const std::exception& e) {
             error_ = e.what();
             return;
@@ -165,6 +167,19 @@ private:
         io::save_safetensors(file, tensors,
                              {{"format", std::string(sharded_format)}, {"rank", std::to_string(rank)},
                               {"world", std::to_string(size)}});
+    }
+
+    // A diverged run must not replace the last good checkpoint.
+    void check_finite() const {
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < state_.runs.size(); i += 2)
+            for (std::int64_t k = 0; k < state_.runs[i + 1]; ++k, ++at)
+                for (const auto& [array, what] : {std::pair{&state_.values, "parameter"}, std::pair{&state_.m, "first moment"},
+                                                  std::pair{&state_.v, "second moment"}}) {
+                    const float x = (*array)[at];
+                    LOOM_CHECK(std::isfinite(x), where(), " was not written: the ", what, " at element ",
+                               state_.runs[i] + k, " of the model is ", x, "; only finite values are saved");
+                }
     }
 
     // The index names this save's shards; anything else of ours in the directory is an older save's.
@@ -298,8 +313,13 @@ ShardedIndex load_sharded(Executor<C>& exec, const std::filesystem::path& direct
         }
         LOOM_CHECK(at == count, where, ": ", name, " holds ", count, " elements but its runs place ", at);
     }
-    for (std::size_t k = 0; k < size; ++k)
+    for (std::size_t k = 0; k < size; ++k) {
         LOOM_CHECK(seen[k] == 1, where, ": element ", k, " of the model is in no shard; the checkpoint is incomplete");
+        for (const auto& [array, what] : {std::pair{&values, "parameter"}, std::pair{&m, "first moment"},
+                                          std::pair{&v, "second moment"}})
+            LOOM_CHECK(std::isfinite((*array)[k]), where, ": the ", what, " at element ", k, " of the model is ",
+                       (*array)[k], "; only finite values are valid");
+    }
     exec.load_state(values, m, v, index.optimizer_steps);
     return index;
 }

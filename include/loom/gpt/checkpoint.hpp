@@ -31,6 +31,11 @@ namespace loom::gpt {
 // offsets) without a signed overflow.
 inline constexpr std::int64_t max_checkpoint_steps = std::numeric_limits<std::int64_t>::max() / 2;
 
+struct CheckpointSteps {
+    std::int64_t step = 0;             // the training step to continue from
+    std::int64_t optimizer_steps = 0;  // AdamW's step count
+};
+
 namespace detail {
 
 // A metadata step count, strictly: decimal digits only (no sign, blank,
@@ -134,10 +139,54 @@ inline void check_finite_state(const Config& config, std::span<const float> valu
                            });
 }
 
-struct CheckpointSteps {
-    std::int64_t step = 0;             // the training step to continue from
-    std::int64_t optimizer_steps = 0;  // AdamW's step count
-};
+namespace detail {
+
+// The configuration and step counts a checkpoint's metadata records, checked
+// against `config`; `find(key)` gives a metadata value or nothing. A
+// mismatch names both values before any tensor is read.
+template <class Find>
+CheckpointSteps check_metadata(const std::filesystem::path& path, const Config& config, std::string_view format,
+                               Find&& find) {
+    auto field = [&](const std::string& key) -> std::string {
+        const std::optional<std::string_view> value = find(key);
+        LOOM_CHECK(value.has_value(), "checkpoint ", path.string(), " has no '", key,
+                   "' in its metadata; it was not written by train_gpt");
+        return std::string(*value);
+    };
+    LOOM_CHECK(field("format") == format, "checkpoint ", path.string(), " has format '", field("format"), "', expected ",
+               format);
+    for (const auto& [key, expected] : config_metadata(config))
+        LOOM_CHECK(field(key) == expected, "checkpoint ", path.string(), " was trained with --", key, " ", field(key),
+                   " but the flags say --", key, " ", expected);
+    return {parse_step_count(path, "step", field("step")),
+            parse_step_count(path, "optimizer_steps", field("optimizer_steps"))};
+}
+
+}  // namespace detail
+
+// A sharded checkpoint's metadata (exec/sharded_checkpoint.hpp keeps it in
+// its index): what save_checkpoint records, as strings.
+[[nodiscard]] inline std::map<std::string, std::string> sharded_metadata(const Config& config, std::int64_t step,
+                                                                        std::int64_t optimizer_steps,
+                                                                        const std::string& data) {
+    auto metadata = detail::config_metadata(config);
+    metadata["format"] = "loom-gpt-sharded-1";
+    metadata["step"] = std::to_string(step);
+    metadata["optimizer_steps"] = std::to_string(optimizer_steps);
+    metadata["data"] = data;
+    return metadata;
+}
+
+// Checks a sharded checkpoint's metadata against `config` and returns its steps.
+[[nodiscard]] inline CheckpointSteps check_sharded_metadata(const std::filesystem::path& path, const Config& config,
+                                                            const std::map<std::string, std::string>& metadata) {
+    return detail::check_metadata(path, config, "loom-gpt-sharded-1",
+                                  [&](const std::string& key) -> std::optional<std::string_view> {
+                                      const auto it = metadata.find(key);
+                                      if (it == metadata.end()) return std::nullopt;
+                                      return std::string_view(it->second);
+                                  });
+}
 
 // Reads parameters and moments into dense arrays, after checking the
 // checkpoint's configuration against `config` (a mismatch names both values
@@ -145,22 +194,10 @@ struct CheckpointSteps {
 inline CheckpointSteps load_checkpoint(const std::filesystem::path& path, const Config& config, std::span<float> values,
                                        std::span<float> m, std::span<float> v) {
     const io::SafetensorsFile file(path);
-    const auto& metadata = file.metadata();
-    auto field = [&](const std::string& key) -> std::string {
-        const std::optional<std::string_view> value = metadata.find(key);
-        LOOM_CHECK(value.has_value(), "checkpoint ", path.string(), " has no '", key,
-                   "' in its metadata; it was not written by train_gpt");
-        return std::string(*value);
-    };
-    LOOM_CHECK(field("format") == "loom-gpt-checkpoint-1", "checkpoint ", path.string(), " has format '",
-               field("format"), "', expected loom-gpt-checkpoint-1");
-    for (const auto& [key, expected] : detail::config_metadata(config))
-        LOOM_CHECK(field(key) == expected, "checkpoint ", path.string(), " was trained with --", key, " ", field(key),
-                   " but the flags say --", key, " ", expected);
     // The step counts before any tensor is read, so a bad one leaves the
     // caller's arrays untouched.
-    const CheckpointSteps steps{detail::parse_step_count(path, "step", field("step")),
-                                detail::parse_step_count(path, "optimizer_steps", field("optimizer_steps"))};
+    const CheckpointSteps steps = detail::check_metadata(path, config, "loom-gpt-checkpoint-1",
+                                                         [&](const std::string& key) { return file.metadata().find(key); });
     // A NaN or an infinity would train to `loss nan` and be saved over the
     // good checkpoint: refused here, naming the tensor and its first bad element.
     const std::string context = "checkpoint " + path.string();

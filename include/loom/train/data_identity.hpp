@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "loom/core/error.hpp"
@@ -60,11 +61,22 @@ inline constexpr std::string_view seed_key = "seed";
 // gives <data>; ..." unless `allow`, when it is returned as a note instead;
 // a checkpoint without the fields returns a note that nothing was checked.
 // Returns "" when everything matches.
-[[nodiscard]] inline std::string check_run_identity(const io::safetensors::Metadata& metadata,
-                                                    const std::filesystem::path& checkpoint, const std::string& data_path,
-                                                    std::uint64_t seed, bool allow, std::string_view allow_flag) {
-    const std::optional<std::string_view> data = metadata.find(data_identity_key);
-    const std::optional<std::string_view> saved_seed = metadata.find(seed_key);
+// `metadata` is a safetensors header's, or a sharded checkpoint's index's (a map).
+template <class Metadata>
+[[nodiscard]] std::string check_run_identity(const Metadata& metadata, const std::filesystem::path& checkpoint,
+                                             const std::string& data_path, std::uint64_t seed, bool allow,
+                                             std::string_view allow_flag) {
+    const auto find = [&](std::string_view key) -> std::optional<std::string_view> {
+        if constexpr (std::is_same_v<Metadata, std::map<std::string, std::string>>) {
+            const auto it = metadata.find(std::string(key));
+            if (it == metadata.end()) return std::nullopt;
+            return std::string_view(it->second);
+        } else {
+            return metadata.find(key);
+        }
+    };
+    const std::optional<std::string_view> data = find(data_identity_key);
+    const std::optional<std::string_view> saved_seed = find(seed_key);
     if (!data || !saved_seed)
         return "checkpoint " + checkpoint.string() + " records no data identity or seed (written before they were); "
                "not checked";
