@@ -12,7 +12,8 @@
 # and at the end one more run with --save removes the temporaries SIGKILL left.
 # Args: the train_gpt binary, a scratch directory, N (default 100), a seed
 # for the random delays and signals (default: the clock), the largest delay
-# in ms (default 1500).
+# in ms (default 1500), and the checkpoint form: whole (one file, the
+# default) or sharded (--sharded: a directory, saved in the background).
 set -u
 # Job control: a background job of a non-interactive shell starts with SIGINT
 # ignored, so a SIGINT before train_gpt installs its handler would be lost
@@ -27,14 +28,22 @@ DIR=$2
 TRIES=${3:-100}
 SEED=${4:-$(date +%s)}
 MAX_DELAY_MS=${5:-1500}
+FORM=${6:-whole}
 RANDOM=$SEED
 rm -rf "$DIR" && mkdir -p "$DIR" || exit 1
 MODEL=(--layers 1 --width 16 --heads 2 --seq 8 --batch 2 --seed 3)
 SAVE=$DIR/run.st
+SAVE_FLAGS=(--keep 2)
+if [ "$FORM" = sharded ]; then SAVE=$DIR/run.d; SAVE_FLAGS=(--sharded); fi
+# Whether a checkpoint is there: the file, or the directory's index.
+present() { if [ "$FORM" = sharded ]; then [ -f "$1/index.json" ]; else [ -f "$1" ]; fi; }
 fail() { echo "FAIL (try $try, seed $SEED): $*"; ls -la "$DIR"; for f in "$DIR"/*.out; do echo "--- $f"; tail -5 "$f"; done; exit 1; }
 
 # The step a checkpoint holds, from its safetensors header's metadata.
-step_of() { head -c 65536 "$1" | tr -d '\0' | grep -ao '"step":"[0-9]*"' | head -1 | tr -dc 0-9; }
+step_of() {
+  if [ -d "$1" ]; then grep -o '"step": "[0-9]*"' "$1/index.json" | head -1 | tr -dc 0-9
+  else head -c 65536 "$1" | tr -d '\0' | grep -ao '"step":"[0-9]*"' | head -1 | tr -dc 0-9; fi
+}
 
 # The checkpoint loads and trains one step on from where it stopped.
 check_loads() {
@@ -55,8 +64,8 @@ for ((try = 1; try <= TRIES; ++try)); do
   elif [ $r -lt 8 ]; then sig=TERM; want=143; counts[1]=$((counts[1] + 1))
   else sig=KILL; want=137; counts[2]=$((counts[2] + 1)); fi
   resume=()
-  [ -f "$SAVE" ] && resume=(--resume "$SAVE")
-  "${DEFAULT_SIGNALS[@]}" "$TRAIN_GPT" "${MODEL[@]}" --steps 1000000 --save "$SAVE" --save-every 1 --keep 2 "${resume[@]}" \
+  present "$SAVE" && resume=(--resume "$SAVE")
+  "${DEFAULT_SIGNALS[@]}" "$TRAIN_GPT" "${MODEL[@]}" --steps 1000000 --save "$SAVE" --save-every 1 "${SAVE_FLAGS[@]}" "${resume[@]}" \
       > "$DIR/try.out" 2>&1 &
   pid=$!
   delay_ms=$((RANDOM * 32768 + RANDOM))
@@ -70,23 +79,25 @@ for ((try = 1; try <= TRIES; ++try)); do
   rc=$?
   [ $rc -eq $want ] || fail "SIG$sig after $delay_ms ms: exit $rc, expected $want: $(tail -1 "$DIR/try.out")"
   if [ $sig != KILL ]; then
-    ls "$DIR" | grep -q "\.tmp-$pid\$" && fail "SIG$sig after $delay_ms ms left a temporary: $(ls "$DIR")"
+    [ -n "$(find "$DIR" -name "*.tmp-$pid")" ] && fail "SIG$sig after $delay_ms ms left a temporary: $(ls -R "$DIR")"
     if grep -q "train_gpt: SIG$sig: stopped after step" "$DIR/try.out"; then
       said=$(sed -n "s/^train_gpt: SIG$sig: stopped after step \([0-9]*\) of .*/\1/p" "$DIR/try.out")
       [ "$(step_of "$SAVE")" = "$said" ] || fail "SIG$sig: stopped after step $said but $SAVE holds step $(step_of "$SAVE")"
       stopped=$((stopped + 1))
     fi
   fi
-  [ -f "$SAVE" ] && check_loads "$SAVE"
+  present "$SAVE" && check_loads "$SAVE"
   newest=$(ls "$DIR" | grep '^run\.st\.step-[0-9]*$' | sort -t- -k2 -n | tail -1)
   [ -n "$newest" ] && check_loads "$DIR/$newest"
 done
 # A run with --save removes what SIGKILL left, and leaves nothing itself.
-if [ -f "$SAVE" ]; then
+if present "$SAVE"; then
   step=$(step_of "$SAVE")
-  "$TRAIN_GPT" "${MODEL[@]}" --steps 1000000 --until $((step + 1)) --save "$SAVE" --resume "$SAVE" > "$DIR/last.out" 2>&1 ||
+  last_flags=()
+  [ "$FORM" = sharded ] && last_flags=(--sharded)
+  "$TRAIN_GPT" "${MODEL[@]}" --steps 1000000 --until $((step + 1)) --save "$SAVE" "${last_flags[@]}" --resume "$SAVE" > "$DIR/last.out" 2>&1 ||
     fail "the last run failed: $(tail -1 "$DIR/last.out")"
-  ls "$DIR" | grep -q '\.tmp-' && fail "temporaries remain after a run with --save: $(ls "$DIR")"
+  [ -n "$(find "$DIR" -name '*.tmp-*')" ] && fail "temporaries remain after a run with --save: $(ls -R "$DIR")"
 fi
-echo "kill test: $TRIES tries (SIGINT ${counts[0]}, SIGTERM ${counts[1]}, SIGKILL ${counts[2]}; $stopped stopped and saved)," \
+echo "kill test ($FORM): $TRIES tries (SIGINT ${counts[0]}, SIGTERM ${counts[1]}, SIGKILL ${counts[2]}; $stopped stopped and saved)," \
      "every checkpoint loaded and resumed, no temporaries left; seed $SEED, $(($(date +%s) - start)) s"

@@ -182,8 +182,10 @@ private:
                 }
     }
 
-    // The index names this save's shards; anything else of ours in the directory is an older save's.
+    // The index names this save's shards; anything else of ours in the
+    // directory is an older save's, or the temporary of a killed one.
     void remove_older_shards() const {
+        (void)io::remove_stale_temporaries(directory_ / "shard-s");
         std::error_code ignored;
         for (const auto& entry : std::filesystem::directory_iterator(directory_, ignored)) {
             const std::string name = entry.path().filename().string();
