@@ -167,8 +167,13 @@ void train(C& world, const Flags& flags, const char* transport) {
         // A sharded checkpoint, from any strategy: every rank reads the shards and keeps what it owns.
         first_step = loom::gpt::check_sharded_metadata(flags.resume, flags.model,
                                                        loom::exec::read_sharded_index(flags.resume).metadata).step;
-        (void)loom::exec::load_sharded(exec, flags.resume);
-        if (flags.compress().on()) compression_note = "a sharded checkpoint keeps no compressor state";
+        const auto index = loom::exec::load_sharded(exec, flags.resume);
+        if (flags.compress().on()) {
+            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
+            if (loom::exec::read_sharded_rank_state(flags.resume, index, world.rank(), compression_signature, state,
+                                                    compression_note))
+                exec.load_compression_state(state);
+        }
     } else if (!flags.resume.empty()) {
         // Every rank reads the whole checkpoint and keeps what it owns.
         std::vector<float> values(static_cast<std::size_t>(parameters)), m(values.size()), v(values.size());
@@ -243,7 +248,7 @@ void train(C& world, const Flags& flags, const char* transport) {
             break;
         }
         if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last && flags.sharded) {
-            save_sharded_state(world, exec, flags, step + 1, corpus.describe(), sharded_save);
+            save_sharded_state(world, exec, flags, step + 1, corpus.describe(), compression_signature, sharded_save);
         } else if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
             (void)save_state(world, exec, flags, loom::train::periodic_checkpoint_path(flags.save, step + 1).string(),
                              step + 1, compression_signature, corpus.describe());
@@ -261,7 +266,7 @@ void train(C& world, const Flags& flags, const char* transport) {
 
     // The checkpoint first: a trace that cannot be written must not cost it.
     if (flags.sharded) {
-        save_sharded_state(world, exec, flags, done, corpus.describe(), sharded_save);
+        save_sharded_state(world, exec, flags, done, corpus.describe(), compression_signature, sharded_save);
         sharded_save->finish();
         if (lead)
             std::printf("saved %s (step %lld, one shard per rank)\n", flags.save.c_str(), static_cast<long long>(done));

@@ -356,8 +356,6 @@ inline Flags parse(int argc, char** argv) {
     if (app.count("--keep") > 0 && f.save_every == 0) usage_error("--keep " + std::to_string(f.keep) + " needs --save-every N");
     if (f.resume_anyway && f.resume.empty()) usage_error("--resume-anyway needs --resume FILE");
     if (f.sharded && f.save.empty()) usage_error("--sharded needs --save DIR");
-    if (f.sharded && f.compress().on())
-        usage_error("--sharded does not keep --compress " + f.compress().describe() + "'s state yet; drop one of them");
     if (f.until < 0) f.until = f.steps;
     if (f.until > f.steps) usage_error("--until " + std::to_string(f.until) + " is past --steps " + std::to_string(f.steps));
     return f;

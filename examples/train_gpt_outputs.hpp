@@ -44,16 +44,23 @@ inline void check_outputs_and_resume(const Flags& flags) {
 // it at the same step), then starts this one, which writes while training
 // goes on. A non-finite state throws on every rank at its finish, and the
 // last good checkpoint stays.
+// Each rank's compressor state rides in its own shard, under its signature.
 template <loom::comm::Communicator C>
 void save_sharded_state(C& world, const loom::exec::Executor<C>& exec, const Flags& flags, std::int64_t step,
-                        const std::string& data, std::optional<loom::exec::ShardedSave<C>>& in_flight) {
+                        const std::string& data, const std::string& compression_signature,
+                        std::optional<loom::exec::ShardedSave<C>>& in_flight) {
     if (in_flight) {
         in_flight->finish();
         in_flight.reset();
     }
     auto metadata = loom::gpt::sharded_metadata(flags.model, step, exec.optimizer_steps(), data);
     metadata.merge(loom::train::run_identity_metadata(flags.data, flags.seed));
-    in_flight.emplace(exec, world, flags.save, std::move(metadata));
+    loom::exec::RankState compressor;
+    if (flags.compress().on()) {
+        compressor = {compression_signature, std::vector<float>(static_cast<std::size_t>(exec.compression_state_size()))};
+        exec.save_compression_state(compressor.values);
+    }
+    in_flight.emplace(exec, world, flags.save, std::move(metadata), std::move(compressor));
 }
 
 // The whole model on every rank (a collective), checked finite and, if

@@ -222,6 +222,33 @@ TEST_CASE("a sharded save in the background keeps the state of the step it start
     CHECK(loom::exec::read_sharded_index(root.path).optimizer_steps == 1);
 }
 
+TEST_CASE("a sharded checkpoint gives each rank its own per-rank state back, under the same signature only",
+          "[parallel][checkpoint]") {
+    const Directory root;
+    const Layout layout{"dp 2 ZeRO 2", 2, 1, 1, 1, {.zero_stage = 2}};
+    const auto own = [](int rank) { return std::vector<float>{static_cast<float>(rank) + 0.5f, -1.0f, 7.0f}; };
+    std::vector<std::vector<float>> read(2);
+    std::vector<std::string> why(2);
+    std::vector<bool> other(2, true);
+    on_layout(layout, [&](auto& exec, ThreadComm& world, int, int) {
+        exec.initialize(seed);
+        loom::exec::save_sharded(exec, world, root.path, {}, {"TopK<0.1> on dp 2", own(world.rank())});
+        const auto index = loom::exec::read_sharded_index(root.path);
+        std::vector<float> mine(3);
+        if (loom::exec::read_sharded_rank_state(root.path, index, world.rank(), "TopK<0.1> on dp 2", mine,
+                                                why[static_cast<std::size_t>(world.rank())]))
+            read[static_cast<std::size_t>(world.rank())] = mine;
+        other[static_cast<std::size_t>(world.rank())] = loom::exec::read_sharded_rank_state(
+            root.path, index, world.rank(), "TopK<0.1> on dp 4", mine, why[static_cast<std::size_t>(world.rank())]);
+    });
+    for (int r = 0; r < 2; ++r) {
+        CHECK(read[static_cast<std::size_t>(r)] == own(r));
+        CHECK_FALSE(other[static_cast<std::size_t>(r)]);
+        CHECK(why[static_cast<std::size_t>(r)] ==
+              "the checkpoint's per-rank state belongs to TopK<0.1> on dp 2, not TopK<0.1> on dp 4");
+    }
+}
+
 TEST_CASE("a broken sharded checkpoint is named in one line", "[parallel][checkpoint]") {
     const Directory root;
     const Layout layout{"dp 2 ZeRO 1", 2, 1, 1, 1, {.zero_stage = 1}};

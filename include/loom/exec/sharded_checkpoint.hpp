@@ -60,6 +60,17 @@ inline constexpr std::string_view sharded_format = "loom-sharded-1";
            ".safetensors";
 }
 
+// State that belongs to one rank and means nothing in the whole model's
+// order (a compressor's error feedback): each shard keeps its rank's, and a
+// load takes it back only under the same `signature` (the same compressor on
+// the same degrees), so rank r's state goes back to rank r.
+struct RankState {
+    std::string signature;  // empty: none
+    std::vector<float> values;
+};
+
+inline constexpr std::string_view rank_state_key = "rank_state_signature";
+
 // What index.json says.
 struct ShardedIndex {
     std::int64_t parameters = 0;
@@ -110,11 +121,17 @@ template <comm::Communicator C>
 class ShardedSave {
 public:
     ShardedSave(const Executor<C>& exec, C& world, std::filesystem::path directory,
-                std::map<std::string, std::string> metadata = {})
+                std::map<std::string, std::string> metadata = {}, RankState rank_state = {})
         : world_(&world),
           directory_(std::move(directory)),
-          index_{exec.parameter_count(), exec.optimizer_steps(), {}, std::move(metadata)} {
+          index_{exec.parameter_count(), exec.optimizer_steps(), {}, std::move(metadata)},
+          rank_state_(std::move(rank_state)) {
         for (int r = 0; r < world.size(); ++r) index_.shards.push_back(shard_file_name(index_.optimizer_steps, r, world.size()));
+        if (!rank_state_.signature.empty()) {
+            LOOM_CHECK(!index_.metadata.contains(std::string(rank_state_key)), where(), ": metadata key ", rank_state_key,
+                       " is the checkpoint's own");
+            index_.metadata[std::string(rank_state_key)] = rank_state_.signature;
+        }
         try {
             state_ = exec.owned_state();
             check_finite();
@@ -159,11 +176,14 @@ private:
         std::filesystem::create_directories(directory_, made);
         LOOM_CHECK(!made, where(), ": cannot create the directory: ", made.message());
         const auto n = static_cast<std::int64_t>(state_.values.size());
-        const std::vector<io::NamedTensor> tensors{
+        std::vector<io::NamedTensor> tensors{
             {"values", Tensor::of(state_.values.data(), {n})},
             {"m", Tensor::of(state_.m.data(), {n})},
             {"v", Tensor::of(state_.v.data(), {n})},
             {"runs", Tensor::of(state_.runs.data(), {static_cast<std::int64_t>(state_.runs.size() / 2), 2})}};
+        if (!rank_state_.signature.empty())
+            tensors.push_back({"rank_state", Tensor::of(rank_state_.values.data(),
+                                                        {static_cast<std::int64_t>(rank_state_.values.size())})});
         io::save_safetensors(file, tensors,
                              {{"format", std::string(sharded_format)}, {"rank", std::to_string(rank)},
                               {"world", std::to_string(size)}});
@@ -208,6 +228,7 @@ private:
     std::filesystem::path directory_;
     ShardedIndex index_;
     typename Executor<C>::OwnedState state_;
+    RankState rank_state_;
     std::string error_;
     std::thread writer_;
 };
@@ -219,8 +240,8 @@ private:
 // in `directory` stays as it was. ShardedSave does the same in the background.
 template <comm::Communicator C>
 void save_sharded(const Executor<C>& exec, C& world, const std::filesystem::path& directory,
-                  const std::map<std::string, std::string>& metadata = {}) {
-    ShardedSave<C>(exec, world, directory, metadata).finish();
+                  const std::map<std::string, std::string>& metadata = {}, RankState rank_state = {}) {
+    ShardedSave<C>(exec, world, directory, metadata, std::move(rank_state)).finish();
 }
 
 // Reads and checks `directory`/index.json.
@@ -269,6 +290,30 @@ void save_sharded(const Executor<C>& exec, C& world, const std::filesystem::path
         for (const auto& member : metadata->members())
             index.metadata[std::string(member.key)] = std::string(member.value.text());
     return index;
+}
+
+// Rank `rank`'s RankState from the checkpoint into `out`, when it was saved
+// with the same `signature`; false (and `why` says why not) otherwise.
+[[nodiscard]] inline bool read_sharded_rank_state(const std::filesystem::path& directory, const ShardedIndex& index,
+                                                  int rank, const std::string& signature, std::span<float> out,
+                                                  std::string& why) {
+    const auto saved = index.metadata.find(std::string(rank_state_key));
+    if (saved == index.metadata.end()) {
+        why = "the checkpoint keeps no per-rank state (saved without it)";
+        return false;
+    }
+    if (saved->second != signature) {
+        why = "the checkpoint's per-rank state belongs to " + saved->second + ", not " + signature;
+        return false;
+    }
+    const std::string where = "sharded checkpoint " + directory.string();
+    LOOM_CHECK(rank >= 0 && rank < static_cast<int>(index.shards.size()), where, " has ", index.shards.size(),
+               " shards but its per-rank state is asked for rank ", rank);
+    const std::string& name = index.shards[static_cast<std::size_t>(rank)];
+    const io::SafetensorsFile shard(directory / name);
+    LOOM_CHECK(shard.contains("rank_state"), where, ": ", name, " has no rank_state, though the index says it keeps one");
+    shard.read_into("rank_state", Tensor::of(out.data(), {static_cast<std::int64_t>(out.size())}));
+    return true;
 }
 
 // Collective as Executor::load_state is: every rank of the loading job calls
