@@ -55,7 +55,7 @@ add_test(NAME "fuzz: build the targets with clang"
          COMMAND "${CMAKE_COMMAND}" --build "${CMAKE_BINARY_DIR}" --target loom_fuzz)
 set_tests_properties("fuzz: build the targets with clang" PROPERTIES FIXTURES_SETUP loom_fuzz
                      RESOURCE_LOCK ${LOOM_BUILD_TREE_LOCK})
-foreach(target IN ITEMS json safetensors plan)
+foreach(target IN ITEMS json safetensors plan sharded_index)
   set(_corpus "${CMAKE_CURRENT_BINARY_DIR}/fuzz_corpus/${target}")
   set(_artifacts "${CMAKE_CURRENT_BINARY_DIR}/fuzz_artifacts/${target}/")
   file(MAKE_DIRECTORY "${_corpus}" "${_artifacts}")

@@ -1,7 +1,8 @@
 // libFuzzer targets for loom's readers of untrusted text: the JSON parser,
 // the safetensors reader (a whole file) and the planner's cluster and model
-// files. One binary, the target chosen by LOOM_FUZZ_TARGET (json,
-// safetensors, plan), so the suite compiles it once. Built by clang with
+// files, and a sharded checkpoint's index. One binary, the target chosen by
+// LOOM_FUZZ_TARGET (json, safetensors, plan, sharded_index), so the suite
+// compiles it once. Built by clang with
 // -fsanitize=fuzzer,address,undefined (tests/fuzz/fuzz.cmake); a finding is
 // a crash, a sanitizer report, a leak, an exception other than loom::Error,
 // or (json) a peak of more than 8 bytes per byte of input.
@@ -20,6 +21,7 @@
 #include <string_view>
 
 #include <loom/core/error.hpp>
+#include <loom/exec/sharded_index.hpp>
 #include <loom/io/json.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/plan/cluster_json.hpp>
@@ -27,7 +29,7 @@
 
 namespace {
 
-enum class Target { json, safetensors, plan };
+enum class Target { json, safetensors, plan, sharded_index };
 Target target = Target::json;
 
 // Touches every value, so a handle pointing outside its document shows.
@@ -87,6 +89,17 @@ void fuzz_safetensors(std::string_view bytes) {
     }
 }
 
+// A sharded checkpoint's index: parsed, or refused with loom::Error.
+void fuzz_sharded_index(std::string_view text) {
+    try {
+        const auto index = loom::exec::parse_sharded_index(text, "fuzz");
+        if (index.shards.empty() || index.parameters < 0 || index.optimizer_steps < 0) std::abort();
+        for (const auto& name : index.shards)
+            if (name.empty() || name.find('/') != std::string::npos) std::abort();
+    } catch (const loom::Error&) {
+    }
+}
+
 void fuzz_plan(std::string_view text) {
     // "measure" times this machine (milliseconds per file): not what is fuzzed.
     if (text.find("measure") != std::string_view::npos) return;
@@ -108,8 +121,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     if (chosen == "json") target = Target::json;
     else if (chosen == "safetensors") target = Target::safetensors;
     else if (chosen == "plan") target = Target::plan;
+    else if (chosen == "sharded_index") target = Target::sharded_index;
     else {
-        std::fprintf(stderr, "set LOOM_FUZZ_TARGET to json, safetensors or plan (it is '%s')\n", name ? name : "");
+        std::fprintf(stderr, "set LOOM_FUZZ_TARGET to json, safetensors, plan or sharded_index (it is '%s')\n", name ? name : "");
         std::exit(2);
     }
     return 0;
@@ -121,6 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case Target::json: fuzz_json(bytes); break;
         case Target::safetensors: fuzz_safetensors(bytes); break;
         case Target::plan: fuzz_plan(bytes); break;
+        case Target::sharded_index: fuzz_sharded_index(bytes); break;
     }
     return 0;
 }
