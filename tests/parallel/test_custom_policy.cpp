@@ -19,6 +19,7 @@
 #include <loom/exec/executor.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/nn/param_arena.hpp>
+#include <loom/parallel/grad_compress.hpp>
 #include <loom/parallel/optimus2d.hpp>
 #include <loom/parallel/sequence_parallel.hpp>
 #include <loom/parallel/strategy.hpp>
@@ -174,6 +175,21 @@ TEST_CASE("a custom policy sees each gradient element once: its global norm equa
                                                NormProbe>>({.dp = 2, .pp = 2, .tp = 2}),
                     serial);
     }
+}
+
+TEST_CASE("a custom policy is refused where the gradients it would read are not the step's", "[parallel][policy]") {
+    // OneBit at ZeRO 0 mixes the gradients into the momentum before they are reduced.
+    std::vector<std::string> messages(2);
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        auto model = loom::gpt::make_model(config);
+        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] {
+            (void)loom::exec::Executor<loom::comm::ThreadComm>::make<
+                loom::Strategy<loom::DataParallel<>, loom::GradCompress<loom::OneBit>, NormProbe>>(model, comm);
+        });
+    });
+    for (const std::string& message : messages)
+        CHECK(message == "Executor: policy NormProbe would read gradients that OneBit mixes into the momentum at ZeRO 0; "
+                         "use ZeroShard<1> or more");
 }
 
 TEST_CASE("an executor without the policy has no instance of it", "[parallel][policy]") {
