@@ -69,7 +69,6 @@ std::vector<Layout> layouts() {
 
 struct State {
     std::vector<float> values, m, v;
-    friend bool operator==(const State&, const State&) = default;
 };
 
 // Runs `body(exec, comm)` on every rank of `layout`'s world, with an executor of a fresh model.

@@ -19,7 +19,7 @@
 // examples/custom_policy.cpp is one in full (global gradient-norm clipping).
 #pragma once
 
-#include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <span>

@@ -29,14 +29,11 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <span>
 #include <string>
-#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -48,9 +45,8 @@
 #include "loom/exec/executor.hpp"
 #include "loom/exec/sharded_index.hpp"
 #include "loom/io/atomic_file.hpp"
-#include "loom/io/json.hpp"
-#include "loom/io/json_value.hpp"
 #include "loom/io/safetensors.hpp"
+#include "loom/train/finite_check.hpp"
 
 namespace loom::exec {
 
@@ -151,15 +147,10 @@ private:
 
     // A diverged run must not replace the last good checkpoint.
     void check_finite() const {
-        std::size_t at = 0;
-        for (std::size_t i = 0; i < state_.runs.size(); i += 2)
-            for (std::int64_t k = 0; k < state_.runs[i + 1]; ++k, ++at)
-                for (const auto& [array, what] : {std::pair{&state_.values, "parameter"}, std::pair{&state_.m, "first moment"},
-                                                  std::pair{&state_.v, "second moment"}}) {
-                    const float x = (*array)[at];
-                    LOOM_CHECK(std::isfinite(x), where(), " was not written: the ", what, " at element ",
-                               state_.runs[i] + k, " of the model is ", x, "; only finite values are saved");
-                }
+        const std::string context = where() + " was not written";
+        for (const auto& [array, name] : {std::pair{&state_.values, "values"}, std::pair{&state_.m, "m"},
+                                          std::pair{&state_.v, "v"}})
+            train::check_finite(Tensor::of(array->data(), {static_cast<std::int64_t>(array->size())}), name, context);
     }
 
     // The index names this save's shards; anything else of ours in the
@@ -272,13 +263,10 @@ ShardedIndex load_sharded(Executor<C>& exec, const std::filesystem::path& direct
         }
         LOOM_CHECK(at == count, where, ": ", name, " holds ", count, " elements but its runs place ", at);
     }
-    for (std::size_t k = 0; k < size; ++k) {
+    for (std::size_t k = 0; k < size; ++k)
         LOOM_CHECK(seen[k] == 1, where, ": element ", k, " of the model is in no shard; the checkpoint is incomplete");
-        for (const auto& [array, what] : {std::pair{&values, "parameter"}, std::pair{&m, "first moment"},
-                                          std::pair{&v, "second moment"}})
-            LOOM_CHECK(std::isfinite((*array)[k]), where, ": the ", what, " at element ", k, " of the model is ",
-                       (*array)[k], "; only finite values are valid");
-    }
+    for (const auto& [array, name] : {std::pair{&values, "values"}, std::pair{&m, "m"}, std::pair{&v, "v"}})
+        train::check_finite(Tensor::of(array->data(), {n}), name, where);
     exec.load_state(values, m, v, index.optimizer_steps);
     return index;
 }
