@@ -10,7 +10,12 @@
 //   slots >= total savings / G): the cost equals the optimum within 1e-12
 //   relative, and no other optimal subset has a lower peak.
 // - unaligned bytes: the cost is at most the optimum for the budget shrunk by
-//   n x g, g = ceil((keep-all peak + largest transient - budget) / slots).
+//   (n + 1) x g, g the less of ceil(bytes to save / slots) and ceil(bytes to
+//   spare / slots), where the bytes to save are at most keep-all peak +
+//   largest transient - budget, and the bytes to spare at most budget - the
+//   least peak any subset reaches.
+// - every fitting answer is minimal: keeping any recomputed unit (that costs
+//   time) breaks the budget.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -141,6 +146,12 @@ void check_answer(const std::vector<RecomputeUnit>& units, const std::vector<Sub
     if (got.fits) {
         REQUIRE(got.peak_bytes <= budget);
         REQUIRE(got.extra_seconds >= optimum * (1 - 1e-12));
+        for (std::size_t u = 0; u < units.size(); ++u) {
+            if (!got.recompute[u] || units[u].forward_seconds == 0) continue;
+            auto kept = got.recompute;
+            kept[u] = false;
+            REQUIRE(recompute_peak(units, kept) > budget);
+        }
     } else {
         // Nothing fits: the answer is the least peak any subset reaches.
         std::int64_t least = std::numeric_limits<std::int64_t>::max();
@@ -278,7 +289,7 @@ TEST_CASE("recompute: the optimum over every subset, exactly, when savings share
     CHECK(unfit > 100);
 }
 
-TEST_CASE("recompute: on unaligned bytes the answer fits and beats the optimum for a budget n slots smaller",
+TEST_CASE("recompute: on unaligned bytes the answer beats the optimum for a budget n + 1 slots smaller",
           "[recompute]") {
     std::mt19937 rng(1338);
     int tight = 0;
@@ -286,7 +297,8 @@ TEST_CASE("recompute: on unaligned bytes the answer fits and beats the optimum f
         for (int trial = 0; trial < 150; ++trial) {
             const auto units = random_chain(rng, 0);
             const auto subsets = every_subset(units);
-            std::int64_t keep_all = 0, largest_transient = 0;
+            std::int64_t keep_all = 0, largest_transient = 0, least_peak = std::numeric_limits<std::int64_t>::max();
+            for (const Subset& s : subsets) least_peak = std::min(least_peak, s.peak);
             for (const auto& u : units) {
                 keep_all += u.copies * u.kept_bytes;
                 if (u.recomputable) largest_transient = std::max(largest_transient, u.transient_bytes);
@@ -297,8 +309,9 @@ TEST_CASE("recompute: on unaligned bytes the answer fits and beats the optimum f
                 const RecomputeChoice got = solve_recompute(units, budget, slots);
                 check_answer(units, subsets, budget, got);
                 const std::int64_t need = std::max<std::int64_t>(0, keep_all + largest_transient - budget);
-                const std::int64_t granule = (need + slots - 1) / slots;
-                const double shrunk = least_cost(subsets, budget - n * granule);
+                const std::int64_t spare = std::max<std::int64_t>(0, budget - least_peak);
+                const std::int64_t granule = std::min((need + slots - 1) / slots, (spare + slots - 1) / slots);
+                const double shrunk = least_cost(subsets, budget - (n + 1) * granule);
                 if (std::isfinite(shrunk)) {
                     REQUIRE(got.fits);
                     REQUIRE(got.extra_seconds <= shrunk * (1 + 1e-12));
@@ -324,6 +337,46 @@ TEST_CASE("recompute: among equally cheap choices the lower peak wins", "[recomp
     const RecomputeChoice across = solve_recompute(two_caps, 250);
     CHECK(across.recompute == std::vector<bool>{false, true});
     CHECK(across.peak_bytes == 130);
+}
+
+TEST_CASE("recompute: coarse slots still find the optimum, counting bytes to save or bytes to spare", "[recompute]") {
+    // a saves 10 bytes in 1 ms; b, c, d save 1000 each in 5 ms. Keep-all 3320.
+    const std::vector<RecomputeUnit> units{{1e-3, 20, 10, 0, 1, true},
+                                           {5e-3, 1100, 100, 0, 1, true},
+                                           {5e-3, 1100, 100, 0, 1, true},
+                                           {5e-3, 1100, 100, 0, 1, true}};
+    // 10 bytes to save, 3000 to spare: one slot of the bytes to save finds a
+    // (one of the bytes to spare keeps a, b and c, recomputing d for 5 ms).
+    const RecomputeChoice save_10 = solve_recompute(units, 3310, 1);
+    CHECK(save_10.recompute == std::vector<bool>{true, false, false, false});
+    CHECK(save_10.extra_seconds == 1e-3);
+    // 1501 bytes to save, 1050 to spare (found by a search against a solver
+    // that only counts the bytes to save): two slots of the bytes to spare
+    // keep b and d, so a and c are recomputed for 9 ms, where one that counts
+    // only the bytes to save lands on 15 ms.
+    const std::vector<RecomputeUnit> four{{1e-3, 800, 100, 0, 1, true},    // a: saves 700
+                                          {6e-3, 150, 100, 0, 1, true},    // b: saves 50
+                                          {8e-3, 950, 100, 0, 1, true},    // c: saves 850
+                                          {7e-3, 900, 100, 0, 1, true}};   // d: saves 800
+    const RecomputeChoice save_1501 = solve_recompute(four, 1299, 2);
+    CHECK(save_1501.recompute == std::vector<bool>{true, false, true, false});
+    CHECK(save_1501.extra_seconds == Approx(9e-3));
+    CHECK(save_1501.peak_bytes == 2800 - 1550);
+}
+
+TEST_CASE("recompute: keeping the largest transient again can let another unit be kept", "[recompute]") {
+    // Kept again dearest first, b (transient 500) does not fit at first while
+    // a's transient 900 counts; once a is kept, b fits too.
+    const std::vector<RecomputeUnit> units{{1e-3, 200, 100, 900, 1, true},    // a
+                                           {2e-3, 200, 100, 500, 1, true},    // b
+                                           {1e-4, 10000, 10, 400, 1, true}};  // c: must go
+    // Keep-all 10400; {a, b, c}: 10400 - 10190 + 900 = 1110; {c}: 810.
+    std::vector<bool> r{true, true, true};
+    loom::schedule::detail::keep_while_it_fits(units, r, 900);  // b is passed over first: 1210 > 900
+    CHECK(r == std::vector<bool>{false, false, true});
+    const RecomputeChoice got = solve_recompute(units, 900);
+    CHECK(got.recompute == std::vector<bool>{false, false, true});
+    CHECK(got.peak_bytes == 810);
 }
 
 TEST_CASE("recompute: units that cannot or need not be recomputed stay kept", "[recompute]") {

@@ -23,8 +23,8 @@
 // Why the answer is exact for what the executor runs: each unit is either
 // kept or recomputed once from its own kept input, so the executor's choices
 // are exactly the 2^n subsets R, and solve_recompute finds the least-cost one
-// under the budget (exactly when the byte counts share a granule that fits in
-// `slots` slots, otherwise within n slots of memory; see below). Rotor
+// under the budget (exactly when the savings share a granule that fits in
+// `slots` slots, otherwise within n + 1 slots of memory; see below). Rotor
 // (Beaumont et al.; ColossalAI's ckpt_solver_rotor) solves a larger space:
 // its table C[m][i][j] lets a "leaf" segment be recomputed from a checkpoint
 // several units back and recursively, so one unit's forward may run several
@@ -43,12 +43,20 @@
 // recomputing u saves) and base = peak({}). The max transient term is handled
 // by enumerating its cap: for each distinct transient value t, only units with
 // transient <= t may be recomputed, and R fits when sum_{u in R} s_u >= need_t
-// = base + t - budget. That is a 0/1 covering knapsack, solved by a dynamic
-// programme over the savings counted in granules g (savings rounded down, so
-// everything it reports truly fits). When every s_u is a multiple of a common
-// granule G and ceil(need_t / G) <= slots, g = G and the DP is exact;
-// otherwise g = ceil(need_t / slots) and its choice is at least as cheap as the
-// optimum for the budget shrunk by n * g. Ties go to the lower peak.
+// = base + t - budget. That is a 0/1 knapsack, solved by a dynamic programme
+// twice, and the cheaper answer kept: covering (the recomputed set saves at
+// least need_t, least time) and packing (the kept set takes at most spare_t =
+// budget - peak(all allowed), most time), so whichever of need_t and spare_t
+// is smaller is counted in finer granules. Each counts bytes in granules g,
+// a state being the granules of its best set's exact sum (rounded so that
+// everything it reports truly fits); then any recomputed unit the room left
+// by rounding allows is kept again, so no answer could keep one more unit.
+// When every s_u is a multiple of a common granule G and need_t or spare_t is
+// at most slots * G, g = G and the answer is exact; otherwise g is
+// ceil(need_t / slots) covering, ceil(spare_t / slots) packing, and the answer
+// is at least as cheap as the optimum for the budget shrunk by (n + 1) * g for
+// the smaller g. Time O(n^2 * slots). Among equally cheap answers the lower
+// peak wins.
 #pragma once
 
 #include <algorithm>
@@ -177,41 +185,52 @@ inline void check_recompute_budget(std::int64_t budget_bytes) {
     return out;
 }
 
-// The least-cost subset of `items` saving at least `need` bytes, then the one
-// saving most; empty when the DP finds none. Savings are counted in granules
-// rounded down, so what it returns truly saves `need`.
-[[nodiscard]] inline std::vector<bool> cover_savings(const std::vector<RecomputeUnit>& units,
-                                                     const std::vector<std::size_t>& items, std::int64_t need,
-                                                     int slots) {
-    std::int64_t granule = 1, states = 0;
-    if (need > 0) {
-        std::int64_t common = 0;
-        for (std::size_t u : items) common = std::gcd(common, recompute_saving(units[u]));
-        if (common > 0 && (need + common - 1) / common <= slots) granule = common;
-        else granule = (need + slots - 1) / slots;
-        states = (need + granule - 1) / granule;
+// One 0/1 knapsack over `items` (the units allowed under a cap), both ways:
+// covering picks the recomputed set X (least seconds, sum_X saving >= bound),
+// packing picks the kept set X (most seconds, sum_X saving <= bound). Bytes are
+// counted in granules; a state is the granules of the exact sum its best set
+// saves (floor for covering, ceil for packing), so rounding never lets an
+// answer break the bound, and it does not pile up item by item: the state's
+// best set lags any other set in its state by less than one granule. Ties go
+// to the set that saves more (covering) or keeps less (packing). Returns X,
+// or nothing when no state meets the bound.
+[[nodiscard]] inline std::vector<bool> knapsack_savings(const std::vector<RecomputeUnit>& units,
+                                                        const std::vector<std::size_t>& items, std::int64_t bound,
+                                                        int slots, bool covering) {
+    std::int64_t common = 0;
+    for (std::size_t u : items) common = std::gcd(common, recompute_saving(units[u]));
+    std::int64_t granule = 1, states = 0;  // covering: reach `states`; packing: stay within it
+    if (covering && bound > 0) {
+        granule = common > 0 && (bound + common - 1) / common <= slots ? common : (bound + slots - 1) / slots;
+        states = (bound + granule - 1) / granule;
+    } else if (!covering && bound > 0) {
+        granule = common > 0 && bound / common <= slots ? common : (bound + slots - 1) / slots;
+        states = bound / granule;
     }
+    const double sign = covering ? 1 : -1;  // both minimise sign * seconds
     struct Best {
-        double seconds = std::numeric_limits<double>::infinity();
-        std::int64_t saved = 0;
+        double score = std::numeric_limits<double>::infinity();
+        std::int64_t saved = 0;  // the set's exact saving
     };
-    const auto better = [](const Best& a, const Best& b) {
-        return a.seconds < b.seconds || (a.seconds == b.seconds && a.saved > b.saved);
+    const auto better = [covering](const Best& a, const Best& b) {
+        return a.score < b.score || (a.score == b.score && (covering ? a.saved > b.saved : a.saved < b.saved));
     };
     const auto width = static_cast<std::size_t>(states + 1);
     std::vector<Best> best(width), next;
-    best[0].seconds = 0;
-    // from[i * width + k]: the state unit i was added to on the way to k; -1 when not added.
+    best[0].score = 0;
+    // from[i * width + k]: the state item i was added to on the way to k; -1 when not added.
     std::vector<std::int32_t> from(items.size() * width, -1);
     for (std::size_t i = 0; i < items.size(); ++i) {
         const RecomputeUnit& x = units[items[i]];
-        const std::int64_t step = recompute_saving(x) / granule;
+        const std::int64_t saving = recompute_saving(x);
         next = best;
-        for (std::int64_t k = 0; k <= states; ++k) {
-            const Best& at = best[static_cast<std::size_t>(k)];
-            if (!std::isfinite(at.seconds)) continue;
-            const std::int64_t to = std::min(states, k + std::min(step, states));
-            const Best taken{at.seconds + x.forward_seconds, at.saved + recompute_saving(x)};
+        for (std::size_t k = 0; k < width; ++k) {
+            const Best& at = best[k];
+            if (!std::isfinite(at.score)) continue;
+            const std::int64_t saved = at.saved + saving;
+            std::int64_t to = covering ? std::min(states, saved / granule) : (saved + granule - 1) / granule;
+            if (to > states) continue;  // packing: over the bound
+            const Best taken{at.score + sign * x.forward_seconds, saved};
             if (better(taken, next[static_cast<std::size_t>(to)])) {
                 next[static_cast<std::size_t>(to)] = taken;
                 from[i * width + static_cast<std::size_t>(to)] = static_cast<std::int32_t>(k);
@@ -219,16 +238,43 @@ inline void check_recompute_budget(std::int64_t budget_bytes) {
         }
         best.swap(next);
     }
-    std::vector<bool> r(units.size(), false);
-    if (!std::isfinite(best[static_cast<std::size_t>(states)].seconds)) return {};
-    std::int64_t k = states;
+    std::size_t end = width - 1;  // covering ends in the last state; packing in its best one
+    if (!covering)
+        for (std::size_t k = 0; k < width; ++k)
+            if (better(best[k], best[end])) end = k;
+    if (!std::isfinite(best[end].score)) return {};
+    std::vector<bool> chosen(units.size(), false);
+    std::size_t k = end;
     for (std::size_t i = items.size(); i-- > 0;) {
-        const std::int32_t was = from[i * width + static_cast<std::size_t>(k)];
+        const std::int32_t was = from[i * width + k];
         if (was < 0) continue;
-        r[items[i]] = true;
-        k = was;
+        chosen[items[i]] = true;
+        k = static_cast<std::size_t>(was);
     }
-    return r;
+    return chosen;
+}
+
+// Keeps again, dearest first, every recomputed unit the budget still allows
+// once the others are chosen: rounding leaves the DP's answer some room. (A
+// free recompute stays: it only lowers the peak.)
+inline void keep_while_it_fits(const std::vector<RecomputeUnit>& units, std::vector<bool>& r, std::int64_t budget) {
+    std::vector<std::size_t> chosen;
+    for (std::size_t u = 0; u < units.size(); ++u)
+        if (r[u] && units[u].forward_seconds > 0) chosen.push_back(u);
+    std::stable_sort(chosen.begin(), chosen.end(), [&](std::size_t a, std::size_t b) {
+        return units[a].forward_seconds > units[b].forward_seconds;
+    });
+    // Keeping the unit with the largest transient lowers the max, which may
+    // let one passed over before fit: repeat until nothing changes.
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (std::size_t u : chosen) {
+            if (!r[u]) continue;
+            r[u] = false;
+            if (peak_unchecked(units, r) > budget) r[u] = true;
+            else changed = true;
+        }
+    }
 }
 
 // The distinct transients of the units worth recomputing, ascending.
@@ -298,11 +344,14 @@ inline void check_recompute_budget(std::int64_t budget_bytes) {
 
 // The least-cost choice whose peak fits `budget_bytes` (then the least peak).
 // `slots` bounds the DP's memory axis (time O(n^2 * slots)): the answer is
-// exact when the units' savings share a granule that needs at most `slots`
-// slots, and otherwise at least as cheap as the optimum for a budget n slots
-// smaller. When nothing fits it returns the choice with the least peak, with
-// fits = false (recomputing every recomputable unit, unless a unit's transient
-// costs more than recomputing it saves).
+// exact when the units' savings share a granule G and the bytes to save (or
+// to spare) are at most slots * G, and otherwise at least as cheap as the
+// optimum for a budget (n + 1) slots smaller, a slot being 1/slots of the
+// bytes to save or of the bytes to spare, whichever is less; and no
+// recomputed unit could be kept without breaking the budget. When
+// nothing fits it returns the choice with the least peak, with fits = false:
+// recomputing every recomputable unit that saves bytes, unless a unit's
+// transient costs more than recomputing it saves.
 [[nodiscard]] inline RecomputeChoice solve_recompute(const std::vector<RecomputeUnit>& units,
                                                      std::int64_t budget_bytes, int slots = 500) {
     detail::check_recompute_units(units);
@@ -320,13 +369,23 @@ inline void check_recompute_budget(std::int64_t budget_bytes) {
             (every.peak_bytes == least_memory.peak_bytes && every.extra_seconds < least_memory.extra_seconds))
             least_memory = every;
         if (!every.fits) continue;  // not even all of them: nothing under this cap fits
-        std::vector<bool> r = detail::cover_savings(units, items, base + cap - budget_bytes, slots);
-        if (r.empty()) continue;
-        RecomputeChoice found = detail::make_choice(units, std::move(r), budget_bytes);
-        if (!best.fits || detail::cheaper(found, best)) best = std::move(found);
+        // Covering counts the bytes to save, packing the bytes to spare: the
+        // smaller of the two gets the finer granule, so both run.
+        const std::int64_t need = base + cap - budget_bytes, spare = budget_bytes - every.peak_bytes;
+        for (const bool covering : {true, false}) {
+            std::vector<bool> r = detail::knapsack_savings(units, items, covering ? need : spare, slots, covering);
+            if (r.empty()) continue;
+            if (!covering)  // r is the kept set: recompute the rest
+                for (std::size_t u : items) r[u] = !r[u];
+            detail::keep_while_it_fits(units, r, budget_bytes);
+            RecomputeChoice found = detail::make_choice(units, std::move(r), budget_bytes);
+            if (!best.fits || detail::cheaper(found, best)) best = std::move(found);
+        }
     }
-    // Rounding may hide a fitting choice the least-memory one shows.
-    return best.fits ? best : least_memory;
+    if (best.fits || !least_memory.fits) return best.fits ? best : least_memory;
+    // Rounding hid every fitting choice but the least-memory one.
+    detail::keep_while_it_fits(units, least_memory.recompute, budget_bytes);
+    return detail::make_choice(units, std::move(least_memory.recompute), budget_bytes);
 }
 
 }  // namespace loom::schedule
