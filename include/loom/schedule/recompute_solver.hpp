@@ -15,10 +15,11 @@
 // backward (saved activations, output, its backward's temporaries); copies is
 // how many micro-batches of the unit are in flight at the peak (p - s for 1F1B
 // stage s of p). Only one recomputed unit runs at a time, so only the largest
-// transient adds. The formula is the bound the executor reserves: it is
-// reached when the unit with the largest transient runs its backward while
-// every other unit still holds its bytes, and it overstates the high-water
-// mark only when that unit comes late in a lone micro-batch's backward.
+// transient adds. The formula is the bound the executor reserves: it counts
+// every unit's bytes while the largest transient runs. That is reached when
+// the unit with the largest transient is the last of the chain (the first
+// backward); otherwise it overstates by what the units after it have already
+// released in that micro-batch's backward, never understates.
 //
 // Why the answer is exact for what the executor runs: each unit is either
 // kept or recomputed once from its own kept input, so the executor's choices
@@ -343,7 +344,8 @@ inline void keep_while_it_fits(const std::vector<RecomputeUnit>& units, std::vec
 }
 
 // The least-cost choice whose peak fits `budget_bytes` (then the least peak).
-// `slots` bounds the DP's memory axis (time O(n^2 * slots)): the answer is
+// `slots` bounds the DP's memory axis (time O(n^2 * slots), memory
+// O(n * slots)): the answer is
 // exact when the units' savings share a granule G and the bytes to save (or
 // to spare) are at most slots * G, and otherwise at least as cheap as the
 // optimum for a budget (n + 1) slots smaller, a slot being 1/slots of the
