@@ -44,9 +44,9 @@ constexpr std::int64_t KiB = 1024, MiB = 1024 * KiB;
 
 // A random chain of 1..12 units: copies 1..4, about one in six units not
 // recomputable, one in ten saving nothing (output = kept), times 1e-5..1e-2 s
-// (log-uniform). Aligned (granule > 0): every saving is a multiple of granule
-// between 1 and 10 granules' worth of MiB; otherwise bytes are any count in
-// 1 KiB..10 MiB.
+// (log-uniform). Aligned (granule > 0): kept - output is a whole number of
+// granules up to 10 MiB, the other sizes whole KiB; otherwise bytes are any
+// count in 1 KiB..10 MiB.
 std::vector<RecomputeUnit> random_chain(std::mt19937& rng, std::int64_t granule) {
     std::uniform_int_distribution<int> count(1, 12), copies(1, 4), die(0, 59);
     std::uniform_real_distribution<double> log_time(std::log(1e-5), std::log(1e-2));
