@@ -21,6 +21,7 @@ loom_compile_fail("reflecting a layer with virtual functions" reflect_virtual.cp
 loom_compile_fail("dtype_of an unsupported element type" dtype_of_unsupported.cpp "dtype_of<T> is only defined for float, loom::bf16, loom::f16")
 loom_compile_fail("Strategy lists DataParallel twice" strategy_data_parallel_twice.cpp "lists DataParallel twice")
 loom_compile_fail("Strategy lists ZeroShard twice" strategy_zero_shard_twice.cpp "lists ZeroShard twice")
+loom_compile_fail("Strategy lists Recompute twice" strategy_recompute_twice.cpp "lists Recompute twice")
 loom_compile_fail("ZeroShard stage 4" strategy_zero_stage_4.cpp "Stage must be 1")
 loom_compile_fail("Strategy of something that is not a policy" strategy_not_a_policy.cpp "every argument must be a policy")
 loom_compile_fail("DataParallel with an option that is not one" strategy_bad_data_parallel_option.cpp "every option must be a DataParallel option")

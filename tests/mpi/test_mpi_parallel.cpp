@@ -174,3 +174,27 @@ TEST_CASE("OptEx on MPI processes equals the serial definition of the algorithm"
             CHECK(loom_test::max_difference(run.losses, serial.losses) <= 2e-4);
         }
 }
+
+// Recompute<...> under mpirun: dp 2 x pp 2 x tp 2 at ZeRO 3 on 8 processes,
+// and dp 2 x pp 2 on ZB-H1 on 4, with Full and with a Budget between Full's
+// and the plain run's activations: losses and parameters bit-identical to the
+// same strategy without recomputation (tests/parallel/test_recompute.cpp on
+// rank threads).
+TEST_CASE("recomputation is bit-identical under MPI", "[recompute]") {
+    auto world = loom::comm::Mpi::world();
+    REQUIRE((world.size() == 4 || world.size() == 8));
+    loom_test::EquivalenceCase c{.dp = 2, .stage = 3, .micro_batches = 4, .steps = 3, .pp = 2,
+                                 .schedule = loom::ScheduleKind::zero_bubble_h1, .layers = 4};
+    if (world.size() == 8) c = {.dp = 2, .stage = 3, .micro_batches = 2, .steps = 3, .pp = 2, .layers = 2, .tp = 2};
+    const auto plain = loom_test::train_case(world, c);
+    c.recompute = loom::Recompute<loom::Full>::spec;
+    const auto full = loom_test::train_case(world, c);
+    c.recompute = {loom::RecomputeMode::budget, (plain.memory.activations + full.memory.activations) / 2};
+    const auto budget = loom_test::train_case(world, c);
+    INFO(c << ", rank " << world.rank());
+    CHECK(full.recomputes > 0);
+    for (const auto* run : {&full, &budget}) {
+        CHECK(run->losses == plain.losses);
+        CHECK(run->params == plain.params);
+    }
+}

@@ -26,6 +26,8 @@
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
 #include <loom/parallel/pipeline.hpp>
+#include <loom/parallel/recompute.hpp>
+#include <loom/schedule/program.hpp>
 
 namespace loom_test {
 
@@ -50,6 +52,7 @@ struct EquivalenceCase {
     loom::Compression dp_compress{};          // GradCompress on the dp axis (lossless settings only here)
     // The layers' matrix products; compare a bf16 case with a bf16 serial run.
     loom::kernels::MatmulPrecision matmul = loom::kernels::MatmulPrecision::f32;
+    loom::RecomputeSpec recompute{};  // Recompute<...>: bit-identical to the case without it
 
     [[nodiscard]] int chunks() const {
         return schedule == loom::ScheduleKind::interleaved || schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
@@ -66,6 +69,7 @@ struct EquivalenceCase {
                                                                              : " hybrid ulysses " + std::to_string(c.ulysses))
                 << (c.zigzag ? "" : " contiguous");
         if (c.matmul != loom::kernels::MatmulPrecision::f32) out << " matmul " << c.matmul;
+        if (c.recompute.on()) out << " recompute " << c.recompute.describe();
         return out;
     }
 };
@@ -150,11 +154,7 @@ inline SerialRun serial_run(int steps, int layers = 2, int heads = 2, std::int64
 // agrees to ~1e-6 of its own tensor's scale (docs/testing.md).
 // Also returns ||p - serial|| / ||serial||, which a few noise-driven elements
 // (that bias) barely move.
-template <class Executor>
-std::pair<double, double> param_errors(Executor& exec, const SerialRun& serial) {
-    const auto n = static_cast<std::size_t>(exec.parameter_count());
-    std::vector<float> values(n), m(n), v(n);
-    exec.gather_state(values, m, v);
+inline std::pair<double, double> value_errors(const std::vector<float>& values, const SerialRun& serial) {
     float scale = 0;
     for (float p : serial.params) scale = std::max(scale, std::abs(p));
     double worst = 0, diff = 0, norm = 0;
@@ -166,10 +166,27 @@ std::pair<double, double> param_errors(Executor& exec, const SerialRun& serial) 
     }
     return {worst, std::sqrt(diff / norm)};
 }
+template <class Executor>
+std::pair<double, double> param_errors(Executor& exec, const SerialRun& serial) {
+    const auto n = static_cast<std::size_t>(exec.parameter_count());
+    std::vector<float> values(n), m(n), v(n);
+    exec.gather_state(values, m, v);
+    return value_errors(values, serial);
+}
+
+// What one rank's training of a case left: its losses, the whole model's
+// final parameters (gathered), what its executor held and ran.
+struct TrainedCase {
+    std::vector<float> losses;
+    std::vector<float> params;
+    loom::MemoryReport memory;
+    std::int64_t tokens_per_sequence = 0;
+    std::int64_t recomputes = 0;  // Op::recompute instructions in the last step's program
+};
 
 // Runs on every rank of `world` (whose size is dp x pp x tp x sp).
 template <loom::comm::Communicator C>
-EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
+TrainedCase train_case(C& world, const EquivalenceCase& c) {
     const auto config = equivalence_model(c.layers, c.heads, c.width, c.vocab);
     loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}, {"sp", c.sp}});
     // Sequence parallel ranks reduce their gradients with the data-parallel ones.
@@ -179,25 +196,43 @@ EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const Seri
     plan.pp_compression = c.pp_cast;
     plan.tp_compression = c.tp_cast;
     plan.dp_compression = c.dp_compress;
+    plan.recompute = c.recompute;
     loom::exec::Executor<C> exec(model, dp, c.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  c.tp > 1 ? &mesh.axis("tp") : nullptr, c.sp > 1 ? &mesh.axis("sp") : nullptr, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw(), .matmul = c.matmul});
     exec.initialize(equivalence_seed);
     const std::int64_t rows = equivalence_batch / c.dp;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * config.seq)), targets(inputs.size());
-    EquivalenceResult result;
-    result.serial_losses = serial.losses;
+    TrainedCase run;
     for (int step = 0; step < c.steps; ++step) {
         equivalence_corpus().rows(equivalence_seed, step, mesh.coordinate("dp") * rows, rows, config.seq, inputs,
                                   targets);
-        const float loss = exec.step(loom::Tensor::of(inputs.data(), {rows, config.seq}),
-                                     loom::Tensor::of(targets.data(), {rows, config.seq}), equivalence_lr);
-        result.losses.push_back(loss);
-        const double ref = serial.losses[static_cast<std::size_t>(step)];
-        result.worst_loss_error = std::max(result.worst_loss_error, std::abs(loss - ref) / std::abs(ref));
+        run.losses.push_back(exec.step(loom::Tensor::of(inputs.data(), {rows, config.seq}),
+                                       loom::Tensor::of(targets.data(), {rows, config.seq}), equivalence_lr));
     }
-    result.tokens_per_sequence = exec.tokens_per_sequence();
-    std::tie(result.worst_param_error, result.param_norm_error) = param_errors(exec, serial);
+    run.tokens_per_sequence = exec.tokens_per_sequence();
+    const auto n = static_cast<std::size_t>(exec.parameter_count());
+    std::vector<float> m(n), v(n);
+    run.params.resize(n);
+    exec.gather_state(run.params, m, v);
+    run.memory = exec.memory_report();
+    run.recomputes = exec.program().count(loom::schedule::Op::recompute);
+    return run;
+}
+
+// Runs on every rank of `world` (whose size is dp x pp x tp x sp).
+template <loom::comm::Communicator C>
+EquivalenceResult run_equivalence(C& world, const EquivalenceCase& c, const SerialRun& serial) {
+    const TrainedCase run = train_case(world, c);
+    EquivalenceResult result;
+    result.serial_losses = serial.losses;
+    result.losses = run.losses;
+    for (std::size_t step = 0; step < run.losses.size(); ++step) {
+        const double ref = serial.losses[step];
+        result.worst_loss_error = std::max(result.worst_loss_error, std::abs(run.losses[step] - ref) / std::abs(ref));
+    }
+    result.tokens_per_sequence = run.tokens_per_sequence;
+    std::tie(result.worst_param_error, result.param_norm_error) = value_errors(run.params, serial);
     return result;
 }
 

@@ -86,6 +86,12 @@ TEST_CASE("every strategy family prints as its type and reads back", "[parallel]
     check_round_trip<Strategy<DataParallel<>, GradCompress<OneBitBlock<256>>>>();
     check_round_trip<Strategy<DataParallel<>, Pipeline<OneFOneB>, TensorParallel, ZeroShard<2>, GradCompress<TopK<0.01>>,
                               GradCompress<CastBf16, PpAxis>, GradCompress<CastFp16, TpAxis>>>();
+    // Recomputation, alone and last after everything else.
+    check_round_trip<Strategy<DataParallel<>, Recompute<Full>>>();
+    check_round_trip<Strategy<DataParallel<>, Recompute<Budget<std::int64_t{64} << 20>>>>();
+    check_round_trip<Strategy<DataParallel<>, Recompute<Budget<1000001>>>>();  // words would round: in bytes
+    check_round_trip<Strategy<DataParallel<>, Pipeline<ZeroBubbleV>, TensorParallel, ZeroShard<3>,
+                              GradCompress<CastBf16, PpAxis>, Recompute<Full>>>();
 }
 
 TEST_CASE("a strategy's spec is what parse_strategy reads from its text, in any order", "[parallel][strategy][spec]") {
@@ -115,6 +121,8 @@ TEST_CASE("parse_strategy reads the C++ spelling, loom:: prefixes and bare lists
     CHECK(parse_strategy("SequenceParallel<Ulysses, Zigzag>") == Strategy<SequenceParallel<Ulysses>>::spec);
     CHECK(parse_strategy("SequenceParallel") == Strategy<SequenceParallel<>>::spec);
     CHECK(parse_strategy("GradCompress<OneBitBlock<64>, DpAxis>") == Strategy<GradCompress<OneBit>>::spec);
+    CHECK(parse_strategy("Recompute<Budget<1048576>>") == Strategy<Recompute<Budget<1 << 20>>>::spec);
+    CHECK(parse_strategy("loom::Recompute<loom::Full>") == Strategy<Recompute<Full>>::spec);
     CHECK(parse_strategy("") == StrategySpec{});
 }
 
@@ -134,6 +142,9 @@ TEST_CASE("equal strategies are equal values with equal hashes", "[parallel][str
         Strategy<GradCompress<TopK<0.02>>>::spec,
         Strategy<GradCompress<CastBf16, PpAxis>>::spec,
         Strategy<GradCompress<CastBf16, TpAxis>>::spec,
+        Strategy<Recompute<Full>>::spec,
+        Strategy<Recompute<Budget<1 << 20>>>::spec,
+        Strategy<Recompute<Budget<2 << 20>>>::spec,
     };
     const std::unordered_set<StrategySpec> set(distinct.begin(), distinct.end());
     CHECK(set.size() == distinct.size());
@@ -162,6 +173,8 @@ TEST_CASE("a broken rule reads the same at run time as at compile time", "[paral
     CHECK(message_of([] { (void)parse_strategy("SequenceParallel<UlyssesRing<1>>"); }) == LOOM_RULE_ULYSSES_GROUP);
     CHECK(message_of([] { (void)parse_strategy("DataParallel<BucketBytes<4>, bucket 2 MiB>"); }) ==
           LOOM_RULE_ONE_BUCKET_SIZE);
+    CHECK(message_of([] { (void)parse_strategy("Recompute<Full>, Recompute<Budget 1 MiB>"); }) ==
+          LOOM_RULE_ONE_RECOMPUTE);
 
     // A spec built field by field (from flags) is held to the same sentences.
     const auto validated = [](StrategySpec s) { return message_of([&] { s.validate(); }); };
@@ -177,6 +190,7 @@ TEST_CASE("a broken rule reads the same at run time as at compile time", "[paral
           LOOM_RULE_ACTIVATION_CAST);
     CHECK(validated(StrategySpec{.dp_compression = Compression{CompressorKind::top_k, 2.0}}) ==
           "TopK: ratio 2 is outside (0, 1]; it is the fraction of each chunk sent, e.g. 0.01 for 1%");
+    CHECK(validated(StrategySpec{.recompute = {RecomputeMode::budget, 0}}) == LOOM_RULE_RECOMPUTE_BUDGET);
     CHECK(validated(Strategy<DataParallel<>, Pipeline<ZeroBubbleV>>::spec) == "(no error)");
 }
 
@@ -184,7 +198,7 @@ TEST_CASE("a bad token is named in one line with what would fit", "[parallel][st
     const auto error = [](const char* text) { return message_of([&] { (void)parse_strategy(text); }); };
     CHECK(error("Strategy<DataParallel<>, Foo>") ==
           "strategy \"Strategy<DataParallel<>, Foo>\": expected a policy (DataParallel<...>, ZeroShard<1|2|3>, "
-          "Pipeline<...>, TensorParallel, Optimus2D, SequenceParallel<...>, GradCompress<...>) or '>', found \"Foo\"");
+          "Pipeline<...>, TensorParallel, Optimus2D, SequenceParallel<...>, GradCompress<...>, Recompute<...>) or '>', found \"Foo\"");
     CHECK(error("Pipeline<OneFTwoB>") ==
           "strategy \"Pipeline<OneFTwoB>\": expected a pipeline schedule (GPipe, 1F1B, ZB-H1, ZB-V, Interleaved<V>), "
           "found \"OneFTwoB\"");
@@ -214,6 +228,13 @@ TEST_CASE("a bad token is named in one line with what would fit", "[parallel][st
           "strategy \"GradCompress<CastBf16, SpAxis>\": expected an axis (DpAxis, PpAxis, TpAxis), found \"SpAxis\"");
     CHECK(error("GradCompress<TopK<lots>>") ==
           "strategy \"GradCompress<TopK<lots>>\": expected TopK's ratio in (0, 1], found \"lots\"");
+    CHECK(error("Recompute<Half>") ==
+          "strategy \"Recompute<Half>\": expected what to recompute (Full, Budget 64 MiB, Budget<N>), found \"Half\"");
+    CHECK(error("Recompute<Budget lots MiB>") ==
+          "strategy \"Recompute<Budget lots MiB>\": expected a budget in whole bytes (64 MiB, 1.5 GiB, 1000 B), found "
+          "\"lots MiB\"");
+    CHECK(error("Recompute<Budget<0>>") ==
+          "strategy \"Recompute<Budget<0>>\": expected Budget's whole number in 1..4611686018427387904, found \"0\"");
     CHECK(error("GradCompress<TopK<0>>") ==
           "TopK: ratio 0 is outside (0, 1]; it is the fraction of each chunk sent, e.g. 0.01 for 1%");
 }

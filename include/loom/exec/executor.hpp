@@ -55,6 +55,7 @@
 #include "loom/exec/micro_batch_pool.hpp"
 #include "loom/exec/parameter_store.hpp"
 #include "loom/exec/policy_component.hpp"
+#include "loom/exec/recomputation.hpp"
 #include "loom/exec/stage_messages.hpp"
 #include "loom/exec/tensor_shards.hpp"
 #include "loom/exec/trace.hpp"
@@ -159,6 +160,13 @@ public:
             loom::initialize_range(model, seed, out, first);
         };
         allocate();
+        if (plan.recompute.on()) {
+            std::vector<bool> held(units_.size());
+            for (std::size_t u = 0; u < held.size(); ++u) held[u] = holds_unit(static_cast<int>(u));
+            recompute_ = Recomputation(plan.recompute, units_, std::move(held));
+            relower_recompute(recompute_.full());
+            notice_ = options.notice;
+        }
         pending_.resize(rank_.program.code.size());
         if (plan.dp_compression.on() && dp.size() > 1) start_compression(plan.dp_compression, options);
         LOOM_CHECK(!plan.pp_compression.on() || plan.pipelined, "Executor: GradCompress<",
@@ -196,6 +204,8 @@ public:
     [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
     [[nodiscard]] Trace& trace() noexcept { return trace_; }
     [[nodiscard]] C& communicator() const noexcept { return *comm_; }
+    // Recompute<...>'s state: its choice, after Budget's first step.
+    [[nodiscard]] const Recomputation& recomputation() const noexcept { return recompute_; }
 
     // The parameters' initial values from the counter-based RNG: the serial
     // run's values, on every rank, whatever it keeps of them.
@@ -231,9 +241,10 @@ public:
         if (sp_ != nullptr) keep_local_positions();
         rows_per_micro_batch_ = rows / micro_batches_;
         loss_sum_ = 0;
-        pool_.start_step(rank_.stages.stages(), micro_batches_);
+        pool_.start_step(rank_.stages.stages(), micro_batches_, recompute_.on() ? static_cast<int>(units_.size()) : 0);
         for (std::size_t i = 0; i < rank_.program.code.size(); ++i) execute(static_cast<int>(i), rank_.program.code[i]);
         ++step_count_;
+        if (recompute_.measuring()) choose_recomputation();
         return loss_;
     }
 
@@ -507,6 +518,32 @@ private:
         component_types_.push_back(type);
     }
 
+    // Lowers recomputation of the units `which` names into the program (an
+    // earlier lowering undone first) and verifies it again.
+    void relower_recompute(const std::vector<bool>& which) {
+        schedule::lower_recompute(rank_.program, which);
+        verify(rank_);
+        pending_.resize(rank_.program.code.size());
+    }
+
+    // Budget, after its measuring step: the choice, agreed with every rank.
+    void choose_recomputation() {
+        std::vector<int> first_units;
+        for (int v = 0; v < rank_.stages.stages(); ++v) first_units.push_back(rank_.stages.first(v));
+        const std::vector<int> open = schedule::micro_batches_in_flight(rank_.program, first_units);
+        std::vector<int> in_flight(units_.size(), 1);
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            const int v = rank_.chunk_of_unit[u] < 0 ? -1 : rank_.chunk_of_unit[u];
+            if (v >= 0) in_flight[u] = open.at(static_cast<std::size_t>(v));
+        }
+        const bool first = comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
+        std::function<void(const std::string&)> say;
+        if (first) say = notice_ ? notice_ : [](const std::string& line) { std::cerr << "loom: " << line << "\n"; };
+        relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, in_flight,
+                                               rank_.program.count(schedule::Op::backward_input) > 0, device_, say));
+        pool_.drop_unit_contexts();
+    }
+
     // Calls f(group, first, a, b, owner) for each run [a, b) of a group's
     // elements that this rank's optimizer step updates (its storage starts
     // at element `first` of the group: 0 at ZeRO 0, the rank's block after),
@@ -606,6 +643,8 @@ private:
     LayerGroups<C> groups_;  // the tp and sp groups the layers talk to
     std::vector<std::int32_t> local_inputs_, local_targets_;  // this rank's positions of the step's sequences
     MicroBatchPool pool_;
+    Recomputation recompute_;  // Recompute<...>: off without one
+    std::function<void(const std::string&)> notice_;  // options.notice, for Budget's one line
     // Before pending_: a compressed request still in flight when the executor
     // goes (after a failure) finishes into the exchange, which must still exist.
     std::unique_ptr<parallel::CompressedExchange<C>> compress_;  // null without one (or with one dp rank)

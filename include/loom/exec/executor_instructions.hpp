@@ -34,6 +34,10 @@ void Executor<C>::timed(Name&& name_of, const char* category, int mb, F&& f) {
     trace_.add(name_of(), category, compute_lane, t0, std::chrono::steady_clock::now(), step_count_, mb);
 }
 
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 template <comm::Communicator C>
 void Executor<C>::issue(int index, comm::Request request) {
     pending_[static_cast<std::size_t>(index)] = InFlight{std::move(request), {}, std::chrono::steady_clock::now(), true, false};
@@ -74,10 +78,35 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                     activation_ = v == 0 ? ctx.on_device(rows_of(inputs_, mb))
                                          : pool_.inbox(schedule::Payload::activation, v, mb);
                 }
-                nn::Context& ctx = pool_.context(v, mb);
+                nn::Context& chunk_ctx = pool_.context(v, mb);
+                if (in.keep == schedule::Keep::input) pool_.keep_input(v, mb, in.unit, activation_);
+                // A dropped forward runs in a context of its own, returned once its output is copied out.
+                nn::Context& ctx = in.keep == schedule::Keep::input ? pool_.open_unit(v, mb, in.unit) : chunk_ctx;
+                const auto t0 = std::chrono::steady_clock::now();
+                const std::size_t before = ctx.bytes_in_use();
                 activation_ = unit.forward(ctx, activation_);
+                if (recompute_.measuring())
+                    recompute_.measured_forward(in.unit, seconds_since(t0), static_cast<std::int64_t>(ctx.bytes_in_use() - before),
+                                                static_cast<std::int64_t>(activation_.nbytes() + 63) / 64 * 64);
                 if (in.unit + 1 == static_cast<int>(units_.size())) loss_sum_ += ctx.loss();
+                if (in.keep == schedule::Keep::input) {
+                    const Tensor output = chunk_ctx.alloc(activation_.shape(), activation_.dtype());
+                    copy_tensor(output, activation_);
+                    activation_ = output;
+                    pool_.close_unit(v, mb, in.unit);
+                }
                 if (in.unit + 1 == rank_.stages.end(v) && v + 1 < rank_.stages.stages()) hand_on(schedule::Payload::activation, v, v + 1, mb, activation_);
+            });
+            return;
+        }
+        case Op::recompute: {
+            // The forward again, from the input its first run kept, into a
+            // context that lives until the unit's last backward.
+            auto& unit = units_[static_cast<std::size_t>(in.unit)];
+            const int v = chunk_of(in), mb = in.micro_batch;
+            timed([&] { return "recompute " + unit.name; }, "recompute", mb, [&] {
+                nn::Context& ctx = pool_.open_unit(v, mb, in.unit);
+                (void)unit.forward(ctx, pool_.kept_input(v, mb, in.unit));
             });
             return;
         }
@@ -89,7 +118,10 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             const char* category = in.op == Op::backward ? "backward"
                                    : in.op == Op::backward_input ? "backward_input" : "backward_weight";
             timed([&] { return std::string(category) + " " + unit.name; }, category, mb, [&] {
-                nn::Context& ctx = pool_.context(v, mb);
+                // A recomputed unit's saved state is in its own context.
+                const bool own = pool_.unit_open(v, mb, in.unit);
+                nn::Context& ctx = own ? pool_.unit_context(v, mb, in.unit) : pool_.context(v, mb);
+                const std::size_t before = ctx.bytes_in_use();
                 if (in.op != Op::backward_weight) {
                     if (in.unit + 1 == static_cast<int>(units_.size())) {
                         // Each micro-batch's mean loss counts 1/M of the step's.
@@ -99,9 +131,21 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                         activation_ = pool_.inbox(schedule::Payload::gradient, v, mb);
                     }
                     activation_ = unit.backward_input(ctx, activation_);
+                    if (own && in.op == Op::backward) {
+                        // Out of the unit's context, which goes back below.
+                        const Tensor parcel = pool_.gradient_parcel(in.unit, activation_.dtype(), activation_.shape());
+                        copy_tensor(parcel, activation_);
+                        activation_ = parcel;
+                    }
                     if (in.unit == rank_.stages.first(v) && v > 0) hand_on(schedule::Payload::gradient, v, v - 1, mb, activation_);
                 }
                 if (in.op != Op::backward_input) unit.backward_weight(ctx);
+                if (recompute_.measuring())
+                    recompute_.measured_backward(in.unit, static_cast<std::int64_t>(ctx.bytes_in_use() - before),
+                                                 in.op == Op::backward_weight);
+                if (own && in.op == Op::backward) pool_.close_unit(v, mb, in.unit);
+                if (recompute_.on() && in.op != Op::backward_input)
+                    pool_.unit_backward_done(v, mb, in.unit, rank_.stages.first(v), rank_.stages.end(v));
                 // The chunk's last use of this micro-batch: its memory goes back to the pool.
                 if (in.unit == rank_.stages.first(v) && in.op != Op::backward_input) pool_.close(v, mb);
             });

@@ -20,6 +20,18 @@
 //           the send is waited).
 // Parcels live where the contexts' activations do (set_device): a device
 // communicator moves device memory only.
+//
+// Recomputation (schedule/recompute.hpp): a unit whose forward keeps only its
+// input runs that forward in a unit context of its own, returned right after
+// (its output is copied into the chunk's context), and borrows one again from
+// its Op::recompute to its backward. A whole backward hands its input
+// gradient on through one of two gradient parcels (alternating by unit: each
+// backward reads the other's) and returns the context at once; a split one
+// (zero-bubble's B, whose W comes later and keeps that gradient as the next
+// unit's dy) keeps its context until its W and the W of the unit below it are
+// done (unit_backward_done). The input a dropped forward keeps is a view
+// (kept_input): the previous unit's output, a received activation or the
+// batch, all alive until the chunk's context closes.
 #pragma once
 
 #include <algorithm>
@@ -42,9 +54,17 @@ class MicroBatchPool {
 public:
     // Sizes the tables for a step; contexts and parcels are kept from before.
     // Contexts a failed step left open go back to their pools.
-    void start_step(int chunks, int micro_batches) {
+    // `units`: the model's units when some are recomputed (else 0: no tables).
+    void start_step(int chunks, int micro_batches, int units = 0) {
         for (std::size_t at = 0; at < open_.size(); ++at)
             if (open_[at] >= 0) free_[at / static_cast<std::size_t>(micro_batches_)].push_back(open_[at]);
+        for (int& at : unit_open_)
+            if (at >= 0) unit_free_.push_back(at);
+        units_ = units;
+        if (unit_need_.size() < static_cast<std::size_t>(units)) unit_need_.resize(static_cast<std::size_t>(units), 0);
+        unit_open_.assign(static_cast<std::size_t>(chunks * micro_batches * units), -1);
+        kept_inputs_.assign(unit_open_.size(), Tensor{});
+        unit_done_.assign(unit_open_.size(), false);
         chunks_ = chunks;
         micro_batches_ = micro_batches;
         const auto n = static_cast<std::size_t>(2 * chunks * micro_batches);
@@ -89,6 +109,7 @@ public:
             for (auto& b : *parcels) b = DeviceBuffer{};
         header_ = DeviceBuffer{};
         cast_words_ = DeviceBuffer{};
+        for (auto& b : gradient_parcels_) b = DeviceBuffer{};
     }
     [[nodiscard]] Device device() const noexcept { return device_; }
 
@@ -98,12 +119,7 @@ public:
         LOOM_CHECK(at < 0, "Executor: chunk ", chunk, " micro-batch ", mb, " started twice in one step");
         auto& free = free_[static_cast<std::size_t>(chunk)];
         if (free.empty()) {
-            contexts_.push_back(std::make_unique<nn::Context>());
-            contexts_.back()->set_tensor_group(group_);
-            contexts_.back()->set_tensor_grid(grid_);
-            contexts_.back()->set_sequence_parallelism(sequence_);
-            contexts_.back()->set_matmul_precision(matmul_);
-            contexts_.back()->set_device(device_);
+            contexts_.push_back(configured());
             free.push_back(static_cast<int>(contexts_.size()) - 1);
         }
         at = free.back();
@@ -111,6 +127,84 @@ public:
         nn::Context& ctx = *contexts_[static_cast<std::size_t>(at)];
         ctx.reset();
         return ctx;
+    }
+
+    // A unit's own context (recomputation): borrowed for its dropped forward,
+    // and from its recompute to its last backward. It reads the chunk's targets.
+    nn::Context& open_unit(int chunk, int mb, int unit) {
+        int& at = unit_open_[unit_at(chunk, mb, unit)];
+        LOOM_CHECK(at < 0, "Executor: unit ", unit, " of micro-batch ", mb, " opened its own context twice");
+        // A context keeps the size of the largest unit it served: the best
+        // fit among the free ones (the smallest that held this unit's bytes
+        // last time, else the largest), so that units of different sizes open
+        // at once (zero-bubble's Bs before their Ws) do not all grow to the
+        // largest, and one context serves a whole backward otherwise.
+        if (unit_free_.empty()) {
+            contexts_.push_back(configured());
+            unit_free_.push_back(static_cast<int>(contexts_.size()) - 1);
+        }
+        const std::size_t need = unit_need_[static_cast<std::size_t>(unit)];
+        const auto size = [&](int c) { return contexts_[static_cast<std::size_t>(c)]->peak_bytes(); };
+        auto best = unit_free_.begin();
+        for (auto it = unit_free_.begin(); it != unit_free_.end(); ++it) {
+            const bool fits = size(*it) >= need, best_fits = size(*best) >= need;
+            if ((fits && (!best_fits || size(*it) < size(*best))) || (!fits && !best_fits && size(*it) > size(*best))) best = it;
+        }
+        at = *best;
+        unit_free_.erase(best);
+        nn::Context& ctx = *contexts_[static_cast<std::size_t>(at)];
+        ctx.reset();
+        ctx.set_targets(context(chunk, mb).targets());
+        return ctx;
+    }
+    [[nodiscard]] bool unit_open(int chunk, int mb, int unit) const {
+        return units_ > 0 && unit_open_[unit_at(chunk, mb, unit)] >= 0;
+    }
+    [[nodiscard]] nn::Context& unit_context(int chunk, int mb, int unit) {
+        const int at = unit_open_[unit_at(chunk, mb, unit)];
+        LOOM_CHECK(at >= 0, "Executor: unit ", unit, " of micro-batch ", mb, " has no recomputed activations");
+        return *contexts_[static_cast<std::size_t>(at)];
+    }
+    void close_unit(int chunk, int mb, int unit) {
+        int& at = unit_open_[unit_at(chunk, mb, unit)];
+        if (at >= 0) {
+            std::size_t& need = unit_need_[static_cast<std::size_t>(unit)];
+            need = std::max(need, contexts_[static_cast<std::size_t>(at)]->bytes_in_use());
+            unit_free_.push_back(at);
+        }
+        at = -1;
+    }
+    // Unit `unit` of the chunk's units [first, end) finished its backward
+    // (its W too, when split): unit contexts nothing reads any more go back.
+    void unit_backward_done(int chunk, int mb, int unit, int first, int end) {
+        unit_done_[unit_at(chunk, mb, unit)] = true;
+        const auto done = [&](int k) { return unit_done_[unit_at(chunk, mb, k)]; };
+        for (int k : {unit, unit + 1})
+            if (k < end && done(k) && (k == first || done(k - 1))) close_unit(chunk, mb, k);
+    }
+
+    // Where a recomputed unit's input gradient goes, so that its context can
+    // go back at once: one of two parcels by the unit's parity (the next
+    // unit's backward reads it while writing its own into the other).
+    [[nodiscard]] Tensor gradient_parcel(int unit, DType dtype, const Shape& shape) {
+        const std::int64_t bytes = shape.numel() * static_cast<std::int64_t>(size_of(dtype));
+        return Tensor(parcel(gradient_parcels_[static_cast<std::size_t>(unit % 2)], bytes), dtype, shape, device_);
+    }
+
+    // Frees the unit contexts (none may be in use), so that they grow back to
+    // what the units recomputed from now on need: Budget's measuring step
+    // recomputed more units than its choice does.
+    void drop_unit_contexts() {
+        for (int at : unit_open_) LOOM_CHECK(at < 0, "Executor: a unit context is dropped while in use");
+        for (int at : unit_free_) contexts_[static_cast<std::size_t>(at)] = configured();
+    }
+
+    void keep_input(int chunk, int mb, int unit, const Tensor& x) { kept_inputs_[unit_at(chunk, mb, unit)] = x; }
+    [[nodiscard]] const Tensor& kept_input(int chunk, int mb, int unit) const {
+        const Tensor& x = kept_inputs_[unit_at(chunk, mb, unit)];
+        LOOM_CHECK(x.raw() != nullptr, "Executor: unit ", unit, " of micro-batch ", mb,
+                   " is recomputed but its forward kept no input");
+        return x;
     }
 
     [[nodiscard]] nn::Context& context(int chunk, int mb) {
@@ -183,6 +277,21 @@ private:
                    " micro-batch(es)");
         return static_cast<std::size_t>(chunk * micro_batches_ + mb);
     }
+    [[nodiscard]] std::size_t unit_at(int chunk, int mb, int unit) const {
+        LOOM_CHECK(unit >= 0 && unit < units_, "Executor: unit ", unit, " is outside the ", units_,
+                   " units this step recomputes over");
+        return at_of(chunk, mb) * static_cast<std::size_t>(units_) + static_cast<std::size_t>(unit);
+    }
+    // A new context with every setting the pool's contexts share.
+    [[nodiscard]] std::unique_ptr<nn::Context> configured() const {
+        auto ctx = std::make_unique<nn::Context>();
+        ctx->set_tensor_group(group_);
+        ctx->set_tensor_grid(grid_);
+        ctx->set_sequence_parallelism(sequence_);
+        ctx->set_matmul_precision(matmul_);
+        ctx->set_device(device_);
+        return ctx;
+    }
     [[nodiscard]] std::size_t key(schedule::Payload p, int chunk, int mb) const {
         return static_cast<std::size_t>(p == schedule::Payload::gradient ? 1 : 0) * static_cast<std::size_t>(chunks_ * micro_batches_) +
                at_of(chunk, mb);
@@ -202,6 +311,13 @@ private:
     std::vector<std::unique_ptr<nn::Context>> contexts_;
     std::vector<std::vector<int>> free_;  // by chunk: contexts not in flight
     std::vector<int> open_;  // (chunk, mb) -> context index, -1 when not in flight
+    int units_ = 0;                  // recomputation's tables cover this many units (0: none)
+    std::vector<int> unit_open_;     // (chunk, mb, unit) -> its own context, -1 when none
+    std::vector<int> unit_free_;           // unit contexts not in use
+    std::vector<std::size_t> unit_need_;   // by unit: the most bytes its context held
+    std::vector<Tensor> kept_inputs_;  // (chunk, mb, unit) -> the input a dropped forward kept
+    std::vector<bool> unit_done_;      // (chunk, mb, unit) -> its backward (and W) ran this step
+    DeviceBuffer gradient_parcels_[2];  // recomputed units' input gradients, by parity
     std::vector<Tensor> inbox_, outbox_;
     std::vector<DeviceBuffer> inbox_parcels_, outbox_parcels_;
     DeviceBuffer header_, cast_words_;

@@ -141,6 +141,9 @@ public:
     void set_loss(float loss) noexcept { loss_ = loss; }
     [[nodiscard]] float loss() const noexcept { return loss_; }
 
+    // Bytes handed out since reset(): what this micro-batch holds now.
+    [[nodiscard]] std::size_t bytes_in_use() const noexcept { return total_; }
+
     // Bytes of activation memory the largest micro-batch so far needed.
     [[nodiscard]] std::size_t peak_bytes() const noexcept { return std::max(peak_, total_); }
 

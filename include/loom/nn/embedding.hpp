@@ -39,6 +39,8 @@ namespace loom::nn {
 struct Embedding {
     // Its tensor-parallel cut (nn/tensor_cut.hpp): token rows by vocabulary (1D), a block (2D).
     static constexpr TensorCut tensor_cut = TensorCut::vocabulary;
+    // Its only activation is its output: recomputing it alone saves nothing (Recompute<...>).
+    static constexpr bool worth_recomputing = false;
     Param token;     // [vocab, C]; a tp shard: [vocab/t, C], rows from token.slice.start
     Param position;  // [max sequence, C]; whole on every tp rank
 

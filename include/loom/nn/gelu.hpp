@@ -11,6 +11,8 @@ namespace loom::nn {
 struct Gelu {
     // Its tensor-parallel cut (nn/tensor_cut.hpp): a sharded feature axis passes through.
     static constexpr TensorCut tensor_cut = TensorCut::elementwise;
+    // Its only activation is its output: recomputing it alone saves nothing (Recompute<...>).
+    static constexpr bool worth_recomputing = false;
     struct Saved {
         Tensor x;
     };

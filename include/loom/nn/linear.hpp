@@ -35,6 +35,8 @@ namespace loom::nn {
 struct Linear {
     // Its tensor-parallel cut (nn/tensor_cut.hpp): column- or row-parallel by its place (1D), a SUMMA block (2D).
     static constexpr TensorCut tensor_cut = TensorCut::linear;
+    // Its only activation is its output: recomputing it alone saves nothing (Recompute<...>).
+    static constexpr bool worth_recomputing = false;
     Param weight;  // [out, in]; a tp shard: [out/t, in] (columns) or [out, in/t] (rows)
     Param bias;    // [out]; [0] when the layer has no bias; [out/t] when split by columns
     Split split = Split::none;

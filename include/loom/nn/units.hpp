@@ -23,10 +23,21 @@
 
 namespace loom::nn {
 
+// Whether recomputing layer type L can save memory: its `static constexpr
+// bool worth_recomputing`, true when it says nothing. A layer whose only
+// activation is its output says false (recomputing it keeps the same bytes
+// and costs a forward); Recompute<...> (parallel/recompute.hpp) reads it.
+template <class L>
+[[nodiscard]] constexpr bool worth_recomputing() {
+    if constexpr (requires { L::worth_recomputing; }) return L::worth_recomputing;
+    else return true;
+}
+
 struct Unit {
     std::string name;             // "blocks[2] Block": the field path, then the type
     std::vector<Param*> params;   // reflection order, the arena's order
     std::int64_t numel = 0;       // elements of all its Params
+    bool worth_recomputing = true;  // nn::worth_recomputing<L>() of its layer
     std::function<Tensor(Context&, const Tensor&)> forward;
     std::function<Tensor(Context&, const Tensor&)> backward_input;
     std::function<void(Context&)> backward_weight;
@@ -38,6 +49,7 @@ template <class L>
 Unit make_unit(L& layer, std::string path) {
     Unit unit;
     unit.name = std::move(path) + " " + loom::short_type_name<L>();
+    unit.worth_recomputing = worth_recomputing<L>();
     reflect::visit_params(layer, [&](Param& p, std::string_view) {
         unit.params.push_back(&p);
         unit.numel += p.numel();

@@ -26,6 +26,7 @@ enum class PolicyKind : std::uint8_t {
     sequence_parallel,
     compression,
     optex,
+    recompute,
     custom,
 };
 
@@ -38,6 +39,7 @@ enum class PolicyKind : std::uint8_t {
         case PolicyKind::sequence_parallel: return "SequenceParallel";
         case PolicyKind::compression: return "GradCompress";
         case PolicyKind::optex: return "OptEx";
+        case PolicyKind::recompute: return "Recompute";
         case PolicyKind::custom: return "custom";
     }
     return "?";

@@ -18,6 +18,7 @@
 #include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/recompute.hpp"
 #include "loom/parallel/sequence_parallel.hpp"
 #include "loom/parallel/strategy_rules.hpp"
 #include "loom/parallel/strategy_spec.hpp"
@@ -91,6 +92,7 @@ struct Strategy {
     static_assert(detail::count_of_kind<PolicyKind::tensor_parallel, Ps...> <= 1, LOOM_RULE_ONE_TENSOR_POLICY);
     static_assert(detail::count_of_kind<PolicyKind::sequence_parallel, Ps...> <= 1, LOOM_RULE_ONE_SEQUENCE_POLICY);
     static_assert(detail::count_of_kind<PolicyKind::pipeline, Ps...> <= 1, LOOM_RULE_ONE_PIPELINE);
+    static_assert(detail::count_of_kind<PolicyKind::recompute, Ps...> <= 1, LOOM_RULE_ONE_RECOMPUTE);
     static_assert(detail::compressors_on<CompressedAxis::dp, Ps...> <= 1 &&
                       detail::compressors_on<CompressedAxis::pp, Ps...> <= 1 &&
                       detail::compressors_on<CompressedAxis::tp, Ps...> <= 1, LOOM_RULE_ONE_COMPRESSOR_PER_AXIS);
@@ -149,12 +151,19 @@ struct Strategy {
     static constexpr Compression pp_compression = detail::compression_on<CompressedAxis::pp, Ps...>();
     static constexpr Compression tp_compression = detail::compression_on<CompressedAxis::tp, Ps...>();
 
+    // Recompute<Which>: which activations are recomputed rather than kept.
+    using recompute_policy = typename detail::first_of_kind<PolicyKind::recompute, void, Ps...>::type;
+    static constexpr RecomputeSpec recompute = [] {
+        if constexpr (std::is_void_v<recompute_policy>) return RecomputeSpec{};
+        else return recompute_policy::spec;
+    }();
+
     // The whole strategy as one value: what the executor runs, and what
     // parse_strategy reads back from this type's printed text.
     static constexpr StrategySpec spec{zero_stage,        bucket_bytes,      pipelined,         schedule,
                                        chunks,            tensor_parallel,   tensor_grid,       sequence_parallel,
                                        sequence_attention, sequence_zigzag,  sequence_ulysses,  dp_compression,
-                                       pp_compression,    tp_compression};
+                                       pp_compression,    tp_compression,    recompute};
 
     // f(std::type_identity<P>{}) for each policy, in order: how the executor
     // finds the policies that lower themselves.

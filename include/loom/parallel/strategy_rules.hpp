@@ -17,6 +17,8 @@
     "loom::Strategy<...> lists SequenceParallel twice; a model has one sp axis, with one attention"
 #define LOOM_RULE_ONE_PIPELINE \
     "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one"
+#define LOOM_RULE_ONE_RECOMPUTE \
+    "loom::Strategy<...> lists Recompute twice; a model has one recomputation policy, Full or Budget<Bytes>"
 #define LOOM_RULE_ONE_COMPRESSOR_PER_AXIS                                                                 \
     "loom::Strategy<...> lists two GradCompress policies for one axis; give each axis (DpAxis, PpAxis, " \
     "TpAxis) at most one compressor"
@@ -32,6 +34,8 @@
     "one chunk per rank is OneFOneB"
 #define LOOM_RULE_SCHEDULE_CHUNKS \
     "Pipeline<Schedule>: GPipe, 1F1B and ZB-H1 run 1 chunk per rank and ZB-V runs 2; only Interleaved<V> chooses V"
+#define LOOM_RULE_RECOMPUTE_BUDGET \
+    "Recompute<Budget<Bytes>>: the activation budget per rank must be at least 1 byte"
 #define LOOM_RULE_ULYSSES_GROUP "UlyssesRing<K>: K is the Ulysses group size, 2 or more (K = 1 is RingAttention)"
 #define LOOM_RULE_ACTIVATION_CAST                                                                        \
     "GradCompress on PpAxis or TpAxis takes CastBf16 or CastFp16: activations cross those axes once, " \

@@ -23,6 +23,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/pipeline.hpp"
+#include "loom/parallel/recompute.hpp"
 #include "loom/parallel/strategy_rules.hpp"
 
 namespace loom {
@@ -56,6 +57,7 @@ struct StrategySpec {
     Compression dp_compression{};                          // GradCompress<C> (DpAxis): the gradient exchange
     Compression pp_compression{};                          // GradCompress<Cast, PpAxis>: stage messages
     Compression tp_compression{};                          // GradCompress<Cast, TpAxis>: the f/g all-reduces
+    RecomputeSpec recompute{};                             // Recompute<Full | Budget<Bytes>>
 
     // The spec of a Strategy type (kept for ExecutionPlan::of<S>()).
     template <class S>
@@ -76,13 +78,15 @@ struct StrategySpec {
         LOOM_CHECK(!pp_compression.on() || pp_compression.is_cast(), LOOM_RULE_ACTIVATION_CAST);
         LOOM_CHECK(!tp_compression.on() || tp_compression.is_cast(), LOOM_RULE_ACTIVATION_CAST);
         dp_compression.validate();
+        if (recompute.mode == RecomputeMode::budget) LOOM_CHECK(recompute.budget_bytes >= 1, LOOM_RULE_RECOMPUTE_BUDGET);
     }
 
     friend constexpr bool operator==(const StrategySpec&, const StrategySpec&) = default;
 
     // Exactly what the Strategy type with these policies prints, in the
     // canonical order: DataParallel, Pipeline, the tensor policy, the
-    // sequence policy, ZeroShard, then the compressors of dp, pp and tp.
+    // sequence policy, ZeroShard, the compressors of dp, pp and tp, then
+    // Recompute.
     friend std::ostream& operator<<(std::ostream& out, const StrategySpec& s) {
         out << "Strategy<DataParallel<bucket " << bucket_size_text(s.bucket_bytes) << ">";
         if (s.pipelined) {
@@ -105,6 +109,7 @@ struct StrategySpec {
         if (s.dp_compression.on()) out << ", GradCompress<" << s.dp_compression.describe() << ">";
         if (s.pp_compression.on()) out << ", GradCompress<" << s.pp_compression.describe() << ", PpAxis>";
         if (s.tp_compression.on()) out << ", GradCompress<" << s.tp_compression.describe() << ", TpAxis>";
+        if (s.recompute.on()) out << ", Recompute<" << s.recompute.describe() << ">";
         return out << ">";
     }
     [[nodiscard]] std::string text() const {
@@ -141,6 +146,8 @@ struct std::hash<loom::StrategySpec> {
             mix(c.rank);
             mix(c.block);
         }
+        mix(static_cast<int>(s.recompute.mode));
+        mix(s.recompute.budget_bytes);
         return h;
     }
 };

@@ -10,6 +10,7 @@
 //               | TensorParallel | Optimus2D
 //               | SequenceParallel ['<' RingAttention | Ulysses | UlyssesRing<K> [',' Zigzag | Contiguous] '>']
 //               | GradCompress '<' compressor [',' DpAxis | PpAxis | TpAxis] '>'
+//               | Recompute '<' Full | Budget NUMBER B|KiB|MiB|GiB | Budget<N> '>'
 //   compressor := CastBf16 | CastFp16 | Int8Block[<B>] | TopK<RATIO> | PowerSGD<RANK> | OneBit[<B>] | OneBitBlock[<B>]
 //
 // Every name may carry a `loom::` prefix, and white space is free, so
@@ -188,6 +189,27 @@ inline void parse_grad_compress(StrategyReader& in, StrategySpec& spec, int (&gi
     (axis == 0 ? spec.dp_compression : axis == 1 ? spec.pp_compression : spec.tp_compression) = c;
 }
 
+inline void parse_recompute(StrategyReader& in, StrategySpec& spec) {
+    in.expect('<', "Recompute");
+    const std::string_view word = in.take();
+    if (word == "Full") {
+        spec.recompute = {RecomputeMode::full, 0};
+    } else if (word == "Budget") {
+        spec.recompute.mode = RecomputeMode::budget;
+        if (in.peek() == "<") {
+            spec.recompute.budget_bytes = in.number_argument("Budget", 1, std::int64_t{1} << 62);
+        } else {
+            const std::string_view number = in.take(), unit = in.take();
+            const auto bytes = parse_bucket_size(number, unit);
+            if (!bytes) in.fail(std::string(number) + " " + std::string(unit), "a budget in whole bytes (64 MiB, 1.5 GiB, 1000 B)");
+            spec.recompute.budget_bytes = *bytes;
+        }
+    } else {
+        in.fail(word, "what to recompute (Full, Budget 64 MiB, Budget<N>)");
+    }
+    in.expect('>', "what to recompute");
+}
+
 }  // namespace detail
 
 // The spec a strategy's text names, checked by the rules of Strategy<...>
@@ -200,7 +222,7 @@ inline void parse_grad_compress(StrategyReader& in, StrategySpec& spec, int (&gi
         in.take();
         in.expect('<', "Strategy");
     }
-    int data_parallel = 0, zero = 0, pipeline = 0, tensor = 0, sequence = 0, compressors[3] = {0, 0, 0};
+    int data_parallel = 0, zero = 0, pipeline = 0, tensor = 0, sequence = 0, recompute = 0, compressors[3] = {0, 0, 0};
     const auto end_of_list = [&] { return wrapped ? in.peek() == ">" : in.peek().empty(); };
     for (bool first = true; !end_of_list(); first = false) {
         if (!first) in.expect(',', "a policy");
@@ -224,9 +246,12 @@ inline void parse_grad_compress(StrategyReader& in, StrategySpec& spec, int (&gi
             detail::parse_sequence_parallel(in, spec);
         } else if (word == "GradCompress") {
             detail::parse_grad_compress(in, spec, compressors);
+        } else if (word == "Recompute") {
+            LOOM_CHECK(++recompute == 1, LOOM_RULE_ONE_RECOMPUTE);
+            detail::parse_recompute(in, spec);
         } else {
             in.fail(word, "a policy (DataParallel<...>, ZeroShard<1|2|3>, Pipeline<...>, TensorParallel, Optimus2D, "
-                          "SequenceParallel<...>, GradCompress<...>)" +
+                          "SequenceParallel<...>, GradCompress<...>, Recompute<...>)" +
                               std::string(wrapped ? " or '>'" : ""));
         }
     }

@@ -305,9 +305,11 @@ private:
             s.micro_batch = in.micro_batch;
             using schedule::Op;
             switch (in.op) {
-                case Op::forward: {
+                case Op::forward:
+                case Op::recompute: {
+                    // A recompute is the unit's forward once more, its communication included.
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    s = compute(s, "F", l.forward_flops * work_scale, comm_of(in.unit));
+                    s = compute(s, in.op == Op::forward ? "F" : "R", l.forward_flops * work_scale, comm_of(in.unit));
                     s.syncs = syncs_of(l);
                     break;
                 }

@@ -36,7 +36,13 @@ enum class Op : std::uint8_t {
     send,             // peer, payload, micro_batch, chunk: to the rank that holds the next (activation) or previous (gradient) chunk (async)
     recv,             // peer, payload, micro_batch, chunk: blocks until the matching send arrives
     policy,           // policy: what a policy lowered into the program (StepProgram::policies names it), run by its component
+    recompute,        // unit, micro_batch: its forward again from the kept input, just before its backward (Recompute)
 };
+
+// What a forward keeps until the unit's backward: everything it saved (the
+// default), or only its input and output, the rest recomputed by an
+// Op::recompute before the backward (parallel/recompute.hpp).
+enum class Keep : std::uint8_t { all, input };
 
 // What a pipeline send/recv carries: the activation leaving a chunk's
 // forward, or the gradient leaving its backward (input gradient).
@@ -68,6 +74,7 @@ enum class Payload : std::uint8_t { none, activation, gradient };
         case Op::send: return "send";
         case Op::recv: return "recv";
         case Op::policy: return "policy";
+        case Op::recompute: return "recompute";
     }
     return "?";
 }
@@ -80,7 +87,7 @@ enum class Reduction : std::uint8_t { none, all_reduce, reduce_scatter };
 }
 [[nodiscard]] constexpr bool is_compute(Op op) {
     return op == Op::forward || op == Op::backward || op == Op::backward_input || op == Op::backward_weight ||
-           op == Op::optimizer_step || op == Op::zero_grads;
+           op == Op::optimizer_step || op == Op::zero_grads || op == Op::recompute;
 }
 
 struct Instruction {
@@ -97,6 +104,7 @@ struct Instruction {
     int peer = -1;
     Payload payload = Payload::none;
     int policy = -1;  // Op::policy: the index of the policy in StepProgram::policies
+    Keep keep = Keep::all;  // Op::forward: what stays until the backward
 
     friend bool operator==(const Instruction&, const Instruction&) = default;
 
@@ -114,6 +122,7 @@ struct Instruction {
         if (in.micro_batch >= 0) out << " mb" << in.micro_batch;
         if (in.reduction == Reduction::all_reduce) out << " (all_reduce)";
         if (in.reduction == Reduction::reduce_scatter) out << " (reduce_scatter)";
+        if (in.keep == Keep::input) out << " (keep input)";
         return out;
     }
 };
@@ -144,6 +153,14 @@ struct StepProgram {
         code.insert(code.begin() + at, in);
         for (auto& later : code)
             if (later.op == Op::wait && later.target >= at) ++later.target;
+    }
+
+    // Removes the instruction at `at`, which no wait may name; later waits
+    // are renumbered (a policy lowering itself again).
+    void erase(int at) {
+        code.erase(code.begin() + at);
+        for (auto& later : code)
+            if (later.op == Op::wait && later.target > at) --later.target;
     }
 
     // Puts `in` before every instruction of kind `before` (one optimizer_step

@@ -5,6 +5,8 @@
 //   - every unit runs forward and backward once per micro-batch, in order
 //     (forward u after forward u-1, backward u after backward u+1 and after
 //     the last forward; backward_weight after backward_input);
+//   - a forward that keeps only its input (Recompute) is recomputed once,
+//     after it and before its backward, and only such a forward is;
 //   - every asynchronous instruction is waited exactly once, after it was issued;
 //   - a unit of a sharded (slot) group computes only while its parameters are
 //     gathered and waited for, and its gradients are bound to a slot;
@@ -53,6 +55,7 @@ public:
         forward_done_.assign(static_cast<std::size_t>(mbs), std::vector<int>(static_cast<std::size_t>(units_), 0));
         input_done_ = forward_done_;
         weight_done_ = forward_done_;
+        recompute_ = forward_done_;
         param_slot_.assign(static_cast<std::size_t>(program_.param_slots), Slot{});
         grad_slot_.assign(static_cast<std::size_t>(program_.grad_slots), Slot{});
         for (index_ = 0; index_ < static_cast<int>(program_.code.size()); ++index_) step(program_.code[static_cast<std::size_t>(index_)]);
@@ -138,6 +141,7 @@ private:
     }
 
     void step(const Instruction& in) {
+        check(in.keep == Keep::all || in.op == Op::forward, in, " keeps only its input; only a forward can");
         switch (in.op) {
             case Op::zero_grads: break;
             case Op::forward: {
@@ -146,6 +150,17 @@ private:
                 check(forward_done_[mb][u] == 0, in, " runs twice");
                 check_unit_ready(in, u, false);
                 forward_done_[mb][u] = 1;
+                // 1: its activations must be recomputed before its backward.
+                recompute_[mb][u] = in.keep == Keep::input ? 1 : 0;
+                break;
+            }
+            case Op::recompute: {
+                const auto [u, mb] = unit_mb(in);
+                check(forward_done_[mb][u] == 1 && recompute_[mb][u] == 1, in, " recomputes u", u,
+                      recompute_[mb][u] == 2 ? " a second time" : ", whose forward kept all it saved (or has not run)");
+                check(input_done_[mb][u] == 0, in, " runs after the backward it serves");
+                check_unit_ready(in, u, false);
+                recompute_[mb][u] = 2;
                 break;
             }
             case Op::backward:
@@ -156,6 +171,7 @@ private:
                 check(gradient_ready(u, mb), in, " runs before the backward of u", u + 1,
                       program_.pipelined ? " (or its recv)" : "");
                 check(input_done_[mb][u] == 0, in, " runs twice");
+                check(recompute_[mb][u] != 1, in, " runs before the recompute of the activations its forward dropped");
                 check_unit_ready(in, u, in.op == Op::backward);
                 input_done_[mb][u] = 1;
                 if (in.op == Op::backward) weight_done_[mb][u] = 1;
@@ -297,6 +313,9 @@ private:
     int units_;
     std::vector<int> chunk_of_unit_;
     std::set<std::tuple<Payload, int, int>> received_;  // (payload, chunk, micro-batch)
+    // By micro-batch and unit: 0 nothing to recompute, 1 its forward kept
+    // only the input, 2 recomputed.
+    std::vector<std::vector<int>> recompute_;
     int index_ = 0;
     std::vector<std::vector<int>> forward_done_, input_done_, weight_done_;
     std::vector<Slot> param_slot_, grad_slot_;

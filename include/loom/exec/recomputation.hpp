@@ -1,0 +1,151 @@
+// What Recompute<...> (parallel/recompute.hpp) does at run time on one rank:
+// which units it recomputes, and for Budget the measurements its choice is
+// made from. The executor lowers the choice into the rank's step program
+// (schedule/recompute.hpp) and interprets the instructions; this component
+// decides, so the executor names no recomputation policy.
+//
+// Full recomputes every unit this rank holds whose layer is worth it
+// (nn::Unit::worth_recomputing). Budget runs its first step as Full (so that
+// step fits too, and the same losses follow: recomputation is exact), measures
+// each unit there (its forward's seconds, the bytes its forward and backward
+// allocate, its output's bytes), agrees on the measurements with every other
+// rank (a max over the axes, so the tensor- and sequence-parallel peers that
+// must recompute in lockstep choose alike), and then picks the least seconds
+// of recomputation whose activations fit the budget
+// (schedule/recompute_solver.hpp); the program is lowered again once.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/device_buffer.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/nn/units.hpp"
+#include "loom/parallel/recompute.hpp"
+#include "loom/schedule/program.hpp"
+#include "loom/schedule/recompute.hpp"
+#include "loom/schedule/recompute_solver.hpp"
+
+namespace loom::exec {
+
+class Recomputation {
+public:
+    Recomputation() = default;
+    // `held[u]`: whether this rank runs unit u.
+    Recomputation(RecomputeSpec spec, const std::vector<nn::Unit>& units, std::vector<bool> held)
+        : spec_(spec), held_(std::move(held)) {
+        worth_.reserve(units.size());
+        for (const nn::Unit& unit : units) worth_.push_back(unit.worth_recomputing);
+        measured_.assign(units.size(), Measured{});
+    }
+
+    [[nodiscard]] bool on() const noexcept { return spec_.on(); }
+    [[nodiscard]] const RecomputeSpec& spec() const noexcept { return spec_; }
+    // Budget before its choice: the step running now measures the units.
+    [[nodiscard]] bool measuring() const noexcept { return spec_.mode == RecomputeMode::budget && !chosen_; }
+
+    // What Full recomputes, and Budget's measuring step.
+    [[nodiscard]] std::vector<bool> full() const {
+        std::vector<bool> out(worth_.size());
+        for (std::size_t u = 0; u < out.size(); ++u) out[u] = worth_[u] && held_[u];
+        return out;
+    }
+
+    // One forward of unit u (kept or dropped): its seconds, the bytes it
+    // allocated (all it saved, its output included) and its output's bytes.
+    void measured_forward(int u, double seconds, std::int64_t bytes, std::int64_t output_bytes) {
+        Measured& m = measured_.at(static_cast<std::size_t>(u));
+        m.seconds = std::max(m.seconds, seconds);
+        m.forward_bytes = std::max(m.forward_bytes, bytes);
+        m.output_bytes = std::max(m.output_bytes, output_bytes);
+    }
+    // One backward of unit u, or its B half, or (`weight_half`) its W half:
+    // the bytes it allocated.
+    void measured_backward(int u, std::int64_t bytes, bool weight_half) {
+        Measured& m = measured_.at(static_cast<std::size_t>(u));
+        std::int64_t& most = weight_half ? m.weight_bytes : m.backward_bytes;
+        most = std::max(most, bytes);
+    }
+
+    // Budget, after its measuring step: agrees on the measurements over
+    // `axes` (collective on each; null entries are skipped) and chooses.
+    // `in_flight[u]`: micro-batches of u's chunk held at once on this rank;
+    // `split`: the program splits backwards into B and W (zero-bubble).
+    // Says once, through `notice`, when even recomputing every unit does not fit.
+    template <comm::Communicator C>
+    [[nodiscard]] std::vector<bool> choose(std::initializer_list<C*> axes, const std::vector<int>& in_flight, bool split,
+                                           Device device, const std::function<void(const std::string&)>& notice) {
+        const std::size_t n = measured_.size();
+        std::vector<float> values(4 * n);
+        for (std::size_t u = 0; u < n; ++u) {
+            values[u] = static_cast<float>(measured_[u].seconds);
+            values[n + u] = static_cast<float>(measured_[u].forward_bytes);
+            values[2 * n + u] = static_cast<float>(measured_[u].backward_bytes + measured_[u].weight_bytes);
+            values[3 * n + u] = static_cast<float>(measured_[u].output_bytes);
+        }
+        agree(axes, values, device);
+        std::vector<schedule::RecomputeUnit> units(n);
+        const auto bytes_of = [&](std::size_t u) {
+            return static_cast<std::int64_t>(values[n + u]) + static_cast<std::int64_t>(values[2 * n + u]);
+        };
+        for (std::size_t u = 0; u < n; ++u) {
+            const auto bytes = [&](std::size_t k) { return static_cast<std::int64_t>(values[k * n + u]); };
+            schedule::RecomputeUnit& unit = units[u];
+            unit.forward_seconds = values[u];
+            unit.kept_bytes = held_[u] ? bytes_of(u) : 0;
+            unit.output_bytes = held_[u] ? std::min(bytes(3), unit.kept_bytes) : 0;
+            // A split backward keeps its context while the unit below runs
+            // its B (which reads the gradient left there): count that one too.
+            unit.transient_bytes =
+                unit.kept_bytes + (split && u > 0 && held_[u - 1] && worth_[u - 1] ? bytes_of(u - 1) : 0);
+            unit.copies = std::max(1, in_flight.at(u));
+            unit.recomputable = worth_[u] && held_[u];
+        }
+        choice_ = schedule::solve_recompute(units, spec_.budget_bytes);
+        chosen_ = true;
+        if (!choice_.fits && notice)
+            notice("Recompute<" + spec_.describe() + ">: this rank's activations need " +
+                   readable_bytes(choice_.peak_bytes) + " even with every unit recomputed; recomputing every unit "
+                   "(raise the budget, or shard more: more pipeline stages, tensor or sequence parallelism)");
+        return choice_.recompute;
+    }
+
+    // Budget's choice (empty before it is made, and for Full).
+    [[nodiscard]] const schedule::RecomputeChoice& choice() const noexcept { return choice_; }
+
+private:
+    struct Measured {
+        double seconds = 0;
+        std::int64_t forward_bytes = 0, backward_bytes = 0, weight_bytes = 0, output_bytes = 0;
+    };
+
+    // The largest of each value over every rank of `axes`, on every rank.
+    template <comm::Communicator C>
+    static void agree(std::initializer_list<C*> axes, std::vector<float>& values, Device device) {
+        const Tensor host = Tensor::of(values.data(), {static_cast<std::int64_t>(values.size())});
+        DeviceBuffer there;
+        Tensor t = host;
+        if (device.kind != DeviceKind::host) {
+            there = DeviceBuffer(DType::f32, host.shape(), device);
+            t = there.tensor();
+            copy_tensor(t, host);
+        }
+        for (C* axis : axes)
+            if (axis != nullptr && axis->size() > 1) axis->all_reduce(t, t, comm::ReduceOp::max);
+        if (device.kind != DeviceKind::host) copy_tensor(host, t);
+    }
+
+    RecomputeSpec spec_{};
+    std::vector<bool> worth_, held_;
+    std::vector<Measured> measured_;
+    bool chosen_ = false;
+    schedule::RecomputeChoice choice_{};
+};
+
+}  // namespace loom::exec

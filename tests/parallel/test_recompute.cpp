@@ -1,0 +1,208 @@
+// Recompute<...>: activation recomputation as instructions of the step
+// program. The lowering (forwards that keep their input, a recompute before
+// each backward) and what the verifier refuses; then, for every strategy
+// family, bit-identical losses and parameters with Full and Budget
+// recomputation against the same strategy without it, with less activation
+// memory; a user layer that opts out; the recomputation in the trace.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <loom/comm/thread_world.hpp>
+#include <loom/exec/executor.hpp>
+#include <loom/parallel/recompute.hpp>
+#include <loom/parallel/strategy.hpp>
+#include <loom/schedule/data_parallel.hpp>
+#include <loom/schedule/recompute.hpp>
+#include <loom/schedule/verify.hpp>
+
+#include "parallel/equivalence_suite.hpp"
+
+namespace {
+
+using namespace loom;
+using loom_test::EquivalenceCase;
+using loom_test::TrainedCase;
+
+std::string message_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.message();
+    }
+    return "(no error)";
+}
+
+// Every rank's training of `c`, on rank threads.
+std::vector<TrainedCase> train_on_threads(const EquivalenceCase& c) {
+    const int ranks = c.dp * c.pp * c.tp * c.sp;
+    std::vector<TrainedCase> runs(static_cast<std::size_t>(ranks));
+    comm::ThreadWorld(ranks).run(
+        [&](comm::ThreadComm& comm) { runs[static_cast<std::size_t>(comm.rank())] = loom_test::train_case(comm, c); });
+    return runs;
+}
+
+struct Comparison {
+    std::vector<TrainedCase> plain, full, budget;
+};
+
+// Activation bytes of every rank, or (`total`) their sum in one entry.
+std::vector<std::int64_t> activations(const std::vector<TrainedCase>& runs, bool total) {
+    std::vector<std::int64_t> out;
+    for (const TrainedCase& run : runs) out.push_back(run.memory.activations);
+    if (total) out = {std::accumulate(out.begin(), out.end(), std::int64_t{0})};
+    return out;
+}
+
+// The case without recomputation, with Full, and with a Budget halfway
+// between the two's activation bytes on rank 0; every rank's losses and
+// parameters bit-identical to the plain run's. Full holds fewer activation
+// bytes than the plain run on every rank, and Budget sits between; under a
+// zero-bubble schedule only in total over the ranks (and Budget may beat
+// Full, which is not the least memory there): its Ws run long after
+// their Bs and need what the recompute rebuilt, so the last stage (whose
+// forward and backward are close) can hold a little more than without it.
+Comparison compare_recomputation(EquivalenceCase c) {
+    Comparison out;
+    out.plain = train_on_threads(c);
+    c.recompute = Recompute<Full>::spec;
+    out.full = train_on_threads(c);
+    const std::int64_t halfway = (out.plain[0].memory.activations + out.full[0].memory.activations) / 2;
+    c.recompute = RecomputeSpec{RecomputeMode::budget, std::max<std::int64_t>(halfway, 1)};
+    out.budget = train_on_threads(c);
+    for (std::size_t r = 0; r < out.plain.size(); ++r) {
+        INFO(c << ", rank " << r);
+        for (const auto* runs : {&out.full, &out.budget}) {
+            const TrainedCase& run = (*runs)[r];
+            CHECK(run.losses == out.plain[r].losses);
+            CHECK(run.params == out.plain[r].params);
+        }
+        CHECK(out.full[r].recomputes > 0);
+        CHECK(out.plain[r].recomputes == 0);
+        CHECK(out.budget[r].recomputes <= out.full[r].recomputes);
+    }
+    const bool split = c.pp > 1 && (c.schedule == ScheduleKind::zero_bubble_h1 || c.schedule == ScheduleKind::zero_bubble_v);
+    const auto plain = activations(out.plain, split), full = activations(out.full, split),
+               budget = activations(out.budget, split);
+    for (std::size_t r = 0; r < plain.size(); ++r) {
+        INFO(c << (split ? ", all ranks" : ", rank ") << (split ? "" : std::to_string(r)));
+        CHECK(full[r] < plain[r]);
+        CHECK(budget[r] <= plain[r]);
+        if (!split) CHECK(budget[r] >= full[r]);  // zero-bubble's least memory need not be Full's
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("recomputation lowers into forwards that keep their input and recomputes before the backwards",
+          "[parallel][recompute]") {
+    // Four units of one parameter group each, two micro-batches, ZeRO-3: a gather before every compute.
+    std::vector<nn::Unit> units(4);
+    std::vector<Param> params(4, Param{Shape{8}, Init::zeros()});
+    for (std::size_t u = 0; u < units.size(); ++u) {
+        units[u].params = {&params[u]};
+        units[u].numel = 8;
+    }
+    const parallel::ShardLayout layout(units, 2, parallel::Grouping::per_unit, 1 << 20);
+    schedule::StepProgram program = schedule::data_parallel_program(layout, 4, 3, 2);
+    const auto plain = program;
+    schedule::lower_recompute(program, {false, true, true, false});
+    schedule::verify(program, layout, 4);
+    CHECK(program.count(schedule::Op::recompute) == 4);  // 2 units x 2 micro-batches
+    CHECK(schedule::recomputed_units(program, 4) == std::vector<bool>{false, true, true, false});
+    std::ostringstream text;
+    text << program;
+    CHECK(text.str().find("forward u1 mb0 (keep input)") != std::string::npos);
+    CHECK(text.str().find("recompute u2 mb1") != std::string::npos);
+    // Each recompute comes right before its unit's backward, after the gather that backward waited for.
+    for (std::size_t i = 0; i < program.code.size(); ++i)
+        if (program.code[i].op == schedule::Op::recompute) {
+            const auto& next = program.code[i + 1];
+            CHECK(next.op == schedule::Op::backward);
+            CHECK(next.unit == program.code[i].unit);
+            CHECK(next.micro_batch == program.code[i].micro_batch);
+        }
+    // Lowered again, the earlier choice is undone first: none leaves the plain program.
+    schedule::lower_recompute(program, {false, false, true, false});
+    CHECK(program.count(schedule::Op::recompute) == 2);
+    schedule::lower_recompute(program, std::vector<bool>(4, false));
+    CHECK(program.code == plain.code);
+    CHECK(message_of([&] { schedule::lower_recompute(program, {true}); }) ==
+          "lower_recompute: the program names unit 1 but the choice covers 1 units; give one entry per unit");
+}
+
+TEST_CASE("the verifier refuses a dropped forward that is not recomputed, and a recompute of a kept one",
+          "[parallel][recompute]") {
+    std::vector<nn::Unit> units(2);
+    std::vector<Param> params(2, Param{Shape{8}, Init::zeros()});
+    for (std::size_t u = 0; u < units.size(); ++u) {
+        units[u].params = {&params[u]};
+        units[u].numel = 8;
+    }
+    const parallel::ShardLayout layout(units, 1, parallel::Grouping::buckets, 1 << 20);
+    const schedule::StepProgram plain = schedule::data_parallel_program(layout, 2, 0, 1);
+    const auto index_of = [](const schedule::StepProgram& p, schedule::Op op, int unit) {
+        for (std::size_t i = 0; i < p.code.size(); ++i)
+            if (p.code[i].op == op && p.code[i].unit == unit) return static_cast<int>(i);
+        return -1;
+    };
+    schedule::StepProgram dropped = plain;
+    schedule::lower_recompute(dropped, {true, false});
+    dropped.erase(index_of(dropped, schedule::Op::recompute, 0));
+    CHECK_THAT(message_of([&] { schedule::verify(dropped, layout, 2); }),
+               Catch::Contains("backward u0 mb0 runs before the recompute of the activations its forward dropped"));
+
+    schedule::StepProgram kept = plain;
+    kept.insert(index_of(kept, schedule::Op::backward, 0),
+                schedule::Instruction{.op = schedule::Op::recompute, .unit = 0, .micro_batch = 0});
+    CHECK_THAT(message_of([&] { schedule::verify(kept, layout, 2); }),
+               Catch::Contains("recompute u0 mb0 recomputes u0, whose forward kept all it saved (or has not run)"));
+
+    schedule::StepProgram twice = plain;
+    schedule::lower_recompute(twice, {true, false});
+    const int at = index_of(twice, schedule::Op::recompute, 0);
+    twice.insert(at, twice.code[static_cast<std::size_t>(at)]);
+    CHECK_THAT(message_of([&] { schedule::verify(twice, layout, 2); }), Catch::Contains("recomputes u0 a second time"));
+
+    schedule::StepProgram odd = plain;
+    odd.code[static_cast<std::size_t>(index_of(odd, schedule::Op::backward, 1))].keep = schedule::Keep::input;
+    CHECK_THAT(message_of([&] { schedule::verify(odd, layout, 2); }),
+               Catch::Contains("keeps only its input; only a forward can"));
+}
+
+TEST_CASE("recomputation is bit-identical on data parallelism and every ZeRO stage", "[parallel][recompute]") {
+    for (int stage = 0; stage <= 3; ++stage)
+        compare_recomputation({.dp = 2, .stage = stage, .micro_batches = stage % 2 == 0 ? 2 : 1, .steps = 3});
+}
+
+TEST_CASE("recomputation is bit-identical on every pipeline schedule", "[parallel][recompute]") {
+    using enum ScheduleKind;
+    for (ScheduleKind schedule : {gpipe, one_f_one_b, zero_bubble_h1, zero_bubble_v, interleaved})
+        compare_recomputation(
+            {.dp = 1, .micro_batches = 4, .steps = 3, .pp = 2, .schedule = schedule, .layers = 4});
+    // ZeroPP: a zero-bubble pipeline at ZeRO-3 over dp 2 (recomputes wait for the chunk's gather).
+    compare_recomputation({.dp = 2, .stage = 3, .micro_batches = 4, .steps = 3, .pp = 2, .schedule = zero_bubble_h1,
+                           .layers = 4});
+}
+
+TEST_CASE("recomputation is bit-identical with tensor parallelism (1D, 2D) and sequence parallelism",
+          "[parallel][recompute]") {
+    compare_recomputation({.dp = 1, .steps = 3, .tp = 2});
+    compare_recomputation({.dp = 1, .steps = 3, .tp = 4, .grid = true});
+    compare_recomputation({.dp = 1, .steps = 3, .sp = 2});
+    compare_recomputation({.dp = 1, .steps = 3, .sp = 2, .sp_attention = nn::SequenceAttention::ulysses});
+    // Everything at once, with stage messages and f/g all-reduces cast to 16 bits.
+    compare_recomputation({.dp = 2, .stage = 3, .micro_batches = 2, .steps = 3, .pp = 2, .layers = 2, .tp = 2,
+                           .pp_cast = {CompressorKind::bf16}, .tp_cast = {CompressorKind::bf16}});
+}
+
+TEST_CASE("recomputation is bit-identical with a compressed gradient exchange (TopK, error feedback)", "[parallel][recompute]") {
+    compare_recomputation({.dp = 2, .stage = 1, .steps = 3, .dp_compress = {CompressorKind::top_k, 0.25}});
+}
