@@ -90,8 +90,25 @@ inline loom::Device parse_device(const std::string& text) {
 
 // The flags that name the strategy piece by piece, as given (empty: not given).
 struct StrategyFlags {
-    std::string strategy, zero, schedule, chunks, tp_mode, sp_mode, ulysses, sp_layout, compress, compress_pp, compress_tp;
+    std::string strategy, zero, schedule, chunks, tp_mode, sp_mode, ulysses, sp_layout, compress, compress_pp, compress_tp,
+        recompute;
 };
+
+// --recompute none | full | budget:SIZE (64MiB, 1.5GiB, 1000000B): Recompute<...>.
+inline loom::RecomputeSpec parse_recompute_flag(const std::string& text) {
+    if (text == "none") return {};
+    if (text == "full") return loom::Recompute<loom::Full>::spec;
+    if (text.starts_with("budget:")) {
+        const std::string size = text.substr(7);
+        const auto unit = size.find_first_not_of("0123456789.");
+        const auto bytes = unit == std::string::npos || unit == 0
+                               ? std::nullopt
+                               : loom::parse_bucket_size(std::string_view(size).substr(0, unit), std::string_view(size).substr(unit));
+        if (bytes) return {loom::RecomputeMode::budget, *bytes};
+        usage_error("--recompute " + text + ": the budget is a size in whole bytes such as 64MiB, 1.5GiB or 1000000B");
+    }
+    usage_error("--recompute " + text + " is not none, full or budget:SIZE (e.g. budget:64MiB)");
+}
 
 inline loom::Compression parse_compress_flag(const std::string& flag, const std::string& text) {
     try {
@@ -150,6 +167,7 @@ inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
     if (!s.compress.empty()) spec.dp_compression = parse_compress_flag("--compress", s.compress);
     if (!s.compress_pp.empty()) spec.pp_compression = parse_compress_flag("--compress-pp", s.compress_pp);
     if (!s.compress_tp.empty()) spec.tp_compression = parse_compress_flag("--compress-tp", s.compress_tp);
+    if (!s.recompute.empty()) spec.recompute = parse_recompute_flag(s.recompute);
     return spec;
 }
 
@@ -242,7 +260,10 @@ inline Flags parse(int argc, char** argv) {
                             text("Strategy", "--compress", s.compress, "C",
                                  "dp gradients: none, bf16, fp16, int8[:B], topk:R, powersgd:R, onebit[:B]", "none"),
                             text("Strategy", "--compress-pp", s.compress_pp, "C", "pipeline traffic: none, bf16 or fp16", "none"),
-                            text("Strategy", "--compress-tp", s.compress_tp, "C", "tensor-parallel traffic: none, bf16 or fp16", "none")};
+                            text("Strategy", "--compress-tp", s.compress_tp, "C", "tensor-parallel traffic: none, bf16 or fp16", "none"),
+                            text("Strategy", "--recompute", s.recompute, "WHAT",
+                                 "activations recomputed in backward: none, full, or budget:SIZE per rank (e.g. budget:64MiB)",
+                                 "none")};
     whole("Strategy", "--compress-warmup", f.compress_warmup, 0, std::int64_t{1} << 40, "uncompressed steps first",
           "10% of --steps (PowerSGD, TopK), 20% (OneBit)");
 
@@ -338,6 +359,7 @@ inline Flags parse(int argc, char** argv) {
                "--zero " + std::to_string(f.strategy.zero_stage) + " (OptEx shards its own state over the workers)");
         refuse(f.micro_batches > 1, "--micro-batches " + std::to_string(f.micro_batches));
         refuse(f.compress().on(), "--compress " + f.compress().describe());
+        refuse(f.strategy.recompute.on(), "--recompute (OptEx steps outside the executor's step program)");
         refuse(f.freeze_variance >= 0, "--freeze-variance");
         refuse(f.save_every > 0, "--save-every (OptEx saves at the end, or on SIGINT/SIGTERM)");
         refuse(f.sharded, "--sharded (OptEx saves one file)");
