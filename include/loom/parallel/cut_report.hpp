@@ -5,7 +5,8 @@
 // strategy cuts nothing in a unit that holds weights: that unit then runs
 // whole on every tp rank, which is correct but not what tensor parallelism
 // is for, and usually means a layer of the user's own declares no cut.
-// Recomputation has no policy yet: when one comes it records here too.
+// (Recompute<...> reports in the step program instead: forwards marked
+// `(keep input)`; exec/recomputation.hpp's choice prints itself.)
 #pragma once
 
 #include <algorithm>
