@@ -26,7 +26,8 @@ PROG = "draw_trace.py"
 
 # Fixed colours so a category looks the same in every picture: compute in
 # strong tab10 tones, collectives cyan/purple/pink, point-to-point
-# olive/indigo, waiting in greys (light enough to read as "nothing useful").
+# olive/indigo, recomputation amber, waiting in greys (light enough to read as
+# "nothing useful").
 CATEGORY_COLOURS = {
     "forward": "#1f77b4", "backward": "#ff7f0e",
     "backward_input": "#d62728", "backward_weight": "#8c564b",
@@ -34,6 +35,7 @@ CATEGORY_COLOURS = {
     "reduce_scatter": "#9467bd", "all_gather": "#e377c2",
     "send": "#bcbd22", "recv": "#393b79",
     "wait": "#a8a8a8", "idle": "#d9d9d9",
+    "recompute": "#e6a817",
 }
 # Light tab20 tones for categories loom may add later; distinct from above.
 FALLBACK_COLOURS = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
