@@ -5,7 +5,7 @@
 // time Full adds beside one extra forward (the forwards' own time, from the
 // step's trace); Budget's predicted peak (the solver's) beside the measured.
 //
-//   bench_recompute [--batches 8,16,32] [--steps 7]
+//   bench_recompute [--batches 8,32,96] [--steps 7]
 #include <loom/comm/thread_world.hpp>
 #include <loom/exec/executor.hpp>
 #include <loom/gpt/model.hpp>
@@ -88,7 +88,7 @@ std::vector<std::int64_t> parse_list(const char* text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::vector<std::int64_t> batches{8, 16, 32};
+    std::vector<std::int64_t> batches{8, 32, 96};
     int steps = 7;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string flag = argv[i];
@@ -110,6 +110,8 @@ int main(int argc, char** argv) {
         const Row none = measure(batch, {}, steps);
         const Row full = measure(batch, loom::Recompute<loom::Full>::spec, steps);
         std::vector<std::pair<std::string, Row>> rows{{"none", none}, {"Full", full}};
+        // The least memory the solver knows (the budget cannot be met): its predicted peak is Full's formula.
+        rows.emplace_back("Budget 1 B", measure(batch, RecomputeSpec{RecomputeMode::budget, 1}, steps));
         for (const double at : {0.25, 0.5, 0.75}) {
             const auto budget = static_cast<std::int64_t>(static_cast<double>(full.activations) +
                                                           at * static_cast<double>(none.activations - full.activations));

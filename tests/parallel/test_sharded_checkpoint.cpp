@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -27,6 +29,7 @@
 #include <loom/exec/executor.hpp>
 #include <loom/exec/sharded_checkpoint.hpp>
 #include <loom/gpt/model.hpp>
+#include <loom/io/safetensors.hpp>
 
 #include "support/message_of.hpp"
 
@@ -298,5 +301,40 @@ TEST_CASE("a broken sharded checkpoint is named in one line", "[parallel][checkp
     SECTION("no index") {
         std::filesystem::remove(root.path / "index.json");
         CHECK_THAT(load_message(), Catch::Matchers::StartsWith(where + ": cannot read "));
+    }
+    SECTION("a shard holding a NaN moment") {
+        // The shard rewritten whole, as a diverged run would have left it.
+        const std::filesystem::path file = root.path / second;
+        std::vector<std::vector<float>> arrays;
+        std::vector<std::string> names;
+        std::map<std::string, std::string> metadata;
+        {
+            const loom::io::SafetensorsFile shard(file);
+            metadata = shard.metadata().to_map();
+            for (const std::string& name : shard.names()) {
+                const loom::Tensor t = shard.tensor(name);
+                if (t.dtype() != loom::DType::f32) continue;
+                arrays.emplace_back(t.data<float>(), t.data<float>() + t.numel());
+                names.push_back(name);
+            }
+        }
+        const auto m = std::find(names.begin(), names.end(), "m") - names.begin();
+        REQUIRE(m < static_cast<std::ptrdiff_t>(names.size()));
+        arrays[static_cast<std::size_t>(m)][3] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<loom::io::NamedTensor> tensors;
+        for (std::size_t i = 0; i < arrays.size(); ++i)
+            tensors.push_back({names[i], loom::Tensor::of(arrays[i].data(), {static_cast<std::int64_t>(arrays[i].size())})});
+        // The integer runs (i64) go back as they were.
+        const loom::io::SafetensorsFile again(file);
+        std::vector<std::vector<std::int64_t>> runs;
+        for (const std::string& name : again.names()) {
+            const loom::Tensor t = again.tensor(name);
+            if (t.dtype() != loom::DType::i64) continue;
+            runs.emplace_back(t.data<std::int64_t>(), t.data<std::int64_t>() + t.numel());
+            tensors.push_back({name, loom::Tensor(runs.back().data(), loom::DType::i64, t.shape())});
+        }
+        loom::io::save_safetensors(file, tensors, metadata);
+        CHECK_THAT(load_message(), Catch::Matchers::StartsWith(where + ": tensor m holds nan at element ") &&
+                                       Catch::Matchers::EndsWith("; only finite values are valid"));
     }
 }
