@@ -206,3 +206,96 @@ TEST_CASE("recomputation is bit-identical with tensor parallelism (1D, 2D) and s
 TEST_CASE("recomputation is bit-identical with a compressed gradient exchange (TopK, error feedback)", "[parallel][recompute]") {
     compare_recomputation({.dp = 2, .stage = 1, .steps = 3, .dp_compress = {CompressorKind::top_k, 0.25}});
 }
+
+namespace {
+
+// A user's layer whose only activation is its output (y = 2x): it says
+// recomputing it is not worth it.
+struct Twice {
+    static constexpr bool worth_recomputing = false;
+    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& x) {
+        Tensor y = ctx.alloc(x.shape());
+        const auto in = x.span<const float>();
+        const auto out = y.span<float>();
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = 2 * in[i];
+        return y;
+    }
+    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dy) { return forward(ctx, dy); }
+};
+
+// A user's model: a chain of fields, one of them a block of the user's own making.
+struct UserNet {
+    nn::Embedding embed;
+    nn::Residual<nn::LayerNorm, nn::Linear, nn::Gelu, nn::Linear> mlp;
+    Twice twice;
+    nn::LayerNorm norm;
+    nn::Linear head;
+    nn::CrossEntropy loss;
+};
+
+struct UserRun {
+    std::vector<float> losses, params;
+    std::vector<bool> recomputed;
+    std::vector<std::string> traced;  // the recompute spans of the last step
+};
+
+UserRun train_user_net(RecomputeSpec recompute) {
+    constexpr std::int64_t V = 64, T = 8, C = 16, rows = 4;
+    UserRun run;
+    comm::ThreadWorld(2).run([&](comm::ThreadComm& comm) {
+        UserNet model{nn::Embedding::make(V, T, C),
+                      {{nn::LayerNorm::make(C), nn::Linear::make(C, 4 * C), nn::Gelu{}, nn::Linear::make(4 * C, C)}},
+                      {},
+                      nn::LayerNorm::make(C),
+                      nn::Linear::make(C, V),
+                      {}};
+        exec::ExecutionPlan plan{.zero_stage = 1};
+        plan.recompute = recompute;
+        exec::Executor<comm::ThreadComm> exec(model, comm, plan,
+                                              {.micro_batches = 2, .trace = true,
+                                               .field_names = {"embed", "mlp", "twice", "norm", "head", "loss"}});
+        exec.initialize(3);
+        std::vector<std::int32_t> x(rows * T), y(rows * T);
+        std::vector<float> losses;
+        for (int step = 0; step < 3; ++step) {
+            for (std::size_t i = 0; i < x.size(); ++i) {
+                x[i] = static_cast<std::int32_t>((i * 5 + static_cast<std::size_t>(step) + static_cast<std::size_t>(comm.rank())) % V);
+                y[i] = static_cast<std::int32_t>((i * 3 + 1) % V);
+            }
+            exec.trace().clear();
+            losses.push_back(exec.step(Tensor::of(x.data(), {rows, T}), Tensor::of(y.data(), {rows, T}), 1e-2f));
+        }
+        const auto n = static_cast<std::size_t>(exec.parameter_count());
+        std::vector<float> values(n), m(n), v(n);
+        exec.gather_state(values, m, v);
+        if (comm.rank() == 0) {
+            run.losses = losses;
+            run.params = values;
+            run.recomputed = schedule::recomputed_units(exec.program(), static_cast<int>(exec.units().size()));
+            for (const auto& e : exec.trace().events())
+                if (e.category == "recompute") run.traced.push_back(e.name);
+        }
+    });
+    return run;
+}
+
+}  // namespace
+
+TEST_CASE("a user's model recomputes its own block and keeps the layer that opts out, bit-identically",
+          "[parallel][recompute]") {
+    const UserRun plain = train_user_net({});
+    const UserRun full = train_user_net(Recompute<Full>::spec);
+    // embed, mlp, twice, norm, head, loss: Embedding, Linear and Twice say recomputing them is not worth it.
+    CHECK(full.recomputed == std::vector<bool>{false, true, false, true, false, true});
+    CHECK(plain.recomputed == std::vector<bool>(6, false));
+    CHECK(full.losses == plain.losses);
+    CHECK(full.params == plain.params);
+    // The trace draws each recompute under its unit's name: 3 units x 2 micro-batches.
+    REQUIRE(full.traced.size() == 6);
+    CHECK(full.traced.front().starts_with("recompute loss"));
+    CHECK(std::count(full.traced.begin(), full.traced.end(), full.traced.front()) == 2);  // once per micro-batch
+    CHECK(std::find_if(full.traced.begin(), full.traced.end(), [](const std::string& s) {
+              return s.starts_with("recompute mlp Residual");
+          }) != full.traced.end());
+    CHECK(plain.traced.empty());
+}
