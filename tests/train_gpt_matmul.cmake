@@ -5,12 +5,6 @@
 set(model --layers 1 --width 16 --heads 2 --seq 8 --batch 4 --steps 12 --lr 3e-3 --dp 2 --tp 2)
 include("${CMAKE_CURRENT_LIST_DIR}/train_gpt_run.cmake")
 
-function(final_loss output result)
-  if(NOT output MATCHES "final loss ([0-9.]+) after 12 steps")
-    message(FATAL_ERROR "no final loss in:\n${output}")
-  endif()
-  set(${result} "${CMAKE_MATCH_1}" PARENT_SCOPE)
-endfunction()
 
 run(--matmul f32)
 final_loss("${run_output}" f32)

@@ -9,3 +9,11 @@ function(run)
   endif()
   set(run_output "${out}" PARENT_SCOPE)
 endfunction()
+
+# final_loss(<output> <var>): the "final loss X after N steps" a run printed, into <var>.
+function(final_loss output result)
+  if(NOT output MATCHES "final loss ([0-9.]+) after [0-9]+ steps")
+    message(FATAL_ERROR "no final loss in:\n${output}")
+  endif()
+  set(${result} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()

@@ -23,20 +23,23 @@
 #include <loom/schedule/verify.hpp>
 
 #include "parallel/equivalence_suite.hpp"
+#include "support/message_of.hpp"
 
 namespace {
 
 using namespace loom;
 using loom_test::EquivalenceCase;
+using loom_test::message_of;
 using loom_test::TrainedCase;
 
-std::string message_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.message();
+// One unit per Param, for the step programs' generators (which read only the sizes).
+std::vector<nn::Unit> units_of(std::vector<Param>& params) {
+    std::vector<nn::Unit> units(params.size());
+    for (std::size_t u = 0; u < units.size(); ++u) {
+        units[u].params = {&params[u]};
+        units[u].numel = params[u].numel();
     }
-    return "(no error)";
+    return units;
 }
 
 // Every rank's training of `c`, on rank threads.
@@ -104,13 +107,8 @@ Comparison compare_recomputation(EquivalenceCase c) {
 TEST_CASE("recomputation lowers into forwards that keep their input and recomputes before the backwards",
           "[parallel][recompute]") {
     // Four units of one parameter group each, two micro-batches, ZeRO-3: a gather before every compute.
-    std::vector<nn::Unit> units(4);
     std::vector<Param> params(4, Param{Shape{8}, Init::zeros()});
-    for (std::size_t u = 0; u < units.size(); ++u) {
-        units[u].params = {&params[u]};
-        units[u].numel = 8;
-    }
-    const parallel::ShardLayout layout(units, 2, parallel::Grouping::per_unit, 1 << 20);
+    const parallel::ShardLayout layout(units_of(params), 2, parallel::Grouping::per_unit, 1 << 20);
     schedule::StepProgram program = schedule::data_parallel_program(layout, 4, 3, 2);
     const auto plain = program;
     schedule::lower_recompute(program, {false, true, true, false});
@@ -140,13 +138,8 @@ TEST_CASE("recomputation lowers into forwards that keep their input and recomput
 
 TEST_CASE("the verifier refuses a dropped forward that is not recomputed, and a recompute of a kept one",
           "[parallel][recompute]") {
-    std::vector<nn::Unit> units(2);
     std::vector<Param> params(2, Param{Shape{8}, Init::zeros()});
-    for (std::size_t u = 0; u < units.size(); ++u) {
-        units[u].params = {&params[u]};
-        units[u].numel = 8;
-    }
-    const parallel::ShardLayout layout(units, 1, parallel::Grouping::buckets, 1 << 20);
+    const parallel::ShardLayout layout(units_of(params), 1, parallel::Grouping::buckets, 1 << 20);
     const schedule::StepProgram plain = schedule::data_parallel_program(layout, 2, 0, 1);
     const auto index_of = [](const schedule::StepProgram& p, schedule::Op op, int unit) {
         for (std::size_t i = 0; i < p.code.size(); ++i)
