@@ -528,19 +528,10 @@ private:
 
     // Budget, after its measuring step: the choice, agreed with every rank.
     void choose_recomputation() {
-        std::vector<int> first_units;
-        for (int v = 0; v < rank_.stages.stages(); ++v) first_units.push_back(rank_.stages.first(v));
-        const std::vector<int> open = schedule::micro_batches_in_flight(rank_.program, first_units);
-        std::vector<int> in_flight(units_.size(), 1);
-        for (std::size_t u = 0; u < units_.size(); ++u) {
-            const int v = rank_.chunk_of_unit[u] < 0 ? -1 : rank_.chunk_of_unit[u];
-            if (v >= 0) in_flight[u] = open.at(static_cast<std::size_t>(v));
-        }
         const bool first = comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
         std::function<void(const std::string&)> say;
         if (first) say = notice_ ? notice_ : [](const std::string& line) { std::cerr << "loom: " << line << "\n"; };
-        relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, in_flight,
-                                               rank_.program.count(schedule::Op::backward_input) > 0, device_, say));
+        relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, rank_, device_, say));
         pool_.drop_unit_contexts();
     }
 

@@ -26,6 +26,7 @@
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/exec/rank_program.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/parallel/recompute.hpp"
 #include "loom/schedule/program.hpp"
@@ -74,13 +75,15 @@ public:
     }
 
     // Budget, after its measuring step: agrees on the measurements over
-    // `axes` (collective on each; null entries are skipped) and chooses.
-    // `in_flight[u]`: micro-batches of u's chunk held at once on this rank;
-    // `split`: the program splits backwards into B and W (zero-bubble).
+    // `axes` (collective on each; null entries are skipped) and chooses for
+    // `rank`'s program (how many micro-batches of each chunk it holds at
+    // once; whether it splits backwards into B and W, as zero-bubble does).
     // Says once, through `notice`, when even recomputing every unit does not fit.
     template <comm::Communicator C>
-    [[nodiscard]] std::vector<bool> choose(std::initializer_list<C*> axes, const std::vector<int>& in_flight, bool split,
-                                           Device device, const std::function<void(const std::string&)>& notice) {
+    [[nodiscard]] std::vector<bool> choose(std::initializer_list<C*> axes, const RankProgram& rank, Device device,
+                                           const std::function<void(const std::string&)>& notice) {
+        const std::vector<int> in_flight = micro_batches_in_flight(rank);
+        const bool split = rank.program.count(schedule::Op::backward_input) > 0;
         const std::size_t n = measured_.size();
         std::vector<float> values(4 * n);
         for (std::size_t u = 0; u < n; ++u) {
@@ -124,6 +127,17 @@ private:
         double seconds = 0;
         std::int64_t forward_bytes = 0, backward_bytes = 0, weight_bytes = 0, output_bytes = 0;
     };
+
+    // By unit: the micro-batches of its chunk `rank` holds at once (1 for units held elsewhere).
+    [[nodiscard]] static std::vector<int> micro_batches_in_flight(const RankProgram& rank) {
+        std::vector<int> first_units;
+        for (int v = 0; v < rank.stages.stages(); ++v) first_units.push_back(rank.stages.first(v));
+        const std::vector<int> open = schedule::micro_batches_in_flight(rank.program, first_units);
+        std::vector<int> out(rank.chunk_of_unit.size(), 1);
+        for (std::size_t u = 0; u < out.size(); ++u)
+            if (rank.chunk_of_unit[u] >= 0) out[u] = open.at(static_cast<std::size_t>(rank.chunk_of_unit[u]));
+        return out;
+    }
 
     // The largest of each value over every rank of `axes`, on every rank.
     template <comm::Communicator C>
