@@ -13,6 +13,7 @@
 #include "loom/plan/gpt_description.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/search.hpp"
+#include "loom/train/memory_preflight.hpp"
 #include "../../tools/train_gpt_spelling.hpp"
 #include "support/message_of.hpp"
 
@@ -228,4 +229,26 @@ TEST_CASE("plan recompute: bad recomputation inputs are refused with what would 
                Contains("unknown recomputation \"budget:lots\"; use none, full or budget:SIZE"));
     CHECK_THAT(loom_test::message_of([] { (void)parse_recompute_flag("sometimes"); }),
                Contains("unknown recomputation \"sometimes\""));
+}
+
+TEST_CASE("plan recompute: train_gpt's memory preflight counts Full's activations when it recomputes", "[plan][recompute]") {
+    const loom::gpt::Config config{4, 64, 4, 32, 256};
+    const auto model = loom::plan::describe_gpt(config, 8);
+    const auto none = loom::train::gpt_training_memory(config, {.batch = 8, .pp = 2});
+    const auto full = loom::train::gpt_training_memory(config, {.batch = 8, .pp = 2, .recompute = {RecomputeMode::full, 0}});
+    double saved = 0, kept = 0, rerun = 1e300;
+    for (const LayerSpec& l : model.layers) {
+        saved += l.saved_bytes;
+        kept += l.kept_when_recomputed();
+        rerun = std::min(rerun, l.saved_bytes);
+    }
+    CHECK(none.activations == Approx(saved * 8 / 2));
+    // Per rank: the recomputed layers' kept bytes over the 2 stages, and one block's rerun.
+    CHECK(full.activations == Approx((kept / 2 + rerun) * 8));
+    CHECK(full.activations < none.activations);
+    CHECK(full.model_states == Approx(none.model_states));
+    // A Budget counts as Full: the least it could keep.
+    const auto budget = loom::train::gpt_training_memory(
+        config, {.batch = 8, .pp = 2, .recompute = {RecomputeMode::budget, std::int64_t{1} << 40}});
+    CHECK(budget.activations == Approx(full.activations));
 }
