@@ -252,3 +252,30 @@ TEST_CASE("plan recompute: train_gpt's memory preflight counts Full's activation
         config, {.batch = 8, .pp = 2, .recompute = {RecomputeMode::budget, std::int64_t{1} << 40}});
     CHECK(budget.activations == Approx(full.activations));
 }
+
+TEST_CASE("plan recompute: the joint search's best is the brute force's over every candidate, recomputing where needed", "[plan][recompute]") {
+    // The search prunes by a lower bound that must count the recomputes' forwards: every candidate priced
+    // (without recomputation when it fits, else with the cheapest that fits) finds nothing better.
+    const auto model = memory_heavy(8, 4, 8e6);
+    const auto cluster = devices(4, 25e6, Link::gbytes(10, 0));
+    const auto report = loom::plan::search(model, cluster, {.top = 3});
+    double best = 1e300;
+    int recomputing = 0;
+    for (Candidate c : loom::plan::detail::enumerate(model, cluster, {})) {
+        if (c.pp > 1) c.partition = loom::plan::detail::CostModel(model, cluster, c).balanced_partition();
+        auto e = loom::plan::estimate(model, cluster, c);
+        if (!e.fits) {
+            const auto fitting = loom::plan::cheapest_fitting_recompute(model, cluster, c, c.partition);
+            if (!fitting) continue;
+            c.recompute = fitting->spec;
+            c.recomputed = fitting->layers;
+            e = loom::plan::estimate(model, cluster, c);
+            REQUIRE(e.fits);
+            ++recomputing;
+        }
+        best = std::min(best, e.step_seconds);
+    }
+    CHECK(report.recomputing == recomputing);
+    CHECK(report.simulated < report.candidates);
+    CHECK(report.plans.front().estimate.step_seconds == Approx(best));
+}
