@@ -15,7 +15,10 @@
 // per micro-batch's samples / (tp x sp), where copies is what the schedule
 // keeps in flight: 1 without a pipeline, its activation_bound with one chunk
 // per rank, activation_bound / chunks (rounded up) of each chunk otherwise.
-// With nothing recomputed that is the bound the planner always used.
+// With nothing recomputed and one chunk per rank that is the bound the
+// planner always used (bound x the stage's saved bytes); with several chunks
+// it counts each chunk's share of the bound rather than the bound times the
+// largest chunk, which is the same for balanced chunks.
 // recompute_choice picks the layers (Full, or the solver under a Budget);
 // cheapest_fitting_recompute the least recomputation that fits every device,
 // for the joint search (plan/search.hpp).
