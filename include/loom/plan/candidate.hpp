@@ -86,8 +86,9 @@ struct Candidate {
             for (std::size_t i = 0; i < c.partition.size(); ++i) out << (i ? "," : "") << c.partition[i];
         }
         if (c.recompute.on()) {
+            out << ", recompute " << c.recompute.describe();
             const auto n = std::count(c.recomputed.begin(), c.recomputed.end(), true);
-            out << ", recompute " << c.recompute.describe() << " (" << n << " of " << c.recomputed.size() << " layers)";
+            if (!c.recomputed.empty()) out << " (" << n << " of " << c.recomputed.size() << " layers)";
         }
         return out;
     }
