@@ -173,11 +173,14 @@ inline void check_memory(const Flags& flags, int dp, int ranks_in_process) {
                                              .sp = flags.sp,
                                              .zero = flags.optex > 0 ? 0 : flags.strategy.zero_stage,
                                              .micro_batches = flags.optex > 0 ? 1 : flags.micro_batches,
-                                             .ranks_in_process = ranks_in_process};
+                                             .ranks_in_process = ranks_in_process,
+                                             .recompute = flags.strategy.recompute};
     try {
         loom::train::check_memory_fits(loom::train::gpt_training_memory(flags.model, layout),
                                        loom::train::available_memory(),
-                                       {.lower_activations = "--batch (or raise --micro-batches or --dp)",
+                                       {.lower_activations = flags.strategy.recompute.on()
+                                                                     ? "--batch (or raise --micro-batches or --dp)"
+                                                                     : "--batch (or raise --micro-batches or --dp, or pass --recompute full)",
                                         .lower_model_states = "--width or --layers (or raise --zero, --pp or --tp)",
                                         .skip_check = "--no-memory-check"});
     } catch (const loom::Error& e) {

@@ -9,6 +9,11 @@
 // Each plan prints its strategy as StrategySpec's text and the train_gpt
 // line that runs it (`--strategy '...'`, pasted as is); --json also gives the
 // piecewise flags ("flags"), words a script can split. `--help` lists the flags.
+// A plan that fits only by recomputing activations carries its
+// Recompute<Full> or Recompute<Budget ...> in that line (--recompute never
+// searches without it, --recompute full recomputes on every candidate).
+#include <algorithm>
+
 #include <loom/exec/trace.hpp>
 #include <loom/io/atomic_file.hpp>
 #include <loom/io/json.hpp>
@@ -114,6 +119,13 @@ Options parse(int argc, char** argv) {
         for (const auto& s : split(v, ',')) o.search.zero_stages.push_back(static_cast<int>(parse_int("--zero", s, 0, 3)));
         if (o.search.zero_stages.empty()) usage_error("--zero is empty; give stages among 0,1,2,3");
     }, "ZeRO stages to try (default 0,1,2,3)")->type_name("Z,Z,...")->group("Search");
+    app.add_option_function<std::string>("--recompute", [&o](const std::string& v) {
+        if (v == "never") o.search.recompute = loom::plan::RecomputeSearch::never;
+        else if (v == "when-needed") o.search.recompute = loom::plan::RecomputeSearch::when_needed;
+        else if (v == "full") o.search.recompute = loom::plan::RecomputeSearch::always_full;
+        else usage_error("--recompute " + v + " is not valid; use never, when-needed or full");
+    }, "recompute activations: when-needed (a plan that does not fit gets the cheapest recomputation that fits), "
+       "never, or full (every plan) (default when-needed)")->type_name("WHEN")->group("Search");
     app.add_flag_callback("--no-2d", [&o] { o.search.tensor_grid = false; }, "no Optimus 2D tensor grids")->group("Search");
     app.add_flag_callback("--no-sp", [&o] { o.search.sequence = false; }, "no sequence parallelism")->group("Search");
     whole("Search", "--max-micro-batches", [&o](const std::string& v) {
@@ -156,7 +168,7 @@ loom::gpt::Config gpt_config(std::string_view text) {
 // step, read by CLI11 from the one string (quotes as in a shell).
 loom::plan::Candidate candidate_of(const std::string& text, const loom::plan::ModelDescription& model) {
     loom::plan::Candidate c;
-    std::string schedule, tp_mode = "1d", sp_mode = "ring", strategy, partition;
+    std::string schedule, tp_mode = "1d", sp_mode = "ring", strategy, partition, recompute;
     int chunks = 0;
     std::int64_t batch = model.batch;
     CLI::App app{"loom-plan --evaluate: the train_gpt flags that shape a step", "--evaluate"};
@@ -172,7 +184,8 @@ loom::plan::Candidate candidate_of(const std::string& text, const loom::plan::Mo
                         app.add_option("--chunks", chunks)->check(CLI::Range(2, 4)),
                         app.add_option("--schedule", schedule),
                         app.add_option("--tp-mode", tp_mode)->check(CLI::IsMember({"1d", "2d"})),
-                        app.add_option("--sp-mode", sp_mode)->check(CLI::IsMember({"ring", "ulysses"}))})
+                        app.add_option("--sp-mode", sp_mode)->check(CLI::IsMember({"ring", "ulysses"})),
+                        app.add_option("--recompute", recompute)})
         piece->excludes(whole);
     parse_or_exit(app, [&] { app.parse(text, false); }, "--evaluate: ");
     if (batch != model.batch)
@@ -187,6 +200,7 @@ loom::plan::Candidate candidate_of(const std::string& text, const loom::plan::Mo
         c.chunks = spec.chunks;
         c.tp_grid = spec.tensor_grid;
         c.ulysses = spec.sequence_attention == loom::nn::SequenceAttention::ulysses;
+        c.recompute = spec.recompute;
         if (c.strategy() != spec)
             usage_error("--evaluate: the planner prices " + c.strategy().text() + " for these degrees, not " + spec.text() +
                         " (no compression, hybrid or contiguous sequence layout, default bucket; --pp/--tp/--sp give the "
@@ -199,6 +213,11 @@ loom::plan::Candidate candidate_of(const std::string& text, const loom::plan::Mo
         if (!schedule.empty()) c.schedule = parse_schedule_flag(schedule);
     } catch (const loom::Error& e) {
         usage_error("--evaluate: --schedule: " + e.message());
+    }
+    try {
+        if (!recompute.empty()) c.recompute = parse_recompute_flag(recompute);
+    } catch (const loom::Error& e) {
+        usage_error("--evaluate: --recompute: " + e.message());
     }
     c.chunks = chunks > 0 ? chunks
                           : c.schedule == loom::ScheduleKind::interleaved || c.schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
@@ -222,10 +241,13 @@ std::string plan_json(const loom::plan::Candidate& c, const loom::plan::Estimate
         << ", \"tp\": " << c.tp << ", \"tp_mode\": \"" << (c.tp_grid ? "2d" : "1d") << "\", \"sp\": " << c.sp
         << ", \"sp_mode\": \"" << (c.ulysses ? "ulysses" : "ring") << "\", \"schedule\": \""
         << schedule_flag(c.schedule) << "\", \"chunks\": " << c.chunks
-        << ", \"micro_batches\": " << c.micro_batches << ", \"zero\": " << c.zero << ", \"partition\": [";
+        << ", \"micro_batches\": " << c.micro_batches << ", \"zero\": " << c.zero
+        << ", \"recompute\": \"" << recompute_flag(c.recompute) << "\", \"recomputed_layers\": "
+        << std::count(e.recomputed.begin(), e.recomputed.end(), true) << ", \"partition\": [";
     for (std::size_t i = 0; i < e.partition.size(); ++i) out << (i ? ", " : "") << e.partition[i];
     loom::plan::Candidate with = c;
     with.partition = e.partition;
+    with.recomputed = e.recomputed;
     out << "], \"strategy\": " << quote(c.strategy().text()) << ", \"flags\": " << quote(train_gpt_flags(with, batch) + extra_flags)
         << ", \"strategy_flags\": " << quote(train_gpt_strategy_flags(with, batch) + extra_flags) << "}";
     return out.str();
@@ -235,6 +257,7 @@ void print_plan(const loom::plan::Candidate& c, const loom::plan::Estimate& e, s
                 const std::string& extra_flags, int rank) {
     loom::plan::Candidate with = c;
     with.partition = e.partition;
+    with.recomputed = e.recomputed;
     std::ostringstream line;
     line << with;
     std::printf("%3d  %9.4f  %9.4f  %10s  %s\n", rank, e.step_seconds, e.compute_seconds, gigabytes(e.peak_memory).c_str(),
@@ -291,10 +314,11 @@ int run(int argc, char** argv) {
         write_trace(loom::plan::estimate(model, cluster, best.candidate, true), o.trace);
     }
     if (o.json) {
-        std::printf("{\"model\": %s, \"devices\": %d, \"candidates\": %lld, \"over_memory\": %lld, \"simulated\": %lld, "
-                    "\"search_seconds\": %s, \"plans\": [",
+        std::printf("{\"model\": %s, \"devices\": %d, \"candidates\": %lld, \"over_memory\": %lld, "
+                    "\"recomputing\": %lld, \"simulated\": %lld, \"search_seconds\": %s, \"plans\": [",
                     loom::io::json::quote(model.name).c_str(), cluster.size(), static_cast<long long>(report.candidates),
-                    static_cast<long long>(report.over_memory), static_cast<long long>(report.simulated),
+                    static_cast<long long>(report.over_memory), static_cast<long long>(report.recomputing),
+                    static_cast<long long>(report.simulated),
                     loom::io::json::number(report.seconds).c_str());
         for (std::size_t i = 0; i < report.plans.size(); ++i)
             std::printf("%s%s", i ? ", " : "",
@@ -304,8 +328,9 @@ int run(int argc, char** argv) {
         return 0;
     }
     std::printf("%s", about.str().c_str());
-    std::printf("searched %lld candidates (%lld over memory), simulated %lld, in %.2f s\n\n",
+    std::printf("searched %lld candidates (%lld over memory, %lld recomputing), simulated %lld, in %.2f s\n\n",
                 static_cast<long long>(report.candidates), static_cast<long long>(report.over_memory),
+                static_cast<long long>(report.recomputing),
                 static_cast<long long>(report.simulated), report.seconds);
     std::printf("  #  step (s)  compute (s)  memory/dev  plan\n");
     for (std::size_t i = 0; i < report.plans.size(); ++i)

@@ -1,7 +1,8 @@
 // train_gpt's flag spellings that loom-plan shares: pipeline schedules
 // (gpipe, 1f1b, interleaved, zb for ZB-H1, zbv for ZB-V), read by train_gpt
-// --schedule and loom-plan --schedules / --evaluate, and a planner's
-// candidate as train_gpt flags. Spellings of the programs, so they live with
+// --schedule and loom-plan --schedules / --evaluate, recomputation (none,
+// full, budget:SIZE as in budget:64MiB), read by train_gpt --recompute and
+// loom-plan --evaluate, and a planner's candidate as train_gpt flags. Spellings of the programs, so they live with
 // them; the library's own grammar is parallel/strategy_text.hpp's.
 #pragma once
 
@@ -11,7 +12,9 @@
 #include <string_view>
 
 #include <loom/core/error.hpp>
+#include <loom/parallel/data_parallel.hpp>
 #include <loom/parallel/pipeline.hpp>
+#include <loom/parallel/recompute.hpp>
 #include <loom/plan/candidate.hpp>
 
 [[nodiscard]] inline loom::ScheduleKind parse_schedule_flag(std::string_view text) {
@@ -36,6 +39,31 @@
     return "?";
 }
 
+// --recompute's words: none, full, or budget:SIZE with SIZE a whole number
+// of B, KiB, MiB or GiB (budget:64MiB, budget:1.5GiB, budget:1000B).
+[[nodiscard]] inline loom::RecomputeSpec parse_recompute_flag(std::string_view text) {
+    if (text == "none") return {};
+    if (text == "full") return {loom::RecomputeMode::full, 0};
+    constexpr std::string_view prefix = "budget:";
+    if (text.substr(0, prefix.size()) == prefix) {
+        const std::string_view size = text.substr(prefix.size());
+        const auto unit = size.find_first_not_of("0123456789.");
+        if (unit != std::string_view::npos && unit > 0)
+            if (const auto bytes = loom::parse_bucket_size(size.substr(0, unit), size.substr(unit)))
+                return {loom::RecomputeMode::budget, *bytes};
+    }
+    LOOM_FAIL("unknown recomputation \"", text, "\"; use none, full or budget:SIZE (budget:64MiB, budget:1.5GiB, budget:1000B)");
+}
+
+// parse_recompute_flag's inverse.
+[[nodiscard]] inline std::string recompute_flag(const loom::RecomputeSpec& spec) {
+    if (spec.mode == loom::RecomputeMode::full) return "full";
+    if (spec.mode == loom::RecomputeMode::none) return "none";
+    std::string size = loom::bucket_size_text(spec.budget_bytes);
+    size.erase(size.find(' '), 1);
+    return "budget:" + size;
+}
+
 // The train_gpt flags of a candidate (the model's own flags aside): degrees
 // and the piecewise strategy flags, words a script can split on spaces.
 [[nodiscard]] inline std::string train_gpt_flags(const loom::plan::Candidate& c, std::int64_t batch) {
@@ -49,6 +77,7 @@
     if (c.sp > 1) f << " --sp " << c.sp << (c.ulysses ? " --sp-mode ulysses" : "");
     f << " --micro-batches " << c.micro_batches << " --batch " << batch;
     if (c.zero > 0) f << " --zero " << c.zero;
+    if (c.recompute.on()) f << " --recompute " << recompute_flag(c.recompute);
     if (c.pp > 1 && !c.partition.empty()) {
         f << " --partition ";
         for (std::size_t i = 0; i < c.partition.size(); ++i) f << (i ? "," : "") << c.partition[i];

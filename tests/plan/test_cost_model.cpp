@@ -34,7 +34,7 @@ ModelDescription even_model(int layers, std::int64_t batch, std::int64_t params 
     m.name = "even";
     m.batch = batch;
     for (int i = 0; i < layers; ++i)
-        m.layers.push_back(LayerSpec{std::to_string(i), 1e9, -1, params, 1e6, 1e6, 0, 0});
+        m.layers.push_back(LayerSpec{std::to_string(i), 1e9, -1, params, 1e6, 1e6, 0, 0, true, -1, -1});
     return m;
 }
 
@@ -167,7 +167,7 @@ TEST_CASE("plan: a cluster too small for the model says the least memory any pla
 }
 
 TEST_CASE("plan: candidates print themselves as a Strategy and as train_gpt flags", "[plan]") {
-    Candidate c{2, 2, 2, 1, false, false, loom::ScheduleKind::interleaved, 2, 4, 1, {3, 3, 3, 3}};
+    Candidate c{2, 2, 2, 1, false, false, loom::ScheduleKind::interleaved, 2, 4, 1, {3, 3, 3, 3}, {}, {}};
     CHECK(c.strategy().text() == "Strategy<DataParallel<bucket 2 MiB>, Pipeline<Interleaved<2>>, TensorParallel, ZeroShard<1>>");
     CHECK(c.strategy() == loom::Strategy<loom::DataParallel<>, loom::Pipeline<loom::Interleaved<2>>, loom::TensorParallel,
                                          loom::ZeroShard<1>>::spec);
@@ -190,7 +190,7 @@ TEST_CASE("plan: every candidate's printed strategy reads back as the same value
                             for (const int zero : {0, 1, 2, 3}) {
                                 const int chunks = schedule == loom::ScheduleKind::interleaved ? 3
                                                    : schedule == loom::ScheduleKind::zero_bubble_v ? 2 : 1;
-                                const Candidate c{1, pp, tp, sp, grid, ulysses, schedule, chunks, 4, zero, {}};
+                                const Candidate c{1, pp, tp, sp, grid, ulysses, schedule, chunks, 4, zero, {}, {}, {}};
                                 INFO(c.strategy());
                                 CHECK(loom::parse_strategy(c.strategy().text()) == c.strategy());
                             }

@@ -430,3 +430,20 @@ TEST_CASE("plan files refuse an empty list of nodes or layers", "[plan]") {
     CHECK_THAT(model_error(R"({"name": "m", "batch": 1, "layers": []})"),
                Catch::Contains("model.json:1:37: layers is an empty array; give a non-empty array of layers"));
 }
+
+TEST_CASE("a model file's layers say what recomputing them keeps and costs", "[plan][recompute]") {
+    const plan::ModelDescription m = plan::read_model(one_layer(
+        R"("name": "l", "forward_flops": 10, "params": 1, "output_bytes": 4, "saved_bytes": 64, "recomputable": false, )"
+        R"("recomputed_bytes": 8, "recompute_flops": 6)"));
+    CHECK_FALSE(m.layers[0].recomputable);
+    CHECK(m.layers[0].kept_when_recomputed() == 8);
+    CHECK(m.layers[0].recompute() == 6);
+    const plan::ModelDescription plain = plan::read_model(one_layer(valid_layer));
+    CHECK(plain.layers[0].recomputable);
+    CHECK(plain.layers[0].kept_when_recomputed() == plain.layers[0].output_bytes);
+    CHECK(plain.layers[0].recompute() == plain.layers[0].forward_flops);
+    CHECK_THAT(model_error(one_layer(R"("name": "l", "forward_flops": 1, "params": 1, "output_bytes": 1, "recomputable": 1)")),
+               Catch::Contains("layers[0].recomputable is 1; give true or false"));
+    CHECK_THAT(model_error(one_layer(R"("name": "l", "forward_flops": 1, "params": 1, "output_bytes": 1, "recompute_flops": -2)")),
+               Catch::Contains("layers[0].recompute_flops is -2; give"));
+}

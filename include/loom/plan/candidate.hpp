@@ -1,12 +1,13 @@
 // Candidate: one way to train a model on a cluster, the point the planner
 // searches over: the degrees of data, pipeline, tensor (Megatron 1D or an
 // Optimus 2D grid) and sequence (ring or Ulysses) parallelism, the pipeline
-// schedule, the micro-batches per step, the ZeRO stage and the layers of
-// each virtual stage. It says which strategy realises it (a StrategySpec,
+// schedule, the micro-batches per step, the ZeRO stage, the layers of
+// each virtual stage, and which layers are recomputed (Recompute<...>). It says which strategy realises it (a StrategySpec,
 // whose text train_gpt --strategy reads), and why_invalid() names the first
 // rule a candidate breaks for a model and a cluster.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <ostream>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "loom/parallel/pipeline.hpp"
+#include "loom/parallel/recompute.hpp"
 #include "loom/parallel/strategy_spec.hpp"
 #include "loom/plan/cluster.hpp"
 #include "loom/plan/model_description.hpp"
@@ -30,6 +32,11 @@ struct Candidate {
     int micro_batches = 1;
     int zero = 0;
     std::vector<int> partition;  // layers per virtual stage; empty: balanced by the planner
+    // Recompute<Full> or Recompute<Budget<bytes>>, as train_gpt runs it, and
+    // the layers the planner expects it to recompute (one per layer; empty:
+    // none). The search sets both (plan/memory_model.hpp: recompute_choice).
+    RecomputeSpec recompute{};
+    std::vector<bool> recomputed;
 
     [[nodiscard]] int devices() const noexcept { return dp * pp * tp * sp; }
     [[nodiscard]] int virtual_stages() const noexcept { return pp > 1 ? pp * chunks : 1; }
@@ -57,10 +64,12 @@ struct Candidate {
             s.sequence_attention = nn::SequenceAttention::ulysses;
             s.sequence_ulysses = 0;
         }
+        s.recompute = recompute;
         return s;
     }
 
-    // "dp 2 x pp 2 x tp 2, 1F1B, 8 micro-batches, ZeRO-1, partition 12,12".
+    // "dp 2 x pp 2 x tp 2, 1F1B, 8 micro-batches, ZeRO-1, partition 12,12"
+    // (", recompute Full (24 of 24 layers)" when it recomputes).
     friend std::ostream& operator<<(std::ostream& out, const Candidate& c) {
         out << "dp " << c.dp;
         if (c.pp > 1) out << " x pp " << c.pp;
@@ -75,6 +84,11 @@ struct Candidate {
         if (c.pp > 1 && !c.partition.empty()) {
             out << ", partition ";
             for (std::size_t i = 0; i < c.partition.size(); ++i) out << (i ? "," : "") << c.partition[i];
+        }
+        if (c.recompute.on()) {
+            out << ", recompute " << c.recompute.describe();
+            const auto n = std::count(c.recomputed.begin(), c.recomputed.end(), true);
+            if (!c.recomputed.empty()) out << " (" << n << " of " << c.recomputed.size() << " layers)";
         }
         return out;
     }
@@ -125,7 +139,13 @@ struct Candidate {
         why << "sequence parallelism does not combine with a 2D tensor grid";
     else if (c.sp > 1 && c.ulysses && model.heads > 0 && (model.heads / c.tp) % c.sp != 0)
         why << "Ulysses over sp " << c.sp << " needs it to divide the " << model.heads / c.tp << " heads per tp rank";
+    else if (!c.recomputed.empty() && c.recomputed.size() != model.layers.size())
+        why << "the recompute choice covers " << c.recomputed.size() << " layers but the model has " << layers
+            << "; give one entry per layer";
     if (!why.str().empty()) return why.str();
+    for (std::size_t i = 0; i < c.recomputed.size(); ++i)
+        if (c.recomputed[i] && !model.layers[i].recomputable)
+            return "layer " + model.layers[i].name + " is recomputed but says it is not recomputable";
     if (c.pp > 1) {
         try {
             (void)schedule::pipeline_program(c.schedule, c.pp, c.micro_batches, c.chunks);

@@ -16,7 +16,10 @@
 //     the slowest of the links between the two stages' devices;
 //   - a gradient reduction or parameter gather: Links::cost of the group's
 //     bytes over the dp (x sp) ranks, queued on the group's links;
-//   - the optimizer and zeroing: the bytes they touch / memory bandwidth.
+//   - the optimizer and zeroing: the bytes they touch / memory bandwidth;
+//   - a recompute (Recompute<...>, lowered into the programs by
+//     schedule::lower_recompute for the candidate's recomputed layers): the
+//     layer's recompute_flops, priced like its forward, communication included.
 // Memory per device: plan/memory_model.hpp.
 #pragma once
 
@@ -38,8 +41,9 @@
 #include "loom/plan/cluster.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/model_description.hpp"
-#include "loom/schedule/partition.hpp"
 #include "loom/plan/step_simulator.hpp"
+#include "loom/schedule/partition.hpp"
+#include "loom/schedule/recompute.hpp"
 
 namespace loom::plan {
 
@@ -51,6 +55,7 @@ struct Estimate {
     int peak_device = 0;
     bool fits = true;                   // every device holds its memory
     std::vector<int> partition;         // layers per virtual stage, as priced
+    std::vector<bool> recomputed;       // per layer, as priced (empty: none)
     SimResult simulation;               // events only when asked for
 };
 
@@ -64,8 +69,9 @@ public:
     [[nodiscard]] Estimate run(bool record) {
         Estimate e;
         e.partition = c_.pp > 1 ? (c_.partition.empty() ? balanced_partition() : c_.partition) : std::vector<int>{};
+        e.recomputed = recomputed(e.partition);
         memory(e);
-        build_programs(e.partition);
+        build_programs(e.partition, e.recomputed);
         SimProgram program = price();
         e.simulation = simulate_steps(program, record);
         e.step_seconds = e.simulation.makespan;
@@ -75,6 +81,7 @@ public:
 
     // Fills e.memory, e.fits and the peak for e.partition; returns the peak.
     double memory_only(Estimate& e) const {
+        e.recomputed = recomputed(e.partition);
         memory(e);
         return e.peak_memory;
     }
@@ -103,11 +110,12 @@ public:
         }
     }
 
-    // A bound below the simulated step: the busiest rank's compute, and the
-    // shared cores' total work.
+    // A bound below the simulated step: the busiest rank's compute (its
+    // recomputes included), and the shared cores' total work.
     [[nodiscard]] double lower_bound() const {
         const std::vector<int> partition =
             c_.pp > 1 ? (c_.partition.empty() ? balanced_partition() : c_.partition) : std::vector<int>{};
+        const std::vector<bool> again = recomputed(partition);
         const auto pipe = c_.pp > 1 ? schedule::pipeline_program(c_.schedule, c_.pp, c_.micro_batches, c_.chunks)
                                     : schedule::PipelineProgram{};
         std::vector<double> work(static_cast<std::size_t>(c_.pp), 0.0);
@@ -117,7 +125,8 @@ public:
             const int count = c_.pp > 1 ? partition[static_cast<std::size_t>(v)] : static_cast<int>(model_.layers.size());
             for (int k = 0; k < count; ++k, ++layer) {
                 const LayerSpec& l = model_.layers[layer];
-                work[static_cast<std::size_t>(stage)] += (l.forward_flops + l.backward()) * samples_ / (c_.tp * c_.sp);
+                const double flops = l.forward_flops + l.backward() + (layer < again.size() && again[layer] ? l.recompute() : 0);
+                work[static_cast<std::size_t>(stage)] += flops * samples_ / (c_.tp * c_.sp);
             }
         }
         double bound = 0, total = 0;
@@ -130,8 +139,15 @@ public:
         return bound;
     }
 
+    // The layers the candidate recomputes with `partition`: its own choice,
+    // or its spec's (plan/memory_model.hpp); empty when none.
+    [[nodiscard]] std::vector<bool> recomputed(const std::vector<int>& partition) const {
+        if (!c_.recomputed.empty() || !c_.recompute.on()) return c_.recomputed;
+        return recompute_choice(model_, cluster_, c_, partition, c_.recompute).layers;
+    }
+
 private:
-    void build_programs(const std::vector<int>& partition) {
+    void build_programs(const std::vector<int>& partition, const std::vector<bool>& recompute) {
         std::vector<nn::Unit> units(model_.layers.size());
         for (std::size_t u = 0; u < units.size(); ++u) {
             units[u].name = model_.layers[u].name;
@@ -148,7 +164,11 @@ private:
         exec::ExecutorOptions options;
         options.micro_batches = c_.micro_batches;
         options.partition = partition;
-        for (int p = 0; p < c_.pp; ++p) ranks_.push_back(exec::rank_program(units, c_.dp * c_.sp, c_.pp, p, plan, options));
+        const bool any = std::find(recompute.begin(), recompute.end(), true) != recompute.end();
+        for (int p = 0; p < c_.pp; ++p) {
+            ranks_.push_back(exec::rank_program(units, c_.dp * c_.sp, c_.pp, p, plan, options));
+            if (any) schedule::lower_recompute(ranks_.back().program, recompute);
+        }
     }
 
     [[nodiscard]] int sim(int stage, int replica) const { return stage * c_.dp + replica; }
@@ -309,7 +329,9 @@ private:
                 case Op::recompute: {
                     // A recompute is the unit's forward once more, its communication included.
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    s = compute(s, in.op == Op::forward ? "F" : "R", l.forward_flops * work_scale, comm_of(in.unit));
+                    const bool again = in.op == Op::recompute;
+                    s = compute(s, again ? "R" : "F", (again ? l.recompute() : l.forward_flops) * work_scale,
+                                comm_of(in.unit));
                     s.syncs = syncs_of(l);
                     break;
                 }
@@ -419,7 +441,7 @@ private:
     // Bytes per device from the partition alone (no programs built), so the
     // search can drop what does not fit before pricing it.
     void memory(Estimate& e) const {
-        DeviceMemory m = device_memory(model_, cluster_, c_, e.partition);
+        DeviceMemory m = device_memory(model_, cluster_, c_, e.partition, e.recomputed);
         e.memory = std::move(m.bytes);
         e.peak_memory = m.peak;
         e.peak_device = m.peak_device;

@@ -10,6 +10,14 @@
 //     are 2 T C floats;
 //   - the head: 2 T C V FLOPs and V C parameters, keeping the T x V logits
 //     and probabilities.
+// Recomputation follows train_gpt's units (embed, blocks[i], ln_f, head,
+// loss; nn/units.hpp): the embedding and the head are Linear-like layers
+// not worth recomputing (they hold only their output), the blocks, ln_f and
+// the loss are recomputed. So every layer is recomputable; a recomputed
+// block holds its output (T C floats), the first layer also the embedding's
+// output, the last also ln_f's output and the head's T x V logits; a
+// recompute reruns the blocks (and the loss's softmax), not the embedding or
+// the head's matmul.
 #pragma once
 
 #include <string>
@@ -41,6 +49,9 @@ namespace loom::plan {
         block.saved_bytes = 4 * (16 * T * C + T * H);
         block.tp_bytes = 2 * 4 * T * C;
         block.sequence_bytes = 2 * 4 * T * C;
+        block.recomputable = true;
+        block.recomputed_bytes = 4 * T * C;
+        block.recompute_flops = block.forward_flops;
         m.layers.push_back(block);
     }
     LayerSpec& first = m.layers.front();
@@ -49,12 +60,15 @@ namespace loom::plan {
     first.forward_flops += T * C;  // the position add; the lookup is a copy
     first.saved_bytes += 4 * T * C;
     first.tp_bytes += 4 * T * C;  // the vocab-parallel lookup's sum
+    first.recomputed_bytes += 4 * T * C;  // the embedding's output, kept (it is not recomputed)
     LayerSpec& last = m.layers.back();
     last.name += " + ln_f, head, loss";
     last.params += 2 * config.width + config.vocab * config.width;
     last.forward_flops += 2 * T * C * V + 5 * T * V;  // the head's matmul, then softmax and the loss
     last.saved_bytes += 4 * (T * C + 2 * T * V);
     last.tp_bytes += 4 * T * C;  // the head's input gradient, summed over the vocabulary's shards
+    last.recomputed_bytes += 4 * (T * C + T * V);  // ln_f's output and the head's logits
+    last.recompute_flops += 5 * T * V;            // the loss's softmax again; the head's matmul is kept
     return m;
 }
 

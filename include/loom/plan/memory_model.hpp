@@ -5,17 +5,40 @@
 // dp x sp ranks from the ZeRO stage that shards it), ZeRO's working slots
 // (two of the largest group it gathers or reduces at once), and the saved
 // activations of the micro-batches the schedule keeps in flight.
+//
+// Activations have the recompute solver's shape (schedule/recompute_solver.hpp),
+// one unit per layer of a pipeline rank:
+//
+//   activations = sum_layers copies x (recomputed ? kept_when_recomputed : saved)
+//                 + the largest saved bytes of a recomputed layer (its rerun)
+//
+// per micro-batch's samples / (tp x sp), where copies is what the schedule
+// keeps in flight: 1 without a pipeline, its activation_bound with one chunk
+// per rank, activation_bound / chunks (rounded up) of each chunk otherwise.
+// With nothing recomputed and one chunk per rank that is the bound the
+// planner always used (bound x the stage's saved bytes); with several chunks
+// it counts each chunk's share of the bound rather than the bound times the
+// largest chunk, which is the same for balanced chunks.
+// recompute_choice picks the layers (Full, or the solver under a Budget);
+// cheapest_fitting_recompute the least recomputation that fits every device,
+// for the joint search (plan/search.hpp).
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/recompute.hpp"
 #include "loom/plan/candidate.hpp"
 #include "loom/plan/cluster.hpp"
 #include "loom/plan/model_description.hpp"
 #include "loom/schedule/pipeline.hpp"
+#include "loom/schedule/recompute_solver.hpp"
 
 namespace loom::plan {
 
@@ -48,48 +71,115 @@ struct StateBytes {
            params * (zero >= 1 ? b.optimizer / n : b.optimizer);
 }
 
-}  // namespace detail
+// Where each layer runs and what one device of its pipeline rank holds for
+// it: the rank's parameter elements and the largest ZeRO group, per rank.
+struct Placement {
+    std::vector<int> rank_of_layer, copies;  // per layer
+    std::vector<double> params, largest;     // per pipeline rank
+    std::vector<double> static_bytes;        // per pipeline rank: parameters, gradients, AdamW, ZeRO's slots
+};
 
-// The bytes per device of `c` on `cluster` with `partition` layers per
-// virtual stage (empty without a pipeline).
-[[nodiscard]] inline DeviceMemory device_memory(const ModelDescription& model, const Cluster& cluster,
-                                                const Candidate& c, const std::vector<int>& partition) {
-    using detail::StateBytes;
-    using detail::state_bytes;
-    using detail::static_bytes;
-    DeviceMemory out;
-    const double samples = static_cast<double>(model.batch) / (c.dp * c.micro_batches);  // per micro-batch per replica
-    const StateBytes b = state_bytes(model);
+[[nodiscard]] inline Placement place(const ModelDescription& model, const Candidate& c, const std::vector<int>& partition) {
     const auto pipe = c.pp > 1 ? schedule::pipeline_program(c.schedule, c.pp, c.micro_batches, c.chunks)
                                : schedule::PipelineProgram{};
-    std::vector<double> params(static_cast<std::size_t>(c.pp), 0.0), saved(params.size(), 0.0),
-        chunk_saved(params.size(), 0.0), largest(params.size(), 0.0);
+    const int copies = c.pp == 1 ? 1 : (pipe.activation_bound + c.chunks - 1) / c.chunks;
+    Placement out;
+    out.params.assign(static_cast<std::size_t>(c.pp), 0.0);
+    out.largest = out.params;
     std::size_t layer = 0;
     for (int v = 0; v < c.virtual_stages(); ++v) {
         const auto p = static_cast<std::size_t>(c.pp > 1 ? pipe.rank_of_chunk[static_cast<std::size_t>(v)] : 0);
         const int count = c.pp > 1 ? partition[static_cast<std::size_t>(v)] : static_cast<int>(model.layers.size());
-        double chunk_params = 0, here = 0;
+        double chunk_params = 0;
         for (int k = 0; k < count; ++k, ++layer) {
             const LayerSpec& l = model.layers[layer];
             const double n = static_cast<double>(l.params) / c.tp;
             chunk_params += n;
-            here += l.saved_bytes;
+            out.rank_of_layer.push_back(static_cast<int>(p));
+            out.copies.push_back(copies);
             // ZeRO-3 without a pipeline gathers one layer at a time; ZeRO-2 reduces buckets.
-            largest[p] = std::max(largest[p], c.zero == 2 && c.pp == 1
-                                                  ? std::max(n, static_cast<double>(default_bucket_bytes) / 4)
-                                                  : n);
+            out.largest[p] = std::max(out.largest[p], c.zero == 2 && c.pp == 1
+                                                          ? std::max(n, static_cast<double>(default_bucket_bytes) / 4)
+                                                          : n);
         }
-        params[p] += chunk_params;
-        saved[p] += here;
-        chunk_saved[p] = std::max(chunk_saved[p], here);
-        if (c.pp > 1 && c.zero >= 2) largest[p] = std::max(largest[p], chunk_params);  // ZeroPP: a chunk at once
+        out.params[p] += chunk_params;
+        if (c.pp > 1 && c.zero >= 2) out.largest[p] = std::max(out.largest[p], chunk_params);  // ZeroPP: a chunk at once
     }
+    const StateBytes b = state_bytes(model);
+    for (std::size_t p = 0; p < out.params.size(); ++p) {
+        double bytes = static_bytes(b, out.params[p], c.zero, c.dp * c.sp);
+        if (c.zero >= 2) bytes += 2 * out.largest[p] * (b.gradient + (c.zero >= 3 ? b.value : 0));
+        out.static_bytes.push_back(bytes);
+    }
+    return out;
+}
+
+// The least of `field` over the devices of pipeline rank p.
+template <class Field>
+[[nodiscard]] double least_of_stage(const Cluster& cluster, const Candidate& c, int p, Field field) {
+    double least = std::numeric_limits<double>::infinity();
+    for (int d = 0; d < c.dp; ++d)
+        for (int s = 0; s < c.sp; ++s)
+            for (int t = 0; t < c.tp; ++t) least = std::min(least, field(cluster.device(c.device(p, d, s, t))));
+    return least;
+}
+
+// Pipeline rank p's activations as the solver's units, one per layer of the
+// model (a layer elsewhere holds nothing), in bytes of one device and
+// seconds of its slowest device.
+[[nodiscard]] inline std::vector<schedule::RecomputeUnit> activation_units(const ModelDescription& model,
+                                                                           const Cluster& cluster, const Candidate& c,
+                                                                           const Placement& at, int p) {
+    const double share = static_cast<double>(model.batch) / (c.dp * c.micro_batches) / (c.tp * c.sp);
+    const double speed = least_of_stage(cluster, c, p, [](const DeviceSpec& d) { return d.flops; });
+    std::vector<schedule::RecomputeUnit> units(model.layers.size());
+    for (std::size_t u = 0; u < units.size(); ++u) {
+        if (at.rank_of_layer[u] != p) {
+            units[u].recomputable = false;
+            continue;
+        }
+        const LayerSpec& l = model.layers[u];
+        schedule::RecomputeUnit& x = units[u];
+        x.kept_bytes = std::llround(l.saved_bytes * share);
+        x.output_bytes = std::min<std::int64_t>(x.kept_bytes, std::llround(l.kept_when_recomputed() * share));
+        x.transient_bytes = x.kept_bytes;  // its rerun's activations, while its backward reads them
+        x.copies = at.copies[u];
+        x.recomputable = l.recomputable;
+        x.forward_seconds = speed > 0 && std::isfinite(speed) ? l.recompute() * share / speed : l.recompute() * share;
+    }
+    return units;
+}
+
+// A budget the strategy text prints compactly and reads back exactly, at
+// most `bytes`: whole half GiB above 8 GiB, whole MiB above 1 MiB, whole KiB.
+[[nodiscard]] inline std::int64_t printable_budget(double bytes) {
+    const auto b = static_cast<std::int64_t>(std::min(std::floor(bytes), 4e18));
+    const std::int64_t half_gib = std::int64_t{1} << 29, mib = std::int64_t{1} << 20, kib = std::int64_t{1} << 10;
+    if (b >= 16 * half_gib) return b / half_gib * half_gib;
+    if (b >= mib) return b / mib * mib;
+    if (b >= kib) return b / kib * kib;
+    return b;
+}
+
+}  // namespace detail
+
+// The bytes per device of `c` on `cluster` with `partition` layers per
+// virtual stage (empty without a pipeline), recomputing the layers
+// `recompute` marks (empty: none).
+[[nodiscard]] inline DeviceMemory device_memory(const ModelDescription& model, const Cluster& cluster,
+                                                const Candidate& c, const std::vector<int>& partition,
+                                                const std::vector<bool>& recompute = {}) {
+    DeviceMemory out;
+    const detail::Placement at = detail::place(model, c, partition);
+    std::vector<bool> chosen = recompute;
+    chosen.resize(model.layers.size(), false);
     out.bytes.assign(static_cast<std::size_t>(cluster.size()), 0.0);
     for (int p = 0; p < c.pp; ++p) {
-        const auto i = static_cast<std::size_t>(p);
-        const double in_flight = c.pp > 1 ? pipe.activation_bound * chunk_saved[i] : saved[i];
-        double bytes = static_bytes(b, params[i], c.zero, c.dp * c.sp) + in_flight * samples / (c.tp * c.sp);
-        if (c.zero >= 2) bytes += 2 * largest[i] * (b.gradient + (c.zero >= 3 ? b.value : 0));
+        const auto units = detail::activation_units(model, cluster, c, at, p);
+        std::vector<bool> here(units.size(), false);
+        for (std::size_t u = 0; u < units.size(); ++u) here[u] = chosen[u] && at.rank_of_layer[u] == p;
+        const double bytes = at.static_bytes[static_cast<std::size_t>(p)] +
+                             static_cast<double>(schedule::recompute_peak(units, here));
         for (int d = 0; d < c.dp; ++d)
             for (int s = 0; s < c.sp; ++s)
                 for (int t = 0; t < c.tp; ++t) out.bytes[static_cast<std::size_t>(c.device(p, d, s, t))] = bytes;
@@ -103,6 +193,67 @@ struct StateBytes {
         if (need > cluster.device(i).memory) out.fits = false;
     }
     return out;
+}
+
+// The layers `spec` recomputes on `c` (one entry per layer): none, every
+// recomputable layer (Full), or for a Budget what the solver chooses on each
+// pipeline rank under it, as train_gpt's executor does with its measured
+// units. `fits` is false when some rank's activations exceed the budget even so.
+struct RecomputeLayers {
+    std::vector<bool> layers;
+    bool fits = true;
+    double extra_seconds = 0;  // the slowest rank's recompute forwards per micro-batch
+};
+
+[[nodiscard]] inline RecomputeLayers recompute_choice(const ModelDescription& model, const Cluster& cluster,
+                                                      const Candidate& c, const std::vector<int>& partition,
+                                                      const RecomputeSpec& spec) {
+    RecomputeLayers out;
+    out.layers.assign(model.layers.size(), false);
+    if (!spec.on()) return out;
+    const detail::Placement at = detail::place(model, c, partition);
+    for (int p = 0; p < c.pp; ++p) {
+        const auto units = detail::activation_units(model, cluster, c, at, p);
+        schedule::RecomputeChoice choice;
+        if (spec.mode == RecomputeMode::full) {
+            choice = schedule::recompute_all(units);
+        } else {
+            choice = schedule::solve_recompute(units, spec.budget_bytes, 200);
+            out.fits = out.fits && choice.fits;
+        }
+        for (std::size_t u = 0; u < units.size(); ++u)
+            if (at.rank_of_layer[u] == p && choice.recompute[u]) out.layers[u] = true;
+        out.extra_seconds = std::max(out.extra_seconds, choice.extra_seconds);
+    }
+    return out;
+}
+
+// The cheapest recomputation with which every device holds `c`: a Budget of
+// the least memory any device has left after its model states (printed
+// round, so the strategy line reads back the same), solved on every
+// pipeline rank as train_gpt will solve it; Full when that recomputes every
+// recomputable layer. None when even recomputing everything does not fit.
+struct FittingRecompute {
+    RecomputeSpec spec;
+    std::vector<bool> layers;
+};
+
+[[nodiscard]] inline std::optional<FittingRecompute> cheapest_fitting_recompute(const ModelDescription& model,
+                                                                               const Cluster& cluster, const Candidate& c,
+                                                                               const std::vector<int>& partition) {
+    const detail::Placement at = detail::place(model, c, partition);
+    double room = std::numeric_limits<double>::infinity();
+    for (int p = 0; p < c.pp; ++p)
+        room = std::min(room, detail::least_of_stage(cluster, c, p, [](const DeviceSpec& d) { return d.memory; }) -
+                                  at.static_bytes[static_cast<std::size_t>(p)]);
+    if (!(room >= 1) || !std::isfinite(room)) return std::nullopt;
+    const RecomputeSpec budget{RecomputeMode::budget, detail::printable_budget(room)};
+    RecomputeLayers chosen = recompute_choice(model, cluster, c, partition, budget);
+    if (!chosen.fits || !device_memory(model, cluster, c, partition, chosen.layers).fits) return std::nullopt;
+    bool every = true;
+    for (std::size_t u = 0; u < model.layers.size(); ++u)
+        every = every && (chosen.layers[u] || !model.layers[u].recomputable);
+    return FittingRecompute{every ? RecomputeSpec{RecomputeMode::full, 0} : budget, std::move(chosen.layers)};
 }
 
 }  // namespace loom::plan

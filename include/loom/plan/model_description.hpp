@@ -2,14 +2,17 @@
 // layer, per sample of the batch (one sequence for a language model): the
 // FLOPs of its forward and backward, its parameters, the activation it hands
 // to the next layer (what a pipeline boundary after it sends), the
-// activations it keeps for its backward, and the bytes tensor and sequence
-// parallelism exchange inside it. Layers may differ (uneven blocks, a GAN's
-// generator and discriminator): the planner partitions them as they are.
+// activations it keeps for its backward, the bytes tensor and sequence
+// parallelism exchange inside it, and what recomputing it keeps and costs.
+// Layers may differ (uneven blocks, a GAN's generator and discriminator):
+// the planner partitions them as they are.
 //
 // Made from a loom model type (plan/gpt_description.hpp for the GPT), read
 // from JSON (plan/model_json.hpp), or written by hand.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <string>
@@ -28,8 +31,19 @@ struct LayerSpec {
     double saved_bytes = 0;      // per sample: what its forward keeps until its backward
     double tp_bytes = 0;         // per sample: all-reduced over the tp group in its forward, and again in its backward
     double sequence_bytes = 0;   // per sample: what sequence-parallel attention exchanges in its forward (K and V)
+    // Recomputation (Recompute<...>, schedule/recompute_solver.hpp): a
+    // recomputed layer drops what it saved after its forward and runs that
+    // forward again before its backward.
+    bool recomputable = true;       // false: it holds only its output, so recomputing saves nothing
+    double recomputed_bytes = -1;   // per sample: what it still holds when recomputed; negative: output_bytes
+    double recompute_flops = -1;    // per sample: the forward a recompute runs again; negative: forward_flops
 
     [[nodiscard]] double backward() const { return backward_flops < 0 ? 2 * forward_flops : backward_flops; }
+    // Never more than it saves: recomputing cannot cost memory.
+    [[nodiscard]] double kept_when_recomputed() const {
+        return std::min(saved_bytes, recomputed_bytes < 0 ? output_bytes : recomputed_bytes);
+    }
+    [[nodiscard]] double recompute() const { return recompute_flops < 0 ? forward_flops : recompute_flops; }
 };
 
 struct ModelDescription {
@@ -62,12 +76,16 @@ struct ModelDescription {
                    ", heads ", heads, ", width ", width, " and vocab ", vocab, " must be 0 (unknown) or more");
         LOOM_CHECK(bytes_per_param > 0 && gradient_bytes > 0, "model ", name, ": bytes_per_param ", bytes_per_param,
                    " and gradient_bytes ", gradient_bytes, " must be positive");
-        for (const LayerSpec& l : layers)
+        for (const LayerSpec& l : layers) {
             LOOM_CHECK(l.forward_flops >= 0 && l.params >= 0 && l.output_bytes >= 0 && l.saved_bytes >= 0 &&
                            l.tp_bytes >= 0 && l.sequence_bytes >= 0,
                        "model ", name, ": layer ", l.name, " has a negative size (forward_flops ", l.forward_flops,
                        ", params ", l.params, ", output_bytes ", l.output_bytes, ", saved_bytes ", l.saved_bytes,
                        ", tp_bytes ", l.tp_bytes, ", sequence_bytes ", l.sequence_bytes, ")");
+            LOOM_CHECK(std::isfinite(l.recomputed_bytes) && std::isfinite(l.recompute_flops), "model ", name, ": layer ",
+                       l.name, " has recomputed_bytes ", l.recomputed_bytes, " and recompute_flops ", l.recompute_flops,
+                       "; give finite numbers (negative: its output_bytes and forward_flops)");
+        }
     }
 
     // "gpt2-24: 26 layers, 354.9 M parameters, batch 32, 2.1 PFLOP per step".

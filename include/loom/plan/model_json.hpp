@@ -6,11 +6,14 @@
 //
 // Sizes are per sample of the batch, as in ModelDescription. A layer with
 // "repeat": k > 1 stands for k consecutive equal layers "block[0]" ..
-// "block[k-1]". Every mistake is one line with the file, line and column, e.g.
+// "block[k-1]". Optional per layer: "recomputable" (true), "recomputed_bytes"
+// (what it keeps when recomputed; its output_bytes) and "recompute_flops"
+// (its rerun; its forward_flops). Every mistake is one line with the file, line and column, e.g.
 //   model.json:9:40: layers[1].params is -5; give a whole number of parameters, 0 or more
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -55,7 +58,8 @@ inline constexpr std::int64_t max_layers = 1'000'000;
     if (layer_fields.empty()) layers_field.invalid(layers_hint);
     for (const jf::Node& field : layer_fields) {
         const jf::Object layer = field.object({"name", "repeat", "forward_flops", "backward_flops", "params",
-                                               "output_bytes", "saved_bytes", "tp_bytes", "sequence_bytes"});
+                                               "output_bytes", "saved_bytes", "tp_bytes", "sequence_bytes",
+                                               "recomputable", "recomputed_bytes", "recompute_flops"});
         LayerSpec spec;
         spec.name = layer.string("name", "the layer's name");
         const std::int64_t repeat = layer.integer_or("repeat", 1, 1, "consecutive copies");
@@ -66,6 +70,12 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         spec.saved_bytes = layer.non_negative_or("saved_bytes", spec.output_bytes, "bytes per sample");
         spec.tp_bytes = layer.non_negative_or("tp_bytes", 0, "bytes per sample");
         spec.sequence_bytes = layer.non_negative_or("sequence_bytes", 0, "bytes per sample");
+        if (const std::optional<jf::Node> again = layer.optional("recomputable")) {
+            if (again->value().kind() != io::json::Kind::boolean) again->invalid("give true or false");
+            spec.recomputable = again->value().boolean();
+        }
+        spec.recomputed_bytes = layer.non_negative_or("recomputed_bytes", -1, "bytes per sample");  // -1: output_bytes
+        spec.recompute_flops = layer.non_negative_or("recompute_flops", -1, "FLOPs per sample");    // -1: forward_flops
         const auto before = static_cast<std::int64_t>(model.layers.size());
         if (repeat > max_layers - before)
             layer.optional("repeat").value_or(field).fail("makes ", before, " + ", repeat,

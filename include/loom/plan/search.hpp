@@ -3,11 +3,20 @@
 // node), Megatron or 2D tensor parallelism, ring or Ulysses sequence
 // parallelism, every pipeline schedule, every micro-batch count and ZeRO
 // stage, with the layers split by the min-max partition over the stages'
-// device speeds (schedule/partition.hpp). Candidates that cannot hold their
-// memory are dropped; the rest are sorted by a lower bound on their step
-// (the busiest rank's compute) and simulated in that order until the bound
-// passes the k-th best step found, so a 64-device search simulates a few
-// dozen of its thousands of candidates.
+// device speeds (schedule/partition.hpp). A candidate that cannot hold its
+// memory is given the cheapest recomputation with which it fits
+// (plan/memory_model.hpp: cheapest_fitting_recompute, the recompute solver on
+// each pipeline rank under the memory its devices have left), and priced
+// with it: its programs carry the recompute instructions, so the simulator
+// charges the extra forwards where they fall in the pipeline. The strategy
+// and the recomputation are one search, not two stages: dp 8 with
+// recomputation competes with pp 4 without it on predicted step time.
+// Candidates that fit without recomputing are priced without it (it only
+// adds time). What still does not fit is dropped; the rest are sorted by a
+// lower bound on their step (the busiest rank's compute, recomputes
+// included) and simulated in that order until the bound passes the k-th
+// best step found, so a 64-device search simulates a few dozen of its
+// thousands of candidates.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +35,11 @@
 
 namespace loom::plan {
 
+// How the search treats recomputation: never (shard until it fits),
+// when a candidate does not fit without it (the joint search), or always
+// Full (recompute everything, for comparison).
+enum class RecomputeSearch : std::uint8_t { never, when_needed, always_full };
+
 struct SearchOptions {
     int top = 5;
     bool tensor_grid = true;         // consider Optimus 2D
@@ -34,6 +48,7 @@ struct SearchOptions {
     std::vector<ScheduleKind> schedules{ScheduleKind::one_f_one_b, ScheduleKind::gpipe, ScheduleKind::interleaved,
                                         ScheduleKind::zero_bubble_h1, ScheduleKind::zero_bubble_v};
     std::vector<int> zero_stages{0, 1, 2, 3};
+    RecomputeSearch recompute = RecomputeSearch::when_needed;
 };
 
 struct RankedPlan {
@@ -44,7 +59,8 @@ struct RankedPlan {
 struct SearchReport {
     std::vector<RankedPlan> plans;   // best first, at most `top`
     std::int64_t candidates = 0;     // valid candidates enumerated
-    std::int64_t over_memory = 0;    // dropped because some device cannot hold them
+    std::int64_t over_memory = 0;    // dropped because some device cannot hold them (even recomputing)
+    std::int64_t recomputing = 0;    // priced with recomputation (when_needed: they fit only with it)
     std::int64_t simulated = 0;
     double seconds = 0;              // the search's own wall time
 };
@@ -87,7 +103,7 @@ namespace detail {
                             for (const auto& [schedule, chunks] : schedules)
                                 for (int zero : options.zero_stages) {
                                     if (zero > 0 && dp * sp == 1) continue;
-                                    Candidate c{dp, pp, tp, sp, grid == 1, ulysses == 1, schedule, chunks, m, zero, {}};
+                                    Candidate c{dp, pp, tp, sp, grid == 1, ulysses == 1, schedule, chunks, m, zero, {}, {}, {}};
                                     if (why_invalid(model, cluster, c).empty()) out.push_back(c);
                                 }
                         }
@@ -123,10 +139,26 @@ namespace detail {
     for (Candidate c : all) {
         detail::CostModel priced(model, cluster, c);  // holds c by reference: it sees the partition set next
         if (c.pp > 1) c.partition = priced.balanced_partition();
+        if (options.recompute == RecomputeSearch::always_full) {
+            c.recompute = {RecomputeMode::full, 0};
+            c.recomputed = recompute_choice(model, cluster, c, c.partition, c.recompute).layers;
+        }
         // Memory first: it is cheap and prunes the most.
         Estimate e;
         e.partition = c.partition;
-        const double need = priced.memory_only(e);
+        double need = priced.memory_only(e);
+        if (!e.fits && options.recompute == RecomputeSearch::when_needed) {
+            if (auto fitting = cheapest_fitting_recompute(model, cluster, c, c.partition)) {
+                c.recompute = fitting->spec;
+                c.recomputed = std::move(fitting->layers);
+            } else {
+                // The least it could need, for the message: every layer recomputed.
+                c.recompute = {RecomputeMode::full, 0};
+                c.recomputed = recompute_choice(model, cluster, c, c.partition, c.recompute).layers;
+            }
+            need = priced.memory_only(e);
+        }
+        if (c.recompute.on() && e.fits) ++report.recomputing;
         if (!e.fits) {
             ++report.over_memory;
             if (need < least_memory) {

@@ -10,7 +10,14 @@
 // one micro-batch's saved activations (plan/gpt_description.hpp's per-sample
 // bytes), each divided by the degrees that split them, times the ranks of
 // this process. Buffers, the corpus and pipeline micro-batches in flight come
-// on top.
+// on top. With Recompute<Full> a block keeps only what recomputing it keeps
+// (LayerSpec::kept_when_recomputed), and one block's activations come back
+// for its backward: per rank at least the layers' recomputed bytes over the
+// pipeline stages, plus the smallest block's saved bytes (every stage reruns
+// one). Recompute<Budget> counts as Full: the budget may allow more, but no
+// budget goes below Full (and its first step runs as Full), so the bound
+// stays a lower bound and a run that recomputes is not refused for the
+// activations it no longer keeps.
 //
 //   const auto need = train::gpt_training_memory(config, layout);
 //   train::check_memory_fits(need, train::available_memory(), advice);
@@ -28,20 +35,22 @@
 #include "loom/exec/memory.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/parallel/policy.hpp"
+#include "loom/parallel/recompute.hpp"
 #include "loom/plan/gpt_description.hpp"
 
 namespace loom::train {
 
 // How one run spreads over ranks: the degrees, the ZeRO stage, the global
-// batch in sequences and its micro-batches, and how many of the ranks live in
+// batch in sequences and its micro-batches, how many of the ranks live in
 // this process (rank threads share one process's memory; under mpirun each
-// process is one rank).
+// process is one rank), and its recomputation.
 struct TrainingLayout {
     std::int64_t batch = 1;
     int dp = 1, pp = 1, tp = 1, sp = 1;
     int zero = 0;
     int micro_batches = 1;
     int ranks_in_process = 1;
+    RecomputeSpec recompute{};
 };
 
 // The bytes one rank needs at least, and the ranks of this process that need them.
@@ -63,10 +72,14 @@ struct MemoryNeed {
     MemoryNeed need;
     need.model_states = zero_model_state_bytes(layout.zero, 1, layout.dp * layout.sp) *
                         static_cast<double>(model.parameters()) / model_split;
-    double saved_per_sample = 0;
-    for (const plan::LayerSpec& layer : model.layers) saved_per_sample += layer.saved_bytes;
+    double saved_per_sample = 0, rerun = 0;
+    for (const plan::LayerSpec& layer : model.layers) {
+        const bool again = layout.recompute.on() && layer.recomputable;
+        saved_per_sample += again ? layer.kept_when_recomputed() : layer.saved_bytes;
+        if (again) rerun = rerun == 0 ? layer.saved_bytes : std::min(rerun, layer.saved_bytes);
+    }
     const double samples = static_cast<double>(layout.batch) / (static_cast<double>(layout.dp) * layout.micro_batches);
-    need.activations = saved_per_sample * samples / (model_split * layout.sp);
+    need.activations = (saved_per_sample / layout.pp + rerun) * samples / (static_cast<double>(layout.tp) * layout.sp);
     need.ranks = layout.ranks_in_process;
     return need;
 }
