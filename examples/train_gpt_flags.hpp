@@ -94,20 +94,13 @@ struct StrategyFlags {
         recompute;
 };
 
-// --recompute none | full | budget:SIZE (64MiB, 1.5GiB, 1000000B): Recompute<...>.
-inline loom::RecomputeSpec parse_recompute_flag(const std::string& text) {
-    if (text == "none") return {};
-    if (text == "full") return loom::Recompute<loom::Full>::spec;
-    if (text.starts_with("budget:")) {
-        const std::string size = text.substr(7);
-        const auto unit = size.find_first_not_of("0123456789.");
-        const auto bytes = unit == std::string::npos || unit == 0
-                               ? std::nullopt
-                               : loom::parse_bucket_size(std::string_view(size).substr(0, unit), std::string_view(size).substr(unit));
-        if (bytes) return {loom::RecomputeMode::budget, *bytes};
-        usage_error("--recompute " + text + ": the budget is a size in whole bytes such as 64MiB, 1.5GiB or 1000000B");
+// --recompute none | full | budget:SIZE: Recompute<...>, in the spelling loom-plan shares.
+inline loom::RecomputeSpec recompute_of(const std::string& text) {
+    try {
+        return parse_recompute_flag(text);
+    } catch (const loom::Error& e) {
+        usage_error("--recompute: " + e.message());
     }
-    usage_error("--recompute " + text + " is not none, full or budget:SIZE (e.g. budget:64MiB)");
 }
 
 inline loom::Compression parse_compress_flag(const std::string& flag, const std::string& text) {
@@ -167,7 +160,7 @@ inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
     if (!s.compress.empty()) spec.dp_compression = parse_compress_flag("--compress", s.compress);
     if (!s.compress_pp.empty()) spec.pp_compression = parse_compress_flag("--compress-pp", s.compress_pp);
     if (!s.compress_tp.empty()) spec.tp_compression = parse_compress_flag("--compress-tp", s.compress_tp);
-    if (!s.recompute.empty()) spec.recompute = parse_recompute_flag(s.recompute);
+    if (!s.recompute.empty()) spec.recompute = recompute_of(s.recompute);
     return spec;
 }
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,8 @@ public:
     // `axes` (collective on each; null entries are skipped) and chooses for
     // `rank`'s program (how many micro-batches of each chunk it holds at
     // once; whether it splits backwards into B and W, as zero-bubble does).
-    // Says once, through `notice`, when even recomputing every unit does not fit.
+    // Says what it chose through `notice` (the world's first rank passes
+    // one), or that even recomputing every unit does not fit.
     template <comm::Communicator C>
     [[nodiscard]] std::vector<bool> choose(std::initializer_list<C*> axes, const RankProgram& rank, Device device,
                                            const std::function<void(const std::string&)>& notice) {
@@ -112,10 +114,15 @@ public:
         }
         choice_ = schedule::solve_recompute(units, spec_.budget_bytes);
         chosen_ = true;
-        if (!choice_.fits && notice)
-            notice("Recompute<" + spec_.describe() + ">: this rank's activations need " +
-                   readable_bytes(choice_.peak_bytes) + " even with every unit recomputed; recomputing every unit "
-                   "(raise the budget, or shard more: more pipeline stages, tensor or sequence parallelism)");
+        if (!notice) return choice_.recompute;
+        std::ostringstream line;
+        line << "Recompute<" << spec_.describe() << ">: ";
+        if (choice_.fits) line << "from the first step's measurements, " << choice_;
+        else
+            line << "this rank's activations need " << readable_bytes(choice_.peak_bytes)
+                 << " even with every unit recomputed; recomputing every unit (raise the budget, or shard more: more "
+                    "pipeline stages, tensor or sequence parallelism)";
+        notice(line.str());
         return choice_.recompute;
     }
 
