@@ -77,6 +77,52 @@ Row measure(std::int64_t batch, RecomputeSpec recompute, int steps) {
     return row;
 }
 
+// Full's added time beside one forward, A/B interleaved: a step without
+// recomputation and a step with Full, in turn, so that the machine's drift
+// (other tenants, frequency) falls on both alike; medians of the per-pair
+// differences and of the plain step's forwards (its trace).
+struct Overhead {
+    double added = 0, forward = 0, plain = 0;
+};
+Overhead interleaved_overhead(std::int64_t batch, int pairs) {
+    Overhead out;
+    loom::comm::ThreadWorld(1).run([&](loom::comm::ThreadComm& comm) {
+        auto plain_model = loom::gpt::make_model(config_a), full_model = loom::gpt::make_model(config_a);
+        loom::exec::ExecutionPlan plain_plan{}, full_plan{};
+        full_plan.recompute = loom::Recompute<loom::Full>::spec;
+        loom::exec::Executor<loom::comm::ThreadComm> plain(plain_model, comm, plain_plan, {.trace = true});
+        loom::exec::Executor<loom::comm::ThreadComm> full(full_model, comm, full_plan, {});
+        plain.initialize(1);
+        full.initialize(1);
+        std::vector<std::int32_t> inputs(static_cast<std::size_t>(batch * config_a.seq)), targets(inputs.size());
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            inputs[i] = static_cast<std::int32_t>((i * 7 + 3) % 256);
+            targets[i] = static_cast<std::int32_t>((i * 7 + 10) % 256);
+        }
+        const auto timed_step = [&](auto& exec) {
+            const auto t0 = std::chrono::steady_clock::now();
+            (void)exec.step(loom::Tensor::of(inputs.data(), {batch, config_a.seq}),
+                            loom::Tensor::of(targets.data(), {batch, config_a.seq}), 1e-4f);
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        };
+        (void)timed_step(plain);
+        (void)timed_step(full);
+        std::vector<double> added, forwards, plains;
+        for (int p = 0; p < pairs; ++p) {
+            plain.trace().clear();
+            const double a = timed_step(plain), b = timed_step(full);
+            added.push_back(b - a);
+            plains.push_back(a);
+            double f = 0;
+            for (const auto& e : plain.trace().events())
+                if (e.category == "forward") f += e.duration_us * 1e-6;
+            forwards.push_back(f);
+        }
+        out = {bench::median(added), bench::median(forwards), bench::median(plains)};
+    });
+    return out;
+}
+
 std::vector<std::int64_t> parse_list(const char* text) {
     std::vector<std::int64_t> out;
     std::stringstream in(text);
@@ -128,6 +174,15 @@ int main(int argc, char** argv) {
                         name == "none" ? "" : (std::to_string(added / none.forward_seconds).substr(0, 4)).c_str(),
                         name.starts_with("Budget") ? loom::readable_bytes(r.predicted).c_str() : "");
         }
+    }
+    std::printf("\nFull's added time beside one forward, A/B interleaved (a plain step, then a Full step, %d pairs):\n\n",
+                3 * steps);
+    std::printf("| batch | plain step | forwards of the plain step | Full adds | added / forward |\n");
+    std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
+    for (const std::int64_t batch : batches) {
+        const Overhead o = interleaved_overhead(batch, 3 * steps);
+        std::printf("| %lld | %.1f ms | %.1f ms | %+.1f ms | %.3f |\n", static_cast<long long>(batch), o.plain * 1e3,
+                    o.forward * 1e3, o.added * 1e3, o.added / o.forward);
     }
     return 0;
 }
