@@ -473,13 +473,18 @@ private:
         return !pipelined_ || rank_.pipe.rank_of_chunk.at(static_cast<std::size_t>(v)) == pp_rank();
     }
 
+    // The world's first rank: the first of the gradient, pipeline and tp
+    // groups (where one-time notices come from).
+    [[nodiscard]] bool first_of_world() const {
+        return comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
+    }
+
     // A tensor-parallel strategy that cuts nothing in a unit with weights
     // says so once, from the world's first rank (the first of the gradient,
     // pipeline and tp groups), through options.notice or stderr.
     void warn_uncut(const ExecutorOptions& options) const {
         const std::string line = cuts_.warning();
-        const bool first = comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
-        if (line.empty() || !first) return;
+        if (line.empty() || !first_of_world()) return;
         if (options.notice) options.notice(line);
         else std::cerr << "loom: " << line << "\n";
     }
@@ -528,9 +533,8 @@ private:
 
     // Budget, after its measuring step: the choice, agreed with every rank.
     void choose_recomputation() {
-        const bool first = comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
         std::function<void(const std::string&)> say;
-        if (first) say = notice_ ? notice_ : [](const std::string& line) { std::cerr << "loom: " << line << "\n"; };
+        if (first_of_world()) say = notice_ ? notice_ : [](const std::string& line) { std::cerr << "loom: " << line << "\n"; };
         relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, rank_, device_, say));
         pool_.drop_unit_contexts();
     }
