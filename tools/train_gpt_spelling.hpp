@@ -39,11 +39,12 @@
     return "?";
 }
 
-// --recompute's words: none, full, or budget:SIZE with SIZE a whole number
+// --recompute's words: none, full, selective, or budget:SIZE with SIZE a whole number
 // of B, KiB, MiB or GiB (budget:64MiB, budget:1.5GiB, budget:1000B).
 [[nodiscard]] inline loom::RecomputeSpec parse_recompute_flag(std::string_view text) {
     if (text == "none") return {};
     if (text == "full") return {loom::RecomputeMode::full, 0};
+    if (text == "selective") return {loom::RecomputeMode::selective, 0};
     constexpr std::string_view prefix = "budget:";
     if (text.substr(0, prefix.size()) == prefix) {
         const std::string_view size = text.substr(prefix.size());
@@ -52,13 +53,14 @@
             if (const auto bytes = loom::parse_bucket_size(size.substr(0, unit), size.substr(unit)))
                 return {loom::RecomputeMode::budget, *bytes};
     }
-    LOOM_FAIL("unknown recomputation \"", text, "\"; use none, full or budget:SIZE (budget:64MiB, budget:1.5GiB, budget:1000B)");
+    LOOM_FAIL("unknown recomputation \"", text, "\"; use none, full, selective or budget:SIZE (budget:64MiB, budget:1.5GiB, budget:1000B)");
 }
 
 // parse_recompute_flag's inverse.
 [[nodiscard]] inline std::string recompute_flag(const loom::RecomputeSpec& spec) {
     if (spec.mode == loom::RecomputeMode::full) return "full";
     if (spec.mode == loom::RecomputeMode::none) return "none";
+    if (spec.mode == loom::RecomputeMode::selective) return "selective";
     std::string size = loom::bucket_size_text(spec.budget_bytes);
     size.erase(size.find(' '), 1);
     return "budget:" + size;

@@ -7,6 +7,11 @@
 //
 //   Recompute<Full>                every unit worth it (below) is recomputed:
 //                                  the least activation memory
+//   Recompute<Selective>           every such unit keeps its matrix products
+//                                  too and recomputes only the rest (norms,
+//                                  the attention core, activations, sums):
+//                                  between Full and none in memory, a small
+//                                  fraction of a forward in time
 //   Recompute<Budget<64 << 20>>    the fewest seconds of recomputation whose
 //                                  activations fit 64 MiB per rank, chosen
 //                                  after the first step has measured each
@@ -35,7 +40,7 @@
 
 namespace loom {
 
-enum class RecomputeMode : std::uint8_t { none, full, budget };
+enum class RecomputeMode : std::uint8_t { none, full, selective, budget };
 
 // The policy as a value (a StrategySpec field).
 struct RecomputeSpec {
@@ -48,6 +53,7 @@ struct RecomputeSpec {
     // "Full", "Budget 64 MiB": what goes between Recompute's brackets.
     [[nodiscard]] std::string describe() const {
         if (mode == RecomputeMode::full) return "Full";
+        if (mode == RecomputeMode::selective) return "Selective";
         if (mode == RecomputeMode::budget) return "Budget " + bucket_size_text(budget_bytes);
         return "none";
     }
@@ -56,6 +62,18 @@ struct RecomputeSpec {
 // Recompute every unit worth it.
 struct Full {
     static constexpr RecomputeSpec spec{RecomputeMode::full, 0};
+};
+
+// Recompute every unit worth it, but keep what its matrix products made
+// (nn::Context::product): what costs the most to recompute and the least to
+// keep. The rest of its activations (LayerNorm's output, the attention
+// core's output and statistics, GeLU's output, the residual sums) are
+// computed again before its backward. Megatron's selective recomputation
+// keeps everything but the attention core's T x T scores; loom's attention
+// never stores those (it is blockwise), so the same idea moves to the
+// pieces that are cheap to recompute for their bytes.
+struct Selective {
+    static constexpr RecomputeSpec spec{RecomputeMode::selective, 0};
 };
 
 // Recompute the least (in measured seconds) that fits Bytes of activations per rank.
@@ -67,7 +85,7 @@ struct Budget {
 
 template <class Which>
 struct Recompute {
-    static_assert(requires { Which::spec; }, "loom::Recompute<Which>: Which is loom::Full or loom::Budget<Bytes>");
+    static_assert(requires { Which::spec; }, "loom::Recompute<Which>: Which is loom::Full, loom::Selective or loom::Budget<Bytes>");
     static constexpr PolicyKind kind = PolicyKind::recompute;
     static constexpr RecomputeSpec spec = Which::spec;
     static void describe(std::ostream& out) { out << "Recompute<" << spec.describe() << ">"; }

@@ -18,7 +18,7 @@
 #define LOOM_RULE_ONE_PIPELINE \
     "loom::Strategy<...> lists Pipeline twice; a model runs one pipeline schedule, choose one"
 #define LOOM_RULE_ONE_RECOMPUTE \
-    "loom::Strategy<...> lists Recompute twice; a model has one recomputation policy, Full or Budget<Bytes>"
+    "loom::Strategy<...> lists Recompute twice; a model has one recomputation policy, Full, Selective or Budget<Bytes>"
 #define LOOM_RULE_ONE_COMPRESSOR_PER_AXIS                                                                 \
     "loom::Strategy<...> lists two GradCompress policies for one axis; give each axis (DpAxis, PpAxis, " \
     "TpAxis) at most one compressor"

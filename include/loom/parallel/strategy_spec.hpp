@@ -57,7 +57,7 @@ struct StrategySpec {
     Compression dp_compression{};                          // GradCompress<C> (DpAxis): the gradient exchange
     Compression pp_compression{};                          // GradCompress<Cast, PpAxis>: stage messages
     Compression tp_compression{};                          // GradCompress<Cast, TpAxis>: the f/g all-reduces
-    RecomputeSpec recompute{};                             // Recompute<Full | Budget<Bytes>>
+    RecomputeSpec recompute{};                             // Recompute<Full | Selective | Budget<Bytes>>
 
     // The spec of a Strategy type (kept for ExecutionPlan::of<S>()).
     template <class S>

@@ -10,7 +10,7 @@
 //               | TensorParallel | Optimus2D
 //               | SequenceParallel ['<' RingAttention | Ulysses | UlyssesRing<K> [',' Zigzag | Contiguous] '>']
 //               | GradCompress '<' compressor [',' DpAxis | PpAxis | TpAxis] '>'
-//               | Recompute '<' Full | Budget NUMBER B|KiB|MiB|GiB | Budget<N> '>'
+//               | Recompute '<' Full | Selective | Budget NUMBER B|KiB|MiB|GiB | Budget<N> '>'
 //   compressor := CastBf16 | CastFp16 | Int8Block[<B>] | TopK<RATIO> | PowerSGD<RANK> | OneBit[<B>] | OneBitBlock[<B>]
 //
 // Every name may carry a `loom::` prefix, and white space is free, so
@@ -194,6 +194,8 @@ inline void parse_recompute(StrategyReader& in, StrategySpec& spec) {
     const std::string_view word = in.take();
     if (word == "Full") {
         spec.recompute = {RecomputeMode::full, 0};
+    } else if (word == "Selective") {
+        spec.recompute = {RecomputeMode::selective, 0};
     } else if (word == "Budget") {
         spec.recompute.mode = RecomputeMode::budget;
         if (in.peek() == "<") {
@@ -205,7 +207,7 @@ inline void parse_recompute(StrategyReader& in, StrategySpec& spec) {
             spec.recompute.budget_bytes = *bytes;
         }
     } else {
-        in.fail(word, "what to recompute (Full, Budget 64 MiB, Budget<N>)");
+        in.fail(word, "what to recompute (Full, Selective, Budget 64 MiB, Budget<N>)");
     }
     in.expect('>', "what to recompute");
 }
