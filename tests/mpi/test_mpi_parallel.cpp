@@ -176,7 +176,7 @@ TEST_CASE("OptEx on MPI processes equals the serial definition of the algorithm"
 }
 
 // Recompute<...> under mpirun: dp 2 x pp 2 x tp 2 at ZeRO 3 on 8 processes,
-// and dp 2 x pp 2 on ZB-H1 on 4, with Full and with a Budget between Full's
+// and dp 2 x pp 2 on ZB-H1 on 4, with Full, Selective and a Budget between Full's
 // and the plain run's activations: losses and parameters bit-identical to the
 // same strategy without recomputation (tests/parallel/test_recompute.cpp on
 // rank threads).
@@ -189,11 +189,14 @@ TEST_CASE("recomputation is bit-identical under MPI", "[recompute]") {
     const auto plain = loom_test::train_case(world, c);
     c.recompute = loom::Recompute<loom::Full>::spec;
     const auto full = loom_test::train_case(world, c);
+    c.recompute = loom::Recompute<loom::Selective>::spec;
+    const auto selective = loom_test::train_case(world, c);
     c.recompute = {loom::RecomputeMode::budget, (plain.memory.activations + full.memory.activations) / 2};
     const auto budget = loom_test::train_case(world, c);
     INFO(c << ", rank " << world.rank());
     CHECK(full.recomputes > 0);
-    for (const auto* run : {&full, &budget}) {
+    CHECK(selective.recomputes == full.recomputes);
+    for (const auto* run : {&full, &selective, &budget}) {
         CHECK(run->losses == plain.losses);
         CHECK(run->params == plain.params);
     }

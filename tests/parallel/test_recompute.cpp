@@ -1,9 +1,10 @@
 // Recompute<...>: activation recomputation as instructions of the step
 // program. The lowering (forwards that keep their input, a recompute before
 // each backward) and what the verifier refuses; then, for every strategy
-// family, bit-identical losses and parameters with Full and Budget
-// recomputation against the same strategy without it, with less activation
-// memory; a user layer that opts out; the recomputation in the trace.
+// family, bit-identical losses and parameters with Full, Selective and
+// Budget recomputation against the same strategy without it, with less
+// activation memory; a user layer that opts out; the recomputation in the
+// trace.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -52,7 +53,7 @@ std::vector<TrainedCase> train_on_threads(const EquivalenceCase& c) {
 }
 
 struct Comparison {
-    std::vector<TrainedCase> plain, full, budget;
+    std::vector<TrainedCase> plain, full, selective, budget;
 };
 
 // Activation bytes of every rank, or (`total`) their sum in one entry.
@@ -63,10 +64,11 @@ std::vector<std::int64_t> activations(const std::vector<TrainedCase>& runs, bool
     return out;
 }
 
-// The case without recomputation, with Full, and with a Budget halfway
-// between the two's activation bytes on rank 0; every rank's losses and
-// parameters bit-identical to the plain run's. Full holds fewer activation
-// bytes than the plain run on every rank, and Budget sits between; under a
+// The case without recomputation, with Full, with Selective, and with a
+// Budget halfway between plain and Full's activation bytes on rank 0; every
+// rank's losses and parameters bit-identical to the plain run's. Full holds
+// fewer activation bytes than the plain run on every rank, and Selective and
+// Budget sit between (Selective above Full in total over the ranks); under a
 // zero-bubble schedule only in total over the ranks (and Budget may beat
 // Full, which is not the least memory there): its Ws run long after
 // their Bs and need what the recompute rebuilt, so the last stage (whose
@@ -76,12 +78,14 @@ Comparison compare_recomputation(EquivalenceCase c) {
     out.plain = train_on_threads(c);
     c.recompute = Recompute<Full>::spec;
     out.full = train_on_threads(c);
+    c.recompute = Recompute<Selective>::spec;
+    out.selective = train_on_threads(c);
     const std::int64_t halfway = (out.plain[0].memory.activations + out.full[0].memory.activations) / 2;
     c.recompute = RecomputeSpec{RecomputeMode::budget, std::max<std::int64_t>(halfway, 1)};
     out.budget = train_on_threads(c);
     for (std::size_t r = 0; r < out.plain.size(); ++r) {
         INFO(c << ", rank " << r);
-        for (const auto* runs : {&out.full, &out.budget}) {
+        for (const auto* runs : {&out.full, &out.selective, &out.budget}) {
             const TrainedCase& run = (*runs)[r];
             CHECK(run.losses == out.plain[r].losses);
             CHECK(run.params == out.plain[r].params);
@@ -89,16 +93,22 @@ Comparison compare_recomputation(EquivalenceCase c) {
         CHECK(out.full[r].recomputes > 0);
         CHECK(out.plain[r].recomputes == 0);
         CHECK(out.budget[r].recomputes <= out.full[r].recomputes);
+        CHECK(out.selective[r].recomputes == out.full[r].recomputes);  // the same units, keeping their products
     }
     const bool split = c.pp > 1 && (c.schedule == ScheduleKind::zero_bubble_h1 || c.schedule == ScheduleKind::zero_bubble_v);
     const auto plain = activations(out.plain, split), full = activations(out.full, split),
-               budget = activations(out.budget, split);
+               budget = activations(out.budget, split), selective = activations(out.selective, split);
     for (std::size_t r = 0; r < plain.size(); ++r) {
         INFO(c << (split ? ", all ranks" : ", rank ") << (split ? "" : std::to_string(r)));
         CHECK(full[r] < plain[r]);
         CHECK(budget[r] <= plain[r]);
+        CHECK(selective[r] < plain[r]);
         if (!split) CHECK(budget[r] >= full[r]);  // zero-bubble's least memory need not be Full's
+        // A rank that recomputes one unit of one micro-batch at a time holds the same bytes either way: the
+        // unit's products sit in the micro-batch's context under Selective, in the recompute's under Full.
+        if (!split) CHECK(selective[r] >= full[r]);
     }
+    if (!split) CHECK(activations(out.selective, true)[0] > activations(out.full, true)[0]);
     return out;
 }
 
@@ -132,6 +142,18 @@ TEST_CASE("recomputation lowers into forwards that keep their input and recomput
     CHECK(program.count(schedule::Op::recompute) == 2);
     schedule::lower_recompute(program, std::vector<bool>(4, false));
     CHECK(program.code == plain.code);
+    // Selective: the forward keeps its products too, and its recompute replays them.
+    schedule::lower_recompute(program, {false, true, false, false}, schedule::Keep::products);
+    schedule::verify(program, layout, 4);
+    text.str("");
+    text << program;
+    CHECK(text.str().find("forward u1 mb1 (keep input, products)") != std::string::npos);
+    CHECK(text.str().find("recompute u1 mb0 (kept products)") != std::string::npos);
+    schedule::lower_recompute(program, std::vector<bool>(4, false));
+    CHECK(program.code == plain.code);
+    CHECK(message_of([&] { schedule::lower_recompute(program, {true, true, true, true}, schedule::Keep::all); }) ==
+          "lower_recompute: Keep::all keeps everything; recomputation keeps the input (Keep::input) or the input and "
+          "products (Keep::products)");
     CHECK(message_of([&] { schedule::lower_recompute(program, {true}); }) ==
           "lower_recompute: the program names unit 1 but the choice covers 1 units; give one entry per unit");
 }
@@ -164,10 +186,21 @@ TEST_CASE("the verifier refuses a dropped forward that is not recomputed, and a 
     twice.insert(at, twice.code[static_cast<std::size_t>(at)]);
     CHECK_THAT(message_of([&] { schedule::verify(twice, layout, 2); }), Catch::Contains("recomputes u0 a second time"));
 
+    // A recompute must say what its forward kept: a replay of products never kept reads nothing.
+    schedule::StepProgram mixed = plain;
+    schedule::lower_recompute(mixed, {true, false});
+    mixed.code[static_cast<std::size_t>(index_of(mixed, schedule::Op::recompute, 0))].keep = schedule::Keep::products;
+    CHECK_THAT(message_of([&] { schedule::verify(mixed, layout, 2); }),
+               Catch::Contains("recompute u0 mb0 (kept products) replays products its forward did not keep"));
+    schedule::lower_recompute(mixed, {true, false}, schedule::Keep::products);
+    mixed.code[static_cast<std::size_t>(index_of(mixed, schedule::Op::recompute, 0))].keep = schedule::Keep::input;
+    CHECK_THAT(message_of([&] { schedule::verify(mixed, layout, 2); }),
+               Catch::Contains("recompute u0 mb0 recomputes everything, but its forward kept its products"));
+
     schedule::StepProgram odd = plain;
     odd.code[static_cast<std::size_t>(index_of(odd, schedule::Op::backward, 1))].keep = schedule::Keep::input;
     CHECK_THAT(message_of([&] { schedule::verify(odd, layout, 2); }),
-               Catch::Contains("keeps only its input; only a forward can"));
+               Catch::Contains("keeps only part of its activations; only a forward (and its recompute) can"));
 }
 
 TEST_CASE("recomputation is bit-identical on data parallelism and every ZeRO stage", "[parallel][recompute]") {
@@ -278,11 +311,17 @@ TEST_CASE("a user's model recomputes its own block and keeps the layer that opts
           "[parallel][recompute]") {
     const UserRun plain = train_user_net({});
     const UserRun full = train_user_net(Recompute<Full>::spec);
+    const UserRun selective = train_user_net(Recompute<Selective>::spec);
     // embed, mlp, twice, norm, head, loss: Embedding, Linear and Twice say recomputing them is not worth it.
     CHECK(full.recomputed == std::vector<bool>{false, true, false, true, false, true});
     CHECK(plain.recomputed == std::vector<bool>(6, false));
     CHECK(full.losses == plain.losses);
     CHECK(full.params == plain.params);
+    // Selective recomputes the same units, keeping the Linears' products of the user's block.
+    CHECK(selective.recomputed == full.recomputed);
+    CHECK(selective.losses == plain.losses);
+    CHECK(selective.params == plain.params);
+    CHECK(selective.traced.size() == full.traced.size());
     // The trace draws each recompute under its unit's name: 3 units x 2 micro-batches.
     REQUIRE(full.traced.size() == 6);
     CHECK(full.traced.front().starts_with("recompute loss"));

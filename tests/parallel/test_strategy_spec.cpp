@@ -88,6 +88,7 @@ TEST_CASE("every strategy family prints as its type and reads back", "[parallel]
                               GradCompress<CastBf16, PpAxis>, GradCompress<CastFp16, TpAxis>>>();
     // Recomputation, alone and last after everything else.
     check_round_trip<Strategy<DataParallel<>, Recompute<Full>>>();
+    check_round_trip<Strategy<DataParallel<>, Pipeline<OneFOneB>, Recompute<Selective>>>();
     check_round_trip<Strategy<DataParallel<>, Recompute<Budget<std::int64_t{64} << 20>>>>();
     check_round_trip<Strategy<DataParallel<>, Recompute<Budget<1000001>>>>();  // words would round: in bytes
     check_round_trip<Strategy<DataParallel<>, Pipeline<ZeroBubbleV>, TensorParallel, ZeroShard<3>,
@@ -123,6 +124,7 @@ TEST_CASE("parse_strategy reads the C++ spelling, loom:: prefixes and bare lists
     CHECK(parse_strategy("GradCompress<OneBitBlock<64>, DpAxis>") == Strategy<GradCompress<OneBit>>::spec);
     CHECK(parse_strategy("Recompute<Budget<1048576>>") == Strategy<Recompute<Budget<1 << 20>>>::spec);
     CHECK(parse_strategy("loom::Recompute<loom::Full>") == Strategy<Recompute<Full>>::spec);
+    CHECK(parse_strategy("Recompute<Selective>") == Strategy<Recompute<Selective>>::spec);
     CHECK(parse_strategy("") == StrategySpec{});
 }
 
@@ -143,6 +145,7 @@ TEST_CASE("equal strategies are equal values with equal hashes", "[parallel][str
         Strategy<GradCompress<CastBf16, PpAxis>>::spec,
         Strategy<GradCompress<CastBf16, TpAxis>>::spec,
         Strategy<Recompute<Full>>::spec,
+        Strategy<Recompute<Selective>>::spec,
         Strategy<Recompute<Budget<1 << 20>>>::spec,
         Strategy<Recompute<Budget<2 << 20>>>::spec,
     };
@@ -229,7 +232,7 @@ TEST_CASE("a bad token is named in one line with what would fit", "[parallel][st
     CHECK(error("GradCompress<TopK<lots>>") ==
           "strategy \"GradCompress<TopK<lots>>\": expected TopK's ratio in (0, 1], found \"lots\"");
     CHECK(error("Recompute<Half>") ==
-          "strategy \"Recompute<Half>\": expected what to recompute (Full, Budget 64 MiB, Budget<N>), found \"Half\"");
+          "strategy \"Recompute<Half>\": expected what to recompute (Full, Selective, Budget 64 MiB, Budget<N>), found \"Half\"");
     CHECK(error("Recompute<Budget lots MiB>") ==
           "strategy \"Recompute<Budget lots MiB>\": expected a budget in whole bytes (64 MiB, 1.5 GiB, 1000 B), found "
           "\"lots MiB\"");

@@ -526,7 +526,7 @@ private:
     // Lowers recomputation of the units `which` names into the program (an
     // earlier lowering undone first) and verifies it again.
     void relower_recompute(const std::vector<bool>& which) {
-        schedule::lower_recompute(rank_.program, which);
+        schedule::lower_recompute(rank_.program, which, recompute_.keep());
         verify(rank_);
         pending_.resize(rank_.program.code.size());
     }

@@ -79,19 +79,23 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                                          : pool_.inbox(schedule::Payload::activation, v, mb);
                 }
                 nn::Context& chunk_ctx = pool_.context(v, mb);
-                if (in.keep == schedule::Keep::input) pool_.keep_input(v, mb, in.unit, activation_);
-                // A dropped forward runs in a context of its own, returned once its output is copied out.
-                nn::Context& ctx = in.keep == schedule::Keep::input ? pool_.open_unit(v, mb, in.unit) : chunk_ctx;
+                const bool dropped = in.keep != schedule::Keep::all;
+                if (dropped) pool_.keep_input(v, mb, in.unit, activation_);
+                // A dropped forward runs in a context of its own, returned once its output is copied out;
+                // the products it keeps go to the micro-batch's.
+                nn::Context& ctx = dropped ? pool_.open_unit(v, mb, in.unit) : chunk_ctx;
+                if (in.keep == schedule::Keep::products) ctx.keep_products_in(&chunk_ctx, /*replay=*/false);
                 // Budget's measuring step times each unit; other steps read no clock here.
                 const bool measuring = recompute_.measuring();
                 const auto t0 = measuring ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
                 const std::size_t before = ctx.bytes_in_use();
                 activation_ = unit.forward(ctx, activation_);
+                if (dropped) ctx.keep_products_in(nullptr, false);
                 if (measuring)
                     recompute_.measured_forward(in.unit, seconds_since(t0), static_cast<std::int64_t>(ctx.bytes_in_use() - before),
                                                 static_cast<std::int64_t>(activation_.nbytes() + 63) / 64 * 64);
                 if (in.unit + 1 == static_cast<int>(units_.size())) loss_sum_ += ctx.loss();
-                if (in.keep == schedule::Keep::input) {
+                if (dropped) {
                     const Tensor output = chunk_ctx.alloc(activation_.shape(), activation_.dtype());
                     copy_tensor(output, activation_);
                     activation_ = output;
@@ -102,13 +106,16 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             return;
         }
         case Op::recompute: {
-            // The forward again, from the input its first run kept, into a
-            // context that lives until the unit's last backward.
+            // The forward again, from the input its first run kept (and
+            // replaying the products it kept), into a context that lives
+            // until the unit's last backward.
             auto& unit = units_[static_cast<std::size_t>(in.unit)];
             const int v = chunk_of(in), mb = in.micro_batch;
             timed([&] { return "recompute " + unit.name; }, "recompute", mb, [&] {
                 nn::Context& ctx = pool_.open_unit(v, mb, in.unit);
+                if (in.keep == schedule::Keep::products) ctx.keep_products_in(&pool_.context(v, mb), /*replay=*/true);
                 (void)unit.forward(ctx, pool_.kept_input(v, mb, in.unit));
+                ctx.keep_products_in(nullptr, false);
             });
             return;
         }

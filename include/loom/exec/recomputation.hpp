@@ -5,7 +5,8 @@
 // decides, so the executor names no recomputation policy.
 //
 // Full recomputes every unit this rank holds whose layer is worth it
-// (nn::Unit::worth_recomputing). Budget runs its first step as Full (so that
+// (nn::Unit::worth_recomputing); Selective the same units, keeping their
+// matrix products (nn::Context::product). Budget runs its first step as Full (so that
 // step fits too, and the same losses follow: recomputation is exact), measures
 // each unit there (its forward's seconds, the bytes its forward and backward
 // allocate, its output's bytes), agrees on the measurements with every other
@@ -52,7 +53,13 @@ public:
     // Budget before its choice: the step running now measures the units.
     [[nodiscard]] bool measuring() const noexcept { return spec_.mode == RecomputeMode::budget && !chosen_; }
 
-    // What Full recomputes, and Budget's measuring step.
+    // What a recomputed unit's forward keeps: its input, and its products
+    // too under Selective.
+    [[nodiscard]] schedule::Keep keep() const noexcept {
+        return spec_.mode == RecomputeMode::selective ? schedule::Keep::products : schedule::Keep::input;
+    }
+
+    // What Full and Selective recompute, and Budget's measuring step.
     [[nodiscard]] std::vector<bool> full() const {
         std::vector<bool> out(worth_.size());
         for (std::size_t u = 0; u < out.size(); ++u) out[u] = worth_[u] && held_[u];

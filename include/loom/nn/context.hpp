@@ -111,6 +111,38 @@ public:
         return static_cast<Holder<State>&>(*slot).value;
     }
 
+    // A matrix product of `layer` (its output, of `shape`): memory from
+    // alloc(), filled by compute(tensor). While products are kept elsewhere
+    // (keep_products_in, Recompute<Selective>), the tensor comes from the
+    // keeper's memory instead, so it outlives this context's reset; and a
+    // replay hands back what the first run computed, without computing it
+    // again: the product is what costs most to recompute for its bytes.
+    template <class Compute>
+    [[nodiscard]] Tensor product(const void* layer, const Shape& shape, Compute&& compute) {
+        if (keeper_ == nullptr) {
+            Tensor y = alloc(shape);
+            compute(y);
+            return y;
+        }
+        Tensor& kept = keeper_->saved<KeptProduct>(layer).value;
+        if (replaying_) {
+            LOOM_CHECK(kept.shape() == shape, "Context::product: the replay asks for shape ", shape,
+                       " but the first run kept ", kept.shape(), "; a replayed forward must see the same input");
+            return kept;
+        }
+        kept = keeper_->alloc(shape);
+        compute(kept);
+        return kept;
+    }
+
+    // Products go to `keeper` (and, when `replay`, come back from it) until
+    // this is called again with null. The executor sets it around a unit's
+    // forward and its recompute under Recompute<Selective>.
+    void keep_products_in(Context* keeper, bool replay) noexcept {
+        keeper_ = keeper;
+        replaying_ = keeper != nullptr && replay;
+    }
+
     // The targets of this micro-batch (token ids, one per output row), read
     // by the loss layer.
     void set_targets(const Tensor& targets) { targets_ = targets; }
@@ -155,6 +187,9 @@ private:
     struct Holder final : HolderBase {
         State value{};
     };
+    struct KeptProduct {
+        Tensor value;
+    };
     struct Key {
         const void* layer;
         std::type_index type;
@@ -188,6 +223,8 @@ private:
     const TensorGrid* tensor_grid_ = nullptr;
     SequenceParallelism sequence_{};
     kernels::MatmulPrecision matmul_ = kernels::MatmulPrecision::f32;
+    Context* keeper_ = nullptr;  // keep_products_in
+    bool replaying_ = false;
 };
 
 }  // namespace loom::nn

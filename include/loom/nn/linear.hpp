@@ -59,33 +59,10 @@ struct Linear {
     [[nodiscard]] Tensor forward(Context& ctx, const Tensor& x) {
         LOOM_CHECK(x.rank() >= 1 && x.dim(-1) == in(), "Linear: input of shape ", x.shape(), " does not end in ", in(),
                    " features");
-        const std::int64_t rows = x.numel() / in();
         Shape shape = x.shape();
         shape[shape.rank() - 1] = out();
-        Tensor y = ctx.alloc(shape);
-        const kernels::MatmulPrecision precision = ctx.matmul_precision();
-        using kernels::Trans;
-        if (split == Split::grid) {
-            summa_abt(grid_of(ctx, "Linear"), x, weight.value, y, rows, in(), out(), precision);
-            if (has_bias()) add_bias(y, rows);
-            ctx.saved<Saved>(this).x = x;
-            return y;
-        }
-        if (split == Split::rows) {
-            // g: the partial products are summed over the group, then the bias added once.
-            kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f, y,
-                          out());
-            group(ctx).all_reduce_activations(y);
-            if (has_bias()) add_bias(y, rows);
-            ctx.saved<Saved>(this).x = x;
-            return y;
-        }
-        if (has_bias())  // the host writes the bias rows and accumulates onto them; CUDA adds it in the GEMM
-            kernels::gemm_bias(precision, Trans::no, Trans::yes, rows, out(), in(), x, in(), weight.value, in(),
-                               bias.value, y);
-        else
-            kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f,
-                          y, out());
+        // A product (Context::product): Recompute<Selective> keeps it and replays it.
+        Tensor y = ctx.product(this, shape, [&](const Tensor& into) { multiply(ctx, x, into); });
         ctx.saved<Saved>(this).x = x;
         return y;
     }
@@ -128,6 +105,32 @@ struct Linear {
     }
 
 private:  // functions only: Linear stays an aggregate
+    // y = x W^T + b, with the tensor-parallel group's or grid's traffic.
+    void multiply(const Context& ctx, const Tensor& x, const Tensor& y) const {
+        const std::int64_t rows = x.numel() / in();
+        const kernels::MatmulPrecision precision = ctx.matmul_precision();
+        using kernels::Trans;
+        if (split == Split::grid) {
+            summa_abt(grid_of(ctx, "Linear"), x, weight.value, y, rows, in(), out(), precision);
+            if (has_bias()) add_bias(y, rows);
+            return;
+        }
+        if (split == Split::rows) {
+            // g: the partial products are summed over the group, then the bias added once.
+            kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f, y,
+                          out());
+            group(ctx).all_reduce_activations(y);
+            if (has_bias()) add_bias(y, rows);
+            return;
+        }
+        if (has_bias())  // the host writes the bias rows and accumulates onto them; CUDA adds it in the GEMM
+            kernels::gemm_bias(precision, Trans::no, Trans::yes, rows, out(), in(), x, in(), weight.value, in(),
+                               bias.value, y);
+        else
+            kernels::gemm(precision, Trans::no, Trans::yes, rows, out(), in(), 1.0f, x, in(), weight.value, in(), 0.0f,
+                          y, out());
+    }
+
     void add_bias(const Tensor& y, std::int64_t rows) const {
         kernels::add_bias(y, bias.value, rows, out());
     }

@@ -36,13 +36,16 @@ enum class Op : std::uint8_t {
     send,             // peer, payload, micro_batch, chunk: to the rank that holds the next (activation) or previous (gradient) chunk (async)
     recv,             // peer, payload, micro_batch, chunk: blocks until the matching send arrives
     policy,           // policy: what a policy lowered into the program (StepProgram::policies names it), run by its component
-    recompute,        // unit, micro_batch: its forward again from the kept input, just before its backward (Recompute)
+    recompute,        // unit, micro_batch, keep: its forward again from the kept input (and products), just before its backward (Recompute)
 };
 
 // What a forward keeps until the unit's backward: everything it saved (the
-// default), or only its input and output, the rest recomputed by an
-// Op::recompute before the backward (parallel/recompute.hpp).
-enum class Keep : std::uint8_t { all, input };
+// default); only its input and output, the rest recomputed by an
+// Op::recompute before the backward (Recompute<Full>, parallel/recompute.hpp);
+// or its input, output and matrix products (nn::Context::product), which the
+// Op::recompute replays instead of computing them again (Recompute<Selective>).
+// An Op::recompute carries its forward's Keep.
+enum class Keep : std::uint8_t { all, input, products };
 
 // What a pipeline send/recv carries: the activation leaving a chunk's
 // forward, or the gradient leaving its backward (input gradient).
@@ -104,7 +107,7 @@ struct Instruction {
     int peer = -1;
     Payload payload = Payload::none;
     int policy = -1;  // Op::policy: the index of the policy in StepProgram::policies
-    Keep keep = Keep::all;  // Op::forward: what stays until the backward
+    Keep keep = Keep::all;  // Op::forward: what stays until the backward; Op::recompute: its forward's
 
     friend bool operator==(const Instruction&, const Instruction&) = default;
 
@@ -122,7 +125,9 @@ struct Instruction {
         if (in.micro_batch >= 0) out << " mb" << in.micro_batch;
         if (in.reduction == Reduction::all_reduce) out << " (all_reduce)";
         if (in.reduction == Reduction::reduce_scatter) out << " (reduce_scatter)";
+        if (in.op == Op::recompute) return out << (in.keep == Keep::products ? " (kept products)" : "");
         if (in.keep == Keep::input) out << " (keep input)";
+        if (in.keep == Keep::products) out << " (keep input, products)";
         return out;
     }
 };

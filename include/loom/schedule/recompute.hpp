@@ -9,6 +9,10 @@
 //   recompute u3 c0 mb0                   <- inserted before the backward
 //   backward_input u3 c0 mb0
 //
+// Selective keeps the unit's matrix products too (`(keep input, products)`),
+// and its `recompute ... (kept products)` replays them instead of running
+// the products again: only the cheap rest of the forward runs twice.
+//
 // Because it is instructions, the trace draws the recomputation and the
 // planner prices it as one more forward of the unit; the verifier checks that
 // each dropped forward is recomputed once, before its backward. Recomputing
@@ -30,10 +34,13 @@
 namespace loom::schedule {
 
 // Rewrites `program` so that exactly the units with recompute[u] drop their
-// activations after the forward and recompute them before the backward.
+// activations after the forward and recompute them before the backward;
+// `keep` says what they keep (Keep::input, or Keep::products for Selective).
 // Undoes an earlier lowering first, so a policy may choose again (Budget does,
 // after its first step has measured the units).
-inline void lower_recompute(StepProgram& program, const std::vector<bool>& recompute) {
+inline void lower_recompute(StepProgram& program, const std::vector<bool>& recompute, Keep keep = Keep::input) {
+    LOOM_CHECK(keep != Keep::all, "lower_recompute: Keep::all keeps everything; recomputation keeps the input "
+               "(Keep::input) or the input and products (Keep::products)");
     for (int i = static_cast<int>(program.code.size()) - 1; i >= 0; --i)
         if (program.code[static_cast<std::size_t>(i)].op == Op::recompute) program.erase(i);
     for (int i = 0; i < static_cast<int>(program.code.size()); ++i) {
@@ -44,10 +51,10 @@ inline void lower_recompute(StepProgram& program, const std::vector<bool>& recom
                    " but the choice covers ", recompute.size(), " units; give one entry per unit");
         if (!recompute[static_cast<std::size_t>(in.unit)]) continue;
         if (in.op == Op::forward) {
-            in.keep = Keep::input;
+            in.keep = keep;
         } else if (in.op == Op::backward || in.op == Op::backward_input) {
             program.insert(i, Instruction{.op = Op::recompute, .unit = in.unit, .micro_batch = in.micro_batch,
-                                          .chunk = in.chunk});
+                                          .chunk = in.chunk, .keep = keep});
             ++i;
         }
     }
@@ -57,7 +64,7 @@ inline void lower_recompute(StepProgram& program, const std::vector<bool>& recom
 [[nodiscard]] inline std::vector<bool> recomputed_units(const StepProgram& program, int units) {
     std::vector<bool> out(static_cast<std::size_t>(units), false);
     for (const Instruction& in : program.code)
-        if (in.op == Op::forward && in.keep == Keep::input && in.unit >= 0 && in.unit < units)
+        if (in.op == Op::forward && in.keep != Keep::all && in.unit >= 0 && in.unit < units)
             out[static_cast<std::size_t>(in.unit)] = true;
     return out;
 }

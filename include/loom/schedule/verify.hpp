@@ -56,6 +56,7 @@ public:
         input_done_ = forward_done_;
         weight_done_ = forward_done_;
         recompute_ = forward_done_;
+        kept_.assign(forward_done_.size(), std::vector<Keep>(forward_done_.empty() ? 0 : forward_done_[0].size(), Keep::all));
         param_slot_.assign(static_cast<std::size_t>(program_.param_slots), Slot{});
         grad_slot_.assign(static_cast<std::size_t>(program_.grad_slots), Slot{});
         for (index_ = 0; index_ < static_cast<int>(program_.code.size()); ++index_) step(program_.code[static_cast<std::size_t>(index_)]);
@@ -141,7 +142,8 @@ private:
     }
 
     void step(const Instruction& in) {
-        check(in.keep == Keep::all || in.op == Op::forward, in, " keeps only its input; only a forward can");
+        check(in.keep == Keep::all || in.op == Op::forward || in.op == Op::recompute, in,
+              " keeps only part of its activations; only a forward (and its recompute) can");
         switch (in.op) {
             case Op::zero_grads: break;
             case Op::forward: {
@@ -151,7 +153,8 @@ private:
                 check_unit_ready(in, u, false);
                 forward_done_[mb][u] = 1;
                 // 1: its activations must be recomputed before its backward.
-                recompute_[mb][u] = in.keep == Keep::input ? 1 : 0;
+                recompute_[mb][u] = in.keep != Keep::all ? 1 : 0;
+                kept_[mb][u] = in.keep;
                 break;
             }
             case Op::recompute: {
@@ -159,6 +162,9 @@ private:
                 check(forward_done_[mb][u] == 1 && recompute_[mb][u] == 1, in, " recomputes u", u,
                       recompute_[mb][u] == 2 ? " a second time" : ", whose forward kept all it saved (or has not run)");
                 check(input_done_[mb][u] == 0, in, " runs after the backward it serves");
+                check(in.keep == kept_[mb][u], in, kept_[mb][u] == Keep::products
+                                                       ? " recomputes everything, but its forward kept its products"
+                                                       : " replays products its forward did not keep");
                 check_unit_ready(in, u, false);
                 recompute_[mb][u] = 2;
                 break;
@@ -316,6 +322,7 @@ private:
     // By micro-batch and unit: 0 nothing to recompute, 1 its forward kept
     // only the input, 2 recomputed.
     std::vector<std::vector<int>> recompute_;
+    std::vector<std::vector<Keep>> kept_;  // by micro-batch and unit: what its forward kept
     int index_ = 0;
     std::vector<std::vector<int>> forward_done_, input_done_, weight_done_;
     std::vector<Slot> param_slot_, grad_slot_;
