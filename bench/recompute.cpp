@@ -1,9 +1,10 @@
 // Recompute<...> on GPT config A (4 layers, width 256, 4 heads, sequence 128,
 // vocabulary 256), one rank on one core: activation bytes per rank
 // (MemoryReport, what the contexts hold at their peak) and step time without
-// recomputation, with Full and with Budgets between, at several batches; the
-// time Full adds beside one extra forward (the forwards' own time, from the
-// step's trace); Budget's predicted peak (the solver's) beside the measured.
+// recomputation, with Full, Selective and Budgets between, at several
+// batches; the time Full and Selective add beside one extra forward (the
+// forwards' own time, from the step's trace); Budget's predicted peak (the
+// solver's) beside the measured.
 //
 //   bench_recompute [--batches 8,32,96] [--steps 7]
 #include <loom/comm/thread_world.hpp>
@@ -77,19 +78,19 @@ Row measure(std::int64_t batch, RecomputeSpec recompute, int steps) {
     return row;
 }
 
-// Full's added time beside one forward, A/B interleaved: a step without
-// recomputation and a step with Full, in turn, so that the machine's drift
+// The time `recompute` adds beside one forward, A/B interleaved: a step without
+// recomputation and a step with it, in turn, so that the machine's drift
 // (other tenants, frequency) falls on both alike; medians of the per-pair
 // differences and of the plain step's forwards (its trace).
 struct Overhead {
     double added = 0, forward = 0, plain = 0;
 };
-Overhead interleaved_overhead(std::int64_t batch, int pairs) {
+Overhead interleaved_overhead(std::int64_t batch, int pairs, RecomputeSpec recompute) {
     Overhead out;
     loom::comm::ThreadWorld(1).run([&](loom::comm::ThreadComm& comm) {
         auto plain_model = loom::gpt::make_model(config_a), full_model = loom::gpt::make_model(config_a);
         loom::exec::ExecutionPlan plain_plan{}, full_plan{};
-        full_plan.recompute = loom::Recompute<loom::Full>::spec;
+        full_plan.recompute = recompute;
         loom::exec::Executor<loom::comm::ThreadComm> plain(plain_model, comm, plain_plan, {.trace = true});
         loom::exec::Executor<loom::comm::ThreadComm> full(full_model, comm, full_plan, {});
         plain.initialize(1);
@@ -155,7 +156,8 @@ int main(int argc, char** argv) {
     for (const std::int64_t batch : batches) {
         const Row none = measure(batch, {}, steps);
         const Row full = measure(batch, loom::Recompute<loom::Full>::spec, steps);
-        std::vector<std::pair<std::string, Row>> rows{{"none", none}, {"Full", full}};
+        std::vector<std::pair<std::string, Row>> rows{
+            {"none", none}, {"Full", full}, {"Selective", measure(batch, loom::Recompute<loom::Selective>::spec, steps)}};
         // The least memory the solver knows (the budget cannot be met): its predicted peak is Full's formula.
         rows.emplace_back("Budget 1 B", measure(batch, RecomputeSpec{RecomputeMode::budget, 1}, steps));
         for (const double at : {0.25, 0.5, 0.75}) {
@@ -175,14 +177,15 @@ int main(int argc, char** argv) {
                         name.starts_with("Budget") ? loom::readable_bytes(r.predicted).c_str() : "");
         }
     }
-    std::printf("\nFull's added time beside one forward, A/B interleaved (a plain step, then a Full step, %d pairs):\n\n",
+    std::printf("\nThe added time beside one forward, A/B interleaved (a plain step, then a recomputing step, %d pairs):\n\n",
                 3 * steps);
-    std::printf("| batch | plain step | forwards of the plain step | Full adds | added / forward |\n");
-    std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
-    for (const std::int64_t batch : batches) {
-        const Overhead o = interleaved_overhead(batch, 3 * steps);
-        std::printf("| %lld | %.1f ms | %.1f ms | %+.1f ms | %.3f |\n", static_cast<long long>(batch), o.plain * 1e3,
-                    o.forward * 1e3, o.added * 1e3, o.added / o.forward);
-    }
+    std::printf("| batch | recompute | plain step | forwards of the plain step | added | added / forward |\n");
+    std::printf("| ---: | --- | ---: | ---: | ---: | ---: |\n");
+    for (const std::int64_t batch : batches)
+        for (const RecomputeSpec spec : {loom::Recompute<loom::Full>::spec, loom::Recompute<loom::Selective>::spec}) {
+            const Overhead o = interleaved_overhead(batch, 3 * steps, spec);
+            std::printf("| %lld | %s | %.1f ms | %.1f ms | %+.1f ms | %.3f |\n", static_cast<long long>(batch),
+                        spec.describe().c_str(), o.plain * 1e3, o.forward * 1e3, o.added * 1e3, o.added / o.forward);
+        }
     return 0;
 }

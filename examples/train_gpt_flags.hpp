@@ -94,7 +94,7 @@ struct StrategyFlags {
         recompute;
 };
 
-// --recompute none | full | budget:SIZE: Recompute<...>, in the spelling loom-plan shares.
+// --recompute none | full | selective | budget:SIZE: Recompute<...>, in the spelling loom-plan shares.
 inline loom::RecomputeSpec recompute_of(const std::string& text) {
     try {
         return parse_recompute_flag(text);
@@ -255,7 +255,7 @@ inline Flags parse(int argc, char** argv) {
                             text("Strategy", "--compress-pp", s.compress_pp, "C", "pipeline traffic: none, bf16 or fp16", "none"),
                             text("Strategy", "--compress-tp", s.compress_tp, "C", "tensor-parallel traffic: none, bf16 or fp16", "none"),
                             text("Strategy", "--recompute", s.recompute, "WHAT",
-                                 "activations recomputed in backward: none, full, or budget:SIZE per rank (e.g. budget:64MiB)",
+                                 "activations recomputed in backward: none, full, selective (keeps matrix products), or budget:SIZE per rank (e.g. budget:64MiB)",
                                  "none")};
     whole("Strategy", "--compress-warmup", f.compress_warmup, 0, std::int64_t{1} << 40, "uncompressed steps first",
           "10% of --steps (PowerSGD, TopK), 20% (OneBit)");

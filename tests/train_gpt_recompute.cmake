@@ -1,5 +1,5 @@
-# train_gpt --recompute: the same run without recomputation, with Full and
-# with a Budget (piecewise, and as --strategy text) ends at the same loss, to
+# train_gpt --recompute: the same run without recomputation, with Full, with
+# Selective and with a Budget (piecewise, and as --strategy text) ends at the same loss, to
 # the printed digit (the executor's tests check the bits), and the strategy
 # line names the policy. dp 2 x pp 2 on 1F1B with micro-batches, on rank threads.
 # Run with -DTRAIN_GPT=<binary>.
@@ -14,6 +14,11 @@ if(NOT run_output MATCHES "Recompute<Full>>")
   message(FATAL_ERROR "the strategy line does not name Recompute<Full>:\n${run_output}")
 endif()
 final_loss("${run_output}" full)
+run(--recompute selective)
+if(NOT run_output MATCHES "Recompute<Selective>>")
+  message(FATAL_ERROR "the strategy line does not name Recompute<Selective>:\n${run_output}")
+endif()
+final_loss("${run_output}" selective)
 run(--recompute budget:20KiB)
 final_loss("${run_output}" budget)
 run(--strategy "Strategy<DataParallel<>, Pipeline<1F1B>, Recompute<Budget 1 MiB>>")
@@ -21,9 +26,9 @@ if(NOT run_output MATCHES "Recompute<Budget 1 MiB>>")
   message(FATAL_ERROR "the strategy line does not name Recompute<Budget 1 MiB>:\n${run_output}")
 endif()
 final_loss("${run_output}" text)
-foreach(other full budget text)
+foreach(other full selective budget text)
   if(NOT ${other} STREQUAL plain)
     message(FATAL_ERROR "--recompute ${other} ended at loss ${${other}}, the run without recomputation at ${plain}")
   endif()
 endforeach()
-message(STATUS "final loss ${plain} without recomputation, with Full, with a Budget and from --strategy")
+message(STATUS "final loss ${plain} without recomputation, with Full, Selective, a Budget and from --strategy")
