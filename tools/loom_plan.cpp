@@ -10,8 +10,9 @@
 // line that runs it (`--strategy '...'`, pasted as is); --json also gives the
 // piecewise flags ("flags"), words a script can split. `--help` lists the flags.
 // A plan that fits only by recomputing activations carries its
-// Recompute<Full> or Recompute<Budget ...> in that line (--recompute never
-// searches without it, --recompute full recomputes on every candidate).
+// Recompute<Full>, Recompute<Budget ...> or Recompute<Selective> in that line
+// (--recompute never searches without it, --recompute full or selective
+// recomputes so on every candidate).
 #include <algorithm>
 
 #include <loom/exec/trace.hpp>
@@ -123,9 +124,11 @@ Options parse(int argc, char** argv) {
         if (v == "never") o.search.recompute = loom::plan::RecomputeSearch::never;
         else if (v == "when-needed") o.search.recompute = loom::plan::RecomputeSearch::when_needed;
         else if (v == "full") o.search.recompute = loom::plan::RecomputeSearch::always_full;
-        else usage_error("--recompute " + v + " is not valid; use never, when-needed or full");
-    }, "recompute activations: when-needed (a plan that does not fit gets the cheapest recomputation that fits), "
-       "never, or full (every plan) (default when-needed)")->type_name("WHEN")->group("Search");
+        else if (v == "selective") o.search.recompute = loom::plan::RecomputeSearch::always_selective;
+        else usage_error("--recompute " + v + " is not valid; use never, when-needed, full or selective");
+    }, "recompute activations: when-needed (a plan that does not fit gets the cheapest recomputation that fits, "
+       "or Selective where it fits and is faster), never, full or selective (every plan) (default when-needed)")
+        ->type_name("WHEN")->group("Search");
     app.add_flag_callback("--no-2d", [&o] { o.search.tensor_grid = false; }, "no Optimus 2D tensor grids")->group("Search");
     app.add_flag_callback("--no-sp", [&o] { o.search.sequence = false; }, "no sequence parallelism")->group("Search");
     whole("Search", "--max-micro-batches", [&o](const std::string& v) {

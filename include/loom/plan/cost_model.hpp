@@ -19,7 +19,11 @@
 //   - the optimizer and zeroing: the bytes they touch / memory bandwidth;
 //   - a recompute (Recompute<...>, lowered into the programs by
 //     schedule::lower_recompute for the candidate's recomputed layers): the
-//     layer's recompute_flops, priced like its forward, communication included.
+//     layer's recompute_flops, priced like its forward, communication included;
+//     under Recompute<Selective> its selective_recompute() FLOPs (the matrix
+//     products replayed, not rerun), and of its communication only sequence
+//     parallelism's (the attention core runs again; tensor parallelism's
+//     exchanges are inside the products' Linears, whose outputs it kept).
 // Memory per device: plan/memory_model.hpp.
 #pragma once
 
@@ -125,7 +129,7 @@ public:
             const int count = c_.pp > 1 ? partition[static_cast<std::size_t>(v)] : static_cast<int>(model_.layers.size());
             for (int k = 0; k < count; ++k, ++layer) {
                 const LayerSpec& l = model_.layers[layer];
-                const double flops = l.forward_flops + l.backward() + (layer < again.size() && again[layer] ? l.recompute() : 0);
+                const double flops = l.forward_flops + l.backward() + (layer < again.size() && again[layer] ? rerun_flops(l) : 0);
                 work[static_cast<std::size_t>(stage)] += flops * samples_ / (c_.tp * c_.sp);
             }
         }
@@ -147,6 +151,12 @@ public:
     }
 
 private:
+    // What one recompute of l runs: its forward again, or without its products under Selective.
+    [[nodiscard]] bool selective() const { return c_.recompute.mode == RecomputeMode::selective; }
+    [[nodiscard]] double rerun_flops(const LayerSpec& l) const {
+        return selective() ? l.selective_recompute() : l.recompute();
+    }
+
     void build_programs(const std::vector<int>& partition, const std::vector<bool>& recompute) {
         std::vector<nn::Unit> units(model_.layers.size());
         for (std::size_t u = 0; u < units.size(); ++u) {
@@ -241,10 +251,11 @@ private:
     }
 
     // Off-CPU seconds of tensor and sequence parallelism inside layer u's
-    // forward (backward: twice, for the input and the K/V gradients).
-    [[nodiscard]] double inner_comm(int stage, int replica, const LayerSpec& l) const {
+    // forward (backward: twice, for the input and the K/V gradients);
+    // without `tensor`, sequence parallelism's alone (a Selective rerun).
+    [[nodiscard]] double inner_comm(int stage, int replica, const LayerSpec& l, bool tensor = true) const {
         double seconds = 0;
-        if (c_.tp > 1 && l.tp_bytes > 0) {
+        if (tensor && c_.tp > 1 && l.tp_bytes > 0) {
             if (c_.tp_grid) {
                 const int q = grid_side(c_.tp);
                 seconds += group_cost(comm::OpKind::all_gather, stage, replica, 2, 2 * l.output_bytes * samples_ / q);
@@ -305,10 +316,19 @@ private:
         const StateBytes b = state_bytes(model_);
         std::vector<SimStep> steps;
         steps.reserve(rp.program.code.size());
-        std::vector<double> forward_comm(model_.layers.size(), -1.0);
+        std::vector<double> forward_comm(model_.layers.size(), -1.0), replay_comm = forward_comm;
         const auto comm_of = [&](int u) {
             double& c = forward_comm[static_cast<std::size_t>(u)];
             if (c < 0) c = inner_comm(p, d, model_.layers[static_cast<std::size_t>(u)]);
+            return c;
+        };
+        // A Selective rerun of a layer with products replays them: its sequence exchanges alone.
+        const auto replays = [&](const LayerSpec& l) { return selective() && l.keeps_products(); };
+        const auto rerun_comm_of = [&](int u) {
+            const LayerSpec& l = model_.layers[static_cast<std::size_t>(u)];
+            if (!replays(l)) return comm_of(u);
+            double& c = replay_comm[static_cast<std::size_t>(u)];
+            if (c < 0) c = inner_comm(p, d, l, false);
             return c;
         };
         // The activation entering virtual stage v (what its predecessor sends).
@@ -327,12 +347,13 @@ private:
             switch (in.op) {
                 case Op::forward:
                 case Op::recompute: {
-                    // A recompute is the unit's forward once more, its communication included.
+                    // A recompute is the unit's forward once more, its communication included
+                    // (Selective: without the products it replays).
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
                     const bool again = in.op == Op::recompute;
-                    s = compute(s, again ? "R" : "F", (again ? l.recompute() : l.forward_flops) * work_scale,
-                                comm_of(in.unit));
-                    s.syncs = syncs_of(l);
+                    s = compute(s, again ? "R" : "F", (again ? rerun_flops(l) : l.forward_flops) * work_scale,
+                                again ? rerun_comm_of(in.unit) : comm_of(in.unit));
+                    s.syncs = syncs_of(l, !(again && replays(l)));
                     break;
                 }
                 case Op::backward: {
@@ -418,10 +439,11 @@ private:
 
     // Exchanges inside one forward of layer l that wait for every member:
     // Megatron's two all-reduces (a 2D grid's row and column gathers), and
-    // ring attention's sp - 1 hand-offs or Ulysses's four all-to-alls.
-    [[nodiscard]] int syncs_of(const LayerSpec& l) const {
+    // ring attention's sp - 1 hand-offs or Ulysses's four all-to-alls
+    // (without `tensor`, the latter alone).
+    [[nodiscard]] int syncs_of(const LayerSpec& l, bool tensor = true) const {
         int n = 0;
-        if (c_.tp > 1 && l.tp_bytes > 0) n += 2;
+        if (tensor && c_.tp > 1 && l.tp_bytes > 0) n += 2;
         if (c_.sp > 1 && l.sequence_bytes > 0) n += c_.ulysses ? 4 : c_.sp - 1;
         return n;
     }

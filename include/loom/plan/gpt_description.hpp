@@ -18,6 +18,14 @@
 // output, the last also ln_f's output and the head's T x V logits; a
 // recompute reruns the blocks (and the loss's softmax), not the embedding or
 // the head's matmul.
+// Recompute<Selective> keeps each recomputed block's matrix products, the
+// outputs of its four Linears: QKV (3 T C floats), the attention projection
+// (T C), the MLP's fc (4 T C) and projection (T C), 9 T C floats; its rerun
+// skips their 24 T C^2 FLOPs (and Megatron's all-reduces, inside the
+// projections), leaving the attention core's 2 T^2 C and the LayerNorms,
+// GeLU and residual sums (elementwise, which the planner's FLOPs do not
+// count). The first and last layers hold the same products: the embedding
+// and the head are their own units, never recomputed, as under Full.
 #pragma once
 
 #include <string>
@@ -52,6 +60,8 @@ namespace loom::plan {
         block.recomputable = true;
         block.recomputed_bytes = 4 * T * C;
         block.recompute_flops = block.forward_flops;
+        block.product_bytes = 4 * 9 * T * C;
+        block.product_flops = 24 * T * C * C;
         m.layers.push_back(block);
     }
     LayerSpec& first = m.layers.front();

@@ -19,9 +19,14 @@
 // planner always used (bound x the stage's saved bytes); with several chunks
 // it counts each chunk's share of the bound rather than the bound times the
 // largest chunk, which is the same for balanced chunks.
-// recompute_choice picks the layers (Full, or the solver under a Budget);
-// cheapest_fitting_recompute the least recomputation that fits every device,
-// for the joint search (plan/search.hpp).
+// Under Recompute<Selective> a recomputed layer keeps kept_when_selective
+// (its products too) and its rerun costs selective_recompute; its transient
+// stays the whole saved bytes, as Full's, which counts its kept products
+// twice for the one layer rerunning: an upper bound, like the output's.
+// recompute_choice picks the layers (Full and Selective: every recomputable
+// one; Budget: the solver under it); cheapest_fitting_recompute the least
+// recomputation that fits every device, and fitting_selective_recompute
+// Selective where it fits, for the joint search (plan/search.hpp).
 #pragma once
 
 #include <algorithm>
@@ -126,10 +131,13 @@ template <class Field>
 
 // Pipeline rank p's activations as the solver's units, one per layer of the
 // model (a layer elsewhere holds nothing), in bytes of one device and
-// seconds of its slowest device.
+// seconds of its slowest device; a recomputed unit keeps and reruns what
+// `how` does (Selective: its products kept, not rerun; otherwise Full's).
 [[nodiscard]] inline std::vector<schedule::RecomputeUnit> activation_units(const ModelDescription& model,
                                                                            const Cluster& cluster, const Candidate& c,
-                                                                           const Placement& at, int p) {
+                                                                           const Placement& at, int p,
+                                                                           RecomputeMode how = RecomputeMode::full) {
+    const bool selective = how == RecomputeMode::selective;
     const double share = static_cast<double>(model.batch) / (c.dp * c.micro_batches) / (c.tp * c.sp);
     const double speed = least_of_stage(cluster, c, p, [](const DeviceSpec& d) { return d.flops; });
     std::vector<schedule::RecomputeUnit> units(model.layers.size());
@@ -141,11 +149,13 @@ template <class Field>
         const LayerSpec& l = model.layers[u];
         schedule::RecomputeUnit& x = units[u];
         x.kept_bytes = std::llround(l.saved_bytes * share);
-        x.output_bytes = std::min<std::int64_t>(x.kept_bytes, std::llround(l.kept_when_recomputed() * share));
+        const double kept = selective ? l.kept_when_selective() : l.kept_when_recomputed();
+        x.output_bytes = std::min<std::int64_t>(x.kept_bytes, std::llround(kept * share));
         x.transient_bytes = x.kept_bytes;  // its rerun's activations, while its backward reads them
         x.copies = at.copies[u];
         x.recomputable = l.recomputable;
-        x.forward_seconds = speed > 0 && std::isfinite(speed) ? l.recompute() * share / speed : l.recompute() * share;
+        const double rerun = (selective ? l.selective_recompute() : l.recompute()) * share;
+        x.forward_seconds = speed > 0 && std::isfinite(speed) ? rerun / speed : rerun;
     }
     return units;
 }
@@ -165,7 +175,9 @@ template <class Field>
 
 // The bytes per device of `c` on `cluster` with `partition` layers per
 // virtual stage (empty without a pipeline), recomputing the layers
-// `recompute` marks (empty: none).
+// `recompute` marks (empty: none) as c.recompute does: Selective keeps
+// their products, anything else (Full, Budget, or none with marks given)
+// only what Full keeps.
 [[nodiscard]] inline DeviceMemory device_memory(const ModelDescription& model, const Cluster& cluster,
                                                 const Candidate& c, const std::vector<int>& partition,
                                                 const std::vector<bool>& recompute = {}) {
@@ -175,7 +187,7 @@ template <class Field>
     chosen.resize(model.layers.size(), false);
     out.bytes.assign(static_cast<std::size_t>(cluster.size()), 0.0);
     for (int p = 0; p < c.pp; ++p) {
-        const auto units = detail::activation_units(model, cluster, c, at, p);
+        const auto units = detail::activation_units(model, cluster, c, at, p, c.recompute.mode);
         std::vector<bool> here(units.size(), false);
         for (std::size_t u = 0; u < units.size(); ++u) here[u] = chosen[u] && at.rank_of_layer[u] == p;
         const double bytes = at.static_bytes[static_cast<std::size_t>(p)] +
@@ -196,9 +208,11 @@ template <class Field>
 }
 
 // The layers `spec` recomputes on `c` (one entry per layer): none, every
-// recomputable layer (Full), or for a Budget what the solver chooses on each
-// pipeline rank under it, as train_gpt's executor does with its measured
-// units. `fits` is false when some rank's activations exceed the budget even so.
+// recomputable layer (Full, Selective), or for a Budget what the solver
+// chooses on each pipeline rank under it, as train_gpt's executor does with
+// its measured units. `fits` is false when some rank's activations exceed
+// the budget even so; extra_seconds prices Selective's reruns without their
+// products.
 struct RecomputeLayers {
     std::vector<bool> layers;
     bool fits = true;
@@ -213,9 +227,9 @@ struct RecomputeLayers {
     if (!spec.on()) return out;
     const detail::Placement at = detail::place(model, c, partition);
     for (int p = 0; p < c.pp; ++p) {
-        const auto units = detail::activation_units(model, cluster, c, at, p);
+        const auto units = detail::activation_units(model, cluster, c, at, p, spec.mode);
         schedule::RecomputeChoice choice;
-        if (spec.mode == RecomputeMode::full) {
+        if (spec.mode == RecomputeMode::full || spec.mode == RecomputeMode::selective) {
             choice = schedule::recompute_all(units);
         } else {
             choice = schedule::solve_recompute(units, spec.budget_bytes, 200);
@@ -239,7 +253,7 @@ struct FittingRecompute {
 };
 
 [[nodiscard]] inline std::optional<FittingRecompute> cheapest_fitting_recompute(const ModelDescription& model,
-                                                                               const Cluster& cluster, const Candidate& c,
+                                                                               const Cluster& cluster, Candidate c,
                                                                                const std::vector<int>& partition) {
     const detail::Placement at = detail::place(model, c, partition);
     double room = std::numeric_limits<double>::infinity();
@@ -248,12 +262,29 @@ struct FittingRecompute {
                                   at.static_bytes[static_cast<std::size_t>(p)]);
     if (!(room >= 1) || !std::isfinite(room)) return std::nullopt;
     const RecomputeSpec budget{RecomputeMode::budget, detail::printable_budget(room)};
+    c.recompute = budget;  // its layers priced as a Budget keeps them, whatever c said
     RecomputeLayers chosen = recompute_choice(model, cluster, c, partition, budget);
     if (!chosen.fits || !device_memory(model, cluster, c, partition, chosen.layers).fits) return std::nullopt;
     bool every = true;
     for (std::size_t u = 0; u < model.layers.size(); ++u)
         every = every && (chosen.layers[u] || !model.layers[u].recomputable);
     return FittingRecompute{every ? RecomputeSpec{RecomputeMode::full, 0} : budget, std::move(chosen.layers)};
+}
+
+// Selective on `c` when every device holds it: the layers it recomputes
+// (every recomputable one) with their products kept. None when it does not
+// fit, or when no recomputable layer describes products (then Selective is
+// Full, which cheapest_fitting_recompute already considers).
+[[nodiscard]] inline std::optional<FittingRecompute> fitting_selective_recompute(const ModelDescription& model,
+                                                                                const Cluster& cluster, Candidate c,
+                                                                                const std::vector<int>& partition) {
+    const bool differs = std::any_of(model.layers.begin(), model.layers.end(),
+                                     [](const LayerSpec& l) { return l.recomputable && l.keeps_products(); });
+    if (!differs) return std::nullopt;
+    c.recompute = {RecomputeMode::selective, 0};
+    std::vector<bool> layers = recompute_choice(model, cluster, c, partition, c.recompute).layers;
+    if (!device_memory(model, cluster, c, partition, layers).fits) return std::nullopt;
+    return FittingRecompute{c.recompute, std::move(layers)};
 }
 
 }  // namespace loom::plan

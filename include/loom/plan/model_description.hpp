@@ -3,7 +3,9 @@
 // FLOPs of its forward and backward, its parameters, the activation it hands
 // to the next layer (what a pipeline boundary after it sends), the
 // activations it keeps for its backward, the bytes tensor and sequence
-// parallelism exchange inside it, and what recomputing it keeps and costs.
+// parallelism exchange inside it, and what recomputing it keeps and costs
+// (Recompute<Full> and Budget: the whole layer again; Recompute<Selective>:
+// the layer again but its matrix products, which it keeps).
 // Layers may differ (uneven blocks, a GAN's generator and discriminator):
 // the planner partitions them as they are.
 //
@@ -37,6 +39,13 @@ struct LayerSpec {
     bool recomputable = true;       // false: it holds only its output, so recomputing saves nothing
     double recomputed_bytes = -1;   // per sample: what it still holds when recomputed; negative: output_bytes
     double recompute_flops = -1;    // per sample: the forward a recompute runs again; negative: forward_flops
+    // Recompute<Selective> recomputes the same layers but keeps the outputs of
+    // their matrix products (every nn::Linear inside) and replays them: it
+    // holds product_bytes more than a recomputed layer and its rerun skips
+    // product_flops (the GEMMs, and the tensor-parallel exchanges that are
+    // part of them). 0 and 0: no products described, Selective is Full.
+    double product_bytes = 0;       // per sample: the matrix products' outputs, kept under Selective
+    double product_flops = 0;       // per sample: their FLOPs, part of recompute_flops, not rerun under Selective
 
     [[nodiscard]] double backward() const { return backward_flops < 0 ? 2 * forward_flops : backward_flops; }
     // Never more than it saves: recomputing cannot cost memory.
@@ -44,6 +53,14 @@ struct LayerSpec {
         return std::min(saved_bytes, recomputed_bytes < 0 ? output_bytes : recomputed_bytes);
     }
     [[nodiscard]] double recompute() const { return recompute_flops < 0 ? forward_flops : recompute_flops; }
+    // Selective: what Full keeps plus the products, never more than it saves.
+    [[nodiscard]] double kept_when_selective() const {
+        return std::min(saved_bytes, kept_when_recomputed() + product_bytes);
+    }
+    // Selective's rerun: the recompute without the matrix products.
+    [[nodiscard]] double selective_recompute() const { return std::max(0.0, recompute() - product_flops); }
+    // Whether Selective differs from Full for this layer (it describes products).
+    [[nodiscard]] bool keeps_products() const { return product_bytes > 0 || product_flops > 0; }
 };
 
 struct ModelDescription {
@@ -85,6 +102,16 @@ struct ModelDescription {
             LOOM_CHECK(std::isfinite(l.recomputed_bytes) && std::isfinite(l.recompute_flops), "model ", name, ": layer ",
                        l.name, " has recomputed_bytes ", l.recomputed_bytes, " and recompute_flops ", l.recompute_flops,
                        "; give finite numbers (negative: its output_bytes and forward_flops)");
+            LOOM_CHECK(std::isfinite(l.product_bytes) && std::isfinite(l.product_flops) && l.product_bytes >= 0 &&
+                           l.product_flops >= 0,
+                       "model ", name, ": layer ", l.name, " has product_bytes ", l.product_bytes, " and product_flops ",
+                       l.product_flops, "; give finite numbers of 0 or more (0 and 0: Selective recomputes it as Full)");
+            LOOM_CHECK(l.product_flops <= l.recompute(), "model ", name, ": layer ", l.name, " has product_flops ",
+                       l.product_flops, " above the ", l.recompute(),
+                       " FLOPs its recompute runs; its matrix products are part of that rerun");
+            LOOM_CHECK(l.product_bytes <= l.saved_bytes, "model ", name, ": layer ", l.name, " has product_bytes ",
+                       l.product_bytes, " above the ", l.saved_bytes,
+                       " bytes it saves; its matrix products' outputs are part of what it saves");
         }
     }
 

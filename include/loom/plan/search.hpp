@@ -11,6 +11,10 @@
 // charges the extra forwards where they fall in the pipeline. The strategy
 // and the recomputation are one search, not two stages: dp 8 with
 // recomputation competes with pp 4 without it on predicted step time.
+// Such a candidate also tries Recompute<Selective> (every recomputable layer,
+// its matrix products kept: more memory than Full, a fraction of its rerun)
+// where it fits: both are priced, and the faster stays, one plan per layout
+// in the ranking.
 // Candidates that fit without recomputing are priced without it (it only
 // adds time). What still does not fit is dropped; the rest are sorted by a
 // lower bound on their step (the busiest rank's compute, recomputes
@@ -23,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,9 +41,10 @@
 namespace loom::plan {
 
 // How the search treats recomputation: never (shard until it fits),
-// when a candidate does not fit without it (the joint search), or always
-// Full (recompute everything, for comparison).
-enum class RecomputeSearch : std::uint8_t { never, when_needed, always_full };
+// when a candidate does not fit without it (the joint search: the cheapest
+// fitting Budget or Full, or Selective when it fits and is faster), or
+// always Full or always Selective (for comparison).
+enum class RecomputeSearch : std::uint8_t { never, when_needed, always_full, always_selective };
 
 struct SearchOptions {
     int top = 5;
@@ -131,23 +137,27 @@ namespace detail {
     struct Scored {
         Candidate candidate;
         double bound;
+        std::size_t layout;  // the candidate of `all` it prices (a layout may be priced with two recomputations)
     };
     std::vector<Scored> scored;
     double least_memory = std::numeric_limits<double>::infinity();
     std::string least_plan;
     int least_device = 0;
-    for (Candidate c : all) {
+    for (std::size_t layout = 0; layout < all.size(); ++layout) {
+        Candidate c = all[layout];
         detail::CostModel priced(model, cluster, c);  // holds c by reference: it sees the partition set next
         if (c.pp > 1) c.partition = priced.balanced_partition();
-        if (options.recompute == RecomputeSearch::always_full) {
-            c.recompute = {RecomputeMode::full, 0};
+        if (options.recompute == RecomputeSearch::always_full || options.recompute == RecomputeSearch::always_selective) {
+            c.recompute = {options.recompute == RecomputeSearch::always_full ? RecomputeMode::full : RecomputeMode::selective, 0};
             c.recomputed = recompute_choice(model, cluster, c, c.partition, c.recompute).layers;
         }
         // Memory first: it is cheap and prunes the most.
         Estimate e;
         e.partition = c.partition;
         double need = priced.memory_only(e);
+        std::optional<FittingRecompute> selective;
         if (!e.fits && options.recompute == RecomputeSearch::when_needed) {
+            selective = fitting_selective_recompute(model, cluster, c, c.partition);
             if (auto fitting = cheapest_fitting_recompute(model, cluster, c, c.partition)) {
                 c.recompute = fitting->spec;
                 c.recomputed = std::move(fitting->layers);
@@ -158,7 +168,16 @@ namespace detail {
             }
             need = priced.memory_only(e);
         }
-        if (c.recompute.on() && e.fits) ++report.recomputing;
+        if (c.recompute.on() && (e.fits || selective)) ++report.recomputing;
+        if (selective) {
+            // Priced beside the Budget (or Full): the ranking keeps the faster.
+            Candidate s = c;
+            s.recompute = selective->spec;
+            s.recomputed = std::move(selective->layers);
+            const double bound = detail::CostModel(model, cluster, s).lower_bound();
+            scored.push_back({std::move(s), bound, layout});
+            if (!e.fits) continue;  // the Budget's solver found nothing (its granules), Selective fits
+        }
         if (!e.fits) {
             ++report.over_memory;
             if (need < least_memory) {
@@ -170,7 +189,7 @@ namespace detail {
             }
             continue;
         }
-        scored.push_back({c, priced.lower_bound()});
+        scored.push_back({c, priced.lower_bound(), layout});
     }
     if (scored.empty()) {
         std::ostringstream message;
@@ -181,17 +200,32 @@ namespace detail {
         LOOM_FAIL(message.str());
     }
     std::stable_sort(scored.begin(), scored.end(), [](const Scored& a, const Scored& b) { return a.bound < b.bound; });
+    // One plan per layout: its Selective and its Budget (or Full) compete, the
+    // faster stays. Still exact: a pricing whose bound passes the k-th best
+    // step can neither enter the top k nor beat its layout's pricing in it.
+    std::vector<std::size_t> layouts;  // of report.plans, in its order
     for (const Scored& s : scored) {
         if (static_cast<int>(report.plans.size()) >= options.top &&
             s.bound >= report.plans.back().estimate.step_seconds)
             break;  // sorted by bound: nothing later can enter the top k
         Estimate e = detail::CostModel(model, cluster, s.candidate).run(false);
         ++report.simulated;
+        const auto same = std::find(layouts.begin(), layouts.end(), s.layout);
+        if (same != layouts.end()) {
+            const auto i = same - layouts.begin();
+            if (e.step_seconds >= report.plans[static_cast<std::size_t>(i)].estimate.step_seconds) continue;
+            report.plans.erase(report.plans.begin() + i);
+            layouts.erase(same);
+        }
         RankedPlan ranked{s.candidate, std::move(e)};
         const auto at = std::upper_bound(report.plans.begin(), report.plans.end(), ranked.estimate.step_seconds,
                                          [](double t, const RankedPlan& p) { return t < p.estimate.step_seconds; });
+        layouts.insert(layouts.begin() + (at - report.plans.begin()), s.layout);
         report.plans.insert(at, std::move(ranked));
-        if (static_cast<int>(report.plans.size()) > options.top) report.plans.pop_back();
+        if (static_cast<int>(report.plans.size()) > options.top) {
+            report.plans.pop_back();
+            layouts.pop_back();
+        }
     }
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return report;

@@ -17,7 +17,9 @@
 // one). Recompute<Budget> counts as Full: the budget may allow more, but no
 // budget goes below Full (and its first step runs as Full), so the bound
 // stays a lower bound and a run that recomputes is not refused for the
-// activations it no longer keeps.
+// activations it no longer keeps. Recompute<Selective> counts as Full too:
+// it keeps more (its matrix products, LayerSpec::kept_when_selective, which
+// the planner counts), so Full's bytes stay below what it needs.
 //
 //   const auto need = train::gpt_training_memory(config, layout);
 //   train::check_memory_fits(need, train::available_memory(), advice);
