@@ -34,7 +34,8 @@ ModelDescription even_model(int layers, std::int64_t batch, std::int64_t params 
     m.name = "even";
     m.batch = batch;
     for (int i = 0; i < layers; ++i)
-        m.layers.push_back(LayerSpec{std::to_string(i), 1e9, -1, params, 1e6, 1e6, 0, 0, true, -1, -1});
+        m.layers.push_back(
+            LayerSpec{.name = std::to_string(i), .forward_flops = 1e9, .params = params, .output_bytes = 1e6, .saved_bytes = 1e6});
     return m;
 }
 

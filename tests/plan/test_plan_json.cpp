@@ -243,8 +243,9 @@ TEST_CASE("plan files name an unknown key, where it is and the valid keys", "[pl
                                "unlimited, latency_us"));
     CHECK_THAT(model_error(one_layer(R"("name": "l", "flops": 1, "params": 1, "output_bytes": 1)")),
                Catch::Contains("layers[0] has an unknown key \"flops\"; the valid keys are name, repeat, "
-                               "forward_flops, backward_flops, params, output_bytes, saved_bytes, tp_bytes, "
-                               "sequence_bytes"));
+                               "forward_flops, backward_flops, params, output_bytes, saved_bytes, backward_bytes, "
+                               "tp_bytes, sequence_bytes, recomputable, recomputed_bytes, recompute_flops, "
+                               "rerun_bytes, product_bytes, product_flops"));
     CHECK_THAT(model_error(R"({"name": "m", "batch": 1, "layer": []})"),
                Catch::Contains("model.json:1:27: the top level has an unknown key \"layer\"; the valid keys are "
                                "name, batch, sequence, heads, width, bytes_per_param, gradient_bytes, layers"));
@@ -446,4 +447,17 @@ TEST_CASE("a model file's layers say what recomputing them keeps and costs", "[p
                Catch::Contains("layers[0].recomputable is 1; give true or false"));
     CHECK_THAT(model_error(one_layer(R"("name": "l", "forward_flops": 1, "params": 1, "output_bytes": 1, "recompute_flops": -2)")),
                Catch::Contains("layers[0].recompute_flops is -2; give"));
+    // What its backward holds, its rerun's peak, and Selective's products.
+    const plan::ModelDescription selective = plan::read_model(one_layer(
+        R"("name": "l", "forward_flops": 10, "params": 1, "output_bytes": 4, "saved_bytes": 64, "backward_bytes": 32, )"
+        R"("rerun_bytes": 90, "product_bytes": 16, "product_flops": 7)"));
+    const plan::LayerSpec& l = selective.layers[0];
+    CHECK(l.held_bytes() == 96);
+    CHECK(l.rerun_peak(false) == 90);
+    CHECK(l.rerun_peak(true) == 74);
+    CHECK(l.kept_when_selective() == 4 + 16);
+    CHECK(l.selective_recompute() == 3);
+    CHECK(plain.layers[0].held_bytes() == plain.layers[0].saved_bytes);  // no backward_bytes: none
+    CHECK_THAT(model_error(one_layer(R"("name": "l", "forward_flops": 1, "params": 1, "output_bytes": 1, "backward_bytes": -1)")),
+               Catch::Contains("layers[0].backward_bytes is -1; give"));
 }

@@ -5,17 +5,24 @@
 // width C, H heads, vocabulary V, f32 activations:
 //   - a block's forward: 24 T C^2 FLOPs of matmuls (QKV, projection, the
 //     MLP's two) and 2 T^2 C of causal attention; 12 C^2 + 13 C parameters;
-//     it passes on T C floats and keeps about 16 T C + T H for its backward;
+//     it passes on T C floats and keeps 18 T C + T H + 2 T for its backward
+//     (the LayerNorms' outputs and statistics, QKV, the attention's output
+//     and log-sum-exps, the projection, the MLP's 4 C twice, the residual
+//     sums), and its backward allocates 18 T C more (every input gradient),
+//     which loom's arenas hold until the micro-batch ends; bench_recompute's
+//     measured bytes are these to the 64-byte alignment;
 //     Megatron all-reduces two T x C activations in its forward; K and V
 //     are 2 T C floats;
-//   - the head: 2 T C V FLOPs and V C parameters, keeping the T x V logits
-//     and probabilities.
+//   - ln_f keeps T C + 2 T, the head its T x V logits, the loss its T
+//     log-sum-exps; their backwards allocate T C, T C and T V.
 // Recomputation follows train_gpt's units (embed, blocks[i], ln_f, head,
 // loss; nn/units.hpp): the embedding and the head are Linear-like layers
 // not worth recomputing (they hold only their output), the blocks, ln_f and
 // the loss are recomputed. So every layer is recomputable; a recomputed
 // block holds its output (T C floats), the first layer also the embedding's
-// output, the last also ln_f's output and the head's T x V logits; a
+// output, the last also ln_f's output and the head's T x V logits and its
+// input gradient (the head is never recomputed); while a layer reruns, its
+// block's whole 36 T C + T H + 2 T are held (its largest unit); a
 // recompute reruns the blocks (and the loss's softmax), not the embedding or
 // the head's matmul.
 // Recompute<Selective> keeps each recomputed block's matrix products, the
@@ -54,7 +61,8 @@ namespace loom::plan {
         block.forward_flops = 24 * T * C * C + 2 * T * T * C;
         block.params = 12 * config.width * config.width + 13 * config.width;
         block.output_bytes = 4 * T * C;
-        block.saved_bytes = 4 * (16 * T * C + T * H);
+        block.saved_bytes = 4 * (18 * T * C + T * H + 2 * T);
+        block.backward_bytes = 4 * 18 * T * C;
         block.tp_bytes = 2 * 4 * T * C;
         block.sequence_bytes = 2 * 4 * T * C;
         block.recomputable = true;
@@ -62,6 +70,7 @@ namespace loom::plan {
         block.recompute_flops = block.forward_flops;
         block.product_bytes = 4 * 9 * T * C;
         block.product_flops = 24 * T * C * C;
+        block.rerun_bytes = block.held_bytes();
         m.layers.push_back(block);
     }
     LayerSpec& first = m.layers.front();
@@ -75,9 +84,10 @@ namespace loom::plan {
     last.name += " + ln_f, head, loss";
     last.params += 2 * config.width + config.vocab * config.width;
     last.forward_flops += 2 * T * C * V + 5 * T * V;  // the head's matmul, then softmax and the loss
-    last.saved_bytes += 4 * (T * C + 2 * T * V);
+    last.saved_bytes += 4 * (T * C + 2 * T + T * V + T);
+    last.backward_bytes += 4 * (2 * T * C + T * V);
     last.tp_bytes += 4 * T * C;  // the head's input gradient, summed over the vocabulary's shards
-    last.recomputed_bytes += 4 * (T * C + T * V);  // ln_f's output and the head's logits
+    last.recomputed_bytes += 4 * (2 * T * C + T * V);  // ln_f's output, the head's logits and input gradient
     last.recompute_flops += 5 * T * V;            // the loss's softmax again; the head's matmul is kept
     return m;
 }

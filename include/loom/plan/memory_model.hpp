@@ -9,8 +9,11 @@
 // Activations have the recompute solver's shape (schedule/recompute_solver.hpp),
 // one unit per layer of a pipeline rank:
 //
-//   activations = sum_layers copies x (recomputed ? kept_when_recomputed : saved)
-//                 + the largest saved bytes of a recomputed layer (its rerun)
+//   activations = sum_layers copies x (recomputed ? kept_when_recomputed : held)
+//                 + the largest rerun_peak of a recomputed layer
+//
+// where a layer holds what its forward saved and its backward allocated
+// (loom's micro-batch arenas keep both until the micro-batch ends)
 //
 // per micro-batch's samples / (tp x sp), where copies is what the schedule
 // keeps in flight: 1 without a pipeline, its activation_bound with one chunk
@@ -21,8 +24,7 @@
 // largest chunk, which is the same for balanced chunks.
 // Under Recompute<Selective> a recomputed layer keeps kept_when_selective
 // (its products too) and its rerun costs selective_recompute; its transient
-// stays the whole saved bytes, as Full's, which counts its kept products
-// twice for the one layer rerunning: an upper bound, like the output's.
+// is its rerun_peak less the products, which stay with the micro-batch.
 // recompute_choice picks the layers (Full and Selective: every recomputable
 // one; Budget: the solver under it); cheapest_fitting_recompute the least
 // recomputation that fits every device, and fitting_selective_recompute
@@ -148,10 +150,10 @@ template <class Field>
         }
         const LayerSpec& l = model.layers[u];
         schedule::RecomputeUnit& x = units[u];
-        x.kept_bytes = std::llround(l.saved_bytes * share);
+        x.kept_bytes = std::llround(l.held_bytes() * share);
         const double kept = selective ? l.kept_when_selective() : l.kept_when_recomputed();
         x.output_bytes = std::min<std::int64_t>(x.kept_bytes, std::llround(kept * share));
-        x.transient_bytes = x.kept_bytes;  // its rerun's activations, while its backward reads them
+        x.transient_bytes = std::llround(l.rerun_peak(selective) * share);  // while its rerun and backward run
         x.copies = at.copies[u];
         x.recomputable = l.recomputable;
         const double rerun = (selective ? l.selective_recompute() : l.recompute()) * share;

@@ -31,6 +31,10 @@ struct LayerSpec {
     std::int64_t params = 0;     // parameter elements
     double output_bytes = 0;     // per sample: the activation it passes on
     double saved_bytes = 0;      // per sample: what its forward keeps until its backward
+    // Per sample: what its backward allocates. loom's micro-batch contexts are
+    // bump arenas, rewound only when the micro-batch ends, so the input
+    // gradients stay until then and count in the peak beside saved_bytes.
+    double backward_bytes = 0;
     double tp_bytes = 0;         // per sample: all-reduced over the tp group in its forward, and again in its backward
     double sequence_bytes = 0;   // per sample: what sequence-parallel attention exchanges in its forward (K and V)
     // Recomputation (Recompute<...>, schedule/recompute_solver.hpp): a
@@ -39,6 +43,10 @@ struct LayerSpec {
     bool recomputable = true;       // false: it holds only its output, so recomputing saves nothing
     double recomputed_bytes = -1;   // per sample: what it still holds when recomputed; negative: output_bytes
     double recompute_flops = -1;    // per sample: the forward a recompute runs again; negative: forward_flops
+    // Per sample: the most its recompute and backward hold at once (its
+    // largest recomputed unit's forward and backward bytes, when the layer
+    // folds several units); negative: all it holds, saved + backward.
+    double rerun_bytes = -1;
     // Recompute<Selective> recomputes the same layers but keeps the outputs of
     // their matrix products (every nn::Linear inside) and replays them: it
     // holds product_bytes more than a recomputed layer and its rerun skips
@@ -48,14 +56,22 @@ struct LayerSpec {
     double product_flops = 0;       // per sample: their FLOPs, part of recompute_flops, not rerun under Selective
 
     [[nodiscard]] double backward() const { return backward_flops < 0 ? 2 * forward_flops : backward_flops; }
-    // Never more than it saves: recomputing cannot cost memory.
+    // What it holds until the micro-batch ends when it is not recomputed.
+    [[nodiscard]] double held_bytes() const { return saved_bytes + backward_bytes; }
+    // Never more than it holds kept: recomputing cannot cost memory.
     [[nodiscard]] double kept_when_recomputed() const {
-        return std::min(saved_bytes, recomputed_bytes < 0 ? output_bytes : recomputed_bytes);
+        return std::min(held_bytes(), recomputed_bytes < 0 ? output_bytes : recomputed_bytes);
+    }
+    // What its rerun and backward take while they run; Selective's products
+    // are held with the micro-batch instead (kept_when_selective).
+    [[nodiscard]] double rerun_peak(bool selective) const {
+        const double all = rerun_bytes < 0 ? held_bytes() : rerun_bytes;
+        return selective ? std::max(0.0, all - product_bytes) : all;
     }
     [[nodiscard]] double recompute() const { return recompute_flops < 0 ? forward_flops : recompute_flops; }
     // Selective: what Full keeps plus the products, never more than it saves.
     [[nodiscard]] double kept_when_selective() const {
-        return std::min(saved_bytes, kept_when_recomputed() + product_bytes);
+        return std::min(held_bytes(), kept_when_recomputed() + product_bytes);
     }
     // Selective's rerun: the recompute without the matrix products.
     [[nodiscard]] double selective_recompute() const { return std::max(0.0, recompute() - product_flops); }
@@ -95,10 +111,14 @@ struct ModelDescription {
                    " and gradient_bytes ", gradient_bytes, " must be positive");
         for (const LayerSpec& l : layers) {
             LOOM_CHECK(l.forward_flops >= 0 && l.params >= 0 && l.output_bytes >= 0 && l.saved_bytes >= 0 &&
-                           l.tp_bytes >= 0 && l.sequence_bytes >= 0,
+                           l.backward_bytes >= 0 && l.tp_bytes >= 0 && l.sequence_bytes >= 0,
                        "model ", name, ": layer ", l.name, " has a negative size (forward_flops ", l.forward_flops,
                        ", params ", l.params, ", output_bytes ", l.output_bytes, ", saved_bytes ", l.saved_bytes,
-                       ", tp_bytes ", l.tp_bytes, ", sequence_bytes ", l.sequence_bytes, ")");
+                       ", backward_bytes ", l.backward_bytes, ", tp_bytes ", l.tp_bytes, ", sequence_bytes ",
+                       l.sequence_bytes, ")");
+            LOOM_CHECK(std::isfinite(l.backward_bytes) && std::isfinite(l.rerun_bytes), "model ", name, ": layer ",
+                       l.name, " has backward_bytes ", l.backward_bytes, " and rerun_bytes ", l.rerun_bytes,
+                       "; give finite numbers (rerun_bytes negative: saved_bytes + backward_bytes)");
             LOOM_CHECK(std::isfinite(l.recomputed_bytes) && std::isfinite(l.recompute_flops), "model ", name, ": layer ",
                        l.name, " has recomputed_bytes ", l.recomputed_bytes, " and recompute_flops ", l.recompute_flops,
                        "; give finite numbers (negative: its output_bytes and forward_flops)");

@@ -58,8 +58,9 @@ inline constexpr std::int64_t max_layers = 1'000'000;
     if (layer_fields.empty()) layers_field.invalid(layers_hint);
     for (const jf::Node& field : layer_fields) {
         const jf::Object layer = field.object({"name", "repeat", "forward_flops", "backward_flops", "params",
-                                               "output_bytes", "saved_bytes", "tp_bytes", "sequence_bytes",
-                                               "recomputable", "recomputed_bytes", "recompute_flops"});
+                                               "output_bytes", "saved_bytes", "backward_bytes", "tp_bytes",
+                                               "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
+                                               "rerun_bytes", "product_bytes", "product_flops"});
         LayerSpec spec;
         spec.name = layer.string("name", "the layer's name");
         const std::int64_t repeat = layer.integer_or("repeat", 1, 1, "consecutive copies");
@@ -68,6 +69,7 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         spec.params = layer.integer("params", 0, "parameters");
         spec.output_bytes = layer.non_negative("output_bytes", "bytes per sample");
         spec.saved_bytes = layer.non_negative_or("saved_bytes", spec.output_bytes, "bytes per sample");
+        spec.backward_bytes = layer.non_negative_or("backward_bytes", 0, "bytes per sample");
         spec.tp_bytes = layer.non_negative_or("tp_bytes", 0, "bytes per sample");
         spec.sequence_bytes = layer.non_negative_or("sequence_bytes", 0, "bytes per sample");
         if (const std::optional<jf::Node> again = layer.optional("recomputable")) {
@@ -76,6 +78,9 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         }
         spec.recomputed_bytes = layer.non_negative_or("recomputed_bytes", -1, "bytes per sample");  // -1: output_bytes
         spec.recompute_flops = layer.non_negative_or("recompute_flops", -1, "FLOPs per sample");    // -1: forward_flops
+        spec.rerun_bytes = layer.non_negative_or("rerun_bytes", -1, "bytes per sample");  // -1: saved + backward
+        spec.product_bytes = layer.non_negative_or("product_bytes", 0, "bytes per sample");
+        spec.product_flops = layer.non_negative_or("product_flops", 0, "FLOPs per sample");
         const auto before = static_cast<std::int64_t>(model.layers.size());
         if (repeat > max_layers - before)
             layer.optional("repeat").value_or(field).fail("makes ", before, " + ", repeat,
