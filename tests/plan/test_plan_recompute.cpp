@@ -538,3 +538,21 @@ TEST_CASE("plan recompute: with Selective priced beside the Budget, the search's
     CHECK(selective_best > 0);  // the case exercises Selective winning somewhere in the top 3
     CHECK(report.simulated < report.candidates);
 }
+
+TEST_CASE("plan recompute: under zero-bubble a rerun is held with the one below it, as the executor holds it", "[plan][recompute]") {
+    const auto model = loom::plan::describe_gpt({4, 64, 4, 32, 256}, 8);
+    const auto cluster = devices(2, 1e12);
+    Candidate one_f_one_b = degrees(1, 2, 1, 2);
+    one_f_one_b.partition = {2, 2};
+    Candidate zero_bubble = one_f_one_b;
+    zero_bubble.schedule = loom::ScheduleKind::zero_bubble_h1;
+    for (const RecomputeSpec spec : {RecomputeSpec{RecomputeMode::full, 0}, RecomputeSpec{RecomputeMode::selective, 0}}) {
+        INFO(spec.describe());
+        const Candidate a = recomputing(one_f_one_b, spec, model, cluster), b = recomputing(zero_bubble, spec, model, cluster);
+        const auto plain = loom::plan::device_memory(model, cluster, a, a.partition, a.recomputed);
+        const auto split = loom::plan::device_memory(model, cluster, b, b.partition, b.recomputed);
+        // Two recomputed layers per rank: the upper one's rerun waits for the W of the one below.
+        const double pair = model.layers[1].rerun_peak(spec.mode == RecomputeMode::selective) * 8 / 2;
+        CHECK(split.bytes[0] - plain.bytes[0] == Approx(pair));
+    }
+}

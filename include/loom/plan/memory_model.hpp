@@ -140,6 +140,11 @@ template <class Field>
                                                                            const Placement& at, int p,
                                                                            RecomputeMode how = RecomputeMode::full) {
     const bool selective = how == RecomputeMode::selective;
+    // A zero-bubble schedule splits each backward into B and W; a recomputed
+    // unit's rerun stays until its W and the W of the unit below it, which
+    // reads the gradient it left (exec/recomputation.hpp counts the same).
+    const bool split = c.pp > 1 && (c.schedule == ScheduleKind::zero_bubble_h1 ||
+                                    c.schedule == ScheduleKind::zero_bubble_v);
     const double share = static_cast<double>(model.batch) / (c.dp * c.micro_batches) / (c.tp * c.sp);
     const double speed = least_of_stage(cluster, c, p, [](const DeviceSpec& d) { return d.flops; });
     std::vector<schedule::RecomputeUnit> units(model.layers.size());
@@ -153,11 +158,14 @@ template <class Field>
         x.kept_bytes = std::llround(l.held_bytes() * share);
         const double kept = selective ? l.kept_when_selective() : l.kept_when_recomputed();
         x.output_bytes = std::min<std::int64_t>(x.kept_bytes, std::llround(kept * share));
-        x.transient_bytes = std::llround(l.rerun_peak(selective) * share);  // while its rerun and backward run
+        double rerun = l.rerun_peak(selective);  // while its rerun and backward run
+        if (split && u > 0 && at.rank_of_layer[u - 1] == p && model.layers[u - 1].recomputable)
+            rerun += model.layers[u - 1].rerun_peak(selective);
+        x.transient_bytes = std::llround(rerun * share);
         x.copies = at.copies[u];
         x.recomputable = l.recomputable;
-        const double rerun = (selective ? l.selective_recompute() : l.recompute()) * share;
-        x.forward_seconds = speed > 0 && std::isfinite(speed) ? rerun / speed : rerun;
+        const double seconds = (selective ? l.selective_recompute() : l.recompute()) * share;
+        x.forward_seconds = speed > 0 && std::isfinite(speed) ? seconds / speed : seconds;
     }
     return units;
 }
