@@ -4,13 +4,13 @@
 The cluster (bench/planner_recompute_8_threads.json) is this machine's 8 rank
 threads with a memory per rank small enough that data parallelism over 8 must
 recompute, as the planner counts memory. For each configuration (layouts with
-no recomputation, Recompute<Full> and Recompute<Budget ...>), loom-plan
+no recomputation, Recompute<Full>, Recompute<Selective> and Recompute<Budget ...>), loom-plan
 --evaluate predicts the step, then train_gpt runs the same --strategy line and
 the median step after the warm-up is measured (the memory limit is the
 planner's: rank threads are not held to it). Prints both, the Spearman rank
 correlation, and then the top plans of three searches, each run and measured:
-the joint search (--recompute when-needed), shard until it fits (never), and
-recompute everything (full).
+the joint search (--recompute when-needed), shard until it fits (never),
+recompute everything (full) and keep the products (selective).
 
     OPENBLAS_NUM_THREADS=1 python3 bench/planner_recompute_validation.py [--build build/release] [--steps 8] [--repeat 2]
 """
@@ -43,10 +43,10 @@ LAYOUTS = [
     "--dp 2 --pp 2 --tp 2 --schedule 1f1b --micro-batches 8 --zero 1",
     "--dp 1 --pp 8 --schedule zb --micro-batches 16",
 ]
-RECOMPUTE = ["none", "full"]
+RECOMPUTE = ["none", "full", "selective"]
 EXTRA = [
-    "--dp 2 --pp 4 --schedule zb --micro-batches 8 --zero 1 --recompute budget:9MiB",
-    "--dp 8 --micro-batches 2 --zero 1 --recompute budget:8MiB",
+    "--dp 2 --pp 4 --schedule zb --micro-batches 8 --zero 1 --recompute budget:20MiB",
+    "--dp 8 --micro-batches 2 --zero 1 --recompute budget:30MiB",
 ]
 
 
@@ -158,16 +158,18 @@ def main():
     rho = spearman([r[1] for r in rows], [r[2] for r in rows])
     print(f"\nSpearman rank correlation over {len(rows)} configurations: {rho:.3f}")
     by_flags = {r[0]: r for r in rows}
-    print("recomputation's cost per layout, Full over none (predicted / measured):")
+    print("recomputation's cost per layout, Full and Selective over none (predicted / measured):")
     for layout in LAYOUTS:
         none, full = by_flags[f"{layout} --recompute none"], by_flags[f"{layout} --recompute full"]
-        print(f"  {full[1] / none[1]:.2f} / {full[2] / none[2]:.2f}  {layout}")
+        selective = by_flags[f"{layout} --recompute selective"]
+        print(f"  Full {full[1] / none[1]:.2f} / {full[2] / none[2]:.2f}, "
+              f"Selective {selective[1] / none[1]:.2f} / {selective[2] / none[2]:.2f}  {layout}")
     fitting = [r for r in rows if r[3]]
     if len(fitting) > 2:
         print(f"  over the {len(fitting)} that fit the planner's memory: {spearman([r[1] for r in fitting], [r[2] for r in fitting]):.3f}")
 
     print("\nthe top plan of each search, run:")
-    for when in ("when-needed", "never", "full"):
+    for when in ("when-needed", "never", "full", "selective"):
         found, why = search(plan, when, env)
         if found is None:
             print(f"  --recompute {when:11s}: no plan ({why})")
