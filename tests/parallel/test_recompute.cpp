@@ -331,3 +331,39 @@ TEST_CASE("a user's model recomputes its own block and keeps the layer that opts
           }) != full.traced.end());
     CHECK(plain.traced.empty());
 }
+
+TEST_CASE("a kept product is made once per key and micro-batch, and a replay asks only for what was kept",
+          "[parallel][recompute]") {
+    nn::Context keeper, ctx;
+    keeper.reset();
+    float made = 0;
+    const auto fill = [&](const Tensor& t) {
+        for (float& x : t.span<float>()) x = ++made;
+    };
+    int key = 0, other = 0;
+    ctx.keep_products_in(&keeper, /*replay=*/false);
+    const Tensor first = ctx.product(&key, Shape{3}, fill);
+    CHECK(keeper.bytes_in_use() >= 3 * sizeof(float));  // it lives with the keeper
+    CHECK(ctx.bytes_in_use() == 0);
+    CHECK(message_of([&] { (void)ctx.product(&key, Shape{3}, fill); }) ==
+          "Context::product: a second product under the same key in one micro-batch; give each product its own key "
+          "(the address of the member that makes it)");
+    ctx.keep_products_in(&keeper, /*replay=*/true);
+    const Tensor again = ctx.product(&key, Shape{3}, [](const Tensor&) { FAIL("a replay computes nothing"); });
+    CHECK(again.data<float>() == first.data<float>());
+    CHECK(message_of([&] { (void)ctx.product(&key, Shape{4}, fill); }) ==
+          "Context::product: the replay asks for shape [4] but the first run kept [3]; a replayed forward must see the "
+          "same input");
+    CHECK(message_of([&] { (void)ctx.product(&other, Shape{3}, fill); }) ==
+          "Context::product: the replay asks for a product its first run did not make; a replayed forward must make "
+          "the same products as its first run");
+    // The next micro-batch: what the last one kept is not this one's.
+    keeper.reset();
+    CHECK(message_of([&] { (void)ctx.product(&key, Shape{3}, fill); }).starts_with(
+        "Context::product: the replay asks for a product its first run did not make"));
+    // Without a keeper a product is plain memory of the context, computed every time.
+    ctx.keep_products_in(nullptr, false);
+    (void)ctx.product(&key, Shape{3}, fill);
+    (void)ctx.product(&key, Shape{3}, fill);
+    CHECK(made == 9);
+}

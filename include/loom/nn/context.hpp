@@ -98,6 +98,7 @@ public:
         used_ = 0;
         total_ = 0;
         loss_ = 0;
+        ++micro_batch_;
     }
 
     // The state `layer` saves between its forward and backward passes, one
@@ -117,6 +118,8 @@ public:
     // keeper's memory instead, so it outlives this context's reset; and a
     // replay hands back what the first run computed, without computing it
     // again: the product is what costs most to recompute for its bytes.
+    // `layer` keys the product: one product per key and micro-batch (a layer
+    // that makes two passes the addresses of the members that make them).
     template <class Compute>
     [[nodiscard]] Tensor product(const void* layer, const Shape& shape, Compute&& compute) {
         if (keeper_ == nullptr) {
@@ -124,15 +127,21 @@ public:
             compute(y);
             return y;
         }
-        Tensor& kept = keeper_->saved<KeptProduct>(layer).value;
+        KeptProduct& kept = keeper_->saved<KeptProduct>(layer);
+        const std::uint64_t now = keeper_->micro_batch_;
         if (replaying_) {
-            LOOM_CHECK(kept.shape() == shape, "Context::product: the replay asks for shape ", shape,
-                       " but the first run kept ", kept.shape(), "; a replayed forward must see the same input");
-            return kept;
+            LOOM_CHECK(kept.made_in == now, "Context::product: the replay asks for a product its first run did not "
+                       "make; a replayed forward must make the same products as its first run");
+            LOOM_CHECK(kept.value.shape() == shape, "Context::product: the replay asks for shape ", shape,
+                       " but the first run kept ", kept.value.shape(), "; a replayed forward must see the same input");
+            return kept.value;
         }
-        kept = keeper_->alloc(shape);
-        compute(kept);
-        return kept;
+        LOOM_CHECK(kept.made_in != now, "Context::product: a second product under the same key in one micro-batch; "
+                   "give each product its own key (the address of the member that makes it)");
+        kept.value = keeper_->alloc(shape);
+        kept.made_in = now;
+        compute(kept.value);
+        return kept.value;
     }
 
     // Products go to `keeper` (and, when `replay`, come back from it) until
@@ -189,6 +198,7 @@ private:
     };
     struct KeptProduct {
         Tensor value;
+        std::uint64_t made_in = 0;  // the keeper's micro-batch it was made in (0: never)
     };
     struct Key {
         const void* layer;
@@ -225,6 +235,7 @@ private:
     kernels::MatmulPrecision matmul_ = kernels::MatmulPrecision::f32;
     Context* keeper_ = nullptr;  // keep_products_in
     bool replaying_ = false;
+    std::uint64_t micro_batch_ = 1;  // counts reset(): which micro-batch a kept product belongs to
 };
 
 }  // namespace loom::nn
