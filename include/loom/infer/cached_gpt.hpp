@@ -17,6 +17,8 @@
 //   - several new tokens after cached ones: a full block over the cached keys
 //     and a causal one over the new, merged by log-sum-exp (ring attention's
 //     rule), equal to the whole causal attention to float rounding.
+// Forwards of at most `few_rows` tokens (decode steps) run their Linears as
+// matrix-vector products (infer/few_rows_linear.hpp), not the packed GEMM.
 // Logits are formed for the last position of each segment only: that is all
 // generation reads, and the head is the widest product for small models.
 #pragma once
@@ -30,6 +32,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/model.hpp"
+#include "loom/infer/few_rows_linear.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
 #include "loom/kernels/ops.hpp"
@@ -236,8 +239,15 @@ private:
                                    norm.eps);
     }
 
-    // y = x W^T + b: what nn::Linear's forward runs for a whole (unsplit) layer at f32.
+    // y = x W^T + b: what nn::Linear's forward runs for a whole (unsplit)
+    // layer at f32; a decode step's few rows skip the GEMM's packing.
     static void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
+        if (rows <= few_rows) {
+            few_rows_linear(in, layer.weight.value.data<float>(),
+                            layer.has_bias() ? layer.bias.value.data<float>() : nullptr, out, rows, layer.in(),
+                            layer.out());
+            return;
+        }
         using kernels::Trans;
         const Tensor x = host(in, rows * layer.in()), y = host(out, rows * layer.out());
         if (layer.has_bias())
