@@ -48,7 +48,8 @@ struct TinyGpt {
 
 std::vector<std::int32_t> prompt_of(std::int64_t length, std::int32_t vocab, std::int32_t salt) {
     std::vector<std::int32_t> tokens;
-    for (std::int64_t i = 0; i < length; ++i) tokens.push_back(static_cast<std::int32_t>((i * 7 + salt * 3 + 1) % vocab));
+    for (std::int64_t i = 0; i < length; ++i)
+        tokens.push_back(static_cast<std::int32_t>((i * 7 + salt * 3 + 1) % vocab));
     return tokens;
 }
 
@@ -151,6 +152,36 @@ TEST_CASE("cached greedy generation equals re-running the whole sequence, alone 
     CHECK(std::count(expected.begin(), expected.end(), expected[0]) < static_cast<std::ptrdiff_t>(expected.size()));
 }
 
+TEST_CASE("continuous batching: a finished request's slot is refilled, and every request gets its own tokens",
+          "[infer]") {
+    TinyGpt gpt(17);
+    std::vector<Request> requests;
+    for (std::int32_t i = 0; i < 5; ++i) {
+        Request r = greedy_request(prompt_of(1 + 3 * i, 40, i), 2 + 3 * (4 - i));  // short prompts run long
+        if (i % 2 == 1)
+            r.sampling = Sampling{.temperature = 1.2f, .top_k = 10, .top_p = 0.9f,
+                                  .seed = 100u + static_cast<std::uint64_t>(i)};
+        requests.push_back(std::move(r));
+    }
+    std::vector<std::vector<std::int32_t>> alone;
+    for (const Request& r : requests)
+        alone.push_back(loom::infer::generate(gpt.model, gpt.config, std::span(&r, 1))[0].tokens);
+    for (std::int64_t max_batch : {1, 2, 3, 0}) {
+        const auto batched = loom::infer::generate(gpt.model, gpt.config, requests, max_batch);
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+            INFO("max_batch " << max_batch << ", request " << i);
+            CHECK(batched[i].tokens == alone[i]);
+        }
+    }
+    // On an engine of 2 slots: the slots are free afterwards, so it runs again.
+    KvCache cache(gpt.config.layers, gpt.config.width, 2, gpt.config.seq);
+    CachedGpt engine(gpt.model, gpt.config, cache);
+    CHECK(loom::infer::generate(engine, requests)[4].tokens == alone[4]);
+    CHECK(cache.length(0) == 0);
+    CHECK(cache.length(1) == 0);
+    CHECK(loom::infer::generate(engine, requests)[3].tokens == alone[3]);
+}
+
 TEST_CASE("sampling is deterministic in the seed, whatever the batch, and top-k 1 is greedy", "[infer]") {
     TinyGpt gpt(14);
     Request r;
@@ -183,7 +214,8 @@ TEST_CASE("top-k, top-p and temperature keep the tokens they name, at the softma
     const auto frequencies = [&](const Sampling& s) {
         std::vector<int> counts(4, 0);
         const int draws = 4000;
-        for (int k = 0; k < draws; ++k) ++counts[static_cast<std::size_t>(sampler.pick(logits, s, static_cast<std::uint64_t>(k)))];
+        for (int k = 0; k < draws; ++k)
+            ++counts[static_cast<std::size_t>(sampler.pick(logits, s, static_cast<std::uint64_t>(k)))];
         std::vector<double> f;
         for (int c : counts) f.push_back(static_cast<double>(c) / draws);
         return f;
@@ -233,7 +265,8 @@ TEST_CASE("a stop token ends a request and the length limit counts new tokens", 
     const std::vector<Request> with_stop{stopping, greedy_request(prompt, 5), greedy_request(prompt, 1)};
     const auto done = loom::infer::generate(gpt.model, gpt.config, with_stop);
     CHECK(done[0].finish == Finish::stop);
-    CHECK(done[0].tokens == std::vector<std::int32_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(at) + 1));
+    const auto stop_at = static_cast<std::ptrdiff_t>(at);
+    CHECK(done[0].tokens == std::vector<std::int32_t>(tokens.begin(), tokens.begin() + stop_at + 1));
     CHECK(done[1].finish == Finish::length);
     CHECK(done[1].tokens == std::vector<std::int32_t>(tokens.begin(), tokens.begin() + 5));
     CHECK(done[2].tokens == std::vector<std::int32_t>(tokens.begin(), tokens.begin() + 1));
@@ -262,7 +295,8 @@ TEST_CASE("bad inputs to the engine are named in one line", "[infer]") {
     r.sampling = Sampling{.top_p = 1.5f};
     CHECK(run(r) == "Sampling: top_p 1.5 is not in (0, 1] (1 keeps every token)");
     r.sampling = Sampling{.temperature = 0.0f};
-    CHECK(run(r) == "Sampling: temperature 0 must be a finite number > 0 (use greedy = true for the most likely token)");
+    CHECK(run(r) ==
+          "Sampling: temperature 0 must be a finite number > 0 (use greedy = true for the most likely token)");
     r.sampling = Sampling{.temperature = -1.0f};
     CHECK(run(r) ==
           "Sampling: temperature -1 must be a finite number > 0 (use greedy = true for the most likely token)");
@@ -270,6 +304,9 @@ TEST_CASE("bad inputs to the engine are named in one line", "[infer]") {
     CHECK(run(r) == "Sampling: top_k -2 must be >= 0 (0 keeps every token)");
     CHECK(message_of([&] { (void)loom::infer::generate(gpt.model, gpt.config, std::span<const Request>{}); }) ==
           "generate: no requests");
+    const std::vector<Request> fine{greedy_request(prompt_of(2, 40, 0), 2)};
+    CHECK(message_of([&] { (void)loom::infer::generate(gpt.model, gpt.config, fine, -1); }) ==
+          "generate: max_batch = -1 must be >= 0 (0: every request at once)");
 
     KvCache cache(gpt.config.layers, gpt.config.width, 2, 8);
     CachedGpt engine(gpt.model, gpt.config, cache);
@@ -297,10 +334,16 @@ TEST_CASE("bad inputs to the engine are named in one line", "[infer]") {
     CHECK(message_of([&] { cache.reserve(1, 9); }) ==
           "KvCache: slot 1 holds 0 positions and 9 more would exceed its capacity of 8; shorten the prompt or the "
           "generation, or build the cache with a larger capacity");
-    CHECK(message_of([&] { KvCache too_long(gpt.config.layers, gpt.config.width, 1, 25); CachedGpt e(gpt.model, gpt.config, too_long); }) ==
+    CHECK(message_of([&] {
+              KvCache too_long(gpt.config.layers, gpt.config.width, 1, 25);
+              CachedGpt e(gpt.model, gpt.config, too_long);
+          }) ==
           "CachedGpt: the cache holds 25 positions per slot but the model has position embeddings for 24; build "
           "the cache with capacity <= Config::seq");
-    CHECK(message_of([&] { KvCache wrong(3, gpt.config.width, 1, 8); CachedGpt e(gpt.model, gpt.config, wrong); }) ==
+    CHECK(message_of([&] {
+              KvCache wrong(3, gpt.config.width, 1, 8);
+              CachedGpt e(gpt.model, gpt.config, wrong);
+          }) ==
           "CachedGpt: the cache is for 3 layers of width 32 but the model has 2 of width 32");
     CHECK(message_of([] { KvCache none(2, 32, 0, 8); }) == "KvCache: slots = 0 must be at least 1");
     CHECK(message_of([] { KvCache none(2, 32, 1, 0); }) == "KvCache: capacity = 0 must be at least 1 position");

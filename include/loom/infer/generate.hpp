@@ -1,13 +1,13 @@
-// Generation with a KV cache: each request's prompt is prefilled once (all
-// prompts packed in one forward, no padding), then every step decodes one
-// token for each request still running, reading its cached keys and values.
-// A request ends at one of its stop tokens (which is kept as its last token)
-// or after max_new_tokens; it leaves the batch at once, so later steps do no
-// work for it. Each request samples with its own Sampling (and seed): its
-// tokens are the same whatever it is batched with.
+// Generation with a KV cache: each request's prompt is prefilled once, then
+// every step decodes one token for each request still running, reading its
+// cached keys and values; prompts and decode tokens of different requests
+// share one packed forward with no padding. A request ends at one of its stop
+// tokens (kept as its last token) or after max_new_tokens; it leaves the
+// batch at once and a waiting request takes its slot at the next step
+// (continuous batching). Each request samples with its own Sampling (and
+// seed): its tokens do not depend on what it is batched with.
 //
-// Not yet here (issue 39): continuous batching (a finished request's slot
-// refilled by a waiting one), the paged cache, parallel serving.
+// Not yet here (issue 39): the paged cache, parallel serving, a server.
 #pragma once
 
 #include <algorithm>
@@ -59,30 +59,27 @@ inline void check_request(const Request& request, std::size_t index, std::int64_
     request.sampling.validate();
 }
 
-// Runs the requests to completion on `engine`, in slots 0..n-1 of its cache
-// (which must be free; they are free again afterwards, even on an error).
+// Runs the requests to completion on `engine`, continuously batched: as
+// many run at once as the cache has slots, the rest wait in order, and a
+// slot a request leaves is refilled at the next step (the newcomer's prompt
+// is prefilled in the same forward as the others' decode tokens). The cache's
+// slots must be free; they are free again afterwards, even on an error.
 [[nodiscard]] inline std::vector<Completion> generate(CachedGpt& engine, std::span<const Request> requests) {
     KvCache& cache = engine.cache();
-    const auto n = static_cast<std::int64_t>(requests.size());
-    LOOM_CHECK(n >= 1, "generate: no requests");
-    LOOM_CHECK(n <= cache.slots(), "generate: ", n, " requests but the cache has ", cache.slots(),
-               " slots; build it with one slot per request");
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-        check_request(requests[i], i, cache.capacity());
-        LOOM_CHECK(cache.length(static_cast<std::int64_t>(i)) == 0, "generate: slot ", i, " of the cache holds ",
-                   cache.length(static_cast<std::int64_t>(i)), " positions; release it first");
-    }
+    LOOM_CHECK(!requests.empty(), "generate: no requests");
+    for (std::size_t i = 0; i < requests.size(); ++i) check_request(requests[i], i, cache.capacity());
+    for (std::int64_t s = 0; s < cache.slots(); ++s)
+        LOOM_CHECK(cache.length(s) == 0, "generate: slot ", s, " of the cache holds ", cache.length(s),
+                   " positions; release it first");
     struct Release {  // the slots are free again however generate ends
         KvCache& cache;
-        std::int64_t n;
         ~Release() {
-            for (std::int64_t s = 0; s < n; ++s) cache.release(s);
+            for (std::int64_t s = 0; s < cache.slots(); ++s) cache.release(s);
         }
-    } release{cache, n};
+    } release{cache};
 
     std::vector<Completion> done(requests.size());
     Sampler sampler;
-    std::vector<std::int64_t> running;  // slots still generating, in request order
     // Takes request i's next token from its logits; true while it goes on.
     const auto next = [&](std::size_t i, std::span<const float> logits) {
         const Request& r = requests[i];
@@ -97,39 +94,53 @@ inline void check_request(const Request& request, std::size_t index, std::int64_
         return static_cast<std::int64_t>(c.tokens.size()) < r.max_new_tokens;
     };
 
-    std::vector<Segment> prompts;
-    for (std::size_t i = 0; i < requests.size(); ++i)
-        prompts.push_back({static_cast<std::int64_t>(i), requests[i].prompt});
+    struct Running {
+        std::int64_t slot;
+        std::size_t request;
+    };
+    std::vector<Running> running, still;
+    std::vector<std::int64_t> free_slots;  // popped from the back: slot 0 first
+    for (std::int64_t s = cache.slots() - 1; s >= 0; --s) free_slots.push_back(s);
+    std::size_t waiting = 0;  // requests [waiting, n) have not started
+    std::vector<Segment> segments;
     const auto V = static_cast<std::size_t>(engine.config().vocab);
-    std::span<const float> logits = engine.forward(prompts);
-    for (std::size_t i = 0; i < requests.size(); ++i)
-        if (next(i, logits.subspan(i * V, V))) running.push_back(static_cast<std::int64_t>(i));
-
-    std::vector<std::int32_t> fed;
-    std::vector<std::int64_t> still;
-    while (!running.empty()) {
-        fed.clear();
-        for (std::int64_t s : running) fed.push_back(done[static_cast<std::size_t>(s)].tokens.back());
-        logits = engine.decode(running, fed);
+    while (!running.empty() || waiting < requests.size()) {
+        segments.clear();
+        for (const Running& r : running) segments.push_back({r.slot, std::span(&done[r.request].tokens.back(), 1)});
+        while (waiting < requests.size() && !free_slots.empty()) {
+            running.push_back({free_slots.back(), waiting});
+            free_slots.pop_back();
+            segments.push_back({running.back().slot, requests[waiting].prompt});
+            ++waiting;
+        }
+        const std::span<const float> logits = engine.forward(segments);
         still.clear();
-        for (std::size_t j = 0; j < running.size(); ++j)
-            if (next(static_cast<std::size_t>(running[j]), logits.subspan(j * V, V))) still.push_back(running[j]);
+        for (std::size_t j = 0; j < running.size(); ++j) {
+            if (next(running[j].request, logits.subspan(j * V, V))) {
+                still.push_back(running[j]);
+            } else {
+                cache.release(running[j].slot);
+                free_slots.push_back(running[j].slot);
+            }
+        }
         running.swap(still);
     }
     return done;
 }
 
-// The same on a cache of its own, sized to these requests (one slot each,
-// as many positions as the longest needs): the one-call form.
+// The same on a cache of its own: `max_batch` slots (0: one per request),
+// as many positions as the longest request needs. The one-call form.
 [[nodiscard]] inline std::vector<Completion> generate(gpt::Model& model, const gpt::Config& config,
-                                                      std::span<const Request> requests) {
+                                                      std::span<const Request> requests, std::int64_t max_batch = 0) {
     LOOM_CHECK(!requests.empty(), "generate: no requests");
+    LOOM_CHECK(max_batch >= 0, "generate: max_batch = ", max_batch, " must be >= 0 (0: every request at once)");
     std::int64_t capacity = 1;
     for (std::size_t i = 0; i < requests.size(); ++i) {
         check_request(requests[i], i, config.seq);
         capacity = std::max(capacity, positions_needed(requests[i]));
     }
-    KvCache cache(config.layers, config.width, static_cast<std::int64_t>(requests.size()), capacity);
+    const auto n = static_cast<std::int64_t>(requests.size());
+    KvCache cache(config.layers, config.width, max_batch == 0 ? n : std::min(max_batch, n), capacity);
     CachedGpt engine(model, config, cache);
     return generate(engine, requests);
 }

@@ -99,7 +99,8 @@ private:
             if (running >= target) break;
         }
         std::fill(keep_.begin(), keep_.end(), false);
-        for (std::int64_t i = 0; i < kept; ++i) keep_[static_cast<std::size_t>(order_[static_cast<std::size_t>(i)])] = true;
+        for (std::int64_t i = 0; i < kept; ++i)
+            keep_[static_cast<std::size_t>(order_[static_cast<std::size_t>(i)])] = true;
         return running;
     }
 
