@@ -148,6 +148,11 @@ TEST_CASE("cached greedy generation equals re-running the whole sequence, alone 
     CHECK(together[0].tokens == greedy_by_recomputing(gpt, batch[0].prompt, 12));
     CHECK(together[1].tokens == expected);
     CHECK(together[2].tokens == greedy_by_recomputing(gpt, batch[2].prompt, 5));
+    // Ten requests decoded together: steps of more than few_rows tokens take the packed GEMM.
+    std::vector<Request> ten;
+    for (std::int32_t i = 0; i < 10; ++i) ten.push_back(greedy_request(prompt_of(1 + i, 40, i), 6));
+    const auto wide = loom::infer::generate(gpt.model, gpt.config, ten);
+    for (std::size_t i = 0; i < ten.size(); ++i) CHECK(wide[i].tokens == greedy_by_recomputing(gpt, ten[i].prompt, 6));
     // The model's tokens are not one repeated token: the check above compares something.
     CHECK(std::count(expected.begin(), expected.end(), expected[0]) < static_cast<std::ptrdiff_t>(expected.size()));
 }
