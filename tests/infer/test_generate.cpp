@@ -187,6 +187,64 @@ TEST_CASE("continuous batching: a finished request's slot is refilled, and every
     CHECK(loom::infer::generate(engine, requests)[3].tokens == alone[3]);
 }
 
+TEST_CASE("the paged cache hands out blocks as a sequence grows and takes them back on release", "[infer]") {
+    KvCache cache(2, 8, 3, 20, /*block_size=*/4, /*blocks=*/6);
+    CHECK(cache.blocks() == 6);
+    CHECK(cache.free_blocks() == 6);
+    cache.reserve(0, 5);  // positions 0..4: two blocks
+    CHECK(std::vector<std::int32_t>(cache.block_table(0).begin(), cache.block_table(0).end()) ==
+          std::vector<std::int32_t>{0, 1});
+    cache.reserve(1, 4);
+    cache.reserve(0, 3);  // 8 positions still fit in two blocks
+    CHECK(cache.block_table(0).size() == 2);
+    cache.reserve(0, 1);  // the ninth takes block 3
+    CHECK(cache.block_table(0).back() == 3);
+    CHECK(cache.free_blocks() == 2);
+    // Rows of one position are the same memory whichever way they are reached.
+    CHECK(cache.row(1, 0, 8) == cache.block_rows(1, 3));
+    CHECK(cache.row(0, 1, 3) == cache.block_rows(0, 2) + 3 * cache.row_stride());
+    CHECK(message_of([&] { cache.reserve(2, 9); }) ==
+          "KvCache: slot 2 needs 3 more blocks of 4 positions but 2 of the 6 are free; release a sequence or build "
+          "the cache with more blocks");
+    CHECK(cache.length(2) == 0);  // nothing was taken
+    CHECK(message_of([&] { (void)cache.row(1, 1, 4); }) ==
+          "KvCache: position 4 of slot 1 is not in [0, 4); reserve it first");
+    cache.release(0);
+    CHECK(cache.free_blocks() == 5);
+    cache.reserve(2, 9);
+    CHECK(cache.free_blocks() == 2);
+    CHECK(message_of([] { KvCache bad(2, 8, 1, 8, 0); }) == "KvCache: block_size = 0 must be at least 1 position");
+}
+
+TEST_CASE("paged generation equals recomputation for any block size, and waits for blocks when they run short",
+          "[infer]") {
+    TinyGpt gpt(18);
+    std::vector<Request> requests;
+    for (std::int32_t i = 0; i < 4; ++i) requests.push_back(greedy_request(prompt_of(2 + 5 * i, 40, i), 8));
+    std::vector<std::vector<std::int32_t>> expected;
+    for (const Request& r : requests) expected.push_back(greedy_by_recomputing(gpt, r.prompt, 8));
+    for (std::int64_t block_size : {1, 3, 16, 64}) {
+        KvCache cache(gpt.config.layers, gpt.config.width, 4, gpt.config.seq, block_size);
+        CachedGpt engine(gpt.model, gpt.config, cache);
+        const auto done = loom::infer::generate(engine, requests);
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+            INFO("block size " << block_size << ", request " << i);
+            CHECK(done[i].tokens == expected[i]);
+        }
+        CHECK(cache.free_blocks() == cache.blocks());
+    }
+    // 4 slots but blocks for 24 positions in blocks of 4: the longest (a prompt
+    // of 17 and 8 new: 24 positions, 6 blocks) runs alone, the others when it leaves.
+    KvCache tight(gpt.config.layers, gpt.config.width, 4, gpt.config.seq, 4, 6);
+    CachedGpt engine(gpt.model, gpt.config, tight);
+    const auto done = loom::infer::generate(engine, requests);
+    for (std::size_t i = 0; i < requests.size(); ++i) CHECK(done[i].tokens == expected[i]);
+    KvCache tiny(gpt.config.layers, gpt.config.width, 4, gpt.config.seq, 4, 5);
+    CachedGpt small(gpt.model, gpt.config, tiny);
+    CHECK(message_of([&] { (void)loom::infer::generate(small, requests); }) ==
+          "generate: request 3 needs 6 blocks of 4 positions but the cache has 5; build it with more blocks");
+}
+
 TEST_CASE("sampling is deterministic in the seed, whatever the batch, and top-k 1 is greedy", "[infer]") {
     TinyGpt gpt(14);
     Request r;

@@ -11,12 +11,11 @@
 // its layers call (kernels/ops.hpp: layernorm_forward, gemm_bias, gelu_forward,
 // add) at f32, and attention through the FlashAttention-2 block kernels that
 // kernels::attention_forward itself runs (kernels/host/attention_blocks.hpp):
-//   - a fresh sequence: causal attention of its segment over itself, exactly
-//     the training forward's tiles;
-//   - one new token: its query against every cached key (a full block);
-//   - several new tokens after cached ones: a full block over the cached keys
-//     and a causal one over the new, merged by log-sum-exp (ring attention's
-//     rule), equal to the whole causal attention to float rounding.
+// the new tokens' causal attention among themselves (for a fresh prompt,
+// exactly the training forward's tiles), then each cached block of the
+// sequence (infer/kv_cache.hpp's pages) as a full block, folded in by
+// log-sum-exp (ring attention's rule): equal to the whole causal attention
+// to float rounding.
 // Forwards of at most `few_rows` tokens (decode steps) run their Linears as
 // matrix-vector products (infer/few_rows_linear.hpp), not the packed GEMM.
 // Logits are formed for the last position of each segment only: that is all
@@ -206,27 +205,26 @@ private:
     // their keys and values go to the cache, their attention output to attended_.
     void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
         const std::int64_t C = config_.width, H = config_.heads, D = C / H, ld_kv = cache_.row_stride();
-        float* kv = cache_.keys(l, slot);
         for (std::int64_t t = 0; t < count; ++t)
-            std::memcpy(kv + (start + t) * ld_kv, qkv_.data() + (row + t) * 3 * C + C,
+            std::memcpy(cache_.row(l, slot, start + t), qkv_.data() + (row + t) * 3 * C + C,
                         static_cast<std::size_t>(2 * C) * sizeof(float));
         const float* q = qkv_.data() + row * 3 * C;
         float* out = attended_.data() + row * C;
-        float* lse = lse_.data();
         using kernels::BlockMask;
-        if (start == 0) {  // a fresh sequence: the training forward's causal tiles
-            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, out, lse, 1, count, count, H,
-                                             D, BlockMask::causal);
-        } else if (count == 1) {  // one query sees every cached key and its own
-            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, out, lse, 1, 1, start + 1, H,
-                                             D, BlockMask::full);
-        } else {  // cached keys in full, the new ones causally, merged
-            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, out, lse, 1, count, start, H, D,
-                                             BlockMask::full);
-            const float* fresh = kv + start * ld_kv;
-            kernels::attention_block_forward(host_device, q, 3 * C, fresh, fresh + C, ld_kv, attended_new_.data(),
-                                             lse_new_.data(), 1, count, count, H, D, BlockMask::causal);
-            kernels::attention_merge(host_device, out, lse, attended_new_.data(), lse_new_.data(), 1, count, H, D);
+        // The new tokens among themselves, from qkv as the training forward reads it (for a
+        // fresh prompt this is all of it, the same tiles as kernels::attention_forward).
+        kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1, count,
+                                         count, H, D, BlockMask::causal);
+        // Then every cached block before them, each in full, folded in by log-sum-exp.
+        const std::span<const std::int32_t> table = cache_.block_table(slot);
+        const std::int64_t size = cache_.block_size();
+        for (std::int64_t b = 0; b * size < start; ++b) {
+            const float* kv = cache_.block_rows(l, table[static_cast<std::size_t>(b)]);
+            const std::int64_t keys = std::min(size, start - b * size);
+            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, attended_new_.data(),
+                                             lse_new_.data(), 1, count, keys, H, D, BlockMask::full);
+            kernels::attention_merge(host_device, out, lse_.data(), attended_new_.data(), lse_new_.data(), 1, count, H,
+                                     D);
         }
     }
 

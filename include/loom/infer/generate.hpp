@@ -7,7 +7,8 @@
 // (continuous batching). Each request samples with its own Sampling (and
 // seed): its tokens do not depend on what it is batched with.
 //
-// Not yet here (issue 39): the paged cache, parallel serving, a server.
+// Not yet here (issue 39): preemption (swapping a sequence's blocks out when
+// the pool runs short), parallel serving, a server.
 #pragma once
 
 #include <algorithm>
@@ -60,14 +61,21 @@ inline void check_request(const Request& request, std::size_t index, std::int64_
 }
 
 // Runs the requests to completion on `engine`, continuously batched: as
-// many run at once as the cache has slots, the rest wait in order, and a
-// slot a request leaves is refilled at the next step (the newcomer's prompt
+// many run at once as the cache has slots and blocks for, the rest wait in
+// order, and a slot a request leaves is refilled at the next step (the newcomer's prompt
 // is prefilled in the same forward as the others' decode tokens). The cache's
 // slots must be free; they are free again afterwards, even on an error.
 [[nodiscard]] inline std::vector<Completion> generate(CachedGpt& engine, std::span<const Request> requests) {
     KvCache& cache = engine.cache();
     LOOM_CHECK(!requests.empty(), "generate: no requests");
-    for (std::size_t i = 0; i < requests.size(); ++i) check_request(requests[i], i, cache.capacity());
+    std::vector<std::int64_t> blocks_needed;  // each request's whole need, held back for it while it runs
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        check_request(requests[i], i, cache.capacity());
+        blocks_needed.push_back(cache.blocks_for(positions_needed(requests[i])));
+        LOOM_CHECK(blocks_needed.back() <= cache.blocks(), "generate: request ", i, " needs ", blocks_needed.back(),
+                   " blocks of ", cache.block_size(), " positions but the cache has ", cache.blocks(),
+                   "; build it with more blocks");
+    }
     for (std::int64_t s = 0; s < cache.slots(); ++s)
         LOOM_CHECK(cache.length(s) == 0, "generate: slot ", s, " of the cache holds ", cache.length(s),
                    " positions; release it first");
@@ -101,13 +109,19 @@ inline void check_request(const Request& request, std::size_t index, std::int64_
     std::vector<Running> running, still;
     std::vector<std::int64_t> free_slots;  // popped from the back: slot 0 first
     for (std::int64_t s = cache.slots() - 1; s >= 0; --s) free_slots.push_back(s);
-    std::size_t waiting = 0;  // requests [waiting, n) have not started
+    std::size_t waiting = 0;   // requests [waiting, n) have not started
+    std::int64_t promised = 0;  // blocks the running requests may still take, with those they hold
     std::vector<Segment> segments;
     const auto V = static_cast<std::size_t>(engine.config().vocab);
     while (!running.empty() || waiting < requests.size()) {
         segments.clear();
         for (const Running& r : running) segments.push_back({r.slot, std::span(&done[r.request].tokens.back(), 1)});
-        while (waiting < requests.size() && !free_slots.empty()) {
+        // A request starts when a slot is free and the blocks it will need at
+        // its longest are not promised to the running ones: no request can run
+        // out of blocks halfway.
+        while (waiting < requests.size() && !free_slots.empty() &&
+               promised + blocks_needed[waiting] <= cache.blocks()) {
+            promised += blocks_needed[waiting];
             running.push_back({free_slots.back(), waiting});
             free_slots.pop_back();
             segments.push_back({running.back().slot, requests[waiting].prompt});
@@ -120,6 +134,7 @@ inline void check_request(const Request& request, std::size_t index, std::int64_
                 still.push_back(running[j]);
             } else {
                 cache.release(running[j].slot);
+                promised -= blocks_needed[running[j].request];
                 free_slots.push_back(running[j].slot);
             }
         }
