@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
     const double cached = bench::median_seconds(reps, [&] {
         cached_tokens = loom::infer::generate(model, config_a, one)[0].tokens;
     });
+    // The same with the whole sequence in one block: what paging costs.
+    loom::infer::KvCache whole(config_a.layers, config_a.width, 1, config_a.seq, /*block_size=*/config_a.seq);
+    loom::infer::CachedGpt unpaged(model, config_a, whole);
+    const double one_block = bench::median_seconds(reps, [&] { (void)loom::infer::generate(unpaged, one); });
     const double recomputed = bench::median_seconds(reps, [&] {
         recomputed_text = loom::gpt::sample(model, config_a, prompt, count, seed);
     });
@@ -93,8 +97,10 @@ int main(int argc, char** argv) {
     const double n = static_cast<double>(count);
     std::printf("| path | time for %lld tokens | tokens/s | vs re-running |\n", static_cast<long long>(count));
     std::printf("| --- | ---: | ---: | ---: |\n");
-    std::printf("| KV cache (infer::generate) | %.1f ms | %.0f | %.1fx |\n", cached * 1e3, n / cached,
+    std::printf("| KV cache, blocks of 16 (infer::generate) | %.1f ms | %.0f | %.1fx |\n", cached * 1e3, n / cached,
                 recomputed / cached);
+    std::printf("| KV cache in one block of %lld (unpaged) | %.1f ms | %.0f | %.1fx |\n",
+                static_cast<long long>(config_a.seq), one_block * 1e3, n / one_block, recomputed / one_block);
     std::printf("| re-running the window (gpt::sample) | %.1f ms | %.0f | 1.0x |\n", recomputed * 1e3,
                 n / recomputed);
     std::printf("\ntime to first token (16-token prefill + draw): %.2f ms\n", ttft * 1e3);
