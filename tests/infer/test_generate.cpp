@@ -239,6 +239,16 @@ TEST_CASE("paged generation equals recomputation for any block size, and waits f
     CachedGpt engine(gpt.model, gpt.config, tight);
     const auto done = loom::infer::generate(engine, requests);
     for (std::size_t i = 0; i < requests.size(); ++i) CHECK(done[i].tokens == expected[i]);
+    // A forward whose segments together need more blocks than are free grows no slot.
+    KvCache few(gpt.config.layers, gpt.config.width, 2, gpt.config.seq, 4, 3);
+    CachedGpt short_of_blocks(gpt.model, gpt.config, few);
+    const auto five = prompt_of(5, 40, 0), six = prompt_of(6, 40, 1);
+    const std::vector<Segment> both{{0, five}, {1, six}};
+    CHECK(message_of([&] { (void)short_of_blocks.forward(both); }) ==
+          "CachedGpt: this forward needs 4 more blocks of 4 positions but 3 of the 3 are free; release a sequence "
+          "or build the cache with more blocks");
+    CHECK(few.length(0) == 0);
+    CHECK(few.free_blocks() == 3);
     KvCache tiny(gpt.config.layers, gpt.config.width, 4, gpt.config.seq, 4, 5);
     CachedGpt small(gpt.model, gpt.config, tiny);
     CHECK(message_of([&] { (void)loom::infer::generate(small, requests); }) ==

@@ -130,6 +130,7 @@ private:
     void check(std::span<const Segment> segments) const {
         LOOM_CHECK(!segments.empty(), "CachedGpt: forward of no segments; pass at least one");
         std::vector<bool> seen(static_cast<std::size_t>(cache_.slots()), false);
+        std::int64_t more_blocks = 0;  // checked for all segments first, so no slot grows unless all do
         for (const Segment& s : segments) {
             LOOM_CHECK(s.slot >= 0 && s.slot < cache_.slots(), "CachedGpt: slot ", s.slot, " is not in [0, ",
                        cache_.slots(), ")");
@@ -142,11 +143,16 @@ private:
             LOOM_CHECK(count <= cache_.capacity() - held, "CachedGpt: slot ", s.slot, " holds ", held,
                        " positions and ", count, " more would exceed the cache's capacity of ", cache_.capacity(),
                        "; shorten the prompt or the generation");
+            const auto holding = static_cast<std::int64_t>(cache_.block_table(s.slot).size());
+            more_blocks += cache_.blocks_for(held + count) - holding;
             for (std::size_t t = 0; t < s.tokens.size(); ++t)
                 LOOM_CHECK(s.tokens[t] >= 0 && s.tokens[t] < config_.vocab, "CachedGpt: token id ", s.tokens[t],
                            " at position ", held + static_cast<std::int64_t>(t), " of slot ", s.slot,
                            " is outside the vocabulary [0, ", config_.vocab, ")");
         }
+        LOOM_CHECK(more_blocks <= cache_.free_blocks(), "CachedGpt: this forward needs ", more_blocks,
+                   " more blocks of ", cache_.block_size(), " positions but ", cache_.free_blocks(), " of the ",
+                   cache_.blocks(), " are free; release a sequence or build the cache with more blocks");
     }
 
     void resize(std::int64_t rows) {
