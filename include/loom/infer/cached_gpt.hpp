@@ -1,0 +1,280 @@
+// loom's GPT run forward with a KV cache: prefill (a prompt through the model
+// once, its keys and values kept) and decode (one new token per sequence,
+// attending over what the cache holds). Both are one routine, `forward`, over
+// segments: a run of new tokens of one sequence slot, placed after the
+// positions the slot already holds. Segments of several sequences are packed
+// row after row with no padding, so the embeddings, LayerNorms, Linears and
+// GELUs run once over the real tokens of every sequence together (EnergonAI's
+// redundant-computation elimination); only attention is per sequence.
+//
+// The math is the model's own: its Params (no copy of a weight), the kernels
+// its layers call (kernels/ops.hpp: layernorm_forward, gemm_bias, gelu_forward,
+// add) at f32, and attention through the FlashAttention-2 block kernels that
+// kernels::attention_forward itself runs (kernels/host/attention_blocks.hpp):
+// the new tokens' causal attention among themselves (for a fresh prompt,
+// exactly the training forward's tiles), then each cached block of the
+// sequence (infer/kv_cache.hpp's pages) as a full block, folded in by
+// log-sum-exp (ring attention's rule): equal to the whole causal attention
+// to float rounding.
+// Forwards of at most `few_rows` tokens (decode steps) run their Linears as
+// matrix-vector products (infer/few_rows_linear.hpp), not the packed GEMM.
+// Logits are formed for the last position of each segment only: that is all
+// generation reads, and the head is the widest product for small models.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/gpt/model.hpp"
+#include "loom/infer/few_rows_linear.hpp"
+#include "loom/infer/kv_cache.hpp"
+#include "loom/kernels/attention_block_ops.hpp"
+#include "loom/kernels/ops.hpp"
+
+namespace loom::infer {
+
+// New tokens of one sequence slot, at positions cache.length(slot) onwards.
+struct Segment {
+    std::int64_t slot = 0;
+    std::span<const std::int32_t> tokens;
+};
+
+class CachedGpt {
+public:
+    // The model must have its Params bound on the host (a ParamArena) and be
+    // whole (not a tensor-parallel shard); the cache must match its shape and
+    // hold at most config.seq positions per slot (there are no position
+    // embeddings beyond). Both are referenced, not copied.
+    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache)
+        : model_(model), config_(config), cache_(cache) {
+        config.validate();
+        LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGpt: the model has ",
+                   model.blocks.size(), " blocks but the config says ", config.layers, " layers");
+        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
+                   "CachedGpt: the model's parameters are not bound; give the model a ParamArena (and load or "
+                   "initialise it) first");
+        LOOM_CHECK(model.head.weight.value.device().kind == DeviceKind::host,
+                   "CachedGpt: the model's parameters live on a device; this engine runs on the host");
+        for (std::size_t l = 0; l < model.blocks.size(); ++l) {
+            const auto& attention = std::get<1>(model.blocks[l].attn.layers);
+            LOOM_CHECK(attention.local_heads() == config.heads && attention.width() == config.width,
+                       "CachedGpt: block ", l, " is a tensor-parallel shard (", attention.local_heads(), " of ",
+                       config.heads, " heads); this engine runs the whole model");
+        }
+        LOOM_CHECK(cache.layers() == config.layers && cache.width() == config.width, "CachedGpt: the cache is for ",
+                   cache.layers(), " layers of width ", cache.width(), " but the model has ", config.layers,
+                   " of width ", config.width);
+        LOOM_CHECK(cache.capacity() <= config.seq, "CachedGpt: the cache holds ", cache.capacity(),
+                   " positions per slot but the model has position embeddings for ", config.seq,
+                   "; build the cache with capacity <= Config::seq");
+    }
+
+    [[nodiscard]] const gpt::Config& config() const noexcept { return config_; }
+    [[nodiscard]] KvCache& cache() noexcept { return cache_; }
+
+    // Runs the segments (each slot at most once, at least one token each),
+    // appends their keys and values to the cache, and returns the logits of
+    // each segment's last token: [segments.size(), vocab], row-major, valid
+    // until the next call.
+    std::span<const float> forward(std::span<const Segment> segments) {
+        check(segments);
+        const std::int64_t C = config_.width, V = config_.vocab;
+        std::int64_t rows = 0;
+        starts_.clear();
+        for (const Segment& s : segments) {
+            starts_.push_back(cache_.length(s.slot));
+            rows += static_cast<std::int64_t>(s.tokens.size());
+        }
+        for (const Segment& s : segments) cache_.reserve(s.slot, static_cast<std::int64_t>(s.tokens.size()));
+        resize(rows);
+        embed(segments);
+        for (std::int64_t l = 0; l < config_.layers; ++l) block(l, segments, rows);
+        // The last row of each segment, through ln_f and the head.
+        const auto n = static_cast<std::int64_t>(segments.size());
+        last_.resize(static_cast<std::size_t>(n * C));
+        std::int64_t row = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+            row += static_cast<std::int64_t>(segments[static_cast<std::size_t>(i)].tokens.size());
+            std::memcpy(last_.data() + i * C, x_.data() + (row - 1) * C, static_cast<std::size_t>(C) * sizeof(float));
+        }
+        normed_.resize(last_.size());
+        layernorm(model_.ln_f, last_.data(), normed_.data(), n);
+        logits_.resize(static_cast<std::size_t>(n * V));
+        linear(model_.head, normed_.data(), logits_.data(), n);
+        return logits_;
+    }
+
+    // The prompt of one slot (which must be empty): the last position's logits.
+    std::span<const float> prefill(std::int64_t slot, std::span<const std::int32_t> prompt) {
+        LOOM_CHECK(cache_.length(slot) == 0, "CachedGpt: prefill of slot ", slot, " which already holds ",
+                   cache_.length(slot), " positions; release it first");
+        const Segment segment{slot, prompt};
+        return forward(std::span(&segment, 1));
+    }
+
+    // One token for each of the slots: [slots.size(), vocab] logits.
+    std::span<const float> decode(std::span<const std::int64_t> slots, std::span<const std::int32_t> tokens) {
+        LOOM_CHECK(slots.size() == tokens.size(), "CachedGpt: decode of ", slots.size(), " slots with ", tokens.size(),
+                   " tokens; give one token per slot");
+        segments_.clear();
+        for (std::size_t i = 0; i < slots.size(); ++i) segments_.push_back({slots[i], tokens.subspan(i, 1)});
+        return forward(segments_);
+    }
+
+private:
+    void check(std::span<const Segment> segments) const {
+        LOOM_CHECK(!segments.empty(), "CachedGpt: forward of no segments; pass at least one");
+        std::vector<bool> seen(static_cast<std::size_t>(cache_.slots()), false);
+        std::int64_t more_blocks = 0;  // checked for all segments first, so no slot grows unless all do
+        for (const Segment& s : segments) {
+            LOOM_CHECK(s.slot >= 0 && s.slot < cache_.slots(), "CachedGpt: slot ", s.slot, " is not in [0, ",
+                       cache_.slots(), ")");
+            LOOM_CHECK(!seen[static_cast<std::size_t>(s.slot)], "CachedGpt: slot ", s.slot,
+                       " appears twice in one forward; give each sequence one segment");
+            seen[static_cast<std::size_t>(s.slot)] = true;
+            LOOM_CHECK(!s.tokens.empty(), "CachedGpt: an empty segment for slot ", s.slot,
+                       "; every segment needs at least one token");
+            const std::int64_t held = cache_.length(s.slot), count = static_cast<std::int64_t>(s.tokens.size());
+            LOOM_CHECK(count <= cache_.capacity() - held, "CachedGpt: slot ", s.slot, " holds ", held,
+                       " positions and ", count, " more would exceed the cache's capacity of ", cache_.capacity(),
+                       "; shorten the prompt or the generation");
+            const auto holding = static_cast<std::int64_t>(cache_.block_table(s.slot).size());
+            more_blocks += cache_.blocks_for(held + count) - holding;
+            for (std::size_t t = 0; t < s.tokens.size(); ++t)
+                LOOM_CHECK(s.tokens[t] >= 0 && s.tokens[t] < config_.vocab, "CachedGpt: token id ", s.tokens[t],
+                           " at position ", held + static_cast<std::int64_t>(t), " of slot ", s.slot,
+                           " is outside the vocabulary [0, ", config_.vocab, ")");
+        }
+        LOOM_CHECK(more_blocks <= cache_.free_blocks(), "CachedGpt: this forward needs ", more_blocks,
+                   " more blocks of ", cache_.block_size(), " positions but ", cache_.free_blocks(), " of the ",
+                   cache_.blocks(), " are free; release a sequence or build the cache with more blocks");
+    }
+
+    void resize(std::int64_t rows) {
+        const auto C = static_cast<std::size_t>(config_.width), r = static_cast<std::size_t>(rows);
+        x_.resize(r * C);
+        normed_.resize(r * C);
+        qkv_.resize(r * 3 * C);
+        attended_.resize(r * C);
+        branch_.resize(r * C);
+        hidden_.resize(r * 4 * C);
+        activated_.resize(r * 4 * C);
+        mean_.resize(r);
+        rstd_.resize(r);
+        lse_.resize(r * static_cast<std::size_t>(config_.heads));
+        lse_new_.resize(lse_.size());
+        attended_new_.resize(r * C);
+    }
+
+    // x = token row + position row (Embedding's sum), positions after each slot's cached ones.
+    void embed(std::span<const Segment> segments) {
+        const std::int64_t C = config_.width;
+        const float* token = model_.embed.token.value.data<float>();
+        const float* position = model_.embed.position.value.data<float>();
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < segments.size(); ++i)
+            for (std::size_t t = 0; t < segments[i].tokens.size(); ++t, ++row) {
+                const float* a = token + static_cast<std::int64_t>(segments[i].tokens[t]) * C;
+                const float* b = position + (starts_[i] + static_cast<std::int64_t>(t)) * C;
+                float* out = x_.data() + row * C;
+                for (std::int64_t c = 0; c < C; ++c) out[c] = a[c] + b[c];
+            }
+    }
+
+    void block(std::int64_t l, std::span<const Segment> segments, std::int64_t rows) {
+        const std::int64_t C = config_.width;
+        gpt::Block& b = model_.blocks[static_cast<std::size_t>(l)];
+        auto& attention = std::get<1>(b.attn.layers);
+        layernorm(std::get<0>(b.attn.layers), x_.data(), normed_.data(), rows);
+        linear(attention.qkv, normed_.data(), qkv_.data(), rows);
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < segments.size(); ++i) {
+            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
+            attend(l, segments[i].slot, starts_[i], count, row);
+            row += count;
+        }
+        linear(attention.proj, attended_.data(), branch_.data(), rows);
+        add(x_.data(), branch_.data(), rows * C);
+        layernorm(std::get<0>(b.mlp.layers), x_.data(), normed_.data(), rows);
+        linear(std::get<1>(b.mlp.layers), normed_.data(), hidden_.data(), rows);
+        kernels::gelu_forward(host(hidden_.data(), rows * 4 * C), host(activated_.data(), rows * 4 * C));
+        linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
+        add(x_.data(), branch_.data(), rows * C);
+    }
+
+    // Rows [row, row + count) of qkv_ are slot `slot`'s positions [start, start + count):
+    // their keys and values go to the cache, their attention output to attended_.
+    void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
+        const std::int64_t C = config_.width, H = config_.heads, D = C / H, ld_kv = cache_.row_stride();
+        for (std::int64_t t = 0; t < count; ++t)
+            std::memcpy(cache_.row(l, slot, start + t), qkv_.data() + (row + t) * 3 * C + C,
+                        static_cast<std::size_t>(2 * C) * sizeof(float));
+        const float* q = qkv_.data() + row * 3 * C;
+        float* out = attended_.data() + row * C;
+        using kernels::BlockMask;
+        // The new tokens among themselves, from qkv as the training forward reads it (for a
+        // fresh prompt this is all of it, the same tiles as kernels::attention_forward).
+        kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1, count,
+                                         count, H, D, BlockMask::causal);
+        // Then every cached block before them, each in full, folded in by log-sum-exp.
+        const std::span<const std::int32_t> table = cache_.block_table(slot);
+        const std::int64_t size = cache_.block_size();
+        for (std::int64_t b = 0; b * size < start; ++b) {
+            const float* kv = cache_.block_rows(l, table[static_cast<std::size_t>(b)]);
+            const std::int64_t keys = std::min(size, start - b * size);
+            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, attended_new_.data(),
+                                             lse_new_.data(), 1, count, keys, H, D, BlockMask::full);
+            kernels::attention_merge(host_device, out, lse_.data(), attended_new_.data(), lse_new_.data(), 1, count, H,
+                                     D);
+        }
+    }
+
+    [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return Tensor::of(data, Shape{n}); }
+
+    void layernorm(const nn::LayerNorm& norm, const float* in, float* out, std::int64_t rows) {
+        const std::int64_t C = norm.features();
+        kernels::layernorm_forward(host(in, rows * C), norm.gain.value, norm.shift.value,
+                                   host(out, rows * C), host(mean_.data(), rows), host(rstd_.data(), rows), rows, C,
+                                   norm.eps);
+    }
+
+    // y = x W^T + b: what nn::Linear's forward runs for a whole (unsplit)
+    // layer at f32; a decode step's few rows skip the GEMM's packing.
+    static void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
+        if (rows <= few_rows) {
+            few_rows_linear(in, layer.weight.value.data<float>(),
+                            layer.has_bias() ? layer.bias.value.data<float>() : nullptr, out, rows, layer.in(),
+                            layer.out());
+            return;
+        }
+        using kernels::Trans;
+        const Tensor x = host(in, rows * layer.in()), y = host(out, rows * layer.out());
+        if (layer.has_bias())
+            kernels::gemm_bias(kernels::MatmulPrecision::f32, Trans::no, Trans::yes, rows, layer.out(), layer.in(), x,
+                               layer.in(), layer.weight.value, layer.in(), layer.bias.value, y);
+        else
+            kernels::gemm(Trans::no, Trans::yes, rows, layer.out(), layer.in(), 1.0f, x, layer.in(),
+                          layer.weight.value, layer.in(), 0.0f, y, layer.out());
+    }
+
+    // x += branch (nn::Residual's add, in place: the skip connection's sum).
+    static void add(float* x, const float* branch, std::int64_t n) {
+        const Tensor t = host(x, n);
+        kernels::add(t, host(branch, n), t);
+    }
+
+    gpt::Model& model_;
+    gpt::Config config_;
+    KvCache& cache_;
+    std::vector<std::int64_t> starts_;
+    std::vector<Segment> segments_;
+    std::vector<float> x_, normed_, qkv_, attended_, attended_new_, branch_, hidden_, activated_, mean_, rstd_, lse_,
+        lse_new_, last_, logits_;
+};
+
+}  // namespace loom::infer
