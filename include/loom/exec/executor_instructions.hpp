@@ -84,13 +84,13 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                 // A dropped forward runs in a context of its own, returned once its output is copied out;
                 // the products it keeps go to the micro-batch's.
                 nn::Context& ctx = dropped ? pool_.open_unit(v, mb, in.unit) : chunk_ctx;
-                if (in.keep == schedule::Keep::products) ctx.keep_products_in(&chunk_ctx, /*replay=*/false);
+                const auto keeping = ctx.keeping_products_in(in.keep == schedule::Keep::products ? &chunk_ctx : nullptr,
+                                                             /*replay=*/false);
                 // Budget's measuring step times each unit; other steps read no clock here.
                 const bool measuring = recompute_.measuring();
                 const auto t0 = measuring ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
                 const std::size_t before = ctx.bytes_in_use();
                 activation_ = unit.forward(ctx, activation_);
-                if (dropped) ctx.keep_products_in(nullptr, false);
                 if (measuring)
                     recompute_.measured_forward(in.unit, seconds_since(t0), static_cast<std::int64_t>(ctx.bytes_in_use() - before),
                                                 static_cast<std::int64_t>(activation_.nbytes() + 63) / 64 * 64);
@@ -113,9 +113,9 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             const int v = chunk_of(in), mb = in.micro_batch;
             timed([&] { return "recompute " + unit.name; }, "recompute", mb, [&] {
                 nn::Context& ctx = pool_.open_unit(v, mb, in.unit);
-                if (in.keep == schedule::Keep::products) ctx.keep_products_in(&pool_.context(v, mb), /*replay=*/true);
+                const auto keeping = ctx.keeping_products_in(
+                    in.keep == schedule::Keep::products ? &pool_.context(v, mb) : nullptr, /*replay=*/true);
                 (void)unit.forward(ctx, pool_.kept_input(v, mb, in.unit));
-                ctx.keep_products_in(nullptr, false);
             });
             return;
         }

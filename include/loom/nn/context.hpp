@@ -151,6 +151,22 @@ public:
         keeper_ = keeper;
         replaying_ = keeper != nullptr && replay;
     }
+    // keep_products_in(keeper, replay) until the returned guard goes, even by
+    // an exception (a pooled context must not keep pointing at a keeper).
+    class KeepingProducts {
+    public:
+        explicit KeepingProducts(Context& ctx) noexcept : ctx_(&ctx) {}
+        KeepingProducts(const KeepingProducts&) = delete;
+        KeepingProducts& operator=(const KeepingProducts&) = delete;
+        ~KeepingProducts() { ctx_->keep_products_in(nullptr, false); }
+
+    private:
+        Context* ctx_;
+    };
+    [[nodiscard]] KeepingProducts keeping_products_in(Context* keeper, bool replay) noexcept {
+        keep_products_in(keeper, replay);
+        return KeepingProducts(*this);
+    }
 
     // The targets of this micro-batch (token ids, one per output row), read
     // by the loss layer.
