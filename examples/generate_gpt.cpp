@@ -1,0 +1,279 @@
+// generate_gpt: text from a GPT that train_gpt trained (--checkpoint FILE, a
+// train_gpt --save file) or from freshly initialised weights (--random), with
+// loom's inference engine (include/loom/infer/, docs/inference.md): each
+// prompt goes through the model once, then every step decodes one token per
+// running prompt from a paged KV cache; several --prompt flags are batched
+// together without padding. Tokens are bytes, as train_gpt trains them: a
+// prompt byte becomes token byte % --vocab, and tokens print as bytes, the
+// unprintable ones as '.' (as gpt::sample prints them).
+//
+//   generate_gpt --checkpoint FILE [--layers L --width C --heads H --seq T --vocab V]
+//                [--prompt TEXT]... [--max-new N] [--greedy | --temperature T --top-k K --top-p P]
+//                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N]
+//   generate_gpt --random [the same flags]
+//
+// Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
+// for anything else (a missing file, a checkpoint of another shape: the
+// library's own message).
+#include <loom/gpt/checkpoint.hpp>
+#include <loom/gpt/model.hpp>
+#include <loom/infer/generate.hpp>
+#include <loom/nn/param_arena.hpp>
+
+#include <chrono>
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+constexpr const char* usage =
+    "usage: generate_gpt (--checkpoint FILE | --random) [flags]\n"
+    "  --checkpoint FILE  a train_gpt --save checkpoint (one file, not a --sharded directory)\n"
+    "  --random           freshly initialised weights (from --seed) instead of a checkpoint\n"
+    "  --layers N --width N --heads N --seq N --vocab N\n"
+    "                     the model's shape, as train_gpt's flags (defaults 4, 256, 4, 128, 256);\n"
+    "                     a checkpoint must have been trained with the same\n"
+    "  --prompt TEXT      a prompt (repeat the flag: the prompts are generated together; default \"The \")\n"
+    "  --max-new N        new tokens per prompt, at most (default 64; prompt + N - 1 <= --seq)\n"
+    "  --greedy           the most likely token every step (ignores --temperature, --top-k, --top-p)\n"
+    "  --temperature T    logits are divided by T > 0 (default 1)\n"
+    "  --top-k K          keep the K most likely tokens, 0: all (default 0)\n"
+    "  --top-p P          keep the fewest most likely tokens whose probability reaches P in (0, 1] (default 1)\n"
+    "  --seed S           sampling (and --random's weights) (default 1)\n"
+    "  --stop TEXT        its first byte ends a prompt's generation when generated (repeatable)\n"
+    "  --max-batch N      prompts running at once, 0: all (default 0)\n"
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
+
+constexpr const char* flag_list =
+    "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
+    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --help";
+
+// A bad command line: exit status 2, the message without a source location.
+struct FlagError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+template <class... Parts>
+[[noreturn]] void bad_flag(const Parts&... parts) {
+    std::ostringstream out;
+    (out << ... << parts);
+    throw FlagError(out.str());
+}
+
+std::int64_t whole(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high,
+                   std::string_view note = "") {
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || value < low || value > high)
+        bad_flag(flag, " ", text, " is not a whole number in ", low, "..", high, note);
+    return value;
+}
+
+float real(std::string_view flag, const std::string& text) {
+    char* end = nullptr;
+    const float value = std::strtof(text.c_str(), &end);
+    if (text.empty() || *end != '\0') bad_flag(flag, " ", text, " is not a number");
+    return value;
+}
+
+struct Flags {
+    loom::gpt::Config model;  // train_gpt's defaults: 4 layers, width 256, 4 heads, seq 128, vocab 256
+    std::string checkpoint;
+    bool random = false;
+    std::vector<std::string> prompts;
+    std::int64_t max_new = 64;
+    loom::infer::Sampling sampling{.seed = 1};
+    std::vector<std::string> stops;
+    std::int64_t max_batch = 0;
+    std::int64_t block_size = 16;
+};
+
+// The divisors of n, "1, 2, 4 or 8", for a --heads that does not divide --width.
+std::string divisors(std::int64_t n) {
+    std::vector<std::int64_t> found;
+    for (std::int64_t d = 1; d <= n; ++d)
+        if (n % d == 0) found.push_back(d);
+    std::string text;
+    for (std::size_t i = 0; i < found.size(); ++i)
+        text += (i == 0 ? "" : i + 1 == found.size() ? " or " : ", ") + std::to_string(found[i]);
+    return text;
+}
+
+Flags parse(int argc, char** argv) {
+    Flags f;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view flag = argv[i];
+        if (flag == "--help" || flag == "-h") {
+            std::fputs(usage, stdout);
+            std::exit(0);
+        }
+        if (flag == "--random") {
+            f.random = true;
+            continue;
+        }
+        if (flag == "--greedy") {
+            f.sampling.greedy = true;
+            continue;
+        }
+        const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
+                           flag == "--seq" || flag == "--vocab" || flag == "--prompt" || flag == "--max-new" ||
+                           flag == "--temperature" || flag == "--top-k" || flag == "--top-p" || flag == "--seed" ||
+                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size";
+        if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
+        if (i + 1 >= argc) bad_flag(flag, " needs a value (generate_gpt --help lists the flags)");
+        const std::string value = argv[++i];
+        if (flag == "--checkpoint") f.checkpoint = value;
+        else if (flag == "--layers") f.model.layers = whole(flag, value, 1, 1024);
+        else if (flag == "--width") f.model.width = whole(flag, value, 1, 65536);
+        else if (flag == "--heads") f.model.heads = whole(flag, value, 1, 65536);
+        else if (flag == "--seq") f.model.seq = whole(flag, value, 1, 1 << 20);
+        else if (flag == "--vocab") f.model.vocab = whole(flag, value, 2, 256, " (a byte vocabulary)");
+        else if (flag == "--prompt") f.prompts.push_back(value);
+        else if (flag == "--max-new") f.max_new = whole(flag, value, 1, 1 << 20);
+        else if (flag == "--temperature") f.sampling.temperature = real(flag, value);
+        else if (flag == "--top-k") f.sampling.top_k = whole(flag, value, 0, 1 << 24, " (0 keeps every token)");
+        else if (flag == "--top-p") f.sampling.top_p = real(flag, value);
+        else if (flag == "--seed") f.sampling.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
+        else if (flag == "--stop") f.stops.push_back(value);
+        else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
+        else f.block_size = whole(flag, value, 1, 1 << 20);
+    }
+
+    // What the flags must agree on, each named before anything is built.
+    if (f.random == !f.checkpoint.empty())
+        bad_flag(f.random ? "--random and --checkpoint exclude each other; give one"
+                          : "no model: give --checkpoint FILE (a train_gpt --save file) or --random");
+    if (f.model.width % f.model.heads != 0)
+        bad_flag("--heads ", f.model.heads, " does not divide --width ", f.model.width, "; use ",
+                 divisors(f.model.width));
+    if (!(std::isfinite(f.sampling.temperature) && f.sampling.temperature > 0.0f))
+        bad_flag("--temperature ", f.sampling.temperature, " is not valid; use a number > 0 (or --greedy)");
+    if (!(f.sampling.top_p > 0.0f && f.sampling.top_p <= 1.0f))
+        bad_flag("--top-p ", f.sampling.top_p, " is not valid; use a number in (0, 1] (1 keeps every token)");
+    if (f.sampling.top_k > f.model.vocab)
+        bad_flag("--top-k ", f.sampling.top_k, " is more than the vocabulary of ", f.model.vocab,
+                 " tokens (--vocab); use 0..", f.model.vocab, " (0 keeps every token)");
+    if (f.block_size > f.model.seq)
+        bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.model.seq, "); use 1..",
+                 f.model.seq);
+    for (const std::string& stop : f.stops)
+        if (stop.empty()) bad_flag("--stop '' has no byte; give text whose first byte ends a generation");
+    if (f.prompts.empty()) f.prompts.push_back("The ");
+    for (const std::string& prompt : f.prompts) {
+        const auto bytes = static_cast<std::int64_t>(prompt.size());
+        if (bytes == 0) bad_flag("--prompt '' is empty; give at least one byte");
+        // The prompt and every new token but the last sit in the cache, which
+        // holds at most --seq positions (the position embedding's length).
+        if (bytes > f.model.seq)
+            bad_flag("--prompt '", prompt, "' has ", bytes, " bytes, more than --seq ", f.model.seq,
+                     "; give a prompt of at most ", f.model.seq, " bytes");
+        if (bytes + f.max_new - 1 > f.model.seq)
+            bad_flag("--max-new ", f.max_new, " after the ", bytes, "-byte --prompt '", prompt, "' needs ",
+                     bytes + f.max_new - 1, " positions but --seq is ", f.model.seq, "; use --max-new <= ",
+                     f.model.seq - bytes + 1);
+    }
+    return f;
+}
+
+std::int32_t token_of(char byte, std::int64_t vocab) {
+    return static_cast<std::int32_t>(static_cast<unsigned char>(byte) % vocab);
+}
+
+// Tokens as text, as gpt::sample prints them: printable bytes and newlines as
+// they are, anything else as '.'.
+void append_printable(std::string& text, const std::vector<std::int32_t>& tokens) {
+    for (std::int32_t t : tokens) {
+        const auto c = static_cast<unsigned char>(t);
+        text += (c == '\n' || (c >= 32 && c < 127)) ? static_cast<char>(c) : '.';
+    }
+}
+
+std::string describe(const loom::infer::Sampling& s) {
+    std::ostringstream out;
+    if (s.greedy) return "greedy";
+    out << "temperature " << s.temperature << ", top-k " << s.top_k << ", top-p " << s.top_p << ", seed " << s.seed;
+    return out.str();
+}
+
+int run(const Flags& f) {
+    loom::gpt::Model model = loom::gpt::make_model(f.model);
+    loom::nn::ParamArena arena(model);
+    if (f.random) {
+        arena.initialize(model, f.sampling.seed);
+        std::cout << f.model << ", random weights (seed " << f.sampling.seed << ")\n";
+    } else {
+        // The checkpoint also holds AdamW's moments; they are read and dropped.
+        std::vector<float> m(arena.values().size()), v(m.size());
+        const auto steps = loom::gpt::load_checkpoint(f.checkpoint, f.model, arena.values(), m, v);
+        std::cout << f.model << " from " << f.checkpoint << " (trained " << steps.step << " steps)\n";
+    }
+
+    std::vector<loom::infer::Request> requests(f.prompts.size());
+    std::int64_t capacity = 1;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        for (char c : f.prompts[i]) requests[i].prompt.push_back(token_of(c, f.model.vocab));
+        requests[i].max_new_tokens = f.max_new;
+        for (const std::string& stop : f.stops) requests[i].stop_tokens.push_back(token_of(stop[0], f.model.vocab));
+        requests[i].sampling = f.sampling;
+        capacity = std::max(capacity, loom::infer::positions_needed(requests[i]));
+    }
+    const auto n = static_cast<std::int64_t>(requests.size());
+    const std::int64_t slots = f.max_batch == 0 ? n : std::min(f.max_batch, n);
+    loom::infer::KvCache cache(f.model.layers, f.model.width, slots, capacity, f.block_size);
+    loom::infer::CachedGpt engine(model, f.model, cache);
+    std::cout << "sampling: " << describe(f.sampling) << "; " << n << " prompt" << (n == 1 ? "" : "s") << ", up to "
+              << slots << " at once, KV cache in blocks of " << f.block_size << " positions\n";
+
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<loom::infer::Completion> done = loom::infer::generate(engine, requests);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    std::int64_t tokens = 0, at_length = 0, at_stop = 0;
+    for (std::size_t i = 0; i < done.size(); ++i) {
+        const bool stopped = done[i].finish == loom::infer::Finish::stop;
+        tokens += static_cast<std::int64_t>(done[i].tokens.size());
+        (stopped ? at_stop : at_length) += 1;
+        std::string text;
+        append_printable(text, requests[i].prompt);
+        append_printable(text, done[i].tokens);
+        std::printf("--- completion %zu: %zu new tokens, finished at %s ---\n%s\n", i + 1, done[i].tokens.size(),
+                    stopped ? "a stop token" : "the length limit", text.c_str());
+    }
+    std::printf("generated %lld tokens in %.4f s: %.0f tokens/s (prompts' prefill included); finished: %lld at the "
+                "length limit, %lld at a stop token\n",
+                static_cast<long long>(tokens), seconds, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0,
+                static_cast<long long>(at_length), static_cast<long long>(at_stop));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Flags flags;
+    try {
+        flags = parse(argc, argv);
+    } catch (const FlagError& e) {
+        std::fprintf(stderr, "generate_gpt: %s\n", e.what());
+        return 2;
+    }
+    try {
+        return run(flags);
+    } catch (const loom::Error& e) {
+        std::fprintf(stderr, "generate_gpt: %s\n", e.message().c_str());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "generate_gpt: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,43 @@
+# generate_gpt is deterministic in its seed: the same flags twice write the
+# same text (greedy, and sampled with temperature, top-k and top-p), and the
+# prompts generated one at a time (--max-batch 1, blocks of 5) write what they
+# write batched together: a prompt's tokens do not depend on what it runs
+# beside. Random weights (from --seed too), a small model.
+# (generate_gpt_checkpoint.cmake shows another seed samples other text.)
+# Run with -DGENERATE_GPT=<binary>.
+set(model --random --layers 2 --width 64 --heads 4 --seq 64 --max-new 40
+          --prompt "The cat" --prompt "A much longer prompt," --prompt "x")
+
+# generate(<var> <flags...>): the completions a run printed (without the
+# summary line, whose time differs from run to run), into <var>.
+function(generate result)
+  execute_process(COMMAND "${GENERATE_GPT}" ${model} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "generate_gpt ${ARGN} failed (${rc}):\n${out}\n${err}")
+  endif()
+  string(FIND "${out}" "--- completion 1:" begin)
+  string(FIND "${out}" "\ngenerated " end REVERSE)
+  if(begin EQUAL -1 OR end EQUAL -1)
+    message(FATAL_ERROR "generate_gpt ${ARGN} printed no completions and summary:\n${out}")
+  endif()
+  math(EXPR length "${end} - ${begin}")
+  string(SUBSTRING "${out}" ${begin} ${length} text)
+  set(${result} "${text}" PARENT_SCOPE)
+endfunction()
+
+set(sampled --temperature 0.8 --top-k 40 --top-p 0.95)
+generate(greedy_a --greedy)
+generate(greedy_b --greedy)
+if(NOT greedy_a STREQUAL greedy_b)
+  message(FATAL_ERROR "greedy generation differs between two runs:\n${greedy_a}\n---- and ----\n${greedy_b}")
+endif()
+generate(seed7_a ${sampled} --seed 7)
+generate(seed7_b ${sampled} --seed 7)
+if(NOT seed7_a STREQUAL seed7_b)
+  message(FATAL_ERROR "sampling with seed 7 differs between two runs:\n${seed7_a}\n---- and ----\n${seed7_b}")
+endif()
+generate(one_at_a_time ${sampled} --seed 7 --max-batch 1 --block-size 5)
+if(NOT one_at_a_time STREQUAL seed7_a)
+  message(FATAL_ERROR "one prompt at a time in blocks of 5 differs from all three batched:\n${one_at_a_time}\n---- and ----\n${seed7_a}")
+endif()
+message(STATUS "greedy twice, seed 7 twice and seed 7 one at a time agree:\n${seed7_a}")
