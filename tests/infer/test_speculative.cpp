@@ -289,6 +289,31 @@ TEST_CASE("sampled speculative decoding draws from the target's distribution (ch
     CHECK(accepted > 0);
 }
 
+TEST_CASE("the probabilities rejection sampling uses are the ones Sampler draws from", "[infer][speculative]") {
+    // Probabilities 0.2, 0.4, 0.1, 0.3 by id.
+    const std::vector<float> logits{std::log(0.2f), std::log(0.4f), std::log(0.1f), std::log(0.3f)};
+    std::vector<double> p;
+    loom::infer::sampling_probabilities(logits, Sampling{.top_k = 2}, p);
+    CHECK(p[0] == 0.0);
+    CHECK(p[1] == Approx(4.0 / 7));
+    CHECK(p[2] == 0.0);
+    CHECK(p[3] == Approx(3.0 / 7));
+    loom::infer::sampling_probabilities(logits, Sampling{.top_p = 0.3f}, p);
+    CHECK(p == std::vector<double>{0.0, 1.0, 0.0, 0.0});
+    loom::infer::sampling_probabilities(logits, Sampling{.temperature = 0.5f}, p);
+    CHECK(p[1] == Approx(0.16 / 0.30));
+    loom::infer::sampling_probabilities(logits, Sampling{.greedy = true}, p);
+    CHECK(p == std::vector<double>{0.0, 1.0, 0.0, 0.0});
+    // The same uniform picks the same token as Sampler::pick.
+    loom::infer::Sampler sampler;
+    for (const Sampling s : {Sampling{.seed = 1}, Sampling{.top_k = 3, .seed = 2}, Sampling{.top_p = 0.8f, .seed = 3},
+                             Sampling{.temperature = 0.7f, .seed = 4}}) {
+        loom::infer::sampling_probabilities(logits, s, p);
+        for (std::uint64_t k = 0; k < 200; ++k)
+            CHECK(loom::infer::draw_from(p, loom::RngStream{s.seed, k}.uniform(0)) == sampler.pick(logits, s, k));
+    }
+}
+
 TEST_CASE("bad inputs to speculative decoding are named in one line", "[infer][speculative]") {
     Gpt target(40, 41, 1.0f);
     Gpt draft(40, 42, 1.0f, 1, 32);

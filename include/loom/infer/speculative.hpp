@@ -96,16 +96,19 @@ inline void sampling_probabilities(std::span<const float> logits, const Sampling
             return la > lb || (la == lb && a < b);
         });
         double kept_total = 0;
-        for (std::int64_t i = 0; i < k; ++i) kept_total += out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
+        const auto at = [&](std::int64_t i) -> double& {
+            return out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
+        };
+        for (std::int64_t i = 0; i < k; ++i) kept_total += at(i);
         const double target = static_cast<double>(sampling.top_p) * kept_total;
         std::int64_t kept = 0;
         double running = 0;
         while (kept < k) {
-            running += out[static_cast<std::size_t>(order[static_cast<std::size_t>(kept)])];
+            running += at(kept);
             ++kept;
             if (running >= target) break;
         }
-        for (std::int64_t i = kept; i < V; ++i) out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = 0.0;
+        for (std::int64_t i = kept; i < V; ++i) at(i) = 0.0;
     }
     const double total = std::accumulate(out.begin(), out.end(), 0.0);
     for (double& p : out) p /= total;
@@ -141,7 +144,8 @@ inline void sampling_probabilities(std::span<const float> logits, const Sampling
                "; the draft must share the target's tokens");
     KvCache& tcache = target.cache();
     KvCache& dcache = draft.cache();
-    LOOM_CHECK(&tcache != &dcache, "speculative_generate: the target and the draft share one KvCache; give each its own");
+    LOOM_CHECK(&tcache != &dcache,
+               "speculative_generate: the target and the draft share one KvCache; give each its own");
     check_request(request, 0, tcache.capacity());
     const std::int64_t needed = positions_needed(request);
     LOOM_CHECK(needed <= dcache.capacity(), "speculative_generate: the request needs ", needed,
