@@ -2,8 +2,11 @@
 // draft model proposes gamma tokens one at a time, and the target checks all
 // of them in ONE forward of gamma + 1 positions (the last accepted token and
 // the gamma drafts, CachedGpt's Logits::every). A decode step of a small batch
-// reads every weight of the target once whatever the number of rows, so a
-// pass that confirms several tokens costs little more than one that makes one.
+// reads every weight of the target once whatever the number of rows, so
+// where reading the weights is the cost (a GPU, a large model) a pass that
+// confirms several tokens costs little more than one that makes one. (On
+// loom's host path at config A's size a row's arithmetic is a large part of a
+// step: a pass of 3 positions costs 1.0-1.9x one of 1; docs/speculative.md.)
 //
 // Acceptance, position by position:
 // - greedy: a draft token is accepted while it is the target's argmax; at
