@@ -104,8 +104,9 @@ int main(int argc, char** argv) {
         const double three = pass_ms(target_engine, 3);
         const double five = pass_ms(target_engine, 5);
         const double step = pass_ms(draft_engine, 1);
-        std::printf("one forward after 64 cached positions: target, 1 position %.3f ms; 3 positions (gamma 2) %.3f ms "
-                    "(%.2fx); 5 positions (gamma 4) %.3f ms (%.2fx); draft, 1 position %.3f ms (%.2fx the target's)\n\n",
+        std::printf("one forward after 64 cached positions: target, 1 position %.3f ms; 3 positions (gamma 2) "
+                    "%.3f ms (%.2fx); 5 positions (gamma 4) %.3f ms (%.2fx); draft, 1 position %.3f ms "
+                    "(%.2fx the target's)\n\n",
                     one, three, three / one, five, five / one, step, step / one);
     }
 

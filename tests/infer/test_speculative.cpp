@@ -184,6 +184,46 @@ TEST_CASE("greedy speculative decoding returns exactly the target's greedy token
     CHECK(speculated.finish == loom::infer::Finish::stop);
 }
 
+TEST_CASE("batched speculative decoding gives each request the tokens it gets alone", "[infer][speculative]") {
+    Gpt target(40, 51, 8.0f);
+    Gpt draft(40, 52, 8.0f, 1, 32);
+    std::vector<Request> requests(4);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        requests[i].prompt = prompt_of(static_cast<std::int64_t>(1 + 3 * i), 40, static_cast<std::int32_t>(i));
+        requests[i].max_new_tokens = static_cast<std::int64_t>(6 + 5 * i);
+    }
+    requests[0].sampling.greedy = true;
+    requests[1].sampling = Sampling{.temperature = 0.7f, .seed = 3};
+    requests[2].sampling.greedy = true;
+    requests[3].sampling = Sampling{.top_k = 5, .seed = 4};
+    // Request 2 stops at a token of its free run.
+    const std::vector<Request> free_run{requests[2]};
+    requests[2].stop_tokens = {loom::infer::generate(target.model, target.config, free_run)[0].tokens[4]};
+    KvCache tcache(2, 32, 4, 32, 4);
+    KvCache dcache(1, 32, 4, 32, 4);
+    CachedGpt t(target.model, target.config, tcache);
+    CachedGpt d(draft.model, draft.config, dcache);
+    const auto together = loom::infer::speculative_generate(t, d, requests, 3);
+    REQUIRE(together.size() == 4);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        INFO("request " << i);
+        const auto alone = loom::infer::speculative_generate(t, d, requests[i], 3);
+        CHECK(together[i].tokens == alone.tokens);
+        CHECK(together[i].finish == alone.finish);
+        CHECK(together[i].stats.accepted == alone.stats.accepted);
+        CHECK(together[i].stats.target_passes == alone.stats.target_passes);
+    }
+    // The greedy ones are the target's greedy tokens.
+    const std::vector<Request> greedy{requests[0], requests[2]};
+    const auto expected = loom::infer::generate(target.model, target.config, greedy);
+    CHECK(together[0].tokens == expected[0].tokens);
+    CHECK(together[2].tokens == expected[1].tokens);
+    CHECK(together[2].finish == loom::infer::Finish::stop);
+    for (std::int64_t s = 0; s < 4; ++s) CHECK(tcache.length(s) == 0);
+    CHECK(tcache.free_blocks() == tcache.blocks());
+    CHECK(dcache.free_blocks() == dcache.blocks());
+}
+
 TEST_CASE("the stats: gamma + 1 tokens per target pass when the draft is the target, fewer when it is not",
           "[infer][speculative]") {
     Gpt target(40, 21, 8.0f);
@@ -344,7 +384,7 @@ TEST_CASE("bad inputs to speculative decoding are named in one line", "[infer][s
     CachedGpt t(target.model, target.config, tcache);
     CachedGpt d(draft.model, draft.config, short_cache);
     CHECK(message_of([&] { (void)loom::infer::speculative_generate(t, d, longer, 2); }) ==
-          "speculative_generate: the request needs 23 cached positions but the draft's cache holds 16 per sequence; "
+          "speculative_generate: request 0 needs 23 cached positions but the draft's cache holds 16 per sequence; "
           "build it (and the draft's Config::seq) at least that long");
     CachedGpt same_cache(draft.model, draft.config, short_cache);
     CHECK(message_of([&] { (void)loom::infer::speculative_generate(d, same_cache, request, 2); }) ==
@@ -358,7 +398,12 @@ TEST_CASE("bad inputs to speculative decoding are named in one line", "[infer][s
     KvCache few_blocks(1, 32, 1, 32, 4, 2);
     CachedGpt d3(draft.model, draft.config, few_blocks);
     CHECK(message_of([&] { (void)loom::infer::speculative_generate(t, d3, request, 2); }) ==
-          "speculative_generate: the request needs 3 blocks of 4 positions in the draft's cache but 2 are free");
+          "speculative_generate: the requests need 3 blocks of 4 positions in the draft's cache but 2 are free");
+    const std::vector<Request> three(3, request);
+    CHECK(message_of([&] { (void)loom::infer::speculative_generate(t, d2, three, 2); }) ==
+          "speculative_generate: 3 requests but the target's cache has 1 slots; run at most that many at once");
+    CHECK(message_of([&] { (void)loom::infer::speculative_generate(t, d2, std::span<const Request>{}, 2); }) ==
+          "speculative_generate: no requests");
     Request empty = request;
     empty.prompt.clear();
     CHECK(run(draft, empty, 2) == "generate: request 0 has an empty prompt; give at least one token");

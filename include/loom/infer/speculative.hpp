@@ -31,8 +31,10 @@
 // on. Deterministic in the seed; not the same tokens as infer::generate's
 // sampled run (the distribution is the same, the draws are not).
 //
-// This slice: batch 1, a plain draft. Not here (issue 40): batched requests
-// in the continuous batcher, GliDe's draft, CaPE's tree, trained drafts.
+// This slice: a plain draft; several requests run together (one packed
+// draft step and one packed verification per round) but all start at once.
+// Not here (issue 40): continuous batching (a finished request's slot
+// refilled), GliDe's draft, CaPE's tree, trained drafts.
 #pragma once
 
 #include <algorithm>
@@ -133,14 +135,91 @@ inline void sampling_probabilities(std::span<const float> logits, const Sampling
     return chosen;
 }
 
-// Generates `request` with `target`, `draft` proposing `gamma` tokens per
-// target pass, in slot 0 of each engine's cache (which must be empty; both are
-// released afterwards, even on an error). Stop tokens and max_new_tokens as
-// in generate(). Near the length limit a pass proposes fewer drafts, so that
-// no pass computes a token past it and the caches need no more positions than
-// generate() would.
-[[nodiscard]] inline SpeculativeCompletion speculative_generate(CachedGpt& target, CachedGpt& draft,
-                                                                const Request& request, std::int64_t gamma) {
+namespace speculative_detail {
+
+// One request's state across rounds.
+struct Run {
+    const Request* request = nullptr;
+    std::int64_t slot = 0;
+    SpeculativeCompletion done;
+    std::vector<std::int32_t> sequence;  // the prompt and every token so far
+    std::vector<std::int32_t> proposed;  // this round's drafts
+    std::vector<std::int32_t> fed;       // this round's verification input: the last token, then the drafts
+    std::vector<std::vector<double>> q;  // the draft's distribution at each proposal (sampled decoding)
+    std::int64_t g = 0;                  // drafts this round
+    std::int64_t before = 0;             // sequence length at the round's start
+    bool running = true;
+
+    // Appends a token; false when the request is complete.
+    bool emit(std::int32_t token) {
+        done.tokens.push_back(token);
+        sequence.push_back(token);
+        const auto& stops = request->stop_tokens;
+        if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+            done.finish = Finish::stop;
+            return false;
+        }
+        done.finish = Finish::length;
+        return static_cast<std::int64_t>(done.tokens.size()) < request->max_new_tokens;
+    }
+};
+
+// The round's acceptance for one request from the target's g + 1 rows: how
+// many drafts are accepted, and the target's own token after them.
+struct Verdict {
+    std::int64_t accepted = 0;
+    std::int32_t own = -1;
+};
+
+inline Verdict accept(Run& run, std::span<const float> rows, std::size_t V, std::vector<double>& p,
+                      std::vector<double>& residual) {
+    const Sampling& sampling = run.request->sampling;
+    const auto k0 = static_cast<std::int64_t>(run.done.tokens.size());
+    Verdict verdict;
+    for (std::int64_t i = 0; i <= run.g; ++i) {
+        const std::span<const float> row = rows.subspan(static_cast<std::size_t>(i) * V, V);
+        const auto k = static_cast<std::uint64_t>(k0 + i);
+        const std::int32_t x = i < run.g ? run.proposed[static_cast<std::size_t>(i)] : -1;
+        if (sampling.greedy) {
+            const std::int32_t best = argmax(row);
+            if (best != x) return {verdict.accepted, best};
+            ++verdict.accepted;
+            continue;
+        }
+        sampling_probabilities(row, sampling, p);
+        if (i == run.g)  // every draft accepted: the bonus token, from the target alone
+            return {verdict.accepted, draw_from(p, RngStream{sampling.seed, k}.uniform(0))};
+        const std::vector<double>& qi = run.q[static_cast<std::size_t>(i)];
+        const double px = p[static_cast<std::size_t>(x)], qx = qi[static_cast<std::size_t>(x)];
+        // u < p/q, written without the division: q(x) > 0 since x was drawn from q.
+        if (static_cast<double>(RngStream{sampling.seed, k}.uniform(2)) * qx < px) {
+            ++verdict.accepted;
+            continue;
+        }
+        residual.resize(V);
+        for (std::size_t v = 0; v < V; ++v) residual[v] = std::max(0.0, p[v] - qi[v]);
+        // All zero only if p == q up to rounding, where a rejection has probability ~0: draw from p then.
+        const bool empty = std::all_of(residual.begin(), residual.end(), [](double w) { return w <= 0; });
+        return {verdict.accepted, draw_from(empty ? p : residual, RngStream{sampling.seed, k}.uniform(0))};
+    }
+    return verdict;  // not reached: row g always decides
+}
+
+}  // namespace speculative_detail
+
+// Generates the requests with `target`, `draft` proposing `gamma` tokens per
+// target pass, all at once: request i in slot i of each engine's cache (slots
+// [0, n) must be empty; they are released as requests finish, and all of them
+// afterwards, even on an error). Each round, the draft's steps and the
+// target's verification run every running request's segment in one packed
+// forward. Stop tokens and max_new_tokens as in generate(). Near the length
+// limit a pass proposes fewer drafts, so that no pass computes a token past it
+// and the caches need no more positions than generate() would. A request's
+// tokens depend on its seed, not on what it is batched with (to rounding).
+// No continuous batching yet: every request starts in the first round.
+[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(CachedGpt& target, CachedGpt& draft,
+                                                                             std::span<const Request> requests,
+                                                                             std::int64_t gamma) {
     LOOM_CHECK(gamma >= 1, "speculative_generate: gamma = ", gamma, " draft tokens per pass; propose at least 1");
     LOOM_CHECK(draft.config().vocab == target.config().vocab, "speculative_generate: the draft's vocabulary of ",
                draft.config().vocab, " tokens is not the target's ", target.config().vocab,
@@ -149,120 +228,136 @@ inline void sampling_probabilities(std::span<const float> logits, const Sampling
     KvCache& dcache = draft.cache();
     LOOM_CHECK(&tcache != &dcache,
                "speculative_generate: the target and the draft share one KvCache; give each its own");
-    check_request(request, 0, tcache.capacity());
-    const std::int64_t needed = positions_needed(request);
-    LOOM_CHECK(needed <= dcache.capacity(), "speculative_generate: the request needs ", needed,
-               " cached positions but the draft's cache holds ", dcache.capacity(),
-               " per sequence; build it (and the draft's Config::seq) at least that long");
+    LOOM_CHECK(!requests.empty(), "speculative_generate: no requests");
+    const auto n = static_cast<std::int64_t>(requests.size());
+    std::int64_t tblocks = 0, dblocks = 0;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        check_request(requests[i], i, tcache.capacity());
+        const std::int64_t needed = positions_needed(requests[i]);
+        LOOM_CHECK(needed <= dcache.capacity(), "speculative_generate: request ", i, " needs ", needed,
+                   " cached positions but the draft's cache holds ", dcache.capacity(),
+                   " per sequence; build it (and the draft's Config::seq) at least that long");
+        tblocks += tcache.blocks_for(needed);
+        dblocks += dcache.blocks_for(needed);
+    }
     for (KvCache* cache : {&tcache, &dcache}) {
         const char* who = cache == &tcache ? "target" : "draft";
-        LOOM_CHECK(cache->length(0) == 0, "speculative_generate: slot 0 of the ", who, "'s cache holds ",
-                   cache->length(0), " positions; release it first");
-        LOOM_CHECK(cache->blocks_for(needed) <= cache->free_blocks(), "speculative_generate: the request needs ",
-                   cache->blocks_for(needed), " blocks of ", cache->block_size(), " positions in the ", who,
-                   "'s cache but ", cache->free_blocks(), " are free");
+        LOOM_CHECK(n <= cache->slots(), "speculative_generate: ", n, " requests but the ", who, "'s cache has ",
+                   cache->slots(), " slots; run at most that many at once");
+        for (std::int64_t s = 0; s < n; ++s)
+            LOOM_CHECK(cache->length(s) == 0, "speculative_generate: slot ", s, " of the ", who, "'s cache holds ",
+                       cache->length(s), " positions; release it first");
+        const std::int64_t blocks = cache == &tcache ? tblocks : dblocks;
+        LOOM_CHECK(blocks <= cache->free_blocks(), "speculative_generate: the requests need ", blocks,
+                   " blocks of ", cache->block_size(), " positions in the ", who, "'s cache but ",
+                   cache->free_blocks(), " are free");
     }
-    struct Release {  // slot 0 of both caches is free again however this ends
+    struct Release {  // slots [0, n) of both caches are free again however this ends
         KvCache& a;
         KvCache& b;
+        std::int64_t n;
         ~Release() {
-            a.release(0);
-            b.release(0);
+            for (std::int64_t s = 0; s < n; ++s) {
+                a.release(s);
+                b.release(s);
+            }
         }
-    } release{tcache, dcache};
+    } release{tcache, dcache, n};
 
-    const Sampling& sampling = request.sampling;
-    const bool greedy = sampling.greedy;
     const auto V = static_cast<std::size_t>(target.config().vocab);
-    SpeculativeCompletion done;
-    std::vector<std::int32_t> sequence = request.prompt;  // the prompt and every token so far
-    // Invariant at the top of a round: the target's cache holds all of
-    // `sequence` but its last token (the pending one the next pass feeds);
-    // the draft's holds a prefix of it.
-    if (sequence.size() > 1) {
-        const Segment head{0, std::span(sequence).first(sequence.size() - 1)};
-        (void)target.forward(std::span(&head, 1));
+    std::vector<speculative_detail::Run> runs(requests.size());
+    std::vector<Segment> segments;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        runs[i].request = &requests[i];
+        runs[i].slot = static_cast<std::int64_t>(i);
+        runs[i].sequence = requests[i].prompt;
+        // Invariant at the top of a round: the target's cache holds all of a
+        // run's sequence but its last token (the one the next pass feeds);
+        // the draft's holds a prefix of it.
+        if (runs[i].sequence.size() > 1)
+            segments.push_back({runs[i].slot, std::span(runs[i].sequence).first(runs[i].sequence.size() - 1)});
     }
-    std::vector<std::int32_t> proposed;
-    std::vector<std::vector<double>> q;  // the draft's distribution at each proposal
+    if (!segments.empty()) (void)target.forward(segments);
     std::vector<double> p, residual;
-    // Emits a token; false when the request is complete.
-    const auto emit = [&](std::int32_t token) {
-        done.tokens.push_back(token);
-        sequence.push_back(token);
-        if (std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token) != request.stop_tokens.end()) {
-            done.finish = Finish::stop;
-            return false;
+    std::vector<speculative_detail::Run*> drafting;
+    for (;;) {
+        std::int64_t most = -1;  // the most drafts any running request proposes this round
+        for (auto& run : runs) {
+            if (!run.running) continue;
+            const std::int64_t left = run.request->max_new_tokens - static_cast<std::int64_t>(run.done.tokens.size());
+            run.g = std::min(gamma, left - 1);  // a pass yields at most g + 1 tokens
+            run.before = static_cast<std::int64_t>(run.sequence.size());
+            run.proposed.clear();
+            run.q.resize(static_cast<std::size_t>(run.g));
+            most = std::max(most, run.g);
         }
-        done.finish = Finish::length;
-        return static_cast<std::int64_t>(done.tokens.size()) < request.max_new_tokens;
-    };
-    for (bool more = true; more;) {
-        const auto k0 = static_cast<std::int64_t>(done.tokens.size());  // index of this round's first new token
-        const std::int64_t left = request.max_new_tokens - k0;
-        const std::int64_t g = std::min(gamma, left - 1);  // a pass yields at most g + 1 tokens
-        const auto before = static_cast<std::int64_t>(sequence.size());
-        // Draft: feed what its cache lacks, then its own proposals, one at a time.
-        proposed.clear();
-        q.resize(static_cast<std::size_t>(std::max<std::int64_t>(g, 0)));
-        for (std::int64_t i = 0; i < g; ++i) {
-            const std::int64_t held = dcache.length(0);
-            const Segment feed = i == 0 ? Segment{0, std::span(sequence).subspan(static_cast<std::size_t>(held))}
-                                        : Segment{0, std::span(&proposed.back(), 1)};
-            const std::span<const float> logits = draft.forward(std::span(&feed, 1));
-            const auto k = static_cast<std::uint64_t>(k0 + i);
-            if (greedy) {
-                proposed.push_back(argmax(logits));
-            } else {
-                sampling_probabilities(logits, sampling, q[static_cast<std::size_t>(i)]);
-                proposed.push_back(draw_from(q[static_cast<std::size_t>(i)], RngStream{sampling.seed, k}.uniform(1)));
+        if (most < 0) break;  // nothing running
+        // Draft: each feeds what its cache lacks, then its own proposals, one step at a time.
+        for (std::int64_t i = 0; i < most; ++i) {
+            segments.clear();
+            drafting.clear();
+            for (auto& run : runs) {
+                if (!run.running || run.g <= i) continue;
+                const auto held = static_cast<std::size_t>(dcache.length(run.slot));
+                segments.push_back(i == 0 ? Segment{run.slot, std::span(run.sequence).subspan(held)}
+                                          : Segment{run.slot, std::span(&run.proposed.back(), 1)});
+                drafting.push_back(&run);
+            }
+            const std::span<const float> logits = draft.forward(segments);
+            for (std::size_t j = 0; j < drafting.size(); ++j) {
+                speculative_detail::Run& run = *drafting[j];
+                const std::span<const float> row = logits.subspan(j * V, V);
+                const Sampling& sampling = run.request->sampling;
+                if (sampling.greedy) {
+                    run.proposed.push_back(argmax(row));
+                    continue;
+                }
+                auto& q = run.q[static_cast<std::size_t>(i)];
+                sampling_probabilities(row, sampling, q);
+                const auto k = static_cast<std::uint64_t>(run.done.tokens.size()) + static_cast<std::uint64_t>(i);
+                run.proposed.push_back(draw_from(q, RngStream{sampling.seed, k}.uniform(1)));
             }
         }
-        // Target: the pending token and the proposals in one pass, logits at every position.
-        std::vector<std::int32_t> fed{sequence.back()};
-        fed.insert(fed.end(), proposed.begin(), proposed.end());
-        const Segment verify{0, fed};
-        const std::span<const float> rows = target.forward(std::span(&verify, 1), Logits::every);
-        ++done.stats.target_passes;
-        done.stats.drafted += g;
-        std::int64_t accepted = 0;
-        std::int32_t own = -1;  // the target's token: a replacement, or the bonus after g acceptances
-        for (std::int64_t i = 0; i <= g && own < 0; ++i) {
-            const std::span<const float> row = rows.subspan(static_cast<std::size_t>(i) * V, V);
-            const auto k = static_cast<std::uint64_t>(k0 + i);
-            const std::int32_t x = i < g ? proposed[static_cast<std::size_t>(i)] : -1;
-            if (greedy) {
-                const std::int32_t best = argmax(row);
-                if (best == x) ++accepted;
-                else own = best;
-                continue;
-            }
-            sampling_probabilities(row, sampling, p);
-            if (i == g) {  // every draft accepted: the bonus token, from the target alone
-                own = draw_from(p, RngStream{sampling.seed, k}.uniform(0));
-                break;
-            }
-            const std::vector<double>& qi = q[static_cast<std::size_t>(i)];
-            const double px = p[static_cast<std::size_t>(x)], qx = qi[static_cast<std::size_t>(x)];
-            // u < p/q, written without the division: q(x) > 0 since x was drawn from q.
-            if (static_cast<double>(RngStream{sampling.seed, k}.uniform(2)) * qx < px) {
-                ++accepted;
-                continue;
-            }
-            residual.resize(V);
-            for (std::size_t v = 0; v < V; ++v) residual[v] = std::max(0.0, p[v] - qi[v]);
-            // All zero only if p == q up to rounding, where a rejection has probability ~0: draw from p then.
-            const bool empty = std::all_of(residual.begin(), residual.end(), [](double w) { return w <= 0; });
-            own = draw_from(empty ? p : residual, RngStream{sampling.seed, k}.uniform(0));
+        // Target: every running request's last token and drafts in one pass, logits at every position.
+        segments.clear();
+        for (auto& run : runs) {
+            if (!run.running) continue;
+            run.fed.assign(1, run.sequence.back());
+            run.fed.insert(run.fed.end(), run.proposed.begin(), run.proposed.end());
+            segments.push_back({run.slot, run.fed});
         }
-        done.stats.accepted += accepted;
-        // Keep the accepted drafts' keys and values, drop the rest.
-        tcache.truncate(0, before + accepted);
-        dcache.truncate(0, std::min(dcache.length(0), before + accepted));
-        for (std::int64_t i = 0; i < accepted && more; ++i) more = emit(proposed[static_cast<std::size_t>(i)]);
-        if (more) more = emit(own);
+        const std::span<const float> rows = target.forward(segments, Logits::every);
+        std::size_t offset = 0;
+        for (auto& run : runs) {
+            if (!run.running) continue;
+            const auto count = static_cast<std::size_t>(run.g + 1);
+            const speculative_detail::Verdict verdict = speculative_detail::accept(
+                run, rows.subspan(offset * V, count * V), V, p, residual);
+            offset += count;
+            ++run.done.stats.target_passes;
+            run.done.stats.drafted += run.g;
+            run.done.stats.accepted += verdict.accepted;
+            // Keep the accepted drafts' keys and values, drop the rest.
+            tcache.truncate(run.slot, run.before + verdict.accepted);
+            dcache.truncate(run.slot, std::min(dcache.length(run.slot), run.before + verdict.accepted));
+            for (std::int64_t i = 0; i < verdict.accepted && run.running; ++i)
+                run.running = run.emit(run.proposed[static_cast<std::size_t>(i)]);
+            if (run.running) run.running = run.emit(verdict.own);
+            if (!run.running) {  // its blocks are free for the others at once
+                tcache.release(run.slot);
+                dcache.release(run.slot);
+            }
+        }
     }
+    std::vector<SpeculativeCompletion> done;
+    for (auto& run : runs) done.push_back(std::move(run.done));
     return done;
+}
+
+// One request (slot 0 of each cache).
+[[nodiscard]] inline SpeculativeCompletion speculative_generate(CachedGpt& target, CachedGpt& draft,
+                                                                const Request& request, std::int64_t gamma) {
+    return std::move(speculative_generate(target, draft, std::span(&request, 1), gamma)[0]);
 }
 
 // The same on caches of its own (one slot each, as long as the request needs).
