@@ -1,5 +1,5 @@
 // Speculative decoding on GPT config A (4 layers, width 256, 4 heads,
-// sequence 128, vocabulary 256), batch 1, one core: 100 new tokens after a
+// sequence 128, vocabulary 256), one core; batch 1: 100 new tokens after a
 // 16-token prompt, by plain KV-cached generation (loom::infer::generate) and
 // by loom::infer::speculative_generate at gamma 2 and 4 with
 // - a 1-layer draft of width 64 (4 heads, same vocabulary), random weights:
@@ -12,8 +12,9 @@
 // Greedy and temperature 1. Tokens/s count the new tokens over the whole call
 // (prefill included); mean tokens per target pass is the accepted drafts plus
 // the target's own token, per verification pass. Greedy speculative runs must
-// write generate's greedy tokens; the bench says whether they did. Median of
-// --reps runs.
+// write generate's greedy tokens; the bench says whether they did. Then batch
+// 8 (greedy, all requests started together) beside generate's batched decode.
+// The paths of a table run interleaved; median of --reps runs.
 //
 //   bench_speculative [--reps 3] [--tokens 100]
 #include <loom/gpt/model.hpp>
