@@ -20,6 +20,8 @@
 // matrix-vector products (infer/few_rows_linear.hpp), not the packed GEMM.
 // Logits are formed for the last position of each segment only: that is all
 // generation reads, and the head is the widest product for small models.
+// Logits::every forms them for every position instead: speculative decoding's
+// verification (infer/speculative.hpp) reads one row per draft token.
 #pragma once
 
 #include <algorithm>
@@ -42,6 +44,12 @@ namespace loom::infer {
 struct Segment {
     std::int64_t slot = 0;
     std::span<const std::int32_t> tokens;
+};
+
+// Which positions' logits forward() forms.
+enum class Logits : std::uint8_t {
+    last,   // each segment's last position: [segments, vocab]
+    every,  // every position of every segment, packed in segment order: [tokens, vocab]
 };
 
 class CachedGpt {
@@ -80,8 +88,9 @@ public:
     // Runs the segments (each slot at most once, at least one token each),
     // appends their keys and values to the cache, and returns the logits of
     // each segment's last token: [segments.size(), vocab], row-major, valid
-    // until the next call.
-    std::span<const float> forward(std::span<const Segment> segments) {
+    // until the next call. With Logits::every, those of every token instead:
+    // [total tokens, vocab], the segments' rows one after another.
+    std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) {
         check(segments);
         const std::int64_t C = config_.width, V = config_.vocab;
         std::int64_t rows = 0;
@@ -94,6 +103,12 @@ public:
         resize(rows);
         embed(segments);
         for (std::int64_t l = 0; l < config_.layers; ++l) block(l, segments, rows);
+        if (which == Logits::every) {
+            layernorm(model_.ln_f, x_.data(), normed_.data(), rows);
+            logits_.resize(static_cast<std::size_t>(rows * V));
+            linear(model_.head, normed_.data(), logits_.data(), rows);
+            return logits_;
+        }
         // The last row of each segment, through ln_f and the head.
         const auto n = static_cast<std::int64_t>(segments.size());
         last_.resize(static_cast<std::size_t>(n * C));

@@ -106,6 +106,22 @@ public:
         lengths_[static_cast<std::size_t>(slot)] = held + count;
     }
 
+    // The slot keeps only its first `length` positions (at most what it
+    // holds); blocks past them go back to the free list. Speculative decoding
+    // drops the keys and values of rejected draft tokens this way; the rows
+    // kept are untouched.
+    void truncate(std::int64_t slot, std::int64_t length) {
+        const std::int64_t held = this->length(slot);
+        LOOM_CHECK(length >= 0 && length <= held, "KvCache: truncating slot ", slot, " to ", length,
+                   " positions; it holds ", held, ", so give a length in [0, ", held, "]");
+        auto& table = tables_[static_cast<std::size_t>(slot)];
+        while (static_cast<std::int64_t>(table.size()) > blocks_for(length)) {
+            free_.push_back(table.back());
+            table.pop_back();
+        }
+        lengths_[static_cast<std::size_t>(slot)] = length;
+    }
+
     // The slot is empty again; its blocks go back to the free list.
     void release(std::int64_t slot) {
         check_slot(slot);
