@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cpu_model.hpp"
+#include "generation_flags.hpp"
 #include "timing.hpp"
 
 namespace {
@@ -40,19 +41,10 @@ const loom::gpt::Config draft_config{.layers = 1, .width = 64, .heads = 4, .seq 
 }  // namespace
 
 int main(int argc, char** argv) {
-    int reps = 3;
-    std::int64_t count = 100;
-    for (int i = 1; i < argc; ++i) {
-        const std::string flag = argv[i];
-        if (flag == "--reps" && i + 1 < argc) {
-            reps = std::atoi(argv[++i]);
-        } else if (flag == "--tokens" && i + 1 < argc) {
-            count = std::atoll(argv[++i]);
-        } else {
-            std::fprintf(stderr, "bench_speculative: unknown flag %s (--reps N --tokens N)\n", flag.c_str());
-            return 2;
-        }
-    }
+    const auto flags = bench::parse_generation_flags(argc, argv, "bench_speculative");
+    if (!flags) return 2;
+    const int reps = flags->reps;
+    const std::int64_t count = flags->tokens;
     loom::kernels::host::set_gemm_threads(1);
     std::printf("CPU: %s; GEMM: loom host kernels at %s, 1 thread; median of %d runs\n", bench::cpu_model().c_str(),
                 bench::cpu_level().c_str(), reps);
