@@ -142,9 +142,10 @@ public:
     }
 
 private:
-    void check(std::span<const Segment> segments) const {
+    void check(std::span<const Segment> segments) {
         LOOM_CHECK(!segments.empty(), "CachedGpt: forward of no segments; pass at least one");
-        std::vector<bool> seen(static_cast<std::size_t>(cache_.slots()), false);
+        std::vector<bool>& seen = seen_;
+        seen.assign(static_cast<std::size_t>(cache_.slots()), false);
         std::int64_t more_blocks = 0;  // checked for all segments first, so no slot grows unless all do
         for (const Segment& s : segments) {
             LOOM_CHECK(s.slot >= 0 && s.slot < cache_.slots(), "CachedGpt: slot ", s.slot, " is not in [0, ",
@@ -287,6 +288,7 @@ private:
     gpt::Config config_;
     KvCache& cache_;
     std::vector<std::int64_t> starts_;
+    std::vector<bool> seen_;  // check()'s slots, kept so that a decode step allocates nothing
     std::vector<Segment> segments_;
     std::vector<float> x_, normed_, qkv_, attended_, attended_new_, branch_, hidden_, activated_, mean_, rstd_, lse_,
         lse_new_, last_, logits_;

@@ -53,19 +53,8 @@ public:
         sampling.validate();
         if (sampling.greedy) return argmax(logits);
         const auto V = static_cast<std::int64_t>(logits.size());
-        LOOM_CHECK(V >= 1, "Sampler: no logits");
-        const float top = *std::max_element(logits.begin(), logits.end());
-        weights_.resize(logits.size());
-        double total = 0;
-        for (std::int64_t v = 0; v < V; ++v) {
-            const double w = std::exp((logits[static_cast<std::size_t>(v)] - top) / sampling.temperature);
-            weights_[static_cast<std::size_t>(v)] = w;
-            total += w;
-        }
-        keep_.assign(logits.size(), true);
-        const std::int64_t k = sampling.top_k == 0 ? V : std::min(sampling.top_k, V);
-        if (k < V || sampling.top_p < 1.0f) total = restrict(logits, k, sampling.top_p);
-        double u = static_cast<double>(RngStream{sampling.seed, draw}.uniform(0)) * total;
+        (void)weights(logits, sampling);
+        double u = static_cast<double>(RngStream{sampling.seed, draw}.uniform(0)) * total_;
         std::int32_t chosen = -1;
         for (std::int64_t v = 0; v < V; ++v) {
             if (!keep_[static_cast<std::size_t>(v)]) continue;
@@ -74,6 +63,31 @@ public:
             if (u <= 0) break;
         }
         return chosen;
+    }
+
+    // The unnormalised weights a sampled (not greedy) pick draws from, by
+    // token id: exp((logit - max) / temperature), 0 for the tokens top-k and
+    // top-p drop. Valid until the next call; speculative decoding's
+    // rejection rule reads them (infer/speculative.hpp).
+    [[nodiscard]] std::span<const double> weights(std::span<const float> logits, const Sampling& sampling) {
+        const auto V = static_cast<std::int64_t>(logits.size());
+        LOOM_CHECK(V >= 1, "Sampler: no logits");
+        const float top = *std::max_element(logits.begin(), logits.end());
+        weights_.resize(logits.size());
+        total_ = 0;
+        for (std::int64_t v = 0; v < V; ++v) {
+            const double w = std::exp((logits[static_cast<std::size_t>(v)] - top) / sampling.temperature);
+            weights_[static_cast<std::size_t>(v)] = w;
+            total_ += w;
+        }
+        keep_.assign(logits.size(), true);
+        const std::int64_t k = sampling.top_k == 0 ? V : std::min(sampling.top_k, V);
+        if (k < V || sampling.top_p < 1.0f) {
+            total_ = restrict(logits, k, sampling.top_p);
+            for (std::size_t v = 0; v < weights_.size(); ++v)
+                if (!keep_[v]) weights_[v] = 0;
+        }
+        return weights_;
     }
 
 private:
@@ -110,6 +124,7 @@ private:
     }
 
     std::vector<double> weights_;
+    double total_ = 0;  // of the kept weights, summed as pick walks them
     std::vector<bool> keep_;
     std::vector<std::int32_t> order_;
 };

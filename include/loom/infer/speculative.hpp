@@ -83,38 +83,14 @@ struct SpeculativeCompletion {
 // top k (ties: lower id first), then to the fewest most likely tokens whose
 // share reaches top_p, renormalised. Written to `out` (resized to the vocabulary).
 inline void sampling_probabilities(std::span<const float> logits, const Sampling& sampling, std::vector<double>& out) {
-    const auto V = static_cast<std::int64_t>(logits.size());
     out.assign(logits.size(), 0.0);
     if (sampling.greedy) {
         out[static_cast<std::size_t>(argmax(logits))] = 1.0;
         return;
     }
-    const float top = *std::max_element(logits.begin(), logits.end());
-    for (std::int64_t v = 0; v < V; ++v)
-        out[static_cast<std::size_t>(v)] = std::exp((logits[static_cast<std::size_t>(v)] - top) / sampling.temperature);
-    const std::int64_t k = sampling.top_k == 0 ? V : std::min(sampling.top_k, V);
-    if (k < V || sampling.top_p < 1.0f) {
-        std::vector<std::int32_t> order(logits.size());
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int32_t a, std::int32_t b) {
-            const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
-            return la > lb || (la == lb && a < b);
-        });
-        double kept_total = 0;
-        const auto at = [&](std::int64_t i) -> double& {
-            return out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
-        };
-        for (std::int64_t i = 0; i < k; ++i) kept_total += at(i);
-        const double target = static_cast<double>(sampling.top_p) * kept_total;
-        std::int64_t kept = 0;
-        double running = 0;
-        while (kept < k) {
-            running += at(kept);
-            ++kept;
-            if (running >= target) break;
-        }
-        for (std::int64_t i = kept; i < V; ++i) at(i) = 0.0;
-    }
+    Sampler sampler;
+    const std::span<const double> weights = sampler.weights(logits, sampling);
+    out.assign(weights.begin(), weights.end());
     const double total = std::accumulate(out.begin(), out.end(), 0.0);
     for (double& p : out) p /= total;
 }
