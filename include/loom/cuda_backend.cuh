@@ -1,5 +1,6 @@
 // The CUDA backend of loom's layers: a DeviceRuntime (memory, copies), the
-// DeviceKernels (kernels/cuda/, optim/adamw.cuh) and a DeviceRankRunner
+// kernel table (loom/kernels/kernel_list.hpp, filled from kernels/cuda/ and
+// optim/adamw.cuh) and a DeviceRankRunner
 // (rank threads on one GPU over DeviceThreadWorld) for DeviceKind::cuda,
 // registered when the program starts. Include it from one .cu file of the
 // program (compiled by nvcc, linked with loom::cuda); the rest of the program,
@@ -30,6 +31,7 @@
 #include "loom/comm/device_thread_world.cuh"
 #include "loom/core/buffer_cuda.hpp"
 #include "loom/core/check_cuda.hpp"
+#include "loom/kernels/kernel_list.hpp"
 #include "loom/core/device_runtime.hpp"
 #include "loom/kernels/cuda/attention.cuh"
 #include "loom/kernels/cuda/attention_bf16_inputs.cuh"
@@ -45,7 +47,6 @@
 #include "loom/kernels/cuda/layernorm_grid.cuh"
 #include "loom/kernels/cuda/low_rank.cuh"
 #include "loom/kernels/cuda/quantize.cuh"
-#include "loom/kernels/device_kernels.hpp"
 #include "loom/optim/adamw.cuh"
 
 namespace loom::cuda_backend {
@@ -191,273 +192,110 @@ public:
     }
 };
 
-// Each kernel on the calling thread's stream, with the tensor's device current.
-class CudaKernels final : public kernels::DeviceKernels {
-public:
-    void gemm(Device where, kernels::Trans ta, kernels::Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
-              float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-              std::int64_t ldc) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                            detail::gemm_context(where.index, current_stream()));
-    }
-    void gemm_bf16_inputs(Device where, kernels::Trans ta, kernels::Trans tb, std::int64_t M, std::int64_t N,
-                          std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
-                          std::int64_t ldb, float beta, float* C, std::int64_t ldc) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::gemm_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                        detail::gemm_context(where.index, current_stream()), scratch(where));
-    }
-    // The bias in cuBLASLt's epilogue: one pass over C, not a pass writing
-    // the bias rows and a product reading them back (kernels/cuda/gemm.cuh).
-    void gemm_bias(Device where, bool bf16_inputs, kernels::Trans ta, kernels::Trans tb, std::int64_t M,
-                   std::int64_t N, std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
-                   std::int64_t ldb, const float* bias, float* C, std::int64_t ldc) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::GemmContext& context = detail::gemm_context(where.index, current_stream());
-        if (bf16_inputs)
-            kernels::cuda::gemm_bias_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context,
-                                                 scratch(where));
-        else
-            kernels::cuda::gemm_bias(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context);
-    }
-    void repeat_rows(Device where, const float* row, float* y, std::int64_t rows, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::repeat_rows(row, y, rows, n, current_stream());
-    }
-    void add(Device where, const float* a, const float* b, float* out, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::add(a, b, out, n, current_stream());
-    }
-    void accumulate(Device where, float* into, const float* x, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::accumulate(into, x, n, current_stream());
-    }
-    void add_bias(Device where, float* y, const float* bias, std::int64_t rows, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::add_bias(y, bias, rows, n, current_stream());
-    }
-    void bias_grad(Device where, const float* dy, float* dbias, std::int64_t rows, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::bias_grad(dy, dbias, rows, n, current_stream());
-    }
-    void gelu_forward(Device where, const float* x, float* y, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::gelu_forward(x, y, n, current_stream());
-    }
-    void gelu_backward(Device where, const float* x, const float* dy, float* dx, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::gelu_backward(x, dy, dx, n, current_stream());
-    }
-    void layernorm_forward(Device where, const float* x, const float* gain, const float* shift, float* y, float* mean,
-                           float* rstd, std::int64_t rows, std::int64_t C, float eps) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_forward(x, gain, shift, y, mean, rstd, rows, C, eps, current_stream());
-    }
-    void layernorm_backward_input(Device where, const float* dy, const float* x, const float* gain, const float* mean,
-                                  const float* rstd, float* dx, std::int64_t rows, std::int64_t C) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_backward_input(dy, x, gain, mean, rstd, dx, rows, C, current_stream());
-    }
-    void layernorm_backward_weight(Device where, const float* dy, const float* x, const float* mean, const float* rstd,
-                                   float* dgain, float* dshift, std::int64_t rows, std::int64_t C) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_backward_weight(dy, x, mean, rstd, dgain, dshift, rows, C, current_stream());
-    }
-    void embedding_forward(Device where, const std::int32_t* tokens, const float* token_table,
-                           const float* position_table, float* out, std::int64_t B, std::int64_t T, std::int64_t C,
-                           std::int64_t vocab) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::embedding_forward(tokens, token_table, position_table, out, B, T, C, vocab, current_stream());
-    }
-    void embedding_backward(Device where, const std::int32_t* tokens, const float* dout, float* dtoken_table,
-                            float* dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::embedding_backward(tokens, dout, dtoken_table, dposition_table, B, T, C, current_stream());
-    }
-    void embedding_slice_lookup(Device where, const std::int32_t* tokens, const float* token_table, float* out,
-                                std::int64_t n, std::int64_t T, std::int64_t C, std::int64_t start, std::int64_t stop,
-                                std::int64_t whole_vocab) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::embedding_slice_lookup(tokens, token_table, out, n, T, C, start, stop, whole_vocab,
-                                              current_stream());
-    }
-    void embedding_slice_backward(Device where, const std::int32_t* tokens, const float* dout, float* dtoken_table,
-                                  float* dposition_table, std::int64_t n, std::int64_t T, std::int64_t C,
-                                  std::int64_t start, std::int64_t stop) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::embedding_slice_backward(tokens, dout, dtoken_table, dposition_table, n, T, C, start, stop,
-                                                current_stream());
-    }
-    void attention_forward(Device where, const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
-                           std::int64_t H, std::int64_t D) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_forward(qkv, out, lse, B, T, H, D, current_stream());
-    }
-    void attention_backward(Device where, const float* qkv, const float* out, const float* dout, const float* lse,
-                            float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_backward(qkv, out, dout, lse, dqkv, B, T, H, D, current_stream());
-    }
-    void attention_forward_bf16_inputs(Device where, const float* qkv, float* out, float* lse, std::int64_t B,
-                                       std::int64_t T, std::int64_t H, std::int64_t D) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_forward_bf16_inputs(qkv, out, lse, B, T, H, D, current_stream());
-    }
-    void attention_backward_bf16_inputs(Device where, const float* qkv, const float* out, const float* dout,
-                                        const float* lse, float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
-                                        std::int64_t D) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_backward_bf16_inputs(qkv, out, dout, lse, dqkv, B, T, H, D, current_stream(),
-                                                      &scratch(where));
-    }
-    [[nodiscard]] float cross_entropy_forward(Device where, const float* logits, const std::int32_t* targets,
-                                              float* logsumexp, std::int64_t rows, std::int64_t V) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        return kernels::cuda::cross_entropy_forward(logits, targets, logsumexp, rows, V, current_stream());
-    }
-    void cross_entropy_backward(Device where, const float* logits, const std::int32_t* targets, const float* logsumexp,
-                                float dloss, float* dlogits, std::int64_t rows, std::int64_t V) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::cross_entropy_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, current_stream());
-    }
-    void attention_block_forward(Device where, const float* q, std::int64_t ld_q, const float* k, const float* v,
-                                 std::int64_t ld_kv, float* out, float* lse, std::int64_t B, std::int64_t Tq,
-                                 std::int64_t Tk, std::int64_t H, std::int64_t D,
-                                 kernels::host::BlockMask mask) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_block_forward(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask,
-                                               current_stream());
-    }
-    void attention_merge(Device where, float* out, float* lse, const float* out_b, const float* lse_b, std::int64_t B,
-                         std::int64_t Tq, std::int64_t H, std::int64_t D) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_merge(out, lse, out_b, lse_b, B, Tq, H, D, current_stream());
-    }
-    void attention_block_backward(Device where, const float* q, std::int64_t ld_q, const float* k, const float* v,
-                                  std::int64_t ld_kv, const float* out, const float* dout, const float* lse, float* dq,
-                                  float* dk, float* dv, std::int64_t B, std::int64_t Tq, std::int64_t Tk,
-                                  std::int64_t H, std::int64_t D, kernels::host::BlockMask mask) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_block_backward(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq, Tk, H, D,
-                                                mask, current_stream());
-    }
-    void attention_block_forward_bf16_inputs(Device where, const float* q, std::int64_t ld_q, const float* k,
-                                             const float* v, std::int64_t ld_kv, float* out, float* lse,
-                                             std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
-                                             std::int64_t D, kernels::host::BlockMask mask) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_block_forward_bf16_inputs(q, ld_q, k, v, ld_kv, out, lse, B, Tq, Tk, H, D, mask,
-                                                           current_stream());
-    }
-    void attention_block_backward_bf16_inputs(Device where, const float* q, std::int64_t ld_q, const float* k,
-                                              const float* v, std::int64_t ld_kv, const float* out,
-                                              const float* dout, const float* lse, float* dq, float* dk, float* dv,
-                                              std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H,
-                                              std::int64_t D, kernels::host::BlockMask mask) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::attention_block_backward_bf16_inputs(q, ld_q, k, v, ld_kv, out, dout, lse, dq, dk, dv, B, Tq,
-                                                            Tk, H, D, mask, current_stream());
-    }
-    void cross_entropy_slice_max(Device where, const float* logits, const std::int32_t* targets, float* row_max,
-                                 std::int64_t rows, std::int64_t V, std::int64_t classes) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::cross_entropy_slice_max(logits, targets, row_max, rows, V, classes, current_stream());
-    }
-    void cross_entropy_slice_sums(Device where, const float* logits, const std::int32_t* targets, const float* row_max,
-                                  float* sums, std::int64_t rows, std::int64_t V, std::int64_t start) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::cross_entropy_slice_sums(logits, targets, row_max, sums, rows, V, start, current_stream());
-    }
-    void cross_entropy_slice_backward(Device where, const float* logits, const std::int32_t* targets,
-                                      const float* logsumexp, float dloss, float* dlogits, std::int64_t rows,
-                                      std::int64_t V, std::int64_t start, std::int64_t classes) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::cross_entropy_slice_backward(logits, targets, logsumexp, dloss, dlogits, rows, V, start, classes,
-                                                    current_stream());
-    }
-    void pack_cast(Device where, kernels::host::Cast to, const float* x, std::int64_t n,
-                   std::uint32_t* words) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::pack_cast(to, x, n, words, nullptr, current_stream());
-    }
-    void unpack_cast(Device where, kernels::host::Cast from, const std::uint32_t* words, std::int64_t n, float* out,
-                     float weight, bool add) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::unpack_cast(from, words, n, out, weight, add, current_stream());
-    }
-    void layernorm_grid_row_sums(Device where, const float* x, float* sums, std::int64_t rows,
-                                 std::int64_t C) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_grid_row_sums(x, sums, rows, C, current_stream());
-    }
-    void layernorm_grid_centered_squares(Device where, const float* x, float* mean, float* squares, std::int64_t rows,
-                                         std::int64_t C, float inverse_C) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_grid_centered_squares(x, mean, squares, rows, C, inverse_C, current_stream());
-    }
-    void layernorm_grid_normalize(Device where, const float* x, const float* gain, const float* shift,
-                                  const float* mean, float* rstd, float* y, std::int64_t rows, std::int64_t C,
-                                  float inverse_C, float eps) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_grid_normalize(x, gain, shift, mean, rstd, y, rows, C, inverse_C, eps,
-                                                current_stream());
-    }
-    void layernorm_grid_backward_sums(Device where, const float* dy, const float* x, const float* gain,
-                                      const float* mean, const float* rstd, float* sums, std::int64_t rows,
-                                      std::int64_t C) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_grid_backward_sums(dy, x, gain, mean, rstd, sums, rows, C, current_stream());
-    }
-    void layernorm_grid_backward_apply(Device where, const float* dy, const float* x, const float* gain,
-                                       const float* mean, const float* rstd, const float* sums, float* dx,
-                                       std::int64_t rows, std::int64_t C, float inverse_C) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::layernorm_grid_backward_apply(dy, x, gain, mean, rstd, sums, dx, rows, C, inverse_C,
-                                                     current_stream());
-    }
-    void pack_chunk(Device where, const kernels::ChunkEncoding& e, const float* x, std::int64_t n,
-                    std::uint32_t* words, float* residual) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::pack_chunk(e, x, n, words, residual, scratch(where), current_stream());
-    }
-    void unpack_chunk(Device where, const kernels::ChunkEncoding& e, const std::uint32_t* words, std::int64_t n,
-                      float* out, float weight, bool add) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::unpack_chunk(e, words, n, out, weight, add, current_stream());
-    }
-    void subtract(Device where, float* into, const float* x, std::int64_t n) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::subtract(into, x, n, current_stream());
-    }
-    void orthonormalize_columns(Device where, float* p, std::int64_t rows, std::int64_t cols) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::orthonormalize_columns(p, rows, cols, current_stream());
-    }
-    void mix_momentum(Device where, float* grad, const float* m, std::int64_t n, float beta1) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::mix_momentum(grad, m, n, beta1, current_stream());
-    }
-    void unmix_momentum(Device where, float* grad, const float* m, std::int64_t n, float beta1) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        kernels::cuda::unmix_momentum(grad, m, n, beta1, current_stream());
-    }
-    void adamw_update(Device where, float* params, const float* grads, float* m, float* v, std::int64_t n,
-                      const optim::detail::AdamWScalars& scalars) override {
-        loom::detail::CudaDeviceScope scope(where.index);
-        optim::cuda::adamw_update(params, grads, m, v, n, scalars, current_stream());
-    }
+// The CUDA launchers of the kernel table (loom/kernels/kernel_list.hpp), each
+// taking its kernel's host arguments and then the stream. A kernel's launcher
+// is found by qualified lookup in this namespace: the ones defined here (the
+// kernels that need more than a stream: a cuBLASLt context, scratch), else,
+// through the using-directive, kernels/cuda/'s function of the kernel's name.
+// So a new kernel whose CUDA function follows that convention needs no line
+// here.
+namespace launchers {
 
-private:
-    // Launchers' reusable memory (top-k's sort, a bf16 GEMM's rounded
-    // operands), per calling thread (rank threads work at once) and device:
-    // a thread makes one call at a time, so one scratch serves all of its
-    // calls. Freed in stream order when the thread ends.
-    [[nodiscard]] static kernels::cuda::StreamScratch& scratch(Device where) {
-        thread_local std::map<int, kernels::cuda::StreamScratch> scratch;
-        return scratch[where.index];
+using namespace kernels::cuda;
+
+namespace launch_state {
+
+[[nodiscard]] inline int current_device() {
+    int device = 0;
+    LOOM_CUDA_CHECK(cudaGetDevice(&device));
+    return device;
+}
+
+// Launchers' reusable memory (top-k's sort, a bf16 GEMM's rounded operands,
+// the bf16 attention's row terms), per calling thread (rank threads work at
+// once) and device: a thread makes one call at a time, so one scratch serves
+// all of its calls. Freed in stream order when the thread ends.
+[[nodiscard]] inline kernels::cuda::StreamScratch& scratch() {
+    thread_local std::map<int, kernels::cuda::StreamScratch> scratch;
+    return scratch[current_device()];
+}
+
+[[nodiscard]] inline kernels::cuda::GemmContext& gemm_context(cudaStream_t stream) {
+    return cuda_backend::detail::gemm_context(current_device(), stream);
+}
+
+}  // namespace launch_state
+
+inline void gemm(kernels::Trans ta, kernels::Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                 const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                 std::int64_t ldc, cudaStream_t stream) {
+    kernels::cuda::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, launch_state::gemm_context(stream));
+}
+inline void gemm_bf16_inputs(kernels::Trans ta, kernels::Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                             float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                             float beta, float* C, std::int64_t ldc, cudaStream_t stream) {
+    kernels::cuda::gemm_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                    launch_state::gemm_context(stream), launch_state::scratch());
+}
+// The bias in cuBLASLt's epilogue: one pass over C, not a pass writing the
+// bias rows and a product reading them back (kernels/cuda/gemm.cuh).
+inline void gemm_bias(bool bf16_inputs, kernels::Trans ta, kernels::Trans tb, std::int64_t M, std::int64_t N,
+                      std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                      const float* bias, float* C, std::int64_t ldc, cudaStream_t stream) {
+    kernels::cuda::GemmContext& context = launch_state::gemm_context(stream);
+    if (bf16_inputs)
+        kernels::cuda::gemm_bias_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context,
+                                             launch_state::scratch());
+    else
+        kernels::cuda::gemm_bias(ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc, context);
+}
+inline void attention_forward_bf16_inputs(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
+                                          std::int64_t H, std::int64_t D, cudaStream_t stream) {
+    kernels::cuda::attention_forward_bf16_inputs(qkv, out, lse, B, T, H, D, stream);
+}
+inline void attention_backward_bf16_inputs(const float* qkv, const float* out, const float* dout, const float* lse,
+                                           float* dqkv, std::int64_t B, std::int64_t T, std::int64_t H,
+                                           std::int64_t D, cudaStream_t stream) {
+    kernels::cuda::attention_backward_bf16_inputs(qkv, out, dout, lse, dqkv, B, T, H, D, stream, &launch_state::scratch());
+}
+inline void pack_chunk(const kernels::ChunkEncoding& e, const float* x, std::int64_t n, std::uint32_t* words,
+                       float* residual, cudaStream_t stream) {
+    kernels::cuda::pack_chunk(e, x, n, words, residual, launch_state::scratch(), stream);
+}
+inline void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n,
+                         const optim::detail::AdamWScalars& scalars, cudaStream_t stream) {
+    optim::cuda::adamw_update(params, grads, m, v, static_cast<std::int64_t>(n), scalars, stream);
+}
+
+}  // namespace launchers
+
+namespace detail {
+
+// A kernel's device entry from its launcher: the device made current for the
+// call, the calling thread's stream appended.
+template <auto Launcher, class Signature>
+struct OnStream;
+template <auto Launcher, class R, class... Args>
+struct OnStream<Launcher, R(Args...)> {
+    static R call(Device where, Args... args) {
+        loom::detail::CudaDeviceScope scope(where.index);
+        return Launcher(args..., current_stream());
     }
 };
+template <auto Launcher, class R, class... Args>
+struct OnStream<Launcher, R(Args...) noexcept> : OnStream<Launcher, R(Args...)> {};
+
+}  // namespace detail
+
+// Every kernel of loom/kernels/kernel_list.hpp, on the calling thread's stream.
+[[nodiscard]] inline kernels::BackendKernels kernel_table() {
+    kernels::BackendKernels table;
+#define LOOM_CUDA_ENTRY(k, host_function) \
+    table.k = &detail::OnStream<&launchers::k, kernels::kernel::k::Signature>::call;
+    LOOM_BACKEND_KERNELS(LOOM_CUDA_ENTRY)
+#undef LOOM_CUDA_ENTRY
+    return table;
+}
 
 // Ranks as threads on one GPU (DeviceThreadWorld), each running its layers on
 // its communicator's stream, so compute, copies and collectives are ordered
@@ -479,10 +317,6 @@ public:
     static CudaRuntime instance;
     return instance;
 }
-[[nodiscard]] inline CudaKernels& device_kernels() {
-    static CudaKernels instance;
-    return instance;
-}
 [[nodiscard]] inline CudaRankRunner& rank_runner() {
     static CudaRankRunner instance;
     return instance;
@@ -492,7 +326,7 @@ public:
 // below; call it yourself only after something unregistered it.
 inline bool install() {
     install_backend<DeviceRuntime>(DeviceKind::cuda, &runtime());
-    install_backend<kernels::DeviceKernels>(DeviceKind::cuda, &device_kernels());
+    (void)kernels::install_kernels(DeviceKind::cuda, kernel_table());
     install_backend<comm::DeviceRankRunner>(DeviceKind::cuda, &rank_runner());
     return true;
 }

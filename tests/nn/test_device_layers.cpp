@@ -61,7 +61,7 @@ TEST_CASE("the GPT runs on a device through the runtime and kernel table, bit fo
     CHECK(differing_bits(on_device.grads, host.grads) == 0);
     // Every kernel the GPT needs went through the table (none ran on the
     // host behind its back: that would have crashed on a fenced pointer).
-    for (const char* kernel : {"gemm", "repeat_rows", "add", "bias_grad", "gelu_forward", "gelu_backward",
+    for (const char* kernel : {"gemm", "gemm_bias", "add", "bias_grad", "gelu_forward", "gelu_backward",
                                "layernorm_forward", "layernorm_backward_input", "layernorm_backward_weight",
                                "embedding_forward", "embedding_backward", "attention_forward", "attention_backward",
                                "cross_entropy_forward", "cross_entropy_backward"}) {

@@ -65,7 +65,7 @@ template <class Interface>
 }  // namespace detail
 
 // Installs `implementation` of `Interface` (DeviceRuntime, or
-// kernels::DeviceKernels) for `kind`; it must outlive its use. Returns the
+// comm::DeviceRankRunner) for `kind`; it must outlive its use. Returns the
 // one it replaces, so a scope can put it back; null removes it.
 template <class Interface>
 Interface* install_backend(DeviceKind kind, Interface* implementation) {

@@ -3,7 +3,7 @@
 // compressors that work chunk by chunk (parallel/chunk_codec.hpp): 16-bit casts,
 // int8 with a scale per block, one sign bit per value with a scale per
 // block, and top-k (index, value) pairs. A plain value, so the device kernel
-// table (kernels/device_kernels.hpp) can take it without knowing
+// table (loom/kernels/kernel_list.hpp) can take it without knowing
 // parallel/grad_compress.hpp; host::pack_chunk and host::unpack_chunk are the
 // host's side, and what a device's implementation must equal.
 #pragma once
@@ -68,6 +68,15 @@ inline void pack_chunk(const ChunkEncoding& e, const float* x, std::int64_t n, s
         case ChunkKind::top_k: pack_top_k(x, n, e.top_k_count(n), words, scratch, residual); return;
     }
     LOOM_FAIL("pack_chunk: no encoding ", e);
+}
+
+// pack_chunk with top-k's scratch kept per thread: the form of the kernel
+// table's entry (a device keeps its own scratch), for a backend that runs
+// the host's (the tests' fenced device).
+inline void pack_chunk_own_scratch(const ChunkEncoding& e, const float* x, std::int64_t n, std::uint32_t* words,
+                                   float* residual) {
+    thread_local std::vector<std::int32_t> scratch;
+    pack_chunk(e, x, n, words, residual, scratch);
 }
 
 // out[0, n) += weight * decoded (add) or = weight * decoded.

@@ -1,61 +1,41 @@
 // The steps of LayerNorm on an Optimus 2D grid (kernels/host/layernorm_grid.hpp)
 // on Tensors wherever they live, as kernels/ops.hpp does for the whole-row
-// kernels: host tensors run the host loops, a device's run its table's.
+// kernels: host tensors run the host loops, a device's run its backend's entries (kernels/kernel_table.hpp).
 // x, y, dy, dx: [rows, C]; mean, rstd: [rows]; sums: [2, rows].
 #pragma once
 
 #include <cstdint>
 
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/device_kernels.hpp"
+#include "loom/kernels/kernel_list.hpp"
 #include "loom/kernels/host/layernorm_grid.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom::kernels {
 
+
 inline void layernorm_grid_row_sums(const Tensor& x, const Tensor& sums, std::int64_t rows, std::int64_t C) {
     const Device d = detail::common_device("layernorm_grid_row_sums", {&x, &sums});
-    if (detail::on_host(d)) host::layernorm_grid_row_sums(detail::ptr<float>(x), detail::ptr<float>(sums), rows, C);
-    else device_kernels(d).layernorm_grid_row_sums(d, detail::ptr<float>(x), detail::ptr<float>(sums), rows, C);
+    run<kernel::layernorm_grid_row_sums>(d, detail::ptr<float>(x), detail::ptr<float>(sums), rows, C);
 }
 
 inline void layernorm_grid_centered_squares(const Tensor& x, const Tensor& mean, const Tensor& squares,
                                             std::int64_t rows, std::int64_t C, float inverse_C) {
     const Device d = detail::common_device("layernorm_grid_centered_squares", {&x, &mean, &squares});
-    if (detail::on_host(d))
-        host::layernorm_grid_centered_squares(detail::ptr<float>(x), detail::ptr<float>(mean),
-                                              detail::ptr<float>(squares), rows, C, inverse_C);
-    else
-        device_kernels(d).layernorm_grid_centered_squares(d, detail::ptr<float>(x), detail::ptr<float>(mean),
-                                                          detail::ptr<float>(squares), rows, C, inverse_C);
+    run<kernel::layernorm_grid_centered_squares>(d, detail::ptr<float>(x), detail::ptr<float>(mean), detail::ptr<float>(squares), rows, C, inverse_C);
 }
 
 inline void layernorm_grid_normalize(const Tensor& x, const Tensor& gain, const Tensor& shift, const Tensor& mean,
                                      const Tensor& rstd, const Tensor& y, std::int64_t rows, std::int64_t C,
                                      float inverse_C, float eps) {
     const Device d = detail::common_device("layernorm_grid_normalize", {&x, &gain, &shift, &mean, &rstd, &y});
-    if (detail::on_host(d))
-        host::layernorm_grid_normalize(detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(shift),
-                                       detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(y), rows,
-                                       C, inverse_C, eps);
-    else
-        device_kernels(d).layernorm_grid_normalize(d, detail::ptr<float>(x), detail::ptr<float>(gain),
-                                                   detail::ptr<float>(shift), detail::ptr<float>(mean),
-                                                   detail::ptr<float>(rstd), detail::ptr<float>(y), rows, C, inverse_C,
-                                                   eps);
+    run<kernel::layernorm_grid_normalize>(d, detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(shift), detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(y), rows, C, inverse_C, eps);
 }
 
 inline void layernorm_grid_backward_sums(const Tensor& dy, const Tensor& x, const Tensor& gain, const Tensor& mean,
                                          const Tensor& rstd, const Tensor& sums, std::int64_t rows, std::int64_t C) {
     const Device d = detail::common_device("layernorm_grid_backward_sums", {&dy, &x, &gain, &mean, &rstd, &sums});
-    if (detail::on_host(d))
-        host::layernorm_grid_backward_sums(detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain),
-                                           detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(sums),
-                                           rows, C);
-    else
-        device_kernels(d).layernorm_grid_backward_sums(d, detail::ptr<float>(dy), detail::ptr<float>(x),
-                                                       detail::ptr<float>(gain), detail::ptr<float>(mean),
-                                                       detail::ptr<float>(rstd), detail::ptr<float>(sums), rows, C);
+    run<kernel::layernorm_grid_backward_sums>(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(sums), rows, C);
 }
 
 inline void layernorm_grid_backward_apply(const Tensor& dy, const Tensor& x, const Tensor& gain, const Tensor& mean,
@@ -63,15 +43,7 @@ inline void layernorm_grid_backward_apply(const Tensor& dy, const Tensor& x, con
                                           std::int64_t C, float inverse_C) {
     const Device d =
         detail::common_device("layernorm_grid_backward_apply", {&dy, &x, &gain, &mean, &rstd, &sums, &dx});
-    if (detail::on_host(d))
-        host::layernorm_grid_backward_apply(detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain),
-                                            detail::ptr<float>(mean), detail::ptr<float>(rstd),
-                                            detail::ptr<float>(sums), detail::ptr<float>(dx), rows, C, inverse_C);
-    else
-        device_kernels(d).layernorm_grid_backward_apply(d, detail::ptr<float>(dy), detail::ptr<float>(x),
-                                                        detail::ptr<float>(gain), detail::ptr<float>(mean),
-                                                        detail::ptr<float>(rstd), detail::ptr<float>(sums),
-                                                        detail::ptr<float>(dx), rows, C, inverse_C);
+    run<kernel::layernorm_grid_backward_apply>(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(sums), detail::ptr<float>(dx), rows, C, inverse_C);
 }
 
 }  // namespace loom::kernels

@@ -1,9 +1,11 @@
 // The kernels on Tensors, wherever they live: each op checks that its
-// operands share one device, then runs kernels/host/ for host tensors or the
-// registered DeviceKernels (kernels/device_kernels.hpp) for a device's. This
-// is how one layer type runs on the host and on a GPU without being a
-// template, and without the host core naming a CUDA type. Sizes are the
-// callers' (as in kernels/host/); operands are f32 unless named otherwise.
+// operands share one device, then runs its kernel there (kernels/
+// kernel_table.hpp: kernels/host/ for host tensors, the device backend's
+// entry for a device's). This is how one layer type runs on the host and on
+// a GPU without being a template, and without the host core naming a CUDA
+// type. Each kernel is declared once, in kernels/kernel_list.hpp.
+// Sizes are the callers' (as in kernels/host/); operands are f32 unless
+// named otherwise.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include "loom/core/device.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/kernels/device_kernels.hpp"
 #include "loom/kernels/host/attention.hpp"
 #include "loom/kernels/host/attention_bf16.hpp"
 #include "loom/kernels/host/cross_entropy.hpp"
@@ -23,10 +24,12 @@
 #include "loom/kernels/host/gemm.hpp"
 #include "loom/kernels/host/layernorm.hpp"
 #include "loom/kernels/host/quantize.hpp"
+#include "loom/kernels/kernel_list.hpp"
 #include "loom/kernels/matmul_precision.hpp"
 #include "loom/kernels/trans.hpp"
 
 namespace loom::kernels {
+
 
 namespace detail {
 
@@ -44,8 +47,6 @@ namespace detail {
     return first == nullptr ? host_device : first->device();
 }
 
-[[nodiscard]] inline bool on_host(Device d) noexcept { return d.kind == DeviceKind::host; }
-
 template <class T>
 [[nodiscard]] T* ptr(const Tensor& t) {
     return t.numel() == 0 ? nullptr : t.data<T>();
@@ -57,11 +58,7 @@ template <class T>
 inline void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const Tensor& A,
                  std::int64_t lda, const Tensor& B, std::int64_t ldb, float beta, const Tensor& C, std::int64_t ldc) {
     const Device d = detail::common_device("gemm", {&A, &B, &C});
-    if (detail::on_host(d))
-        host::gemm(ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta, detail::ptr<float>(C), ldc);
-    else
-        device_kernels(d).gemm(d, ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta,
-                               detail::ptr<float>(C), ldc);
+    run<kernel::gemm>(d, ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta, detail::ptr<float>(C), ldc);
 }
 
 // The same product at a MatmulPrecision: f32 is gemm above; bf16 rounds
@@ -74,30 +71,19 @@ inline void gemm(MatmulPrecision precision, Trans ta, Trans tb, std::int64_t M, 
         return;
     }
     const Device d = detail::common_device("gemm", {&A, &B, &C});
-    if (detail::on_host(d))
-        host::gemm_bf16_inputs(ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta,
-                               detail::ptr<float>(C), ldc);
-    else
-        device_kernels(d).gemm_bf16_inputs(d, ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda,
-                                           detail::ptr<float>(B), ldb, beta, detail::ptr<float>(C), ldc);
+    run<kernel::gemm_bf16_inputs>(d, ta, tb, M, N, K, alpha, detail::ptr<float>(A), lda, detail::ptr<float>(B), ldb, beta, detail::ptr<float>(C), ldc);
 }
 
 // y[r, :] = row for each of `rows` rows of n.
 inline void repeat_rows(const Tensor& row, const Tensor& y, std::int64_t rows, std::int64_t n) {
     const Device d = detail::common_device("repeat_rows", {&row, &y});
-    if (!detail::on_host(d)) {
-        device_kernels(d).repeat_rows(d, detail::ptr<float>(row), detail::ptr<float>(y), rows, n);
-        return;
-    }
-    float* py = detail::ptr<float>(y);
-    const float* pb = detail::ptr<float>(row);
-    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(pb, n, py + r * n);
+    run<kernel::repeat_rows>(d, detail::ptr<float>(row), detail::ptr<float>(y), rows, n);
 }
 
 // C[M, N] = op(A) op(B) + bias[N] on every row, at a MatmulPrecision: a
 // Linear's forward. On the host the bias rows first and then the product
 // onto them (beta = 1); a device may add the bias in the product's own pass
-// (DeviceKernels::gemm_bias), equal up to the order of the sums. C is
+// (host::gemm_bias says how), equal up to the order of the sums. C is
 // contiguous (ldc = N).
 inline void gemm_bias(MatmulPrecision precision, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
                       const Tensor& A, std::int64_t lda, const Tensor& B, std::int64_t ldb, const Tensor& bias,
@@ -105,109 +91,73 @@ inline void gemm_bias(MatmulPrecision precision, Trans ta, Trans tb, std::int64_
     const Device d = detail::common_device("gemm_bias", {&A, &B, &bias, &C});
     LOOM_CHECK(bias.numel() == N && C.numel() == M * N && C.is_contiguous(), "gemm_bias: the bias has ", bias.numel(),
                " elements and C is ", C, "; pass N = ", N, " biases and a contiguous [", M, ", ", N, "] C");
-    if (detail::on_host(d)) {
-        repeat_rows(bias, C, M, N);
-        gemm(precision, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-        return;
-    }
-    device_kernels(d).gemm_bias(d, precision == MatmulPrecision::bf16, ta, tb, M, N, K, 1.0f, detail::ptr<float>(A),
-                                lda, detail::ptr<float>(B), ldb, detail::ptr<float>(bias), detail::ptr<float>(C), N);
+    run<kernel::gemm_bias>(d, precision == MatmulPrecision::bf16, ta, tb, M, N, K, 1.0f, detail::ptr<float>(A), lda,
+                           detail::ptr<float>(B), ldb, detail::ptr<float>(bias), detail::ptr<float>(C), N);
 }
 
 inline void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     const Device d = detail::common_device("add", {&a, &b, &out});
-    if (detail::on_host(d)) host::add(detail::ptr<float>(a), detail::ptr<float>(b), detail::ptr<float>(out), out.numel());
-    else device_kernels(d).add(d, detail::ptr<float>(a), detail::ptr<float>(b), detail::ptr<float>(out), out.numel());
+    run<kernel::add>(d, detail::ptr<float>(a), detail::ptr<float>(b), detail::ptr<float>(out), out.numel());
 }
 
 // into += x, the first n elements.
 inline void accumulate(const Tensor& into, const Tensor& x, std::int64_t n) {
     const Device d = detail::common_device("accumulate", {&into, &x});
-    if (detail::on_host(d)) host::accumulate(detail::ptr<float>(into), detail::ptr<float>(x), n);
-    else device_kernels(d).accumulate(d, detail::ptr<float>(into), detail::ptr<float>(x), n);
+    run<kernel::accumulate>(d, detail::ptr<float>(into), detail::ptr<float>(x), n);
 }
 
 inline void add_bias(const Tensor& y, const Tensor& bias, std::int64_t rows, std::int64_t n) {
     const Device d = detail::common_device("add_bias", {&y, &bias});
-    if (detail::on_host(d)) host::add_bias(detail::ptr<float>(y), detail::ptr<float>(bias), rows, n);
-    else device_kernels(d).add_bias(d, detail::ptr<float>(y), detail::ptr<float>(bias), rows, n);
+    run<kernel::add_bias>(d, detail::ptr<float>(y), detail::ptr<float>(bias), rows, n);
 }
 
 // dbias += the column sums of dy [rows, n].
 inline void bias_grad(const Tensor& dy, const Tensor& dbias, std::int64_t rows, std::int64_t n) {
     const Device d = detail::common_device("bias_grad", {&dy, &dbias});
-    if (detail::on_host(d)) host::bias_grad(detail::ptr<float>(dy), detail::ptr<float>(dbias), rows, n);
-    else device_kernels(d).bias_grad(d, detail::ptr<float>(dy), detail::ptr<float>(dbias), rows, n);
+    run<kernel::bias_grad>(d, detail::ptr<float>(dy), detail::ptr<float>(dbias), rows, n);
 }
 
 inline void gelu_forward(const Tensor& x, const Tensor& y) {
     const Device d = detail::common_device("gelu_forward", {&x, &y});
-    if (detail::on_host(d)) host::gelu_forward(detail::ptr<float>(x), detail::ptr<float>(y), x.numel());
-    else device_kernels(d).gelu_forward(d, detail::ptr<float>(x), detail::ptr<float>(y), x.numel());
+    run<kernel::gelu_forward>(d, detail::ptr<float>(x), detail::ptr<float>(y), x.numel());
 }
 
 inline void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     const Device d = detail::common_device("gelu_backward", {&x, &dy, &dx});
-    if (detail::on_host(d)) host::gelu_backward(detail::ptr<float>(x), detail::ptr<float>(dy), detail::ptr<float>(dx), dy.numel());
-    else device_kernels(d).gelu_backward(d, detail::ptr<float>(x), detail::ptr<float>(dy), detail::ptr<float>(dx), dy.numel());
+    run<kernel::gelu_backward>(d, detail::ptr<float>(x), detail::ptr<float>(dy), detail::ptr<float>(dx), dy.numel());
 }
 
 inline void layernorm_forward(const Tensor& x, const Tensor& gain, const Tensor& shift, const Tensor& y,
                               const Tensor& mean, const Tensor& rstd, std::int64_t rows, std::int64_t C, float eps) {
     const Device d = detail::common_device("layernorm_forward", {&x, &gain, &shift, &y, &mean, &rstd});
-    if (detail::on_host(d))
-        host::layernorm_forward(detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(shift), detail::ptr<float>(y), detail::ptr<float>(mean),
-                                detail::ptr<float>(rstd), rows, C, eps);
-    else
-        device_kernels(d).layernorm_forward(d, detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(shift), detail::ptr<float>(y),
-                                            detail::ptr<float>(mean), detail::ptr<float>(rstd), rows, C, eps);
+    run<kernel::layernorm_forward>(d, detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(shift), detail::ptr<float>(y), detail::ptr<float>(mean), detail::ptr<float>(rstd), rows, C, eps);
 }
 
 inline void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& gain, const Tensor& mean,
                                      const Tensor& rstd, const Tensor& dx, std::int64_t rows, std::int64_t C) {
     const Device d = detail::common_device("layernorm_backward_input", {&dy, &x, &gain, &mean, &rstd, &dx});
-    if (detail::on_host(d))
-        host::layernorm_backward_input(detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(mean),
-                                       detail::ptr<float>(rstd), detail::ptr<float>(dx), rows, C);
-    else
-        device_kernels(d).layernorm_backward_input(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain),
-                                                   detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(dx), rows, C);
+    run<kernel::layernorm_backward_input>(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(gain), detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(dx), rows, C);
 }
 
 // dgain and dshift are accumulated.
 inline void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& dgain, const Tensor& dshift, std::int64_t rows, std::int64_t C) {
     const Device d = detail::common_device("layernorm_backward_weight", {&dy, &x, &mean, &rstd, &dgain, &dshift});
-    if (detail::on_host(d))
-        host::layernorm_backward_weight(detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(mean), detail::ptr<float>(rstd),
-                                        detail::ptr<float>(dgain), detail::ptr<float>(dshift), rows, C);
-    else
-        device_kernels(d).layernorm_backward_weight(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(mean),
-                                                    detail::ptr<float>(rstd), detail::ptr<float>(dgain), detail::ptr<float>(dshift), rows, C);
+    run<kernel::layernorm_backward_weight>(d, detail::ptr<float>(dy), detail::ptr<float>(x), detail::ptr<float>(mean), detail::ptr<float>(rstd), detail::ptr<float>(dgain), detail::ptr<float>(dshift), rows, C);
 }
 
 // tokens: i32 [B, T]; out [B, T, C] written.
 inline void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor& position_table,
                               const Tensor& out, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t vocab) {
     const Device d = detail::common_device("embedding_forward", {&tokens, &token_table, &position_table, &out});
-    if (detail::on_host(d))
-        host::embedding_forward(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table), detail::ptr<float>(position_table),
-                                detail::ptr<float>(out), B, T, C, vocab);
-    else
-        device_kernels(d).embedding_forward(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table),
-                                            detail::ptr<float>(position_table), detail::ptr<float>(out), B, T, C, vocab);
+    run<kernel::embedding_forward>(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table), detail::ptr<float>(position_table), detail::ptr<float>(out), B, T, C, vocab);
 }
 
 // The tables' gradients are accumulated.
 inline void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtoken_table,
                                const Tensor& dposition_table, std::int64_t B, std::int64_t T, std::int64_t C) {
     const Device d = detail::common_device("embedding_backward", {&tokens, &dout, &dtoken_table, &dposition_table});
-    if (detail::on_host(d))
-        host::embedding_backward(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout), detail::ptr<float>(dtoken_table),
-                                 detail::ptr<float>(dposition_table), B, T, C);
-    else
-        device_kernels(d).embedding_backward(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout), detail::ptr<float>(dtoken_table),
-                                             detail::ptr<float>(dposition_table), B, T, C);
+    run<kernel::embedding_backward>(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout), detail::ptr<float>(dtoken_table), detail::ptr<float>(dposition_table), B, T, C);
 }
 
 // Vocabulary-parallel lookup: rows of the ids in [start, stop) from this
@@ -216,12 +166,7 @@ inline void embedding_slice_lookup(const Tensor& tokens, const Tensor& token_tab
                                    std::int64_t C, std::int64_t start, std::int64_t stop, std::int64_t whole_vocab) {
     const Device d = detail::common_device("embedding_slice_lookup", {&tokens, &token_table, &out});
     const std::int64_t n = tokens.numel();
-    if (detail::on_host(d))
-        host::embedding_slice_lookup(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table),
-                                     detail::ptr<float>(out), n, T, C, start, stop, whole_vocab);
-    else
-        device_kernels(d).embedding_slice_lookup(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table),
-                                                 detail::ptr<float>(out), n, T, C, start, stop, whole_vocab);
+    run<kernel::embedding_slice_lookup>(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(token_table), detail::ptr<float>(out), n, T, C, start, stop, whole_vocab);
 }
 
 // Its gradients, accumulated: the slice's token rows and the whole position
@@ -231,14 +176,7 @@ inline void embedding_slice_backward(const Tensor& tokens, const Tensor& dout, c
                                      std::int64_t stop) {
     const Device d = detail::common_device("embedding_slice_backward", {&tokens, &dout, &dtoken_table, &dposition_table});
     const std::int64_t n = tokens.numel();
-    if (detail::on_host(d))
-        host::embedding_slice_backward(detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout),
-                                       detail::ptr<float>(dtoken_table), detail::ptr<float>(dposition_table), n, T, C,
-                                       start, stop);
-    else
-        device_kernels(d).embedding_slice_backward(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout),
-                                                   detail::ptr<float>(dtoken_table), detail::ptr<float>(dposition_table),
-                                                   n, T, C, start, stop);
+    run<kernel::embedding_slice_backward>(d, detail::ptr<std::int32_t>(tokens), detail::ptr<float>(dout), detail::ptr<float>(dtoken_table), detail::ptr<float>(dposition_table), n, T, C, start, stop);
 }
 
 // Causal attention over qkv [B, T, 3 H D]: out [B, T, H D] and lse [B, H, T]
@@ -250,17 +188,10 @@ inline void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor
     const float* in = detail::ptr<float>(qkv);
     float* o = detail::ptr<float>(out);
     float* l = detail::ptr<float>(lse);
-    const bool bf16 = precision == MatmulPrecision::bf16;
-    if (detail::on_host(d)) {
-        if (bf16)
-            host::attention_forward_bf16_inputs(in, o, l, B, T, H, D);
-        else
-            host::attention_forward(in, o, l, B, T, H, D);
-    } else if (bf16) {
-        device_kernels(d).attention_forward_bf16_inputs(d, in, o, l, B, T, H, D);
-    } else {
-        device_kernels(d).attention_forward(d, in, o, l, B, T, H, D);
-    }
+    if (precision == MatmulPrecision::bf16)
+        run<kernel::attention_forward_bf16_inputs>(d, in, o, l, B, T, H, D);
+    else
+        run<kernel::attention_forward>(d, in, o, l, B, T, H, D);
 }
 
 inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
@@ -272,39 +203,23 @@ inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tenso
     const float* g = detail::ptr<float>(dout);
     const float* l = detail::ptr<float>(lse);
     float* dg = detail::ptr<float>(dqkv);
-    const bool bf16 = precision == MatmulPrecision::bf16;
-    if (detail::on_host(d)) {
-        if (bf16)
-            host::attention_backward_bf16_inputs(in, o, g, l, dg, B, T, H, D);
-        else
-            host::attention_backward(in, o, g, l, dg, B, T, H, D);
-    } else if (bf16) {
-        device_kernels(d).attention_backward_bf16_inputs(d, in, o, g, l, dg, B, T, H, D);
-    } else {
-        device_kernels(d).attention_backward(d, in, o, g, l, dg, B, T, H, D);
-    }
+    if (precision == MatmulPrecision::bf16)
+        run<kernel::attention_backward_bf16_inputs>(d, in, o, g, l, dg, B, T, H, D);
+    else
+        run<kernel::attention_backward>(d, in, o, g, l, dg, B, T, H, D);
 }
 
 // Returns the mean loss over rows (on a device this waits for it).
 [[nodiscard]] inline float cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& logsumexp,
                                                  std::int64_t rows, std::int64_t V) {
     const Device d = detail::common_device("cross_entropy_forward", {&logits, &targets, &logsumexp});
-    if (detail::on_host(d))
-        return host::cross_entropy_forward(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(logsumexp), rows,
-                                           V);
-    return device_kernels(d).cross_entropy_forward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                                   detail::ptr<float>(logsumexp), rows, V);
+    return run<kernel::cross_entropy_forward>(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(logsumexp), rows, V);
 }
 
 inline void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& logsumexp, float dloss,
                                    const Tensor& dlogits, std::int64_t rows, std::int64_t V) {
     const Device d = detail::common_device("cross_entropy_backward", {&logits, &targets, &logsumexp, &dlogits});
-    if (detail::on_host(d))
-        host::cross_entropy_backward(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(logsumexp), dloss,
-                                     detail::ptr<float>(dlogits), rows, V);
-    else
-        device_kernels(d).cross_entropy_backward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                                 detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V);
+    run<kernel::cross_entropy_backward>(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V);
 }
 
 // x (f32, n) as 16-bit values, two to a word of `words` (i32, cast_words(n)).
@@ -313,8 +228,7 @@ inline void pack_cast(host::Cast to, const Tensor& x, const Tensor& words) {
     LOOM_CHECK(x.dtype() == DType::f32 && words.numel() >= host::cast_words(x.numel()), "pack_cast: ", x, " into ",
                words, "; f32 values need cast_words(n) words");
     auto* w = static_cast<std::uint32_t*>(words.raw());
-    if (detail::on_host(d)) host::pack_cast(to, detail::ptr<float>(x), x.numel(), w);
-    else device_kernels(d).pack_cast(d, to, detail::ptr<float>(x), x.numel(), w);
+    run<kernel::pack_cast>(d, to, detail::ptr<float>(x), x.numel(), w, nullptr);
 }
 
 // out (f32, n) = weight * the values of `words`; with `add`, out += that.
@@ -324,8 +238,7 @@ inline void unpack_cast(host::Cast from, const Tensor& words, const Tensor& out,
     LOOM_CHECK(out.dtype() == DType::f32 && words.numel() >= host::cast_words(out.numel()), "unpack_cast: ", words,
                " into ", out, "; f32 values need cast_words(n) words");
     const auto* w = static_cast<const std::uint32_t*>(words.raw());
-    if (detail::on_host(d)) host::unpack_cast(from, w, out.numel(), detail::ptr<float>(out), weight, add);
-    else device_kernels(d).unpack_cast(d, from, w, out.numel(), detail::ptr<float>(out), weight, add);
+    run<kernel::unpack_cast>(d, from, w, out.numel(), detail::ptr<float>(out), weight, add);
 }
 
 // Vocabulary-parallel cross-entropy (kernels/host/cross_entropy.hpp): logits
@@ -333,37 +246,20 @@ inline void unpack_cast(host::Cast from, const Tensor& words, const Tensor& out,
 inline void cross_entropy_slice_max(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                                     std::int64_t rows, std::int64_t V, std::int64_t classes) {
     const Device d = detail::common_device("cross_entropy_slice_max", {&logits, &targets, &row_max});
-    if (detail::on_host(d))
-        host::cross_entropy_slice_max(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                      detail::ptr<float>(row_max), rows, V, classes);
-    else
-        device_kernels(d).cross_entropy_slice_max(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                                  detail::ptr<float>(row_max), rows, V, classes);
+    run<kernel::cross_entropy_slice_max>(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(row_max), rows, V, classes);
 }
 
 inline void cross_entropy_slice_sums(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                                      const Tensor& sums, std::int64_t rows, std::int64_t V, std::int64_t start) {
     const Device d = detail::common_device("cross_entropy_slice_sums", {&logits, &targets, &row_max, &sums});
-    if (detail::on_host(d))
-        host::cross_entropy_slice_sums(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                       detail::ptr<float>(row_max), detail::ptr<float>(sums), rows, V, start);
-    else
-        device_kernels(d).cross_entropy_slice_sums(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                                   detail::ptr<float>(row_max), detail::ptr<float>(sums), rows, V, start);
+    run<kernel::cross_entropy_slice_sums>(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(row_max), detail::ptr<float>(sums), rows, V, start);
 }
 
 inline void cross_entropy_slice_backward(const Tensor& logits, const Tensor& targets, const Tensor& logsumexp,
                                          float dloss, const Tensor& dlogits, std::int64_t rows, std::int64_t V,
                                          std::int64_t start, std::int64_t classes) {
     const Device d = detail::common_device("cross_entropy_slice_backward", {&logits, &targets, &logsumexp, &dlogits});
-    if (detail::on_host(d))
-        host::cross_entropy_slice_backward(detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                           detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V,
-                                           start, classes);
-    else
-        device_kernels(d).cross_entropy_slice_backward(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets),
-                                                       detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits),
-                                                       rows, V, start, classes);
+    run<kernel::cross_entropy_slice_backward>(d, detail::ptr<float>(logits), detail::ptr<std::int32_t>(targets), detail::ptr<float>(logsumexp), dloss, detail::ptr<float>(dlogits), rows, V, start, classes);
 }
 
 }  // namespace loom::kernels

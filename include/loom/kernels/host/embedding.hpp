@@ -119,19 +119,19 @@ inline void embedding_slice_lookup(const std::int32_t* tokens, const float* toke
 }
 
 // dposition_table[p(i), :] += dout[i, :] for every row, in row order (the
-// whole position gradient, on every rank), with p(i) = positions[i % T], or
-// i % T when positions is null; dtoken_table[tokens[i] - start, :] +=
+// whole position gradient, on every rank), with p(i) = i % T;
+// dtoken_table[tokens[i] - start, :] +=
 // dout[i, :] for the ids this slice holds.
 inline void embedding_slice_backward(const std::int32_t* tokens, const float* dout, float* dtoken_table,
                                      float* dposition_table, std::int64_t n, std::int64_t T, std::int64_t C,
-                                     std::int64_t start, std::int64_t stop, const std::int64_t* positions = nullptr) {
+                                     std::int64_t start, std::int64_t stop) {
     detail::check_embedding_slice(n, T, C, start, stop);
     // As the whole backward (and the device's): a negative id is refused
     // before anything is written, though no slice holds it.
     detail::check_ids_not_negative(tokens, n, T);
     for (std::int64_t i = 0; i < n; ++i) {
         const float* g = dout + i * C;
-        float* p = dposition_table + (positions != nullptr ? positions[i % T] : i % T) * C;
+        float* p = dposition_table + (i % T) * C;
         for (std::int64_t c = 0; c < C; ++c) p[c] += g[c];
         if (tokens[i] < start || tokens[i] >= stop) continue;
         float* t = dtoken_table + (tokens[i] - start) * C;

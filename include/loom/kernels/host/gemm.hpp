@@ -123,6 +123,28 @@ inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N,
          std::max<std::int64_t>(1, b_cols), beta, C, ldc);
 }
 
+// y[r, :] = row for each of `rows` rows of n (a bias before an accumulating
+// product).
+inline void repeat_rows(const float* row, float* y, std::int64_t rows, std::int64_t n) {
+    for (std::int64_t r = 0; r < rows; ++r) std::copy_n(row, n, y + r * n);
+}
+
+// C[M, N] = alpha op(A) op(B) + bias[N] on every row, at f32 or, with
+// bf16_inputs, as gemm_bf16_inputs: a Linear's forward. The bias rows first,
+// then the product onto them (beta = 1); a device may add the bias in the
+// product's own pass (CUDA: cuBLASLt's epilogue), equal up to the order of
+// the sums. C's rows are contiguous (ldc = N).
+inline void gemm_bias(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                      float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                      const float* bias, float* C, std::int64_t ldc) {
+    LOOM_CHECK(ldc == N, "gemm_bias: ldc = ", ldc, " but the bias rows are written contiguously; pass ldc = N = ", N);
+    repeat_rows(bias, C, M, N);
+    if (bf16_inputs)
+        gemm_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);
+    else
+        gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);
+}
+
 // Threads one host GEMM may use, for loom's kernels (set_gemm_threads) and the
 // BLAS alike (OpenBLAS: openblas_set_num_threads; nothing more with another
 // BLAS). Rank threads that each run their own GEMMs want 1 here, so ranks do
