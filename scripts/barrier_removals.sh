@@ -7,7 +7,7 @@
 # after each run, and on exit, when the tests are rebuilt from it.
 #
 #   scripts/barrier_removals.sh [BARRIER] [HEADER] [TEST FILTER] [BUILD DIR]
-#   defaults: __syncwarp include/loom/kernels/cuda/attention_bf16.cuh "~[simulator]" build/release
+#   defaults: __syncwarp dev/kernel_lab/attention_wmma.cuh "~[simulator]" build/release
 #   BARRIER_LINES="143 146" scripts/barrier_removals.sh ...   only the calls on those lines
 #
 # The unmodified header must pass first, under every turn order. About a
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 barrier=${1:-__syncwarp}
-header=${2:-include/loom/kernels/cuda/attention_bf16.cuh}
+header=${2:-dev/kernel_lab/attention_wmma.cuh}
 filter=${3:-"~[simulator]"}
 build=${4:-build/release}
 case "$barrier" in

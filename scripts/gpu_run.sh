@@ -22,11 +22,9 @@
 #          halves come from .gpu/ref/, made by gpu_prepare.sh on the CPU machine
 #          so that no device time goes to them; without .gpu/ref they run here.
 #   profile  the GPT-2 step with f32 matrix products, and one bf16 step under
-#          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py), its
-#          attention on the default kernels (mma.sync) unless
-#          LOOM_GPU_PROFILE_ATTENTION=wmma|mma names others
+#          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py)
 #   sanitize compute-sanitizer's racecheck, synccheck and memcheck on the bf16
-#          attention kernels (wmma and mma.sync) at one small shape: the
+#          attention kernels (mma.sync) at one small shape: the
 #          shared-memory hazards and barriers that result checks can miss.
 #          One summary line per tool and kernel; the reports go to details.tar.gz
 # Device time is what a lease is short of, so the whole run keeps to
@@ -137,7 +135,6 @@ if [[ $parts == *bench* ]]; then
     capped 60 .gpu/bin/bench_gpu_kernels
     capped 60 python3 bench/gpu/torch_peer.py --kernels
     capped 60 .gpu/bin/bench_gpu_train
-    LOOM_CUDA_ATTENTION=wmma capped 60 .gpu/bin/bench_gpu_train
     capped 150 python3 bench/gpu/torch_peer.py --gpt --compile
   } > "$out/bench.txt" 2>&1
   grep -E '^(loom|torch|SKIPPED|device)|rror' "$out/bench.txt" | cut -c1-220
@@ -168,11 +165,6 @@ if [[ $parts == *train* ]]; then
       capped 60 .gpu/bin/train_gpt ${runs[$name]} --device cuda --metrics "$work/gpu_$name.jsonl" $extra || status=1
       python3 bench/gpu/compare.py --losses "$ref/host_$name.jsonl" "$work/gpu_$name.jsonl"
     done
-    # The bf16 run again on the wmma attention kernels (attention_bf16.cuh), beside the same host run.
-    echo "-- bf16 with LOOM_CUDA_ATTENTION=wmma: ${runs[bf16]}"
-    LOOM_CUDA_ATTENTION=wmma capped 60 .gpu/bin/train_gpt ${runs[bf16]} --device cuda --metrics "$work/gpu_bf16_wmma.jsonl" \
-      || status=1
-    python3 bench/gpu/compare.py --losses "$ref/host_bf16.jsonl" "$work/gpu_bf16_wmma.jsonl"
   } > "$out/train.txt" 2>&1
   grep -E '^(--|[0-9]+ steps|no losses|gpu_run)|rror|refus' "$out/train.txt" | cut -c1-220
 fi
@@ -184,11 +176,8 @@ if [[ $parts == *profile* ]]; then
   # without overlap, and the timed step minus it is launch gaps and host work.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
   if [ -n "$ncu" ]; then
-    # The step as --matmul bf16 runs it, its attention on LOOM_GPU_PROFILE_ATTENTION's kernels
-    # (kernels/bf16_attention_kernels.hpp's default, mma, when unset).
-    profile_attention=${LOOM_GPU_PROFILE_ATTENTION:-mma}
-    echo "gpu_run: profiling with LOOM_CUDA_ATTENTION=$profile_attention"
-    LOOM_CUDA_ATTENTION=$profile_attention capped 60 "$ncu" --clock-control none \
+    # The step as --matmul bf16 runs it.
+    capped 60 "$ncu" --clock-control none \
       --metrics gpu__time_duration.sum --csv .gpu/bin/bench_gpu_train --steps 1 --warmup 0 > "$work/profile_raw.csv" 2>&1
     python3 scripts/gpu_profile.py "$work/profile_raw.csv" | tee "$out/profile.txt" | head -n 25
   else
@@ -201,18 +190,14 @@ if [[ $parts == *sanitize* ]]; then
     /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
   if [ -n "$sanitizer" ]; then
     # The determinism cases: one small shape (B 2, T 130, H 3, D 64), forward and backward, three times.
-    for label in wmma mma; do
-      on=""
-      [ $label = mma ] && on="on mma.sync "
-      spec="CUDA bf16 attention ${on}is deterministic and runs on the caller's stream"
-      for tool in racecheck synccheck memcheck; do
-        report="$work/sanitize_${tool}_${label}.txt"
-        capped 60 "$sanitizer" --tool "$tool" --error-exitcode 3 .gpu/bin/loom_cuda_tests "$spec" > "$report" 2>&1
-        code=$?
-        ((code == 0)) || status=1
-        echo "$tool $label (exit $code): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test case' "$report" \
-          | tr '\n' ' ' | cut -c1-200)"
-      done
+    spec="CUDA bf16 attention on mma.sync is deterministic and runs on the caller's stream"
+    for tool in racecheck synccheck memcheck; do
+      report="$work/sanitize_${tool}_mma.txt"
+      capped 60 "$sanitizer" --tool "$tool" --error-exitcode 3 .gpu/bin/loom_cuda_tests "$spec" > "$report" 2>&1
+      code=$?
+      ((code == 0)) || status=1
+      echo "$tool mma (exit $code): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test case' "$report" \
+        | tr '\n' ' ' | cut -c1-200)"
     done
   else
     echo "gpu_run: no compute-sanitizer here"

@@ -33,6 +33,8 @@
 #include "loom/kernels/cuda/gemm.cuh"
 #include "loom/kernels/cuda/quantize.cuh"
 #include "loom/optim/adamw.cuh"
+// The kernel lab's wmma attention, not shipped: the reference the mma kernels are timed against.
+#include "dev/kernel_lab/attention_wmma.cuh"
 
 namespace {
 
@@ -164,9 +166,9 @@ void bench_elementwise(const Options& o) {
 }
 
 // f32 on the CUDA cores (attention.cuh), then bf16 operands on the tensor
-// cores: the mma.sync kernels (attention_mma.cuh, what --matmul bf16 runs by
-// default) as dtype=bf16, beside SDPA's bf16, and the wmma kernels
-// (attention_bf16.cuh, LOOM_CUDA_ATTENTION=wmma) as dtype=bf16_wmma.
+// cores: the mma.sync kernels (attention_mma.cuh, what --matmul bf16 runs)
+// as dtype=bf16, beside SDPA's bf16, and the kernel lab's wmma kernels
+// (dev/kernel_lab/attention_wmma.cuh, not shipped) as dtype=bf16_wmma.
 void bench_attention(const Options& o, std::int64_t T, std::int64_t B) {
     constexpr std::int64_t H = 12, D = 64, C = H * D;
     Device<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * H * T), dout(B * T * C), dqkv(B * T * 3 * C);

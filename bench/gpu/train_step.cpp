@@ -4,10 +4,9 @@
 // random tokens made before the clock starts. Default: GPT-2 124M (12 layers,
 // width 768, 12 heads, seq 1024, vocab 50257), batch 8. One step is timed at a
 // time (the trainer reads the loss back, so each step ends on the host), the
-// median of --steps after --warmup. One line (attention= names the bf16
-// attention kernels, LOOM_CUDA_ATTENTION: kernels/bf16_attention_kernels.hpp):
+// median of --steps after --warmup. One line:
 //
-//   loom gpt layers=12 width=768 heads=12 seq=1024 vocab=50257 batch=8 matmul=bf16 attention=mma tokens_per_s=198515.5 step_ms=41.27
+//   loom gpt layers=12 width=768 heads=12 seq=1024 vocab=50257 batch=8 matmul=bf16 tokens_per_s=198515.5 step_ms=41.27
 //
 // bench/gpu/torch_peer.py --gpt prints the same line for PyTorch (eager and
 // torch.compile, bf16 autocast, SDPA). Host C++: the CUDA backend comes from
@@ -25,7 +24,6 @@
 #include "loom/core/device_runtime.hpp"
 #include "loom/exec/serial_trainer.hpp"
 #include "loom/gpt/model.hpp"
-#include "loom/kernels/bf16_attention_kernels.hpp"
 #include "loom/kernels/matmul_precision.hpp"
 
 int main(int argc, char** argv) {
@@ -95,12 +93,11 @@ int main(int argc, char** argv) {
         }
         std::sort(seconds.begin(), seconds.end());
         const double median = seconds[seconds.size() / 2];
-        std::printf("loom gpt layers=%lld width=%lld heads=%lld seq=%lld vocab=%lld batch=%lld matmul=%s attention=%s "
+        std::printf("loom gpt layers=%lld width=%lld heads=%lld seq=%lld vocab=%lld batch=%lld matmul=%s "
                     "tokens_per_s=%.1f step_ms=%.2f loss=%.4f activation_mib=%.0f\n",
                     static_cast<long long>(config.layers), static_cast<long long>(config.width),
                     static_cast<long long>(config.heads), static_cast<long long>(config.seq),
                     static_cast<long long>(config.vocab), static_cast<long long>(batch), loom::kernels::name_of(matmul),
-                    loom::kernels::name_of(loom::kernels::bf16_attention_kernels()),
                     static_cast<double>(batch * config.seq) / median, median * 1e3, static_cast<double>(loss),
                     static_cast<double>(trainer.activation_bytes()) / (1 << 20));
     } catch (const std::exception& e) {

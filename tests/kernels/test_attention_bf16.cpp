@@ -11,7 +11,6 @@
 
 #include <loom/core/dtype.hpp>
 #include <loom/core/rng.hpp>
-#include <loom/kernels/bf16_attention_kernels.hpp>
 #include <loom/kernels/host/attention.hpp>
 #include <loom/kernels/host/attention_bf16.hpp>
 
@@ -19,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <vector>
 
 namespace {
@@ -198,21 +196,4 @@ TEST_CASE("bf16 attention checks its arguments with the f32 kernel's messages", 
           "attention_backward: qkv, out, dout, lse and dqkv must all be non-null for B = 1, T = 2");
     CHECK(loom_test::message_of([&] { host::attention_forward_bf16_inputs(nullptr, nullptr, nullptr, 0, 2, 2, 2); }) ==
           "(no error)");
-}
-
-TEST_CASE("LOOM_CUDA_ATTENTION parses mma (the default) and wmma, and names a bad value and the choices",
-          "[kernels][attention][bf16]") {
-    using loom::kernels::Bf16AttentionKernels;
-    using loom::kernels::parse_bf16_attention_kernels;
-    CHECK(parse_bf16_attention_kernels(nullptr) == Bf16AttentionKernels::mma);
-    CHECK(parse_bf16_attention_kernels("") == Bf16AttentionKernels::mma);
-    CHECK(parse_bf16_attention_kernels("wmma") == Bf16AttentionKernels::wmma);
-    CHECK(parse_bf16_attention_kernels("mma") == Bf16AttentionKernels::mma);
-    std::ostringstream out;
-    out << Bf16AttentionKernels::mma << " " << Bf16AttentionKernels::wmma;
-    CHECK(out.str() == "mma wmma");
-    CHECK(loom_test::message_of([] { (void)parse_bf16_attention_kernels("flash"); }) ==
-          "LOOM_CUDA_ATTENTION = 'flash' is not one of: mma (the default), wmma");
-    CHECK(loom_test::message_of([] { (void)parse_bf16_attention_kernels("MMA"); }) ==
-          "LOOM_CUDA_ATTENTION = 'MMA' is not one of: mma (the default), wmma");
 }

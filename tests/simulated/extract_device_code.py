@@ -7,7 +7,9 @@
     tile machinery the mma kernels share with them, the tiles' dynamic shared
     memory the simulated block's buffer;
   - attention_blocks.cuh: ring attention's block kernels;
-  - attention_bf16.cuh: the wmma attention kernels (the simulator has its own
+  - dev/kernel_lab/attention_wmma.cuh (the repository's, four folders above
+    CUDA_KERNELS_DIR): the kernel lab's wmma attention kernels, not shipped
+    but kept as the mma kernels' reference (the simulator has its own
     nvcuda::wmma), up to their launchers;
   - mma_fragments.cuh: its namespace without the four inline-asm wrappers
     (shared_address, ldmatrix_x4, ldmatrix_x4_trans, mma), which the
@@ -131,12 +133,13 @@ def checked(header, code):
 
 def extract(directory):
     include = os.path.dirname(os.path.dirname(os.path.abspath(directory)))  # include/loom
+    lab = os.path.join(os.path.dirname(os.path.dirname(include)), "dev", "kernel_lab")
     adamw = Header(os.path.join(include, "optim"), "adamw.cuh")
     reduce = Header(os.path.join(include, "comm"), "device_reduce.cuh")
     thread_reduce = Header(os.path.join(include, "comm"), "device_thread_reduce.cuh")
     h = {name: Header(directory, name) for name in (
         "launch.cuh", "group_reduce.cuh", "attention_tiles.cuh", "attention.cuh", "attention_blocks.cuh",
-        "attention_bf16.cuh", "mma_fragments.cuh", "attention_mma.cuh",
+        "mma_fragments.cuh", "attention_mma.cuh",
         "elementwise.cuh", "gelu.cuh", "layernorm.cuh", "layernorm_grid.cuh", "cross_entropy.cuh",
         "quantize.cuh", "low_rank.cuh", "gemm_bf16_inputs.cuh", "embedding.cuh", "top_k.cuh", "gemm.cuh")}
     parts = []
@@ -159,8 +162,8 @@ def extract(directory):
         + "}  // namespace attention_detail\n")
     add(h["attention_blocks.cuh"], h["attention_blocks.cuh"].between("using host::BlockMask;", "inline void check_head")
         + "}  // namespace block_detail\n")
-    wmma = h["attention_bf16.cuh"]
-    body = wmma.between("namespace attention_bf16_detail {", "// bf16 wmma needs compute capability 8.0")
+    wmma = Header(lab, "attention_wmma.cuh")
+    body = wmma.between("namespace attention_bf16_detail {", "[[nodiscard]] inline Items items_of")
     body = with_shared_memory(wmma, body, WMMA_SHARED,
                               "unsigned char* attention_bf16_shared = loom_sim::block_shared();")
     add(wmma, body + "}  // namespace attention_bf16_detail\n")

@@ -1,7 +1,9 @@
 // The bf16 attention kernels' device code on simulated warps
-// (warp_simulator.hpp): the wmma kernels (kernels/cuda/attention_bf16.cuh,
-// what --matmul bf16 runs by default) and the mma.sync kernels
-// (attention_mma.cuh), against the host's bf16 emulation
+// (warp_simulator.hpp): the mma.sync kernels (kernels/cuda/attention_mma.cuh,
+// what --matmul bf16 runs on a GPU) and the kernel lab's wmma kernels
+// (dev/kernel_lab/attention_wmma.cuh: not shipped, the reference that
+// bench/gpu/kernels.cu times the mma kernels against, and tested only here),
+// against the host's bf16 emulation
 // (kernels/host/attention_bf16.hpp) with the shapes, seeds and tolerances of
 // tests/cuda/test_kernels_attention_bf16.cu, and 1000 times closer to the
 // emulation than to f32 where a GPU is asked for 10

@@ -1,11 +1,12 @@
 // Causal multi-head attention at MatmulPrecision::bf16 in FlashAttention-2's
-// register layout: the same arithmetic as kernels/cuda/attention_bf16.cuh
-// (and so as the host's emulation, kernels/host/attention_bf16.hpp), its
-// products as mma.sync.m16n8k16 bf16 instructions whose f32 results stay in
-// registers, where the softmax reads them and turns them into the next
-// product's operand. attention_bf16.cuh's wmma kernels take each block of
-// scores through shared memory instead (a wmma fragment's layout is not
-// specified), and an H200 measured them 4 to 15 times behind PyTorch's SDPA.
+// register layout: the arithmetic of the host's emulation
+// (kernels/host/attention_bf16.hpp), its products as mma.sync.m16n8k16 bf16
+// instructions whose f32 results stay in registers, where the softmax reads
+// them and turns them into the next product's operand. The first tensor-core
+// kernels, on wmma (now dev/kernel_lab/attention_wmma.cuh, not shipped), took
+// each block of scores through shared memory instead (a wmma fragment's
+// layout is not specified), and an H200 measured them 4 to 15 times behind
+// PyTorch's SDPA.
 //
 //   forward   S = q k^T on bf16 q, k (f32 sums); the online softmax in f32,
 //             its shift moved in whole multiples of ln 2 (bf16_softmax_shift);
@@ -34,9 +35,8 @@
 // On an H200 (run 5, docs/cuda.md) its tests (tests/cuda/test_kernels_attention_bf16.cu,
 // the "mma.sync" cases) passed, compute-sanitizer's racecheck, synccheck and
 // memcheck found nothing, and forward + backward ran at 60.7 and 74.9 TFLOP/s
-// (seq 1024 and 4096), 3.9 and 3.8 times the wmma kernels. They are the
-// default of attention_*_bf16_inputs (attention_bf16_inputs.cuh,
-// LOOM_CUDA_ATTENTION).
+// (seq 1024 and 4096), 3.9 and 3.8 times the wmma kernels. They are what
+// attention_*_bf16_inputs (attention_bf16_inputs.cuh) runs.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,7 +50,7 @@
 #include "loom/core/check_cuda.hpp"
 #include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/cuda/attention.cuh"
-#include "loom/kernels/cuda/attention_bf16.cuh"
+#include "loom/kernels/cuda/attention_bf16_fits.cuh"
 #include "loom/kernels/cuda/attention_tiles.cuh"
 #include "loom/kernels/cuda/mma_fragments.cuh"
 #include "loom/kernels/cuda/stream_scratch.cuh"
@@ -289,8 +289,8 @@ __global__ void __launch_bounds__(block_threads)
 }
 
 // D_i = rowsum(dO_i * out_i) of every (batch, head, query): di[bh * T + i],
-// one warp a row, in attention_detail::row_dot_warp's order (the wmma
-// kernels' D_i, bit for bit). Both backward kernels read it, so it is formed
+// one warp a row, in attention_detail::row_dot_warp's order (the D_i of
+// dev/kernel_lab's wmma kernels, bit for bit). Both backward kernels read it, so it is formed
 // once per row rather than once per (row, key tile).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
@@ -471,7 +471,7 @@ void forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int6
     constexpr std::size_t bytes = forward_shared_bytes<Width>;
     static OncePerDevice set_up;
     set_up([D](int device) {
-        attention_bf16_detail::check_device_fits("attention_forward", D, bytes, device);
+        attention_detail::check_bf16_device_fits("attention_forward", D, bytes, device);
         attention_detail::allow_shared(forward_kernel<Width>, bytes);
     });
     forward_kernel<Width><<<attention_detail::blocks_for_items(items.count()), block_threads, bytes, stream>>>(
@@ -487,7 +487,7 @@ void backward(const float* qkv, const float* out, const float* dout, const float
     constexpr std::size_t dq_bytes = dq_shared_bytes<Width>;
     static OncePerDevice set_up;
     set_up([D](int device) {
-        attention_bf16_detail::check_device_fits("attention_backward", D, dkdv_bytes, device);
+        attention_detail::check_bf16_device_fits("attention_backward", D, dkdv_bytes, device);
         attention_detail::allow_shared(backward_dkdv_kernel<Width>, dkdv_bytes);
         attention_detail::allow_shared(backward_dq_kernel<Width>, dq_bytes);
     });

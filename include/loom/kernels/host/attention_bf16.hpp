@@ -1,6 +1,6 @@
 // Causal multi-head self-attention at MatmulPrecision::bf16
 // (kernels/matmul_precision.hpp): the host's exact emulation of a
-// tensor-core attention kernel (kernels/cuda/attention_bf16.cuh), as
+// tensor-core attention kernel (kernels/cuda/attention_mma.cuh), as
 // host::gemm_bf16_inputs is of a bf16 GEMM. Same layouts, arguments and
 // messages as kernels/host/attention.hpp; what changes is what each of the
 // products reads:

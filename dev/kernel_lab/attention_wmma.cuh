@@ -1,5 +1,14 @@
-// Device mirror of kernels/host/attention_bf16.hpp: causal multi-head
-// attention at MatmulPrecision::bf16, its products on the tensor cores.
+// Kernel lab (dev/kernel_lab/README.md): not shipped, not installed. The
+// first tensor-core attention kernels, kept as the reference that the shipped
+// mma.sync kernels (include/loom/kernels/cuda/attention_mma.cuh) were
+// measured against; bench/gpu/kernels.cu times both (dtype=bf16_wmma), and
+// tests/simulated runs this device code on simulated warps against the host's
+// emulation. They left include/ because a second complete bf16 attention,
+// 3.8 times slower, is not something a user should be offered
+// (docs/design.md).
+//
+// Causal multi-head attention at MatmulPrecision::bf16, its products on the
+// tensor cores through wmma: the arithmetic of kernels/host/attention_bf16.hpp.
 // Same layouts, arguments, checks and messages as kernels/cuda/attention.cuh
 // (f32 qkv in, f32 out, lse and dqkv); what differs is the arithmetic of the
 // products, which is the host emulation's:
@@ -37,12 +46,13 @@
 // behind PyTorch's SDPA (docs/performance.md): the scores' round trip
 // through shared memory and the elementwise work two lanes a row are the
 // cost. attention_mma.cuh keeps P in registers, FlashAttention-2's layout,
-// and ran 3.8 to 3.9 times as fast (run 5); attention_bf16_inputs.cuh chooses
-// between the two, mma by default.
+// and ran 3.8 to 3.9 times as fast (run 5).
 //
 // Needs compute capability 8.0 (bf16 wmma) and, for heads over 64 features,
 // up to 121 KiB of shared memory a block; a GPU without either is refused
-// with a message. Tests: tests/cuda/test_kernels_attention_bf16.cu.
+// with a message (kernels/cuda/attention_bf16_fits.cuh, shared with the mma
+// kernels). Included by path from the repository root (bench/gpu/kernels.cu);
+// it needs loom's include/ on the include path.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -56,6 +66,7 @@
 #include "loom/core/check_cuda.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cuda/attention.cuh"
+#include "loom/kernels/cuda/attention_bf16_fits.cuh"
 #include "loom/kernels/cuda/attention_tiles.cuh"
 
 namespace loom::kernels::cuda {
@@ -465,22 +476,6 @@ __global__ void __launch_bounds__(block_threads, 1)
 #endif
 }
 
-// bf16 wmma needs compute capability 8.0, and the tiles of a head size over
-// 64 need more shared memory per block (110-121 KiB) than some of those GPUs
-// give one (8.6, 8.9 and 12.x: 99 KiB); both checked on `device`, once per
-// launcher and device (OncePerDevice).
-inline void check_device_fits(const char* who, std::int64_t D, std::size_t shared_bytes, int device) {
-    int major = 0, minor = 0, shared_limit = 0;
-    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    LOOM_CHECK(major >= 8, who, ": bf16 attention needs bf16 tensor cores (compute capability 8.0 or newer); GPU ",
-               device, " has ", major, ".", minor, "; use f32 products (--matmul f32)");
-    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    LOOM_CHECK(shared_bytes <= static_cast<std::size_t>(shared_limit), who, ": bf16 attention at head size D = ", D,
-               " needs ", shared_bytes, " bytes of shared memory per block; GPU ", device, " gives at most ",
-               shared_limit, "; use heads of 64 or fewer features, or f32 products (--matmul f32)");
-}
-
 [[nodiscard]] inline Items items_of(std::int64_t B, std::int64_t T, std::int64_t H) {
     return Items{B * H, (T + tile_rows - 1) / tile_rows};
 }
@@ -492,7 +487,7 @@ void forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int6
     constexpr std::size_t bytes = ForwardRegions<Width>::bytes;
     static OncePerDevice set_up;
     set_up([D](int device) {
-        check_device_fits("attention_forward", D, bytes, device);
+        attention_detail::check_bf16_device_fits("attention_forward", D, bytes, device);
         attention_detail::allow_shared(forward_kernel<Width>, bytes);
     });
     forward_kernel<Width><<<attention_detail::blocks_for_items(items.count()), block_threads, bytes, stream>>>(
@@ -507,7 +502,7 @@ void backward(const float* qkv, const float* out, const float* dout, const float
     constexpr std::size_t bytes = BackwardRegions<Width>::bytes;
     static OncePerDevice set_up;
     set_up([D](int device) {
-        check_device_fits("attention_backward", D, bytes, device);
+        attention_detail::check_bf16_device_fits("attention_backward", D, bytes, device);
         attention_detail::allow_shared(backward_dkdv_kernel<Width>, bytes);
         attention_detail::allow_shared(backward_dq_kernel<Width>, bytes);
     });
@@ -524,8 +519,7 @@ void backward(const float* qkv, const float* out, const float* dout, const float
 
 // Causal multi-head self-attention at MatmulPrecision::bf16 on wmma, as
 // host::attention_forward_bf16_inputs: qkv [B, T, 3C] in, out [B, T, C] and
-// lse [B, H, T] written, all f32 on the device; D <= 128. What
-// attention_forward_bf16_inputs (attention_bf16_inputs.cuh) runs by default.
+// lse [B, H, T] written, all f32 on the device; D <= 128.
 inline void attention_forward_bf16_wmma(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                                         std::int64_t H, std::int64_t D, cudaStream_t stream = nullptr) {
     if (!attention_detail::check_forward(qkv, out, lse, B, T, H, D)) return;
