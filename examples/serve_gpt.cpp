@@ -428,10 +428,14 @@ int run(const Flags& f) {
         std::fflush(stdout);
         io.run();  // returns once the acceptor is closed and every connection has ended
         engine.stop();
+        const serve_gpt::Engine::Stats stats = engine.stats();
+        std::printf("serve_gpt: stopped after %llu completion requests: %lld tokens in %lld forwards, at most %zu "
+                    "requests in one\n",
+                    static_cast<unsigned long long>(server.completions), static_cast<long long>(stats.tokens),
+                    static_cast<long long>(stats.steps), stats.widest);
     }
     io.restart();
     io.poll();  // pieces the engine posted last: their inboxes are freed on this thread
-    std::printf("serve_gpt: stopped\n");
     return 0;
 }
 

@@ -78,6 +78,17 @@ public:
         wake_.notify_one();
     }
 
+    // What the engine has done, for the summary line: forwards run, tokens
+    // generated, and the most requests one forward carried.
+    struct Stats {
+        std::int64_t steps = 0, tokens = 0;
+        std::size_t widest = 0;
+    };
+    [[nodiscard]] Stats stats() const {
+        const std::lock_guard lock(mutex_);
+        return stats_;
+    }
+
     // Ends the thread; jobs still running are dropped (the server stops only
     // once its connections have their answers).
     void stop() {
@@ -109,8 +120,14 @@ private:
             for (std::shared_ptr<Job>& job : incoming) start(std::move(job));
             for (const std::shared_ptr<Job>& job : cancels) drop(job.get());
             try {
-                if (!batcher_.idle())
-                    for (const loom::infer::Batcher::Event& e : batcher_.step()) advance(e);
+                if (!batcher_.idle()) {
+                    const auto events = batcher_.step();
+                    for (const loom::infer::Batcher::Event& e : events) advance(e);
+                    const std::lock_guard stats_lock(mutex_);
+                    stats_.steps += 1;
+                    stats_.tokens += static_cast<std::int64_t>(events.size());
+                    stats_.widest = std::max(stats_.widest, events.size());
+                }
             } catch (const std::exception& e) {  // not expected: requests are checked before they come here
                 fail_all(e.what());
             }
@@ -196,11 +213,12 @@ private:
 
     loom::infer::Batcher batcher_;  // the engine thread's alone, as is running_
     std::map<std::uint64_t, Running> running_;
-    std::mutex mutex_;              // guards the three below
+    mutable std::mutex mutex_;      // guards the four below
     std::condition_variable wake_;
     std::deque<std::shared_ptr<Job>> incoming_;
     std::vector<std::shared_ptr<Job>> cancels_;
     bool quit_ = false;
+    Stats stats_;
     std::thread thread_;            // last: it starts once the rest is built
 };
 

@@ -52,6 +52,9 @@ inline std::vector<std::int32_t> tokens_of(std::string_view bytes, std::int64_t 
     return tokens;
 }
 
+// What kind a value is, for a field of the wrong type ("a number").
+inline std::string kind(const json::Value& v) { return std::string(json::kind_name(v.kind())); }
+
 // How a value reads in a message: a number's literal, or its kind.
 inline std::string shown(const json::Value& v) {
     if (v.is_number()) return std::string(v.text());
@@ -71,7 +74,7 @@ inline std::vector<std::vector<std::int32_t>> strings_of(const json::Value& v, c
                                                          std::int64_t vocab, std::string_view valid) {
     std::vector<std::vector<std::int32_t>> out;
     const auto one = [&](const json::Value& s, const std::string& where) {
-        if (!s.is_string()) throw ApiError(400, where + " is " + shown(s) + "; give " + std::string(valid), name);
+        if (!s.is_string()) throw ApiError(400, where + " is " + kind(s) + "; give " + std::string(valid), name);
         if (s.text().empty()) throw ApiError(400, where + " is an empty string; give at least one byte", name);
         out.push_back(tokens_of(s.text(), vocab));
     };
@@ -93,12 +96,12 @@ inline Completion parse_completion(std::string_view body, const loom::gpt::Confi
     const std::optional<json::Document> doc = json::parse(body, error);
     if (!doc) throw ApiError(400, "the request body is not valid JSON: " + error);
     const json::Value root = doc->root();
-    if (!root.is_object()) throw ApiError(400, "the request body is " + shown(root) + "; give a JSON object");
+    if (!root.is_object()) throw ApiError(400, "the request body is " + kind(root) + "; give a JSON object");
 
     Completion c;
     c.model = std::string(model_name);
     if (const auto v = field(root, "model")) {
-        if (!v->is_string()) throw ApiError(400, "model is " + shown(*v) + "; give a string", "model");
+        if (!v->is_string()) throw ApiError(400, "model is " + kind(*v) + "; give a string", "model");
         c.model = std::string(v->text());
     }
     const auto prompt = field(root, "prompt");
@@ -161,7 +164,7 @@ inline Completion parse_completion(std::string_view body, const loom::gpt::Confi
     if (const auto v = field(root, "stop")) c.stops = strings_of(*v, "stop", model.vocab, "a string or a list of strings");
     if (const auto v = field(root, "stream")) {
         if (v->kind() != json::Kind::boolean)
-            throw ApiError(400, "stream is " + shown(*v) + "; give true or false", "stream");
+            throw ApiError(400, "stream is " + kind(*v) + "; give true or false", "stream");
         c.stream = v->boolean();
     }
     // What is not built: say so rather than answer something else.
