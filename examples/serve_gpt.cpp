@@ -429,8 +429,8 @@ int run(const Flags& f) {
         io.run();  // returns once the acceptor is closed and every connection has ended
         engine.stop();
         const serve_gpt::Engine::Stats stats = engine.stats();
-        std::printf("serve_gpt: stopped after %llu completion requests: %lld tokens in %lld forwards, at most %zu "
-                    "requests in one\n",
+        std::printf("serve_gpt: stopped after %llu completions: %lld tokens in %lld forwards, at most %zu requests "
+                    "in one forward\n",
                     static_cast<unsigned long long>(server.completions), static_cast<long long>(stats.tokens),
                     static_cast<long long>(stats.steps), stats.widest);
     }
