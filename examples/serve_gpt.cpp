@@ -340,8 +340,17 @@ awaitable<void> session(Server& server, tcp::socket socket) {
             parser.body_limit(body_limit);
             boost::system::error_code ec;
             server.idle.insert(&socket);
-            co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+            co_await http::async_read_header(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
             server.idle.erase(&socket);
+            // A client that asks before sending its body (curl does for large
+            // ones) hears 100 Continue; a body over the limit was refused with
+            // the header (body_limit), before the client sent it.
+            if (!ec && !parser.is_done() && parser.get()[http::field::expect] == "100-continue") {
+                http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
+                co_await http::async_write(socket, go_on, use_awaitable);
+            }
+            if (!ec && !parser.is_done())
+                co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
             if (ec == http::error::body_limit) {
                 Request req = parser.get();
                 req.keep_alive(false);

@@ -238,6 +238,14 @@ def run(args):
     refused(None, 405, "DELETE /health is not served; use GET /health", method="DELETE", path="/health")
     big = json.dumps({"prompt": "x" * (1 << 20)})
     refused(big, 413, "the request body is larger than the server's limit of 1048576 bytes")
+    # A client that waits for 100 Continue before its body gets it (curl -v shows the interim response).
+    asked = subprocess.run([args.curl, "-sS", "-v", "--expect100-timeout", "30", "-H", "Expect: 100-continue",
+                            "-H", "Content-Type: application/json", "--data-binary", "@-",
+                            SERVER.url + "/v1/completions"],
+                           input=json.dumps({"prompt": "Hello", "max_tokens": 12, "temperature": 0}),
+                           capture_output=True, text=True, timeout=60)
+    check("< HTTP/1.1 100 Continue" in asked.stderr and json.loads(asked.stdout)["choices"][0]["text"] == greedy,
+          f"Expect: 100-continue: {asked.stderr} {asked.stdout}")
     status, text = curl(args, "/v1/models")
     check(status == 200 and json.loads(text)["data"][0]["id"] == "loom-gpt", f"/v1/models: {status} {text}")
 
