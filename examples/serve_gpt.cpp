@@ -359,7 +359,15 @@ awaitable<void> session(Server& server, tcp::socket socket) {
                                                       std::to_string(body_limit) + " bytes"));
                 break;
             }
-            if (ec) break;  // the client closed, a shutdown, or not HTTP
+            const bool not_http = ec.category() == http::make_error_code(http::error::bad_method).category() &&
+                                  ec != http::error::end_of_stream && ec != http::error::partial_message;
+            if (not_http) {  // a request line or header Beast cannot read: say so, then close
+                Request req;
+                req.keep_alive(false);
+                co_await send_error(socket, req, ApiError(400, "the request is not valid HTTP/1.1: " + ec.message()));
+                break;
+            }
+            if (ec) break;  // the client closed, or a shutdown
             const Request& req = parser.get();
             co_await answer(server, socket, req);
             if (!req.keep_alive() || server.stopping) break;

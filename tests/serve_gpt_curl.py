@@ -214,6 +214,17 @@ def run(args):
     refused([1, 2], 400, "the request body is an array; give a JSON object")
     refused({"max_tokens": 3}, 400, "prompt is missing; give a string or a list of strings", "prompt")
     refused({"prompt": ["a", 7]}, 400, "prompt[1] is a number; give a string or a list of strings", "prompt")
+    refused({"prompt": []}, 400, "prompt is an empty list; give a string or a list of strings", "prompt")
+    refused({"prompt": ["a", ""]}, 400, "prompt[1] is an empty string; give at least one byte", "prompt")
+    refused({"prompt": ["a", "y" * 70]}, 400,
+            "prompt[1] has 70 tokens, more than the model's context of 64 (--seq); give at most 64", "prompt")
+    refused({"prompt": "Hello", "model": 3}, 400, "model is a number; give a string", "model")
+    refused({"prompt": "Hello", "stop": ["a", 1]}, 400, "stop[1] is a number; give a string or a list of strings",
+            "stop")
+    refused({"prompt": "Hello", "echo": True}, 400, "echo true is not supported; give false", "echo")
+    refused({"prompt": "Hello", "logprobs": 2}, 400, "logprobs 2 is not supported; give null", "logprobs")
+    refused({"prompt": "Hello", "max_tokens": 2.5}, 400, "max_tokens 2.5 is not valid; give a whole number >= 1",
+            "max_tokens")
     refused({"prompt": "x" * 65}, 400,
             "prompt has 65 tokens, more than the model's context of 64 (--seq); give at most 64", "prompt")
     refused({"prompt": "Hello", "max_tokens": 61}, 400,
@@ -248,6 +259,20 @@ def run(args):
           f"Expect: 100-continue: {asked.stderr} {asked.stdout}")
     status, text = curl(args, "/v1/models")
     check(status == 200 and json.loads(text)["data"][0]["id"] == "loom-gpt", f"/v1/models: {status} {text}")
+
+    # A request that is not HTTP: 400 with the error object, and the connection closed.
+    with socket.create_connection(("127.0.0.1", SERVER.port), timeout=10) as s:
+        s.sendall(b"HELLO there\r\n\r\n")
+        answer = b""
+        while True:
+            more = s.recv(4096)
+            if not more:
+                break
+            answer += more
+    head, _, body = answer.partition(b"\r\n\r\n")
+    check(head.startswith(b"HTTP/1.1 400 Bad Request") and
+          json.loads(body)["error"]["message"].startswith("the request is not valid HTTP/1.1: "),
+          f"a request that is not HTTP was answered {answer!r}")
 
     # A client that hangs up mid-stream: the server goes on serving.
     with socket.create_connection(("127.0.0.1", SERVER.port), timeout=10) as s:
