@@ -166,12 +166,15 @@ private:
         running_.clear();
     }
 
-    // Length of the longest stop sequence that `tokens` ends with (0: none).
+    // Length of the longest stop sequence that `tokens` ends with (0: none):
+    // the text ends where the earliest-starting one begins.
     static std::size_t ends_with_stop(const std::vector<std::int32_t>& tokens, const Job& job) {
+        std::size_t longest = 0;
         for (const auto& s : job.stops)
-            if (s.size() <= tokens.size() && std::equal(s.begin(), s.end(), tokens.end() - static_cast<std::ptrdiff_t>(s.size())))
-                return s.size();
-        return 0;
+            if (s.size() > longest && s.size() <= tokens.size() &&
+                std::equal(s.begin(), s.end(), tokens.end() - static_cast<std::ptrdiff_t>(s.size())))
+                longest = s.size();
+        return longest;
     }
 
     // Tokens at the end that begin some stop sequence: not shown yet.

@@ -186,6 +186,15 @@ def run(args):
     status, text = curl(args, "/v1/completions",
                         {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "stop": stop, "stream": True})
     check(stream_texts(events_of(text), 1) == ([c["text"]], ["stop"]), "the streamed stop differs")
+    # Two stops ending together ("Y" and "XY"): the text ends where the earlier one starts, and the
+    # stream held "X" back until it knew.
+    x, y = stop
+    j = greedy.find(y)
+    cut = j - 1 if j > 0 and greedy[j - 1] == x else j
+    both = {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "stop": [y, x + y]}
+    check(complete(args, both)["choices"][0]["text"] == greedy[:cut], f"stops {[y, x + y]} did not cut at {cut}")
+    status, text = curl(args, "/v1/completions", dict(both, stream=True))
+    check(stream_texts(events_of(text), 1) == ([greedy[:cut]], ["stop"]), "the streamed stops differ")
 
     # 32 concurrent streamed requests (4 slots: most wait for one, and join the batch as others
     # finish): each gets the text it gets alone.
