@@ -14,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin         # the MPI backend and mpirun
   python3 python3-venv               # the Conan client's virtual environment
   python3-torch                      # PyTorch parity test and speed comparison (/usr/bin/python3)
+  curl                               # serve_gpt's test talks to it with curl
 )
 
 missing=()

@@ -7,8 +7,9 @@
 // (continuous batching). Each request samples with its own Sampling (and
 // seed): its tokens do not depend on what it is batched with.
 //
-// Not yet here (issue 39): preemption (swapping a sequence's blocks out when
-// the pool runs short), parallel serving, a server.
+// The stepping itself is infer/batcher.hpp's Batcher, which a server feeds
+// while requests run. Not yet here (issue 39): preemption (swapping a
+// sequence's blocks out when the pool runs short), parallel serving.
 #pragma once
 
 #include <algorithm>
@@ -18,47 +19,17 @@
 
 #include "loom/core/error.hpp"
 #include "loom/gpt/model.hpp"
+#include "loom/infer/batcher.hpp"
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/sampler.hpp"
 
 namespace loom::infer {
 
-struct Request {
-    std::vector<std::int32_t> prompt;
-    std::int64_t max_new_tokens = 16;       // the length limit: at most this many new tokens
-    std::vector<std::int32_t> stop_tokens;  // generating any of these ends the request
-    Sampling sampling{};
-};
-
-enum class Finish : std::uint8_t {
-    length,  // max_new_tokens were generated
-    stop,    // a stop token was generated (it is the last token)
-};
-
 struct Completion {
     std::vector<std::int32_t> tokens;  // the new tokens only
     Finish finish = Finish::length;
 };
-
-// Positions a request occupies in the cache: the prompt and every new token
-// but the last (which is returned, never fed back).
-[[nodiscard]] inline std::int64_t positions_needed(const Request& request) {
-    return static_cast<std::int64_t>(request.prompt.size()) + request.max_new_tokens - 1;
-}
-
-inline void check_request(const Request& request, std::size_t index, std::int64_t capacity) {
-    const auto prompt = static_cast<std::int64_t>(request.prompt.size());
-    LOOM_CHECK(prompt >= 1, "generate: request ", index, " has an empty prompt; give at least one token");
-    LOOM_CHECK(prompt <= capacity, "generate: request ", index, "'s prompt of ", prompt,
-               " tokens is longer than the cache's ", capacity, " positions per sequence");
-    LOOM_CHECK(request.max_new_tokens >= 1, "generate: request ", index, " asks for max_new_tokens = ",
-               request.max_new_tokens, "; ask for at least 1");
-    LOOM_CHECK(positions_needed(request) <= capacity, "generate: request ", index, " needs ",
-               positions_needed(request), " cached positions (a prompt of ", prompt, " and ", request.max_new_tokens,
-               " new tokens, the last never cached) but the cache holds ", capacity, " per sequence");
-    request.sampling.validate();
-}
 
 // Runs the requests to completion on `engine`, continuously batched: as
 // many run at once as the cache has slots and blocks for, the rest wait in
@@ -68,77 +39,25 @@ inline void check_request(const Request& request, std::size_t index, std::int64_
 [[nodiscard]] inline std::vector<Completion> generate(CachedGpt& engine, std::span<const Request> requests) {
     KvCache& cache = engine.cache();
     LOOM_CHECK(!requests.empty(), "generate: no requests");
-    std::vector<std::int64_t> blocks_needed;  // each request's whole need, held back for it while it runs
-    for (std::size_t i = 0; i < requests.size(); ++i) {
+    for (std::size_t i = 0; i < requests.size(); ++i) {  // every request checked before any runs
         check_request(requests[i], i, cache.capacity());
-        blocks_needed.push_back(cache.blocks_for(positions_needed(requests[i])));
-        LOOM_CHECK(blocks_needed.back() <= cache.blocks(), "generate: request ", i, " needs ", blocks_needed.back(),
+        const std::int64_t blocks = cache.blocks_for(positions_needed(requests[i]));
+        LOOM_CHECK(blocks <= cache.blocks(), "generate: request ", i, " needs ", blocks,
                    " blocks of ", cache.block_size(), " positions but the cache has ", cache.blocks(),
                    "; build it with more blocks");
     }
     for (std::int64_t s = 0; s < cache.slots(); ++s)
         LOOM_CHECK(cache.length(s) == 0, "generate: slot ", s, " of the cache holds ", cache.length(s),
                    " positions; release it first");
-    struct Release {  // the slots are free again however generate ends
-        KvCache& cache;
-        ~Release() {
-            for (std::int64_t s = 0; s < cache.slots(); ++s) cache.release(s);
-        }
-    } release{cache};
-
+    Batcher batcher(engine);  // frees the slots however generate ends
+    for (const Request& r : requests) (void)batcher.submit(r);  // ids 0, 1, ...: the requests' indices
     std::vector<Completion> done(requests.size());
-    Sampler sampler;
-    // Takes request i's next token from its logits; true while it goes on.
-    const auto next = [&](std::size_t i, std::span<const float> logits) {
-        const Request& r = requests[i];
-        Completion& c = done[i];
-        const std::int32_t token = sampler.pick(logits, r.sampling, c.tokens.size());
-        c.tokens.push_back(token);
-        if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end()) {
-            c.finish = Finish::stop;
-            return false;
+    while (!batcher.idle()) {
+        for (const Batcher::Event& e : batcher.step()) {
+            Completion& c = done[static_cast<std::size_t>(e.id)];
+            c.tokens.push_back(e.token);
+            if (e.finish) c.finish = *e.finish;
         }
-        c.finish = Finish::length;
-        return static_cast<std::int64_t>(c.tokens.size()) < r.max_new_tokens;
-    };
-
-    struct Running {
-        std::int64_t slot;
-        std::size_t request;
-    };
-    std::vector<Running> running, still;
-    std::vector<std::int64_t> free_slots;  // popped from the back: slot 0 first
-    for (std::int64_t s = cache.slots() - 1; s >= 0; --s) free_slots.push_back(s);
-    std::size_t waiting = 0;   // requests [waiting, n) have not started
-    std::int64_t promised = 0;  // blocks the running requests may still take, with those they hold
-    std::vector<Segment> segments;
-    const auto V = static_cast<std::size_t>(engine.config().vocab);
-    while (!running.empty() || waiting < requests.size()) {
-        segments.clear();
-        for (const Running& r : running) segments.push_back({r.slot, std::span(&done[r.request].tokens.back(), 1)});
-        // A request starts when a slot is free and the blocks it will need at
-        // its longest are not promised to the running ones: no request can run
-        // out of blocks halfway.
-        while (waiting < requests.size() && !free_slots.empty() &&
-               promised + blocks_needed[waiting] <= cache.blocks()) {
-            promised += blocks_needed[waiting];
-            running.push_back({free_slots.back(), waiting});
-            free_slots.pop_back();
-            segments.push_back({running.back().slot, requests[waiting].prompt});
-            ++waiting;
-        }
-        const std::span<const float> logits = engine.forward(segments);
-        still.clear();
-        for (std::size_t j = 0; j < running.size(); ++j) {
-            if (next(running[j].request, logits.subspan(j * V, V))) {
-                still.push_back(running[j]);
-            } else {
-                cache.release(running[j].slot);
-                promised -= blocks_needed[running[j].request];
-                free_slots.push_back(running[j].slot);
-            }
-        }
-        running.swap(still);
     }
     return done;
 }

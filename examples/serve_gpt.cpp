@@ -1,0 +1,478 @@
+// serve_gpt: a GPT that train_gpt trained (--checkpoint FILE) or freshly
+// initialised weights (--random), served over HTTP/1.1 with OpenAI's
+// completions API, so that OpenAI's clients (the openai Python package,
+// curl) talk to it (docs/inference.md, "Serving over HTTP"):
+//
+//   POST /v1/completions   prompt (a string or a list: one choice each), max_tokens, temperature
+//                          (0: greedy), top_p, top_k, seed, stop, stream (server-sent events)
+//   GET  /v1/models        the one model
+//   GET  /health           {"status":"ok"}
+//
+//   serve_gpt (--checkpoint FILE | --random) [--layers L --width C --heads H --seq T --vocab V]
+//             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N]
+//
+// Threads: one io_context thread runs every connection (Boost.Beast on Asio
+// coroutines); one engine thread owns the model and loom::infer::Batcher
+// (serve_gpt_engine.hpp), so requests arriving from many connections join
+// the continuous batch between two forwards. SIGINT or SIGTERM: stop
+// accepting, let the requests in flight finish, exit 0.
+//
+// Exit status: 0 after a signal, 2 for a bad flag, 1 for anything else (a
+// missing checkpoint, a port in use).
+#include "serve_gpt_engine.hpp"
+#include "serve_gpt_openai.hpp"
+
+#include <loom/gpt/checkpoint.hpp>
+#include <loom/gpt/model.hpp>
+#include <loom/infer/cached_gpt.hpp>
+#include <loom/infer/kv_cache.hpp>
+#include <loom/nn/param_arena.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+using asio::awaitable;
+using asio::use_awaitable;
+using tcp = asio::ip::tcp;
+using serve_gpt::ApiError;
+
+constexpr const char* usage =
+    "usage: serve_gpt (--checkpoint FILE | --random) [flags]\n"
+    "  --checkpoint FILE  a train_gpt --save checkpoint (one file, not a --sharded directory)\n"
+    "  --random           freshly initialised weights (from --seed) instead of a checkpoint\n"
+    "  --layers N --width N --heads N --seq N --vocab N\n"
+    "                     the model's shape, as train_gpt's flags (defaults 4, 256, 4, 128, 256)\n"
+    "  --seed S           --random's weights (default 1); a request's own seed samples its tokens\n"
+    "  --host ADDR        the address to listen on (default 127.0.0.1)\n"
+    "  --port P           the port, 0: any free one (default 8000); the line 'serve_gpt: listening on\n"
+    "                     http://ADDR:PORT' says which\n"
+    "  --max-batch N      requests (prompts) running at once; more wait for a slot (default 8)\n"
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
+
+constexpr const char* flag_list =
+    "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
+    "--block-size, --help";
+
+constexpr std::size_t body_limit = 1 << 20;  // bytes of a request body; more is answered 413
+constexpr const char* model_name = "loom-gpt";
+
+struct FlagError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+template <class... Parts>
+[[noreturn]] void bad_flag(const Parts&... parts) {
+    std::ostringstream out;
+    (out << ... << parts);
+    throw FlagError(out.str());
+}
+
+std::int64_t whole(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high,
+                   std::string_view note = "") {
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || value < low || value > high)
+        bad_flag(flag, " ", text, " is not a whole number in ", low, "..", high, note);
+    return value;
+}
+
+struct Flags {
+    loom::gpt::Config model;  // train_gpt's defaults
+    std::string checkpoint;
+    bool random = false;
+    std::uint64_t seed = 1;
+    asio::ip::address host = asio::ip::make_address_v4("127.0.0.1");
+    std::uint16_t port = 8000;
+    std::int64_t max_batch = 8;
+    std::int64_t block_size = 16;
+};
+
+Flags parse(int argc, char** argv) {
+    Flags f;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view flag = argv[i];
+        if (flag == "--help" || flag == "-h") {
+            std::fputs(usage, stdout);
+            std::exit(0);
+        }
+        if (flag == "--random") {
+            f.random = true;
+            continue;
+        }
+        const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
+                           flag == "--seq" || flag == "--vocab" || flag == "--seed" || flag == "--host" ||
+                           flag == "--port" || flag == "--max-batch" || flag == "--block-size";
+        if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
+        if (i + 1 >= argc) bad_flag(flag, " needs a value (serve_gpt --help lists the flags)");
+        const std::string value = argv[++i];
+        if (flag == "--checkpoint") f.checkpoint = value;
+        else if (flag == "--layers") f.model.layers = whole(flag, value, 1, 1024);
+        else if (flag == "--width") f.model.width = whole(flag, value, 1, 65536);
+        else if (flag == "--heads") f.model.heads = whole(flag, value, 1, 65536);
+        else if (flag == "--seq") f.model.seq = whole(flag, value, 1, 1 << 20);
+        else if (flag == "--vocab") f.model.vocab = whole(flag, value, 2, 256, " (a byte vocabulary)");
+        else if (flag == "--seed") f.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
+        else if (flag == "--port") f.port = static_cast<std::uint16_t>(whole(flag, value, 0, 65535, " (0: any free port)"));
+        else if (flag == "--max-batch") f.max_batch = whole(flag, value, 1, 4096);
+        else if (flag == "--block-size") f.block_size = whole(flag, value, 1, 1 << 20);
+        else {
+            boost::system::error_code ec;
+            f.host = asio::ip::make_address(value, ec);
+            if (ec) bad_flag("--host ", value, " is not an IP address; give one such as 127.0.0.1, 0.0.0.0 or ::1");
+        }
+    }
+    if (f.random == !f.checkpoint.empty())
+        bad_flag(f.random ? "--random and --checkpoint exclude each other; give one"
+                          : "no model: give --checkpoint FILE (a train_gpt --save file) or --random");
+    if (f.model.width % f.model.heads != 0)
+        bad_flag("--heads ", f.model.heads, " does not divide --width ", f.model.width);
+    if (f.block_size > f.model.seq)
+        bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.model.seq, "); use 1..",
+                 f.model.seq);
+    return f;
+}
+
+// What every connection shares; touched on the io_context's one thread only.
+struct Server {
+    Server(asio::io_context& io_, tcp::acceptor acceptor_, serve_gpt::Engine& engine_, const loom::gpt::Config& model_)
+        : io(io_), acceptor(std::move(acceptor_)), engine(engine_), model(model_) {}
+    asio::io_context& io;
+    tcp::acceptor acceptor;
+    serve_gpt::Engine& engine;
+    const loom::gpt::Config& model;
+    std::int64_t started = std::time(nullptr);
+    std::uint64_t completions = 0;      // for ids
+    std::mt19937_64 seeds{std::random_device{}()};  // for requests that give no seed
+    bool stopping = false;
+    std::set<tcp::socket*> idle;        // connections waiting for a request: closed on a signal
+};
+
+// A job's pieces as the connection's coroutine sees them: the engine thread
+// posts each one here and wakes the coroutine by cancelling the timer.
+struct Inbox {
+    explicit Inbox(asio::io_context& io) : timer(io) {}
+    asio::steady_timer timer;
+    std::deque<serve_gpt::Piece> pieces;
+};
+
+awaitable<serve_gpt::Piece> next_piece(Inbox& inbox) {
+    while (inbox.pieces.empty()) {
+        inbox.timer.expires_at(asio::steady_timer::time_point::max());
+        boost::system::error_code ec;  // operation_aborted: a piece came
+        co_await inbox.timer.async_wait(asio::redirect_error(use_awaitable, ec));
+    }
+    serve_gpt::Piece piece = std::move(inbox.pieces.front());
+    inbox.pieces.pop_front();
+    co_return piece;
+}
+
+using Request = http::request<http::string_body>;
+
+awaitable<void> send(tcp::socket& socket, const Request& req, http::status status, std::string body,
+                     std::string_view content_type = "application/json", std::string_view allow = "") {
+    http::response<http::string_body> res{status, req.version()};
+    res.set(http::field::server, "loom serve_gpt");
+    res.set(http::field::content_type, content_type);
+    if (!allow.empty()) res.set(http::field::allow, allow);
+    res.keep_alive(req.keep_alive());
+    res.body() = std::move(body);
+    res.prepare_payload();
+    co_await http::async_write(socket, res, use_awaitable);
+}
+
+awaitable<void> send_error(tcp::socket& socket, const Request& req, const ApiError& e, std::string_view allow = "") {
+    co_await send(socket, req, static_cast<http::status>(e.status), serve_gpt::error_json(e), "application/json",
+                  allow);
+}
+
+// POST /v1/completions, once its body is read.
+awaitable<void> complete(Server& server, tcp::socket& socket, const Request& req) {
+    serve_gpt::Completion c;
+    std::optional<ApiError> refused;  // answered outside the handler: no co_await may sit in one
+    try {
+        c = serve_gpt::parse_completion(req.body(), server.model, model_name, server.seeds());
+    } catch (const ApiError& e) {
+        refused = e;
+    }
+    if (refused) {
+        co_await send_error(socket, req, *refused);
+        co_return;
+    }
+    const std::string id = "cmpl-" + std::to_string(++server.completions);
+    const std::int64_t created = std::time(nullptr);
+    auto inbox = std::make_shared<Inbox>(server.io);
+    auto job = std::make_shared<serve_gpt::Job>();
+    for (const auto& prompt : c.prompts)
+        job->choices.push_back({.prompt = prompt, .max_new_tokens = c.max_tokens, .stop_tokens = {},
+                                .sampling = c.sampling});
+    job->stops = c.stops;
+    job->deliver = [inbox, &io = server.io](serve_gpt::Piece piece) {
+        asio::post(io, [inbox, piece = std::move(piece)]() mutable {
+            inbox->pieces.push_back(std::move(piece));
+            inbox->timer.cancel();
+        });
+    };
+    // However this coroutine ends (a client gone mid-stream, a shutdown),
+    // the job leaves the batch.
+    struct CancelOnExit {
+        serve_gpt::Engine& engine;
+        std::shared_ptr<serve_gpt::Job> job;
+        bool finished = false;
+        ~CancelOnExit() {
+            if (!finished) engine.cancel(job);
+        }
+    } guard{server.engine, job};
+    server.engine.submit(job);
+
+    std::vector<serve_gpt::Choice> choices(c.prompts.size());
+    std::size_t open = choices.size();
+    if (!c.stream) {
+        while (open > 0) {
+            serve_gpt::Piece p = co_await next_piece(*inbox);
+            if (!p.error.empty()) {
+                guard.finished = true;
+                co_await send_error(socket, req, ApiError(500, "the engine failed: " + p.error, "", "server_error"));
+                co_return;
+            }
+            serve_gpt::Choice& choice = choices[p.choice];
+            choice.text.insert(choice.text.end(), p.text.begin(), p.text.end());
+            choice.generated = p.generated;
+            if (p.finish) {
+                choice.finish = *p.finish;
+                --open;
+            }
+        }
+        guard.finished = true;
+        co_await send(socket, req, http::status::ok, serve_gpt::completion_json(id, created, c, choices));
+        co_return;
+    }
+    // Streamed: server-sent events in a chunked body, one per piece, then [DONE].
+    http::response<http::empty_body> res{http::status::ok, req.version()};
+    res.set(http::field::server, "loom serve_gpt");
+    res.set(http::field::content_type, "text/event-stream");
+    res.set(http::field::cache_control, "no-cache");
+    res.keep_alive(req.keep_alive());
+    res.chunked(true);
+    http::response_serializer<http::empty_body> head{res};
+    co_await http::async_write_header(socket, head, use_awaitable);
+    while (open > 0) {
+        serve_gpt::Piece p = co_await next_piece(*inbox);
+        if (!p.error.empty()) break;  // the stream ends without [DONE]: the client sees it cut short
+        if (p.finish) --open;
+        const std::string event = serve_gpt::chunk_event(id, created, c.model, p.choice, p.text, p.finish);
+        co_await asio::async_write(socket, http::make_chunk(asio::buffer(event)), use_awaitable);
+    }
+    guard.finished = true;
+    if (open == 0) {
+        const std::string done = "data: [DONE]\n\n";
+        co_await asio::async_write(socket, http::make_chunk(asio::buffer(done)), use_awaitable);
+    }
+    co_await asio::async_write(socket, http::make_chunk_last(), use_awaitable);
+}
+
+// One request: routes it and answers.
+awaitable<void> answer(Server& server, tcp::socket& socket, const Request& req) {
+    std::string_view path = req.target();
+    path = path.substr(0, path.find('?'));
+    const auto method = [&](http::verb verb, const char* name) {
+        return req.method() == verb
+                   ? std::optional<ApiError>()
+                   : ApiError(405, std::string(req.method_string()) + " " + std::string(path) + " is not served; use " +
+                                       name + " " + std::string(path));
+    };
+    if (path == "/v1/completions") {
+        if (auto e = method(http::verb::post, "POST")) co_await send_error(socket, req, *e, "POST");
+        else co_await complete(server, socket, req);
+    } else if (path == "/v1/models") {
+        if (auto e = method(http::verb::get, "GET")) co_await send_error(socket, req, *e, "GET");
+        else co_await send(socket, req, http::status::ok, serve_gpt::models_json(model_name, server.started));
+    } else if (path == "/health") {
+        if (auto e = method(http::verb::get, "GET")) co_await send_error(socket, req, *e, "GET");
+        else co_await send(socket, req, http::status::ok, "{\"status\":\"ok\"}");
+    } else {
+        co_await send_error(socket, req,
+                            ApiError(404, "no such path: " + std::string(path) +
+                                              "; the server answers POST /v1/completions, GET /v1/models and GET "
+                                              "/health"));
+    }
+}
+
+// One connection: requests one after another while the client keeps it open.
+awaitable<void> session(Server& server, tcp::socket socket) {
+    boost::beast::flat_buffer buffer;
+    try {
+        for (;;) {
+            http::request_parser<http::string_body> parser;
+            parser.body_limit(body_limit);
+            boost::system::error_code ec;
+            server.idle.insert(&socket);
+            co_await http::async_read_header(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+            server.idle.erase(&socket);
+            // A client that asks before sending its body (curl does for large
+            // ones) hears 100 Continue; a body over the limit was refused with
+            // the header (body_limit), before the client sent it.
+            if (!ec && !parser.is_done() && parser.get()[http::field::expect] == "100-continue") {
+                http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
+                co_await http::async_write(socket, go_on, use_awaitable);
+            }
+            if (!ec && !parser.is_done())
+                co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+            if (ec == http::error::body_limit) {
+                Request req = parser.get();
+                req.keep_alive(false);
+                co_await send_error(socket, req,
+                                    ApiError(413, "the request body is larger than the server's limit of " +
+                                                      std::to_string(body_limit) + " bytes"));
+                break;
+            }
+            const bool not_http = ec.category() == http::make_error_code(http::error::bad_method).category() &&
+                                  ec != http::error::end_of_stream && ec != http::error::partial_message;
+            if (not_http) {  // a request line or header Beast cannot read: say so, then close
+                Request req;
+                req.keep_alive(false);
+                co_await send_error(socket, req, ApiError(400, "the request is not valid HTTP/1.1: " + ec.message()));
+                break;
+            }
+            if (ec) break;  // the client closed, or a shutdown
+            const Request& req = parser.get();
+            co_await answer(server, socket, req);
+            if (!req.keep_alive() || server.stopping) break;
+        }
+    } catch (const std::exception&) {
+        // The client went away mid-answer: only this connection ends.
+    }
+    server.idle.erase(&socket);
+    boost::system::error_code ignored;
+    socket.shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+awaitable<void> accept(Server& server) {
+    while (!server.stopping) {
+        boost::system::error_code ec;
+        tcp::socket socket = co_await server.acceptor.async_accept(asio::redirect_error(use_awaitable, ec));
+        if (ec) {
+            if (server.stopping) break;
+            continue;  // e.g. too many open files: keep serving those already connected
+        }
+        asio::co_spawn(server.io, session(server, std::move(socket)), asio::detached);
+    }
+}
+
+int run(const Flags& f) {
+    std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error code, not the end of the server
+    loom::gpt::Model model = loom::gpt::make_model(f.model);
+    loom::nn::ParamArena arena(model);
+    if (f.random) {
+        arena.initialize(model, f.seed);
+        std::cout << "serve_gpt: " << f.model << ", random weights (seed " << f.seed << ")\n";
+    } else {
+        std::vector<float> m(arena.values().size()), v(m.size());  // AdamW's moments: read and dropped
+        const auto steps = loom::gpt::load_checkpoint(f.checkpoint, f.model, arena.values(), m, v);
+        std::cout << "serve_gpt: " << f.model << " from " << f.checkpoint << " (trained " << steps.step
+                  << " steps)\n";
+    }
+    loom::infer::KvCache cache(f.model.layers, f.model.width, f.max_batch, f.model.seq, f.block_size);
+    loom::infer::CachedGpt cached(model, f.model, cache);
+
+    asio::io_context io(1);
+    tcp::acceptor acceptor(io);
+    try {
+        const tcp::endpoint at(f.host, f.port);
+        acceptor.open(at.protocol());
+        acceptor.set_option(tcp::acceptor::reuse_address(true));
+        acceptor.bind(at);
+        acceptor.listen();
+    } catch (const boost::system::system_error& e) {
+        std::fprintf(stderr, "serve_gpt: cannot listen on %s port %u: %s\n", f.host.to_string().c_str(),
+                     static_cast<unsigned>(f.port), e.code().message().c_str());
+        return 1;
+    }
+    {
+        serve_gpt::Engine engine(cached);
+        Server server(io, std::move(acceptor), engine, f.model);
+        asio::signal_set signals(io, SIGINT, SIGTERM);
+        signals.async_wait([&](const boost::system::error_code& ec, int signal) {
+            if (ec) return;
+            std::printf("serve_gpt: signal %d: no new connections; finishing the requests in flight\n", signal);
+            std::fflush(stdout);
+            server.stopping = true;
+            boost::system::error_code ignored;
+            server.acceptor.close(ignored);
+            for (tcp::socket* idle : server.idle) idle->cancel(ignored);
+        });
+        asio::co_spawn(io, accept(server), asio::detached);
+        const tcp::endpoint bound = server.acceptor.local_endpoint();
+        const std::string host = bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
+                                                         : bound.address().to_string();
+        std::printf("serve_gpt: up to %lld requests at once, KV cache in blocks of %lld positions\n"
+                    "serve_gpt: listening on http://%s:%u\n",
+                    static_cast<long long>(f.max_batch), static_cast<long long>(f.block_size), host.c_str(),
+                    static_cast<unsigned>(bound.port()));
+        std::fflush(stdout);
+        io.run();  // returns once the acceptor is closed and every connection has ended
+        engine.stop();
+        const serve_gpt::Engine::Stats stats = engine.stats();
+        std::printf("serve_gpt: stopped after %llu completions: %lld tokens in %lld forwards, at most %zu requests "
+                    "in one forward\n",
+                    static_cast<unsigned long long>(server.completions), static_cast<long long>(stats.tokens),
+                    static_cast<long long>(stats.steps), stats.widest);
+    }
+    io.restart();
+    io.poll();  // pieces the engine posted last: their inboxes are freed on this thread
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Flags flags;
+    try {
+        flags = parse(argc, argv);
+    } catch (const FlagError& e) {
+        std::fprintf(stderr, "serve_gpt: %s\n", e.what());
+        return 2;
+    }
+    try {
+        return run(flags);
+    } catch (const loom::Error& e) {
+        std::fprintf(stderr, "serve_gpt: %s\n", e.message().c_str());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "serve_gpt: %s\n", e.what());
+        return 1;
+    }
+}
