@@ -11,6 +11,14 @@
 //                [--prompt TEXT]... [--max-new N] [--greedy | --temperature T --top-k K --top-p P]
 //                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N]
 //   generate_gpt --random [the same flags]
+//   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
+//
+// With a draft model (a smaller GPT of the same --seq and --vocab, from its
+// own train_gpt --save file, or random weights), the prompts are decoded
+// speculatively (infer/speculative.hpp, docs/speculative.md): the draft
+// proposes --gamma tokens, the target checks them in one pass. Greedy
+// decoding then writes the target's own greedy text; sampling keeps the
+// target's distribution. The summary adds the acceptance figures.
 //
 // Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
 // for anything else (a missing file, a checkpoint of another shape: the
@@ -18,6 +26,7 @@
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
+#include <loom/infer/speculative.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <chrono>
@@ -52,11 +61,17 @@ constexpr const char* usage =
     "  --seed S           sampling (and --random's weights) (default 1)\n"
     "  --stop TEXT        its first byte ends a prompt's generation when generated (repeatable)\n"
     "  --max-batch N      prompts running at once, 0: all (default 0)\n"
-    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n"
+    "  --draft FILE       a smaller GPT's train_gpt --save checkpoint: decode speculatively with it as the draft\n"
+    "  --draft-random     a draft with freshly initialised weights (from --seed) instead of --draft FILE\n"
+    "  --draft-layers N --draft-width N --draft-heads N\n"
+    "                     the draft's shape (defaults 1, 128, 4); its --seq and --vocab are the target's\n"
+    "  --gamma N          draft tokens the target checks per pass (default 4)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
-    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --help";
+    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --draft, --draft-random, "
+    "--draft-layers, --draft-width, --draft-heads, --gamma, --help";
 
 // A bad command line: exit status 2, the message without a source location.
 struct FlagError : std::runtime_error {
@@ -97,6 +112,13 @@ struct Flags {
     std::vector<std::string> stops;
     std::int64_t max_batch = 0;
     std::int64_t block_size = 16;
+    // Speculative decoding: a draft from a checkpoint or random weights.
+    loom::gpt::Config draft{.layers = 1, .width = 128, .heads = 4};
+    std::string draft_checkpoint;
+    bool draft_random = false;
+    std::int64_t gamma = 4;
+    bool gamma_given = false;
+    [[nodiscard]] bool speculative() const { return draft_random || !draft_checkpoint.empty(); }
 };
 
 // The divisors of n, "1, 2, 4 or 8", for a --heads that does not divide --width.
@@ -122,6 +144,10 @@ Flags parse(int argc, char** argv) {
             f.random = true;
             continue;
         }
+        if (flag == "--draft-random") {
+            f.draft_random = true;
+            continue;
+        }
         if (flag == "--greedy") {
             f.sampling.greedy = true;
             continue;
@@ -129,7 +155,9 @@ Flags parse(int argc, char** argv) {
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--prompt" || flag == "--max-new" ||
                            flag == "--temperature" || flag == "--top-k" || flag == "--top-p" || flag == "--seed" ||
-                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size";
+                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size" ||
+                           flag == "--draft" || flag == "--draft-layers" || flag == "--draft-width" ||
+                           flag == "--draft-heads" || flag == "--gamma";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (generate_gpt --help lists the flags)");
         const std::string value = argv[++i];
@@ -147,8 +175,18 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--seed") f.sampling.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
         else if (flag == "--stop") f.stops.push_back(value);
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
-        else f.block_size = whole(flag, value, 1, 1 << 20);
+        else if (flag == "--block-size") f.block_size = whole(flag, value, 1, 1 << 20);
+        else if (flag == "--draft") f.draft_checkpoint = value;
+        else if (flag == "--draft-layers") f.draft.layers = whole(flag, value, 1, 1024);
+        else if (flag == "--draft-width") f.draft.width = whole(flag, value, 1, 65536);
+        else if (flag == "--draft-heads") f.draft.heads = whole(flag, value, 1, 65536);
+        else {
+            f.gamma = whole(flag, value, 1, 64);
+            f.gamma_given = true;
+        }
     }
+    f.draft.seq = f.model.seq;
+    f.draft.vocab = f.model.vocab;
 
     // What the flags must agree on, each named before anything is built.
     if (f.random == !f.checkpoint.empty())
@@ -167,6 +205,16 @@ Flags parse(int argc, char** argv) {
     if (f.block_size > f.model.seq)
         bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.model.seq, "); use 1..",
                  f.model.seq);
+    if (f.draft_random && !f.draft_checkpoint.empty())
+        bad_flag("--draft-random and --draft exclude each other; give one");
+    if (!f.speculative() && f.gamma_given)
+        bad_flag("--gamma ", f.gamma, " needs a draft model; give --draft FILE or --draft-random");
+    if (f.speculative() && f.draft.width % f.draft.heads != 0)
+        bad_flag("--draft-heads ", f.draft.heads, " does not divide --draft-width ", f.draft.width, "; use ",
+                 divisors(f.draft.width));
+    if (f.speculative() && f.max_batch != 0)
+        bad_flag("--max-batch ", f.max_batch, " with a draft: speculative decoding runs every prompt at once (no "
+                 "continuous batching yet); drop --max-batch");
     for (const std::string& stop : f.stops)
         if (stop.empty()) bad_flag("--stop '' has no byte; give text whose first byte ends a generation");
     if (f.prompts.empty()) f.prompts.push_back("The ");
@@ -206,18 +254,24 @@ std::string describe(const loom::infer::Sampling& s) {
     return out.str();
 }
 
+// A model's weights: from a checkpoint, or random from `seed` (empty path).
+void load_weights(const char* role, loom::gpt::Model& model, loom::nn::ParamArena& arena,
+                  const loom::gpt::Config& config, const std::string& checkpoint, std::uint64_t seed) {
+    if (checkpoint.empty()) {
+        arena.initialize(model, seed);
+        std::cout << role << config << ", random weights (seed " << seed << ")\n";
+        return;
+    }
+    // The checkpoint also holds AdamW's moments; they are read and dropped.
+    std::vector<float> m(arena.values().size()), v(m.size());
+    const auto steps = loom::gpt::load_checkpoint(checkpoint, config, arena.values(), m, v);
+    std::cout << role << config << " from " << checkpoint << " (trained " << steps.step << " steps)\n";
+}
+
 int run(const Flags& f) {
     loom::gpt::Model model = loom::gpt::make_model(f.model);
     loom::nn::ParamArena arena(model);
-    if (f.random) {
-        arena.initialize(model, f.sampling.seed);
-        std::cout << f.model << ", random weights (seed " << f.sampling.seed << ")\n";
-    } else {
-        // The checkpoint also holds AdamW's moments; they are read and dropped.
-        std::vector<float> m(arena.values().size()), v(m.size());
-        const auto steps = loom::gpt::load_checkpoint(f.checkpoint, f.model, arena.values(), m, v);
-        std::cout << f.model << " from " << f.checkpoint << " (trained " << steps.step << " steps)\n";
-    }
+    load_weights("", model, arena, f.model, f.random ? std::string{} : f.checkpoint, f.sampling.seed);
 
     std::vector<loom::infer::Request> requests(f.prompts.size());
     std::int64_t capacity = 1;
@@ -235,8 +289,25 @@ int run(const Flags& f) {
     std::cout << "sampling: " << describe(f.sampling) << "; " << n << " prompt" << (n == 1 ? "" : "s") << ", up to "
               << slots << " at once, KV cache in blocks of " << f.block_size << " positions\n";
 
+    std::vector<loom::infer::Completion> done;
+    loom::infer::SpeculativeStats stats;
     const auto start = std::chrono::steady_clock::now();
-    const std::vector<loom::infer::Completion> done = loom::infer::generate(engine, requests);
+    if (f.speculative()) {
+        loom::gpt::Model draft = loom::gpt::make_model(f.draft);
+        loom::nn::ParamArena draft_arena(draft);
+        load_weights("draft: ", draft, draft_arena, f.draft, f.draft_checkpoint, f.sampling.seed);
+        loom::infer::KvCache draft_cache(f.draft.layers, f.draft.width, slots, capacity, f.block_size);
+        loom::infer::CachedGpt draft_engine(draft, f.draft, draft_cache);
+        for (loom::infer::SpeculativeCompletion& c :
+             loom::infer::speculative_generate(engine, draft_engine, requests, f.gamma)) {
+            stats.target_passes += c.stats.target_passes;
+            stats.drafted += c.stats.drafted;
+            stats.accepted += c.stats.accepted;
+            done.push_back({std::move(c.tokens), c.finish});
+        }
+    } else {
+        done = loom::infer::generate(engine, requests);
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     std::int64_t tokens = 0, at_length = 0, at_stop = 0;
@@ -254,6 +325,12 @@ int run(const Flags& f) {
                 "length limit, %lld at a stop token\n",
                 static_cast<long long>(tokens), seconds, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0,
                 static_cast<long long>(at_length), static_cast<long long>(at_stop));
+    if (f.speculative())
+        std::printf("speculative: gamma %lld; %lld target passes (each prompt's, summed), %lld draft tokens proposed, %lld accepted (%.0f%%); "
+                    "%.2f tokens per target pass\n",
+                    static_cast<long long>(f.gamma), static_cast<long long>(stats.target_passes),
+                    static_cast<long long>(stats.drafted), static_cast<long long>(stats.accepted),
+                    100.0 * stats.acceptance_rate(), stats.tokens_per_pass());
     return 0;
 }
 

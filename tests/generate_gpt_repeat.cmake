@@ -8,22 +8,7 @@
 set(model --random --layers 2 --width 64 --heads 4 --seq 64 --max-new 40
           --prompt "The cat" --prompt "A much longer prompt," --prompt "x")
 
-# generate(<var> <flags...>): the completions a run printed (without the
-# summary line, whose time differs from run to run), into <var>.
-function(generate result)
-  execute_process(COMMAND "${GENERATE_GPT}" ${model} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "generate_gpt ${ARGN} failed (${rc}):\n${out}\n${err}")
-  endif()
-  string(FIND "${out}" "--- completion 1:" begin)
-  string(FIND "${out}" "\ngenerated " end REVERSE)
-  if(begin EQUAL -1 OR end EQUAL -1)
-    message(FATAL_ERROR "generate_gpt ${ARGN} printed no completions and summary:\n${out}")
-  endif()
-  math(EXPR length "${end} - ${begin}")
-  string(SUBSTRING "${out}" ${begin} ${length} text)
-  set(${result} "${text}" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/generate_gpt_output.cmake")
 
 set(sampled --temperature 0.8 --top-k 40 --top-p 0.95)
 generate(greedy_a --greedy)

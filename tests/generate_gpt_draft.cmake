@@ -1,0 +1,30 @@
+# generate_gpt --draft: speculative decoding writes, greedily, exactly the
+# target's own greedy text whatever the draft (here a smaller random one,
+# which the target rejects almost always), and a draft that is the target
+# (same shape, same seed) has every proposal accepted: gamma + 1 tokens per
+# target pass. Random weights, a small model. Run with -DGENERATE_GPT=<binary>.
+set(model --random --layers 2 --width 64 --heads 4 --seq 64 --max-new 40 --greedy
+          --prompt "The cat" --prompt "A much longer prompt," --prompt "x")
+include("${CMAKE_CURRENT_LIST_DIR}/generate_gpt_output.cmake")
+
+generate(plain)
+generate(small_draft --draft-random --draft-layers 1 --draft-width 32 --draft-heads 2 --gamma 3)
+if(NOT small_draft STREQUAL plain)
+  message(FATAL_ERROR "greedy speculative decoding with a small draft differs from plain greedy decoding:\n"
+                      "${small_draft}\n---- and ----\n${plain}")
+endif()
+if(NOT small_draft_output MATCHES "speculative: gamma 3; [0-9]+ target passes")
+  message(FATAL_ERROR "no speculative summary:\n${small_draft_output}")
+endif()
+generate(same_draft --draft-random --draft-layers 2 --draft-width 64 --draft-heads 4 --gamma 4)
+if(NOT same_draft STREQUAL plain)
+  message(FATAL_ERROR "greedy speculative decoding with the target as its draft differs from plain greedy decoding:\n"
+                      "${same_draft}\n---- and ----\n${plain}")
+endif()
+if(NOT same_draft_output MATCHES "accepted \\(100%\\); 5.00 tokens per target pass")
+  message(FATAL_ERROR "the target as its own draft did not have every proposal accepted:\n${same_draft_output}")
+endif()
+string(REGEX MATCH "speculative: [^\n]*" small_summary "${small_draft_output}")
+string(REGEX MATCH "speculative: [^\n]*" same_summary "${same_draft_output}")
+message(STATUS "greedy with a small draft and with the target as draft both equal plain greedy:\n"
+               "${small_summary}\n${same_summary}")
