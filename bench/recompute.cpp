@@ -3,8 +3,10 @@
 // (MemoryReport, what the contexts hold at their peak) and step time without
 // recomputation, with Full, Selective and Budgets between, at several
 // batches; the time Full and Selective add beside one extra forward (the
-// forwards' own time, from the step's trace); Budget's predicted peak (the
-// solver's) beside the measured.
+// forwards' own time, from the step's trace); the predicted activations
+// beside the measured: the planner's memory model (plan/memory_model.hpp,
+// what loom-plan prices) for none, Full and Selective, the executor's solver
+// for a Budget.
 //
 //   bench_recompute [--batches 8,32,96] [--steps 7]
 #include <loom/comm/thread_world.hpp>
@@ -12,6 +14,8 @@
 #include <loom/gpt/model.hpp>
 #include <loom/kernels/host/gemm_threads.hpp>
 #include <loom/parallel/recompute.hpp>
+#include <loom/plan/gpt_description.hpp>
+#include <loom/plan/memory_model.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -124,6 +128,19 @@ Overhead interleaved_overhead(std::int64_t batch, int pairs, RecomputeSpec recom
     return out;
 }
 
+// The planner's activations for config A at `batch` on one device: its
+// device memory less the model states.
+std::int64_t planner_activations(std::int64_t batch, RecomputeSpec recompute) {
+    const loom::plan::ModelDescription model = loom::plan::describe_gpt(config_a, batch);
+    const loom::plan::Cluster cluster = loom::plan::Cluster::uniform(1, 1, 1e12, 1e15, {}, {});
+    loom::plan::Candidate c;
+    c.recompute = recompute;
+    c.recomputed = loom::plan::recompute_choice(model, cluster, c, {}, recompute).layers;
+    const double total = loom::plan::device_memory(model, cluster, c, {}, c.recomputed).peak;
+    const double states = loom::plan::detail::place(model, c, {}).static_bytes.front();
+    return static_cast<std::int64_t>(total - states);
+}
+
 std::vector<std::int64_t> parse_list(const char* text) {
     std::vector<std::int64_t> out;
     std::stringstream in(text);
@@ -151,13 +168,16 @@ int main(int argc, char** argv) {
                 bench::cpu_model().c_str(), bench::cpu_level().c_str(), steps);
     std::printf("GPT config A (L4 C256 H4 T128 V256)\n\n");
     std::printf("| batch | recompute | units recomputed / step | activations | vs none | step | + vs none | "
-                "one forward | added / forward | Budget predicted |\n");
+                "one forward | added / forward | predicted |\n");
     std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const std::int64_t batch : batches) {
-        const Row none = measure(batch, {}, steps);
-        const Row full = measure(batch, loom::Recompute<loom::Full>::spec, steps);
-        std::vector<std::pair<std::string, Row>> rows{
-            {"none", none}, {"Full", full}, {"Selective", measure(batch, loom::Recompute<loom::Selective>::spec, steps)}};
+        Row none = measure(batch, {}, steps);
+        Row full = measure(batch, loom::Recompute<loom::Full>::spec, steps);
+        Row selective = measure(batch, loom::Recompute<loom::Selective>::spec, steps);
+        none.predicted = planner_activations(batch, {});
+        full.predicted = planner_activations(batch, loom::Recompute<loom::Full>::spec);
+        selective.predicted = planner_activations(batch, loom::Recompute<loom::Selective>::spec);
+        std::vector<std::pair<std::string, Row>> rows{{"none", none}, {"Full", full}, {"Selective", selective}};
         // The least memory the solver knows (the budget cannot be met): its predicted peak is Full's formula.
         rows.emplace_back("Budget 1 B", measure(batch, RecomputeSpec{RecomputeMode::budget, 1}, steps));
         for (const double at : {0.25, 0.5, 0.75}) {
@@ -174,7 +194,8 @@ int main(int argc, char** argv) {
                         static_cast<double>(r.activations) / static_cast<double>(none.activations),
                         r.step_seconds * 1e3, added * 1e3, none.forward_seconds * 1e3,
                         name == "none" ? "" : (std::to_string(added / none.forward_seconds).substr(0, 4)).c_str(),
-                        name.starts_with("Budget") ? loom::readable_bytes(r.predicted).c_str() : "");
+                        (loom::readable_bytes(r.predicted) + (name.starts_with("Budget") ? " (solver)" : " (planner)"))
+                            .c_str());
         }
     }
     std::printf("\nThe added time beside one forward, A/B interleaved (a plain step, then a recomputing step, %d pairs):\n\n",
