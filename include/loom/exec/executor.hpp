@@ -182,7 +182,6 @@ private:
     }
 
 public:
-
     Executor(Executor&&) noexcept = default;
     Executor(const Executor&) = delete;
     Executor& operator=(const Executor&) = delete;
