@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/core/device.hpp"
@@ -16,6 +17,7 @@
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/grad_compress.hpp"
+#include "loom/parallel/gradient_exchange.hpp"
 #include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/strategy_spec.hpp"
 #include "loom/schedule/partition.hpp"
@@ -49,6 +51,13 @@ struct ExecutorOptions {
     // AdamW state stay f32 either way.
     kernels::MatmulPrecision matmul = kernels::MatmulPrecision::f32;
 };
+
+// What the executor's gradient exchange (parallel/gradient_exchange.hpp) is
+// set up with from the options; `notice`: where this rank's notices go, or empty.
+[[nodiscard]] inline parallel::ExchangeSetup exchange_setup(const ExecutorOptions& options,
+                                                           std::function<void(const std::string&)> notice) {
+    return {options.compress_warmup, std::move(notice), options.device};
+}
 
 // What a Strategy asks of the executor, as run-time values: the strategy's
 // one value (parallel/strategy_spec.hpp), under the executor's older name.

@@ -45,8 +45,6 @@
 #include "loom/core/error.hpp"
 #include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/parallel/compressed_exchange.hpp"
-#include "loom/kernels/compression_ops.hpp"
 #include "loom/exec/rank_program.hpp"
 #include "loom/exec/execution_plan.hpp"
 #include "loom/exec/memory.hpp"
@@ -61,14 +59,14 @@
 #include "loom/exec/trace.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/context.hpp"
-#include "loom/nn/sequence_layout.hpp"
 #include "loom/nn/tensor_group.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/cut_report.hpp"
+#include "loom/parallel/gradient_exchange.hpp"
+#include "loom/parallel/plan_exchanges.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"
-#include "loom/parallel/optimus2d.hpp"
 #include "loom/schedule/partition.hpp"
 #include "loom/schedule/data_parallel.hpp"
 #include "loom/schedule/pipeline.hpp"
@@ -96,8 +94,8 @@ public:
     }
 
     // Every axis of `mesh` the strategy uses: dp always, pp with a Pipeline,
-    // tp with TensorParallel, sp with SequenceParallel (an axis the mesh lacks
-    // counts as size 1). With an sp axis, gradients are reduced over dp x sp.
+    // tp and sp with the policies that cut layers over them (an axis the mesh
+    // lacks counts as size 1). With an sp axis, gradients are reduced over dp x sp.
     template <class Strategy, class Model>
     [[nodiscard]] static Executor make(Model& model, comm::Mesh<C>& mesh, const ExecutorOptions& options = {}) {
         const bool sp = mesh.has("sp") && mesh.size("sp") > 1;
@@ -132,16 +130,22 @@ public:
     Executor(Model& model, C& dp, C* pp, C* tp, const ExecutionPlan& plan, const ExecutorOptions& options)
         : Executor(model, dp, pp, tp, nullptr, plan, options) {}
 
-    // `sp` may be null: each rank holds whole sequences. With an sp axis,
-    // `dp` must be the dp x sp group (gradients are partial over tokens), and
-    // each rank's step() gets its data-parallel replica's whole sequences; the
-    // executor keeps this rank's positions of them (nn/sequence_layout.hpp).
+    // `sp` may be null: each rank holds whole rows. With an sp axis, `dp`
+    // must be the dp x sp group (gradients are partial over tokens), and each
+    // rank's step() gets its data-parallel replica's whole rows; the layer
+    // groups keep this rank's part of them (LayerGroups::keep_local_part).
     template <class Model>
     Executor(Model& model, C& dp, C* pp, C* tp, C* sp, const ExecutionPlan& plan, const ExecutorOptions& options)
+        : Executor(model, dp, pp, layer_axes(plan, tp, sp), plan, options) {}
+
+private:
+    // The constructor above, with the tp and sp axes checked against the plan.
+    template <class Model>
+    Executor(Model& model, C& dp, C* pp, LayerAxes<C> axes, const ExecutionPlan& plan, const ExecutorOptions& options)
         : comm_(&dp),
           pp_(pp),
-          tp_(tensor_parallel_axis(plan, tp) ? tp : nullptr),
-          sp_(sequence_parallel_axis(plan, sp, tp_) ? sp : nullptr),
+          tp_(axes.tp),
+          sp_(axes.sp),
           cuts_(cut_model(model, tp_, plan.tensor_grid, options.field_names)),
           shards_(model, tp_ != nullptr ? tp_->size() : 1),
           units_(nn::units_of(model, options.field_names)),
@@ -168,18 +172,16 @@ public:
             notice_ = options.notice;
         }
         pending_.resize(rank_.program.code.size());
-        if (plan.dp_compression.on() && dp.size() > 1) start_compression(plan.dp_compression, options);
-        LOOM_CHECK(!plan.pp_compression.on() || plan.pipelined, "Executor: GradCompress<",
-                   plan.pp_compression.describe(), ", PpAxis> casts what pipeline stages send; add Pipeline<Schedule>");
-        LOOM_CHECK(!plan.tp_compression.on() || (plan.tensor_parallel && !plan.tensor_grid), "Executor: GradCompress<",
-                   plan.tp_compression.describe(), ", TpAxis> casts Megatron's all-reduces; add TensorParallel (1D)");
-        if (plan.pp_compression.on()) pp_cast_ = cast_of(plan.pp_compression);
-        groups_ = LayerGroups<C>(tp_, sp_, plan, dp.size(),
-                                 plan.tp_compression.on() ? std::optional(cast_of(plan.tp_compression)) : std::nullopt);
+        exchange_ = parallel::gradient_exchange_for<C>(plan, dp, rank_.layout, units_,
+                                                       exchange_setup(options, exchange_notice(options)), adamw_);
+        const parallel::MessageCasts casts = parallel::message_casts(plan);
+        stage_cast_ = casts.stage;
+        groups_ = LayerGroups<C>(tp_, sp_, plan, dp.size(), casts.tensor);
         groups_.attach(pool_);
         warn_uncut(options);
     }
 
+public:
     Executor(Executor&&) noexcept = default;
     Executor(const Executor&) = delete;
     Executor& operator=(const Executor&) = delete;
@@ -212,7 +214,7 @@ public:
     void initialize(std::uint64_t seed) {
         store_.initialize(rank_.layout, comm_->rank(), seed, initialize_range_);
         optimizer_steps_ = 0;
-        if (compress_) compress_->reset();
+        exchange_->reset();
     }
 
     // One training step on this rank's rows of the global batch (inputs and
@@ -227,18 +229,12 @@ public:
         const std::int64_t rows = inputs.dim(0);
         LOOM_CHECK(rows % micro_batches_ == 0, "Executor::step: ", rows, " rows on this rank do not split into ",
                    micro_batches_, " micro-batches; the rows per rank must be a multiple of the micro-batches");
-        // Optimus 2D cuts each micro-batch's sequences over the grid rows; checked
-        // here, on every rank, not in the first stage's embedding alone.
-        const int q = groups_.grid_side();
-        LOOM_CHECK((rows / micro_batches_) % q == 0, "Executor::step: micro-batches of ",
-                   rows / micro_batches_, " sequences do not split over the ", q,
-                   " rows of the Optimus 2D grid; use rows per micro-batch that are a multiple of ",
-                   q);
+        groups_.check_micro_batch_rows(rows / micro_batches_);
         adamw_.lr = lr;
         optim::check_config(adamw_);
         inputs_ = inputs;
         targets_ = targets;
-        if (sp_ != nullptr) keep_local_positions();
+        groups_.keep_local_part(inputs_, targets_);
         rows_per_micro_batch_ = rows / micro_batches_;
         loss_sum_ = 0;
         pool_.start_step(rank_.stages.stages(), micro_batches_, recompute_.on() ? static_cast<int>(units_.size()) : 0);
@@ -248,8 +244,8 @@ public:
         return loss_;
     }
 
-    // Tokens of each sequence this rank's model saw in the last step: the
-    // whole sequence, or under sequence parallelism its positions of it.
+    // Tokens of each row this rank's model saw in the last step: the whole
+    // row, or this rank's positions of it when the layer groups split rows.
     [[nodiscard]] std::int64_t tokens_per_sequence() const { return inputs_.rank() == 2 ? inputs_.dim(1) : 0; }
 
     [[nodiscard]] MemoryReport memory_report() const {
@@ -258,10 +254,8 @@ public:
         report.parameters = store_.parameter_bytes();
         report.gradients = store_.gradient_bytes();
         report.optimizer_state = store_.optimizer_bytes();
-        if (compress_) {
-            report.compression_state = compress_->state_bytes();
-            report.communication_buffers += compress_->buffer_bytes();
-        }
+        report.compression_state = exchange_->state_bytes();
+        report.communication_buffers += exchange_->buffer_bytes();
         report.activations = pool_.activation_bytes();
         report.communication_buffers += pool_.parcel_bytes();
         report.communication_buffers += store_.slot_bytes();
@@ -291,20 +285,12 @@ public:
     };
     [[nodiscard]] OwnedState owned_state() const;
 
-    // GradCompress's per-rank state (error feedback, warm starts): what a
-    // checkpoint must keep for an exact resume. Empty without a dp compressor.
-    [[nodiscard]] Compression compression() const noexcept { return compress_ ? compress_->compression() : Compression{}; }
-    [[nodiscard]] std::int64_t compression_state_size() const noexcept {
-        return compress_ ? compress_->state_size() : 0;
-    }
-    void save_compression_state(std::span<float> out) const {
-        if (compress_) compress_->save_state(out);
-    }
-    void load_compression_state(std::span<const float> in) {
-        LOOM_CHECK(compress_ || in.empty(), "Executor::load_compression_state: ", in.size(),
-                   " elements of compressor state for an executor without a dp compressor");
-        if (compress_) compress_->load_state(in);
-    }
+    // The gradient exchange's per-rank state (parallel/gradient_exchange.hpp):
+    // what a checkpoint must keep for an exact resume. Empty for a plain exchange.
+    [[nodiscard]] Compression compression() const noexcept { return exchange_->compression(); }
+    [[nodiscard]] std::int64_t compression_state_size() const noexcept { return exchange_->state_size(); }
+    void save_compression_state(std::span<float> out) const { exchange_->save_state(out); }
+    void load_compression_state(std::span<const float> in) { exchange_->load_state(in); }
 
 private:
     // This rank's (tp-cut) state in its local dense order, on every rank of
@@ -320,57 +306,13 @@ private:
         store_.gather(rank_.layout, *comm_, values, m, v);
     }
 
-    // GradCompress on the dp axis. Notices come from one rank of each
-    // gradient group and tp position 0, so each matrix is named once.
-    void start_compression(const Compression& compression, const ExecutorOptions& options) {
-        compress_warmup_ = options.compress_warmup;
-        LOOM_CHECK(compress_warmup_ >= 0, "Executor: compress_warmup = ", compress_warmup_,
-                   " steps; it must be 0 or more");
-        // Error feedback delivers late what a step did not send; AdamW's
-        // variance freezes when compression starts (unless the options chose
-        // a step), so that arrives in full.
-        if (compression.error_feedback() && compress_warmup_ > 0 && options.adamw.freeze_variance_after == 0)
-            adamw_.freeze_variance_after = compress_warmup_;
-        parallel::PowerSgdBuckets::Notice notice;
-        if (comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0))
-            notice = options.notice ? options.notice : parallel::PowerSgdBuckets::Notice([](const std::string& line) {
-                std::cerr << "loom: " << line << "\n";
-            });
-        compress_ = std::make_unique<parallel::CompressedExchange<C>>(*comm_, rank_.layout, units_, compression, notice, device_);
-    }
-    // After the warm-up: compressed from the step whose optimizer step is compress_warmup_ + 1.
-    [[nodiscard]] bool compressing() const noexcept { return compress_ && optimizer_steps_ >= compress_warmup_; }
-    // OneBit at ZeRO 0 exchanges momentum (mix before, unmix at the optimizer step).
-    [[nodiscard]] bool momentum_exchange() const noexcept {
-        return compressing() && stage_ == 0 && compress_->compression().compresses_momentum();
-    }
-
-    void reduce_compressed(int index, const schedule::Instruction& in) {
-        const auto& g = rank_.layout.group(in.group);
-        const int r = comm_->rank();
-        const auto span_of = [](const DeviceBuffer& b, std::int64_t offset, std::int64_t n) {
-            return std::span<float>(b.data<float>() + offset, static_cast<std::size_t>(n));
-        };
-        if (in.slot < 0) {
-            const auto grad = span_of(store_.grads, g.offset, g.padded);
-            if (momentum_exchange()) {
-                kernels::mix_momentum(device_, grad.data(), store_.m.data<float>() + g.offset, g.padded, adamw_.beta1);
-                momentum_mixed_ = true;
-            }
-            issue(index, compress_->reduce_async(in.group, grad,
-                                                 in.reduction == schedule::Reduction::all_reduce
-                                                     ? grad
-                                                     : span_of(store_.grads, rank_.layout.block_offset(in.group, r), g.block)));
-            return;
-        }
-        // As the uncompressed slot reduction: the first writes the shard, later ones are added when done.
-        const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
-        const bool first = !reduced_[static_cast<std::size_t>(in.group)];
-        reduced_[static_cast<std::size_t>(in.group)] = true;
-        issue(index, compress_->reduce_async(in.group, span_of(slot, 0, g.padded),
-                                             first ? span_of(store_.grad_shard, g.shard_offset, g.block)
-                                                   : span_of(slot, r * g.block, g.block)));
-        pending_[static_cast<std::size_t>(index)].accumulate = !first;
+    // Where this rank's one-time notices from the gradient exchange go: the
+    // first rank of each gradient group at tp position 0 speaks (so each
+    // matrix is named once), through options.notice or stderr.
+    [[nodiscard]] std::function<void(const std::string&)> exchange_notice(const ExecutorOptions& options) const {
+        if (comm_->rank() != 0 || (tp_ != nullptr && tp_->rank() != 0)) return {};
+        if (options.notice) return options.notice;
+        return [](const std::string& line) { std::cerr << "loom: " << line << "\n"; };
     }
 
     struct InFlight {
@@ -380,26 +322,6 @@ private:
         bool in_flight = false;
         bool accumulate = false;  // a slot reduction whose block is added to the shard when done
     };
-
-    // Sequence parallelism: inputs_ and targets_ become this rank's positions
-    // of every sequence, in its layout's order.
-    void keep_local_positions() {
-        const std::int64_t rows = inputs_.dim(0), T = inputs_.dim(1);
-        const nn::SequenceLayout layout = groups_.sequence().layout();
-        const std::int64_t local = layout.local_tokens(T);
-        local_inputs_.resize(static_cast<std::size_t>(rows * local));
-        local_targets_.resize(local_inputs_.size());
-        const auto runs = layout.runs(T);
-        for (std::int64_t r = 0; r < rows; ++r)
-            for (const nn::SequenceRun& run : runs)
-                for (std::int64_t t = 0; t < run.length; ++t) {
-                    const auto at = static_cast<std::size_t>(r * local + run.local + t);
-                    local_inputs_[at] = inputs_.data<std::int32_t>()[r * T + run.position + t];
-                    local_targets_[at] = targets_.data<std::int32_t>()[r * T + run.position + t];
-                }
-        inputs_ = Tensor::of(local_inputs_.data(), {rows, local});
-        targets_ = Tensor::of(local_targets_.data(), {rows, local});
-    }
 
     [[nodiscard]] int pp_size() const { return pp_ != nullptr ? pp_->size() : 1; }
     [[nodiscard]] int pp_rank() const { return pp_ != nullptr ? pp_->rank() : 0; }
@@ -511,9 +433,7 @@ private:
                std::unique_ptr<PolicyComponent<C>> component, std::type_index type) {
         LOOM_CHECK(device_.kind == DeviceKind::host, "Executor: policy ", name, " runs on gradients in host memory; ",
                    "the executor's device is ", device_, "; run it on the host");
-        LOOM_CHECK(!compress_ || stage_ > 0 || !compress_->compression().compresses_momentum(), "Executor: policy ",
-                   name, " would read gradients that ", compress_->compression().describe(),
-                   " mixes into the momentum at ZeRO 0; use ZeroShard<1> or more");
+        exchange_->check_readable_by(name);
         const int self = static_cast<int>(rank_.program.policies.size());
         rank_.program.policies.push_back(name);
         lower(rank_.program, self);
@@ -592,11 +512,6 @@ private:
         components_.at(static_cast<std::size_t>(index))->run(gradients_);
     }
 
-    [[nodiscard]] static kernels::host::Cast cast_of(const Compression& c) {
-        LOOM_CHECK(c.is_cast(), "Executor: ", c.describe(), " on the pp or tp axis; activations take CastBf16 or CastFp16");
-        return c.kind == CompressorKind::bf16 ? kernels::host::Cast::bf16 : kernels::host::Cast::f16;
-    }
-
     // Defined in exec/executor_instructions.hpp, as hand_on and finish are.
     void send(int index, const schedule::Instruction& in);
     void recv(const schedule::Instruction& in);
@@ -604,20 +519,21 @@ private:
     // slot reduction's block into the shard.
     void finish(int target);
 
+    // What the gradient exchange may read of the optimizer (parallel/gradient_exchange.hpp).
+    [[nodiscard]] parallel::OptimizerArrays optimizer_arrays() const {
+        return {optimizer_steps_, store_.grads.tensor(), store_.m.tensor()};
+    }
+
     void optimizer_step() {
         const std::int64_t step = ++optimizer_steps_;
-        if (momentum_mixed_) {
-            kernels::unmix_momentum(device_, store_.grads.data<float>(), store_.m.data<float>(), store_.grads.numel(),
-                                    adamw_.beta1);
-            momentum_mixed_ = false;
-        }
+        exchange_->before_optimizer_step(optimizer_arrays());
         store_.optimizer_step(rank_.layout, comm_->rank(), step, adamw_);
     }
 
     C* comm_;
     C* pp_;
     C* tp_;
-    C* sp_;  // sequence parallel axis; null without one
+    C* sp_;  // the axis the layer groups split rows over; null without one
     tp::CutReport cuts_;  // what the tensor-parallel policy did to each layer
     TensorShards shards_;
     std::vector<nn::Unit> units_;
@@ -636,22 +552,19 @@ private:
     std::int64_t step_count_ = 0;
 
     LayerGroups<C> groups_;  // the tp and sp groups the layers talk to
-    std::vector<std::int32_t> local_inputs_, local_targets_;  // this rank's positions of the step's sequences
     MicroBatchPool pool_;
     Recomputation recompute_;  // Recompute<...>: off without one
     std::function<void(const std::string&)> notice_;  // options.notice, for Budget's one line
-    // Before pending_: a compressed request still in flight when the executor
-    // goes (after a failure) finishes into the exchange, which must still exist.
-    std::unique_ptr<parallel::CompressedExchange<C>> compress_;  // null without one (or with one dp rank)
-    std::int64_t compress_warmup_ = 0;
-    bool momentum_mixed_ = false;  // this step's gradients were mixed into momentum (OneBit, ZeRO 0)
+    // Before pending_: an exchange's request still in flight when the executor
+    // goes (after a failure) may finish into the exchange, which must still exist.
+    std::unique_ptr<parallel::GradientExchange<C>> exchange_;  // the plan's (parallel/plan_exchanges.hpp)
     // The policies of kind custom, by their index in the program's policies.
     std::vector<std::unique_ptr<PolicyComponent<C>>> components_;
     std::vector<std::type_index> component_types_;
     GradientView<C> gradients_;  // what a component sees (blocks found at its first run)
     std::vector<InFlight> pending_;  // by instruction index: no allocation per step
     std::vector<bool> reduced_;      // by group: reduced already this step
-    std::optional<kernels::host::Cast> pp_cast_;  // GradCompress<Cast, PpAxis>
+    std::optional<kernels::host::Cast> stage_cast_;  // what stage messages are cast to; none: f32
     Tensor inputs_, targets_, activation_;
     std::int64_t rows_per_micro_batch_ = 0;
     float seed_ = 1.0f;

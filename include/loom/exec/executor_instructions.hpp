@@ -3,9 +3,9 @@
 // parameter gathers and gradient reductions, the pipeline's sends, receives
 // and hand-overs between chunks on one rank, the waits on communication in
 // flight, the optimizer step and the loss; computation and waits are timed
-// into the trace when tracing is on (the compressed reductions and the
-// optimizer step's own work stay in exec/executor.hpp, beside the state they
-// touch). These are exec::Executor's out-of-class members, apart from the
+// into the trace when tracing is on (how a gradient bucket travels is the
+// gradient exchange's, parallel/gradient_exchange.hpp; the optimizer step's
+// own work stays in exec/executor.hpp, beside the state it touches). These are exec::Executor's out-of-class members, apart from the
 // class so that exec/executor.hpp reads as what an executor holds and offers:
 // that header includes this one after the class, and this one includes it
 // before its own definitions, so either can be included alone.
@@ -186,16 +186,18 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             return;
         }
         case Op::reduce_grads: {
+            // Where the bucket's gradient is and where its average goes; the
+            // gradient exchange decides how it travels.
             const auto& g = rank_.layout.group(in.group);
-            if (compressing()) {
-                reduce_compressed(index, in);
-            } else if (in.reduction == schedule::Reduction::all_reduce) {
-                const Tensor whole = slice(store_.grads, g.offset, g.padded);
-                issue(index, comm_->all_reduce_async(whole, whole, comm::ReduceOp::avg));
+            parallel::GradientBucket bucket;
+            bucket.group = in.group;
+            bucket.all_reduce = in.reduction == schedule::Reduction::all_reduce;
+            bool accumulate = false;
+            if (bucket.all_reduce) {
+                bucket.grad = bucket.out = slice(store_.grads, g.offset, g.padded);
             } else if (in.slot < 0) {
-                issue(index, comm_->reduce_scatter_async(slice(store_.grads, g.offset, g.padded),
-                                                         slice(store_.grads, rank_.layout.block_offset(in.group, r), g.block),
-                                                         comm::ReduceOp::avg));
+                bucket.grad = slice(store_.grads, g.offset, g.padded);
+                bucket.out = slice(store_.grads, rank_.layout.block_offset(in.group, r), g.block);
             } else {
                 // The group's first reduction of the step writes the
                 // shard; later ones reduce in place and are added when
@@ -203,11 +205,12 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                 const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
                 const bool first = !reduced_[static_cast<std::size_t>(in.group)];
                 reduced_[static_cast<std::size_t>(in.group)] = true;
-                const Tensor out = first ? slice(store_.grad_shard, g.shard_offset, g.block)
-                                         : slice(slot, r * g.block, g.block);
-                issue(index, comm_->reduce_scatter_async(slice(slot, 0, g.padded), out, comm::ReduceOp::avg));
-                pending_[static_cast<std::size_t>(index)].accumulate = !first;
+                bucket.grad = slice(slot, 0, g.padded);
+                bucket.out = first ? slice(store_.grad_shard, g.shard_offset, g.block) : slice(slot, r * g.block, g.block);
+                accumulate = !first;
             }
+            issue(index, exchange_->reduce_async(bucket, optimizer_arrays()));
+            pending_[static_cast<std::size_t>(index)].accumulate = accumulate;
             return;
         }
         case Op::wait: {
@@ -263,7 +266,7 @@ void Executor<C>::hand_on(schedule::Payload payload, int from, int to, int mb, c
 
 template <comm::Communicator C>
 void Executor<C>::send(int index, const schedule::Instruction& in) {
-    auto [header, body] = send_stage_tensor(*pp_, pool_, in, pp_cast_);
+    auto [header, body] = send_stage_tensor(*pp_, pool_, in, stage_cast_);
     pending_[static_cast<std::size_t>(index)] =
         InFlight{std::move(header), std::move(body), std::chrono::steady_clock::now(), true, false};
 }

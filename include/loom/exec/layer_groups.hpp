@@ -8,9 +8,11 @@
 // The micro-batch contexts point at them (attach), so they live on the heap:
 // the executor moves, the addresses stay. Also here: the checks of the tp and
 // sp axes against the plan, and the tp cut of the model, which come before
-// the executor lays anything out.
+// the executor lays anything out; and what the groups ask of each step's
+// batch (the grid's rows, the sp rank's positions of each sequence).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +29,7 @@
 #include "loom/parallel/cut_report.hpp"
 #include "loom/parallel/grid2d.hpp"
 #include "loom/parallel/optimus2d.hpp"
+#include "loom/parallel/sequence_sharder.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
 
 namespace loom::exec {
@@ -51,6 +54,20 @@ template <comm::Communicator C>
     LOOM_CHECK(!on || !plan.tensor_grid || tp == nullptr, "Executor: SequenceParallel with Optimus2D is not "
                "supported; use TensorParallel (1D) with an sp axis");
     return on;
+}
+
+// The tp and sp axes the layers talk to, as the plan uses them: each null
+// when absent or of one rank, after the checks above.
+template <comm::Communicator C>
+struct LayerAxes {
+    C* tp = nullptr;
+    C* sp = nullptr;
+};
+
+template <comm::Communicator C>
+[[nodiscard]] LayerAxes<C> layer_axes(const ExecutionPlan& plan, C* tp, C* sp) {
+    C* const used_tp = tensor_parallel_axis(plan, tp) ? tp : nullptr;
+    return {used_tp, sequence_parallel_axis(plan, sp, used_tp) ? sp : nullptr};
 }
 
 // Cuts the model for this tp rank (before its units and layout exist), and
@@ -109,6 +126,21 @@ public:
 
     // The rows (and columns) of the Optimus 2D grid; 1 without one.
     [[nodiscard]] int grid_side() const noexcept { return grid_ ? grid_->view.q : 1; }
+
+    // Optimus 2D cuts each micro-batch's sequences over the grid rows; the
+    // executor checks it on every rank, not in the first stage's embedding alone.
+    void check_micro_batch_rows(std::int64_t rows) const {
+        const int q = grid_side();
+        LOOM_CHECK(rows % q == 0, "Executor::step: micro-batches of ", rows, " sequences do not split over the ", q,
+                   " rows of the Optimus 2D grid; use rows per micro-batch that are a multiple of ", q);
+    }
+
+    // This rank's part of a step's batch ([rows, T] token ids in host
+    // memory): the batch itself, or with an sp axis this rank's positions of
+    // every sequence (parallel/sequence_sharder.hpp), held here until the next call.
+    void keep_local_part(Tensor& inputs, Tensor& targets) {
+        if (sp_group_) sharder_.keep_local_positions(sequence_.layout(), inputs, targets);
+    }
     [[nodiscard]] const nn::SequenceParallelism& sequence() const noexcept { return sequence_; }
 
 private:
@@ -135,6 +167,7 @@ private:
     std::unique_ptr<nn::TensorGroupOf<C>> sp_group_;  // ring attention's neighbours
     std::unique_ptr<Hybrid> hybrid_;                  // UlyssesRing<K> only
     nn::SequenceParallelism sequence_{};
+    parallel::SequenceSharder sharder_;  // this rank's positions of the step's sequences
 };
 
 }  // namespace loom::exec

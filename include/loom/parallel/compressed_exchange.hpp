@@ -68,6 +68,7 @@ public:
     }
 
     [[nodiscard]] const Compression& compression() const noexcept { return compression_; }
+    [[nodiscard]] const parallel::ShardLayout& layout() const noexcept { return layout_; }
 
     // Starts averaging bucket g's gradient `grad` (its padded elements) over
     // the ranks. `out` is `grad` itself (all-reduce: every rank gets the
