@@ -51,7 +51,8 @@ struct Gpt {
 
 Request request_of(std::int64_t prompt_length, std::int32_t salt, std::int64_t max_new, bool greedy) {
     Request r;
-    for (std::int64_t i = 0; i < prompt_length; ++i) r.prompt.push_back(static_cast<std::int32_t>((i * 5 + salt * 3 + 2) % 40));
+    for (std::int64_t i = 0; i < prompt_length; ++i)
+        r.prompt.push_back(static_cast<std::int32_t>((i * 5 + salt * 3 + 2) % 40));
     r.max_new_tokens = max_new;
     if (greedy) r.sampling.greedy = true;
     else r.sampling = Sampling{.temperature = 1.2f, .top_k = 12, .seed = 70u + static_cast<std::uint64_t>(salt)};
@@ -184,7 +185,8 @@ TEST_CASE("a speculative request waits for the blocks it needs in either cache, 
     CHECK(got[b].tokens == expected[1].tokens);
 }
 
-TEST_CASE("a speculative round yields up to gamma + 1 tokens per request; the stats add up", "[infer][speculative]") {
+TEST_CASE("a speculative round yields up to gamma + 1 tokens per request, and the stats add up",
+          "[infer][speculative]") {
     Gpt target(40, 65, 8.0f);
     KvCache tcache(2, 32, 2, 32);
     KvCache dcache(2, 32, 2, 32);
@@ -245,13 +247,14 @@ TEST_CASE("cancelling a speculative request frees its slot in both caches at onc
     while (!batcher.idle()) (void)collect(batcher, got);
     CHECK(got.size() == 2);  // a's first round and b
     CHECK_FALSE(got.contains(c));
-    const auto b_alone =
-        loom::infer::speculative_generate(target.model, target.config, draft.model, draft.config, request_of(3, 2, 6, false), 3);
+    const auto b_alone = loom::infer::speculative_generate(target.model, target.config, draft.model, draft.config,
+                                                           request_of(3, 2, 6, false), 3);
     CHECK(got[b].tokens == b_alone.tokens);
     CHECK_FALSE(batcher.cancel(b));  // finished
 }
 
-TEST_CASE("bad inputs to the SpeculativeBatcher are named in one line; refusals take no id", "[infer][speculative]") {
+TEST_CASE("bad inputs to the SpeculativeBatcher are named in one line, and refusals take no id",
+          "[infer][speculative]") {
     Gpt target(40, 68, 1.0f);
     Gpt draft(40, 69, 1.0f, 1, 32);
     Gpt other_vocab(30, 70, 1.0f, 1, 32);

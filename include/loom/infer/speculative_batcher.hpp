@@ -91,8 +91,9 @@ public:
         const std::string who = "SpeculativeBatcher: request " + std::to_string(id);
         check_request(request, who, tcache_.capacity());
         const std::int64_t needed = positions_needed(request);
-        LOOM_CHECK(needed <= dcache_.capacity(), who, " needs ", needed, " cached positions but the draft's cache holds ",
-                   dcache_.capacity(), " per sequence; build it (and the draft's Config::seq) at least that long");
+        LOOM_CHECK(needed <= dcache_.capacity(), who, " needs ", needed,
+                   " cached positions but the draft's cache holds ", dcache_.capacity(),
+                   " per sequence; build it (and the draft's Config::seq) at least that long");
         Entry e;
         e.id = id;
         e.request = std::move(request);
@@ -157,9 +158,10 @@ public:
         // request's sequence but its last token (which the round feeds); the
         // draft's holds a prefix of it.
         segments_.clear();
-        for (std::size_t j = before_admission; j < running_.size(); ++j)
-            if (running_[j].sequence.size() > 1)
-                segments_.push_back({running_[j].slot, std::span(running_[j].sequence).first(running_[j].sequence.size() - 1)});
+        for (std::size_t j = before_admission; j < running_.size(); ++j) {
+            const std::span<const std::int32_t> prompt = running_[j].sequence;
+            if (prompt.size() > 1) segments_.push_back({running_[j].slot, prompt.first(prompt.size() - 1)});
+        }
         if (!segments_.empty()) (void)target_.forward(segments_);
         draft_round();
         verify_round();
