@@ -18,7 +18,9 @@
 // speculatively (infer/speculative.hpp, docs/speculative.md): the draft
 // proposes --gamma tokens, the target checks them in one pass. Greedy
 // decoding then writes the target's own greedy text; sampling keeps the
-// target's distribution. The summary adds the acceptance figures.
+// target's distribution. --max-batch works as without a draft: that many
+// prompts run at once, a finished one's slot taken by the next at the next
+// round (infer/speculative_batcher.hpp). The summary adds the acceptance figures.
 //
 // Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
 // for anything else (a missing file, a checkpoint of another shape: the
@@ -26,7 +28,7 @@
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
-#include <loom/infer/speculative.hpp>
+#include <loom/infer/speculative_batcher.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <chrono>
@@ -212,9 +214,6 @@ Flags parse(int argc, char** argv) {
     if (f.speculative() && f.draft.width % f.draft.heads != 0)
         bad_flag("--draft-heads ", f.draft.heads, " does not divide --draft-width ", f.draft.width, "; use ",
                  divisors(f.draft.width));
-    if (f.speculative() && f.max_batch != 0)
-        bad_flag("--max-batch ", f.max_batch, " with a draft: speculative decoding runs every prompt at once (no "
-                 "continuous batching yet); drop --max-batch");
     for (const std::string& stop : f.stops)
         if (stop.empty()) bad_flag("--stop '' has no byte; give text whose first byte ends a generation");
     if (f.prompts.empty()) f.prompts.push_back("The ");
@@ -298,13 +297,18 @@ int run(const Flags& f) {
         load_weights("draft: ", draft, draft_arena, f.draft, f.draft_checkpoint, f.sampling.seed);
         loom::infer::KvCache draft_cache(f.draft.layers, f.draft.width, slots, capacity, f.block_size);
         loom::infer::CachedGpt draft_engine(draft, f.draft, draft_cache);
-        for (loom::infer::SpeculativeCompletion& c :
-             loom::infer::speculative_generate(engine, draft_engine, requests, f.gamma)) {
-            stats.target_passes += c.stats.target_passes;
-            stats.drafted += c.stats.drafted;
-            stats.accepted += c.stats.accepted;
-            done.push_back({std::move(c.tokens), c.finish});
-        }
+        // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
+        // refilled at the next round.
+        loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.gamma);
+        for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
+        done.resize(requests.size());
+        while (!batcher.idle())
+            for (const loom::infer::SpeculativeBatcher::Event& e : batcher.step()) {
+                loom::infer::Completion& c = done[static_cast<std::size_t>(e.id)];
+                c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+                if (e.finish) c.finish = *e.finish;
+            }
+        stats = batcher.stats();
     } else {
         done = loom::infer::generate(engine, requests);
     }

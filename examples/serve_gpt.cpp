@@ -10,11 +10,16 @@
 //
 //   serve_gpt (--checkpoint FILE | --random) [--layers L --width C --heads H --seq T --vocab V]
 //             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N]
+//             [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //
 // Threads: one io_context thread runs every connection (Boost.Beast on Asio
 // coroutines); one engine thread owns the model and loom::infer::Batcher
 // (serve_gpt_engine.hpp), so requests arriving from many connections join
-// the continuous batch between two forwards. SIGINT or SIGTERM: stop
+// the continuous batch between two forwards. With a draft model the engine
+// decodes speculatively (loom::infer::SpeculativeBatcher, docs/speculative.md):
+// each step is a round in which the draft proposes --gamma tokens per request
+// and the target checks them in one pass, so a streamed chunk may carry
+// several tokens; greedy text is the target's own. SIGINT or SIGTERM: stop
 // accepting, let the requests in flight finish, exit 0.
 //
 // Exit status: 0 after a signal, 2 for a bad flag, 1 for anything else (a
@@ -80,11 +85,16 @@ constexpr const char* usage =
     "  --port P           the port, 0: any free one (default 8000); the line 'serve_gpt: listening on\n"
     "                     http://ADDR:PORT' says which\n"
     "  --max-batch N      requests (prompts) running at once; more wait for a slot (default 8)\n"
-    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n"
+    "  --draft FILE       a smaller GPT's train_gpt --save checkpoint: decode speculatively with it as the draft\n"
+    "  --draft-random     a draft with freshly initialised weights (from --seed) instead of --draft FILE\n"
+    "  --draft-layers N --draft-width N --draft-heads N\n"
+    "                     the draft's shape (defaults 1, 128, 4); its --seq and --vocab are the target's\n"
+    "  --gamma N          draft tokens the target checks per pass (default 4)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
-    "--block-size, --help";
+    "--block-size, --draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --help";
 
 constexpr std::size_t body_limit = 1 << 20;  // bytes of a request body; more is answered 413
 constexpr const char* model_name = "loom-gpt";
@@ -119,7 +129,25 @@ struct Flags {
     std::uint16_t port = 8000;
     std::int64_t max_batch = 8;
     std::int64_t block_size = 16;
+    // Speculative decoding: a draft from a checkpoint or random weights.
+    loom::gpt::Config draft{.layers = 1, .width = 128, .heads = 4};
+    std::string draft_checkpoint;
+    bool draft_random = false;
+    std::int64_t gamma = 4;
+    bool gamma_given = false;
+    [[nodiscard]] bool speculative() const { return draft_random || !draft_checkpoint.empty(); }
 };
+
+// The divisors of n, "1, 2, 4 or 8", for a --draft-heads that does not divide --draft-width.
+std::string divisors(std::int64_t n) {
+    std::vector<std::int64_t> found;
+    for (std::int64_t d = 1; d <= n; ++d)
+        if (n % d == 0) found.push_back(d);
+    std::string text;
+    for (std::size_t i = 0; i < found.size(); ++i)
+        text += (i == 0 ? "" : i + 1 == found.size() ? " or " : ", ") + std::to_string(found[i]);
+    return text;
+}
 
 Flags parse(int argc, char** argv) {
     Flags f;
@@ -133,9 +161,15 @@ Flags parse(int argc, char** argv) {
             f.random = true;
             continue;
         }
+        if (flag == "--draft-random") {
+            f.draft_random = true;
+            continue;
+        }
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--seed" || flag == "--host" ||
-                           flag == "--port" || flag == "--max-batch" || flag == "--block-size";
+                           flag == "--port" || flag == "--max-batch" || flag == "--block-size" || flag == "--draft" ||
+                           flag == "--draft-layers" || flag == "--draft-width" || flag == "--draft-heads" ||
+                           flag == "--gamma";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (serve_gpt --help lists the flags)");
         const std::string value = argv[++i];
@@ -149,7 +183,14 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--port") f.port = static_cast<std::uint16_t>(whole(flag, value, 0, 65535, " (0: any free port)"));
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 1, 4096);
         else if (flag == "--block-size") f.block_size = whole(flag, value, 1, 1 << 20);
-        else {
+        else if (flag == "--draft") f.draft_checkpoint = value;
+        else if (flag == "--draft-layers") f.draft.layers = whole(flag, value, 1, 1024);
+        else if (flag == "--draft-width") f.draft.width = whole(flag, value, 1, 65536);
+        else if (flag == "--draft-heads") f.draft.heads = whole(flag, value, 1, 65536);
+        else if (flag == "--gamma") {
+            f.gamma = whole(flag, value, 1, 64);
+            f.gamma_given = true;
+        } else {
             boost::system::error_code ec;
             f.host = asio::ip::make_address(value, ec);
             if (ec) bad_flag("--host ", value, " is not an IP address; give one such as 127.0.0.1, 0.0.0.0 or ::1");
@@ -163,6 +204,15 @@ Flags parse(int argc, char** argv) {
     if (f.block_size > f.model.seq)
         bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.model.seq, "); use 1..",
                  f.model.seq);
+    f.draft.seq = f.model.seq;
+    f.draft.vocab = f.model.vocab;
+    if (f.draft_random && !f.draft_checkpoint.empty())
+        bad_flag("--draft-random and --draft exclude each other; give one");
+    if (!f.speculative() && f.gamma_given)
+        bad_flag("--gamma ", f.gamma, " needs a draft model; give --draft FILE or --draft-random");
+    if (f.speculative() && f.draft.width % f.draft.heads != 0)
+        bad_flag("--draft-heads ", f.draft.heads, " does not divide --draft-width ", f.draft.width, "; use ",
+                 divisors(f.draft.width));
     return f;
 }
 
@@ -392,21 +442,39 @@ awaitable<void> accept(Server& server) {
     }
 }
 
+// A model's weights: from a checkpoint, or random from `seed` (empty path).
+void load_weights(const char* role, loom::nn::ParamArena& arena, const loom::gpt::Config& config,
+                  const std::string& checkpoint, std::uint64_t seed, loom::gpt::Model& model) {
+    if (checkpoint.empty()) {
+        arena.initialize(model, seed);
+        std::cout << "serve_gpt: " << role << config << ", random weights (seed " << seed << ")\n";
+        return;
+    }
+    std::vector<float> m(arena.values().size()), v(m.size());  // AdamW's moments: read and dropped
+    const auto steps = loom::gpt::load_checkpoint(checkpoint, config, arena.values(), m, v);
+    std::cout << "serve_gpt: " << role << config << " from " << checkpoint << " (trained " << steps.step
+              << " steps)\n";
+}
+
 int run(const Flags& f) {
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error code, not the end of the server
     loom::gpt::Model model = loom::gpt::make_model(f.model);
     loom::nn::ParamArena arena(model);
-    if (f.random) {
-        arena.initialize(model, f.seed);
-        std::cout << "serve_gpt: " << f.model << ", random weights (seed " << f.seed << ")\n";
-    } else {
-        std::vector<float> m(arena.values().size()), v(m.size());  // AdamW's moments: read and dropped
-        const auto steps = loom::gpt::load_checkpoint(f.checkpoint, f.model, arena.values(), m, v);
-        std::cout << "serve_gpt: " << f.model << " from " << f.checkpoint << " (trained " << steps.step
-                  << " steps)\n";
-    }
+    load_weights("", arena, f.model, f.random ? std::string{} : f.checkpoint, f.seed, model);
     loom::infer::KvCache cache(f.model.layers, f.model.width, f.max_batch, f.model.seq, f.block_size);
     loom::infer::CachedGpt cached(model, f.model, cache);
+    // The draft, when there is one: its own cache of the same slots and blocks.
+    std::optional<loom::gpt::Model> draft;
+    std::optional<loom::nn::ParamArena> draft_arena;
+    std::optional<loom::infer::KvCache> draft_cache;
+    std::optional<loom::infer::CachedGpt> draft_cached;
+    if (f.speculative()) {
+        draft.emplace(loom::gpt::make_model(f.draft));
+        draft_arena.emplace(*draft);
+        load_weights("draft: ", *draft_arena, f.draft, f.draft_checkpoint, f.seed, *draft);
+        draft_cache.emplace(f.draft.layers, f.draft.width, f.max_batch, f.draft.seq, f.block_size);
+        draft_cached.emplace(*draft, f.draft, *draft_cache);
+    }
 
     asio::io_context io(1);
     tcp::acceptor acceptor(io);
@@ -422,7 +490,10 @@ int run(const Flags& f) {
         return 1;
     }
     {
-        serve_gpt::Engine engine(cached);
+        std::optional<serve_gpt::Engine> engine_storage;
+        if (draft_cached) engine_storage.emplace(cached, *draft_cached, f.gamma);
+        else engine_storage.emplace(cached);
+        serve_gpt::Engine& engine = *engine_storage;
         Server server(io, std::move(acceptor), engine, f.model);
         asio::signal_set signals(io, SIGINT, SIGTERM);
         signals.async_wait([&](const boost::system::error_code& ec, int signal) {
@@ -438,18 +509,30 @@ int run(const Flags& f) {
         const tcp::endpoint bound = server.acceptor.local_endpoint();
         const std::string host = bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
                                                          : bound.address().to_string();
-        std::printf("serve_gpt: up to %lld requests at once, KV cache in blocks of %lld positions\n"
+        const std::string speculative =
+            f.speculative() ? ", speculative decoding with gamma " + std::to_string(f.gamma) : std::string{};
+        std::printf("serve_gpt: up to %lld requests at once, KV cache in blocks of %lld positions%s\n"
                     "serve_gpt: listening on http://%s:%u\n",
-                    static_cast<long long>(f.max_batch), static_cast<long long>(f.block_size), host.c_str(),
-                    static_cast<unsigned>(bound.port()));
+                    static_cast<long long>(f.max_batch), static_cast<long long>(f.block_size), speculative.c_str(),
+                    host.c_str(), static_cast<unsigned>(bound.port()));
         std::fflush(stdout);
         io.run();  // returns once the acceptor is closed and every connection has ended
         engine.stop();
         const serve_gpt::Engine::Stats stats = engine.stats();
-        std::printf("serve_gpt: stopped after %llu completions: %lld tokens in %lld forwards, at most %zu requests "
-                    "in one forward\n",
-                    static_cast<unsigned long long>(server.completions), static_cast<long long>(stats.tokens),
-                    static_cast<long long>(stats.steps), stats.widest);
+        if (!stats.speculative)
+            std::printf("serve_gpt: stopped after %llu completions: %lld tokens in %lld forwards, at most %zu "
+                        "requests in one forward\n",
+                        static_cast<unsigned long long>(server.completions), static_cast<long long>(stats.tokens),
+                        static_cast<long long>(stats.steps), stats.widest);
+        else
+            std::printf("serve_gpt: stopped after %llu completions: %lld tokens in %lld speculative rounds, at most "
+                        "%zu requests in one round; %lld draft tokens proposed, %lld accepted (%.0f%%), %.2f tokens "
+                        "per target pass\n",
+                        static_cast<unsigned long long>(server.completions), static_cast<long long>(stats.tokens),
+                        static_cast<long long>(stats.steps), stats.widest,
+                        static_cast<long long>(stats.speculative->drafted),
+                        static_cast<long long>(stats.speculative->accepted),
+                        100.0 * stats.speculative->acceptance_rate(), stats.speculative->tokens_per_pass());
     }
     io.restart();
     io.poll();  // pieces the engine posted last: their inboxes are freed on this thread

@@ -1,5 +1,7 @@
 // serve_gpt's engine thread: the one thread that owns the model, the KV
-// cache and loom::infer::Batcher. HTTP connections (other threads) hand it
+// cache and loom::infer::Batcher (or, with a draft model,
+// loom::infer::SpeculativeBatcher: a step is then a speculative round and
+// may give a request several tokens). HTTP connections (other threads) hand it
 // jobs and cancellations through a queue under a mutex; between two packed
 // forwards it takes them, so a request that arrives while others run joins
 // the continuous batch at the next step. Each job's pieces of text go back
@@ -14,6 +16,7 @@
 
 #include <loom/infer/batcher.hpp>
 #include <loom/infer/cached_gpt.hpp>
+#include <loom/infer/speculative_batcher.hpp>
 
 #include <algorithm>
 #include <condition_variable>
@@ -25,9 +28,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace serve_gpt {
@@ -55,7 +60,12 @@ struct Job {
 
 class Engine {
 public:
-    explicit Engine(loom::infer::CachedGpt& model) : batcher_(model), thread_([this] { run(); }) {}
+    explicit Engine(loom::infer::CachedGpt& model)
+        : batcher_(std::in_place_type<loom::infer::Batcher>, model), thread_([this] { run(); }) {}
+    // Speculative decoding: `draft` proposes `gamma` tokens per target pass.
+    Engine(loom::infer::CachedGpt& target, loom::infer::CachedGpt& draft, std::int64_t gamma)
+        : batcher_(std::in_place_type<loom::infer::SpeculativeBatcher>, target, draft, gamma),
+          thread_([this] { run(); }) {}
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
     ~Engine() { stop(); }
@@ -78,11 +88,13 @@ public:
         wake_.notify_one();
     }
 
-    // What the engine has done, for the summary line: forwards run, tokens
-    // generated, and the most requests one forward carried.
+    // What the engine has done, for the summary line: steps run (forwards, or
+    // speculative rounds), tokens generated, the most requests one step
+    // carried, and with a draft what it proposed and the target accepted.
     struct Stats {
         std::int64_t steps = 0, tokens = 0;
         std::size_t widest = 0;
+        std::optional<loom::infer::SpeculativeStats> speculative;
     };
     [[nodiscard]] Stats stats() const {
         const std::lock_guard lock(mutex_);
@@ -111,7 +123,7 @@ private:
     void run() {
         std::unique_lock lock(mutex_);
         for (;;) {
-            wake_.wait(lock, [&] { return quit_ || !incoming_.empty() || !cancels_.empty() || !batcher_.idle(); });
+            wake_.wait(lock, [&] { return quit_ || !incoming_.empty() || !cancels_.empty() || !idle(); });
             if (quit_) return;
             std::vector<std::shared_ptr<Job>> incoming(incoming_.begin(), incoming_.end()), cancels;
             incoming_.clear();
@@ -120,14 +132,7 @@ private:
             for (std::shared_ptr<Job>& job : incoming) start(std::move(job));
             for (const std::shared_ptr<Job>& job : cancels) drop(job.get());
             try {
-                if (!batcher_.idle()) {
-                    const auto events = batcher_.step();
-                    for (const loom::infer::Batcher::Event& e : events) advance(e);
-                    const std::lock_guard stats_lock(mutex_);
-                    stats_.steps += 1;
-                    stats_.tokens += static_cast<std::int64_t>(events.size());
-                    stats_.widest = std::max(stats_.widest, events.size());
-                }
+                if (!idle()) std::visit([this](auto& batcher) { step(batcher); }, batcher_);
             } catch (const std::exception& e) {  // not expected: requests are checked before they come here
                 fail_all(e.what());
             }
@@ -135,12 +140,46 @@ private:
         }
     }
 
+    [[nodiscard]] bool idle() const {
+        return std::visit([](const auto& batcher) { return batcher.idle(); }, batcher_);
+    }
+    std::uint64_t submit(const loom::infer::Request& request) {
+        return std::visit([&](auto& batcher) { return batcher.submit(request); }, batcher_);
+    }
+    bool cancel(std::uint64_t id) {
+        return std::visit([id](auto& batcher) { return batcher.cancel(id); }, batcher_);
+    }
+
+    void step(loom::infer::Batcher& batcher) {
+        const auto events = batcher.step();
+        for (const loom::infer::Batcher::Event& e : events) advance(e.id, std::span(&e.token, 1), e.finish);
+        record(events.size(), static_cast<std::int64_t>(events.size()), std::nullopt);
+    }
+
+    void step(loom::infer::SpeculativeBatcher& batcher) {
+        const auto events = batcher.step();
+        std::int64_t tokens = 0;
+        for (const loom::infer::SpeculativeBatcher::Event& e : events) {
+            tokens += static_cast<std::int64_t>(e.tokens.size());
+            advance(e.id, e.tokens, e.finish);
+        }
+        record(events.size(), tokens, batcher.stats());
+    }
+
+    void record(std::size_t requests, std::int64_t tokens, std::optional<loom::infer::SpeculativeStats> speculative) {
+        const std::lock_guard lock(mutex_);
+        stats_.steps += 1;
+        stats_.tokens += tokens;
+        stats_.widest = std::max(stats_.widest, requests);
+        stats_.speculative = speculative;
+    }
+
     void start(std::shared_ptr<Job> job) {
         std::vector<std::uint64_t> ids;
         try {
-            for (std::size_t c = 0; c < job->choices.size(); ++c) ids.push_back(batcher_.submit(job->choices[c]));
+            for (std::size_t c = 0; c < job->choices.size(); ++c) ids.push_back(submit(job->choices[c]));
         } catch (const std::exception& e) {
-            for (std::uint64_t id : ids) (void)batcher_.cancel(id);
+            for (std::uint64_t id : ids) (void)cancel(id);
             job->deliver(failure(e.what()));
             return;
         }
@@ -150,7 +189,7 @@ private:
     void drop(const Job* job) {
         for (auto it = running_.begin(); it != running_.end();) {
             if (it->second.job.get() == job) {
-                (void)batcher_.cancel(it->first);
+                (void)cancel(it->first);
                 it = running_.erase(it);
             } else {
                 ++it;
@@ -160,7 +199,7 @@ private:
 
     void fail_all(const std::string& why) {
         for (auto& [id, r] : running_) {
-            (void)batcher_.cancel(id);
+            (void)cancel(id);
             r.job->deliver(failure(why));
         }
         running_.clear();
@@ -190,19 +229,27 @@ private:
         return held;
     }
 
-    void advance(const loom::infer::Batcher::Event& e) {
-        const auto it = running_.find(e.id);
+    // A step's tokens for request `id` (one, or a speculative round's
+    // several); `finished` if the batcher says the last of them ends it.
+    void advance(std::uint64_t id, std::span<const std::int32_t> tokens, std::optional<loom::infer::Finish> finished) {
+        const auto it = running_.find(id);
         if (it == running_.end()) return;
         Running& r = it->second;
-        r.tokens.push_back(e.token);
-        std::optional<loom::infer::Finish> finish = e.finish;
-        std::size_t end = r.tokens.size();
-        if (const std::size_t stop = ends_with_stop(r.tokens, *r.job)) {
-            finish = loom::infer::Finish::stop;
-            end -= stop;
-            if (!e.finish) (void)batcher_.cancel(e.id);
-        } else if (!finish) {
-            end -= held_back(r.tokens, *r.job);
+        std::optional<loom::infer::Finish> finish;
+        std::size_t end = 0;
+        for (const std::int32_t token : tokens) {  // a stop sequence may end before the round's last token
+            r.tokens.push_back(token);
+            if (const std::size_t stop = ends_with_stop(r.tokens, *r.job)) {
+                finish = loom::infer::Finish::stop;
+                end = r.tokens.size() - stop;
+                if (!finished) (void)cancel(id);  // the tokens after it are dropped
+                break;
+            }
+        }
+        if (!finish) {
+            finish = finished;
+            end = r.tokens.size();
+            if (!finish) end -= held_back(r.tokens, *r.job);
         }
         end = std::max(end, r.shown);
         Piece piece{.choice = r.choice, .text = {r.tokens.begin() + static_cast<std::ptrdiff_t>(r.shown),
@@ -214,7 +261,8 @@ private:
         if (!piece.text.empty() || piece.finish) job->deliver(std::move(piece));
     }
 
-    loom::infer::Batcher batcher_;  // the engine thread's alone, as is running_
+    // The engine thread's alone, as is running_.
+    std::variant<loom::infer::Batcher, loom::infer::SpeculativeBatcher> batcher_;
     std::map<std::uint64_t, Running> running_;
     mutable std::mutex mutex_;      // guards the four below
     std::condition_variable wake_;

@@ -8,7 +8,10 @@ then [DONE]) carries the same text; a stop sequence ends a choice and is left
 out; 32 concurrent streamed requests each get the tokens they get alone; bad
 requests get 400 (or 404, 405, 413) with OpenAI's error object naming the
 field; a client that hangs up mid-stream leaves the server serving; SIGTERM
-lets a streamed request in flight finish, and the server exits 0.
+lets a streamed request in flight finish, and the server exits 0. A second
+server with a draft (--draft-random of the target's own shape and seed: the
+target as its own draft) answers the plain server's greedy text, streamed
+in chunks of several tokens, with the same stops, concurrent requests too.
 
 Standard library only. Run by ctest (examples/CMakeLists.txt):
   serve_gpt_curl.py --serve-gpt BIN --generate-gpt BIN --curl BIN
@@ -44,9 +47,9 @@ def printable(text):
 
 
 class Server:
-    def __init__(self, binary):
+    def __init__(self, binary, extra=()):
         self.process = subprocess.Popen([binary, "--random", *SHAPE, "--seed", SEED, "--port", "0",
-                                         "--max-batch", "4", "--block-size", "8"],
+                                         "--max-batch", "4", "--block-size", "8", *extra],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.output = b""  # read from the pipe's descriptor itself: a buffered reader would hide lines from select
         deadline = time.time() + 20
@@ -64,7 +67,7 @@ class Server:
         fail("serve_gpt printed no 'listening on' line:\n" + self.output.decode(errors="replace"))
 
 
-def curl(args, url_path, body=None, method=None, extra=()):
+def curl(args, url_path, body=None, method=None, extra=(), server=None):
     """(HTTP status, body text) of one curl call."""
     command = [args.curl, "-sS", "-w", "\n%{http_code}", *extra]
     if method:
@@ -72,15 +75,15 @@ def curl(args, url_path, body=None, method=None, extra=()):
     if body is not None:
         command += ["-H", "Content-Type: application/json", "--data-binary", "@-"]  # stdin: no argv limit
         body = body if isinstance(body, str) else json.dumps(body)
-    command.append(SERVER.url + url_path)
+    command.append((server or SERVER).url + url_path)
     done = subprocess.run(command, input=body, capture_output=True, text=True, timeout=30)
     check(done.returncode == 0, f"curl {url_path} failed ({done.returncode}): {done.stderr}")
     text, _, status = done.stdout.rpartition("\n")
     return int(status), text
 
 
-def complete(args, request):
-    status, text = curl(args, "/v1/completions", request)
+def complete(args, request, server=None):
+    status, text = curl(args, "/v1/completions", request, server=server)
     check(status == 200, f"{request} answered {status}: {text}")
     return json.loads(text)
 
@@ -118,6 +121,54 @@ def generate_gpt(args, prompt, max_new, sampling):
     check(found, "generate_gpt printed no completion:\n" + done.stdout)
     check(found.group(1).startswith(prompt), "generate_gpt's text does not start with the prompt")
     return found.group(1)[len(prompt):]
+
+
+def speculative(args, greedy, cat, stop, both, cut):
+    """A server with a draft gives the plain server's greedy text: the target as its own draft
+    (--draft-random of the target's shape and --seed), so every proposal is accepted and a stream's
+    chunks carry several tokens; stops cut inside a round; concurrent requests wait for a slot."""
+    spec = Server(args.serve_gpt, ["--draft-random", "--draft-layers", "2", "--draft-width", "64",
+                                   "--draft-heads", "4", "--gamma", "3"])
+    try:
+        check(b"speculative decoding with gamma 3" in spec.output, "no speculative line:\n" + spec.output.decode())
+        hello = {"prompt": "Hello", "max_tokens": 12, "temperature": 0}
+        text = complete(args, hello, spec)["choices"][0]["text"]
+        check(text == greedy, f"with a draft, greedy {text!r} is not the plain server's {greedy!r}")
+        status, body = curl(args, "/v1/completions", {"prompt": ["Hello", "The cat"], "max_tokens": 12,
+                                                      "temperature": 0, "stream": True}, extra=["-N"], server=spec)
+        check(status == 200, f"with a draft, the stream answered {status}")
+        events = events_of(body)
+        check(stream_texts(events, 2) == ([greedy, cat], ["length", "length"]),
+              f"with a draft, the streamed texts {stream_texts(events, 2)} are not {[greedy, cat]}")
+        check(max(len(chunk["choices"][0]["text"]) for chunk in events[:-1]) == 4,
+              "with the target as its own draft (gamma 3) no chunk carried 4 tokens")
+        stopped = complete(args, dict(hello, stop=stop), spec)
+        c = stopped["choices"][0]
+        check(c["text"] == greedy[:greedy.find(stop)] and c["finish_reason"] == "stop" and
+              stopped["usage"]["completion_tokens"] == greedy.find(stop) + 2, f"with a draft, stop {stop!r}: {stopped}")
+        status, body = curl(args, "/v1/completions", dict(both, stream=True), server=spec)
+        check(stream_texts(events_of(body), 1) == ([greedy[:cut]], ["stop"]), "with a draft, the streamed stops differ")
+        seeded = {"prompt": "The cat", "max_tokens": 20, "temperature": 0.8, "seed": 5}
+        check(complete(args, seeded, spec)["choices"][0]["text"] == complete(args, seeded, spec)["choices"][0]["text"],
+              "with a draft, the same seed sampled other text")
+        # 8 concurrent greedy requests on 4 slots (most wait for one): each the plain server's text.
+        requests = [{"prompt": f"Draft {i}: ", "max_tokens": 40 + i, "temperature": 0} for i in range(8)]
+        running = [subprocess.Popen([args.curl, "-sS", "-H", "Content-Type: application/json", "--data-binary",
+                                     json.dumps(r), spec.url + "/v1/completions"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for r in requests]
+        outputs = [p.communicate(timeout=30) for p in running]
+        for i, (p, (out, err)) in enumerate(zip(running, outputs)):
+            check(p.returncode == 0, f"with a draft, concurrent request {i}: curl failed: {err}")
+            plain = complete(args, requests[i])["choices"][0]["text"]
+            check(json.loads(out)["choices"][0]["text"] == plain, f"with a draft, concurrent request {i} differs")
+        spec.process.send_signal(signal.SIGTERM)
+        code = spec.process.wait(timeout=20)
+        output = (spec.output + spec.process.stdout.read()).decode(errors="replace")
+        check(code == 0 and "accepted (100%)" in output, f"the server with a draft exited {code}:\n{output}")
+        print(output.strip().splitlines()[-1])
+    except BaseException:
+        spec.process.kill()
+        raise
 
 
 def main():
@@ -195,6 +246,8 @@ def run(args):
     check(complete(args, both)["choices"][0]["text"] == greedy[:cut], f"stops {[y, x + y]} did not cut at {cut}")
     status, text = curl(args, "/v1/completions", dict(both, stream=True))
     check(stream_texts(events_of(text), 1) == ([greedy[:cut]], ["stop"]), "the streamed stops differ")
+
+    speculative(args, greedy, cat, stop, both, cut)
 
     # 32 concurrent streamed requests (4 slots: most wait for one, and join the batch as others
     # finish): each gets the text it gets alone.

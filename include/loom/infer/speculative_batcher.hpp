@@ -1,0 +1,300 @@
+// Speculative decoding continuously batched, one round at a time: Batcher's
+// interface (infer/batcher.hpp: submit, cancel, step) where one step is one
+// speculative round for every running request. The draft proposes up to
+// gamma tokens for each, one packed draft forward per proposal, and the
+// target verifies every running request's [last token, drafts] in ONE packed
+// forward (infer/speculative_acceptance.hpp's rule), so a step yields 1 to
+// gamma + 1 tokens per request. A request that finishes (or is cancelled)
+// frees its slot in both caches at once, and the oldest waiting request takes
+// it at the next step. speculative_generate (infer/speculative.hpp) is a loop
+// over this; serve_gpt --draft feeds it from HTTP connections.
+//
+// Each request's draws, acceptance and roll-back are its own: its tokens
+// depend on its seed, not on what it runs beside or when it starts (to the
+// float rounding of a packed forward). A request occupies the same slot in
+// both caches, and starts only when the blocks it needs at its longest in
+// each cache are not promised to the running ones, so none runs out of
+// blocks halfway (a round never needs more positions than generate() would:
+// near the length limit it proposes fewer drafts).
+//
+// Single-threaded by design, as Batcher.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/infer/batcher.hpp"
+#include "loom/infer/cached_gpt.hpp"
+#include "loom/infer/kv_cache.hpp"
+#include "loom/infer/speculative_acceptance.hpp"
+
+namespace loom::infer {
+
+class SpeculativeBatcher {
+public:
+    // What one request did in one round.
+    struct Event {
+        std::uint64_t id = 0;                  // submit's id
+        std::span<const std::int32_t> tokens;  // its new tokens, 1 to gamma + 1 (fewer if it finished)
+        std::optional<Finish> finish;          // set when the last of them is its last
+        std::int64_t drafted = 0;              // drafts the target checked for it this round
+        std::int64_t accepted = 0;             // of which it accepted
+    };
+
+    // Runs on slots [0, max_batch) of both engines' caches (0: every slot
+    // both have), which must be empty; they are released when the batcher is
+    // destroyed. Its blocks are those free in each cache now: slots past
+    // max_batch may hold some, and must not grow while it runs.
+    SpeculativeBatcher(CachedGpt& target, CachedGpt& draft, std::int64_t gamma, std::int64_t max_batch = 0)
+        : target_(target), draft_(draft), tcache_(target.cache()), dcache_(draft.cache()), gamma_(gamma) {
+        LOOM_CHECK(gamma >= 1, "SpeculativeBatcher: gamma = ", gamma, " draft tokens per pass; propose at least 1");
+        LOOM_CHECK(draft.config().vocab == target.config().vocab, "SpeculativeBatcher: the draft's vocabulary of ",
+                   draft.config().vocab, " tokens is not the target's ", target.config().vocab,
+                   "; the draft must share the target's tokens");
+        LOOM_CHECK(&tcache_ != &dcache_,
+                   "SpeculativeBatcher: the target and the draft share one KvCache; give each its own");
+        const std::int64_t both = std::min(tcache_.slots(), dcache_.slots());
+        LOOM_CHECK(max_batch >= 0 && max_batch <= both, "SpeculativeBatcher: max_batch = ", max_batch,
+                   " but the target's cache has ", tcache_.slots(), " slots and the draft's ", dcache_.slots(),
+                   "; give 0..", both, " (0: every slot both have)");
+        slots_ = max_batch == 0 ? both : max_batch;
+        for (KvCache* cache : {&tcache_, &dcache_})
+            for (std::int64_t s = 0; s < slots_; ++s)
+                LOOM_CHECK(cache->length(s) == 0, "SpeculativeBatcher: slot ", s, " of the ",
+                           cache == &tcache_ ? "target" : "draft", "'s cache holds ", cache->length(s),
+                           " positions; release it first");
+        tbudget_ = tcache_.free_blocks();
+        dbudget_ = dcache_.free_blocks();
+        for (std::int64_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+    }
+    SpeculativeBatcher(const SpeculativeBatcher&) = delete;
+    SpeculativeBatcher& operator=(const SpeculativeBatcher&) = delete;
+    ~SpeculativeBatcher() {
+        for (std::int64_t s = 0; s < slots_; ++s) {
+            tcache_.release(s);
+            dcache_.release(s);
+        }
+    }
+
+    // Queues a request (it starts at a round when a slot and its blocks in
+    // both caches are free, after those submitted before it); returns its id,
+    // 0, 1, 2, ... in submission order. One the caches can never run is refused here.
+    std::uint64_t submit(Request request) {
+        const std::uint64_t id = next_id_;
+        const std::string who = "SpeculativeBatcher: request " + std::to_string(id);
+        check_request(request, who, tcache_.capacity());
+        const std::int64_t needed = positions_needed(request);
+        LOOM_CHECK(needed <= dcache_.capacity(), who, " needs ", needed,
+                   " cached positions but the draft's cache holds ", dcache_.capacity(),
+                   " per sequence; build it (and the draft's Config::seq) at least that long");
+        Entry e;
+        e.id = id;
+        e.request = std::move(request);
+        e.tblocks = tcache_.blocks_for(needed);
+        e.dblocks = dcache_.blocks_for(needed);
+        for (const bool is_target : {true, false}) {
+            const std::int64_t blocks = is_target ? e.tblocks : e.dblocks, budget = is_target ? tbudget_ : dbudget_;
+            const KvCache& cache = is_target ? tcache_ : dcache_;
+            LOOM_CHECK(blocks <= budget, who, " needs ", blocks, " blocks of ", cache.block_size(),
+                       " positions in the ", is_target ? "target" : "draft", "'s cache but the batcher has ", budget,
+                       " (those free when it was built); build the cache with more blocks");
+        }
+        ++next_id_;
+        waiting_.push_back(std::move(e));
+        return id;
+    }
+
+    // Drops a waiting or running request (a running one frees its slot at
+    // once); false if `id` is neither (finished, cancelled or never given).
+    bool cancel(std::uint64_t id) {
+        const auto is = [id](const Entry& e) { return e.id == id; };
+        if (const auto w = std::find_if(waiting_.begin(), waiting_.end(), is); w != waiting_.end()) {
+            waiting_.erase(w);
+            return true;
+        }
+        if (const auto r = std::find_if(running_.begin(), running_.end(), is); r != running_.end()) {
+            leave(*r);
+            running_.erase(r);
+            return true;
+        }
+        return false;
+    }
+
+    [[nodiscard]] bool idle() const noexcept { return running_.empty() && waiting_.empty(); }
+    [[nodiscard]] std::size_t running() const noexcept { return running_.size(); }
+    [[nodiscard]] std::size_t waiting() const noexcept { return waiting_.size(); }
+    [[nodiscard]] std::int64_t gamma() const noexcept { return gamma_; }
+    // Every round's figures so far, summed over requests (a request's round is one target pass).
+    [[nodiscard]] const SpeculativeStats& stats() const noexcept { return stats_; }
+
+    // One round: the requests that start now join (their prompts but the last
+    // token prefilled into the target's cache, packed in one forward), then
+    // the draft's steps and the target's verification for every running
+    // request, in that order of events (running first, then those that
+    // started). Finished requests leave. Valid until the next call; empty when idle.
+    std::span<const Event> step() {
+        events_.clear();
+        emitted_.clear();
+        const std::size_t before_admission = running_.size();
+        while (!waiting_.empty() && !free_slots_.empty() && tpromised_ + waiting_.front().tblocks <= tbudget_ &&
+               dpromised_ + waiting_.front().dblocks <= dbudget_) {
+            Entry& e = running_.emplace_back(std::move(waiting_.front()));
+            waiting_.pop_front();
+            tpromised_ += e.tblocks;
+            dpromised_ += e.dblocks;
+            e.slot = free_slots_.back();
+            free_slots_.pop_back();
+            e.sequence = e.request.prompt;
+        }
+        if (running_.empty()) return {};
+        // Invariant at a round's start: the target's cache holds all of a
+        // request's sequence but its last token (which the round feeds); the
+        // draft's holds a prefix of it.
+        segments_.clear();
+        for (std::size_t j = before_admission; j < running_.size(); ++j) {
+            const std::span<const std::int32_t> prompt = running_[j].sequence;
+            if (prompt.size() > 1) segments_.push_back({running_[j].slot, prompt.first(prompt.size() - 1)});
+        }
+        if (!segments_.empty()) (void)target_.forward(segments_);
+        draft_round();
+        verify_round();
+        return events_;
+    }
+
+private:
+    struct Entry {
+        std::uint64_t id = 0;
+        Request request;
+        std::int64_t tblocks = 0, dblocks = 0;  // its whole need in each cache, held back for it while it runs
+        std::int64_t slot = -1;                 // in both caches; -1 while waiting
+        std::vector<std::int32_t> sequence;     // the prompt and every token so far
+        std::int64_t generated = 0;             // new tokens so far
+        // This round's:
+        std::vector<std::int32_t> proposed;     // drafts
+        std::vector<std::int32_t> fed;          // verification input: the last token, then the drafts
+        std::vector<std::vector<double>> q;     // the draft's distribution at each proposal (sampled)
+        std::int64_t g = 0;                     // drafts proposed
+        std::int64_t before = 0;                // sequence length at the round's start
+    };
+
+    // Each request proposes g = min(gamma, tokens left - 1) drafts (a round
+    // yields at most g + 1 tokens): it feeds what the draft's cache lacks,
+    // then its own proposals, one packed forward per proposal.
+    void draft_round() {
+        const auto V = static_cast<std::size_t>(target_.config().vocab);
+        std::int64_t most = 0;
+        for (Entry& e : running_) {
+            e.g = std::min(gamma_, e.request.max_new_tokens - e.generated - 1);
+            e.before = static_cast<std::int64_t>(e.sequence.size());
+            e.proposed.clear();
+            e.q.resize(static_cast<std::size_t>(e.g));
+            most = std::max(most, e.g);
+        }
+        for (std::int64_t i = 0; i < most; ++i) {
+            segments_.clear();
+            drafting_.clear();
+            for (Entry& e : running_) {
+                if (e.g <= i) continue;
+                const auto held = static_cast<std::size_t>(dcache_.length(e.slot));
+                segments_.push_back(i == 0 ? Segment{e.slot, std::span(e.sequence).subspan(held)}
+                                           : Segment{e.slot, std::span(&e.proposed.back(), 1)});
+                drafting_.push_back(&e);
+            }
+            const std::span<const float> logits = draft_.forward(segments_);
+            for (std::size_t j = 0; j < drafting_.size(); ++j) {
+                Entry& e = *drafting_[j];
+                const auto draw = static_cast<std::uint64_t>(e.generated + i);
+                e.proposed.push_back(propose_draft(logits.subspan(j * V, V), e.request.sampling, draw,
+                                                   e.q[static_cast<std::size_t>(i)]));
+            }
+        }
+    }
+
+    // The target's one pass over every request's [last token, drafts], logits
+    // at every position; then each request's acceptance, roll-back and events.
+    void verify_round() {
+        const auto V = static_cast<std::size_t>(target_.config().vocab);
+        segments_.clear();
+        for (Entry& e : running_) {
+            e.fed.assign(1, e.sequence.back());
+            e.fed.insert(e.fed.end(), e.proposed.begin(), e.proposed.end());
+            segments_.push_back({e.slot, e.fed});
+        }
+        const std::span<const float> rows = target_.forward(segments_, Logits::every);
+        std::size_t offset = 0;
+        starts_.clear();
+        still_.clear();
+        for (Entry& e : running_) {
+            const auto count = static_cast<std::size_t>(e.g + 1);
+            const SpeculativeVerdict verdict =
+                verify_drafts(e.proposed, e.q, rows.subspan(offset * V, count * V), V, e.request.sampling,
+                              static_cast<std::uint64_t>(e.generated), p_, residual_);
+            offset += count;
+            stats_.target_passes += 1;
+            stats_.drafted += e.g;
+            stats_.accepted += verdict.accepted;
+            // Keep the accepted drafts' keys and values, drop the rest.
+            tcache_.truncate(e.slot, e.before + verdict.accepted);
+            dcache_.truncate(e.slot, std::min(dcache_.length(e.slot), e.before + verdict.accepted));
+            starts_.push_back(emitted_.size());
+            Event& event = events_.emplace_back(Event{e.id, {}, std::nullopt, e.g, verdict.accepted});
+            for (std::int64_t i = 0; i <= verdict.accepted && !event.finish; ++i)
+                event.finish = emit(e, i < verdict.accepted ? e.proposed[static_cast<std::size_t>(i)] : verdict.own);
+            if (event.finish) leave(e);
+            else still_.push_back(std::move(e));
+        }
+        running_.swap(still_);
+        for (std::size_t j = 0; j < events_.size(); ++j) {
+            const std::size_t end = j + 1 < events_.size() ? starts_[j + 1] : emitted_.size();
+            events_[j].tokens = std::span(emitted_).subspan(starts_[j], end - starts_[j]);
+        }
+    }
+
+    // Appends a token to the request and the round's events; its Finish if it is the last.
+    std::optional<Finish> emit(Entry& e, std::int32_t token) {
+        e.sequence.push_back(token);
+        emitted_.push_back(token);
+        ++e.generated;
+        const auto& stops = e.request.stop_tokens;
+        if (std::find(stops.begin(), stops.end(), token) != stops.end()) return Finish::stop;
+        if (e.generated >= e.request.max_new_tokens) return Finish::length;
+        return std::nullopt;
+    }
+
+    void leave(const Entry& e) {
+        tcache_.release(e.slot);
+        dcache_.release(e.slot);
+        tpromised_ -= e.tblocks;
+        dpromised_ -= e.dblocks;
+        free_slots_.push_back(e.slot);
+    }
+
+    CachedGpt& target_;
+    CachedGpt& draft_;
+    KvCache& tcache_;
+    KvCache& dcache_;
+    std::int64_t gamma_;
+    std::int64_t slots_ = 0;
+    std::int64_t tbudget_ = 0, dbudget_ = 0;      // blocks of each cache the batcher may use
+    std::int64_t tpromised_ = 0, dpromised_ = 0;  // of those, held back for the running requests
+    std::uint64_t next_id_ = 0;
+    std::deque<Entry> waiting_;
+    std::vector<Entry> running_, still_;
+    std::vector<std::int64_t> free_slots_;  // popped from the back: slot 0 first
+    std::vector<Segment> segments_;
+    std::vector<Entry*> drafting_;
+    std::vector<double> p_, residual_;
+    SpeculativeStats stats_;
+    std::vector<Event> events_;
+    std::vector<std::int32_t> emitted_;  // the round's tokens, every event's in turn
+    std::vector<std::size_t> starts_;    // where each event's begin in emitted_
+};
+
+}  // namespace loom::infer
