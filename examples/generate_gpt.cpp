@@ -31,6 +31,8 @@
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/nn/param_arena.hpp>
 
+#include "gpt_model_flags.hpp"
+
 #include <chrono>
 #include <algorithm>
 #include <cerrno>
@@ -63,76 +65,28 @@ constexpr const char* usage =
     "  --seed S           sampling (and --random's weights) (default 1)\n"
     "  --stop TEXT        its first byte ends a prompt's generation when generated (repeatable)\n"
     "  --max-batch N      prompts running at once, 0: all (default 0)\n"
-    "  --block-size N     positions per block of the paged KV cache (default 16)\n"
-    "  --draft FILE       a smaller GPT's train_gpt --save checkpoint: decode speculatively with it as the draft\n"
-    "  --draft-random     a draft with freshly initialised weights (from --seed) instead of --draft FILE\n"
-    "  --draft-layers N --draft-width N --draft-heads N\n"
-    "                     the draft's shape (defaults 1, 128, 4); its --seq and --vocab are the target's\n"
-    "  --gamma N          draft tokens the target checks per pass (default 4)\n";
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
     "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --draft, --draft-random, "
     "--draft-layers, --draft-width, --draft-heads, --gamma, --help";
 
-// A bad command line: exit status 2, the message without a source location.
-struct FlagError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-template <class... Parts>
-[[noreturn]] void bad_flag(const Parts&... parts) {
-    std::ostringstream out;
-    (out << ... << parts);
-    throw FlagError(out.str());
-}
-
-std::int64_t whole(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high,
-                   std::string_view note = "") {
-    char* end = nullptr;
-    errno = 0;
-    const long long value = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno != 0 || value < low || value > high)
-        bad_flag(flag, " ", text, " is not a whole number in ", low, "..", high, note);
-    return value;
-}
-
-float real(std::string_view flag, const std::string& text) {
-    char* end = nullptr;
-    const float value = std::strtof(text.c_str(), &end);
-    if (text.empty() || *end != '\0') bad_flag(flag, " ", text, " is not a number");
-    return value;
-}
+using gpt_flags::bad_flag;
+using gpt_flags::FlagError;
+using gpt_flags::real;
+using gpt_flags::whole;
 
 struct Flags {
-    loom::gpt::Config model;  // train_gpt's defaults: 4 layers, width 256, 4 heads, seq 128, vocab 256
-    std::string checkpoint;
-    bool random = false;
+    gpt_flags::ModelFlags target;
     std::vector<std::string> prompts;
     std::int64_t max_new = 64;
     loom::infer::Sampling sampling{.seed = 1};
     std::vector<std::string> stops;
     std::int64_t max_batch = 0;
     std::int64_t block_size = 16;
-    // Speculative decoding: a draft from a checkpoint or random weights.
-    loom::gpt::Config draft{.layers = 1, .width = 128, .heads = 4};
-    std::string draft_checkpoint;
-    bool draft_random = false;
-    std::int64_t gamma = 4;
-    bool gamma_given = false;
-    [[nodiscard]] bool speculative() const { return draft_random || !draft_checkpoint.empty(); }
+    gpt_flags::DraftFlags draft;  // speculative decoding, when on()
 };
-
-// The divisors of n, "1, 2, 4 or 8", for a --heads that does not divide --width.
-std::string divisors(std::int64_t n) {
-    std::vector<std::int64_t> found;
-    for (std::int64_t d = 1; d <= n; ++d)
-        if (n % d == 0) found.push_back(d);
-    std::string text;
-    for (std::size_t i = 0; i < found.size(); ++i)
-        text += (i == 0 ? "" : i + 1 == found.size() ? " or " : ", ") + std::to_string(found[i]);
-    return text;
-}
 
 Flags parse(int argc, char** argv) {
     Flags f;
@@ -140,14 +94,15 @@ Flags parse(int argc, char** argv) {
         const std::string_view flag = argv[i];
         if (flag == "--help" || flag == "-h") {
             std::fputs(usage, stdout);
+            std::fputs(gpt_flags::DraftFlags::usage, stdout);
             std::exit(0);
         }
         if (flag == "--random") {
-            f.random = true;
+            f.target.random = true;
             continue;
         }
         if (flag == "--draft-random") {
-            f.draft_random = true;
+            f.draft.random = true;
             continue;
         }
         if (flag == "--greedy") {
@@ -163,13 +118,8 @@ Flags parse(int argc, char** argv) {
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (generate_gpt --help lists the flags)");
         const std::string value = argv[++i];
-        if (flag == "--checkpoint") f.checkpoint = value;
-        else if (flag == "--layers") f.model.layers = whole(flag, value, 1, 1024);
-        else if (flag == "--width") f.model.width = whole(flag, value, 1, 65536);
-        else if (flag == "--heads") f.model.heads = whole(flag, value, 1, 65536);
-        else if (flag == "--seq") f.model.seq = whole(flag, value, 1, 1 << 20);
-        else if (flag == "--vocab") f.model.vocab = whole(flag, value, 2, 256, " (a byte vocabulary)");
-        else if (flag == "--prompt") f.prompts.push_back(value);
+        if (f.target.take(flag, value) || f.draft.take(flag, value)) continue;
+        if (flag == "--prompt") f.prompts.push_back(value);
         else if (flag == "--max-new") f.max_new = whole(flag, value, 1, 1 << 20);
         else if (flag == "--temperature") f.sampling.temperature = real(flag, value);
         else if (flag == "--top-k") f.sampling.top_k = whole(flag, value, 0, 1 << 24, " (0 keeps every token)");
@@ -177,43 +127,22 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--seed") f.sampling.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
         else if (flag == "--stop") f.stops.push_back(value);
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
-        else if (flag == "--block-size") f.block_size = whole(flag, value, 1, 1 << 20);
-        else if (flag == "--draft") f.draft_checkpoint = value;
-        else if (flag == "--draft-layers") f.draft.layers = whole(flag, value, 1, 1024);
-        else if (flag == "--draft-width") f.draft.width = whole(flag, value, 1, 65536);
-        else if (flag == "--draft-heads") f.draft.heads = whole(flag, value, 1, 65536);
-        else {
-            f.gamma = whole(flag, value, 1, 64);
-            f.gamma_given = true;
-        }
+        else f.block_size = whole(flag, value, 1, 1 << 20);
     }
-    f.draft.seq = f.model.seq;
-    f.draft.vocab = f.model.vocab;
 
     // What the flags must agree on, each named before anything is built.
-    if (f.random == !f.checkpoint.empty())
-        bad_flag(f.random ? "--random and --checkpoint exclude each other; give one"
-                          : "no model: give --checkpoint FILE (a train_gpt --save file) or --random");
-    if (f.model.width % f.model.heads != 0)
-        bad_flag("--heads ", f.model.heads, " does not divide --width ", f.model.width, "; use ",
-                 divisors(f.model.width));
+    f.target.check();
     if (!(std::isfinite(f.sampling.temperature) && f.sampling.temperature > 0.0f))
         bad_flag("--temperature ", f.sampling.temperature, " is not valid; use a number > 0 (or --greedy)");
     if (!(f.sampling.top_p > 0.0f && f.sampling.top_p <= 1.0f))
         bad_flag("--top-p ", f.sampling.top_p, " is not valid; use a number in (0, 1] (1 keeps every token)");
-    if (f.sampling.top_k > f.model.vocab)
-        bad_flag("--top-k ", f.sampling.top_k, " is more than the vocabulary of ", f.model.vocab,
-                 " tokens (--vocab); use 0..", f.model.vocab, " (0 keeps every token)");
-    if (f.block_size > f.model.seq)
-        bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.model.seq, "); use 1..",
-                 f.model.seq);
-    if (f.draft_random && !f.draft_checkpoint.empty())
-        bad_flag("--draft-random and --draft exclude each other; give one");
-    if (!f.speculative() && f.gamma_given)
-        bad_flag("--gamma ", f.gamma, " needs a draft model; give --draft FILE or --draft-random");
-    if (f.speculative() && f.draft.width % f.draft.heads != 0)
-        bad_flag("--draft-heads ", f.draft.heads, " does not divide --draft-width ", f.draft.width, "; use ",
-                 divisors(f.draft.width));
+    if (f.sampling.top_k > f.target.config.vocab)
+        bad_flag("--top-k ", f.sampling.top_k, " is more than the vocabulary of ", f.target.config.vocab,
+                 " tokens (--vocab); use 0..", f.target.config.vocab, " (0 keeps every token)");
+    if (f.block_size > f.target.config.seq)
+        bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.target.config.seq, "); use 1..",
+                 f.target.config.seq);
+    f.draft.check(f.target.config);
     for (const std::string& stop : f.stops)
         if (stop.empty()) bad_flag("--stop '' has no byte; give text whose first byte ends a generation");
     if (f.prompts.empty()) f.prompts.push_back("The ");
@@ -222,13 +151,13 @@ Flags parse(int argc, char** argv) {
         if (bytes == 0) bad_flag("--prompt '' is empty; give at least one byte");
         // The prompt and every new token but the last sit in the cache, which
         // holds at most --seq positions (the position embedding's length).
-        if (bytes > f.model.seq)
-            bad_flag("--prompt '", prompt, "' has ", bytes, " bytes, more than --seq ", f.model.seq,
-                     "; give a prompt of at most ", f.model.seq, " bytes");
-        if (bytes + f.max_new - 1 > f.model.seq)
+        if (bytes > f.target.config.seq)
+            bad_flag("--prompt '", prompt, "' has ", bytes, " bytes, more than --seq ", f.target.config.seq,
+                     "; give a prompt of at most ", f.target.config.seq, " bytes");
+        if (bytes + f.max_new - 1 > f.target.config.seq)
             bad_flag("--max-new ", f.max_new, " after the ", bytes, "-byte --prompt '", prompt, "' needs ",
-                     bytes + f.max_new - 1, " positions but --seq is ", f.model.seq, "; use --max-new <= ",
-                     f.model.seq - bytes + 1);
+                     bytes + f.max_new - 1, " positions but --seq is ", f.target.config.seq, "; use --max-new <= ",
+                     f.target.config.seq - bytes + 1);
     }
     return f;
 }
@@ -253,53 +182,41 @@ std::string describe(const loom::infer::Sampling& s) {
     return out.str();
 }
 
-// A model's weights: from a checkpoint, or random from `seed` (empty path).
-void load_weights(const char* role, loom::gpt::Model& model, loom::nn::ParamArena& arena,
-                  const loom::gpt::Config& config, const std::string& checkpoint, std::uint64_t seed) {
-    if (checkpoint.empty()) {
-        arena.initialize(model, seed);
-        std::cout << role << config << ", random weights (seed " << seed << ")\n";
-        return;
-    }
-    // The checkpoint also holds AdamW's moments; they are read and dropped.
-    std::vector<float> m(arena.values().size()), v(m.size());
-    const auto steps = loom::gpt::load_checkpoint(checkpoint, config, arena.values(), m, v);
-    std::cout << role << config << " from " << checkpoint << " (trained " << steps.step << " steps)\n";
-}
-
 int run(const Flags& f) {
-    loom::gpt::Model model = loom::gpt::make_model(f.model);
+    const loom::gpt::Config& config = f.target.config;
+    loom::gpt::Model model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
-    load_weights("", model, arena, f.model, f.random ? std::string{} : f.checkpoint, f.sampling.seed);
+    gpt_flags::load_weights("", model, arena, config, f.target.random ? std::string{} : f.target.checkpoint,
+                            f.sampling.seed);
 
     std::vector<loom::infer::Request> requests(f.prompts.size());
     std::int64_t capacity = 1;
     for (std::size_t i = 0; i < requests.size(); ++i) {
-        for (char c : f.prompts[i]) requests[i].prompt.push_back(token_of(c, f.model.vocab));
+        for (char c : f.prompts[i]) requests[i].prompt.push_back(token_of(c, f.target.config.vocab));
         requests[i].max_new_tokens = f.max_new;
-        for (const std::string& stop : f.stops) requests[i].stop_tokens.push_back(token_of(stop[0], f.model.vocab));
+        for (const std::string& stop : f.stops) requests[i].stop_tokens.push_back(token_of(stop[0], f.target.config.vocab));
         requests[i].sampling = f.sampling;
         capacity = std::max(capacity, loom::infer::positions_needed(requests[i]));
     }
     const auto n = static_cast<std::int64_t>(requests.size());
     const std::int64_t slots = f.max_batch == 0 ? n : std::min(f.max_batch, n);
-    loom::infer::KvCache cache(f.model.layers, f.model.width, slots, capacity, f.block_size);
-    loom::infer::CachedGpt engine(model, f.model, cache);
+    loom::infer::KvCache cache(f.target.config.layers, f.target.config.width, slots, capacity, f.block_size);
+    loom::infer::CachedGpt engine(model, config, cache);
     std::cout << "sampling: " << describe(f.sampling) << "; " << n << " prompt" << (n == 1 ? "" : "s") << ", up to "
               << slots << " at once, KV cache in blocks of " << f.block_size << " positions\n";
 
     std::vector<loom::infer::Completion> done;
     loom::infer::SpeculativeStats stats;
     const auto start = std::chrono::steady_clock::now();
-    if (f.speculative()) {
-        loom::gpt::Model draft = loom::gpt::make_model(f.draft);
+    if (f.draft.on()) {
+        loom::gpt::Model draft = loom::gpt::make_model(f.draft.config);
         loom::nn::ParamArena draft_arena(draft);
-        load_weights("draft: ", draft, draft_arena, f.draft, f.draft_checkpoint, f.sampling.seed);
-        loom::infer::KvCache draft_cache(f.draft.layers, f.draft.width, slots, capacity, f.block_size);
-        loom::infer::CachedGpt draft_engine(draft, f.draft, draft_cache);
+        gpt_flags::load_weights("draft: ", draft, draft_arena, f.draft.config, f.draft.checkpoint, f.sampling.seed);
+        loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
+        loom::infer::CachedGpt draft_engine(draft, f.draft.config, draft_cache);
         // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
         // refilled at the next round.
-        loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.gamma);
+        loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma);
         for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
         done.resize(requests.size());
         while (!batcher.idle())
@@ -329,10 +246,10 @@ int run(const Flags& f) {
                 "length limit, %lld at a stop token\n",
                 static_cast<long long>(tokens), seconds, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0,
                 static_cast<long long>(at_length), static_cast<long long>(at_stop));
-    if (f.speculative())
+    if (f.draft.on())
         std::printf("speculative: gamma %lld; %lld target passes (each prompt's, summed), %lld draft tokens proposed, %lld accepted (%.0f%%); "
                     "%.2f tokens per target pass\n",
-                    static_cast<long long>(f.gamma), static_cast<long long>(stats.target_passes),
+                    static_cast<long long>(f.draft.gamma), static_cast<long long>(stats.target_passes),
                     static_cast<long long>(stats.drafted), static_cast<long long>(stats.accepted),
                     100.0 * stats.acceptance_rate(), stats.tokens_per_pass());
     return 0;

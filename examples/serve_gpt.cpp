@@ -24,6 +24,7 @@
 //
 // Exit status: 0 after a signal, 2 for a bad flag, 1 for anything else (a
 // missing checkpoint, a port in use).
+#include "gpt_model_flags.hpp"
 #include "serve_gpt_engine.hpp"
 #include "serve_gpt_openai.hpp"
 
@@ -85,12 +86,7 @@ constexpr const char* usage =
     "  --port P           the port, 0: any free one (default 8000); the line 'serve_gpt: listening on\n"
     "                     http://ADDR:PORT' says which\n"
     "  --max-batch N      requests (prompts) running at once; more wait for a slot (default 8)\n"
-    "  --block-size N     positions per block of the paged KV cache (default 16)\n"
-    "  --draft FILE       a smaller GPT's train_gpt --save checkpoint: decode speculatively with it as the draft\n"
-    "  --draft-random     a draft with freshly initialised weights (from --seed) instead of --draft FILE\n"
-    "  --draft-layers N --draft-width N --draft-heads N\n"
-    "                     the draft's shape (defaults 1, 128, 4); its --seq and --vocab are the target's\n"
-    "  --gamma N          draft tokens the target checks per pass (default 4)\n";
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
@@ -99,55 +95,19 @@ constexpr const char* flag_list =
 constexpr std::size_t body_limit = 1 << 20;  // bytes of a request body; more is answered 413
 constexpr const char* model_name = "loom-gpt";
 
-struct FlagError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
-template <class... Parts>
-[[noreturn]] void bad_flag(const Parts&... parts) {
-    std::ostringstream out;
-    (out << ... << parts);
-    throw FlagError(out.str());
-}
-
-std::int64_t whole(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high,
-                   std::string_view note = "") {
-    char* end = nullptr;
-    errno = 0;
-    const long long value = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno != 0 || value < low || value > high)
-        bad_flag(flag, " ", text, " is not a whole number in ", low, "..", high, note);
-    return value;
-}
+using gpt_flags::bad_flag;
+using gpt_flags::FlagError;
+using gpt_flags::whole;
 
 struct Flags {
-    loom::gpt::Config model;  // train_gpt's defaults
-    std::string checkpoint;
-    bool random = false;
+    gpt_flags::ModelFlags target;
     std::uint64_t seed = 1;
     asio::ip::address host = asio::ip::make_address_v4("127.0.0.1");
     std::uint16_t port = 8000;
     std::int64_t max_batch = 8;
     std::int64_t block_size = 16;
-    // Speculative decoding: a draft from a checkpoint or random weights.
-    loom::gpt::Config draft{.layers = 1, .width = 128, .heads = 4};
-    std::string draft_checkpoint;
-    bool draft_random = false;
-    std::int64_t gamma = 4;
-    bool gamma_given = false;
-    [[nodiscard]] bool speculative() const { return draft_random || !draft_checkpoint.empty(); }
+    gpt_flags::DraftFlags draft;  // speculative decoding, when on()
 };
-
-// The divisors of n, "1, 2, 4 or 8", for a --draft-heads that does not divide --draft-width.
-std::string divisors(std::int64_t n) {
-    std::vector<std::int64_t> found;
-    for (std::int64_t d = 1; d <= n; ++d)
-        if (n % d == 0) found.push_back(d);
-    std::string text;
-    for (std::size_t i = 0; i < found.size(); ++i)
-        text += (i == 0 ? "" : i + 1 == found.size() ? " or " : ", ") + std::to_string(found[i]);
-    return text;
-}
 
 Flags parse(int argc, char** argv) {
     Flags f;
@@ -155,14 +115,15 @@ Flags parse(int argc, char** argv) {
         const std::string_view flag = argv[i];
         if (flag == "--help" || flag == "-h") {
             std::fputs(usage, stdout);
+            std::fputs(gpt_flags::DraftFlags::usage, stdout);
             std::exit(0);
         }
         if (flag == "--random") {
-            f.random = true;
+            f.target.random = true;
             continue;
         }
         if (flag == "--draft-random") {
-            f.draft_random = true;
+            f.draft.random = true;
             continue;
         }
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
@@ -173,46 +134,22 @@ Flags parse(int argc, char** argv) {
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (serve_gpt --help lists the flags)");
         const std::string value = argv[++i];
-        if (flag == "--checkpoint") f.checkpoint = value;
-        else if (flag == "--layers") f.model.layers = whole(flag, value, 1, 1024);
-        else if (flag == "--width") f.model.width = whole(flag, value, 1, 65536);
-        else if (flag == "--heads") f.model.heads = whole(flag, value, 1, 65536);
-        else if (flag == "--seq") f.model.seq = whole(flag, value, 1, 1 << 20);
-        else if (flag == "--vocab") f.model.vocab = whole(flag, value, 2, 256, " (a byte vocabulary)");
-        else if (flag == "--seed") f.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
+        if (f.target.take(flag, value) || f.draft.take(flag, value)) continue;
+        if (flag == "--seed") f.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
         else if (flag == "--port") f.port = static_cast<std::uint16_t>(whole(flag, value, 0, 65535, " (0: any free port)"));
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 1, 4096);
         else if (flag == "--block-size") f.block_size = whole(flag, value, 1, 1 << 20);
-        else if (flag == "--draft") f.draft_checkpoint = value;
-        else if (flag == "--draft-layers") f.draft.layers = whole(flag, value, 1, 1024);
-        else if (flag == "--draft-width") f.draft.width = whole(flag, value, 1, 65536);
-        else if (flag == "--draft-heads") f.draft.heads = whole(flag, value, 1, 65536);
-        else if (flag == "--gamma") {
-            f.gamma = whole(flag, value, 1, 64);
-            f.gamma_given = true;
-        } else {
+        else {
             boost::system::error_code ec;
             f.host = asio::ip::make_address(value, ec);
             if (ec) bad_flag("--host ", value, " is not an IP address; give one such as 127.0.0.1, 0.0.0.0 or ::1");
         }
     }
-    if (f.random == !f.checkpoint.empty())
-        bad_flag(f.random ? "--random and --checkpoint exclude each other; give one"
-                          : "no model: give --checkpoint FILE (a train_gpt --save file) or --random");
-    if (f.model.width % f.model.heads != 0)
-        bad_flag("--heads ", f.model.heads, " does not divide --width ", f.model.width);
-    if (f.block_size > f.model.seq)
-        bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.model.seq, "); use 1..",
-                 f.model.seq);
-    f.draft.seq = f.model.seq;
-    f.draft.vocab = f.model.vocab;
-    if (f.draft_random && !f.draft_checkpoint.empty())
-        bad_flag("--draft-random and --draft exclude each other; give one");
-    if (!f.speculative() && f.gamma_given)
-        bad_flag("--gamma ", f.gamma, " needs a draft model; give --draft FILE or --draft-random");
-    if (f.speculative() && f.draft.width % f.draft.heads != 0)
-        bad_flag("--draft-heads ", f.draft.heads, " does not divide --draft-width ", f.draft.width, "; use ",
-                 divisors(f.draft.width));
+    f.target.check();
+    if (f.block_size > f.target.config.seq)
+        bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.target.config.seq, "); use 1..",
+                 f.target.config.seq);
+    f.draft.check(f.target.config);
     return f;
 }
 
@@ -442,38 +379,27 @@ awaitable<void> accept(Server& server) {
     }
 }
 
-// A model's weights: from a checkpoint, or random from `seed` (empty path).
-void load_weights(const char* role, loom::nn::ParamArena& arena, const loom::gpt::Config& config,
-                  const std::string& checkpoint, std::uint64_t seed, loom::gpt::Model& model) {
-    if (checkpoint.empty()) {
-        arena.initialize(model, seed);
-        std::cout << "serve_gpt: " << role << config << ", random weights (seed " << seed << ")\n";
-        return;
-    }
-    std::vector<float> m(arena.values().size()), v(m.size());  // AdamW's moments: read and dropped
-    const auto steps = loom::gpt::load_checkpoint(checkpoint, config, arena.values(), m, v);
-    std::cout << "serve_gpt: " << role << config << " from " << checkpoint << " (trained " << steps.step
-              << " steps)\n";
-}
-
 int run(const Flags& f) {
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error code, not the end of the server
-    loom::gpt::Model model = loom::gpt::make_model(f.model);
+    const loom::gpt::Config& config = f.target.config;
+    loom::gpt::Model model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
-    load_weights("", arena, f.model, f.random ? std::string{} : f.checkpoint, f.seed, model);
-    loom::infer::KvCache cache(f.model.layers, f.model.width, f.max_batch, f.model.seq, f.block_size);
-    loom::infer::CachedGpt cached(model, f.model, cache);
+    gpt_flags::load_weights("serve_gpt: ", model, arena, config,
+                            f.target.random ? std::string{} : f.target.checkpoint, f.seed);
+    loom::infer::KvCache cache(config.layers, config.width, f.max_batch, config.seq, f.block_size);
+    loom::infer::CachedGpt cached(model, config, cache);
     // The draft, when there is one: its own cache of the same slots and blocks.
     std::optional<loom::gpt::Model> draft;
     std::optional<loom::nn::ParamArena> draft_arena;
     std::optional<loom::infer::KvCache> draft_cache;
     std::optional<loom::infer::CachedGpt> draft_cached;
-    if (f.speculative()) {
-        draft.emplace(loom::gpt::make_model(f.draft));
+    if (f.draft.on()) {
+        const loom::gpt::Config& shape = f.draft.config;
+        draft.emplace(loom::gpt::make_model(shape));
         draft_arena.emplace(*draft);
-        load_weights("draft: ", *draft_arena, f.draft, f.draft_checkpoint, f.seed, *draft);
-        draft_cache.emplace(f.draft.layers, f.draft.width, f.max_batch, f.draft.seq, f.block_size);
-        draft_cached.emplace(*draft, f.draft, *draft_cache);
+        gpt_flags::load_weights("serve_gpt: draft: ", *draft, *draft_arena, shape, f.draft.checkpoint, f.seed);
+        draft_cache.emplace(shape.layers, shape.width, f.max_batch, shape.seq, f.block_size);
+        draft_cached.emplace(*draft, shape, *draft_cache);
     }
 
     asio::io_context io(1);
@@ -491,10 +417,10 @@ int run(const Flags& f) {
     }
     {
         std::optional<serve_gpt::Engine> engine_storage;
-        if (draft_cached) engine_storage.emplace(cached, *draft_cached, f.gamma);
+        if (draft_cached) engine_storage.emplace(cached, *draft_cached, f.draft.gamma);
         else engine_storage.emplace(cached);
         serve_gpt::Engine& engine = *engine_storage;
-        Server server(io, std::move(acceptor), engine, f.model);
+        Server server(io, std::move(acceptor), engine, config);
         asio::signal_set signals(io, SIGINT, SIGTERM);
         signals.async_wait([&](const boost::system::error_code& ec, int signal) {
             if (ec) return;
@@ -510,7 +436,7 @@ int run(const Flags& f) {
         const std::string host = bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
                                                          : bound.address().to_string();
         const std::string speculative =
-            f.speculative() ? ", speculative decoding with gamma " + std::to_string(f.gamma) : std::string{};
+            f.draft.on() ? ", speculative decoding with gamma " + std::to_string(f.draft.gamma) : std::string{};
         std::printf("serve_gpt: up to %lld requests at once, KV cache in blocks of %lld positions%s\n"
                     "serve_gpt: listening on http://%s:%u\n",
                     static_cast<long long>(f.max_batch), static_cast<long long>(f.block_size), speculative.c_str(),

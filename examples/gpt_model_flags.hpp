@@ -1,0 +1,155 @@
+// The flags generate_gpt and serve_gpt share: the target GPT (a train_gpt
+// --save checkpoint or random weights, and its shape as train_gpt's flags)
+// and the speculative draft (--draft FILE | --draft-random, its shape,
+// --gamma), with their checks and messages, and loading a model's weights.
+// A bad flag throws FlagError: one line naming the value and what is valid,
+// which the programs print and exit 2 on.
+#pragma once
+
+#include <loom/gpt/checkpoint.hpp>
+#include <loom/gpt/model.hpp>
+#include <loom/nn/param_arena.hpp>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpt_flags {
+
+struct FlagError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+template <class... Parts>
+[[noreturn]] void bad_flag(const Parts&... parts) {
+    std::ostringstream out;
+    (out << ... << parts);
+    throw FlagError(out.str());
+}
+
+inline std::int64_t whole(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high,
+                          std::string_view note = "") {
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || value < low || value > high)
+        bad_flag(flag, " ", text, " is not a whole number in ", low, "..", high, note);
+    return value;
+}
+
+inline float real(std::string_view flag, const std::string& text) {
+    char* end = nullptr;
+    const float value = std::strtof(text.c_str(), &end);
+    if (text.empty() || *end != '\0') bad_flag(flag, " ", text, " is not a number");
+    return value;
+}
+
+// The divisors of n, "1, 2, 4 or 8", for a head count that does not divide a width.
+inline std::string divisors(std::int64_t n) {
+    std::vector<std::int64_t> found;
+    for (std::int64_t d = 1; d <= n; ++d)
+        if (n % d == 0) found.push_back(d);
+    std::string text;
+    for (std::size_t i = 0; i < found.size(); ++i)
+        text += (i == 0 ? "" : i + 1 == found.size() ? " or " : ", ") + std::to_string(found[i]);
+    return text;
+}
+
+// The model: --checkpoint FILE or --random, and its shape.
+struct ModelFlags {
+    loom::gpt::Config config;  // train_gpt's defaults: 4 layers, width 256, 4 heads, seq 128, vocab 256
+    std::string checkpoint;
+    bool random = false;
+
+    static constexpr const char* names = "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab";
+
+    // Takes `flag` when it is one of the model's value flags.
+    bool take(std::string_view flag, const std::string& value) {
+        if (flag == "--checkpoint") checkpoint = value;
+        else if (flag == "--layers") config.layers = whole(flag, value, 1, 1024);
+        else if (flag == "--width") config.width = whole(flag, value, 1, 65536);
+        else if (flag == "--heads") config.heads = whole(flag, value, 1, 65536);
+        else if (flag == "--seq") config.seq = whole(flag, value, 1, 1 << 20);
+        else if (flag == "--vocab") config.vocab = whole(flag, value, 2, 256, " (a byte vocabulary)");
+        else return false;
+        return true;
+    }
+
+    void check() const {
+        if (random == !checkpoint.empty())
+            bad_flag(random ? "--random and --checkpoint exclude each other; give one"
+                            : "no model: give --checkpoint FILE (a train_gpt --save file) or --random");
+        if (config.width % config.heads != 0)
+            bad_flag("--heads ", config.heads, " does not divide --width ", config.width, "; use ",
+                     divisors(config.width));
+    }
+};
+
+// The draft of speculative decoding: --draft FILE or --draft-random, its
+// shape, and --gamma. Its --seq and --vocab are the target's.
+struct DraftFlags {
+    loom::gpt::Config config{.layers = 1, .width = 128, .heads = 4};
+    std::string checkpoint;
+    bool random = false;
+    std::int64_t gamma = 4;
+    bool gamma_given = false;
+
+    static constexpr const char* names = "--draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma";
+    static constexpr const char* usage =
+        "  --draft FILE       a smaller GPT's train_gpt --save checkpoint: decode speculatively with it as the draft\n"
+        "  --draft-random     a draft with freshly initialised weights (from --seed) instead of --draft FILE\n"
+        "  --draft-layers N --draft-width N --draft-heads N\n"
+        "                     the draft's shape (defaults 1, 128, 4); its --seq and --vocab are the target's\n"
+        "  --gamma N          draft tokens the target checks per pass (default 4)\n";
+
+    [[nodiscard]] bool on() const { return random || !checkpoint.empty(); }
+
+    // Takes `flag` when it is one of the draft's value flags.
+    bool take(std::string_view flag, const std::string& value) {
+        if (flag == "--draft") checkpoint = value;
+        else if (flag == "--draft-layers") config.layers = whole(flag, value, 1, 1024);
+        else if (flag == "--draft-width") config.width = whole(flag, value, 1, 65536);
+        else if (flag == "--draft-heads") config.heads = whole(flag, value, 1, 65536);
+        else if (flag == "--gamma") {
+            gamma = whole(flag, value, 1, 64);
+            gamma_given = true;
+        } else {
+            return false;
+        }
+        return true;
+    }
+
+    // Checks the draft flags and gives the draft the target's --seq and --vocab.
+    void check(const loom::gpt::Config& target) {
+        config.seq = target.seq;
+        config.vocab = target.vocab;
+        if (random && !checkpoint.empty()) bad_flag("--draft-random and --draft exclude each other; give one");
+        if (!on() && gamma_given) bad_flag("--gamma ", gamma, " needs a draft model; give --draft FILE or --draft-random");
+        if (on() && config.width % config.heads != 0)
+            bad_flag("--draft-heads ", config.heads, " does not divide --draft-width ", config.width, "; use ",
+                     divisors(config.width));
+    }
+};
+
+// A model's weights: from a checkpoint, or random from `seed` (empty path);
+// one line says which, after `prefix`.
+inline void load_weights(std::string_view prefix, loom::gpt::Model& model, loom::nn::ParamArena& arena,
+                         const loom::gpt::Config& config, const std::string& checkpoint, std::uint64_t seed) {
+    if (checkpoint.empty()) {
+        arena.initialize(model, seed);
+        std::cout << prefix << config << ", random weights (seed " << seed << ")\n";
+        return;
+    }
+    // The checkpoint also holds AdamW's moments; they are read and dropped.
+    std::vector<float> m(arena.values().size()), v(m.size());
+    const auto steps = loom::gpt::load_checkpoint(checkpoint, config, arena.values(), m, v);
+    std::cout << prefix << config << " from " << checkpoint << " (trained " << steps.step << " steps)\n";
+}
+
+}  // namespace gpt_flags
