@@ -18,6 +18,7 @@
 #include "loom/infer/kv_cache.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
+#include "support/scaled_gpt.hpp"
 
 namespace {
 
@@ -29,16 +30,10 @@ using loom::infer::Request;
 using loom::infer::Sampling;
 using loom_test::message_of;
 
-// A small random GPT with logits far from uniform (as tests/infer/test_generate.cpp's).
-struct SmallGpt {
-    loom::gpt::Config config{.layers = 2, .width = 32, .heads = 4, .seq = 24, .vocab = 40};
-    loom::gpt::Model model = loom::gpt::make_model(config);
-    loom::nn::ParamArena arena{model};
-
-    explicit SmallGpt(std::uint64_t seed) {
-        arena.initialize(model, seed);
-        for (float& v : arena.values()) v *= 8.0f;
-    }
+// A small random GPT whose logits are far from uniform (support/scaled_gpt.hpp).
+struct SmallGpt : loom_test::ScaledGpt {
+    explicit SmallGpt(std::uint64_t seed)
+        : ScaledGpt({.layers = 2, .width = 32, .heads = 4, .seq = 24, .vocab = 40}, seed, 8.0f) {}
 };
 
 Request request_of(std::int64_t prompt_length, std::int32_t salt, std::int64_t max_new, bool greedy) {

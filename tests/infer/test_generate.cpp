@@ -20,6 +20,7 @@
 #include "loom/infer/sampler.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
+#include "support/scaled_gpt.hpp"
 
 namespace {
 
@@ -33,17 +34,10 @@ using loom::infer::Sampling;
 using loom::infer::Segment;
 using loom_test::message_of;
 
-// A small random GPT whose logits are far from uniform (weights scaled up),
-// so greedy choices are not decided by rounding.
-struct TinyGpt {
-    loom::gpt::Config config{.layers = 2, .width = 32, .heads = 4, .seq = 24, .vocab = 40};
-    loom::gpt::Model model = loom::gpt::make_model(config);
-    loom::nn::ParamArena arena{model};
-
-    explicit TinyGpt(std::uint64_t seed) {
-        arena.initialize(model, seed);
-        for (float& v : arena.values()) v *= 8.0f;
-    }
+// A small random GPT whose logits are far from uniform (support/scaled_gpt.hpp).
+struct TinyGpt : loom_test::ScaledGpt {
+    explicit TinyGpt(std::uint64_t seed)
+        : ScaledGpt({.layers = 2, .width = 32, .heads = 4, .seq = 24, .vocab = 40}, seed, 8.0f) {}
 };
 
 std::vector<std::int32_t> prompt_of(std::int64_t length, std::int32_t vocab, std::int32_t salt) {

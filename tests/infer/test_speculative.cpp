@@ -20,6 +20,7 @@
 #include "loom/infer/speculative.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
+#include "support/scaled_gpt.hpp"
 
 namespace {
 
@@ -31,19 +32,10 @@ using loom::infer::Sampling;
 using loom::infer::Segment;
 using loom_test::message_of;
 
-// A small random GPT; weights scaled by `scale` (8 makes greedy choices clear-cut).
-struct Gpt {
-    loom::gpt::Config config;
-    loom::gpt::Model model;
-    loom::nn::ParamArena arena;
-
+// A small random GPT of `vocab` tokens; weights scaled by `scale` (8 makes greedy choices clear-cut).
+struct Gpt : loom_test::ScaledGpt {
     Gpt(std::int64_t vocab, std::uint64_t seed, float scale, std::int64_t layers = 2, std::int64_t width = 32)
-        : config{.layers = layers, .width = width, .heads = 4, .seq = 32, .vocab = vocab},
-          model(loom::gpt::make_model(config)),
-          arena(model) {
-        arena.initialize(model, seed);
-        for (float& v : arena.values()) v *= scale;
-    }
+        : ScaledGpt({.layers = layers, .width = width, .heads = 4, .seq = 32, .vocab = vocab}, seed, scale) {}
 };
 
 std::vector<std::int32_t> prompt_of(std::int64_t length, std::int32_t vocab, std::int32_t salt) {

@@ -19,6 +19,7 @@
 
 #include "parallel/compression_suite.hpp"
 #include "parallel/equivalence_on_threads.hpp"
+#include "support/matrix_model.hpp"
 #include "support/message_of.hpp"
 
 namespace {
@@ -109,20 +110,7 @@ TEST_CASE("a lossless compressor composes with pipelines, tensor and sequence pa
 }
 
 namespace {
-
-// A layout of one bucket over a [rows, cols] matrix and a vector, for the exchange alone.
-struct MatrixModel {
-    loom::Param weight{.shape = loom::Shape{24, 40}};
-    loom::Param bias{.shape = loom::Shape{40}};
-    std::vector<loom::nn::Unit> units() {
-        loom::nn::Unit unit;
-        unit.name = "layer";
-        unit.params = {&weight, &bias};
-        unit.numel = weight.numel() + bias.numel();
-        return {unit};
-    }
-};
-
+using loom_test::MatrixModel;
 }  // namespace
 
 TEST_CASE("error feedback: what was sent plus what is kept is every gradient", "[compress][parallel]") {

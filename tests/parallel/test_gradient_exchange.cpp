@@ -23,6 +23,7 @@
 #include <loom/parallel/shard_layout.hpp>
 #include <loom/parallel/strategy_spec.hpp>
 
+#include "support/matrix_model.hpp"
 #include "support/message_of.hpp"
 
 namespace {
@@ -33,18 +34,7 @@ using loom::parse_compression;
 using loom::comm::ThreadComm;
 using loom::comm::ThreadWorld;
 
-// One unit of 24 x 40 + 40 elements: a layout of one bucket.
-struct MatrixModel {
-    loom::Param weight{.shape = loom::Shape{24, 40}};
-    loom::Param bias{.shape = loom::Shape{40}};
-    std::vector<loom::nn::Unit> units() {
-        loom::nn::Unit unit;
-        unit.name = "layer";
-        unit.params = {&weight, &bias};
-        unit.numel = weight.numel() + bias.numel();
-        return {unit};
-    }
-};
+using loom_test::MatrixModel;  // one unit of 24 x 40 + 40 elements: a layout of one bucket
 
 loom::parallel::ShardLayout layout_of(const std::vector<loom::nn::Unit>& units, int ranks) {
     return {units, ranks, loom::parallel::Grouping::buckets, 1 << 30};
