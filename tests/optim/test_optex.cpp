@@ -214,3 +214,95 @@ TEST_CASE("OptEx names bad input", "[optex]") {
     CHECK(messages[4] == "OptEx: candidate length scale -1 must be finite and > 0");
     CHECK(messages[5] == "OptEx: effective_dim = -3; it must be >= 0 (0: every coordinate)");
 }
+
+namespace {
+
+// One OptEx run of case c on `axis`, from iteration `from` to `to`; when
+// `resume` is given the run starts from that state instead of x0.
+struct OptExSnapshot {
+    std::vector<float> x, m, v;  // this rank's slice
+    std::int64_t steps = 0, iterations = 0;
+    loom::optim::GpHistory history;
+};
+
+template <class C>
+std::vector<float> optex_span(C& axis, const loom_test::OptExCase& c, int from, int to, const OptExSnapshot* resume,
+                              OptExSnapshot* save) {
+    auto config = c.config();
+    config.tune_every = 4;
+    config.holdout = 2;
+    OptEx<AdamW, C> optex(axis, loom_test::optex_start(c.d), [](std::int64_t n) { return AdamW(n, loom_test::optex_adam()); },
+                          config);
+    if (resume != nullptr) {
+        std::copy(resume->x.begin(), resume->x.end(), optex.slice().begin());
+        std::copy(resume->m.begin(), resume->m.end(), optex.inner().m().begin());
+        std::copy(resume->v.begin(), resume->v.end(), optex.inner().v().begin());
+        optex.inner().restore(resume->steps);
+        optex.restore_history(resume->iterations, resume->history);
+    }
+    for (int t = from; t < to; ++t)
+        (void)optex.iterate([&](std::span<const float> x, std::span<float> g) { return loom_test::optex_objective(c, t, axis.rank(), x, g); });
+    if (save != nullptr) {
+        const auto m = optex.inner().m(), v = optex.inner().v();
+        *save = {{optex.slice().begin(), optex.slice().end()}, {m.begin(), m.end()}, {v.begin(), v.end()},
+                 optex.inner().steps(), optex.iterations(), optex.estimator().history()};
+    }
+    std::vector<float> whole(static_cast<std::size_t>(c.d));
+    optex.gather_params(whole);
+    return whole;
+}
+
+}  // namespace
+
+TEST_CASE("OptEx restored from its history continues bit for bit", "[optex][checkpoint]") {
+    // Tuning every 4 iterations, a history shorter than the run, and a
+    // sampled effective dimension: every part of the state matters.
+    for (const std::int64_t effective_dim : {std::int64_t{0}, std::int64_t{15}}) {
+        const loom_test::OptExCase c{.workers = 3, .d = 41, .iterations = 14, .history = 7, .effective_dim = effective_dim};
+        std::vector<std::vector<float>> straight(3), resumed(3);
+        std::vector<OptExSnapshot> saved(3);
+        ThreadWorld(3).run([&](ThreadComm& comm) {
+            const auto r = static_cast<std::size_t>(comm.rank());
+            straight[r] = optex_span(comm, c, 0, c.iterations, nullptr, nullptr);
+            (void)optex_span(comm, c, 0, 9, nullptr, &saved[r]);
+            resumed[r] = optex_span(comm, c, 9, c.iterations, &saved[r], nullptr);
+        });
+        INFO("effective dimension " << effective_dim);
+        CHECK(saved[0].history.points.size() == 7);
+        for (std::size_t r = 0; r < 3; ++r) CHECK(resumed[r] == straight[r]);
+        // Without the history the continuation differs: the test can fail.
+        std::vector<std::vector<float>> forgetful(3);
+        ThreadWorld(3).run([&](ThreadComm& comm) {
+            const auto r = static_cast<std::size_t>(comm.rank());
+            OptExSnapshot empty = saved[r];
+            empty.history = {};
+            empty.history.length_scale = saved[r].history.length_scale;
+            forgetful[r] = optex_span(comm, c, 9, c.iterations, &empty, nullptr);
+        });
+        CHECK(forgetful[0] != straight[0]);
+    }
+}
+
+TEST_CASE("OptEx names a history that does not fit", "[optex][checkpoint]") {
+    loom::optim::GpGradientEstimator estimator(4, {.history = 3});
+    const auto refused = [&](loom::optim::GpHistory h) { return loom_test::message_of([&] { estimator.restore(std::move(h)); }); };
+    const std::vector<float> point(4, 1.0f);
+    loom::optim::GpHistory h{{point}, {point}, {{0.0}}, {1.0}};
+    CHECK(refused({{point}, {}, {{0.0}}, {1.0}}) ==
+          "OptEx: a restored history of 1 points has 0 gradients, 1 rows of distances and 1 norms; each needs 1");
+    CHECK(refused({{std::vector<float>(5)}, {point}, {{0.0}}, {1.0}}) ==
+          "OptEx: a restored point of 5 elements; the dimension is 4");
+    CHECK(refused({{point, point}, {point, point}, {{0.0, 1.0}, {2.0, 0.0}}, {1.0, 1.0}}) ==
+          "OptEx: a restored history's squared distance (0, 1) = 1; distances must be finite, >= 0 and symmetric");
+    CHECK(refused({{point}, {point}, {{0.0}}, {-1.0}}) ==
+          "OptEx: a restored history's root norm 0 = -1; it must be finite and >= 0");
+    h.length_scale = 0;
+    CHECK(refused(h) == "OptEx: length scale 0 must be finite and > 0");
+    // A longer history than T0 keeps its newest points.
+    loom::optim::GpHistory four{{point, point, point, point}, {point, point, point, {9, 9, 9, 9}},
+                                std::vector<std::vector<double>>(4, std::vector<double>(4, 0.0)), {1, 1, 1, 1}, 5};
+    estimator.restore(four);
+    CHECK(estimator.size() == 3);
+    CHECK(estimator.gradients().back() == std::vector<float>(4, 9.0f));
+    CHECK(estimator.history().first == 6);
+}

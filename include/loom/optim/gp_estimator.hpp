@@ -104,6 +104,20 @@ struct GpQuery {
     double squared_norm = 0;
 };
 
+// The estimator's state, for a checkpoint (exec/sharded_optex.hpp): this
+// slice's points and gradients, oldest first, and what every rank holds
+// whole: the squared distances (T x T), the root norms, the oldest point's
+// sequence number, the refused count and the length scale (tuning moves it).
+// Restored, the estimator continues exactly as the saved one would have.
+struct GpHistory {
+    std::vector<std::vector<float>> points, gradients;
+    std::vector<std::vector<double>> distances;
+    std::vector<double> root_norms;
+    std::int64_t first = 0;
+    std::int64_t skipped = 0;
+    double length_scale = 0.1;
+};
+
 // The estimator over one slice of the dimensions: a rank of OptEx's axis keeps
 // elements [lo, hi) of every point and gradient, computes partial sums over
 // them, and `sum` (an all-reduce over the axis) completes the distances and
@@ -262,6 +276,47 @@ public:
 
     // locate() and estimate() in one call.
     void estimate(std::span<const float> x, std::span<float> out) const { estimate(locate(x), out); }
+
+    // The whole state, for a checkpoint.
+    [[nodiscard]] GpHistory history() const {
+        return {points_, gradients_, distances_, root_norms_, first_, skipped_, config_.length_scale};
+    }
+
+    // Continues from a saved state. Its points must have this estimator's
+    // features and its gradients this slice's dimension (the saver's slicing
+    // may differ: the caller reads this slice of every point); a history
+    // longer than this T0 keeps its newest points. The saved length scale
+    // replaces the configured one, as the saved run's tuning left it.
+    void restore(GpHistory h) {
+        const std::size_t t = h.points.size();
+        LOOM_CHECK(h.gradients.size() == t && h.distances.size() == t && h.root_norms.size() == t,
+                   "OptEx: a restored history of ", t, " points has ", h.gradients.size(), " gradients, ",
+                   h.distances.size(), " rows of distances and ", h.root_norms.size(), " norms; each needs ", t);
+        for (std::size_t i = 0; i < t; ++i) {
+            check_size(h.points[i].size(), "a restored point", features_);
+            check_size(h.gradients[i].size(), "a restored gradient", d_);
+            LOOM_CHECK(h.distances[i].size() == t, "OptEx: row ", i, " of a restored history's distances has ",
+                       h.distances[i].size(), " entries; it needs ", t);
+            for (std::size_t j = 0; j < t; ++j)
+                LOOM_CHECK(std::isfinite(h.distances[i][j]) && h.distances[i][j] >= 0 &&
+                               h.distances[i][j] == h.distances[j][i],
+                           "OptEx: a restored history's squared distance (", i, ", ", j, ") = ", h.distances[i][j],
+                           "; distances must be finite, >= 0 and symmetric");
+            LOOM_CHECK(std::isfinite(h.root_norms[i]) && h.root_norms[i] >= 0, "OptEx: a restored history's root norm ",
+                       i, " = ", h.root_norms[i], "; it must be finite and >= 0");
+        }
+        LOOM_CHECK(h.first >= 0 && h.skipped >= 0, "OptEx: a restored history's first point ", h.first,
+                   " and refused count ", h.skipped, " must be >= 0");
+        set_length_scale(h.length_scale);
+        points_ = std::move(h.points);
+        gradients_ = std::move(h.gradients);
+        distances_ = std::move(h.distances);
+        root_norms_ = std::move(h.root_norms);
+        first_ = h.first;
+        skipped_ = h.skipped;
+        while (size() > config_.history) drop_oldest();
+        prepared_ = false;
+    }
 
     // The history (this slice), oldest first: for the length-scale tuning.
     [[nodiscard]] const std::vector<std::vector<float>>& points() const noexcept { return points_; }

@@ -137,7 +137,7 @@ public:
           d_(static_cast<std::int64_t>(x0.size())), lo_(bound(axis.rank())), hi_(bound(axis.rank() + 1)),
           block_((d_ + config_.workers - 1) / config_.workers),
           x_(x0.begin() + lo_, x0.begin() + hi_), inner_(make_inner(hi_ - lo_)),
-          features_(feature_coordinates(config_, d_, lo_, hi_)),
+          features_(feature_coordinates(config_, d_, lo_, hi_, feature_begin_)),
           estimator_(hi_ - lo_, config_.estimator, [this](std::span<double> partial) { sum_over_axis(partial); },
                      uses_subset() ? static_cast<std::int64_t>(features_.size()) : -1) {}
 
@@ -154,6 +154,22 @@ public:
     [[nodiscard]] const GpGradientEstimator& estimator() const noexcept { return estimator_; }
     [[nodiscard]] std::int64_t skipped() const noexcept { return estimator_.skipped(); }
     [[nodiscard]] std::int64_t iterations() const noexcept { return iterations_; }
+    // Where this slice's points are among the kernel's coordinates (the
+    // sorted kernel_coordinates, or every coordinate): [first, end). A
+    // checkpoint stores history points in that order, so any slicing reads them.
+    [[nodiscard]] std::int64_t feature_begin() const noexcept { return feature_begin_; }
+    [[nodiscard]] std::int64_t feature_end() const noexcept {
+        return feature_begin_ + (uses_subset() ? static_cast<std::int64_t>(features_.size()) : hi_ - lo_);
+    }
+
+    // Continues from a checkpoint: the iterations done and the estimator's
+    // state (this slice of it). x and the inner state are restored through
+    // slice() and inner().
+    void restore_history(std::int64_t iterations, GpHistory history) {
+        LOOM_CHECK(iterations >= 0, "OptEx: ", iterations, " iterations restored; it must be >= 0");
+        estimator_.restore(std::move(history));
+        iterations_ = iterations;
+    }
 
     // The learning rate of the proxy and true steps alike, where Inner has one.
     void set_lr(float lr)
@@ -280,11 +296,15 @@ private:
             std::copy(blocks.begin() + r * block_, blocks.begin() + r * block_ + (bound(r + 1) - bound(r)),
                       whole.begin() + bound(r));
     }
-    // The kernel's coordinates in [lo, hi), as offsets from lo.
+    // The kernel's coordinates in [lo, hi), as offsets from lo; `begin`
+    // becomes the first one's position among all of them (lo with every
+    // coordinate).
     static std::vector<std::int64_t> feature_coordinates(const OptExConfig& c, std::int64_t d, std::int64_t lo,
-                                                         std::int64_t hi) {
+                                                         std::int64_t hi, std::int64_t& begin) {
+        const std::vector<std::int64_t> all = kernel_coordinates(c, d);
         std::vector<std::int64_t> mine;
-        for (const std::int64_t i : kernel_coordinates(c, d))
+        begin = all.empty() ? lo : std::lower_bound(all.begin(), all.end(), lo) - all.begin();
+        for (const std::int64_t i : all)
             if (i >= lo && i < hi) mine.push_back(i - lo);
         return mine;
     }
@@ -344,6 +364,7 @@ private:
     std::int64_t d_, lo_, hi_, block_;
     std::vector<float> x_;
     Inner inner_;
+    std::int64_t feature_begin_ = 0;      // set by feature_coordinates, before features_
     std::vector<std::int64_t> features_;  // the kernel's coordinates in this slice (empty: all)
     GpGradientEstimator estimator_;
     std::int64_t iterations_ = 0;
