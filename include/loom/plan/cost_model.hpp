@@ -39,6 +39,7 @@
 #include "loom/core/error.hpp"
 #include "loom/exec/execution_plan.hpp"
 #include "loom/exec/rank_program.hpp"
+#include "loom/exec/stage_messages.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/plan/candidate.hpp"
@@ -51,6 +52,17 @@
 
 namespace loom::plan {
 
+// Payload bytes one device moves in a step, by the axis that carries them,
+// as the model prices them (comm::Counted's "bytes": an op's own size; a
+// pipeline's sends only, not their receives). So a test can hold the
+// planner's messages against what a counting communicator measures.
+struct Traffic {
+    double dp = 0;     // gradient reductions, parameter gathers and the loss (dp x sp ranks)
+    double pp = 0;     // activations and their gradients sent to other stages
+    double tp = 0;     // tensor parallelism inside the layers
+    double sp = 0;     // sequence parallelism: ring attention's sends, Ulysses's all-to-alls
+};
+
 struct Estimate {
     double step_seconds = 0;
     double compute_seconds = 0;         // the busiest rank's compute at full speed
@@ -61,6 +73,7 @@ struct Estimate {
     std::vector<int> partition;         // layers per virtual stage, as priced
     std::vector<bool> recomputed;       // per layer, as priced (empty: none)
     SimResult simulation;               // events only when asked for
+    std::vector<Traffic> traffic;       // per pipeline stage (its first replica's device)
 };
 
 namespace detail {
@@ -76,7 +89,7 @@ public:
         e.recomputed = recomputed(e.partition);
         memory(e);
         build_programs(e.partition, e.recomputed);
-        SimProgram program = price();
+        SimProgram program = price(&e.traffic);
         e.simulation = simulate_steps(program, record);
         e.step_seconds = e.simulation.makespan;
         for (double b : e.simulation.busy) e.compute_seconds = std::max(e.compute_seconds, b);
@@ -250,30 +263,52 @@ private:
         return worst;
     }
 
-    // Off-CPU seconds of tensor and sequence parallelism inside layer u's
-    // forward (backward: twice, for the input and the K/V gradients);
-    // without `tensor`, sequence parallelism's alone (a Selective rerun).
-    [[nodiscard]] double inner_comm(int stage, int replica, const LayerSpec& l, bool tensor = true) const {
+    // Off-CPU seconds of tensor and sequence parallelism inside layer l's
+    // forward, or its backward (`backward`); without `tensor`, sequence
+    // parallelism's alone (a Selective rerun). Megatron's all-reduces move
+    // tp_bytes forward and tp_backward() backward. Ring attention passes K
+    // and V around forward, and backward passes them again with their
+    // gradients; Ulysses's all-to-alls move as much backward (dO, then dQ,
+    // dK, dV) as forward (Q, K, V, then O). `traffic`, when given, gets the
+    // payload bytes priced, by axis.
+    [[nodiscard]] double inner_comm(int stage, int replica, const LayerSpec& l, bool backward, bool tensor = true,
+                                    Traffic* traffic = nullptr) const {
         double seconds = 0;
-        if (tensor && c_.tp > 1 && l.tp_bytes > 0) {
+        const auto priced = [&](comm::OpKind kind, int along, double bytes, double Traffic::*axis) {
+            if (traffic != nullptr) (*traffic).*axis += bytes;
+            return group_cost(kind, stage, replica, along, bytes);
+        };
+        if (tensor && c_.tp > 1 && l.tp_bytes + l.tp_backward() > 0) {
             if (c_.tp_grid) {
-                const int q = grid_side(c_.tp);
-                seconds += group_cost(comm::OpKind::all_gather, stage, replica, 2, 2 * l.output_bytes * samples_ / q);
-                seconds += group_cost(comm::OpKind::all_gather, stage, replica, 3,
-                                      static_cast<double>(l.params) * 4 / q);
+                // SUMMA's row and column gathers, backward twice the forward's.
+                // (What the grid sends is not yet priced message for message:
+                // tests/plan/test_priced_traffic.cpp.)
+                const int q = grid_side(c_.tp), times = backward ? 2 : 1;
+                seconds += times * priced(comm::OpKind::all_gather, 2, 2 * l.output_bytes * samples_ / q, &Traffic::tp);
+                seconds += times * priced(comm::OpKind::all_gather, 3, static_cast<double>(l.params) * 4 / q, &Traffic::tp);
             } else {
-                seconds += group_cost(comm::OpKind::all_reduce, stage, replica, 0, l.tp_bytes * samples_ / c_.sp);
+                seconds += priced(comm::OpKind::all_reduce, 0, (backward ? l.tp_backward() : l.tp_bytes) * samples_ / c_.sp,
+                                  &Traffic::tp);
             }
         }
         if (c_.sp > 1 && l.sequence_bytes > 0) {
-            const double bytes = l.sequence_bytes * samples_ / c_.tp;
-            seconds += c_.ulysses ? group_cost(comm::OpKind::all_to_all, stage, replica, 1, 2 * bytes / c_.sp)
-                                  : group_cost(comm::OpKind::all_gather, stage, replica, 1, bytes);
+            const double bytes = l.sequence_bytes * samples_ / c_.tp, n = c_.sp;
+            if (c_.ulysses) {
+                seconds += priced(comm::OpKind::all_to_all, 1, 2 * bytes / n, &Traffic::sp);
+            } else {
+                // A rank's K/V block goes n - 1 hops forward; backward it goes
+                // round again and its gradient goes n hops home: (n - 1 + n)
+                // blocks sent, priced as a ring all-gather of that many.
+                const double blocks = backward ? 2 * n - 1 : n - 1;
+                if (traffic != nullptr) traffic->sp += blocks * bytes / n;
+                seconds += group_cost(comm::OpKind::all_gather, stage, replica, 1, blocks / (n - 1) * bytes);
+            }
         }
         return seconds;
     }
 
-    [[nodiscard]] SimProgram price() const {
+    // Every rank's priced program; `traffic` (when given) gets each stage's bytes by axis.
+    [[nodiscard]] SimProgram price(std::vector<Traffic>* traffic = nullptr) const {
         SimProgram out;
         const int n = c_.pp * c_.dp;
         out.ranks.resize(static_cast<std::size_t>(n));
@@ -303,33 +338,49 @@ private:
         std::vector<int> world(static_cast<std::size_t>(cluster_.size()));
         for (int i = 0; i < cluster_.size(); ++i) world[static_cast<std::size_t>(i)] = i;
         const double loss_cost = cluster_.links().cost(comm::OpKind::all_reduce, world, 4);
+        if (traffic != nullptr) traffic->assign(static_cast<std::size_t>(c_.pp), Traffic{});
         for (int p = 0; p < c_.pp; ++p)
             for (int d = 0; d < c_.dp; ++d)
-                out.ranks[static_cast<std::size_t>(sim(p, d))] = price_rank(p, d, world_group, loss_cost);
+                out.ranks[static_cast<std::size_t>(sim(p, d))] =
+                    price_rank(p, d, world_group, loss_cost,
+                               traffic != nullptr && d == 0 ? &(*traffic)[static_cast<std::size_t>(p)] : nullptr);
         return out;
     }
 
-    [[nodiscard]] std::vector<SimStep> price_rank(int p, int d, int world_group, double loss_cost) const {
+    [[nodiscard]] std::vector<SimStep> price_rank(int p, int d, int world_group, double loss_cost,
+                                                  Traffic* traffic) const {
         const exec::RankProgram& rp = ranks_[static_cast<std::size_t>(p)];
         const double speed = slowest(p, d), bw = bandwidth(p, d);
         const double work_scale = samples_ / (c_.tp * c_.sp) / speed;
         const StateBytes b = state_bytes(model_);
         std::vector<SimStep> steps;
         steps.reserve(rp.program.code.size());
-        std::vector<double> forward_comm(model_.layers.size(), -1.0), replay_comm = forward_comm;
-        const auto comm_of = [&](int u) {
-            double& c = forward_comm[static_cast<std::size_t>(u)];
-            if (c < 0) c = inner_comm(p, d, model_.layers[static_cast<std::size_t>(u)]);
-            return c;
+        // Per unit, once each: the seconds of the exchanges inside its
+        // forward, its backward and its Selective rerun, and their bytes.
+        struct Exchanges {
+            double seconds = -1;
+            Traffic bytes;
         };
+        std::vector<Exchanges> forward_comm(model_.layers.size()), backward_comm = forward_comm, replay_comm = forward_comm;
         // A Selective rerun of a layer with products replays them: its sequence exchanges alone.
         const auto replays = [&](const LayerSpec& l) { return selective() && l.keeps_products(); };
-        const auto rerun_comm_of = [&](int u) {
+        enum class Pass { forward, backward, replay };
+        const auto exchanges = [&](Pass pass, int u) -> const Exchanges& {
             const LayerSpec& l = model_.layers[static_cast<std::size_t>(u)];
-            if (!replays(l)) return comm_of(u);
-            double& c = replay_comm[static_cast<std::size_t>(u)];
-            if (c < 0) c = inner_comm(p, d, l, false);
-            return c;
+            if (pass == Pass::replay && !replays(l)) pass = Pass::forward;
+            Exchanges& e = (pass == Pass::forward ? forward_comm : pass == Pass::backward ? backward_comm : replay_comm)
+                [static_cast<std::size_t>(u)];
+            if (e.seconds < 0) e.seconds = inner_comm(p, d, l, pass == Pass::backward, pass != Pass::replay, &e.bytes);
+            return e;
+        };
+        // A compute instruction's exchanges: their seconds, and their bytes counted.
+        const auto comm_of = [&](Pass pass, int u) {
+            const Exchanges& e = exchanges(pass, u);
+            if (traffic != nullptr) {
+                traffic->tp += e.bytes.tp;
+                traffic->sp += e.bytes.sp;
+            }
+            return e.seconds;
         };
         // The activation entering virtual stage v (what its predecessor sends).
         const auto boundary_bytes = [&](int v) {
@@ -352,19 +403,19 @@ private:
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
                     const bool again = in.op == Op::recompute;
                     s = compute(s, again ? "R" : "F", (again ? rerun_flops(l) : l.forward_flops) * work_scale,
-                                again ? rerun_comm_of(in.unit) : comm_of(in.unit));
+                                comm_of(again ? Pass::replay : Pass::forward, in.unit));
                     s.syncs = syncs_of(l, !(again && replays(l)));
                     break;
                 }
                 case Op::backward: {
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    s = compute(s, "B", l.backward() * work_scale, 2 * comm_of(in.unit));
+                    s = compute(s, "B", l.backward() * work_scale, comm_of(Pass::backward, in.unit));
                     s.syncs = 2 * syncs_of(l);
                     break;
                 }
                 case Op::backward_input: {
                     const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    s = compute(s, "B", l.backward() / 2 * work_scale, 2 * comm_of(in.unit));
+                    s = compute(s, "B", l.backward() / 2 * work_scale, comm_of(Pass::backward, in.unit));
                     s.syncs = 2 * syncs_of(l);
                     break;
                 }
@@ -386,7 +437,10 @@ private:
                     const int to = rp.pipe.rank_of_chunk[static_cast<std::size_t>(to_chunk)];
                     s.peer = sim(to, d);
                     s.tag = tag_of(in.payload, in.micro_batch, in.chunk);
-                    s.comm = transfer(p, to, d, boundary_bytes(forward ? to_chunk : in.chunk));
+                    // The executor's stage message: a header, then the tensor (exec/stage_messages.hpp).
+                    const double bytes = boundary_bytes(forward ? to_chunk : in.chunk) + 8.0 * exec::stage_header_longs;
+                    s.comm = transfer(p, to, d, bytes);
+                    if (traffic != nullptr) traffic->pp += bytes;
                     break;
                 }
                 case Op::recv: {
@@ -403,8 +457,9 @@ private:
                     s.kind = SimStep::Kind::collective;
                     s.label = scatter ? "reduce-scatter" : "all-reduce";
                     s.group = p;
-                    s.comm = dp_cost(scatter ? comm::OpKind::reduce_scatter : comm::OpKind::all_reduce, p,
-                                     static_cast<double>(scatter ? g.padded : g.numel) * b.gradient);
+                    const double bytes = static_cast<double>(scatter ? g.padded : g.numel) * b.gradient;
+                    s.comm = dp_cost(scatter ? comm::OpKind::reduce_scatter : comm::OpKind::all_reduce, p, bytes);
+                    if (traffic != nullptr) traffic->dp += bytes;
                     break;
                 }
                 case Op::gather_params: {
@@ -413,6 +468,7 @@ private:
                     s.label = "all-gather";
                     s.group = p;
                     s.comm = dp_cost(comm::OpKind::all_gather, p, static_cast<double>(g.padded) * 4);
+                    if (traffic != nullptr) traffic->dp += static_cast<double>(g.padded) * 4;
                     break;
                 }
                 case Op::reduce_loss:
@@ -421,6 +477,7 @@ private:
                     s.group = world_group;
                     s.blocking = true;
                     s.comm = loss_cost;
+                    if (traffic != nullptr) traffic->dp += 4;  // summed over the dp (x sp) ranks, then the stages
                     break;
                 case Op::wait:
                     s.kind = SimStep::Kind::wait;

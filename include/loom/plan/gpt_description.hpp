@@ -78,7 +78,13 @@ namespace loom::plan {
     first.params += config.vocab * config.width + config.seq * config.width;
     first.forward_flops += T * C;  // the position add; the lookup is a copy
     first.saved_bytes += 4 * T * C;
-    first.tp_bytes += 4 * T * C;  // the vocab-parallel lookup's sum
+    // Megatron's block: two all-reduces forward (attention's and the MLP's
+    // outputs), two backward (their inputs' gradients). The embedding's
+    // vocab-parallel lookup sums forward only; the head's input gradient is
+    // summed backward only; the loss's row maxima, sums and target logits
+    // (3 floats a position) forward only.
+    first.tp_backward_bytes = first.tp_bytes;
+    first.tp_bytes += 4 * T * C;
     first.recomputed_bytes += 4 * T * C;  // the embedding's output, kept (it is not recomputed)
     LayerSpec& last = m.layers.back();
     last.name += " + ln_f, head, loss";
@@ -86,7 +92,8 @@ namespace loom::plan {
     last.forward_flops += 2 * T * C * V + 5 * T * V;  // the head's matmul, then softmax and the loss
     last.saved_bytes += 4 * (T * C + 2 * T + T * V + T);
     last.backward_bytes += 4 * (2 * T * C + T * V);
-    last.tp_bytes += 4 * T * C;  // the head's input gradient, summed over the vocabulary's shards
+    last.tp_backward_bytes = last.tp_backward() + 4 * T * C;
+    last.tp_bytes += 4 * 3 * T;
     last.recomputed_bytes += 4 * (2 * T * C + T * V);  // ln_f's output, the head's logits and input gradient
     last.recompute_flops += 5 * T * V;            // the loss's softmax again; the head's matmul is kept
     return m;

@@ -35,7 +35,8 @@ struct LayerSpec {
     // bump arenas, rewound only when the micro-batch ends, so the input
     // gradients stay until then and count in the peak beside saved_bytes.
     double backward_bytes = 0;
-    double tp_bytes = 0;         // per sample: all-reduced over the tp group in its forward, and again in its backward
+    double tp_bytes = 0;         // per sample: all-reduced over the tp group in its forward
+    double tp_backward_bytes = -1;  // per sample: all-reduced in its backward; negative: tp_bytes again
     double sequence_bytes = 0;   // per sample: what sequence-parallel attention exchanges in its forward (K and V)
     // Recomputation (Recompute<...>, schedule/recompute_solver.hpp): a
     // recomputed layer drops what it saved after its forward and runs that
@@ -56,6 +57,7 @@ struct LayerSpec {
     double product_flops = 0;       // per sample: their FLOPs, part of recompute_flops, not rerun under Selective
 
     [[nodiscard]] double backward() const { return backward_flops < 0 ? 2 * forward_flops : backward_flops; }
+    [[nodiscard]] double tp_backward() const { return tp_backward_bytes < 0 ? tp_bytes : tp_backward_bytes; }
     // What it holds until the micro-batch ends when it is not recomputed.
     [[nodiscard]] double held_bytes() const { return saved_bytes + backward_bytes; }
     // Never more than it holds kept: recomputing cannot cost memory.

@@ -59,7 +59,7 @@ inline constexpr std::int64_t max_layers = 1'000'000;
     for (const jf::Node& field : layer_fields) {
         const jf::Object layer = field.object({"name", "repeat", "forward_flops", "backward_flops", "params",
                                                "output_bytes", "saved_bytes", "backward_bytes", "tp_bytes",
-                                               "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
+                                               "tp_backward_bytes", "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
                                                "rerun_bytes", "product_bytes", "product_flops"});
         LayerSpec spec;
         spec.name = layer.string("name", "the layer's name");
@@ -71,6 +71,7 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         spec.saved_bytes = layer.non_negative_or("saved_bytes", spec.output_bytes, "bytes per sample");
         spec.backward_bytes = layer.non_negative_or("backward_bytes", 0, "bytes per sample");
         spec.tp_bytes = layer.non_negative_or("tp_bytes", 0, "bytes per sample");
+        spec.tp_backward_bytes = layer.non_negative_or("tp_backward_bytes", -1, "bytes per sample");  // -1: tp_bytes
         spec.sequence_bytes = layer.non_negative_or("sequence_bytes", 0, "bytes per sample");
         if (const std::optional<jf::Node> again = layer.optional("recomputable")) {
             if (again->value().kind() != io::json::Kind::boolean) again->invalid("give true or false");

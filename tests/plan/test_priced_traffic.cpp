@@ -1,0 +1,109 @@
+// The planner prices the messages the executor sends: for each strategy
+// family, the bytes per axis that the cost model prices for one step
+// (plan::Traffic) equal what comm::Counted measures on every axis of a real
+// step of the same GPT under the same strategy.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "loom/comm/any_comm.hpp"
+#include "loom/comm/counted.hpp"
+#include "loom/comm/mesh.hpp"
+#include "loom/comm/thread_world.hpp"
+#include "loom/exec/executor.hpp"
+#include "loom/gpt/model.hpp"
+#include "loom/plan/cost_model.hpp"
+#include "loom/plan/gpt_description.hpp"
+
+namespace {
+
+using loom::comm::AnyComm;
+using loom::comm::Counted;
+using loom::comm::ThreadComm;
+using loom::plan::Candidate;
+using loom::plan::Traffic;
+
+constexpr loom::gpt::Config config{2, 32, 4, 16, 64};
+constexpr std::int64_t batch = 8;
+
+// Payload bytes rank 0 moved on each axis in one step (of point-to-point
+// traffic, a pipeline's and ring attention's, the sends).
+Traffic measured(const Candidate& c) {
+    Traffic out;
+    loom::comm::ThreadWorld(c.devices()).run([&](ThreadComm& thread) {
+        Counted<ThreadComm> world(std::move(thread));
+        loom::comm::Mesh<Counted<ThreadComm>> mesh(world, {{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}, {"sp", c.sp}});
+        auto& gradients = c.sp > 1 ? mesh.combined({"dp", "sp"}) : mesh.axis("dp");
+        AnyComm dp = AnyComm::view(gradients), pp = AnyComm::view(mesh.axis("pp")), tp = AnyComm::view(mesh.axis("tp")),
+                sp = AnyComm::view(mesh.axis("sp"));
+        auto model = loom::gpt::make_model(config);
+        loom::exec::Executor<AnyComm> exec(model, dp, c.pp > 1 ? &pp : nullptr, c.tp > 1 ? &tp : nullptr,
+                                           c.sp > 1 ? &sp : nullptr, c.strategy(),
+                                           {.micro_batches = c.micro_batches,
+                                            .field_names = {"embed", "blocks", "ln_f", "head", "loss"}});
+        exec.initialize(3);
+        const std::int64_t rows = batch / c.dp;
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * config.seq));
+        for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % config.vocab);
+        const auto x = loom::Tensor::of(tokens.data(), {rows, config.seq});
+        (void)exec.step(x, x, 1e-3f);  // the first step binds and sizes everything
+        world.reset();
+        (void)exec.step(x, x, 1e-3f);
+        if (world.rank() != 0) return;
+        using loom::comm::OpKind;
+        const auto bytes = [](std::int64_t b) { return static_cast<double>(b); };
+        out.dp = bytes(gradients.counts_with_splits().total().bytes);
+        out.pp = bytes(mesh.axis("pp").counts_with_splits()[OpKind::send].bytes);
+        out.tp = bytes(mesh.axis("tp").counts_with_splits().total().bytes);
+        const auto sequence = mesh.axis("sp").counts_with_splits();
+        out.sp = bytes(c.ulysses ? sequence.total().bytes : sequence[OpKind::send].bytes);
+    });
+    return out;
+}
+
+Candidate family(int dp, int pp, int tp, int sp, int zero, bool grid = false, bool ulysses = false) {
+    Candidate c;
+    c.dp = dp;
+    c.pp = pp;
+    c.tp = tp;
+    c.sp = sp;
+    c.zero = zero;
+    c.tp_grid = grid;
+    c.ulysses = ulysses;
+    c.micro_batches = 2;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the executor sends", "[plan][traffic]") {
+    // Data parallelism at ZeRO 0-2 (bucketed gradients, the loss), Megatron's
+    // all-reduces, ring attention and Ulysses, a pipeline's stage messages.
+    // Not yet equal, so not here (docs/planner.md says by how much): ZeRO-3's
+    // gathers and a pipeline's gradient reductions, where the planner's layers
+    // are coarser than the executor's units; dp with tp, where the executor
+    // keeps uncut parameters whole on every tp rank; the Optimus grid.
+    const auto model = loom::plan::describe_gpt(config, batch);
+    for (const Candidate& c : {family(2, 1, 1, 1, 0), family(2, 1, 1, 1, 1), family(2, 1, 1, 1, 2), family(1, 2, 1, 1, 0),
+                               family(1, 1, 2, 1, 0), family(1, 1, 4, 1, 0), family(1, 1, 1, 2, 0),
+                               family(1, 1, 1, 4, 0), family(1, 1, 1, 2, 0, false, true), family(1, 1, 2, 2, 0),
+                               family(2, 2, 1, 1, 0)}) {
+        const auto cluster = loom::plan::Cluster::uniform(1, c.devices(), 1e12, 1e12, loom::comm::Link::unlimited(),
+                                                          loom::comm::Link::unlimited());
+        const Traffic priced = loom::plan::estimate(model, cluster, c).traffic.at(0);
+        const Traffic counted = measured(c);
+        INFO(c.strategy().text() << " on dp " << c.dp << " x pp " << c.pp << " x tp " << c.tp << " x sp " << c.sp
+                                 << ": priced dp " << priced.dp << ", pp " << priced.pp << ", tp " << priced.tp << ", sp "
+                                 << priced.sp << "; counted " << counted.dp << ", " << counted.pp << ", " << counted.tp
+                                 << ", " << counted.sp);
+        // An axis of one rank moves nothing: the executor's calls on it are copies.
+        if (c.dp * c.sp > 1 && c.tp == 1 && c.pp == 1) CHECK(priced.dp == counted.dp);
+        if (c.pp > 1) CHECK(priced.pp == counted.pp);
+        if (c.tp > 1) CHECK(priced.tp == counted.tp);
+        if (c.sp > 1) CHECK(priced.sp == counted.sp);
+        CHECK(priced.dp + priced.pp + priced.tp + priced.sp > 0);
+    }
+}
