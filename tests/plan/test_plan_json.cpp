@@ -244,7 +244,7 @@ TEST_CASE("plan files name an unknown key, where it is and the valid keys", "[pl
     CHECK_THAT(model_error(one_layer(R"("name": "l", "flops": 1, "params": 1, "output_bytes": 1)")),
                Catch::Contains("layers[0] has an unknown key \"flops\"; the valid keys are name, repeat, "
                                "forward_flops, backward_flops, params, output_bytes, saved_bytes, backward_bytes, "
-                               "tp_bytes, tp_backward_bytes, sequence_bytes, recomputable, recomputed_bytes, recompute_flops, "
+                               "tp_bytes, tp_backward_bytes, tp_replicated_params, sequence_bytes, recomputable, recomputed_bytes, recompute_flops, "
                                "rerun_bytes, product_bytes, product_flops"));
     CHECK_THAT(model_error(R"({"name": "m", "batch": 1, "layer": []})"),
                Catch::Contains("model.json:1:27: the top level has an unknown key \"layer\"; the valid keys are "

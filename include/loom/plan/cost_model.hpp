@@ -112,7 +112,8 @@ public:
         const StateBytes b = state_bytes(model_);
         for (const LayerSpec& l : model_.layers) {
             cost.push_back(l.forward_flops + l.backward());
-            bytes.push_back(static_bytes(b, static_cast<double>(l.params) / c_.tp, c_.zero, c_.dp * c_.sp));
+            bytes.push_back(static_bytes(b, static_cast<double>(l.params_per_tp_rank(c_.tp, c_.tp_grid)), c_.zero,
+                                         c_.dp * c_.sp));
         }
         std::vector<schedule::StageDevice> devices;
         for (int v = 0; v < pipe.virtual_stages(); ++v) {
@@ -174,7 +175,7 @@ private:
         std::vector<nn::Unit> units(model_.layers.size());
         for (std::size_t u = 0; u < units.size(); ++u) {
             units[u].name = model_.layers[u].name;
-            units[u].numel = (model_.layers[u].params + c_.tp - 1) / c_.tp;
+            units[u].numel = model_.layers[u].params_per_tp_rank(c_.tp, c_.tp_grid);
         }
         exec::ExecutionPlan plan;
         plan.zero_stage = c_.zero;

@@ -60,6 +60,7 @@ namespace loom::plan {
         block.name = "blocks[" + std::to_string(i) + "]";
         block.forward_flops = 24 * T * C * C + 2 * T * T * C;
         block.params = 12 * config.width * config.width + 13 * config.width;
+        block.tp_replicated_params = 6 * config.width;  // two LayerNorms, the two row-parallel products' biases
         block.output_bytes = 4 * T * C;
         block.saved_bytes = 4 * (18 * T * C + T * H + 2 * T);
         block.backward_bytes = 4 * 18 * T * C;
@@ -76,6 +77,7 @@ namespace loom::plan {
     LayerSpec& first = m.layers.front();
     first.name = "embed + " + first.name;
     first.params += config.vocab * config.width + config.seq * config.width;
+    first.tp_replicated_params += config.seq * config.width;  // the position table
     first.forward_flops += T * C;  // the position add; the lookup is a copy
     first.saved_bytes += 4 * T * C;
     // Megatron's block: two all-reduces forward (attention's and the MLP's
@@ -89,6 +91,7 @@ namespace loom::plan {
     LayerSpec& last = m.layers.back();
     last.name += " + ln_f, head, loss";
     last.params += 2 * config.width + config.vocab * config.width;
+    last.tp_replicated_params += 2 * config.width;  // ln_f
     last.forward_flops += 2 * T * C * V + 5 * T * V;  // the head's matmul, then softmax and the loss
     last.saved_bytes += 4 * (T * C + 2 * T + T * V + T);
     last.backward_bytes += 4 * (2 * T * C + T * V);

@@ -100,7 +100,7 @@ struct Placement {
         double chunk_params = 0;
         for (int k = 0; k < count; ++k, ++layer) {
             const LayerSpec& l = model.layers[layer];
-            const double n = static_cast<double>(l.params) / c.tp;
+            const auto n = static_cast<double>(l.params_per_tp_rank(c.tp, c.tp_grid));
             chunk_params += n;
             out.rank_of_layer.push_back(static_cast<int>(p));
             out.copies.push_back(copies);

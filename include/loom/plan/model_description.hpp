@@ -29,6 +29,9 @@ struct LayerSpec {
     double forward_flops = 0;    // per sample
     double backward_flops = -1;  // per sample; negative: twice the forward (input and weight gradients)
     std::int64_t params = 0;     // parameter elements
+    // Of those, the ones Megatron's cut keeps whole on every tp rank
+    // (LayerNorms, the biases after row-parallel products, position tables).
+    std::int64_t tp_replicated_params = 0;
     double output_bytes = 0;     // per sample: the activation it passes on
     double saved_bytes = 0;      // per sample: what its forward keeps until its backward
     // Per sample: what its backward allocates. loom's micro-batch contexts are
@@ -58,6 +61,13 @@ struct LayerSpec {
 
     [[nodiscard]] double backward() const { return backward_flops < 0 ? 2 * forward_flops : backward_flops; }
     [[nodiscard]] double tp_backward() const { return tp_backward_bytes < 0 ? tp_bytes : tp_backward_bytes; }
+    // Parameter elements one of `tp` ranks keeps: the cut ones shared out
+    // (rounded up), the replicated ones whole; on an Optimus grid
+    // (`grid`) every parameter is cut.
+    [[nodiscard]] std::int64_t params_per_tp_rank(int tp, bool grid) const {
+        const std::int64_t whole = grid || tp == 1 ? 0 : std::min(tp_replicated_params, params);
+        return (params - whole + tp - 1) / tp + whole;
+    }
     // What it holds until the micro-batch ends when it is not recomputed.
     [[nodiscard]] double held_bytes() const { return saved_bytes + backward_bytes; }
     // Never more than it holds kept: recomputing cannot cost memory.
@@ -118,6 +128,9 @@ struct ModelDescription {
                        ", params ", l.params, ", output_bytes ", l.output_bytes, ", saved_bytes ", l.saved_bytes,
                        ", backward_bytes ", l.backward_bytes, ", tp_bytes ", l.tp_bytes, ", sequence_bytes ",
                        l.sequence_bytes, ")");
+            LOOM_CHECK(l.tp_replicated_params >= 0 && l.tp_replicated_params <= l.params, "model ", name, ": layer ",
+                       l.name, " keeps ", l.tp_replicated_params, " parameters whole on every tp rank; give 0 to its ",
+                       l.params, " parameters");
             LOOM_CHECK(std::isfinite(l.backward_bytes) && std::isfinite(l.rerun_bytes), "model ", name, ": layer ",
                        l.name, " has backward_bytes ", l.backward_bytes, " and rerun_bytes ", l.rerun_bytes,
                        "; give finite numbers (rerun_bytes negative: saved_bytes + backward_bytes)");

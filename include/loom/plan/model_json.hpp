@@ -59,7 +59,7 @@ inline constexpr std::int64_t max_layers = 1'000'000;
     for (const jf::Node& field : layer_fields) {
         const jf::Object layer = field.object({"name", "repeat", "forward_flops", "backward_flops", "params",
                                                "output_bytes", "saved_bytes", "backward_bytes", "tp_bytes",
-                                               "tp_backward_bytes", "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
+                                               "tp_backward_bytes", "tp_replicated_params", "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
                                                "rerun_bytes", "product_bytes", "product_flops"});
         LayerSpec spec;
         spec.name = layer.string("name", "the layer's name");
@@ -67,6 +67,7 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         spec.forward_flops = layer.non_negative("forward_flops", "FLOPs per sample");
         spec.backward_flops = layer.non_negative_or("backward_flops", -1, "FLOPs per sample");  // -1: twice the forward
         spec.params = layer.integer("params", 0, "parameters");
+        spec.tp_replicated_params = layer.integer_or("tp_replicated_params", 0, 0, "parameters kept whole on every tp rank");
         spec.output_bytes = layer.non_negative("output_bytes", "bytes per sample");
         spec.saved_bytes = layer.non_negative_or("saved_bytes", spec.output_bytes, "bytes per sample");
         spec.backward_bytes = layer.non_negative_or("backward_bytes", 0, "bytes per sample");
