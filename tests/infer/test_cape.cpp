@@ -225,6 +225,15 @@ TEST_CASE("greedy CaPE returns exactly the target's greedy tokens, whatever the 
         }
     }
     CHECK(off_chain > 0);  // some paths went through an alternative: the compaction's copies ran
+
+    // Combs as wide as the vocabulary allows (39 alternatives a step) in caches exactly as long as the
+    // request needs: near the end the combs shrink to the room left, and the tokens do not change.
+    const Request request = greedy_request(5, 30, 9);
+    const auto expected = loom::infer::generate(target.model, target.config, std::vector<Request>{request})[0].tokens;
+    const auto wide = loom::infer::speculative_generate(target.model, target.config, unrelated.model,
+                                                        unrelated.config, request, 4, CapeConfig{{}, {50}});
+    CHECK(wide.tokens == expected);
+    CHECK(wide.stats.drafted > wide.stats.target_passes * 4);  // alternatives were proposed
 }
 
 TEST_CASE("batched greedy CaPE gives each request the target's greedy tokens, whenever it starts", "[infer][cape]") {
