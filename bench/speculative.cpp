@@ -16,6 +16,14 @@
 // 8 (greedy, all requests started together) beside generate's batched decode.
 // The paths of a table run interleaved; median of --reps runs.
 //
+// CaPE (infer/cape.hpp, greedy only): the same drafts proposing gamma 4 greedy
+// tokens plus confidence-binned alternatives (the paper's bins), the comb
+// verified in one target pass; and a third draft for both vanilla and CaPE,
+// the target's first layer (its embeddings, block 0, final LayerNorm and
+// head, copied: width 256, ~1/4 of the target's step), which agrees with the
+// random target often because random blocks add little to the residual
+// stream -- an acceptance between the two extremes, not a trained draft.
+//
 //   bench_speculative [--reps 3] [--tokens 100]
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
@@ -23,8 +31,13 @@
 #include <loom/kernels/host/gemm_threads.hpp>
 #include <loom/nn/param_arena.hpp>
 
+#include <loom/core/reflect.hpp>
+
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,6 +50,18 @@ namespace {
 
 const loom::gpt::Config config_a{.layers = 4, .width = 256, .heads = 4, .seq = 128, .vocab = 256};
 const loom::gpt::Config draft_config{.layers = 1, .width = 64, .heads = 4, .seq = 128, .vocab = 256};
+const loom::gpt::Config first_layer_config{.layers = 1, .width = 256, .heads = 4, .seq = 128, .vocab = 256};
+
+// The draft's parameters from the target's of the same reflection path (its
+// embeddings, block 0, ln_f, head: the paths do not depend on the block count).
+void copy_first_layer(loom::gpt::Model& target, loom::gpt::Model& draft) {
+    std::map<std::string, loom::Param*, std::less<>> by_path;
+    loom::reflect::visit_params(target, [&](loom::Param& p, std::string_view path) { by_path[std::string(path)] = &p; });
+    loom::reflect::visit_params(draft, [&](loom::Param& p, std::string_view path) {
+        const loom::Param& from = *by_path.at(std::string(path));
+        std::memcpy(p.value.data<float>(), from.value.data<float>(), static_cast<std::size_t>(p.numel()) * sizeof(float));
+    });
+}
 
 }  // namespace
 
@@ -58,6 +83,10 @@ int main(int argc, char** argv) {
     auto draft = loom::gpt::make_model(draft_config);
     loom::nn::ParamArena draft_arena(draft);
     draft_arena.initialize(draft, 2);
+    auto first = loom::gpt::make_model(first_layer_config);
+    loom::nn::ParamArena first_arena(first);
+    copy_first_layer(target, first);
+    const loom::infer::CapeConfig cape;  // the paper's bins
 
     loom::infer::Request request;
     for (char c : std::string("The cache keeps ")) request.prompt.push_back(static_cast<std::int32_t>(c));
@@ -71,6 +100,8 @@ int main(int argc, char** argv) {
     loom::infer::CachedGpt target_engine(target, config_a, target_cache);
     loom::infer::CachedGpt draft_engine(draft, draft_config, draft_cache);
     loom::infer::CachedGpt self_engine(target, config_a, self_cache);
+    loom::infer::KvCache first_cache(first_layer_config.layers, first_layer_config.width, 1, config_a.seq);
+    loom::infer::CachedGpt first_engine(first, first_layer_config, first_cache);
 
     // What a verification pass costs beside a decode step: the target's
     // forward of 1, 3 and 5 new positions after 64 cached ones (200 passes,
@@ -97,10 +128,28 @@ int main(int argc, char** argv) {
         const double three = pass_ms(target_engine, 3);
         const double five = pass_ms(target_engine, 5);
         const double step = pass_ms(draft_engine, 1);
+        const double first_step = pass_ms(first_engine, 1);
         std::printf("one forward after 64 cached positions: target, 1 position %.3f ms; 3 positions (gamma 2) "
                     "%.3f ms (%.2fx); 5 positions (gamma 4) %.3f ms (%.2fx); draft, 1 position %.3f ms "
-                    "(%.2fx the target's)\n\n",
-                    one, three, three / one, five, five / one, step, step / one);
+                    "(%.2fx the target's); first-layer draft %.3f ms (%.2fx)\n",
+                    one, three, three / one, five, five / one, step, step / one, first_step, first_step / one);
+        // A comb of the paper's size: gamma 4 and 2-8 alternatives per step (here 4 each: 21 nodes).
+        std::vector<std::int32_t> comb(21), parents(21);
+        for (std::size_t i = 0; i < comb.size(); ++i) {
+            comb[i] = static_cast<std::int32_t>((i * 13 + 5) % 256);
+            parents[i] = i <= 4 ? static_cast<std::int32_t>(i) - 1 : static_cast<std::int32_t>((i - 5) / 4);
+        }
+        (void)target_engine.prefill(0, context);
+        const loom::infer::Segment tree{0, comb, parents};
+        const double comb_ms = bench::median_seconds(reps, [&] {
+                                   for (int i = 0; i < 200; ++i) {
+                                       (void)target_engine.forward(std::span(&tree, 1), loom::infer::Logits::every);
+                                       target_cache.truncate(0, 64);
+                                   }
+                               }) / 200 * 1e3;
+        target_cache.release(0);
+        std::printf("a CaPE comb of 21 nodes (gamma 4, 4 alternatives per step) after 64 cached positions: %.3f ms "
+                    "(%.2fx one position)\n\n", comb_ms, comb_ms / one);
     }
 
     // The paths of a table run interleaved, one after another in each
@@ -114,6 +163,7 @@ int main(int argc, char** argv) {
         std::vector<double> seconds, ratios;
         loom::infer::SpeculativeCompletion out;
         std::vector<std::int32_t> tokens;
+        std::optional<loom::infer::CapeConfig> cape = std::nullopt;
     };
     for (const bool greedy : {true, false}) {
         request.sampling = greedy ? loom::infer::Sampling{.greedy = true} : loom::infer::Sampling{.seed = 5};
@@ -123,13 +173,20 @@ int main(int argc, char** argv) {
                                 {"speculative, 1-layer draft (random)", &draft_engine, 4, {}, {}, {}, {}},
                                 {"speculative, target as draft (upper bound)", &self_engine, 2, {}, {}, {}, {}},
                                 {"speculative, target as draft (upper bound)", &self_engine, 4, {}, {}, {}, {}}};
+        if (greedy) {
+            paths.push_back({"speculative, first-layer draft", &first_engine, 4, {}, {}, {}, {}});
+            paths.push_back({"CaPE, 1-layer draft (random)", &draft_engine, 4, {}, {}, {}, {}, cape});
+            paths.push_back({"CaPE, first-layer draft", &first_engine, 4, {}, {}, {}, {}, cape});
+            paths.push_back({"CaPE, target as draft (upper bound)", &self_engine, 4, {}, {}, {}, {}, cape});
+        }
         for (int r = 0; r < reps; ++r) {
             for (Path& path : paths) {
                 path.seconds.push_back(bench::median_seconds(1, [&] {
                     if (path.draft == nullptr) {
                         path.tokens = loom::infer::generate(target_engine, one)[0].tokens;
                     } else {
-                        path.out = loom::infer::speculative_generate(target_engine, *path.draft, request, path.gamma);
+                        path.out = loom::infer::speculative_generate(target_engine, *path.draft, request, path.gamma,
+                                                                     path.cape);
                         path.tokens = path.out.tokens;
                     }
                 }));
@@ -138,20 +195,21 @@ int main(int argc, char** argv) {
         }
         std::printf("%s\n\n", greedy ? "greedy" : "sampled, temperature 1");
         std::printf("| path | gamma | time for %lld tokens | tokens/s | vs autoregressive | drafts accepted | "
-                    "tokens per target pass |\n",
+                    "accepted per target pass | tokens per target pass |\n",
                     static_cast<long long>(count));
-        std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         bool all_same = true;
         for (const Path& path : paths) {
             const double t = bench::median(path.seconds);
             if (path.draft == nullptr) {
-                std::printf("| %s | - | %.1f ms | %.0f | 1.00x | - | 1.00 |\n", path.name, t * 1e3, n / t);
+                std::printf("| %s | - | %.1f ms | %.0f | 1.00x | - | 0.00 | 1.00 |\n", path.name, t * 1e3, n / t);
                 continue;
             }
             all_same = all_same && path.tokens == paths[0].tokens;
-            std::printf("| %s | %lld | %.1f ms | %.0f | %.2fx | %.1f%% | %.2f |\n", path.name,
+            std::printf("| %s | %lld | %.1f ms | %.0f | %.2fx | %.1f%% | %.2f | %.2f |\n", path.name,
                         static_cast<long long>(path.gamma), t * 1e3, n / t, bench::median(path.ratios),
-                        100.0 * path.out.stats.acceptance_rate(), path.out.stats.tokens_per_pass());
+                        100.0 * path.out.stats.acceptance_rate(), path.out.stats.tokens_per_pass() - 1.0,
+                        path.out.stats.tokens_per_pass());
         }
         if (greedy) std::printf("\ngreedy speculative tokens equal generate's: %s\n", all_same ? "yes" : "no");
         std::printf("\n");
@@ -171,7 +229,9 @@ int main(int argc, char** argv) {
         loom::infer::KvCache tc(config_a.layers, config_a.width, batch, config_a.seq);
         loom::infer::KvCache dc(draft_config.layers, draft_config.width, batch, draft_config.seq);
         loom::infer::KvCache sc(config_a.layers, config_a.width, batch, config_a.seq);
-        loom::infer::CachedGpt te(target, config_a, tc), de(draft, draft_config, dc), se(target, config_a, sc);
+        loom::infer::KvCache fc(first_layer_config.layers, first_layer_config.width, batch, config_a.seq);
+        loom::infer::CachedGpt te(target, config_a, tc), de(draft, draft_config, dc), se(target, config_a, sc),
+            fe(first, first_layer_config, fc);
         struct Batched {
             const char* name;
             loom::infer::CachedGpt* draft;
@@ -179,12 +239,17 @@ int main(int argc, char** argv) {
             std::vector<double> seconds, ratios;
             double tokens_per_pass = 0;
             bool same = true;
+            std::optional<loom::infer::CapeConfig> cape = std::nullopt;
         };
         std::vector<Batched> paths{{"autoregressive (infer::generate, 8 batched)", nullptr, 0, {}, {}, 0, true},
                                    {"speculative, 1-layer draft (random)", &de, 2, {}, {}, 0, true},
                                    {"speculative, 1-layer draft (random)", &de, 4, {}, {}, 0, true},
                                    {"speculative, target as draft (upper bound)", &se, 2, {}, {}, 0, true},
-                                   {"speculative, target as draft (upper bound)", &se, 4, {}, {}, 0, true}};
+                                   {"speculative, target as draft (upper bound)", &se, 4, {}, {}, 0, true},
+                                   {"speculative, first-layer draft", &fe, 4, {}, {}, 0, true},
+                                   {"CaPE, 1-layer draft (random)", &de, 4, {}, {}, 0, true, cape},
+                                   {"CaPE, first-layer draft", &fe, 4, {}, {}, 0, true, cape},
+                                   {"CaPE, target as draft (upper bound)", &se, 4, {}, {}, 0, true, cape}};
         std::vector<loom::infer::Completion> plain;
         for (int r = 0; r < reps; ++r) {
             for (Batched& path : paths) {
@@ -193,7 +258,8 @@ int main(int argc, char** argv) {
                         plain = loom::infer::generate(te, requests);
                         return;
                     }
-                    const auto out = loom::infer::speculative_generate(te, *path.draft, requests, path.gamma);
+                    const auto out =
+                        loom::infer::speculative_generate(te, *path.draft, requests, path.gamma, path.cape);
                     std::int64_t accepted = 0, passes = 0;
                     for (std::size_t i = 0; i < out.size(); ++i) {
                         accepted += out[i].stats.accepted;

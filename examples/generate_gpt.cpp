@@ -12,6 +12,7 @@
 //                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N]
 //   generate_gpt --random [the same flags]
 //   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
+//       [--cape [--cape-bins K@P,...,K]]
 //
 // With a draft model (a smaller GPT of the same --seq and --vocab, from its
 // own train_gpt --save file, or random weights), the prompts are decoded
@@ -21,6 +22,9 @@
 // target's distribution. --max-batch works as without a draft: that many
 // prompts run at once, a finished one's slot taken by the next at the next
 // round (infer/speculative_batcher.hpp). The summary adds the acceptance figures.
+// --cape (greedy only) makes each target pass check a tree of candidates
+// (infer/cape.hpp): the draft's gamma greedy tokens and, at each step, more
+// alternatives the less confident it is (--cape-bins).
 //
 // Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
 // for anything else (a missing file, a checkpoint of another shape: the
@@ -28,6 +32,7 @@
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
+#include <loom/infer/cape.hpp>
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/nn/param_arena.hpp>
 
@@ -41,6 +46,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -67,10 +73,16 @@ constexpr const char* usage =
     "  --max-batch N      prompts running at once, 0: all (default 0)\n"
     "  --block-size N     positions per block of the paged KV cache (default 16)\n";
 
+constexpr const char* cape_usage =
+    "  --cape             CaPE (needs a draft and --greedy): each target pass checks the draft's chain and, at\n"
+    "                     each step, alternatives hanging off it, more the less confident the draft is\n"
+    "  --cape-bins BINS   alternatives per confidence bin, K@P,...,K: K alternatives below confidence P (P\n"
+    "                     increasing), the last K above every P (default 8@0.3,6@0.6,4@0.8,2)\n";
+
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
     "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --draft, --draft-random, "
-    "--draft-layers, --draft-width, --draft-heads, --gamma, --help";
+    "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --help";
 
 using gpt_flags::bad_flag;
 using gpt_flags::FlagError;
@@ -86,7 +98,31 @@ struct Flags {
     std::int64_t max_batch = 0;
     std::int64_t block_size = 16;
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
+    std::optional<loom::infer::CapeConfig> cape;  // CaPE's rounds, with --cape
+    std::string cape_bins;
 };
+
+// --cape-bins "8@0.3,6@0.6,4@0.8,2": the bins, checked as CapeConfig checks them.
+loom::infer::CapeConfig parse_bins(const std::string& text) {
+    loom::infer::CapeConfig bins{{}, {}};
+    std::istringstream items(text);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+        const auto at = item.find('@');
+        if (!bins.alternatives.empty() && bins.thresholds.size() < bins.alternatives.size())
+            bad_flag("--cape-bins ", text, ": only the last bin may go without @P; write K@P,...,K");
+        bins.alternatives.push_back(whole("--cape-bins", item.substr(0, at), 0, 1 << 20));
+        if (at != std::string::npos) bins.thresholds.push_back(real("--cape-bins", item.substr(at + 1)));
+    }
+    if (bins.alternatives.empty() || bins.thresholds.size() != bins.alternatives.size() - 1)
+        bad_flag("--cape-bins ", text, " does not end with a bin without @P; write K@P,...,K (e.g. 8@0.3,6@0.6,4@0.8,2)");
+    try {
+        bins.validate();
+    } catch (const loom::Error& e) {
+        bad_flag("--cape-bins ", text, ": ", e.message());
+    }
+    return bins;
+}
 
 Flags parse(int argc, char** argv) {
     Flags f;
@@ -95,6 +131,7 @@ Flags parse(int argc, char** argv) {
         if (flag == "--help" || flag == "-h") {
             std::fputs(usage, stdout);
             std::fputs(gpt_flags::DraftFlags::usage, stdout);
+            std::fputs(cape_usage, stdout);
             std::exit(0);
         }
         if (flag == "--random") {
@@ -103,6 +140,10 @@ Flags parse(int argc, char** argv) {
         }
         if (flag == "--draft-random") {
             f.draft.random = true;
+            continue;
+        }
+        if (flag == "--cape") {
+            f.cape.emplace();
             continue;
         }
         if (flag == "--greedy") {
@@ -114,7 +155,7 @@ Flags parse(int argc, char** argv) {
                            flag == "--temperature" || flag == "--top-k" || flag == "--top-p" || flag == "--seed" ||
                            flag == "--stop" || flag == "--max-batch" || flag == "--block-size" ||
                            flag == "--draft" || flag == "--draft-layers" || flag == "--draft-width" ||
-                           flag == "--draft-heads" || flag == "--gamma";
+                           flag == "--draft-heads" || flag == "--gamma" || flag == "--cape-bins";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (generate_gpt --help lists the flags)");
         const std::string value = argv[++i];
@@ -126,6 +167,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--top-p") f.sampling.top_p = real(flag, value);
         else if (flag == "--seed") f.sampling.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
         else if (flag == "--stop") f.stops.push_back(value);
+        else if (flag == "--cape-bins") f.cape_bins = value;
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
         else f.block_size = whole(flag, value, 1, 1 << 20);
     }
@@ -143,6 +185,11 @@ Flags parse(int argc, char** argv) {
         bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.target.config.seq, "); use 1..",
                  f.target.config.seq);
     f.draft.check(f.target.config);
+    if (!f.cape_bins.empty() && !f.cape) bad_flag("--cape-bins ", f.cape_bins, " needs --cape");
+    if (f.cape && !f.draft.on()) bad_flag("--cape needs a draft model; give --draft FILE or --draft-random");
+    if (f.cape && !f.sampling.greedy)
+        bad_flag("--cape is greedy only (its tree acceptance takes the target's argmax); add --greedy");
+    if (!f.cape_bins.empty()) f.cape = parse_bins(f.cape_bins);
     for (const std::string& stop : f.stops)
         if (stop.empty()) bad_flag("--stop '' has no byte; give text whose first byte ends a generation");
     if (f.prompts.empty()) f.prompts.push_back("The ");
@@ -216,7 +263,7 @@ int run(const Flags& f) {
         loom::infer::CachedGpt draft_engine(draft, f.draft.config, draft_cache);
         // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
         // refilled at the next round.
-        loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma);
+        loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.cape);
         for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
         done.resize(requests.size());
         while (!batcher.idle())
@@ -246,6 +293,15 @@ int run(const Flags& f) {
                 "length limit, %lld at a stop token\n",
                 static_cast<long long>(tokens), seconds, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0,
                 static_cast<long long>(at_length), static_cast<long long>(at_stop));
+    if (f.cape)
+        std::printf("CaPE: %lld candidates proposed (chain and alternatives), %lld accepted, %lld of them "
+                    "alternatives; %.2f accepted tokens per target pass (%.2f tokens with the target's own)\n",
+                    static_cast<long long>(stats.drafted), static_cast<long long>(stats.accepted),
+                    static_cast<long long>(stats.alternatives),
+                    stats.target_passes == 0 ? 0.0
+                                             : static_cast<double>(stats.accepted) /
+                                                   static_cast<double>(stats.target_passes),
+                    stats.tokens_per_pass());
     if (f.draft.on())
         std::printf("speculative: gamma %lld; %lld target passes (each prompt's, summed), %lld draft tokens proposed, %lld accepted (%.0f%%); "
                     "%.2f tokens per target pass\n",

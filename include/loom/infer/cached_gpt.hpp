@@ -22,6 +22,11 @@
 // generation reads, and the head is the widest product for small models.
 // Logits::every forms them for every position instead: speculative decoding's
 // verification (infer/speculative.hpp) reads one row per draft token.
+// A segment may be a token tree (Segment::parents; CaPE's verification,
+// infer/cape.hpp): each node at position start + its depth, attending to the
+// cached prefix and its own ancestors only (infer/tree_attention.hpp); its
+// rows are cached in node order, and KvCache::keep compacts them to the path
+// accepted. A segment without parents is a chain and runs as before.
 #pragma once
 
 #include <algorithm>
@@ -35,15 +40,21 @@
 #include "loom/gpt/model.hpp"
 #include "loom/infer/few_rows_linear.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/tree_attention.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom::infer {
 
 // New tokens of one sequence slot, at positions cache.length(slot) onwards.
+// With `parents` (one per token) they are a tree's nodes instead: node j's
+// parent is node parents[j] < j, or -1 for the last cached position; it sits
+// at position cache.length(slot) + its depth and sees only the cached prefix,
+// its ancestors and itself. Its K/V row is still cached at length + j.
 struct Segment {
     std::int64_t slot = 0;
     std::span<const std::int32_t> tokens;
+    std::span<const std::int32_t> parents = {};  // empty: a chain, token j after token j - 1
 };
 
 // Which positions' logits forward() forms.
@@ -156,6 +167,10 @@ private:
             LOOM_CHECK(!s.tokens.empty(), "CachedGpt: an empty segment for slot ", s.slot,
                        "; every segment needs at least one token");
             const std::int64_t held = cache_.length(s.slot), count = static_cast<std::int64_t>(s.tokens.size());
+            LOOM_CHECK(s.parents.empty() || s.parents.size() == s.tokens.size(), "CachedGpt: the tree of slot ",
+                       s.slot, " has ", s.tokens.size(), " tokens but ", s.parents.size(),
+                       " parents; give one parent per token (or none for a chain)");
+            if (!s.parents.empty()) tree_depths(s.parents, depths_);
             LOOM_CHECK(count <= cache_.capacity() - held, "CachedGpt: slot ", s.slot, " holds ", held,
                        " positions and ", count, " more would exceed the cache's capacity of ", cache_.capacity(),
                        "; shorten the prompt or the generation");
@@ -193,13 +208,17 @@ private:
         const float* token = model_.embed.token.value.data<float>();
         const float* position = model_.embed.position.value.data<float>();
         std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i)
+        for (std::size_t i = 0; i < segments.size(); ++i) {
+            const bool tree = !segments[i].parents.empty();
+            if (tree) tree_depths(segments[i].parents, depths_);
             for (std::size_t t = 0; t < segments[i].tokens.size(); ++t, ++row) {
                 const float* a = token + static_cast<std::int64_t>(segments[i].tokens[t]) * C;
-                const float* b = position + (starts_[i] + static_cast<std::int64_t>(t)) * C;
+                const std::int64_t offset = tree ? depths_[t] : static_cast<std::int64_t>(t);
+                const float* b = position + (starts_[i] + offset) * C;
                 float* out = x_.data() + row * C;
                 for (std::int64_t c = 0; c < C; ++c) out[c] = a[c] + b[c];
             }
+        }
     }
 
     void block(std::int64_t l, std::span<const Segment> segments, std::int64_t rows) {
@@ -211,7 +230,7 @@ private:
         std::int64_t row = 0;
         for (std::size_t i = 0; i < segments.size(); ++i) {
             const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-            attend(l, segments[i].slot, starts_[i], count, row);
+            attend(l, segments[i].slot, starts_[i], count, row, segments[i].parents);
             row += count;
         }
         linear(attention.proj, attended_.data(), branch_.data(), rows);
@@ -225,7 +244,9 @@ private:
 
     // Rows [row, row + count) of qkv_ are slot `slot`'s positions [start, start + count):
     // their keys and values go to the cache, their attention output to attended_.
-    void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
+    // With parents, a tree's nodes: masked to their ancestors among themselves.
+    void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row,
+                std::span<const std::int32_t> parents) {
         const std::int64_t C = config_.width, H = config_.heads, D = C / H, ld_kv = cache_.row_stride();
         for (std::int64_t t = 0; t < count; ++t)
             std::memcpy(cache_.row(l, slot, start + t), qkv_.data() + (row + t) * 3 * C + C,
@@ -235,8 +256,12 @@ private:
         using kernels::BlockMask;
         // The new tokens among themselves, from qkv as the training forward reads it (for a
         // fresh prompt this is all of it, the same tiles as kernels::attention_forward).
-        kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1, count,
-                                         count, H, D, BlockMask::causal);
+        if (parents.empty())
+            kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1,
+                                             count, count, H, D, BlockMask::causal);
+        else
+            tree_attention_forward(q, 3 * C, q + C, q + 2 * C, 3 * C, parents, out, lse_.data(), H, D, ancestors_,
+                                   tree_weights_);
         // Then every cached block before them, each in full, folded in by log-sum-exp.
         const std::span<const std::int32_t> table = cache_.block_table(slot);
         const std::int64_t size = cache_.block_size();
@@ -290,6 +315,8 @@ private:
     std::vector<std::int64_t> starts_;
     std::vector<bool> seen_;  // check()'s slots, kept so that a decode step allocates nothing
     std::vector<Segment> segments_;
+    std::vector<std::int64_t> depths_, ancestors_;  // a tree segment's (scratch)
+    std::vector<float> tree_weights_;
     std::vector<float> x_, normed_, qkv_, attended_, attended_new_, branch_, hidden_, activated_, mean_, rstd_, lse_,
         lse_new_, last_, logits_;
 };

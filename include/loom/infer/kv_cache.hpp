@@ -18,6 +18,7 @@
 // (kernels/attention_block_ops.hpp) read a block with ld_kv = 2C.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -120,6 +121,34 @@ public:
             table.pop_back();
         }
         lengths_[static_cast<std::size_t>(slot)] = length;
+    }
+
+    // The slot keeps its first `base` positions and then, at base, base + 1,
+    // ..., the rows of `positions` (ascending, each in [base, length)), in
+    // every layer; the rest are dropped (truncate). A token tree verified in
+    // one pass (infer/cape.hpp) is compacted to its accepted path this way.
+    // A row already in its place is not copied: a path that is the tree's
+    // leading chain costs no copy at all.
+    void keep(std::int64_t slot, std::int64_t base, std::span<const std::int64_t> positions) {
+        const std::int64_t held = this->length(slot);
+        const auto count = static_cast<std::int64_t>(positions.size());
+        LOOM_CHECK(base >= 0 && base + count <= held, "KvCache: keeping ", count, " positions after the first ", base,
+                   " of slot ", slot, ", which holds ", held, "; give base + positions in [0, ", held, "]");
+        for (std::int64_t i = 0; i < count; ++i) {
+            const std::int64_t from = positions[static_cast<std::size_t>(i)];
+            const std::int64_t least = i == 0 ? base : positions[static_cast<std::size_t>(i - 1)] + 1;
+            LOOM_CHECK(from >= least && from < held, "KvCache: position ", from, " kept as ", base + i, " of slot ",
+                       slot, " must be in [", least, ", ", held, ") (ascending, after base ", base, ")");
+        }
+        // Forward in order: the row written (base + i <= positions[i]) is never one still to be read.
+        const auto floats = static_cast<std::size_t>(row_stride());
+        for (std::int64_t i = 0; i < count; ++i) {
+            const std::int64_t from = positions[static_cast<std::size_t>(i)];
+            if (from == base + i) continue;
+            for (std::int64_t l = 0; l < layers_; ++l)
+                std::copy_n(row(l, slot, from), floats, row(l, slot, base + i));
+        }
+        truncate(slot, base + count);
     }
 
     // The slot is empty again; its blocks go back to the free list.

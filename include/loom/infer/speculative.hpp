@@ -17,10 +17,13 @@
 // the accepted tokens after each round (KvCache::truncate).
 //
 // Here: speculative_generate, a loop over the batcher for a list of requests.
-// Not here (issue 40): GliDe's draft, CaPE's tree, trained drafts.
+// With a CapeConfig, CaPE's rounds (infer/cape.hpp: a comb of candidates
+// per target pass, greedy requests only). Not here (issue 40): GliDe's
+// draft, trained drafts.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -29,6 +32,7 @@
 #include "loom/gpt/model.hpp"
 #include "loom/infer/batcher.hpp"
 #include "loom/infer/cached_gpt.hpp"
+#include "loom/infer/cape.hpp"
 #include "loom/infer/generate.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/speculative_acceptance.hpp"
@@ -54,7 +58,8 @@ struct SpeculativeCompletion {
 // the caches hold at once, use SpeculativeBatcher itself.
 [[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(CachedGpt& target, CachedGpt& draft,
                                                                              std::span<const Request> requests,
-                                                                             std::int64_t gamma) {
+                                                                             std::int64_t gamma,
+                                                                             std::optional<CapeConfig> cape = std::nullopt) {
     LOOM_CHECK(gamma >= 1, "speculative_generate: gamma = ", gamma, " draft tokens per pass; propose at least 1");
     LOOM_CHECK(draft.config().vocab == target.config().vocab, "speculative_generate: the draft's vocabulary of ",
                draft.config().vocab, " tokens is not the target's ", target.config().vocab,
@@ -88,7 +93,7 @@ struct SpeculativeCompletion {
                    cache->free_blocks(), " are free");
     }
     // n slots and every request's blocks: all start in the first round, request i in slot i.
-    SpeculativeBatcher batcher(target, draft, gamma, n);  // releases slots [0, n) however this ends
+    SpeculativeBatcher batcher(target, draft, gamma, n, std::move(cape));  // releases slots [0, n) however this ends
     for (const Request& r : requests) (void)batcher.submit(r);  // ids 0, 1, ...: the requests' indices
     std::vector<SpeculativeCompletion> done(requests.size());
     while (!batcher.idle()) {
@@ -99,6 +104,7 @@ struct SpeculativeCompletion {
             c.stats.target_passes += 1;
             c.stats.drafted += e.drafted;
             c.stats.accepted += e.accepted;
+            c.stats.alternatives += e.alternatives;
         }
     }
     return done;
@@ -106,8 +112,9 @@ struct SpeculativeCompletion {
 
 // One request (slot 0 of each cache).
 [[nodiscard]] inline SpeculativeCompletion speculative_generate(CachedGpt& target, CachedGpt& draft,
-                                                                const Request& request, std::int64_t gamma) {
-    return std::move(speculative_generate(target, draft, std::span(&request, 1), gamma)[0]);
+                                                                const Request& request, std::int64_t gamma,
+                                                                std::optional<CapeConfig> cape = std::nullopt) {
+    return std::move(speculative_generate(target, draft, std::span(&request, 1), gamma, std::move(cape))[0]);
 }
 
 // The same on caches of its own (one slot each, as long as the request needs).
@@ -115,7 +122,8 @@ struct SpeculativeCompletion {
                                                                 const gpt::Config& target_config,
                                                                 gpt::Model& draft_model,
                                                                 const gpt::Config& draft_config,
-                                                                const Request& request, std::int64_t gamma) {
+                                                                const Request& request, std::int64_t gamma,
+                                                                std::optional<CapeConfig> cape = std::nullopt) {
     check_request(request, 0, target_config.seq);
     const std::int64_t needed = positions_needed(request);
     LOOM_CHECK(needed <= draft_config.seq, "speculative_generate: the request needs ", needed,
@@ -125,7 +133,7 @@ struct SpeculativeCompletion {
     KvCache dcache(draft_config.layers, draft_config.width, 1, needed);
     CachedGpt target(target_model, target_config, tcache);
     CachedGpt draft(draft_model, draft_config, dcache);
-    return speculative_generate(target, draft, request, gamma);
+    return speculative_generate(target, draft, request, gamma, std::move(cape));
 }
 
 }  // namespace loom::infer

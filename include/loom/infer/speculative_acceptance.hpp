@@ -44,6 +44,7 @@ struct SpeculativeStats {
     std::int64_t target_passes = 0;  // verification forwards of the target (its prompt prefill not counted)
     std::int64_t drafted = 0;        // draft tokens proposed
     std::int64_t accepted = 0;       // of those, accepted by the target
+    std::int64_t alternatives = 0;   // CaPE: of the accepted, alternatives off the greedy chain (infer/cape.hpp)
 
     // Mean tokens a target pass yields: its accepted drafts and the one token
     // the target itself supplies (replacement or bonus). gamma + 1 when every

@@ -17,6 +17,12 @@
 // blocks halfway (a round never needs more positions than generate() would:
 // near the length limit it proposes fewer drafts).
 //
+// With a CapeConfig the round is CaPE's (infer/cape.hpp): each draft step
+// also proposes alternatives, and the target checks the comb of candidates
+// in its one pass, the cache compacted to the accepted path. Greedy requests
+// only. A request's comb fits in the blocks promised to it: near its end it
+// carries fewer alternatives (never changing its tokens).
+//
 // Single-threaded by design, as Batcher.
 #pragma once
 
@@ -32,6 +38,7 @@
 #include "loom/core/error.hpp"
 #include "loom/infer/batcher.hpp"
 #include "loom/infer/cached_gpt.hpp"
+#include "loom/infer/cape.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/speculative_acceptance.hpp"
 
@@ -44,17 +51,22 @@ public:
         std::uint64_t id = 0;                  // submit's id
         std::span<const std::int32_t> tokens;  // its new tokens, 1 to gamma + 1 (fewer if it finished)
         std::optional<Finish> finish;          // set when the last of them is its last
-        std::int64_t drafted = 0;              // drafts the target checked for it this round
+        std::int64_t drafted = 0;              // drafts the target checked for it this round (CaPE: every candidate)
         std::int64_t accepted = 0;             // of which it accepted
+        std::int64_t alternatives = 0;         // CaPE: of the accepted, off the greedy chain (0 or 1)
     };
 
     // Runs on slots [0, max_batch) of both engines' caches (0: every slot
     // both have), which must be empty; they are released when the batcher is
     // destroyed. Its blocks are those free in each cache now: slots past
     // max_batch may hold some, and must not grow while it runs.
-    SpeculativeBatcher(CachedGpt& target, CachedGpt& draft, std::int64_t gamma, std::int64_t max_batch = 0)
-        : target_(target), draft_(draft), tcache_(target.cache()), dcache_(draft.cache()), gamma_(gamma) {
+    // With `cape`, CaPE's rounds (greedy requests only).
+    SpeculativeBatcher(CachedGpt& target, CachedGpt& draft, std::int64_t gamma, std::int64_t max_batch = 0,
+                       std::optional<CapeConfig> cape = std::nullopt)
+        : target_(target), draft_(draft), tcache_(target.cache()), dcache_(draft.cache()), gamma_(gamma),
+          cape_(std::move(cape)) {
         LOOM_CHECK(gamma >= 1, "SpeculativeBatcher: gamma = ", gamma, " draft tokens per pass; propose at least 1");
+        if (cape_) cape_->validate();
         LOOM_CHECK(draft.config().vocab == target.config().vocab, "SpeculativeBatcher: the draft's vocabulary of ",
                    draft.config().vocab, " tokens is not the target's ", target.config().vocab,
                    "; the draft must share the target's tokens");
@@ -90,6 +102,8 @@ public:
         const std::uint64_t id = next_id_;
         const std::string who = "SpeculativeBatcher: request " + std::to_string(id);
         check_request(request, who, tcache_.capacity());
+        LOOM_CHECK(!cape_ || request.sampling.greedy, who,
+                   " is sampled but CaPE's tree acceptance is greedy only; set sampling.greedy or run without CaPE");
         const std::int64_t needed = positions_needed(request);
         LOOM_CHECK(needed <= dcache_.capacity(), who, " needs ", needed,
                    " cached positions but the draft's cache holds ", dcache_.capacity(),
@@ -131,6 +145,7 @@ public:
     [[nodiscard]] std::size_t running() const noexcept { return running_.size(); }
     [[nodiscard]] std::size_t waiting() const noexcept { return waiting_.size(); }
     [[nodiscard]] std::int64_t gamma() const noexcept { return gamma_; }
+    [[nodiscard]] const std::optional<CapeConfig>& cape() const noexcept { return cape_; }
     // Every round's figures so far, summed over requests (a request's round is one target pass).
     [[nodiscard]] const SpeculativeStats& stats() const noexcept { return stats_; }
 
@@ -182,6 +197,10 @@ private:
         std::vector<std::vector<double>> q;     // the draft's distribution at each proposal (sampled)
         std::int64_t g = 0;                     // drafts proposed
         std::int64_t before = 0;                // sequence length at the round's start
+        // CaPE's: each step's alternatives, the candidates the comb may still take, the comb.
+        std::vector<std::vector<std::int32_t>> alternatives;
+        std::int64_t room = 0;
+        CapeTree tree;
     };
 
     // Each request proposes g = min(gamma, tokens left - 1) drafts (a round
@@ -195,6 +214,11 @@ private:
             e.before = static_cast<std::int64_t>(e.sequence.size());
             e.proposed.clear();
             e.q.resize(static_cast<std::size_t>(e.g));
+            e.alternatives.resize(static_cast<std::size_t>(e.g));
+            // The comb's nodes sit at target positions before - 1 .. before - 1 + its size, within the
+            // slot's promised blocks and capacity: what is left after the chain is the alternatives' room.
+            const std::int64_t limit = std::min(tcache_.capacity(), e.tblocks * tcache_.block_size());
+            e.room = limit - e.before - e.g;
             most = std::max(most, e.g);
         }
         for (std::int64_t i = 0; i < most; ++i) {
@@ -211,6 +235,12 @@ private:
             for (std::size_t j = 0; j < drafting_.size(); ++j) {
                 Entry& e = *drafting_[j];
                 const auto draw = static_cast<std::uint64_t>(e.generated + i);
+                if (cape_) {
+                    auto& alternatives = e.alternatives[static_cast<std::size_t>(i)];
+                    e.proposed.push_back(cape_step(logits.subspan(j * V, V), *cape_, e.room, alternatives));
+                    e.room -= static_cast<std::int64_t>(alternatives.size());
+                    continue;
+                }
                 e.proposed.push_back(propose_draft(logits.subspan(j * V, V), e.request.sampling, draw,
                                                    e.q[static_cast<std::size_t>(i)]));
             }
@@ -223,6 +253,11 @@ private:
         const auto V = static_cast<std::size_t>(target_.config().vocab);
         segments_.clear();
         for (Entry& e : running_) {
+            if (cape_) {
+                e.tree.build(e.sequence.back(), e.proposed, e.alternatives);
+                segments_.push_back({e.slot, e.tree.tokens, e.tree.parents});
+                continue;
+            }
             e.fed.assign(1, e.sequence.back());
             e.fed.insert(e.fed.end(), e.proposed.begin(), e.proposed.end());
             segments_.push_back({e.slot, e.fed});
@@ -232,21 +267,42 @@ private:
         starts_.clear();
         still_.clear();
         for (Entry& e : running_) {
-            const auto count = static_cast<std::size_t>(e.g + 1);
-            const SpeculativeVerdict verdict =
-                verify_drafts(e.proposed, e.q, rows.subspan(offset * V, count * V), V, e.request.sampling,
-                              static_cast<std::uint64_t>(e.generated), p_, residual_);
+            const auto count = static_cast<std::size_t>(cape_ ? e.tree.size() : e.g + 1);
+            const std::span<const float> mine = rows.subspan(offset * V, count * V);
             offset += count;
+            SpeculativeVerdict verdict;
+            std::int64_t draft_kept = 0;  // of the accepted tokens, those the draft's cache holds (a prefix)
+            if (cape_) {
+                accept_tree_greedy(e.tree, mine, V, cape_verdict_);
+                verdict = {static_cast<std::int64_t>(cape_verdict_.path.size()), cape_verdict_.own};
+                draft_kept = cape_verdict_.chain_accepted;
+                // The root's row stays where it is; the path's rows move up behind it.
+                kept_.clear();
+                for (const std::int64_t node : cape_verdict_.path) kept_.push_back(e.before - 1 + node);
+                tcache_.keep(e.slot, e.before, kept_);
+            } else {
+                verdict = verify_drafts(e.proposed, e.q, mine, V, e.request.sampling,
+                                        static_cast<std::uint64_t>(e.generated), p_, residual_);
+                draft_kept = verdict.accepted;
+                // Keep the accepted drafts' keys and values, drop the rest.
+                tcache_.truncate(e.slot, e.before + verdict.accepted);
+            }
+            const auto drafted = static_cast<std::int64_t>(count) - 1;
             stats_.target_passes += 1;
-            stats_.drafted += e.g;
+            stats_.drafted += drafted;
             stats_.accepted += verdict.accepted;
-            // Keep the accepted drafts' keys and values, drop the rest.
-            tcache_.truncate(e.slot, e.before + verdict.accepted);
-            dcache_.truncate(e.slot, std::min(dcache_.length(e.slot), e.before + verdict.accepted));
+            dcache_.truncate(e.slot, std::min(dcache_.length(e.slot), e.before + draft_kept));
             starts_.push_back(emitted_.size());
-            Event& event = events_.emplace_back(Event{e.id, {}, std::nullopt, e.g, verdict.accepted});
-            for (std::int64_t i = 0; i <= verdict.accepted && !event.finish; ++i)
-                event.finish = emit(e, i < verdict.accepted ? e.proposed[static_cast<std::size_t>(i)] : verdict.own);
+            stats_.alternatives += verdict.accepted - draft_kept;
+            Event& event = events_.emplace_back(
+                Event{e.id, {}, std::nullopt, drafted, verdict.accepted, verdict.accepted - draft_kept});
+            for (std::int64_t i = 0; i <= verdict.accepted && !event.finish; ++i) {
+                const std::int32_t token =
+                    i == verdict.accepted ? verdict.own
+                    : cape_ ? e.tree.tokens[static_cast<std::size_t>(cape_verdict_.path[static_cast<std::size_t>(i)])]
+                            : e.proposed[static_cast<std::size_t>(i)];
+                event.finish = emit(e, token);
+            }
             if (event.finish) leave(e);
             else still_.push_back(std::move(e));
         }
@@ -281,6 +337,7 @@ private:
     KvCache& tcache_;
     KvCache& dcache_;
     std::int64_t gamma_;
+    std::optional<CapeConfig> cape_;
     std::int64_t slots_ = 0;
     std::int64_t tbudget_ = 0, dbudget_ = 0;      // blocks of each cache the batcher may use
     std::int64_t tpromised_ = 0, dpromised_ = 0;  // of those, held back for the running requests
@@ -291,6 +348,8 @@ private:
     std::vector<Segment> segments_;
     std::vector<Entry*> drafting_;
     std::vector<double> p_, residual_;
+    CapeVerdict cape_verdict_;
+    std::vector<std::int64_t> kept_;
     SpeculativeStats stats_;
     std::vector<Event> events_;
     std::vector<std::int32_t> emitted_;  // the round's tokens, every event's in turn
