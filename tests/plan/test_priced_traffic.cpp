@@ -30,6 +30,17 @@ using loom::plan::Traffic;
 constexpr loom::gpt::Config config{2, 32, 4, 16, 64};
 constexpr std::int64_t batch = 8;
 
+// The planner's stages as the executor's units, as train_gpt cuts them: the
+// planner's layers fold the embedding into the first block and ln_f, the
+// head and the loss into the last.
+std::vector<int> units_per_stage(const Candidate& c) {
+    if (c.pp == 1) return {};
+    std::vector<int> blocks(static_cast<std::size_t>(c.pp), static_cast<int>(config.layers) / c.pp);
+    blocks.front() += 1;
+    blocks.back() += 3;
+    return blocks;
+}
+
 // Payload bytes rank 0 moved on each axis in one step (of point-to-point
 // traffic, a pipeline's and ring attention's, the sends).
 Traffic measured(const Candidate& c) {
@@ -44,7 +55,8 @@ Traffic measured(const Candidate& c) {
         loom::exec::Executor<AnyComm> exec(model, dp, c.pp > 1 ? &pp : nullptr, c.tp > 1 ? &tp : nullptr,
                                            c.sp > 1 ? &sp : nullptr, c.strategy(),
                                            {.micro_batches = c.micro_batches,
-                                            .field_names = {"embed", "blocks", "ln_f", "head", "loss"}});
+                                            .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
+                                            .partition = units_per_stage(c)});
         exec.initialize(3);
         const std::int64_t rows = batch / c.dp;
         std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows * config.seq));
@@ -78,19 +90,27 @@ Candidate family(int dp, int pp, int tp, int sp, int zero, bool grid = false, bo
     return c;
 }
 
+Candidate zero_bubble(Candidate c) {
+    c.schedule = loom::ScheduleKind::zero_bubble_h1;
+    return c;
+}
+
 }  // namespace
 
 TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the executor sends", "[plan][traffic]") {
     // Data parallelism at ZeRO 0-2 (bucketed gradients, the loss), Megatron's
-    // all-reduces, ring attention and Ulysses, a pipeline's stage messages.
+    // all-reduces, ring attention and Ulysses, pipelines (1F1B and ZB-H1:
+    // stage messages, and each stage's gradient reductions), and mixes.
     // Not yet equal, so not here (docs/planner.md says by how much): ZeRO-3's
-    // gathers and a pipeline's gradient reductions, where the planner's layers
-    // are coarser than the executor's units; the Optimus grid.
+    // gathers, where the planner's layers are coarser than the executor's
+    // units, and the Optimus grid.
     const auto model = loom::plan::describe_gpt(config, batch);
     for (const Candidate& c : {family(2, 1, 1, 1, 0), family(2, 1, 1, 1, 1), family(2, 1, 1, 1, 2), family(1, 2, 1, 1, 0),
                                family(1, 1, 2, 1, 0), family(1, 1, 4, 1, 0), family(1, 1, 1, 2, 0),
                                family(1, 1, 1, 4, 0), family(1, 1, 1, 2, 0, false, true), family(1, 1, 2, 2, 0),
-                               family(2, 1, 2, 1, 1), family(2, 1, 2, 2, 2), family(2, 2, 1, 1, 0)}) {
+                               family(2, 1, 2, 1, 1), family(2, 1, 2, 2, 2), family(2, 2, 1, 1, 0),
+                               family(2, 2, 1, 1, 1), family(2, 2, 2, 1, 2), zero_bubble(family(2, 2, 1, 1, 0)),
+                               zero_bubble(family(1, 2, 2, 1, 0))}) {
         const auto cluster = loom::plan::Cluster::uniform(1, c.devices(), 1e12, 1e12, loom::comm::Link::unlimited(),
                                                           loom::comm::Link::unlimited());
         const Traffic priced = loom::plan::estimate(model, cluster, c).traffic.at(0);
@@ -100,7 +120,7 @@ TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the ex
                                  << priced.sp << "; counted " << counted.dp << ", " << counted.pp << ", " << counted.tp
                                  << ", " << counted.sp);
         // An axis of one rank moves nothing: the executor's calls on it are copies.
-        if (c.dp * c.sp > 1 && c.pp == 1) CHECK(priced.dp == counted.dp);
+        if (c.dp * c.sp > 1) CHECK(priced.dp == counted.dp);
         if (c.pp > 1) CHECK(priced.pp == counted.pp);
         if (c.tp > 1) CHECK(priced.tp == counted.tp);
         if (c.sp > 1) CHECK(priced.sp == counted.sp);
