@@ -30,29 +30,15 @@ using loom::infer::Logits;
 using loom::infer::Request;
 using loom::infer::Sampling;
 using loom::infer::Segment;
+using loom_test::max_relative_difference;
 using loom_test::message_of;
+using loom_test::prompt_of;
 
 // A small random GPT of `vocab` tokens; weights scaled by `scale` (8 makes greedy choices clear-cut).
 struct Gpt : loom_test::ScaledGpt {
     Gpt(std::int64_t vocab, std::uint64_t seed, float scale, std::int64_t layers = 2, std::int64_t width = 32)
         : ScaledGpt({.layers = layers, .width = width, .heads = 4, .seq = 32, .vocab = vocab}, seed, scale) {}
 };
-
-std::vector<std::int32_t> prompt_of(std::int64_t length, std::int32_t vocab, std::int32_t salt) {
-    std::vector<std::int32_t> tokens;
-    for (std::int64_t i = 0; i < length; ++i)
-        tokens.push_back(static_cast<std::int32_t>((i * 5 + salt * 3 + 2) % vocab));
-    return tokens;
-}
-
-double max_relative_difference(std::span<const float> a, std::span<const float> b) {
-    double diff = 0, scale = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        diff = std::max(diff, static_cast<double>(std::abs(a[i] - b[i])));
-        scale = std::max(scale, static_cast<double>(std::abs(b[i])));
-    }
-    return diff / scale;
-}
 
 std::vector<double> softmax(std::span<const float> logits) {
     std::vector<double> p;
