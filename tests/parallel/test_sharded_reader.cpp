@@ -98,6 +98,9 @@ TEST_CASE("the sharded reader finds wanted elements across interleaved and gappe
     for (std::int64_t k = 0; k < parameters; ++k) CHECK(all[static_cast<std::size_t>(k)] == value_of(k));
     CHECK(read(reader, {0, 3}, "m") == std::vector<float>(3, 0.5f));
     CHECK(read(reader, {}).empty());
+    // The loader's order need not ascend (a tp cut's): read sorted, put back in order.
+    CHECK(loom::exec::detail::read_in_order(reader, "values", {14, 2, 0, 3, 5, 1}) ==
+          std::vector<float>{value_of(14), value_of(15), value_of(0), value_of(1), value_of(2), value_of(5)});
     CHECK(reader.has(3, "other"));
     CHECK_FALSE(reader.has(3, "runs"));
     CHECK(reader.read_whole<std::int64_t>(3, "other") == std::vector<std::int64_t>{7, 8, 9});

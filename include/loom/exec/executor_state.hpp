@@ -85,11 +85,7 @@ typename Executor<C>::HeldRuns Executor<C>::held_runs() const {
         std::vector<std::int64_t>& runs = moments ? out.moments : out.values;
         for (const auto& g : rank_.layout.groups()) {
             const auto [first, end] = store_.kept(g, r, moments);
-            for (std::int64_t k = first; k < end; ++k) {
-                const std::int64_t whole = shards_.whole_index(g.dense_offset + k);
-                if (!runs.empty() && runs[runs.size() - 2] + runs.back() == whole) ++runs.back();
-                else runs.insert(runs.end(), {whole, 1});
-            }
+            shards_.append_whole_runs(g.dense_offset + first, g.dense_offset + end, runs);
         }
     }
     return out;
