@@ -70,7 +70,10 @@ ShardedIndex hand_made(const std::filesystem::path& dir, std::vector<std::vector
                                                             {10, 3, 0, 2}, {2, 4, 13, 2}, {}, {}, {15, 5, 6, 4}}) {
     ShardedIndex index{parameters, 0, {}, {}};
     for (std::size_t s = 0; s < runs.size(); ++s) {
-        index.shards.push_back("s" + std::to_string(s) + ".safetensors");
+        std::string name = "s";  // appended, not +: GCC 12's -Wrestrict misfires on "s" + string at -O3
+        name += std::to_string(s);
+        name += ".safetensors";
+        index.shards.push_back(name);
         write_shard(dir / index.shards.back(), s == 3 ? nullptr : &runs[s]);
     }
     return index;
