@@ -1,5 +1,6 @@
 // libFuzzer targets for loom's readers of untrusted text: the JSON parser,
-// the safetensors reader (a whole file) and the planner's cluster and model
+// the safetensors reader (a whole file, and on demand: the same verdict and
+// the same bytes) and the planner's cluster and model
 // files, and a sharded checkpoint's index. One binary, the target chosen by
 // LOOM_FUZZ_TARGET (json, safetensors, plan, sharded_index), so the suite
 // compiles it once. Built by clang with
@@ -17,8 +18,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <loom/core/error.hpp>
 #include <loom/exec/sharded_index.hpp>
@@ -71,8 +74,11 @@ void fuzz_safetensors(std::string_view bytes) {
     if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, bytes.data(), bytes.size(), 0) != static_cast<::ssize_t>(bytes.size()))
         std::abort();
     static const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    std::string whole_error;
+    std::optional<loom::io::SafetensorsFile> whole;
     try {
-        const loom::io::SafetensorsFile file(path);
+        whole.emplace(path);
+        const loom::io::SafetensorsFile& file = *whole;
         for (const std::string& name : file.names()) {
             const loom::Tensor t = file.tensor(name);
             if (t.nbytes() > 0) {
@@ -85,7 +91,32 @@ void fuzz_safetensors(std::string_view bytes) {
         file.metadata().for_each([](std::string_view key, std::string_view value) {
             if (key.size() + value.size() > (std::size_t{1} << 30)) std::abort();
         });
-    } catch (const loom::Error&) {
+    } catch (const loom::Error& e) {
+        whole.reset();
+        whole_error = e.message();
+    }
+    // On demand (the header read alone, tensors by pread): the same verdict,
+    // the same message, the same bytes; and a 1-D tensor's halves by range.
+    try {
+        const loom::io::SafetensorsFile lazy(path, loom::io::SafetensorsRead::on_demand);
+        if (!whole) std::abort();
+        for (const std::string& name : lazy.names()) {
+            const loom::Tensor t = whole->tensor(name);
+            std::vector<std::byte> bytes(t.nbytes() + 1);
+            const loom::Tensor into(bytes.data(), t.dtype(), t.shape());
+            lazy.read_into(name, into);
+            if (t.nbytes() > 0 && std::memcmp(bytes.data(), t.raw(), t.nbytes()) != 0) std::abort();
+            if (t.rank() == 1 && t.dim(0) > 1) {
+                const std::int64_t half = t.dim(0) / 2;
+                const loom::Tensor part(bytes.data(), t.dtype(), loom::Shape{t.dim(0) - half});
+                lazy.read_elements(name, half, t.dim(0) - half, part);
+                if (std::memcmp(bytes.data(), static_cast<const std::byte*>(t.raw()) + half * loom::size_of(t.dtype()),
+                                part.nbytes()) != 0)
+                    std::abort();
+            }
+        }
+    } catch (const loom::Error& e) {
+        if (whole || e.message() != whole_error) std::abort();
     }
 }
 

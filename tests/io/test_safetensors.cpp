@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/temp_dir.hpp"
+#include "support/message_of.hpp"
 
 using loom::Buffer;
 using loom::DType;
@@ -21,6 +22,7 @@ using loom::Tensor;
 using loom::io::NamedTensor;
 using loom::io::SafetensorsFile;
 using loom::io::save_safetensors;
+using loom_test::message_of;
 using loom_test::read_bytes;
 using loom_test::TempDir;
 using loom_test::write_bytes;
@@ -54,6 +56,16 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 std::string error_of(const std::filesystem::path& path) {
     try {
         SafetensorsFile file(path);
+    } catch (const loom::Error& e) {
+        return e.message();
+    }
+    return "<loaded>";
+}
+
+// The same, opened on demand (the header only).
+std::string error_on_demand(const std::filesystem::path& path) {
+    try {
+        SafetensorsFile file(path, loom::io::SafetensorsRead::on_demand);
     } catch (const loom::Error& e) {
         return e.message();
     }
@@ -356,4 +368,80 @@ TEST_CASE("safetensors accepts files whose tensors sit at unaligned offsets", "[
     CHECK(reinterpret_cast<std::uintptr_t>(f.raw()) % 4 == 0);
     CHECK(f.data<float>()[0] == 3.5f);
     CHECK(loom::to_float(file.tensor("h").data<loom::bf16>()[0]) == 1.0f);
+    // On demand, the bytes are read into the (aligned) target.
+    const SafetensorsFile lazy(dir / "odd.st", loom::io::SafetensorsRead::on_demand);
+    float read = 0;
+    lazy.read_elements("f", 0, 1, Tensor::of(&read, {1}));
+    CHECK(read == 3.5f);
+}
+
+TEST_CASE("safetensors on demand checks the header as a whole read does and reads only what is asked",
+          "[safetensors]") {
+    TempDir dir;
+    const auto path = dir / "big.st";
+    Buffer<Host> w = patterned(DType::f32, Shape{3, 4}, 1);
+    Buffer<Host> e = patterned(DType::i64, Shape{5}, 2);
+    Buffer<Host> h = patterned(DType::bf16, Shape{7}, 3);
+    save_safetensors(path, {{"w", w.tensor()}, {"e", e.tensor()}, {"h", h.tensor()}}, {{"step", "9"}});
+    const SafetensorsFile whole(path);
+    const SafetensorsFile lazy(path, loom::io::SafetensorsRead::on_demand);
+    CHECK(lazy.reads_on_demand());
+    CHECK(whole.bytes_read() == std::filesystem::file_size(path));
+    std::uint64_t header_length = 0;
+    std::memcpy(&header_length, read_bytes(path).data(), 8);
+    CHECK(lazy.bytes_read() == 8 + header_length);
+    CHECK(lazy.names() == whole.names());
+    CHECK(lazy.metadata().to_map() == whole.metadata().to_map());
+    CHECK(lazy.dtype("e") == DType::i64);
+    CHECK(lazy.shape("w") == Shape{3, 4});
+    // A whole tensor, and a range of one, each read by itself.
+    Buffer<Host> w_again(DType::f32, Shape{3, 4});
+    lazy.read_into("w", w_again.tensor());
+    CHECK(same_bytes(w_again.tensor(), w.tensor()));
+    CHECK(lazy.bytes_read() == 8 + header_length + 48);
+    std::int64_t middle[3] = {};
+    lazy.read_elements("e", 1, 3, Tensor::of(middle, {3}));
+    for (int k = 0; k < 3; ++k) CHECK(middle[k] == e.data<std::int64_t>()[k + 1]);
+    CHECK(lazy.bytes_read() == 8 + header_length + 48 + 24);
+    std::int64_t from_whole[3] = {};
+    whole.read_elements("e", 1, 3, Tensor::of(from_whole, {3}));
+    CHECK(std::memcmp(middle, from_whole, sizeof middle) == 0);
+    std::int64_t none[1] = {};
+    lazy.read_elements("e", 5, 0, Tensor::of(none, {0}));
+    CHECK(lazy.bytes_read() == 8 + header_length + 48 + 24);
+}
+
+TEST_CASE("safetensors on demand fails as a whole read does, and names a file that shrank", "[safetensors][errors]") {
+    TempDir dir;
+    const auto good = dir / "good.st";
+    Buffer<Host> w = patterned(DType::f32, Shape{3, 4}, 1);
+    Buffer<Host> e = patterned(DType::i64, Shape{2}, 2);
+    save_safetensors(good, {{"w", w.tensor()}, {"e", e.tensor()}}, {{"step", "9"}});
+    const std::string bytes = read_bytes(good);
+    const auto cut = dir / "cut.st";
+    // Every truncation and a byte too many: the same message either way (one
+    // validation, the data section's size taken from the file's).
+    for (std::size_t length = 0; length <= bytes.size() + 1; ++length) {
+        write_bytes(cut, length <= bytes.size() ? std::string_view(bytes).substr(0, length) : bytes + "x");
+        INFO("length " << length << " of " << bytes.size());
+        CHECK(error_on_demand(cut) == error_of(cut));
+    }
+    CHECK(error_on_demand(dir / "none.st") == error_of(dir / "none.st"));
+    CHECK(error_on_demand(dir.path()) == error_of(dir.path()));
+
+    write_bytes(cut, bytes);
+    const SafetensorsFile lazy(cut, loom::io::SafetensorsRead::on_demand);
+    std::filesystem::resize_file(cut, bytes.size() - 8);
+    std::int64_t two[2] = {};
+    CHECK(message_of([&] { lazy.read_into("e", Tensor::of(two, {2})); }) ==
+                      "checkpoint " + cut.string() + ": the file shrank from " + std::to_string(bytes.size()) + " to " +
+                          std::to_string(bytes.size() - 8) + " bytes while being read");
+    float floats[2] = {};
+    CHECK(message_of([&] { lazy.read_elements("w", 0, 2, Tensor::of(floats, {2})); }) ==
+                      "checkpoint " + cut.string() + ": tensor w has shape [3, 4]; elements are read by range from 1-D "
+                                                     "tensors only");
+    CHECK(message_of([&] { lazy.read_elements("e", 1, 2, Tensor::of(two, {2})); }) ==
+                      "checkpoint " + cut.string() + ": elements [1, 3) of tensor e asked for; it has 2 (valid: within [0, 2))");
+    CHECK(message_of([&] { lazy.read_elements("e", 0, 1, Tensor::of(two, {2})); }) ==
+                      "checkpoint " + cut.string() + ": 1 elements of tensor e read into Tensor(i64, [2], host), which has 2");
 }

@@ -190,6 +190,44 @@ TEST_CASE("a sharded checkpoint saved under any of nine strategies loads under e
     }
 }
 
+TEST_CASE("a rank of a tp or pp layout reads only its part of a sharded checkpoint", "[parallel][checkpoint]") {
+    const Directory root;
+    const State saved = train_and_save({"serial"}, root.path);
+    std::uint64_t data = 0;
+    for (const auto& name : files_in(root.path))
+        if (name != "index.json") data += std::filesystem::file_size(root.path / name);
+    for (const Layout& layout : {Layout{"tp 2", 1, 1, 2, 1, {.tensor_parallel = true}},
+                                 Layout{"dp 2 x pp 2 ZeRO 3", 2, 2, 1, 1, {.zero_stage = 3, .pipelined = true}}}) {
+        INFO(layout.name);
+        std::mutex mutex;
+        std::vector<std::uint64_t> read;
+        bool equal = true;
+        on_layout(layout, [&](auto& exec, ThreadComm&, int, int) {
+            std::uint64_t bytes = 0;
+            (void)loom::exec::load_sharded(exec, root.path, &bytes);
+            const auto mine = exec.owned_state();
+            bool same = true;
+            std::size_t at = 0;
+            for (std::size_t i = 0; i < mine.runs.size(); i += 2)
+                for (std::int64_t k = 0; k < mine.runs[i + 1]; ++k, ++at)
+                    same = same && mine.values[at] == saved.values[static_cast<std::size_t>(mine.runs[i] + k)];
+            const std::lock_guard lock(mutex);
+            read.push_back(bytes);
+            equal = equal && same;
+        });
+        CHECK(equal);
+        REQUIRE(read.size() == static_cast<std::size_t>(layout.ranks()));
+        // tp 2: each rank its cut (the whole LayerNorms and row-split biases
+        // on both); dp 2 x pp 2 ZeRO 3: a stage's quarter of the model's blocks.
+        const double limit = layout.tp == 2 ? 0.7 : 0.45;
+        for (const std::uint64_t bytes : read) {
+            INFO(bytes << " of " << data << " bytes read");
+            CHECK(bytes > 0);
+            CHECK(static_cast<double>(bytes) < limit * static_cast<double>(data));
+        }
+    }
+}
+
 TEST_CASE("a later sharded save replaces the older shards only once its index is written", "[parallel][checkpoint]") {
     const Directory root;
     const Layout layout{"dp 2 ZeRO 3", 2, 1, 1, 1, {.zero_stage = 3}};

@@ -285,6 +285,21 @@ public:
     };
     [[nodiscard]] OwnedState owned_state() const;
 
+    // What a loader must read for this rank alone (exec/sharded_checkpoint.hpp):
+    // the whole-model (first, count) runs of the parameters and of the AdamW
+    // moments this rank keeps, in the order load_held_state takes them. Its
+    // pipeline stage's and tp cut's part of the model; of that, ZeRO 3 keeps
+    // the rank's blocks of the values, ZeRO 1 to 3 of the moments. No
+    // communication.
+    struct HeldRuns {
+        std::vector<std::int64_t> values, moments;
+    };
+    [[nodiscard]] HeldRuns held_runs() const;
+    // Sets parameters and moments from the elements held_runs names, in its
+    // order: the same state as load_state from the whole arrays.
+    void load_held_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
+                         std::int64_t optimizer_steps);
+
     // The gradient exchange's per-rank state (parallel/gradient_exchange.hpp):
     // what a checkpoint must keep for an exact resume. Empty for a plain exchange.
     [[nodiscard]] Compression compression() const noexcept { return exchange_->compression(); }

@@ -78,6 +78,28 @@ typename Executor<C>::OwnedState Executor<C>::owned_state() const {
 }
 
 template <comm::Communicator C>
+typename Executor<C>::HeldRuns Executor<C>::held_runs() const {
+    HeldRuns out;
+    const int r = comm_->rank();
+    for (const bool moments : {false, true}) {
+        std::vector<std::int64_t>& runs = moments ? out.moments : out.values;
+        for (const auto& g : rank_.layout.groups()) {
+            const auto [first, end] = store_.kept(g, r, moments);
+            shards_.append_whole_runs(g.dense_offset + first, g.dense_offset + end, runs);
+        }
+    }
+    return out;
+}
+
+template <comm::Communicator C>
+void Executor<C>::load_held_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
+                                  std::int64_t optimizer_steps) {
+    LOOM_CHECK(optimizer_steps >= 0, "Executor::load_held_state: optimizer_steps = ", optimizer_steps, " is negative");
+    store_.load_kept(rank_.layout, comm_->rank(), values, m, v);
+    optimizer_steps_ = optimizer_steps;
+}
+
+template <comm::Communicator C>
 void Executor<C>::gather_local_state(std::span<float> values, std::span<float> m, std::span<float> v) {
     if (pipelined_)
         for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);

@@ -130,6 +130,44 @@ public:
         }
     }
 
+    // The elements [first, end) of group `g` this rank keeps of its values
+    // (`moments` false) or of m and v: the whole group where the array is
+    // whole, the rank's block (cut at the group's end) where it is sharded.
+    [[nodiscard]] std::pair<std::int64_t, std::int64_t> kept(const parallel::ShardGroup& g, int rank,
+                                                              bool moments) const {
+        if (!by_block(moments)) return {0, g.numel};
+        const std::int64_t first = std::min(g.numel, rank * g.block);
+        return {first, std::min(g.numel, first + g.block)};
+    }
+
+    // Values and moments from just the elements this rank keeps (kept(),
+    // group after group): what a sharded checkpoint's loader reads, so that
+    // no rank needs the dense arrays. The same bits as load() from them.
+    void load_kept(const parallel::ShardLayout& layout, int rank, std::span<const float> kept_values,
+                   std::span<const float> kept_m, std::span<const float> kept_v) {
+        const auto fill = [&](DeviceBuffer& target, std::span<const float> elements, bool moments) {
+            Buffer<Host> staged(DType::f32, Shape{target.numel()});
+            float* const base = staged.data<float>();
+            std::fill(base, base + staged.numel(), 0.0f);  // the padding
+            std::size_t at = 0;
+            for (const auto& g : layout.groups()) {
+                const auto [first, end] = kept(g, rank, moments);
+                const std::int64_t to = by_block(moments) ? g.shard_offset + (first - rank * g.block) : g.offset + first;
+                const auto n = static_cast<std::size_t>(end - first);
+                LOOM_CHECK(at + n <= elements.size(), "ParameterStore::load_kept: ", elements.size(),
+                           " elements for a rank that keeps more");
+                std::copy_n(elements.begin() + static_cast<std::ptrdiff_t>(at), n, base + to);
+                at += n;
+            }
+            LOOM_CHECK(at == elements.size(), "ParameterStore::load_kept: ", elements.size(),
+                       " elements for a rank that keeps ", at);
+            copy_tensor(target.tensor(), staged.tensor());
+        };
+        fill(stage_ == 3 ? value_shard : values, kept_values, false);
+        fill(m, kept_m, true);
+        fill(v, kept_v, true);
+    }
+
     // Collective over `shards` (the group the layout shards over): the dense
     // arrays of values and moments, on every rank. Shards are gathered where
     // the communicator moves memory (the store's device), then read on the host.
@@ -170,6 +208,9 @@ private:
         copy_tensor(scratch.tensor(), b.tensor());
         return {scratch.data<float>(), static_cast<std::size_t>(scratch.numel())};
     }
+
+    // Whether the rank keeps only its block of each group of this array.
+    [[nodiscard]] bool by_block(bool moments) const noexcept { return moments ? stage_ >= 1 : stage_ == 3; }
 
     int stage_ = 0;
     Device device_ = host_device;

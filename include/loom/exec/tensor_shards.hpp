@@ -112,6 +112,26 @@ public:
         return e.whole + e.param.full_index(local - e.local);
     }
 
+    // Appends to `runs` the whole-model (first, count) runs of this rank's
+    // local elements [first, end), in local order, merging a run that
+    // continues the last one: a run per stretch of a cut row, not per element.
+    void append_whole_runs(std::int64_t first, std::int64_t end, std::vector<std::int64_t>& runs) const {
+        LOOM_CHECK(first >= 0 && first <= end && end <= local_size_, "TensorShards: elements [", first, ", ", end,
+                   ") of a rank with ", local_size_);
+        if (first == end) return;
+        auto e = std::upper_bound(entries_.begin(), entries_.end(), first,
+                                  [](std::int64_t at, const Entry& entry) { return at < entry.local; }) - 1;
+        for (std::int64_t k = first; k < end;) {
+            while (k >= e->local + e->param.numel()) ++e;
+            const std::int64_t in = k - e->local;
+            const std::int64_t n = std::min(end - k, e->param.contiguous_from(in));
+            const std::int64_t whole = e->whole + e->param.full_index(in);
+            if (!runs.empty() && runs[runs.size() - 2] + runs.back() == whole) runs.back() += n;
+            else runs.insert(runs.end(), {whole, n});
+            k += n;
+        }
+    }
+
     // This rank's local arrays from the whole model (no communication).
     void to_local(std::span<const float> whole, std::span<float> local) const {
         check(local.size(), whole.size());

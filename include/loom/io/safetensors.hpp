@@ -226,16 +226,31 @@ inline void save_safetensors(const std::filesystem::path& path, const std::vecto
     });
 }
 
-// A safetensors file read into memory and validated completely up front:
-// header length, JSON, every field, dtype, shape, and that the tensors' byte
-// ranges tile the data section exactly (no gaps, no overlaps, nothing after
-// the last tensor: the spec forbids unindexed bytes so files cannot smuggle
-// data). Every problem is one loom::Error "checkpoint <path>: <what>".
+// How a SafetensorsFile reads: the whole file into memory at once (views of
+// every tensor, no further reads), or only the header, then each tensor's
+// bytes on demand with pread (a shard of a model larger than this host's
+// memory, of which a rank needs a part).
+enum class SafetensorsRead : std::uint8_t { whole_file, on_demand };
+
+// A safetensors file validated completely up front: header length, JSON,
+// every field, dtype, shape, and that the tensors' byte ranges tile the data
+// section exactly (no gaps, no overlaps, nothing after the last tensor: the
+// spec forbids unindexed bytes so files cannot smuggle data), the data
+// section's size taken from the file's. Read whole, or on demand (the header
+// only, tensors' byte ranges later: read_into, read_elements). Every problem
+// is one loom::Error "checkpoint <path>: <what>".
 class SafetensorsFile {
 public:
-    explicit SafetensorsFile(const std::filesystem::path& path) : path_(path), label_("checkpoint " + path.string()) {
-        read_whole_file();
-        parse_and_validate();
+    explicit SafetensorsFile(const std::filesystem::path& path, SafetensorsRead how = SafetensorsRead::whole_file)
+        : path_(path), label_("checkpoint " + path.string()), on_demand_(how == SafetensorsRead::on_demand) {
+        FileHandle file = open_regular_file();
+        if (on_demand_) {
+            read_header_on_demand(file);
+            file_ = std::move(file);
+        } else {
+            read_whole_file(file);
+            parse_and_validate(std::string_view(reinterpret_cast<const char*>(bytes_.get()) + 8, header_length_));
+        }
     }
 
     SafetensorsFile(SafetensorsFile&&) = default;
@@ -244,6 +259,10 @@ public:
     [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
     [[nodiscard]] const safetensors::Metadata& metadata() const noexcept { return metadata_; }
     [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+    [[nodiscard]] bool reads_on_demand() const noexcept { return on_demand_; }
+    // Bytes read from the file so far: all of it when read whole; the header
+    // and the ranges asked for when read on demand.
+    [[nodiscard]] std::uint64_t bytes_read() const noexcept { return bytes_read_; }
 
     // Tensor names in the order the header lists them.
     [[nodiscard]] std::vector<std::string> names() const {
@@ -254,11 +273,16 @@ public:
     }
 
     [[nodiscard]] bool contains(std::string_view name) const { return lookup(name) != nullptr; }
+    // What the header says of tensor `name` (no data is read).
+    [[nodiscard]] DType dtype(std::string_view name) const { return find(name).dtype; }
+    [[nodiscard]] const Shape& shape(std::string_view name) const { return find(name).shape; }
 
     // A read-only view of the tensor's bytes in this object's memory (valid
-    // while it lives). Do not write through it.
+    // while it lives). Do not write through it. Read whole only.
     [[nodiscard]] Tensor tensor(std::string_view name) const {
         const Entry& entry = find(name);
+        LOOM_CHECK(!on_demand_, label_, ": tensor ", name,
+                   " is not in memory (the file is read on demand); use read_into or read_elements");
         return Tensor(entry.data, entry.dtype, entry.shape);
     }
 
@@ -266,16 +290,30 @@ public:
     // dtype and shape match exactly; no conversion happens behind the caller's back.
     void read_into(std::string_view name, const Tensor& into) const {
         const Entry& entry = find(name);
-        LOOM_CHECK(into.device().kind == DeviceKind::host, label_, ": cannot read tensor ", name, " into ", into,
-                   "; the target must be in host memory");
-        LOOM_CHECK(into.is_contiguous(), label_, ": cannot read tensor ", name, " into a non-contiguous ", into,
-                   " with strides ", into.strides());
+        check_target(name, into);
         LOOM_CHECK(into.dtype() == entry.dtype, label_, ": tensor ", name, " holds ", entry.dtype,
                    " but the model expects ", into.dtype());
         LOOM_CHECK(into.shape() == entry.shape, label_, ": tensor ", name, " has shape ", entry.shape,
                    " but the model expects ", into.shape());
-        LOOM_CHECK(into.defined(), label_, ": cannot read tensor ", name, " into ", into, ", which has no memory");
-        if (into.nbytes() > 0) std::memcpy(into.raw(), entry.data, into.nbytes());
+        copy_bytes_of(entry, 0, into);
+    }
+
+    // Copies elements [first, first + count) of the 1-D tensor `name` into
+    // `into` (host, contiguous, `count` elements of the tensor's dtype):
+    // on demand, one pread of just those bytes.
+    void read_elements(std::string_view name, std::int64_t first, std::int64_t count, const Tensor& into) const {
+        const Entry& entry = find(name);
+        check_target(name, into);
+        LOOM_CHECK(entry.shape.rank() == 1, label_, ": tensor ", name, " has shape ", entry.shape,
+                   "; elements are read by range from 1-D tensors only");
+        LOOM_CHECK(into.dtype() == entry.dtype, label_, ": tensor ", name, " holds ", entry.dtype,
+                   " but the elements are read as ", into.dtype());
+        const std::int64_t n = entry.shape[0];
+        LOOM_CHECK(first >= 0 && count >= 0 && first <= n - count, label_, ": elements [", first, ", ", first + count,
+                   ") of tensor ", name, " asked for; it has ", n, " (valid: within [0, ", n, "))");
+        LOOM_CHECK(into.numel() == count, label_, ": ", count, " elements of tensor ", name, " read into ", into,
+                   ", which has ", into.numel());
+        copy_bytes_of(entry, static_cast<std::uint64_t>(first) * size_of(entry.dtype), into);
     }
 
 private:
@@ -288,7 +326,27 @@ private:
         Shape shape;
         std::uint64_t begin = 0;  // data_offsets, relative to the data section
         std::uint64_t end = 0;
-        std::byte* data = nullptr;
+        std::byte* data = nullptr;  // read whole: in bytes_ (or realigned_)
+    };
+
+    // An open file descriptor, closed when the owner goes (movable with the file).
+    struct FileHandle {
+        int fd = -1;
+        FileHandle() = default;
+        explicit FileHandle(int descriptor) noexcept : fd(descriptor) {}
+        FileHandle(FileHandle&& other) noexcept : fd(std::exchange(other.fd, -1)) {}
+        FileHandle& operator=(FileHandle&& other) noexcept {
+            if (this != &other) {
+                if (fd >= 0) ::close(fd);
+                fd = std::exchange(other.fd, -1);
+            }
+            return *this;
+        }
+        FileHandle(const FileHandle&) = delete;
+        FileHandle& operator=(const FileHandle&) = delete;
+        ~FileHandle() {
+            if (fd >= 0) ::close(fd);
+        }
     };
 
     [[nodiscard]] std::string_view name_of(const Entry& entry) const noexcept {
@@ -319,54 +377,91 @@ private:
                   entries_.size() > shown ? ", ..." : "");
     }
 
-    void read_whole_file() {
-        const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
+    void check_target(std::string_view name, const Tensor& into) const {
+        LOOM_CHECK(into.device().kind == DeviceKind::host, label_, ": cannot read tensor ", name, " into ", into,
+                   "; the target must be in host memory");
+        LOOM_CHECK(into.is_contiguous(), label_, ": cannot read tensor ", name, " into a non-contiguous ", into,
+                   " with strides ", into.strides());
+        LOOM_CHECK(into.defined(), label_, ": cannot read tensor ", name, " into ", into, ", which has no memory");
+    }
+
+    // into.nbytes() bytes of `entry` from byte `skip` of it (checked by the caller).
+    void copy_bytes_of(const Entry& entry, std::uint64_t skip, const Tensor& into) const {
+        if (into.nbytes() == 0) return;
+        if (!on_demand_) {
+            std::memcpy(into.raw(), entry.data + skip, into.nbytes());
+            return;
+        }
+        read_at(8 + header_length_ + entry.begin + skip, static_cast<std::byte*>(into.raw()), into.nbytes());
+    }
+
+    [[nodiscard]] FileHandle open_regular_file() {
+        FileHandle file(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+        if (file.fd < 0) {
             const int error = errno;
             LOOM_FAIL(label_, ": cannot open: ", detail::errno_text(error));
         }
-        struct Closer {
-            int fd;
-            ~Closer() { ::close(fd); }
-        } closer{fd};
         struct ::stat status {};
-        if (::fstat(fd, &status) != 0) {
+        if (::fstat(file.fd, &status) != 0) {
             const int error = errno;
             LOOM_FAIL(label_, ": cannot stat: ", detail::errno_text(error));
         }
         LOOM_CHECK(S_ISREG(status.st_mode), label_, ": is not a regular file");
         size_ = static_cast<std::size_t>(status.st_size);
         LOOM_CHECK(size_ > 0, label_, ": the file is empty; a safetensors file starts with an 8-byte header length");
-        bytes_ = detail::allocate_aligned(size_);
+        return file;
+    }
+
+    // `bytes` bytes from `offset` of the file (pread: no shared position, so
+    // a const read), through interruptions and short reads.
+    void read_at(std::uint64_t offset, std::byte* into, std::size_t bytes, int fd = -1) const {
+        if (fd < 0) fd = file_.fd;
         std::size_t done = 0;
-        while (done < size_) {
-            const ::ssize_t got = ::read(fd, bytes_.get() + done, size_ - done);
+        while (done < bytes) {
+            const ::ssize_t got = ::pread(fd, into + done, bytes - done, static_cast<::off_t>(offset + done));
             if (got < 0) {
                 const int error = errno;
                 if (error == EINTR) continue;
                 LOOM_FAIL(label_, ": cannot read: ", detail::errno_text(error));
             }
-            LOOM_CHECK(got > 0, label_, ": the file shrank from ", size_, " to ", done, " bytes while being read");
+            LOOM_CHECK(got > 0, label_, ": the file shrank from ", size_, " to ", offset + done,
+                       " bytes while being read");
             done += static_cast<std::size_t>(got);
         }
+        bytes_read_ += bytes;
     }
 
-    void parse_and_validate() {
+    void read_whole_file(const FileHandle& file) {
+        bytes_ = detail::allocate_aligned(size_);
+        read_at(0, bytes_.get(), size_, file.fd);
+        if (size_ >= 8) std::memcpy(&header_length_, bytes_.get(), sizeof header_length_);
+        check_header_length();
+    }
+
+    void read_header_on_demand(const FileHandle& file) {
+        if (size_ >= 8) read_at(0, reinterpret_cast<std::byte*>(&header_length_), sizeof header_length_, file.fd);
+        check_header_length();
+        std::string header(static_cast<std::size_t>(header_length_), '\0');
+        read_at(8, reinterpret_cast<std::byte*>(header.data()), header.size(), file.fd);
+        parse_and_validate(header);
+    }
+
+    void check_header_length() const {
         LOOM_CHECK(size_ >= 8, label_, ": the file has ", size_,
                    " bytes, fewer than the 8-byte header length every safetensors file starts with");
-        std::uint64_t header_length = 0;
-        std::memcpy(&header_length, bytes_.get(), sizeof header_length);
-        LOOM_CHECK(header_length <= size_ - 8, label_, ": the header length ", header_length,
+        LOOM_CHECK(header_length_ <= size_ - 8, label_, ": the header length ", header_length_,
                    " reaches beyond the end of the file (", size_, " bytes, so at most ", size_ - 8, ")");
-        LOOM_CHECK(header_length <= safetensors::max_header_bytes, label_, ": the header length ", header_length,
+        LOOM_CHECK(header_length_ <= safetensors::max_header_bytes, label_, ": the header length ", header_length_,
                    " exceeds the format's limit of ", safetensors::max_header_bytes, " bytes");
-        const std::string_view header(reinterpret_cast<const char*>(bytes_.get()) + 8,
-                                      static_cast<std::size_t>(header_length));
+    }
+
+    // The header (after its length, checked) against a data section of the
+    // rest of the file; read whole, each entry then points into bytes_.
+    void parse_and_validate(std::string_view header) {
         LOOM_CHECK(!header.empty() && header.front() == '{', label_,
                    ": the header does not start with '{'; this is not a safetensors file");
 
-        const std::uint64_t data_size = size_ - 8 - header_length;
-        std::byte* const data = bytes_.get() + 8 + header_length;
+        const std::uint64_t data_size = size_ - 8 - header_length_;
         {
             // The parsed header lives only while the entries are read from it.
             std::string why;
@@ -391,6 +486,8 @@ private:
         std::iota(by_name_.begin(), by_name_.end(), std::uint32_t{0});
         std::sort(by_name_.begin(), by_name_.end(),
                   [&](std::uint32_t a, std::uint32_t b) { return name_of(entries_[a]) < name_of(entries_[b]); });
+        if (on_demand_) return;
+        std::byte* const data = bytes_.get() + 8 + header_length_;
         for (Entry& entry : entries_) {
             entry.data = data + entry.begin;
             // Like a Buffer of zero elements, an empty tensor points nowhere
@@ -409,7 +506,6 @@ private:
             }
         }
     }
-
     void read_metadata(const json::Value& value) {
         LOOM_CHECK(value.is_object(), label_, ": __metadata__ is ", json::kind_name(value.kind()),
                    "; it must be an object of strings");
@@ -527,8 +623,12 @@ private:
 
     std::filesystem::path path_;
     std::string label_;  // "checkpoint <path>", the start of every message
-    std::size_t size_ = 0;
-    detail::AlignedBytes bytes_;
+    bool on_demand_ = false;
+    std::size_t size_ = 0;  // the file's, when opened
+    std::uint64_t header_length_ = 0;
+    mutable std::uint64_t bytes_read_ = 0;
+    FileHandle file_;             // read on demand: open while this lives
+    detail::AlignedBytes bytes_;  // read whole: the file
     std::vector<detail::AlignedBytes> realigned_;
     std::vector<Entry> entries_;
     std::string names_;                  // every tensor's name, back to back
