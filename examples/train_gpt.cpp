@@ -21,6 +21,7 @@
 #include <loom/exec/executor.hpp>
 #include <loom/exec/model_gradient.hpp>
 #include <loom/exec/sharded_checkpoint.hpp>
+#include <loom/exec/sharded_optex.hpp>
 #include <loom/exec/trace.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>

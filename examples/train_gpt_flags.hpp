@@ -354,8 +354,6 @@ inline Flags parse(int argc, char** argv) {
         refuse(f.compress().on(), "--compress " + f.compress().describe());
         refuse(f.strategy.recompute.on(), "--recompute (OptEx steps outside the executor's step program)");
         refuse(f.freeze_variance >= 0, "--freeze-variance");
-        refuse(f.save_every > 0, "--save-every (OptEx saves at the end, or on SIGINT/SIGTERM)");
-        refuse(f.sharded, "--sharded (OptEx saves one file)");
         refuse(!f.trace.empty(), "--trace (the step program is the executor's; OptEx steps outside it)");
         // Tuned by default: on the GPT the reference's l = 0.1 (chosen for its
         // synthetic functions) makes 4 workers worse than AdamW, and the

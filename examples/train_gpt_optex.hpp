@@ -31,7 +31,11 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     const std::int64_t parameters = gradient_at.size();
     std::vector<float> values(static_cast<std::size_t>(parameters)), m, v;
     std::int64_t first_step = 0, optimizer_steps = 0;
-    if (!flags.resume.empty()) {
+    const bool sharded_resume = !flags.resume.empty() && std::filesystem::is_directory(flags.resume);
+    if (sharded_resume) {
+        first_step = loom::gpt::check_sharded_metadata(flags.resume, flags.model,
+                                                       loom::exec::read_sharded_index(flags.resume).metadata).step;
+    } else if (!flags.resume.empty()) {
         m.resize(values.size());
         v.resize(values.size());
         const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
@@ -44,12 +48,18 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     const loom::optim::AdamWConfig adamw{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
     loom::optim::OptEx<loom::optim::AdamW, C> optex(
         mesh.axis("optex"), values, [&](std::int64_t n) { return loom::optim::AdamW(n, adamw); }, flags.optex_config);
-    if (!flags.resume.empty()) {
-        // The moments of this rank's slice; the history starts empty.
+    std::string history_note;  // why a resume starts with an empty history
+    if (sharded_resume) {
+        // This rank's slice of everything, the history included, from any
+        // number of workers (or the executor's shards, with no history).
+        (void)loom::exec::load_sharded_optex(optex, flags.resume, history_note);
+    } else if (!flags.resume.empty()) {
+        // The moments of this rank's slice; one file keeps no history.
         const auto lo = static_cast<std::ptrdiff_t>(optex.slice_begin()), hi = static_cast<std::ptrdiff_t>(optex.slice_end());
         std::copy(m.begin() + lo, m.begin() + hi, optex.inner().m().begin());
         std::copy(v.begin() + lo, v.begin() + hi, optex.inner().v().begin());
         optex.inner().restore(optimizer_steps);
+        history_note = "a single-file checkpoint keeps no OptEx history (--sharded does)";
     }
 
     if (lead) {
@@ -62,10 +72,39 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
         std::printf("%s<AdamW> on %d %s (optex %d x dp %d), each rank holding 1/%d of the state and history\n",
                     method.str().c_str(), world.size(), transport, workers, dp_size, workers);
         print_matmul_precision(flags);
-        if (first_step > 0)
-            std::printf("resumed from %s at step %lld; OptEx's history starts empty\n", flags.resume.c_str(),
-                        static_cast<long long>(first_step));
+        if (!flags.resume.empty())
+            std::printf("resumed from %s at step %lld%s%s\n", flags.resume.c_str(), static_cast<long long>(first_step),
+                        history_note.empty() ? " with OptEx's history" : "; OptEx's history starts empty: ",
+                        history_note.c_str());
     }
+
+    // Saves: --sharded writes each rank's slice, history included, in the
+    // background (finished at the next save, a collective); one file is the
+    // whole state gathered to every rank and written by the lead.
+    const bool holder = mesh.coordinate("dp") == 0;  // the other dp replicas hold copies
+    std::optional<loom::exec::ShardedSave<C>> in_flight;
+    const auto save = [&](const std::string& path, std::int64_t step) {
+        auto metadata = loom::gpt::sharded_metadata(flags.model, step, optex.inner().steps(), corpus.describe());
+        metadata.merge(loom::train::run_identity_metadata(flags.data, flags.seed));
+        if (flags.sharded) {
+            if (in_flight) in_flight->finish();
+            in_flight.reset();
+            in_flight.emplace(world, path, loom::exec::optex_shard_contents(optex, holder),
+                              loom::exec::with_optex_signature(std::move(metadata), optex));
+            return;
+        }
+        m.resize(values.size());
+        v.resize(values.size());
+        optex.gather_params(values);
+        optex.gather(optex.inner().m(), m);
+        optex.gather(optex.inner().v(), v);
+        // Every rank holds the same state, so all throw together.
+        loom::gpt::check_finite_state(flags.model, values, m, v,
+                                      "step " + std::to_string(step) + " (" + path + " was not written)");
+        if (lead)
+            loom::gpt::save_checkpoint(path, flags.model, values, m, v, optex.inner().steps(), step, corpus.describe(),
+                                       {}, loom::train::run_identity_metadata(flags.data, flags.seed));
+    };
 
     const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
@@ -103,6 +142,14 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
             done = step + 1;
             break;
         }
+        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
+            if (flags.sharded) {
+                save(flags.save, step + 1);
+            } else {
+                save(loom::train::periodic_checkpoint_path(flags.save, step + 1).string(), step + 1);
+                if (lead) loom::train::prune_periodic_checkpoints(flags.save, flags.keep);
+            }
+        }
     }
     if (progress) progress->finish();
     if (lead && done > first_step) {
@@ -111,22 +158,16 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
                     static_cast<long long>(done - first_step), static_cast<long long>((done - first_step) * workers),
                     static_cast<long long>(skipped));
     }
-    if (!flags.save.empty() || flags.sample > 0) {
-        // The whole model and moments on every rank (collectives), in the serial layout.
-        m.resize(values.size());
-        v.resize(values.size());
-        optex.gather_params(values);
-        optex.gather(optex.inner().m(), m);
-        optex.gather(optex.inner().v(), v);
-        if (!flags.save.empty())  // every rank holds the same state, so all throw together
-            loom::gpt::check_finite_state(flags.model, values, m, v,
-                                          "step " + std::to_string(done) + " (" + flags.save + " was not written)");
-        if (lead && !flags.save.empty()) {
-            loom::gpt::save_checkpoint(flags.save, flags.model, values, m, v, optex.inner().steps(), done,
-                                       corpus.describe(), {}, loom::train::run_identity_metadata(flags.data, flags.seed));
-            std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(done));
-        }
-        if (lead && flags.sample > 0 && done == last) print_sample(flags, corpus, values);
+    if (!flags.save.empty()) {
+        save(flags.save, done);
+        if (in_flight) in_flight->finish();
+        if (lead)
+            std::printf("saved %s (step %lld%s)\n", flags.save.c_str(), static_cast<long long>(done),
+                        flags.sharded ? ", one shard per rank, with OptEx's history" : "");
+    }
+    if (flags.sample > 0 && done == last) {
+        optex.gather_params(values);  // a collective
+        if (lead) print_sample(flags, corpus, values);
     }
     if (lead && done < last) report_stop(flags, done);
 }

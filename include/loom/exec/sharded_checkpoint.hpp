@@ -76,8 +76,10 @@ template <comm::Communicator C>
 // What one rank's shard holds: the elements it owns of the model's
 // `parameters`, with AdamW's moments (values, m, v: one element each per
 // position of `runs`, (first whole index, count) pairs), and any further
-// 1-D tensors, written as they are. A rank may own nothing (empty arrays,
-// no runs): its shard is still written.
+// 1-D tensors, written as they are, and further runs ((first, count) pairs,
+// written i64 [R, 2] like `runs`) that place an extra tensor's elements in
+// an order of its own (ShardedReader::read's `runs_name`). A rank may own
+// nothing (empty arrays, no runs): its shard is still written.
 struct ShardContents {
     std::int64_t parameters = 0;  // the whole model's elements
     std::int64_t optimizer_steps = 0;
@@ -85,6 +87,7 @@ struct ShardContents {
     std::vector<std::int64_t> runs;
     std::map<std::string, std::vector<float>> extra_floats;
     std::map<std::string, std::vector<std::int64_t>> extra_integers;
+    std::map<std::string, std::vector<std::int64_t>> extra_runs;
 };
 
 // A save in progress. The constructor copies the state this rank owns (a
@@ -209,6 +212,13 @@ private:
             LOOM_CHECK(!c.extra_floats.contains(name), where(), ": ", name,
                        " is both an extra float and an extra integer tensor; names must be unique");
         }
+        for (const auto& [name, pairs] : c.extra_runs) {
+            check_name(name);
+            LOOM_CHECK(!c.extra_floats.contains(name) && !c.extra_integers.contains(name), where(), ": ", name,
+                       " is both extra runs and another extra tensor; names must be unique");
+            LOOM_CHECK(pairs.size() % 2 == 0, where(), ": extra runs ", name, " have ", pairs.size(),
+                       " numbers; runs are (first, count) pairs");
+        }
     }
 
     void write_shard(const std::filesystem::path& file, int rank, int size) {
@@ -225,6 +235,8 @@ private:
             tensors.push_back({name, Tensor::of(array.data(), {static_cast<std::int64_t>(array.size())})});
         for (auto& [name, array] : contents_.extra_integers)
             tensors.push_back({name, Tensor::of(array.data(), {static_cast<std::int64_t>(array.size())})});
+        for (auto& [name, pairs] : contents_.extra_runs)
+            tensors.push_back({name, Tensor::of(pairs.data(), {static_cast<std::int64_t>(pairs.size() / 2), 2})});
         if (!rank_state_.signature.empty())
             tensors.push_back({"rank_state", Tensor::of(rank_state_.values.data(),
                                                         {static_cast<std::int64_t>(rank_state_.values.size())})});

@@ -72,8 +72,8 @@ public:
     // Fills `out` with the elements `wanted` names ((first, count) pairs of
     // whole-model indices, sorted and disjoint; out.size() their total) of
     // the 1-D f32 tensor `name`, from the shards whose `runs_name` runs hold
-    // them (a shard without `runs_name` holds none). Values read are checked
-    // finite.
+    // them (a shard without `runs_name`, or whose runs place nothing and that
+    // has no `name`, holds none). Values read are checked finite.
     void read(std::string_view name, std::string_view runs_name, std::span<const std::int64_t> wanted,
               std::span<float> out) {
         const std::vector<std::int64_t> at = check_wanted(wanted, out.size());
@@ -83,6 +83,7 @@ public:
             if (!f.contains(runs_name)) continue;
             const std::vector<std::int64_t>& runs = runs_of(s, runs_name);
             const std::int64_t count = runs_total(s, runs_name);
+            if (count == 0 && !f.contains(name)) continue;  // it places nothing, so it need not hold the tensor
             LOOM_CHECK(f.contains(name) && f.dtype(name) == DType::f32 && f.shape(name) == Shape{count}, where_, ": ",
                        shard_name(s), "'s ", name, " is ",
                        f.contains(name) ? to_string(f.dtype(name)) + " " + to_string(f.shape(name)) : "missing",
