@@ -84,9 +84,9 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     const bool holder = mesh.coordinate("dp") == 0;  // the other dp replicas hold copies
     std::optional<loom::exec::ShardedSave<C>> in_flight;
     const auto save = [&](const std::string& path, std::int64_t step) {
-        auto metadata = loom::gpt::sharded_metadata(flags.model, step, optex.inner().steps(), corpus.describe());
-        metadata.merge(loom::train::run_identity_metadata(flags.data, flags.seed));
         if (flags.sharded) {
+            auto metadata = loom::gpt::sharded_metadata(flags.model, step, optex.inner().steps(), corpus.describe());
+            metadata.merge(loom::train::run_identity_metadata(flags.data, flags.seed));
             if (in_flight) in_flight->finish();
             in_flight.reset();
             in_flight.emplace(world, path, loom::exec::optex_shard_contents(optex, holder),
