@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -24,6 +23,7 @@
 #include "loom/core/error.hpp"
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/request_queue.hpp"
 #include "loom/infer/sampler.hpp"
 
 namespace loom::infer {
@@ -99,29 +99,19 @@ public:
         LOOM_CHECK(blocks <= cache_.blocks(), who, " needs ", blocks, " blocks of ", cache_.block_size(),
                    " positions but the cache has ", cache_.blocks(), "; build it with more blocks");
         ++next_id_;
-        waiting_.push_back({id, std::move(request), blocks, -1, {}});
+        queue_.waiting.push_back({id, std::move(request), blocks, -1, {}});
         return id;
     }
 
     // Drops a waiting or running request (a running one frees its slot at
     // once); false if `id` is neither (finished, cancelled or never given).
     bool cancel(std::uint64_t id) {
-        const auto is = [id](const Entry& e) { return e.id == id; };
-        if (const auto w = std::find_if(waiting_.begin(), waiting_.end(), is); w != waiting_.end()) {
-            waiting_.erase(w);
-            return true;
-        }
-        if (const auto r = std::find_if(running_.begin(), running_.end(), is); r != running_.end()) {
-            leave(*r);
-            running_.erase(r);
-            return true;
-        }
-        return false;
+        return queue_.cancel(id, [this](const Entry& e) { leave(e); });
     }
 
-    [[nodiscard]] bool idle() const noexcept { return running_.empty() && waiting_.empty(); }
-    [[nodiscard]] std::size_t running() const noexcept { return running_.size(); }
-    [[nodiscard]] std::size_t waiting() const noexcept { return waiting_.size(); }
+    [[nodiscard]] bool idle() const noexcept { return queue_.idle(); }
+    [[nodiscard]] std::size_t running() const noexcept { return queue_.running.size(); }
+    [[nodiscard]] std::size_t waiting() const noexcept { return queue_.waiting.size(); }
 
     // One packed forward: a token for every running request and for every
     // waiting one that starts now (in that order). Finished requests leave.
@@ -129,24 +119,24 @@ public:
     std::span<const Event> step() {
         events_.clear();
         segments_.clear();
-        for (const Entry& r : running_) segments_.push_back({r.slot, std::span(&r.tokens.back(), 1)});
+        for (const Entry& r : queue_.running) segments_.push_back({r.slot, std::span(&r.tokens.back(), 1)});
         // A request starts when a slot is free and the blocks it will need at
         // its longest are not promised to the running ones: no request can run
         // out of blocks halfway.
-        while (!waiting_.empty() && !free_slots_.empty() && promised_ + waiting_.front().blocks <= cache_.blocks()) {
-            Entry& e = running_.emplace_back(std::move(waiting_.front()));
-            waiting_.pop_front();
+        while (!queue_.waiting.empty() && !free_slots_.empty() && promised_ + queue_.waiting.front().blocks <= cache_.blocks()) {
+            Entry& e = queue_.running.emplace_back(std::move(queue_.waiting.front()));
+            queue_.waiting.pop_front();
             promised_ += e.blocks;
             e.slot = free_slots_.back();
             free_slots_.pop_back();
             segments_.push_back({e.slot, e.request.prompt});
         }
-        if (running_.empty()) return {};
+        if (queue_.running.empty()) return {};
         const std::span<const float> logits = engine_.forward(segments_);
         const auto V = static_cast<std::size_t>(engine_.config().vocab);
         still_.clear();
-        for (std::size_t j = 0; j < running_.size(); ++j) {
-            Entry& e = running_[j];
+        for (std::size_t j = 0; j < queue_.running.size(); ++j) {
+            Entry& e = queue_.running[j];
             const Request& r = e.request;
             const std::int32_t token = sampler_.pick(logits.subspan(j * V, V), r.sampling, e.tokens.size());
             e.tokens.push_back(token);
@@ -158,7 +148,7 @@ public:
             if (event.finish) leave(e);
             else still_.push_back(std::move(e));
         }
-        running_.swap(still_);
+        queue_.running.swap(still_);
         return events_;
     }
 
@@ -181,8 +171,8 @@ private:
     KvCache& cache_;
     Sampler sampler_;
     std::uint64_t next_id_ = 0;
-    std::deque<Entry> waiting_;
-    std::vector<Entry> running_, still_;
+    RequestQueue<Entry> queue_;
+    std::vector<Entry> still_;  // step()'s: the running requests that go on
     std::vector<std::int64_t> free_slots_;  // popped from the back: slot 0 first
     std::int64_t promised_ = 0;             // blocks the running requests may still take, with those they hold
     std::vector<Segment> segments_;

@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -40,6 +39,7 @@
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cape.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/request_queue.hpp"
 #include "loom/infer/speculative_acceptance.hpp"
 
 namespace loom::infer {
@@ -121,29 +121,19 @@ public:
                        " (those free when it was built); build the cache with more blocks");
         }
         ++next_id_;
-        waiting_.push_back(std::move(e));
+        queue_.waiting.push_back(std::move(e));
         return id;
     }
 
     // Drops a waiting or running request (a running one frees its slot at
     // once); false if `id` is neither (finished, cancelled or never given).
     bool cancel(std::uint64_t id) {
-        const auto is = [id](const Entry& e) { return e.id == id; };
-        if (const auto w = std::find_if(waiting_.begin(), waiting_.end(), is); w != waiting_.end()) {
-            waiting_.erase(w);
-            return true;
-        }
-        if (const auto r = std::find_if(running_.begin(), running_.end(), is); r != running_.end()) {
-            leave(*r);
-            running_.erase(r);
-            return true;
-        }
-        return false;
+        return queue_.cancel(id, [this](const Entry& e) { leave(e); });
     }
 
-    [[nodiscard]] bool idle() const noexcept { return running_.empty() && waiting_.empty(); }
-    [[nodiscard]] std::size_t running() const noexcept { return running_.size(); }
-    [[nodiscard]] std::size_t waiting() const noexcept { return waiting_.size(); }
+    [[nodiscard]] bool idle() const noexcept { return queue_.idle(); }
+    [[nodiscard]] std::size_t running() const noexcept { return queue_.running.size(); }
+    [[nodiscard]] std::size_t waiting() const noexcept { return queue_.waiting.size(); }
     [[nodiscard]] std::int64_t gamma() const noexcept { return gamma_; }
     [[nodiscard]] const std::optional<CapeConfig>& cape() const noexcept { return cape_; }
     // Every round's figures so far, summed over requests (a request's round is one target pass).
@@ -157,25 +147,25 @@ public:
     std::span<const Event> step() {
         events_.clear();
         emitted_.clear();
-        const std::size_t before_admission = running_.size();
-        while (!waiting_.empty() && !free_slots_.empty() && tpromised_ + waiting_.front().tblocks <= tbudget_ &&
-               dpromised_ + waiting_.front().dblocks <= dbudget_) {
-            Entry& e = running_.emplace_back(std::move(waiting_.front()));
-            waiting_.pop_front();
+        const std::size_t before_admission = queue_.running.size();
+        while (!queue_.waiting.empty() && !free_slots_.empty() && tpromised_ + queue_.waiting.front().tblocks <= tbudget_ &&
+               dpromised_ + queue_.waiting.front().dblocks <= dbudget_) {
+            Entry& e = queue_.running.emplace_back(std::move(queue_.waiting.front()));
+            queue_.waiting.pop_front();
             tpromised_ += e.tblocks;
             dpromised_ += e.dblocks;
             e.slot = free_slots_.back();
             free_slots_.pop_back();
             e.sequence = e.request.prompt;
         }
-        if (running_.empty()) return {};
+        if (queue_.running.empty()) return {};
         // Invariant at a round's start: the target's cache holds all of a
         // request's sequence but its last token (which the round feeds); the
         // draft's holds a prefix of it.
         segments_.clear();
-        for (std::size_t j = before_admission; j < running_.size(); ++j) {
-            const std::span<const std::int32_t> prompt = running_[j].sequence;
-            if (prompt.size() > 1) segments_.push_back({running_[j].slot, prompt.first(prompt.size() - 1)});
+        for (std::size_t j = before_admission; j < queue_.running.size(); ++j) {
+            const std::span<const std::int32_t> prompt = queue_.running[j].sequence;
+            if (prompt.size() > 1) segments_.push_back({queue_.running[j].slot, prompt.first(prompt.size() - 1)});
         }
         if (!segments_.empty()) (void)target_.forward(segments_);
         draft_round();
@@ -209,7 +199,7 @@ private:
     void draft_round() {
         const auto V = static_cast<std::size_t>(target_.config().vocab);
         std::int64_t most = 0;
-        for (Entry& e : running_) {
+        for (Entry& e : queue_.running) {
             e.g = std::min(gamma_, e.request.max_new_tokens - e.generated - 1);
             e.before = static_cast<std::int64_t>(e.sequence.size());
             e.proposed.clear();
@@ -224,7 +214,7 @@ private:
         for (std::int64_t i = 0; i < most; ++i) {
             segments_.clear();
             drafting_.clear();
-            for (Entry& e : running_) {
+            for (Entry& e : queue_.running) {
                 if (e.g <= i) continue;
                 const auto held = static_cast<std::size_t>(dcache_.length(e.slot));
                 segments_.push_back(i == 0 ? Segment{e.slot, std::span(e.sequence).subspan(held)}
@@ -252,7 +242,7 @@ private:
     void verify_round() {
         const auto V = static_cast<std::size_t>(target_.config().vocab);
         segments_.clear();
-        for (Entry& e : running_) {
+        for (Entry& e : queue_.running) {
             if (cape_) {
                 e.tree.build(e.sequence.back(), e.proposed, e.alternatives);
                 segments_.push_back({e.slot, e.tree.tokens, e.tree.parents});
@@ -266,7 +256,7 @@ private:
         std::size_t offset = 0;
         starts_.clear();
         still_.clear();
-        for (Entry& e : running_) {
+        for (Entry& e : queue_.running) {
             const auto count = static_cast<std::size_t>(cape_ ? e.tree.size() : e.g + 1);
             const std::span<const float> mine = rows.subspan(offset * V, count * V);
             offset += count;
@@ -306,7 +296,7 @@ private:
             if (event.finish) leave(e);
             else still_.push_back(std::move(e));
         }
-        running_.swap(still_);
+        queue_.running.swap(still_);
         for (std::size_t j = 0; j < events_.size(); ++j) {
             const std::size_t end = j + 1 < events_.size() ? starts_[j + 1] : emitted_.size();
             events_[j].tokens = std::span(emitted_).subspan(starts_[j], end - starts_[j]);
@@ -342,8 +332,8 @@ private:
     std::int64_t tbudget_ = 0, dbudget_ = 0;      // blocks of each cache the batcher may use
     std::int64_t tpromised_ = 0, dpromised_ = 0;  // of those, held back for the running requests
     std::uint64_t next_id_ = 0;
-    std::deque<Entry> waiting_;
-    std::vector<Entry> running_, still_;
+    RequestQueue<Entry> queue_;
+    std::vector<Entry> still_;  // step()'s: the running requests that go on
     std::vector<std::int64_t> free_slots_;  // popped from the back: slot 0 first
     std::vector<Segment> segments_;
     std::vector<Entry*> drafting_;
