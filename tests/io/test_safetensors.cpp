@@ -72,6 +72,15 @@ std::string error_on_demand(const std::filesystem::path& path) {
     return "<loaded>";
 }
 
+// A valid file of two tensors and a metadata entry, for the tests that damage it.
+std::filesystem::path write_good_file(const TempDir& dir) {
+    const auto good = dir / "good.st";
+    Buffer<Host> w = patterned(DType::f32, Shape{3, 4}, 1);
+    Buffer<Host> e = patterned(DType::i64, Shape{2}, 2);
+    save_safetensors(good, {{"w", w.tensor()}, {"e", e.tensor()}}, {{"step", "9"}});
+    return good;
+}
+
 }  // namespace
 
 TEST_CASE("safetensors writes exactly the bytes of the format", "[safetensors]") {
@@ -233,11 +242,7 @@ TEST_CASE("missing, empty and short files name the file", "[safetensors][errors]
 
 TEST_CASE("every truncation of a valid file fails with a message naming the file", "[safetensors][errors]") {
     TempDir dir;
-    const auto good = dir / "good.st";
-    Buffer<Host> w = patterned(DType::f32, Shape{3, 4}, 1);
-    Buffer<Host> e = patterned(DType::i64, Shape{2}, 2);
-    save_safetensors(good, {{"w", w.tensor()}, {"e", e.tensor()}}, {{"step", "9"}});
-    const std::string bytes = read_bytes(good);
+    const std::string bytes = read_bytes(write_good_file(dir));
     const auto cut = dir / "cut.st";
     const std::string head = "checkpoint " + cut.string() + ": ";
     std::uint64_t header_length = 0;
@@ -413,11 +418,7 @@ TEST_CASE("safetensors on demand checks the header as a whole read does and read
 
 TEST_CASE("safetensors on demand fails as a whole read does, and names a file that shrank", "[safetensors][errors]") {
     TempDir dir;
-    const auto good = dir / "good.st";
-    Buffer<Host> w = patterned(DType::f32, Shape{3, 4}, 1);
-    Buffer<Host> e = patterned(DType::i64, Shape{2}, 2);
-    save_safetensors(good, {{"w", w.tensor()}, {"e", e.tensor()}}, {{"step", "9"}});
-    const std::string bytes = read_bytes(good);
+    const std::string bytes = read_bytes(write_good_file(dir));
     const auto cut = dir / "cut.st";
     // Every truncation and a byte too many: the same message either way (one
     // validation, the data section's size taken from the file's).

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <filesystem>
 #include <mutex>
 #include <span>
 #include <string>
@@ -14,6 +13,7 @@
 #include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/exec/sharded_optex.hpp"
+#include "io/temp_dir.hpp"
 #include "optim/optex_suite.hpp"
 
 namespace {
@@ -33,12 +33,6 @@ loom::optim::OptExConfig config_of(int workers, std::int64_t effective_dim) {
     c.tune_every = 3;
     c.holdout = 2;
     return c;
-}
-
-std::filesystem::path scratch(const std::string& name) {
-    const auto dir = std::filesystem::temp_directory_path() / ("loom_sharded_optex_" + name);
-    std::filesystem::remove_all(dir);
-    return dir;
 }
 
 // Iterations [from, to) of the test objective, worker k = the optex rank.
@@ -79,7 +73,8 @@ Optimizer make(ThreadComm& axis, int workers, std::int64_t effective_dim = 0) {
 }  // namespace
 
 TEST_CASE("OptEx resumed from a sharded checkpoint equals the uninterrupted run bit for bit", "[optex][checkpoint]") {
-    const auto dir = scratch("resume");
+    const loom_test::TempDir scratch;
+    const auto dir = scratch / "checkpoint";
     std::vector<std::vector<float>> straight(2), resumed(2);
     ThreadWorld(2).run([&](ThreadComm& axis) {
         const auto r = static_cast<std::size_t>(axis.rank());
@@ -102,12 +97,12 @@ TEST_CASE("OptEx resumed from a sharded checkpoint equals the uninterrupted run 
     });
     CHECK(resumed[0] == straight[0]);
     CHECK(resumed[1] == straight[1]);
-    std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("OptEx's sharded history loads under any number of workers", "[optex][checkpoint]") {
     for (const std::int64_t effective_dim : {std::int64_t{0}, std::int64_t{17}}) {
-        const auto dir = scratch("workers");
+        const loom_test::TempDir scratch;
+        const auto dir = scratch / "checkpoint";
         std::pair<std::vector<std::vector<float>>, std::vector<std::vector<float>>> saved;
         std::vector<float> saved_x(static_cast<std::size_t>(shape.d));
         // Saved by 2 workers, each with a dp replica: world 4, only dp 0 writes.
@@ -146,12 +141,12 @@ TEST_CASE("OptEx's sharded history loads under any number of workers", "[optex][
             });
             for (const auto& note : notes) CHECK(note.empty());
         }
-        std::filesystem::remove_all(dir);
-    }
+        }
 }
 
 TEST_CASE("OptEx leaves out a sharded history that is not its own, and says why", "[optex][checkpoint]") {
-    const auto dir = scratch("other");
+    const loom_test::TempDir scratch;
+    const auto dir = scratch / "checkpoint";
     std::string other, plain;
     ThreadWorld(2).run([&](ThreadComm& axis) {
         Optimizer a = make(axis, 2);
@@ -176,5 +171,4 @@ TEST_CASE("OptEx leaves out a sharded history that is not its own, and says why"
     CHECK(other == "the checkpoint's OptEx history belongs to d=53 effective_dim=0 seed=0 normalise=1 noise=0.001, not "
                    "d=53 effective_dim=11 seed=1 normalise=1 noise=0.001");
     CHECK(plain == "the checkpoint keeps no OptEx history");
-    std::filesystem::remove_all(dir);
 }

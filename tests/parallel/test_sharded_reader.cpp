@@ -5,9 +5,6 @@
 // checkpoint is one line.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
-#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -20,6 +17,7 @@
 #include <loom/exec/sharded_reader.hpp>
 #include <loom/io/safetensors.hpp>
 
+#include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
 
 using loom::Tensor;
@@ -31,17 +29,6 @@ namespace {
 
 constexpr std::int64_t parameters = 20;
 
-struct Directory {
-    std::filesystem::path path;
-    Directory() {
-        static std::atomic<int> counter{0};
-        path = std::filesystem::temp_directory_path() /
-               ("loom_reader_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-        std::filesystem::remove_all(path);
-        std::filesystem::create_directories(path);
-    }
-    ~Directory() { std::filesystem::remove_all(path); }
-};
 
 // The value of whole element k in the hand-made checkpoints.
 float value_of(std::int64_t k) { return 100.0f + static_cast<float>(k); }
@@ -90,9 +77,9 @@ std::vector<float> read(ShardedReader& reader, const std::vector<std::int64_t>& 
 }  // namespace
 
 TEST_CASE("the sharded reader finds wanted elements across interleaved and gapped runs", "[checkpoint]") {
-    const Directory dir;
-    const ShardedIndex index = hand_made(dir.path);
-    ShardedReader reader(dir.path, index);
+    const loom_test::TempDir dir;
+    const ShardedIndex index = hand_made(dir.path());
+    ShardedReader reader(dir.path(), index);
     const std::vector<float> got = read(reader, {1, 3, 9, 7});
     std::vector<float> expected;
     for (std::int64_t k : {1, 2, 3, 9, 10, 11, 12, 13, 14, 15}) expected.push_back(value_of(k));
@@ -111,17 +98,17 @@ TEST_CASE("the sharded reader finds wanted elements across interleaved and gappe
 }
 
 TEST_CASE("the sharded reader reads only the bytes of the wanted elements", "[checkpoint]") {
-    const Directory dir;
-    const ShardedIndex index = hand_made(dir.path);
+    const loom_test::TempDir dir;
+    const ShardedIndex index = hand_made(dir.path());
     // What opening costs: each header with its length, and the runs of the
     // shards that have them (shards 0, 1 and 4: two runs of 16 bytes each).
     std::uint64_t headers = 0, files = 0;
     for (const auto& name : index.shards) {
-        headers += loom::io::SafetensorsFile(dir.path / name, loom::io::SafetensorsRead::on_demand).bytes_read();
-        files += std::filesystem::file_size(dir.path / name);
+        headers += loom::io::SafetensorsFile(dir.path() / name, loom::io::SafetensorsRead::on_demand).bytes_read();
+        files += std::filesystem::file_size(dir.path() / name);
     }
     const std::uint64_t runs = 3 * 32;
-    ShardedReader reader(dir.path, index);
+    ShardedReader reader(dir.path(), index);
     // Elements 15 and 16: the first two of shard 4's values; no other shard's data.
     CHECK(read(reader, {15, 2}) == std::vector<float>{value_of(15), value_of(16)});
     CHECK(reader.bytes_read() == headers + runs + 2 * sizeof(float));
@@ -132,30 +119,30 @@ TEST_CASE("the sharded reader reads only the bytes of the wanted elements", "[ch
 }
 
 TEST_CASE("the sharded reader names a missing, a doubled and a non-finite element", "[checkpoint][errors]") {
-    const Directory dir;
-    const std::string where = "sharded checkpoint " + dir.path.string();
+    const loom_test::TempDir dir;
+    const std::string where = "sharded checkpoint " + dir.path().string();
     SECTION("missing") {
-        const ShardedIndex index = hand_made(dir.path, {{10, 3, 0, 2}, {2, 4, 13, 2}, {}, {}, {15, 5, 6, 1, 8, 2}});
-        ShardedReader reader(dir.path, index);
+        const ShardedIndex index = hand_made(dir.path(), {{10, 3, 0, 2}, {2, 4, 13, 2}, {}, {}, {15, 5, 6, 1, 8, 2}});
+        ShardedReader reader(dir.path(), index);
         CHECK(read(reader, {5, 2}) == std::vector<float>{value_of(5), value_of(6)});
         CHECK(message_of([&] { (void)read(reader, {0, parameters}); }) ==
               where + ": element 7 of the model is in no shard; the checkpoint is incomplete");
     }
     SECTION("doubled") {
-        const ShardedIndex index = hand_made(dir.path, {{10, 3, 0, 2}, {2, 5, 13, 2}, {}, {}, {15, 5, 6, 4}});
-        ShardedReader reader(dir.path, index);
+        const ShardedIndex index = hand_made(dir.path(), {{10, 3, 0, 2}, {2, 5, 13, 2}, {}, {}, {15, 5, 6, 4}});
+        ShardedReader reader(dir.path(), index);
         CHECK(message_of([&] { (void)read(reader, {4, 4}); }) ==
               where + ": element 6 is in two shards (s4.safetensors and an earlier one)");
     }
     SECTION("non-finite") {
-        const ShardedIndex index = hand_made(dir.path);
+        const ShardedIndex index = hand_made(dir.path());
         std::vector<float> values{value_of(15), value_of(16), std::numeric_limits<float>::infinity(), value_of(18),
                                   value_of(19), value_of(6), value_of(7), value_of(8), value_of(9)};
         std::vector<std::int64_t> runs{15, 5, 6, 4};
-        loom::io::save_safetensors(dir.path / "s4.safetensors",
+        loom::io::save_safetensors(dir.path() / "s4.safetensors",
                                    {{"values", Tensor::of(values.data(), {9})},
                                     {"runs", Tensor(runs.data(), loom::DType::i64, loom::Shape{2, 2})}});
-        ShardedReader reader(dir.path, index);
+        ShardedReader reader(dir.path(), index);
         CHECK(read(reader, {0, 17}).size() == 17);  // the bad element is not asked for
         CHECK(message_of([&] { (void)read(reader, {16, 2}); }) ==
               where + ": tensor values holds inf at element 17 of the model (in s4.safetensors); only finite values are valid");
@@ -163,10 +150,10 @@ TEST_CASE("the sharded reader names a missing, a doubled and a non-finite elemen
 }
 
 TEST_CASE("the sharded reader refuses bad requests and mismatched tensors in one line", "[checkpoint][errors]") {
-    const Directory dir;
-    const std::string where = "sharded checkpoint " + dir.path.string();
-    const ShardedIndex index = hand_made(dir.path);
-    ShardedReader reader(dir.path, index);
+    const loom_test::TempDir dir;
+    const std::string where = "sharded checkpoint " + dir.path().string();
+    const ShardedIndex index = hand_made(dir.path());
+    ShardedReader reader(dir.path(), index);
     CHECK(message_of([&] { (void)read(reader, {18, 5}); }) ==
           where + ": run 0 asked for is 5 elements from 18; runs must be sorted, disjoint and within the 20 elements of "
                   "the model (the previous ends at 0)");
@@ -184,8 +171,8 @@ TEST_CASE("the sharded reader refuses bad requests and mismatched tensors in one
     CHECK(message_of([&] { (void)read(reader, {0, 1}, "other"); }) ==
           where + ": s0.safetensors's other is i64 [3]; its runs place 5 f32 elements");
     // The file level: a range past the end of a tensor, a wrong dtype.
-    const loom::io::SafetensorsFile shard(dir.path / "s0.safetensors", loom::io::SafetensorsRead::on_demand);
-    const std::string file = "checkpoint " + (dir.path / "s0.safetensors").string();
+    const loom::io::SafetensorsFile shard(dir.path() / "s0.safetensors", loom::io::SafetensorsRead::on_demand);
+    const std::string file = "checkpoint " + (dir.path() / "s0.safetensors").string();
     CHECK(message_of([&] { shard.read_elements("values", 3, 3, Tensor::of(three.data(), {3})); }) ==
           file + ": elements [3, 6) of tensor values asked for; it has 5 (valid: within [0, 5))");
     std::vector<std::int64_t> integers(2);
@@ -200,7 +187,7 @@ TEST_CASE("the sharded reader refuses bad requests and mismatched tensors in one
 }
 
 TEST_CASE("ShardContents with extra tensors round-trips, and a rank may hold nothing", "[checkpoint]") {
-    const Directory dir;
+    const loom_test::TempDir dir;
     loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& world) {
         loom::exec::ShardContents contents;
         contents.parameters = 6;
@@ -213,25 +200,25 @@ TEST_CASE("ShardContents with extra tensors round-trips, and a rank may hold not
             contents.extra_floats["scale"] = {2.5f, -1.0f};
             contents.extra_integers["counts"] = {9, 8, 7};
         }
-        loom::exec::ShardedSave<loom::comm::ThreadComm>(world, dir.path, std::move(contents), {{"kind", "test"}}).finish();
+        loom::exec::ShardedSave<loom::comm::ThreadComm>(world, dir.path(), std::move(contents), {{"kind", "test"}}).finish();
     });
-    const ShardedIndex index = loom::exec::read_sharded_index(dir.path);
+    const ShardedIndex index = loom::exec::read_sharded_index(dir.path());
     CHECK(index.parameters == 6);
     CHECK(index.optimizer_steps == 4);
     CHECK(index.metadata.at("kind") == "test");
-    ShardedReader reader(dir.path, index);
+    ShardedReader reader(dir.path(), index);
     CHECK(read(reader, {0, 6}) == std::vector<float>{4, 5, 6, 1, 2, 3});
     CHECK(reader.read_whole<float>(0, "scale") == std::vector<float>{2.5f, -1.0f});
     CHECK(reader.read_whole<std::int64_t>(0, "counts") == std::vector<std::int64_t>{9, 8, 7});
     CHECK_FALSE(reader.has(1, "scale"));
-    const loom::io::SafetensorsFile empty(dir.path / index.shards[1], loom::io::SafetensorsRead::on_demand);
+    const loom::io::SafetensorsFile empty(dir.path() / index.shards[1], loom::io::SafetensorsRead::on_demand);
     CHECK(empty.shape("runs") == loom::Shape{0, 2});
     CHECK(empty.shape("values") == loom::Shape{0});
 }
 
 TEST_CASE("ShardContents that do not add up are refused on every rank", "[checkpoint][errors]") {
-    const Directory dir;
-    const std::string where = "sharded checkpoint " + dir.path.string();
+    const loom_test::TempDir dir;
+    const std::string where = "sharded checkpoint " + dir.path().string();
     const auto save_message = [&](const loom::exec::ShardContents& bad) {
         std::vector<std::string> messages(2);
         loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& world) {
@@ -239,7 +226,7 @@ TEST_CASE("ShardContents that do not add up are refused on every rank", "[checkp
             mine.parameters = 4;
             if (world.rank() == 1) mine = bad;
             messages[static_cast<std::size_t>(world.rank())] = message_of(
-                [&] { loom::exec::ShardedSave<loom::comm::ThreadComm>(world, dir.path, mine).finish(); });
+                [&] { loom::exec::ShardedSave<loom::comm::ThreadComm>(world, dir.path(), mine).finish(); });
         });
         CHECK(messages[0] == where + ": rank 1 could not write its shard (its message says why); the previous checkpoint is kept");
         // The failing rank's own message, without where it was raised (kept
@@ -275,5 +262,5 @@ TEST_CASE("ShardContents that do not add up are refused on every rank", "[checkp
     diverged.extra_floats["scale"] = {std::numeric_limits<float>::quiet_NaN()};
     CHECK(save_message(diverged) ==
           where + " was not written: tensor scale holds nan at element 0 of 1; only finite values are valid");
-    CHECK_FALSE(std::filesystem::exists(dir.path / "index.json"));
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "index.json"));
 }
