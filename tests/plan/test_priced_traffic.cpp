@@ -98,19 +98,19 @@ Candidate zero_bubble(Candidate c) {
 }  // namespace
 
 TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the executor sends", "[plan][traffic]") {
-    // Data parallelism at ZeRO 0-2 (bucketed gradients, the loss), Megatron's
-    // all-reduces, ring attention and Ulysses, pipelines (1F1B and ZB-H1:
-    // stage messages, and each stage's gradient reductions), and mixes.
-    // Not yet equal, so not here (docs/planner.md says by how much): ZeRO-3's
-    // gathers, where the planner's layers are coarser than the executor's
-    // units, and the Optimus grid.
+    // Data parallelism at ZeRO 0-3 (bucketed gradients, ZeRO-3's gathers unit
+    // by unit, the loss), Megatron's all-reduces, ring attention and Ulysses,
+    // pipelines (1F1B and ZB-H1: stage messages, and each stage's gradient
+    // reductions), and mixes. Not yet equal, so not here (docs/planner.md
+    // says by how much): the Optimus grid.
     const auto model = loom::plan::describe_gpt(config, batch);
     for (const Candidate& c : {family(2, 1, 1, 1, 0), family(2, 1, 1, 1, 1), family(2, 1, 1, 1, 2), family(1, 2, 1, 1, 0),
                                family(1, 1, 2, 1, 0), family(1, 1, 4, 1, 0), family(1, 1, 1, 2, 0),
                                family(1, 1, 1, 4, 0), family(1, 1, 1, 2, 0, false, true), family(1, 1, 2, 2, 0),
                                family(2, 1, 2, 1, 1), family(2, 1, 2, 2, 2), family(2, 2, 1, 1, 0),
                                family(2, 2, 1, 1, 1), family(2, 2, 2, 1, 2), zero_bubble(family(2, 2, 1, 1, 0)),
-                               zero_bubble(family(1, 2, 2, 1, 0))}) {
+                               zero_bubble(family(1, 2, 2, 1, 0)), family(2, 1, 1, 1, 3), family(2, 1, 2, 1, 3),
+                               family(2, 1, 1, 2, 3), family(2, 2, 1, 1, 3)}) {
         const auto cluster = loom::plan::Cluster::uniform(1, c.devices(), 1e12, 1e12, loom::comm::Link::unlimited(),
                                                           loom::comm::Link::unlimited());
         const Traffic priced = loom::plan::estimate(model, cluster, c).traffic.at(0);
@@ -128,10 +128,17 @@ TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the ex
     }
 }
 
-TEST_CASE("plan: a layer that keeps more parameters whole than it has is refused by name", "[plan][traffic]") {
+TEST_CASE("plan: a layer whose parameters do not add up is refused by name", "[plan][traffic]") {
     auto model = loom::plan::describe_gpt(config, batch);
+    model.layers[0].units.clear();
     model.layers[0].tp_replicated_params = model.layers[0].params + 1;
     CHECK_THAT(loom_test::message_of([&] { model.validate(); }),
                Catch::Contains(": layer embed + blocks[0] keeps 15265 parameters whole on every tp rank; give 0 to its "
                                "15264 parameters"));
+    model = loom::plan::describe_gpt(config, batch);
+    model.layers[1].units.back().params = 1;  // the loss
+    CHECK_THAT(loom_test::message_of([&] { model.validate(); }),
+               Catch::Contains(": layer blocks[1] + ln_f, head, loss's 4 units hold 14817 parameters (256 kept whole) "
+                               "and its main unit is 0; they must add up to its 14816 (256) and the main unit be one of "
+                               "them"));
 }

@@ -171,11 +171,33 @@ private:
         return selective() ? l.selective_recompute() : l.recompute();
     }
 
-    void build_programs(const std::vector<int>& partition, const std::vector<bool>& recompute) {
-        std::vector<nn::Unit> units(model_.layers.size());
-        for (std::size_t u = 0; u < units.size(); ++u) {
-            units[u].name = model_.layers[u].name;
-            units[u].numel = model_.layers[u].params_per_tp_rank(c_.tp, c_.tp_grid);
+    // The executor's programs over the layers' units (LayerSpec::units): a
+    // stage of the partition runs its layers' units, a recomputed layer
+    // recomputes its main unit (where its work is priced).
+    void build_programs(const std::vector<int>& partition, const std::vector<bool>& recompute_layers) {
+        std::vector<nn::Unit> units;
+        std::vector<bool> recompute;
+        std::vector<int> units_of_layer;
+        for (std::size_t layer = 0; layer < model_.layers.size(); ++layer) {
+            const LayerSpec& l = model_.layers[layer];
+            const std::vector<UnitParams> parts = l.executor_units();
+            for (std::size_t k = 0; k < parts.size(); ++k) {
+                nn::Unit& unit = units.emplace_back();
+                unit.name = parts[k].name;
+                unit.numel = LayerSpec::per_tp_rank(parts[k].params, parts[k].tp_replicated_params, c_.tp, c_.tp_grid);
+                const bool main = static_cast<int>(k) == (l.units.empty() ? 0 : l.main_unit);
+                unit_layer_.push_back(main ? static_cast<int>(layer) : -1);
+                recompute.push_back(main && layer < recompute_layers.size() && recompute_layers[layer]);
+                boundary_layer_.push_back(static_cast<int>(layer));
+            }
+            units_of_layer.push_back(static_cast<int>(parts.size()));
+        }
+        if (recompute_layers.empty()) recompute.clear();
+        std::vector<int> units_per_stage;
+        for (std::size_t v = 0, layer = 0; v < partition.size(); ++v) {
+            int count = 0;
+            for (int k = 0; k < partition[v]; ++k, ++layer) count += units_of_layer[layer];
+            units_per_stage.push_back(count);
         }
         exec::ExecutionPlan plan;
         plan.zero_stage = c_.zero;
@@ -187,7 +209,7 @@ private:
         plan.sequence_parallel = c_.sp > 1;
         exec::ExecutorOptions options;
         options.micro_batches = c_.micro_batches;
-        options.partition = partition;
+        options.partition = units_per_stage;
         const bool any = std::find(recompute.begin(), recompute.end(), true) != recompute.end();
         for (int p = 0; p < c_.pp; ++p) {
             ranks_.push_back(exec::rank_program(units, c_.dp * c_.sp, c_.pp, p, plan, options));
@@ -385,7 +407,7 @@ private:
         };
         // The activation entering virtual stage v (what its predecessor sends).
         const auto boundary_bytes = [&](int v) {
-            const int last = rp.stages.first(v) - 1;
+            const int last = boundary_layer_[static_cast<std::size_t>(rp.stages.first(v) - 1)];
             return model_.layers[static_cast<std::size_t>(last)].output_bytes * samples_ / c_.sp;
         };
         double held = 0;  // parameter elements this rank keeps (after ZeRO)
@@ -398,31 +420,32 @@ private:
             using schedule::Op;
             switch (in.op) {
                 case Op::forward:
-                case Op::recompute: {
-                    // A recompute is the unit's forward once more, its communication included
-                    // (Selective: without the products it replays).
-                    const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    const bool again = in.op == Op::recompute;
-                    s = compute(s, again ? "R" : "F", (again ? rerun_flops(l) : l.forward_flops) * work_scale,
-                                comm_of(again ? Pass::replay : Pass::forward, in.unit));
-                    s.syncs = syncs_of(l, !(again && replays(l)));
-                    break;
-                }
-                case Op::backward: {
-                    const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    s = compute(s, "B", l.backward() * work_scale, comm_of(Pass::backward, in.unit));
-                    s.syncs = 2 * syncs_of(l);
-                    break;
-                }
-                case Op::backward_input: {
-                    const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    s = compute(s, "B", l.backward() / 2 * work_scale, comm_of(Pass::backward, in.unit));
-                    s.syncs = 2 * syncs_of(l);
-                    break;
-                }
+                case Op::recompute:
+                case Op::backward:
+                case Op::backward_input:
                 case Op::backward_weight: {
-                    const LayerSpec& l = model_.layers[static_cast<std::size_t>(in.unit)];
-                    s = compute(s, "W", l.backward() / 2 * work_scale, 0);
+                    const int layer = unit_layer_[static_cast<std::size_t>(in.unit)];
+                    const char* label = in.op == Op::forward ? "F" : in.op == Op::recompute ? "R"
+                                        : in.op == Op::backward_weight ? "W" : "B";
+                    if (layer < 0) {  // folded into its layer's main unit, which carries the work
+                        s = compute(s, label, 0, 0);
+                        break;
+                    }
+                    const LayerSpec& l = model_.layers[static_cast<std::size_t>(layer)];
+                    if (in.op == Op::forward || in.op == Op::recompute) {
+                        // A recompute is the unit's forward once more, its communication included
+                        // (Selective: without the products it replays).
+                        const bool again = in.op == Op::recompute;
+                        s = compute(s, label, (again ? rerun_flops(l) : l.forward_flops) * work_scale,
+                                    comm_of(again ? Pass::replay : Pass::forward, layer));
+                        s.syncs = syncs_of(l, !(again && replays(l)));
+                    } else if (in.op == Op::backward_weight) {
+                        s = compute(s, label, l.backward() / 2 * work_scale, 0);
+                    } else {
+                        s = compute(s, label, (in.op == Op::backward ? l.backward() : l.backward() / 2) * work_scale,
+                                    comm_of(Pass::backward, layer));
+                        s.syncs = 2 * syncs_of(l);
+                    }
                     break;
                 }
                 case Op::optimizer_step:
@@ -533,6 +556,9 @@ private:
     const Candidate& c_;
     double samples_;  // per micro-batch per replica
     std::vector<exec::RankProgram> ranks_;
+    // Per unit of the programs: the layer whose work it carries (-1: a unit
+    // folded into a layer whose work another unit carries), and the layer it is part of.
+    std::vector<int> unit_layer_, boundary_layer_;
 };
 
 }  // namespace detail

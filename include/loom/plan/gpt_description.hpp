@@ -99,6 +99,23 @@ namespace loom::plan {
     last.tp_bytes += 4 * 3 * T;
     last.recomputed_bytes += 4 * (2 * T * C + T * V);  // ln_f's output, the head's logits and input gradient
     last.recompute_flops += 5 * T * V;            // the loss's softmax again; the head's matmul is kept
+    // The executor's units (nn::units_of the GPT): the first and last layers
+    // fold the embedding, and ln_f, the head and the loss, into their blocks.
+    const std::int64_t w = config.width;
+    const auto block_unit = [&](std::int64_t i) {
+        return UnitParams{"blocks[" + std::to_string(i) + "]", 12 * w * w + 13 * w, 6 * w};
+    };
+    const UnitParams embed{"embed", config.vocab * w + config.seq * w, config.seq * w};
+    const std::vector<UnitParams> tail{{"ln_f", 2 * w, 2 * w}, {"head", config.vocab * w, 0}, {"loss", 0, 0}};
+    first.units = {embed, block_unit(0)};
+    first.main_unit = 1;
+    if (config.layers == 1) {
+        first.units.insert(first.units.end(), tail.begin(), tail.end());
+    } else {
+        last.units = {block_unit(config.layers - 1)};
+        last.units.insert(last.units.end(), tail.begin(), tail.end());
+        last.main_unit = 0;
+    }
     return m;
 }
 

@@ -24,6 +24,14 @@
 
 namespace loom::plan {
 
+// One of the executor's units (nn::units_of) that a layer folds: its
+// parameters, and of those the ones tp keeps whole.
+struct UnitParams {
+    std::string name{};
+    std::int64_t params = 0;
+    std::int64_t tp_replicated_params = 0;
+};
+
 struct LayerSpec {
     std::string name;
     double forward_flops = 0;    // per sample
@@ -32,6 +40,14 @@ struct LayerSpec {
     // Of those, the ones Megatron's cut keeps whole on every tp rank
     // (LayerNorms, the biases after row-parallel products, position tables).
     std::int64_t tp_replicated_params = 0;
+    // The executor's units this layer folds, in order (the GPT's first layer
+    // is the embedding and a block, its last a block, ln_f, the head and the
+    // loss), their parameters adding up to the layer's; empty: one unit. The
+    // planner's step programs schedule these units as the executor does, so
+    // ZeRO-3's gathers and the gradient buckets come in the executor's sizes;
+    // the layer's work and exchanges are priced on unit `main_unit`.
+    std::vector<UnitParams> units{};
+    int main_unit = 0;
     double output_bytes = 0;     // per sample: the activation it passes on
     double saved_bytes = 0;      // per sample: what its forward keeps until its backward
     // Per sample: what its backward allocates. loom's micro-batch contexts are
@@ -65,8 +81,16 @@ struct LayerSpec {
     // (rounded up), the replicated ones whole; on an Optimus grid
     // (`grid`) every parameter is cut.
     [[nodiscard]] std::int64_t params_per_tp_rank(int tp, bool grid) const {
-        const std::int64_t whole = grid || tp == 1 ? 0 : std::min(tp_replicated_params, params);
+        return per_tp_rank(params, tp_replicated_params, tp, grid);
+    }
+    [[nodiscard]] static std::int64_t per_tp_rank(std::int64_t params, std::int64_t replicated, int tp, bool grid) {
+        const std::int64_t whole = grid || tp == 1 ? 0 : std::min(replicated, params);
         return (params - whole + tp - 1) / tp + whole;
+    }
+    // The units the executor schedules for it: `units`, or the layer as one.
+    [[nodiscard]] std::vector<UnitParams> executor_units() const {
+        if (!units.empty()) return units;
+        return {UnitParams{name, params, tp_replicated_params}};
     }
     // What it holds until the micro-batch ends when it is not recomputed.
     [[nodiscard]] double held_bytes() const { return saved_bytes + backward_bytes; }
@@ -128,6 +152,22 @@ struct ModelDescription {
                        ", params ", l.params, ", output_bytes ", l.output_bytes, ", saved_bytes ", l.saved_bytes,
                        ", backward_bytes ", l.backward_bytes, ", tp_bytes ", l.tp_bytes, ", sequence_bytes ",
                        l.sequence_bytes, ")");
+            if (!l.units.empty()) {
+                std::int64_t params = 0, whole = 0;
+                for (const UnitParams& u : l.units) {
+                    LOOM_CHECK(u.params >= 0 && u.tp_replicated_params >= 0 && u.tp_replicated_params <= u.params,
+                               "model ", name, ": layer ", l.name, "'s unit ", u.name, " has ", u.params,
+                               " parameters and keeps ", u.tp_replicated_params, " whole; give 0 to its parameters");
+                    params += u.params;
+                    whole += u.tp_replicated_params;
+                }
+                LOOM_CHECK(params == l.params && whole == l.tp_replicated_params && l.main_unit >= 0 &&
+                               l.main_unit < static_cast<int>(l.units.size()),
+                           "model ", name, ": layer ", l.name, "'s ", l.units.size(), " units hold ", params,
+                           " parameters (", whole, " kept whole) and its main unit is ", l.main_unit,
+                           "; they must add up to its ", l.params, " (", l.tp_replicated_params,
+                           ") and the main unit be one of them");
+            }
             LOOM_CHECK(l.tp_replicated_params >= 0 && l.tp_replicated_params <= l.params, "model ", name, ": layer ",
                        l.name, " keeps ", l.tp_replicated_params, " parameters whole on every tp rank; give 0 to its ",
                        l.params, " parameters");
