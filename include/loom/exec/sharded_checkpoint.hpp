@@ -302,15 +302,8 @@ void save_sharded(const Executor<C>& exec, C& world, const std::filesystem::path
 [[nodiscard]] inline bool read_sharded_rank_state(const std::filesystem::path& directory, const ShardedIndex& index,
                                                   int rank, const std::string& signature, std::span<float> out,
                                                   std::string& why) {
-    const auto saved = index.metadata.find(std::string(rank_state_key));
-    if (saved == index.metadata.end()) {
-        why = "the checkpoint keeps no per-rank state (saved without it)";
-        return false;
-    }
-    if (saved->second != signature) {
-        why = "the checkpoint's per-rank state belongs to " + saved->second + ", not " + signature;
-        return false;
-    }
+    why = signature_mismatch(index, rank_state_key, signature, "per-rank state", "saved without it");
+    if (!why.empty()) return false;
     const std::string where = "sharded checkpoint " + directory.string();
     LOOM_CHECK(rank >= 0 && rank < static_cast<int>(index.shards.size()), where, " has ", index.shards.size(),
                " shards but its per-rank state is asked for rank ", rank);

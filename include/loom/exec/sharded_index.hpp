@@ -45,6 +45,20 @@ struct ShardedIndex {
     std::map<std::string, std::string> metadata;
 };
 
+// Why the state the index keeps under `key` is not for a loader whose
+// state has `signature`: "the checkpoint keeps no <what> (<absent>)" or
+// "the checkpoint's <what> belongs to <saved>, not <signature>"; empty
+// when it is (the same signature).
+[[nodiscard]] inline std::string signature_mismatch(const ShardedIndex& index, std::string_view key,
+                                                    const std::string& signature, const std::string& what,
+                                                    const std::string& absent = "") {
+    const auto saved = index.metadata.find(std::string(key));
+    if (saved == index.metadata.end())
+        return "the checkpoint keeps no " + what + (absent.empty() ? "" : " (" + absent + ")");
+    if (saved->second != signature) return "the checkpoint's " + what + " belongs to " + saved->second + ", not " + signature;
+    return "";
+}
+
 namespace detail {
 
 // index.json's text: one field a line, so people and diffs read it.

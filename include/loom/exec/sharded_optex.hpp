@@ -126,17 +126,9 @@ ShardedIndex load_sharded_optex(optim::OptEx<optim::AdamW, C>& optex, const std:
     reader.read("v", "runs", slice, optex.inner().v());
     optex.inner().restore(index.optimizer_steps);
 
-    const auto saved = index.metadata.find(std::string(optex_history_key));
-    const std::string signature = optex_history_signature(optex.config(), optex.dimension());
-    history_note.clear();
-    if (saved == index.metadata.end()) {
-        history_note = "the checkpoint keeps no OptEx history";
-        return index;
-    }
-    if (saved->second != signature) {
-        history_note = "the checkpoint's OptEx history belongs to " + saved->second + ", not " + signature;
-        return index;
-    }
+    history_note = signature_mismatch(index, optex_history_key,
+                                      optex_history_signature(optex.config(), optex.dimension()), "OptEx history");
+    if (!history_note.empty()) return index;
     int from = -1;
     for (int s = 0; s < static_cast<int>(index.shards.size()) && from < 0; ++s)
         if (reader.has(s, "optex_state")) from = s;
