@@ -185,6 +185,24 @@ TEST_CASE("a model file expands repeats and fills the defaults", "[plan]") {
     CHECK(small.width == 0);
 }
 
+TEST_CASE("a model file's layers may say what they send on a 2D grid", "[plan]") {
+    const plan::ModelDescription m = plan::read_model(one_layer(
+        std::string(valid_layer) + R"(, "grid_forward": {"row": 8, "weights": 16, "scalars": 4}, )"
+                                   R"("grid_backward": {"row": 12, "column": 2})"));
+    const plan::LayerSpec& l = m.layers[0];
+    CHECK(l.describes_grid());
+    CHECK(l.grid_forward.row == 8);
+    CHECK(l.grid_forward.column == 0);
+    CHECK(l.grid_forward.weights == 16);
+    CHECK(l.grid_forward.scalars == 4);
+    CHECK(l.grid_backward.row == 12);
+    CHECK(l.grid_backward.column == 2);
+    CHECK(l.grid_backward.weights == 0);
+    CHECK(l.grid_backward.scalars == 0);
+    // Absent (the files written before these fields): not described, so estimated.
+    CHECK_FALSE(plan::read_model(one_layer(valid_layer)).layers[0].describes_grid());
+}
+
 TEST_CASE("plan files are read from disk under their path's name", "[plan]") {
     loom_test::TempDir dir;
     const std::string path = (dir / "cluster.json").string();
@@ -245,7 +263,10 @@ TEST_CASE("plan files name an unknown key, where it is and the valid keys", "[pl
                Catch::Contains("layers[0] has an unknown key \"flops\"; the valid keys are name, repeat, "
                                "forward_flops, backward_flops, params, output_bytes, saved_bytes, backward_bytes, "
                                "tp_bytes, tp_backward_bytes, tp_replicated_params, sequence_bytes, recomputable, recomputed_bytes, recompute_flops, "
-                               "rerun_bytes, product_bytes, product_flops"));
+                               "rerun_bytes, product_bytes, product_flops, grid_forward, grid_backward"));
+    CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_forward": {"rows": 1})")),
+               Catch::Contains("layers[0].grid_forward has an unknown key \"rows\"; the valid keys are row, column, "
+                               "weights, scalars"));
     CHECK_THAT(model_error(R"({"name": "m", "batch": 1, "layer": []})"),
                Catch::Contains("model.json:1:27: the top level has an unknown key \"layer\"; the valid keys are "
                                "name, batch, sequence, heads, width, bytes_per_param, gradient_bytes, layers"));
@@ -355,6 +376,11 @@ TEST_CASE("plan files refuse negative and zero sizes", "[plan]") {
                Catch::Contains("layers[0].tp_bytes is -2"));
     CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "sequence_bytes": -2)")),
                Catch::Contains("layers[0].sequence_bytes is -2"));
+    CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_backward": {"weights": -2})")),
+               Catch::Contains("layers[0].grid_backward.weights is -2; give a number of bytes per micro-batch, times "
+                               "the grid side, 0 or more"));
+    CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_forward": 3)")),
+               Catch::Contains("layers[0].grid_forward is 3; give an object {...}"));
     CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "repeat": 0)")),
                Catch::Contains("layers[0].repeat is 0; give a whole number of consecutive copies, 1 or more"));
     CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "repeat": 1e9)")),

@@ -101,8 +101,9 @@ TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the ex
     // Data parallelism at ZeRO 0-3 (bucketed gradients, ZeRO-3's gathers unit
     // by unit, the loss), Megatron's all-reduces, ring attention and Ulysses,
     // pipelines (1F1B and ZB-H1: stage messages, and each stage's gradient
-    // reductions), and mixes. Not yet equal, so not here (docs/planner.md
-    // says by how much): the Optimus grid.
+    // reductions), mixes, and the Optimus 2 x 2 grid (SUMMA's broadcasts and
+    // reduce-scatters, LayerNorm's and the loss's row statistics, the
+    // embedding's column exchanges).
     const auto model = loom::plan::describe_gpt(config, batch);
     for (const Candidate& c : {family(2, 1, 1, 1, 0), family(2, 1, 1, 1, 1), family(2, 1, 1, 1, 2), family(1, 2, 1, 1, 0),
                                family(1, 1, 2, 1, 0), family(1, 1, 4, 1, 0), family(1, 1, 1, 2, 0),
@@ -110,7 +111,7 @@ TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the ex
                                family(2, 1, 2, 1, 1), family(2, 1, 2, 2, 2), family(2, 2, 1, 1, 0),
                                family(2, 2, 1, 1, 1), family(2, 2, 2, 1, 2), zero_bubble(family(2, 2, 1, 1, 0)),
                                zero_bubble(family(1, 2, 2, 1, 0)), family(2, 1, 1, 1, 3), family(2, 1, 2, 1, 3),
-                               family(2, 1, 1, 2, 3), family(2, 2, 1, 1, 3)}) {
+                               family(2, 1, 1, 2, 3), family(2, 2, 1, 1, 3), family(1, 1, 4, 1, 0, true)}) {
         const auto cluster = loom::plan::Cluster::uniform(1, c.devices(), 1e12, 1e12, loom::comm::Link::unlimited(),
                                                           loom::comm::Link::unlimited());
         const Traffic priced = loom::plan::estimate(model, cluster, c).traffic.at(0);
@@ -141,4 +142,13 @@ TEST_CASE("plan: a layer whose parameters do not add up is refused by name", "[p
                Catch::Contains(": layer blocks[1] + ln_f, head, loss's 4 units hold 14817 parameters (256 kept whole) "
                                "and its main unit is 0; they must add up to its 14816 (256) and the main unit be one of "
                                "them"));
+}
+
+TEST_CASE("plan: a layer's 2D grid bytes that are negative or not finite are refused by name", "[plan][traffic]") {
+    auto model = loom::plan::describe_gpt(config, batch);
+    model.layers[1].grid_backward.row = -1;
+    CHECK_THAT(loom_test::message_of([&] { model.validate(); }),
+               Catch::Contains(": layer blocks[1] + ln_f, head, loss has grid_forward {row 23104, column 0, weights "
+                               "57344, scalars 4} and grid_backward {row -1, column 0, weights 116608, scalars 0}; "
+                               "give finite bytes of 0 or more (all 0: the planner estimates a 2D grid's messages)"));
 }

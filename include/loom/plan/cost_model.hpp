@@ -9,7 +9,9 @@
 //   - forward / backward of a layer: its FLOPs x the micro-batch's samples
 //     / (tp x sp), at the slowest of its devices' speed; then tensor
 //     parallelism's all-reduces (Megatron: tp_bytes each way; a 2D grid:
-//     SUMMA's row and column gathers of activations and weights) and
+//     SUMMA's broadcasts and reduce-scatters of activation blocks along the
+//     grid row and of weight blocks along its column, as the layer's
+//     grid_forward and grid_backward say) and
 //     sequence parallelism's K/V ring or Ulysses all-to-alls, by Links::cost
 //     over the group's devices (the slowest of its parallel groups);
 //   - a pipeline send: the boundary activation (or its gradient) / sp over
@@ -289,11 +291,12 @@ private:
     // Off-CPU seconds of tensor and sequence parallelism inside layer l's
     // forward, or its backward (`backward`); without `tensor`, sequence
     // parallelism's alone (a Selective rerun). Megatron's all-reduces move
-    // tp_bytes forward and tp_backward() backward. Ring attention passes K
-    // and V around forward, and backward passes them again with their
-    // gradients; Ulysses's all-to-alls move as much backward (dO, then dQ,
-    // dK, dV) as forward (Q, K, V, then O). `traffic`, when given, gets the
-    // payload bytes priced, by axis.
+    // tp_bytes forward and tp_backward() backward; a 2D grid of side q moves
+    // the pass's GridBytes over q. Ring attention passes K and V around
+    // forward, and backward passes them again with their gradients;
+    // Ulysses's all-to-alls move as much backward (dO, then dQ, dK, dV) as
+    // forward (Q, K, V, then O). `traffic`, when given, gets the payload
+    // bytes priced, by axis.
     [[nodiscard]] double inner_comm(int stage, int replica, const LayerSpec& l, bool backward, bool tensor = true,
                                     Traffic* traffic = nullptr) const {
         double seconds = 0;
@@ -301,18 +304,27 @@ private:
             if (traffic != nullptr) (*traffic).*axis += bytes;
             return group_cost(kind, stage, replica, along, bytes);
         };
-        if (tensor && c_.tp > 1 && l.tp_bytes + l.tp_backward() > 0) {
-            if (c_.tp_grid) {
-                // SUMMA's row and column gathers, backward twice the forward's.
-                // (What the grid sends is not yet priced message for message:
-                // tests/plan/test_priced_traffic.cpp.)
-                const int q = grid_side(c_.tp), times = backward ? 2 : 1;
+        if (tensor && c_.tp > 1 && c_.tp_grid) {
+            const double q = grid_side(c_.tp);
+            if (l.describes_grid()) {
+                // The layer's own account of its SUMMA messages (GridBytes):
+                // activations along the row, weights (and, for an
+                // embedding, activations) along the column, priced as
+                // broadcasts, which most of them are.
+                const GridBytes& g = backward ? l.grid_backward : l.grid_forward;
+                seconds += priced(comm::OpKind::broadcast, 2, g.row * samples_ / q, &Traffic::tp);
+                seconds += priced(comm::OpKind::broadcast, 3, (g.column * samples_ + g.weights) / q + g.scalars,
+                                  &Traffic::tp);
+            } else if (l.tp_bytes + l.tp_backward() > 0) {
+                // Not described: two gathers of its output along the row and one of
+                // its parameters along the column, backward twice the forward's.
+                const int times = backward ? 2 : 1;
                 seconds += times * priced(comm::OpKind::all_gather, 2, 2 * l.output_bytes * samples_ / q, &Traffic::tp);
                 seconds += times * priced(comm::OpKind::all_gather, 3, static_cast<double>(l.params) * 4 / q, &Traffic::tp);
-            } else {
-                seconds += priced(comm::OpKind::all_reduce, 0, (backward ? l.tp_backward() : l.tp_bytes) * samples_ / c_.sp,
-                                  &Traffic::tp);
             }
+        } else if (tensor && c_.tp > 1 && l.tp_bytes + l.tp_backward() > 0) {
+            seconds += priced(comm::OpKind::all_reduce, 0, (backward ? l.tp_backward() : l.tp_bytes) * samples_ / c_.sp,
+                              &Traffic::tp);
         }
         if (c_.sp > 1 && l.sequence_bytes > 0) {
             const double bytes = l.sequence_bytes * samples_ / c_.tp, n = c_.sp;
@@ -524,7 +536,7 @@ private:
     // (without `tensor`, the latter alone).
     [[nodiscard]] int syncs_of(const LayerSpec& l, bool tensor = true) const {
         int n = 0;
-        if (tensor && c_.tp > 1 && l.tp_bytes > 0) n += 2;
+        if (tensor && c_.tp > 1 && (l.tp_bytes > 0 || (c_.tp_grid && l.describes_grid()))) n += 2;
         if (c_.sp > 1 && l.sequence_bytes > 0) n += c_.ulysses ? 4 : c_.sp - 1;
         return n;
     }

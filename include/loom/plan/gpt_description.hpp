@@ -66,6 +66,18 @@ namespace loom::plan {
         block.backward_bytes = 4 * 18 * T * C;
         block.tp_bytes = 2 * 4 * T * C;
         block.sequence_bytes = 2 * 4 * T * C;
+        // On an Optimus 2D grid (times q; GridBytes): each of the four Linears
+        // (out x in: 3C x C, C x C, 4C x C, C x 4C) reduce-scatters its
+        // partial products (T out) along the row and broadcasts its weight
+        // (out in) down the column forward; backward it broadcasts the output
+        // gradient along the row twice (for the input gradient, then the
+        // weight gradient), its weight down the column again, reduce-scatters
+        // the weight gradient down the column and sums the bias gradient
+        // (out) there. Each LayerNorm all-reduces T means and T variances
+        // along the row forward, 2 T sums backward, and sums its gain and
+        // shift gradients (2 C) down the column.
+        block.grid_forward = {.row = 4 * (9 * T * C + 2 * 2 * T), .weights = 4 * 12 * C * C};
+        block.grid_backward = {.row = 4 * (2 * 9 * T * C + 2 * 2 * T), .weights = 4 * (2 * 12 * C * C + 9 * C + 2 * 2 * C)};
         block.recomputable = true;
         block.recomputed_bytes = 4 * T * C;
         block.recompute_flops = block.forward_flops;
@@ -88,6 +100,10 @@ namespace loom::plan {
     first.tp_backward_bytes = first.tp_bytes;
     first.tp_bytes += 4 * T * C;
     first.recomputed_bytes += 4 * T * C;  // the embedding's output, kept (it is not recomputed)
+    // On a grid, the embedding reduce-scatters the whole micro-batch's partial
+    // lookups (T C a sample) down the column and gathers their gradient there.
+    first.grid_forward.column += 4 * T * C;
+    first.grid_backward.column += 4 * T * C;
     LayerSpec& last = m.layers.back();
     last.name += " + ln_f, head, loss";
     last.params += 2 * config.width + config.vocab * config.width;
@@ -99,6 +115,15 @@ namespace loom::plan {
     last.tp_bytes += 4 * 3 * T;
     last.recomputed_bytes += 4 * (2 * T * C + T * V);  // ln_f's output, the head's logits and input gradient
     last.recompute_flops += 5 * T * V;            // the loss's softmax again; the head's matmul is kept
+    // On a grid: ln_f as a block's LayerNorm; the head (V x C, no bias) as a
+    // block's Linear; the loss all-reduces its rows' maxima (T) and sums and
+    // target logits (2 T) along the row and the mean (one float) down the
+    // column, forward only.
+    last.grid_forward.row += 4 * (2 * T + T * V + 3 * T);
+    last.grid_forward.weights += 4 * V * C;
+    last.grid_forward.scalars += 4;
+    last.grid_backward.row += 4 * (2 * T + 2 * T * V);
+    last.grid_backward.weights += 4 * (2 * C + 2 * V * C);
     // The executor's units (nn::units_of the GPT): the first and last layers
     // fold the embedding, and ln_f, the head and the loss, into their blocks.
     const std::int64_t w = config.width;

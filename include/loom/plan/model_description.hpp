@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -30,6 +31,38 @@ struct UnitParams {
     std::string name{};
     std::int64_t params = 0;
     std::int64_t tp_replicated_params = 0;
+};
+
+// What one rank of an Optimus 2D grid (q x q ranks, SUMMA products;
+// parallel/optimus2d.hpp, nn/summa.hpp) sends in one pass of a layer, in
+// comm::Counted's payload bytes, times q: every block is 1/q^2 of its matrix
+// and SUMMA passes each q times, so all but `scalars` shrink as 1/q.
+struct GridBytes {
+    // Per sample: activation blocks along the grid row (SUMMA's broadcasts of
+    // the input or output gradient and its reduce-scatters of partial
+    // products, LayerNorm's and the loss's row statistics).
+    double row = 0;
+    // Per sample: activation blocks along the grid column (a
+    // vocabulary-parallel embedding's partial lookups, its gradient's gather).
+    double column = 0;
+    // Per micro-batch, not per sample: weight blocks and parameter gradients
+    // along the grid column (SUMMA's weight broadcasts and weight-gradient
+    // reduce-scatters, the sums of the vectors' gradients down the column).
+    double weights = 0;
+    // Per micro-batch, neither per sample nor times q: whole values summed
+    // down the grid column (the loss's mean).
+    double scalars = 0;
+
+    [[nodiscard]] bool any() const { return row > 0 || column > 0 || weights > 0 || scalars > 0; }
+    [[nodiscard]] bool valid() const {
+        for (double v : {row, column, weights, scalars})
+            if (!std::isfinite(v) || v < 0) return false;
+        return true;
+    }
+    friend std::ostream& operator<<(std::ostream& out, const GridBytes& g) {
+        return out << "{row " << g.row << ", column " << g.column << ", weights " << g.weights << ", scalars "
+                   << g.scalars << "}";
+    }
 };
 
 struct LayerSpec {
@@ -57,6 +90,10 @@ struct LayerSpec {
     double tp_bytes = 0;         // per sample: all-reduced over the tp group in its forward
     double tp_backward_bytes = -1;  // per sample: all-reduced in its backward; negative: tp_bytes again
     double sequence_bytes = 0;   // per sample: what sequence-parallel attention exchanges in its forward (K and V)
+    // On an Optimus 2D grid: what its forward and its backward send (GridBytes).
+    // Neither described (all 0): the planner estimates them from output_bytes
+    // and params (describes_grid()).
+    GridBytes grid_forward{}, grid_backward{};
     // Recomputation (Recompute<...>, schedule/recompute_solver.hpp): a
     // recomputed layer drops what it saved after its forward and runs that
     // forward again before its backward.
@@ -77,6 +114,8 @@ struct LayerSpec {
 
     [[nodiscard]] double backward() const { return backward_flops < 0 ? 2 * forward_flops : backward_flops; }
     [[nodiscard]] double tp_backward() const { return tp_backward_bytes < 0 ? tp_bytes : tp_backward_bytes; }
+    // Whether it says what it sends on an Optimus 2D grid.
+    [[nodiscard]] bool describes_grid() const { return grid_forward.any() || grid_backward.any(); }
     // Parameter elements one of `tp` ranks keeps: the cut ones shared out
     // (rounded up), the replicated ones whole; on an Optimus grid
     // (`grid`) every parameter is cut.
@@ -152,6 +191,9 @@ struct ModelDescription {
                        ", params ", l.params, ", output_bytes ", l.output_bytes, ", saved_bytes ", l.saved_bytes,
                        ", backward_bytes ", l.backward_bytes, ", tp_bytes ", l.tp_bytes, ", sequence_bytes ",
                        l.sequence_bytes, ")");
+            LOOM_CHECK(l.grid_forward.valid() && l.grid_backward.valid(), "model ", name, ": layer ", l.name,
+                       " has grid_forward ", l.grid_forward, " and grid_backward ", l.grid_backward,
+                       "; give finite bytes of 0 or more (all 0: the planner estimates a 2D grid's messages)");
             if (!l.units.empty()) {
                 std::int64_t params = 0, whole = 0;
                 for (const UnitParams& u : l.units) {

@@ -7,8 +7,10 @@
 // Sizes are per sample of the batch, as in ModelDescription. A layer with
 // "repeat": k > 1 stands for k consecutive equal layers "block[0]" ..
 // "block[k-1]". Optional per layer: "recomputable" (true), "recomputed_bytes"
-// (what it keeps when recomputed; its output_bytes) and "recompute_flops"
-// (its rerun; its forward_flops). Every mistake is one line with the file, line and column, e.g.
+// (what it keeps when recomputed; its output_bytes), "recompute_flops" (its
+// rerun; its forward_flops), and "grid_forward" and "grid_backward" (what it
+// sends on an Optimus 2D grid, GridBytes; absent: estimated). Every mistake
+// is one line with the file, line and column, e.g.
 //   model.json:9:40: layers[1].params is -5; give a whole number of parameters, 0 or more
 #pragma once
 
@@ -30,6 +32,20 @@ namespace detail_model_json {
 // Layers in all after repeats: far more than any model has, few enough that
 // a typo ("repeat": 1e9) fails here with a message instead of exhausting memory.
 inline constexpr std::int64_t max_layers = 1'000'000;
+
+// A layer's "grid_forward" or "grid_backward": {"row": ..., "column": ...,
+// "weights": ..., "scalars": ...}, each 0 when absent (GridBytes).
+[[nodiscard]] inline GridBytes grid_bytes(const json_fields::Object& layer, std::string_view key) {
+    GridBytes g;
+    const std::optional<json_fields::Node> field = layer.optional(key);
+    if (!field) return g;
+    const json_fields::Object grid = field->object({"row", "column", "weights", "scalars"});
+    g.row = grid.non_negative_or("row", 0, "bytes per sample, times the grid side");
+    g.column = grid.non_negative_or("column", 0, "bytes per sample, times the grid side");
+    g.weights = grid.non_negative_or("weights", 0, "bytes per micro-batch, times the grid side");
+    g.scalars = grid.non_negative_or("scalars", 0, "bytes per micro-batch");
+    return g;
+}
 
 }  // namespace detail_model_json
 
@@ -60,7 +76,8 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         const jf::Object layer = field.object({"name", "repeat", "forward_flops", "backward_flops", "params",
                                                "output_bytes", "saved_bytes", "backward_bytes", "tp_bytes",
                                                "tp_backward_bytes", "tp_replicated_params", "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
-                                               "rerun_bytes", "product_bytes", "product_flops"});
+                                               "rerun_bytes", "product_bytes", "product_flops", "grid_forward",
+                                               "grid_backward"});
         LayerSpec spec;
         spec.name = layer.string("name", "the layer's name");
         const std::int64_t repeat = layer.integer_or("repeat", 1, 1, "consecutive copies");
@@ -83,6 +100,8 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         spec.rerun_bytes = layer.non_negative_or("rerun_bytes", -1, "bytes per sample");  // -1: saved + backward
         spec.product_bytes = layer.non_negative_or("product_bytes", 0, "bytes per sample");
         spec.product_flops = layer.non_negative_or("product_flops", 0, "FLOPs per sample");
+        spec.grid_forward = detail_model_json::grid_bytes(layer, "grid_forward");
+        spec.grid_backward = detail_model_json::grid_bytes(layer, "grid_backward");
         const auto before = static_cast<std::int64_t>(model.layers.size());
         if (repeat > max_layers - before)
             layer.optional("repeat").value_or(field).fail("makes ", before, " + ", repeat,
