@@ -188,8 +188,10 @@ TEST_CASE("a model file expands repeats and fills the defaults", "[plan]") {
 TEST_CASE("a model file's layers may say what they send on a 2D grid", "[plan]") {
     const plan::ModelDescription m = plan::read_model(one_layer(
         std::string(valid_layer) + R"(, "grid_forward": {"row": 8, "weights": 16, "scalars": 4}, )"
-                                   R"("grid_backward": {"row": 12, "column": 2})"));
+                                   R"("grid_backward": {"row": 12, "column": 2}, "grid_vector_params": 1)"));
     const plan::LayerSpec& l = m.layers[0];
+    CHECK(l.grid_vector_params == 1);
+    CHECK(l.params_per_tp_rank(4, true) == 1);  // the one vector parameter, cut 2 ways, rounded up
     CHECK(l.describes_grid());
     CHECK(l.grid_forward.row == 8);
     CHECK(l.grid_forward.column == 0);
@@ -262,7 +264,7 @@ TEST_CASE("plan files name an unknown key, where it is and the valid keys", "[pl
     CHECK_THAT(model_error(one_layer(R"("name": "l", "flops": 1, "params": 1, "output_bytes": 1)")),
                Catch::Contains("layers[0] has an unknown key \"flops\"; the valid keys are name, repeat, "
                                "forward_flops, backward_flops, params, output_bytes, saved_bytes, backward_bytes, "
-                               "tp_bytes, tp_backward_bytes, tp_replicated_params, sequence_bytes, recomputable, recomputed_bytes, recompute_flops, "
+                               "tp_bytes, tp_backward_bytes, tp_replicated_params, grid_vector_params, sequence_bytes, recomputable, recomputed_bytes, recompute_flops, "
                                "rerun_bytes, product_bytes, product_flops, grid_forward, grid_backward"));
     CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_forward": {"rows": 1})")),
                Catch::Contains("layers[0].grid_forward has an unknown key \"rows\"; the valid keys are row, column, "
@@ -379,6 +381,11 @@ TEST_CASE("plan files refuse negative and zero sizes", "[plan]") {
     CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_backward": {"weights": -2})")),
                Catch::Contains("layers[0].grid_backward.weights is -2; give a number of bytes per micro-batch, times "
                                "the grid side, 0 or more"));
+    CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_vector_params": -1)")),
+               Catch::Contains("layers[0].grid_vector_params is -1; give a whole number of parameters a 2D grid cuts q "
+                               "ways, 0 or more"));
+    CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_vector_params": 2)")),
+               Catch::Contains("layer l has 2 vector parameters a 2D grid cuts q ways; give 0 to its 1 parameters"));
     CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "grid_forward": 3)")),
                Catch::Contains("layers[0].grid_forward is 3; give an object {...}"));
     CHECK_THAT(model_error(one_layer(std::string(valid_layer) + R"(, "repeat": 0)")),

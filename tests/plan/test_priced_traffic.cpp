@@ -103,7 +103,9 @@ TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the ex
     // pipelines (1F1B and ZB-H1: stage messages, and each stage's gradient
     // reductions), mixes, and the Optimus 2 x 2 grid (SUMMA's broadcasts and
     // reduce-scatters, LayerNorm's and the loss's row statistics, the
-    // embedding's column exchanges).
+    // embedding's column exchanges), alone, with dp at ZeRO 0 and 3 (the
+    // vectors cut q ways, the rest q^2) and with pp (a rank's block of the
+    // boundary).
     const auto model = loom::plan::describe_gpt(config, batch);
     for (const Candidate& c : {family(2, 1, 1, 1, 0), family(2, 1, 1, 1, 1), family(2, 1, 1, 1, 2), family(1, 2, 1, 1, 0),
                                family(1, 1, 2, 1, 0), family(1, 1, 4, 1, 0), family(1, 1, 1, 2, 0),
@@ -111,7 +113,7 @@ TEST_CASE("plan: the bytes the cost model prices per axis equal the bytes the ex
                                family(2, 1, 2, 1, 1), family(2, 1, 2, 2, 2), family(2, 2, 1, 1, 0),
                                family(2, 2, 1, 1, 1), family(2, 2, 2, 1, 2), zero_bubble(family(2, 2, 1, 1, 0)),
                                zero_bubble(family(1, 2, 2, 1, 0)), family(2, 1, 1, 1, 3), family(2, 1, 2, 1, 3),
-                               family(2, 1, 1, 2, 3), family(2, 2, 1, 1, 3), family(1, 1, 4, 1, 0, true)}) {
+                               family(2, 1, 1, 2, 3), family(2, 2, 1, 1, 3), family(1, 1, 4, 1, 0, true), family(2, 1, 4, 1, 0, true), family(2, 1, 4, 1, 3, true), family(1, 2, 4, 1, 0, true)}) {
         const auto cluster = loom::plan::Cluster::uniform(1, c.devices(), 1e12, 1e12, loom::comm::Link::unlimited(),
                                                           loom::comm::Link::unlimited());
         const Traffic priced = loom::plan::estimate(model, cluster, c).traffic.at(0);
@@ -142,6 +144,18 @@ TEST_CASE("plan: a layer whose parameters do not add up is refused by name", "[p
                Catch::Contains(": layer blocks[1] + ln_f, head, loss's 4 units hold 14817 parameters (256 kept whole) "
                                "and its main unit is 0; they must add up to its 14816 (256) and the main unit be one of "
                                "them"));
+    // The vectors a 2D grid cuts q ways (biases, LayerNorms, the position table).
+    model = loom::plan::describe_gpt(config, batch);
+    model.layers[0].units.clear();
+    model.layers[0].grid_vector_params = model.layers[0].params + 1;
+    CHECK_THAT(loom_test::message_of([&] { model.validate(); }),
+               Catch::Contains(": layer embed + blocks[0] has 15265 vector parameters a 2D grid cuts q ways; give 0 to "
+                               "its 15264 parameters"));
+    model = loom::plan::describe_gpt(config, batch);
+    model.layers[1].units.back().grid_vector_params = 1;  // the loss
+    CHECK_THAT(loom_test::message_of([&] { model.validate(); }),
+               Catch::Contains(": layer blocks[1] + ln_f, head, loss's 4 units hold 481 vector parameters a 2D grid "
+                               "cuts q ways; they must add up to its 480"));
 }
 
 TEST_CASE("plan: a layer's 2D grid bytes that are negative or not finite are refused by name", "[plan][traffic]") {

@@ -186,7 +186,8 @@ private:
             for (std::size_t k = 0; k < parts.size(); ++k) {
                 nn::Unit& unit = units.emplace_back();
                 unit.name = parts[k].name;
-                unit.numel = LayerSpec::per_tp_rank(parts[k].params, parts[k].tp_replicated_params, c_.tp, c_.tp_grid);
+                unit.numel = LayerSpec::per_tp_rank(parts[k].params, parts[k].tp_replicated_params,
+                                                   parts[k].grid_vector_params, c_.tp, c_.tp_grid);
                 const bool main = static_cast<int>(k) == (l.units.empty() ? 0 : l.main_unit);
                 unit_layer_.push_back(main ? static_cast<int>(layer) : -1);
                 recompute.push_back(main && layer < recompute_layers.size() && recompute_layers[layer]);
@@ -417,10 +418,12 @@ private:
             }
             return e.seconds;
         };
-        // The activation entering virtual stage v (what its predecessor sends).
+        // The activation entering virtual stage v (what its predecessor
+        // sends): a 1/sp share, or on a 2D grid this rank's block, 1/tp of it.
         const auto boundary_bytes = [&](int v) {
             const int last = boundary_layer_[static_cast<std::size_t>(rp.stages.first(v) - 1)];
-            return model_.layers[static_cast<std::size_t>(last)].output_bytes * samples_ / c_.sp;
+            return model_.layers[static_cast<std::size_t>(last)].output_bytes * samples_ / c_.sp /
+                   (c_.tp_grid ? c_.tp : 1);
         };
         double held = 0;  // parameter elements this rank keeps (after ZeRO)
         for (const auto& g : rp.layout.groups()) held += static_cast<double>(c_.zero >= 1 ? g.block : g.numel);

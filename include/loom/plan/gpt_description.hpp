@@ -61,6 +61,7 @@ namespace loom::plan {
         block.forward_flops = 24 * T * C * C + 2 * T * T * C;
         block.params = 12 * config.width * config.width + 13 * config.width;
         block.tp_replicated_params = 6 * config.width;  // two LayerNorms, the two row-parallel products' biases
+        block.grid_vector_params = 13 * config.width;   // two LayerNorms and the four biases (9 C)
         block.output_bytes = 4 * T * C;
         block.saved_bytes = 4 * (18 * T * C + T * H + 2 * T);
         block.backward_bytes = 4 * 18 * T * C;
@@ -90,6 +91,7 @@ namespace loom::plan {
     first.name = "embed + " + first.name;
     first.params += config.vocab * config.width + config.seq * config.width;
     first.tp_replicated_params += config.seq * config.width;  // the position table
+    first.grid_vector_params += config.seq * config.width;    // the position table, cut by features
     first.forward_flops += T * C;  // the position add; the lookup is a copy
     first.saved_bytes += 4 * T * C;
     // Megatron's block: two all-reduces forward (attention's and the MLP's
@@ -108,6 +110,7 @@ namespace loom::plan {
     last.name += " + ln_f, head, loss";
     last.params += 2 * config.width + config.vocab * config.width;
     last.tp_replicated_params += 2 * config.width;  // ln_f
+    last.grid_vector_params += 2 * config.width;    // ln_f (the head has no bias)
     last.forward_flops += 2 * T * C * V + 5 * T * V;  // the head's matmul, then softmax and the loss
     last.saved_bytes += 4 * (T * C + 2 * T + T * V + T);
     last.backward_bytes += 4 * (2 * T * C + T * V);
@@ -128,10 +131,10 @@ namespace loom::plan {
     // fold the embedding, and ln_f, the head and the loss, into their blocks.
     const std::int64_t w = config.width;
     const auto block_unit = [&](std::int64_t i) {
-        return UnitParams{"blocks[" + std::to_string(i) + "]", 12 * w * w + 13 * w, 6 * w};
+        return UnitParams{"blocks[" + std::to_string(i) + "]", 12 * w * w + 13 * w, 6 * w, 13 * w};
     };
-    const UnitParams embed{"embed", config.vocab * w + config.seq * w, config.seq * w};
-    const std::vector<UnitParams> tail{{"ln_f", 2 * w, 2 * w}, {"head", config.vocab * w, 0}, {"loss", 0, 0}};
+    const UnitParams embed{"embed", config.vocab * w + config.seq * w, config.seq * w, config.seq * w};
+    const std::vector<UnitParams> tail{{"ln_f", 2 * w, 2 * w, 2 * w}, {"head", config.vocab * w, 0, 0}, {"loss", 0, 0, 0}};
     first.units = {embed, block_unit(0)};
     first.main_unit = 1;
     if (config.layers == 1) {

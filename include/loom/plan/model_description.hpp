@@ -26,11 +26,13 @@
 namespace loom::plan {
 
 // One of the executor's units (nn::units_of) that a layer folds: its
-// parameters, and of those the ones tp keeps whole.
+// parameters, of those the ones tp keeps whole, and the vectors an Optimus
+// 2D grid cuts q ways (LayerSpec::grid_vector_params).
 struct UnitParams {
     std::string name{};
     std::int64_t params = 0;
     std::int64_t tp_replicated_params = 0;
+    std::int64_t grid_vector_params = 0;
 };
 
 // What one rank of an Optimus 2D grid (q x q ranks, SUMMA products;
@@ -73,6 +75,10 @@ struct LayerSpec {
     // Of those, the ones Megatron's cut keeps whole on every tp rank
     // (LayerNorms, the biases after row-parallel products, position tables).
     std::int64_t tp_replicated_params = 0;
+    // Of those, the vectors an Optimus 2D grid of q x q ranks cuts q ways, not
+    // q^2 (biases, LayerNorms, position tables: every grid row holds the same
+    // copy); the rest it cuts in q x q blocks.
+    std::int64_t grid_vector_params = 0;
     // The executor's units this layer folds, in order (the GPT's first layer
     // is the embedding and a block, its last a block, ln_f, the head and the
     // loss), their parameters adding up to the layer's; empty: one unit. The
@@ -118,18 +124,25 @@ struct LayerSpec {
     [[nodiscard]] bool describes_grid() const { return grid_forward.any() || grid_backward.any(); }
     // Parameter elements one of `tp` ranks keeps: the cut ones shared out
     // (rounded up), the replicated ones whole; on an Optimus grid
-    // (`grid`) every parameter is cut.
+    // (`grid`, tp = q^2) every parameter is cut, the vectors q ways.
     [[nodiscard]] std::int64_t params_per_tp_rank(int tp, bool grid) const {
-        return per_tp_rank(params, tp_replicated_params, tp, grid);
+        return per_tp_rank(params, tp_replicated_params, grid_vector_params, tp, grid);
     }
-    [[nodiscard]] static std::int64_t per_tp_rank(std::int64_t params, std::int64_t replicated, int tp, bool grid) {
-        const std::int64_t whole = grid || tp == 1 ? 0 : std::min(replicated, params);
+    [[nodiscard]] static std::int64_t per_tp_rank(std::int64_t params, std::int64_t replicated, std::int64_t vectors,
+                                                  int tp, bool grid) {
+        if (grid && tp > 1) {
+            int q = 1;
+            while ((q + 1) * (q + 1) <= tp) ++q;
+            const std::int64_t cut_q = std::min(vectors, params);
+            return (params - cut_q + tp - 1) / tp + (cut_q + q - 1) / q;
+        }
+        const std::int64_t whole = tp == 1 ? 0 : std::min(replicated, params);
         return (params - whole + tp - 1) / tp + whole;
     }
     // The units the executor schedules for it: `units`, or the layer as one.
     [[nodiscard]] std::vector<UnitParams> executor_units() const {
         if (!units.empty()) return units;
-        return {UnitParams{name, params, tp_replicated_params}};
+        return {UnitParams{name, params, tp_replicated_params, grid_vector_params}};
     }
     // What it holds until the micro-batch ends when it is not recomputed.
     [[nodiscard]] double held_bytes() const { return saved_bytes + backward_bytes; }
@@ -194,8 +207,15 @@ struct ModelDescription {
             LOOM_CHECK(l.grid_forward.valid() && l.grid_backward.valid(), "model ", name, ": layer ", l.name,
                        " has grid_forward ", l.grid_forward, " and grid_backward ", l.grid_backward,
                        "; give finite bytes of 0 or more (all 0: the planner estimates a 2D grid's messages)");
+            LOOM_CHECK(l.grid_vector_params >= 0 && l.grid_vector_params <= l.params, "model ", name, ": layer ",
+                       l.name, " has ", l.grid_vector_params, " vector parameters a 2D grid cuts q ways; give 0 to its ",
+                       l.params, " parameters");
             if (!l.units.empty()) {
-                std::int64_t params = 0, whole = 0;
+                std::int64_t params = 0, whole = 0, vectors = 0;
+                for (const UnitParams& u : l.units) vectors += u.grid_vector_params;
+                LOOM_CHECK(vectors == l.grid_vector_params, "model ", name, ": layer ", l.name, "'s ", l.units.size(),
+                           " units hold ", vectors, " vector parameters a 2D grid cuts q ways; they must add up to its ",
+                           l.grid_vector_params);
                 for (const UnitParams& u : l.units) {
                     LOOM_CHECK(u.params >= 0 && u.tp_replicated_params >= 0 && u.tp_replicated_params <= u.params,
                                "model ", name, ": layer ", l.name, "'s unit ", u.name, " has ", u.params,

@@ -75,7 +75,7 @@ inline constexpr std::int64_t max_layers = 1'000'000;
     for (const jf::Node& field : layer_fields) {
         const jf::Object layer = field.object({"name", "repeat", "forward_flops", "backward_flops", "params",
                                                "output_bytes", "saved_bytes", "backward_bytes", "tp_bytes",
-                                               "tp_backward_bytes", "tp_replicated_params", "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
+                                               "tp_backward_bytes", "tp_replicated_params", "grid_vector_params", "sequence_bytes", "recomputable", "recomputed_bytes", "recompute_flops",
                                                "rerun_bytes", "product_bytes", "product_flops", "grid_forward",
                                                "grid_backward"});
         LayerSpec spec;
@@ -85,6 +85,7 @@ inline constexpr std::int64_t max_layers = 1'000'000;
         spec.backward_flops = layer.non_negative_or("backward_flops", -1, "FLOPs per sample");  // -1: twice the forward
         spec.params = layer.integer("params", 0, "parameters");
         spec.tp_replicated_params = layer.integer_or("tp_replicated_params", 0, 0, "parameters kept whole on every tp rank");
+        spec.grid_vector_params = layer.integer_or("grid_vector_params", 0, 0, "parameters a 2D grid cuts q ways");
         spec.output_bytes = layer.non_negative("output_bytes", "bytes per sample");
         spec.saved_bytes = layer.non_negative_or("saved_bytes", spec.output_bytes, "bytes per sample");
         spec.backward_bytes = layer.non_negative_or("backward_bytes", 0, "bytes per sample");
