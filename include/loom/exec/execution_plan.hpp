@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,12 @@ struct ExecutorOptions {
 [[nodiscard]] inline parallel::ExchangeSetup exchange_setup(const ExecutorOptions& options,
                                                            std::function<void(const std::string&)> notice) {
     return {options.compress_warmup, std::move(notice), options.device};
+}
+
+// Where a one-time notice goes: `notice` (ExecutorOptions::notice), or standard error ("loom: ...").
+[[nodiscard]] inline std::function<void(const std::string&)> notice_sink(const std::function<void(const std::string&)>& notice) {
+    if (notice) return notice;
+    return [](const std::string& line) { std::cerr << "loom: " << line << "\n"; };
 }
 
 // What a Strategy asks of the executor, as run-time values: the strategy's

@@ -2,10 +2,10 @@
 // (schedule/instruction.hpp): the layers' forward and backward passes, ZeRO's
 // parameter gathers and gradient reductions, the pipeline's sends, receives
 // and hand-overs between chunks on one rank, the waits on communication in
-// flight, the optimizer step and the loss; computation and waits are timed
-// into the trace when tracing is on (how a gradient bucket travels is the
-// gradient exchange's, parallel/gradient_exchange.hpp; the optimizer step's
-// own work stays in exec/executor.hpp, beside the state it touches). These are exec::Executor's out-of-class members, apart from the
+// flight, the custom policies, the optimizer step and the loss; computation
+// and waits are timed into the trace when tracing is on (how a gradient
+// bucket travels is the gradient exchange's, parallel/gradient_exchange.hpp).
+// These are exec::Executor's out-of-class members, apart from the
 // class so that exec/executor.hpp reads as what an executor holds and offers:
 // that header includes this one after the class, and this one includes it
 // before its own definitions, so either can be included alone.
@@ -17,6 +17,9 @@
 #include <utility>
 
 #include "loom/exec/executor.hpp"
+#include "loom/exec/stage_messages.hpp"
+#include "loom/kernels/ops.hpp"
+#include "loom/nn/units.hpp"
 
 namespace loom::exec {
 
@@ -36,11 +39,6 @@ void Executor<C>::timed(Name&& name_of, const char* category, int mb, F&& f) {
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-template <comm::Communicator C>
-void Executor<C>::issue(int index, comm::Request request) {
-    pending_[static_cast<std::size_t>(index)] = InFlight{std::move(request), {}, std::chrono::steady_clock::now(), true, false};
 }
 
 template <comm::Communicator C>
@@ -74,8 +72,8 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                 if (in.unit == rank_.stages.first(v)) {
                     nn::Context& ctx = pool_.open(v, mb);
                     // The host's batch goes to the context's device (a copy there, none on the host).
-                    ctx.set_targets(ctx.on_device(rows_of(targets_, mb)));
-                    activation_ = v == 0 ? ctx.on_device(rows_of(inputs_, mb))
+                    ctx.set_targets(ctx.on_device(batch_.targets_of(mb)));
+                    activation_ = v == 0 ? ctx.on_device(batch_.inputs_of(mb))
                                          : pool_.inbox(schedule::Payload::activation, v, mb);
                 }
                 nn::Context& chunk_ctx = pool_.context(v, mb);
@@ -164,17 +162,17 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             const auto& g = rank_.layout.group(in.group);
             if (in.slot >= 0) {
                 DeviceBuffer& slot = store_.param_slots[static_cast<std::size_t>(in.slot)];
-                issue(index, comm_->all_gather_async(slice(store_.value_shard, g.shard_offset, g.block),
+                in_flight_.issue(index, comm_->all_gather_async(slice(store_.value_shard, g.shard_offset, g.block),
                                                      slice(slot, 0, g.padded)));
-                bind(in.group, slot.data<float>(), nullptr, true, false);
+                bind(in.group, slot.data<float>(), nullptr, nn::Bind::values);
             } else {
-                issue(index, comm_->all_gather_async(slice(store_.values, rank_.layout.block_offset(in.group, r), g.block),
+                in_flight_.issue(index, comm_->all_gather_async(slice(store_.values, rank_.layout.block_offset(in.group, r), g.block),
                                                      slice(store_.values, g.offset, g.padded)));
             }
             return;
         }
         case Op::release_params:
-            bind(in.group, nullptr, nullptr, true, false);
+            bind(in.group, nullptr, nullptr, nn::Bind::values);
             return;
         case Op::bind_grads: {
             DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
@@ -182,7 +180,7 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             const auto bytes = static_cast<std::size_t>(rank_.layout.group(in.group).padded) * sizeof(float);
             timed([&] { return "zero gradient slot " + std::to_string(in.slot); }, "zero_grads", in.micro_batch,
                   [&] { fill_zero_bytes(slot.raw(), device_, bytes); });
-            bind(in.group, nullptr, slot.data<float>(), false, true);
+            bind(in.group, nullptr, slot.data<float>(), nn::Bind::grads);
             return;
         }
         case Op::reduce_grads: {
@@ -209,8 +207,7 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                 bucket.out = first ? slice(store_.grad_shard, g.shard_offset, g.block) : slice(slot, r * g.block, g.block);
                 accumulate = !first;
             }
-            issue(index, exchange_->reduce_async(bucket, optimizer_arrays()));
-            pending_[static_cast<std::size_t>(index)].accumulate = accumulate;
+            in_flight_.issue(index, exchange_->reduce_async(bucket, optimizer_arrays()), {}, accumulate);
             return;
         }
         case Op::wait: {
@@ -267,8 +264,7 @@ void Executor<C>::hand_on(schedule::Payload payload, int from, int to, int mb, c
 template <comm::Communicator C>
 void Executor<C>::send(int index, const schedule::Instruction& in) {
     auto [header, body] = send_stage_tensor(*pp_, pool_, in, stage_cast_);
-    pending_[static_cast<std::size_t>(index)] =
-        InFlight{std::move(header), std::move(body), std::chrono::steady_clock::now(), true, false};
+    in_flight_.issue(index, std::move(header), std::move(body));
 }
 
 template <comm::Communicator C>
@@ -278,15 +274,10 @@ void Executor<C>::recv(const schedule::Instruction& in) {
 
 template <comm::Communicator C>
 void Executor<C>::finish(int target) {
-    LOOM_CHECK(target >= 0 && target < static_cast<int>(pending_.size()) &&
-                   pending_[static_cast<std::size_t>(target)].in_flight,
-               "Executor: wait for #", target, ", which is not in flight");
-    InFlight& flight = pending_[static_cast<std::size_t>(target)];
-    const auto& in = rank_.program.code[static_cast<std::size_t>(target)];
-    const auto t0 = std::chrono::steady_clock::now();
-    flight.request.wait();
-    flight.second.wait();
-    const auto t1 = std::chrono::steady_clock::now();
+    std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> waited;
+    const InFlight& flight = in_flight_.wait(target, waited);
+    const auto [t0, t1] = waited;
+    const auto& in = rank_.program.code.at(static_cast<std::size_t>(target));
     if (trace_.enabled()) {
         const std::string what = describe_comm(in);
         const auto& timing = flight.request.timing();
@@ -305,7 +296,51 @@ void Executor<C>::finish(int target) {
         kernels::accumulate(slice(store_.grad_shard, g.shard_offset, g.block), slice(slot, comm_->rank() * g.block, g.block),
                             g.block);
     }
-    flight.in_flight = false;
+}
+
+// Points the Params of layout group g at `values` / `grads`.
+template <comm::Communicator C>
+void Executor<C>::bind(int g, float* values, float* grads, nn::Bind which) {
+    const auto& group = rank_.layout.group(g);
+    nn::bind_units(units_, group.first_unit, group.last_unit, values, grads, device_, which);
+}
+
+// Op::policy: the adopted policy `index` runs on the step's gradients, as
+// this rank's optimizer will read them, over every axis that spreads them.
+template <comm::Communicator C>
+void Executor<C>::run_policy(int index) {
+    adopted_.run(index, optimizer_steps_, [&] {
+        return gradient_view<C>(gradient_blocks(updated_elements(), store_), {comm_, pipelined_ ? pp_ : nullptr, tp_});
+    });
+}
+
+template <comm::Communicator C>
+parallel::OptimizerArrays Executor<C>::optimizer_arrays() const {
+    return {optimizer_steps_, store_.grads.tensor(), store_.m.tensor()};
+}
+
+// Op::optimizer_step: what the gradient exchange does first (one-bit Adam's
+// momentum, say), then AdamW on what this rank owns.
+template <comm::Communicator C>
+void Executor<C>::optimizer_step() {
+    const std::int64_t step = ++optimizer_steps_;
+    exchange_->before_optimizer_step(optimizer_arrays());
+    store_.optimizer_step(rank_.layout, comm_->rank(), step, adamw_);
+}
+
+template <comm::Communicator C>
+void Executor<C>::relower_recompute(const std::vector<bool>& which) {
+    recompute_.lower_into(rank_, which);
+    in_flight_.resize(rank_.program.code.size());
+}
+
+// Budget, after its measuring step: the choice, agreed with every rank; the
+// world's first rank says what it chose.
+template <comm::Communicator C>
+void Executor<C>::choose_recomputation() {
+    relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, rank_, device_,
+                                           first_of_world() ? notice_sink(notice_) : nullptr));
+    pool_.drop_unit_contexts();
 }
 
 }  // namespace loom::exec

@@ -17,6 +17,11 @@
 
 namespace loom::exec {
 
+// Collective: the whole model's parameters and AdamW moments in the serial
+// (dense, reflection) order, on every rank: what a checkpoint holds.
+// Pipelines: every stage fills in its units and a sum over the pp axis (of
+// values and zeros, so exact) completes the arrays everywhere. Tensor
+// parallelism: each tp rank's cut arrays are put back together whole.
 template <comm::Communicator C>
 void Executor<C>::gather_state(std::span<float> values, std::span<float> m, std::span<float> v) {
     if (tp_ == nullptr) {
@@ -31,6 +36,9 @@ void Executor<C>::gather_state(std::span<float> values, std::span<float> m, std:
     shards_.to_whole(*tp_, lvv, v, device_);
 }
 
+// Sets parameters and moments from the dense arrays every rank holds (a
+// checkpoint), keeping what this rank owns; the next step continues the one
+// after `optimizer_steps`.
 template <comm::Communicator C>
 void Executor<C>::load_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                              std::int64_t optimizer_steps) {
@@ -46,13 +54,14 @@ void Executor<C>::load_state(std::span<const float> values, std::span<const floa
     load_local_state(values, m, v, optimizer_steps);
 }
 
+// This rank's part of a sharded checkpoint (exec/updated_runs.hpp). No communication.
 template <comm::Communicator C>
-typename Executor<C>::OwnedState Executor<C>::owned_state() const {
+OwnedState Executor<C>::owned_state() const {
     LOOM_CHECK(device_.kind == DeviceKind::host, "Executor::owned_state: the state is on ", device_,
                "; a sharded checkpoint is written from host memory (save a gathered one with gather_state)");
     OwnedState out;
     const int r = comm_->rank();
-    for_each_updated_run([&](int gi, std::int64_t, std::int64_t a, std::int64_t b, bool owner) {
+    for_each_updated_run(updated_elements(), [&](int gi, std::int64_t, std::int64_t a, std::int64_t b, bool owner) {
         if (!owner) return;
         const auto& g = rank_.layout.group(gi);
         // Where element k of the group is in each array: whole arrays are
@@ -77,8 +86,10 @@ typename Executor<C>::OwnedState Executor<C>::owned_state() const {
     return out;
 }
 
+// What a loader must read for this rank alone, in the order load_held_state
+// takes it (exec/updated_runs.hpp). No communication.
 template <comm::Communicator C>
-typename Executor<C>::HeldRuns Executor<C>::held_runs() const {
+HeldRuns Executor<C>::held_runs() const {
     HeldRuns out;
     const int r = comm_->rank();
     for (const bool moments : {false, true}) {
@@ -91,6 +102,8 @@ typename Executor<C>::HeldRuns Executor<C>::held_runs() const {
     return out;
 }
 
+// Sets parameters and moments from the elements held_runs names, in its
+// order: the same state as load_state from the whole arrays.
 template <comm::Communicator C>
 void Executor<C>::load_held_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                                   std::int64_t optimizer_steps) {
@@ -99,11 +112,13 @@ void Executor<C>::load_held_state(std::span<const float> values, std::span<const
     optimizer_steps_ = optimizer_steps;
 }
 
+// This rank's (tp-cut) state in its local dense order, on every rank of its
+// tp position: collective over dp and pp.
 template <comm::Communicator C>
 void Executor<C>::gather_local_state(std::span<float> values, std::span<float> m, std::span<float> v) {
     if (pipelined_)
         for (auto dense : {values, m, v}) std::fill(dense.begin(), dense.end(), 0.0f);
-    gather_held_state(values, m, v);
+    store_.gather(rank_.layout, *comm_, values, m, v);  // this rank's units' state, collective over dp
     if (pipelined_ && pp_ != nullptr)
         for (auto dense : {values, m, v})
             comm::staged_all_reduce(*pp_, Tensor::of(dense.data(), {static_cast<std::int64_t>(dense.size())}),
@@ -119,3 +134,31 @@ void Executor<C>::load_local_state(std::span<const float> values, std::span<cons
 }
 
 }  // namespace loom::exec
+
+namespace loom::exec {
+
+// What this rank holds for training, by purpose (exec/memory.hpp).
+template <comm::Communicator C>
+MemoryReport Executor<C>::memory_report() const {
+    MemoryReport report;
+    report.rank = comm_->rank();
+    report.parameters = store_.parameter_bytes();
+    report.gradients = store_.gradient_bytes();
+    report.optimizer_state = store_.optimizer_bytes();
+    report.compression_state = exchange_->state_bytes();
+    report.communication_buffers = exchange_->buffer_bytes() + pool_.parcel_bytes() + store_.slot_bytes();
+    report.activations = pool_.activation_bytes();
+    return report;
+}
+
+}  // namespace loom::exec
+
+namespace loom {
+
+// What one rank holds for training, by purpose (see exec/memory.hpp).
+template <comm::Communicator C>
+[[nodiscard]] MemoryReport memory_report(const exec::Executor<C>& executor) {
+    return executor.memory_report();
+}
+
+}  // namespace loom

@@ -21,6 +21,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <utility>
@@ -76,6 +77,15 @@ struct GradientView {
             for (float& g : b.values) g *= factor;
     }
 };
+
+// The view of `blocks` spread over `axes` (null entries and axes of one rank left out).
+template <comm::Communicator C>
+[[nodiscard]] GradientView<C> gradient_view(std::vector<GradientBlock> blocks, std::initializer_list<C*> axes) {
+    GradientView<C> view{std::move(blocks), {}, 0};
+    for (C* axis : axes)
+        if (axis != nullptr && axis->size() > 1) view.axes.push_back(axis);
+    return view;
+}
 
 // The executor's handle on a policy instance (type-erased over the policy).
 template <comm::Communicator C>

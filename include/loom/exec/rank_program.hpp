@@ -36,6 +36,13 @@ struct RankProgram {
     schedule::StepProgram program;     // what the executor interprets every step
 };
 
+// Whether the plan pipelines, checked against a pp axis of `pp_ranks` ranks.
+[[nodiscard]] inline bool check_pipeline_axis(const ExecutionPlan& plan, int pp_ranks) {
+    LOOM_CHECK(plan.pipelined || pp_ranks == 1, "Executor: a pipeline axis of ", pp_ranks,
+               " ranks for a strategy without Pipeline<...>; add Pipeline<Schedule> or use a pp axis of 1");
+    return plan.pipelined;
+}
+
 inline void verify(const RankProgram& rank);
 
 // Pipeline rank `pp_rank` of `pp_size` (1 and 0 without a pipeline), its

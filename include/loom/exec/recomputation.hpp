@@ -40,11 +40,12 @@ namespace loom::exec {
 class Recomputation {
 public:
     Recomputation() = default;
-    // `held[u]`: whether this rank runs unit u.
-    Recomputation(RecomputeSpec spec, const std::vector<nn::Unit>& units, std::vector<bool> held)
-        : spec_(spec), held_(std::move(held)) {
-        worth_.reserve(units.size());
-        for (const nn::Unit& unit : units) worth_.push_back(unit.worth_recomputing);
+    // For the units of `rank`'s program (it runs those its chunks hold).
+    Recomputation(RecomputeSpec spec, const std::vector<nn::Unit>& units, const RankProgram& rank) : spec_(spec) {
+        for (std::size_t u = 0; u < units.size(); ++u) {
+            worth_.push_back(units[u].worth_recomputing);
+            held_.push_back(rank.chunk_of_unit.at(u) >= 0);
+        }
         measured_.assign(units.size(), Measured{});
     }
 
@@ -64,6 +65,13 @@ public:
         std::vector<bool> out(worth_.size());
         for (std::size_t u = 0; u < out.size(); ++u) out[u] = worth_[u] && held_[u];
         return out;
+    }
+
+    // Lowers recomputation of the units `which` names into `rank`'s program
+    // (an earlier lowering undone first) and verifies the program again.
+    void lower_into(RankProgram& rank, const std::vector<bool>& which) const {
+        schedule::lower_recompute(rank.program, which, keep());
+        verify(rank);
     }
 
     // One forward of unit u (kept or dropped): its seconds, the bytes it

@@ -98,4 +98,21 @@ template <class Model>
     return units;
 }
 
+// Points the Params of units [first, last] (inclusive) at consecutive
+// elements of `values` and of `grads`, in reflection order, on `device`: what
+// the executor does when a schedule gathers, binds or releases a group of
+// units. A null pointer unbinds, so a use outside the schedule fails loudly;
+// `which` leaves the values or the gradients as they are.
+enum class Bind : std::uint8_t { both, values, grads };
+inline void bind_units(std::vector<Unit>& units, int first, int last, float* values, float* grads, Device device,
+                       Bind which = Bind::both) {
+    std::int64_t at = 0;
+    for (int u = first; u <= last; ++u)
+        for (Param* p : units[static_cast<std::size_t>(u)].params) {
+            if (which != Bind::grads) p->value = values ? Tensor::of(values + at, p->shape, device) : Tensor{};
+            if (which != Bind::values) p->grad = grads ? Tensor::of(grads + at, p->shape, device) : Tensor{};
+            at += p->numel();
+        }
+}
+
 }  // namespace loom::nn
