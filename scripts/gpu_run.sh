@@ -21,6 +21,11 @@
 #          workers (its gradients through ModelGradient's copies). The host
 #          halves come from .gpu/ref/, made by gpu_prepare.sh on the CPU machine
 #          so that no device time goes to them; without .gpu/ref they run here.
+#   recompute Recompute<Full>, <Selective> and <Budget> on the GPU against the same
+#          strategy without it (dp 2, dp 2 x pp 2 on 1F1B, dp 2 x tp 2 at ZeRO 3,
+#          pp 2 zero-bubble): the saved parameters and moments byte for byte and
+#          every printed loss (the same kernels on the same inputs: issue 38).
+#          LOOM_GPU_DEVICE= (empty) runs the same check on the host
 #   profile  the GPT-2 step with f32 matrix products, and one bf16 step under
 #          Nsight Compute: kernel time per kernel (scripts/gpu_profile.py)
 #   sanitize compute-sanitizer's racecheck, synccheck and memcheck on the bf16
@@ -43,7 +48,7 @@ if [ -f .gpu.tar.xz ] && [[ ${LOOM_GPU_PARTS:-} != hostrefs ]]; then
 fi
 [ -d .gpu ] || { echo "gpu_run: no .gpu/ and no .gpu.tar.xz: run scripts/gpu_prepare.sh here first"; exit 2; }
 out=${OUT:-/tmp/loom-gpu}
-parts=${LOOM_GPU_PARTS:-tests,nccl,bench,train,profile,sanitize}
+parts=${LOOM_GPU_PARTS:-tests,nccl,bench,train,recompute,profile,sanitize}
 budget=${LOOM_GPU_BUDGET:-450}
 started=$(date +%s)
 # cuBLAS and the CUDA runtime from the image: its toolkit, else PyTorch's wheels.
@@ -167,6 +172,50 @@ if [[ $parts == *train* ]]; then
     done
   } > "$out/train.txt" 2>&1
   grep -E '^(--|[0-9]+ steps|no losses|gpu_run)|rror|refus' "$out/train.txt" | cut -c1-220
+fi
+if [[ $parts == *recompute* ]]; then
+  echo "== Recompute<...> on the GPU beside the same strategy without it"
+  declare -A recompute_runs=(
+    [dp2]="--dp 2 --micro-batches 2"
+    [pp2]="--dp 2 --pp 2 --schedule 1f1b --micro-batches 4"
+    [tp2z3]="--dp 2 --tp 2 --zero 3 --micro-batches 2"
+    [zb]="--pp 2 --schedule zb --micro-batches 4"
+  )
+  model="--layers 4 --width 256 --heads 4 --seq 128 --batch 16 --steps 8 --lr 3e-3"
+  for name in dp2 pp2 tp2z3 zb; do
+    for mode in none full selective budget:16MiB; do
+      file="$work/recompute_${name}_${mode/:/_}"
+      capped 60 .gpu/bin/train_gpt $model ${recompute_runs[$name]} ${LOOM_GPU_DEVICE---device cuda} --recompute "$mode" \
+        --save "$file.safetensors" --metrics "$file.jsonl" > "$file.txt" 2>&1 || { status=1; echo "$name $mode failed:"; tail -n 3 "$file.txt"; }
+    done
+    python3 - "$work/recompute_${name}" <<'PY' || status=1
+import json, sys
+base = sys.argv[1]
+def tensors(path):  # the safetensors data section: parameters and moments, no metadata
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items() if k != "__metadata__"}
+def losses(path):
+    return [json.loads(line)["loss"] for line in open(path)]
+plain, plain_losses = tensors(base + "_none.safetensors"), losses(base + "_none.jsonl")
+bad = 0
+for mode in ("full", "selective", "budget_16MiB"):
+    try:
+        state, run_losses = tensors(f"{base}_{mode}.safetensors"), losses(f"{base}_{mode}.jsonl")
+    except OSError as e:
+        print(f"{base.split('_', 1)[1]} {mode}: no output ({e})"); bad += 1; continue
+    differ = [k for k in plain if state.get(k) != plain[k]]
+    same = not differ and run_losses == plain_losses and len(plain) == len(state)
+    bad += not same
+    print(f"{base.rsplit('recompute_', 1)[1]} {mode}: {len(state)} tensors, {'bit for bit' if not differ else str(len(differ)) + ' differ, e.g. ' + differ[0]}; "
+          f"losses {'equal' if run_losses == plain_losses else 'differ'} ({len(run_losses)} steps, last {run_losses[-1] if run_losses else None})")
+sys.exit(1 if bad else 0)
+PY
+  done > "$out/recompute.txt" 2>&1
+  cat "$out/recompute.txt"
+  grep -h "Recompute<Budget" "$work"/recompute_*budget*.txt | head -n 4 | cut -c1-200
 fi
 if [[ $parts == *profile* ]]; then
   echo "== where the GPT-2 step's time goes"
