@@ -34,6 +34,8 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/optex.hpp>
 #include <loom/plan/cluster_json.hpp>
+#include <loom/plan/gpt_description.hpp>
+#include <loom/plan/layout_rules.hpp>
 #include <loom/schedule/partition.hpp>
 #include <loom/plan/profile.hpp>
 #include <loom/schedule/pipeline.hpp>
@@ -50,6 +52,7 @@
 #include <loom/train/metrics.hpp>
 #include <loom/train/periodic_save.hpp>
 #include <loom/train/progress.hpp>
+#include <loom/train/step_loop.hpp>
 #include <loom/train/stop_signal.hpp>
 
 #if LOOM_EXAMPLE_WITH_MPI
@@ -88,20 +91,15 @@ namespace {
 #include "train_gpt_stages.hpp"
 #include "train_gpt_outputs.hpp"
 
-// What a run reports as it goes, on the lead rank: the metrics file (a
-// resumed run continues it instead of replacing it) and the progress bar.
-struct RunReport {
-    std::optional<loom::train::MetricsWriter> metrics;
-    std::optional<loom::train::Progress> progress;
-    RunReport(const Flags& flags, bool lead, std::int64_t first_step) {
-        LOOM_CHECK(first_step <= flags.until, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
-                   ", past --until ", flags.until);
-        if (lead && !flags.metrics.empty())
-            metrics.emplace(flags.metrics, first_step > 0 ? loom::train::MetricsWriter::Mode::append
-                                                          : loom::train::MetricsWriter::Mode::replace);
-        if (lead) progress.emplace(flags.until - first_step);
-    }
-};
+// The training loop's settings (train/step_loop.hpp) for a run resumed at `first_step`.
+loom::train::StepLoop step_loop(const Flags& flags, std::int64_t first_step, std::int64_t tokens_per_step,
+                                loom::Device device) {
+    LOOM_CHECK(first_step <= flags.until, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
+               ", past --until ", flags.until);
+    return {.first_step = first_step, .until = flags.until, .tokens_per_step = tokens_per_step, .metrics = flags.metrics,
+            .save = flags.save, .save_every = flags.save_every, .keep = flags.keep, .sharded = flags.sharded,
+            .device = device};
+}
 
 #include "train_gpt_device.hpp"
 
@@ -224,39 +222,26 @@ void train(C& world, const Flags& flags, const char* transport) {
                         static_cast<long long>(flags.warmup_steps()));
     }
 
-    const std::int64_t tokens_per_step = flags.batch * flags.model.seq;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * flags.model.seq)), targets(inputs.size());
     const auto input_tensor = loom::Tensor::of(inputs.data(), {rows, flags.model.seq});
     const auto target_tensor = loom::Tensor::of(targets.data(), {rows, flags.model.seq});
-    RunReport run_report(flags, lead, first_step);
-    auto& [metrics, progress] = run_report;
     const std::int64_t total = flags.steps, last = flags.until;
-    float loss = 0;
-    std::int64_t done = last;  // less after a stop signal
     std::optional<loom::exec::ShardedSave<C>> sharded_save;  // --sharded: a save writing while training goes on
-    for (std::int64_t step = first_step; step < last; ++step) {
-        const auto t0 = std::chrono::steady_clock::now();
-        corpus.rows(flags.seed, step, mesh.coordinate("dp") * rows, rows, flags.model.seq, inputs, targets);
-        const float lr = loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10));
-        loss = exec.step(input_tensor, target_tensor, lr);
-        loom::train::check_finite_loss(loss, step);  // the same loss on every rank: all stop together
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double tokens_per_second = static_cast<double>(tokens_per_step) / seconds;
-        if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
-        if (metrics) metrics->write(step, loss, tokens_per_second);
-        if (loom::train::agree_to_stop(world, flags.device)) {
-            done = step + 1;
-            break;
-        }
-        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last && flags.sharded) {
-            save_sharded_state(world, exec, flags, step + 1, corpus.describe(), compression_signature, sharded_save);
-        } else if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
-            (void)save_state(world, exec, flags, loom::train::periodic_checkpoint_path(flags.save, step + 1).string(),
-                             step + 1, compression_signature, corpus.describe());
-            if (lead) loom::train::prune_periodic_checkpoints(flags.save, flags.keep);
-        }
-    }
-    if (progress) progress->finish();
+    const auto [done, loss] = loom::train::run_steps(
+        world, step_loop(flags, first_step, flags.batch * flags.model.seq, flags.device),
+        [&](std::int64_t step) {
+            corpus.rows(flags.seed, step, mesh.coordinate("dp") * rows, rows, flags.model.seq, inputs, targets);
+            const float lr = loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10));
+            const float step_loss = exec.step(input_tensor, target_tensor, lr);
+            loom::train::check_finite_loss(step_loss, step);  // the same loss on every rank: all stop together
+            return step_loss;
+        },
+        [&](const std::string& path, std::int64_t step) {
+            if (flags.sharded)
+                save_sharded_state(world, exec, flags, step, corpus.describe(), compression_signature, sharded_save);
+            else
+                (void)save_state(world, exec, flags, path, step, compression_signature, corpus.describe());
+        });
     if (lead && done > first_step)
         std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(done));
     if (lead && world.size() > 1) {

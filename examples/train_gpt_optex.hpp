@@ -3,7 +3,7 @@
 // collectives stay in host memory over a host communicator (rank threads, or
 // MPI processes); each rank's forward and backward run where --device says,
 // through exec::ModelGradient. Included by train_gpt.cpp inside its
-// anonymous namespace, after its Flags, RunReport and print helpers;
+// anonymous namespace, after its Flags, step_loop and print helpers;
 // train_gpt.cpp includes the loom headers this uses at its top.
 #pragma once
 
@@ -19,9 +19,7 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     const int dp_size = optex_dp_size(flags, world.size());
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
-    const auto corpus = flags.data.empty()
-                            ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
-                            : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
+    const loom::data::ByteCorpus corpus = load_corpus(flags);
     loom::comm::Mesh<C> mesh(world, {{"optex", workers}, {"dp", dp_size}});
     C& dp = mesh.axis("dp");
     const int worker = mesh.coordinate("optex");
@@ -106,52 +104,34 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
                                        {}, loom::train::run_identity_metadata(flags.data, flags.seed));
     };
 
-    const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq;
+    const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq, total = flags.steps, last = flags.until;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
-    RunReport run_report(flags, lead, first_step);
-    auto& [metrics, progress] = run_report;
-    const std::int64_t total = flags.steps, last = flags.until;
-    float loss = 0;
     double length_scale = flags.optex_config.estimator.length_scale;
-    std::int64_t skipped = 0, done = last;  // done: less after a stop signal
-    for (std::int64_t step = first_step; step < last; ++step) {
-        const auto t0 = std::chrono::steady_clock::now();
-        optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
-        const auto result = optex.iterate([&](std::span<const float> x, std::span<float> g) {
-            corpus.rows(flags.seed, step * workers + worker, mesh.coordinate("dp") * rows, rows, T, inputs, targets);
-            float worker_loss = gradient_at(x, loom::Tensor::of(inputs.data(), {rows, T}),
-                                            loom::Tensor::of(targets.data(), {rows, T}), g);
-            if (dp_size > 1) {
-                const auto grads = loom::Tensor::of(g.data(), {parameters});
-                dp.all_reduce(grads, grads, loom::comm::ReduceOp::avg);
-                const auto l = loom::Tensor::of(&worker_loss, {1});
-                dp.all_reduce(l, l, loom::comm::ReduceOp::avg);
-            }
-            return worker_loss;
-        });
-        loss = result.loss;
-        skipped += result.skipped;
-        if (lead && result.length_scale != length_scale)
-            std::printf("\nOptEx: length scale tuned to %g at step %lld\n", result.length_scale, static_cast<long long>(step));
-        length_scale = result.length_scale;
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double tokens_per_second = static_cast<double>(workers * flags.batch * T) / seconds;
-        if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
-        if (metrics) metrics->write(step, loss, tokens_per_second);
-        if (loom::train::agree_to_stop(world, loom::host_device)) {
-            done = step + 1;
-            break;
-        }
-        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
-            if (flags.sharded) {
-                save(flags.save, step + 1);
-            } else {
-                save(loom::train::periodic_checkpoint_path(flags.save, step + 1).string(), step + 1);
-                if (lead) loom::train::prune_periodic_checkpoints(flags.save, flags.keep);
-            }
-        }
-    }
-    if (progress) progress->finish();
+    std::int64_t skipped = 0;
+    const auto [done, loss] = loom::train::run_steps(
+        world, step_loop(flags, first_step, workers * flags.batch * T, loom::host_device),
+        [&](std::int64_t step) {
+            optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
+            const auto result = optex.iterate([&](std::span<const float> x, std::span<float> g) {
+                corpus.rows(flags.seed, step * workers + worker, mesh.coordinate("dp") * rows, rows, T, inputs, targets);
+                float worker_loss = gradient_at(x, loom::Tensor::of(inputs.data(), {rows, T}),
+                                                loom::Tensor::of(targets.data(), {rows, T}), g);
+                if (dp_size > 1) {
+                    const auto grads = loom::Tensor::of(g.data(), {parameters});
+                    dp.all_reduce(grads, grads, loom::comm::ReduceOp::avg);
+                    const auto l = loom::Tensor::of(&worker_loss, {1});
+                    dp.all_reduce(l, l, loom::comm::ReduceOp::avg);
+                }
+                return worker_loss;
+            });
+            skipped += result.skipped;
+            if (lead && result.length_scale != length_scale)
+                std::printf("\nOptEx: length scale tuned to %g at step %lld\n", result.length_scale,
+                            static_cast<long long>(step));
+            length_scale = result.length_scale;
+            return result.loss;
+        },
+        save);
     if (lead && done > first_step) {
         std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(done));
         std::printf("OptEx: %lld sequential iterations, %lld gradients, %lld not finite (kept out of the history)\n",
