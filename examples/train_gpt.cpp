@@ -21,9 +21,7 @@
 #include <loom/exec/executor.hpp>
 #include <loom/exec/model_gradient.hpp>
 #include <loom/exec/sharded_checkpoint.hpp>
-#include <loom/exec/sharded_optex.hpp>
 #include <loom/exec/trace.hpp>
-#include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/gpt/sample.hpp>
 #include <loom/io/atomic_file.hpp>
@@ -38,20 +36,17 @@
 #include <loom/plan/layout_rules.hpp>
 #include <loom/schedule/partition.hpp>
 #include <loom/plan/profile.hpp>
-#include <loom/schedule/pipeline.hpp>
 #include <loom/optim/schedule.hpp>
-#include <loom/parallel/optimus2d.hpp>
 #include <loom/parallel/strategy_spec.hpp>
 #include <loom/parallel/strategy_text.hpp>
 #include <loom/train/compression_state.hpp>
 #include <loom/train/data_identity.hpp>
+#include <loom/train/executor_checkpoint.hpp>
 #include <loom/train/finite_check.hpp>
 #include <loom/train/setup_refusal.hpp>
 #include <loom/train/launcher.hpp>
 #include <loom/train/memory_preflight.hpp>
-#include <loom/train/metrics.hpp>
-#include <loom/train/periodic_save.hpp>
-#include <loom/train/progress.hpp>
+#include <loom/train/optex_checkpoint.hpp>
 #include <loom/train/step_loop.hpp>
 #include <loom/train/stop_signal.hpp>
 
@@ -67,13 +62,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <map>
 #include <numeric>
 #include <filesystem>
 #include <optional>
@@ -115,10 +108,14 @@ void print_sample(const Flags& flags, const loom::data::ByteCorpus& corpus, cons
 
 #include "train_gpt_optex.hpp"
 
-template <loom::comm::Communicator C>
-void train(C& world, const Flags& flags, const char* transport) {
+// The executor's loop on `world`, whatever carries it (threads, shaped
+// links, MPI, a GPU's ranks: one AnyComm, so one instantiation); or, with
+// --optex, OptEx's, whose gradients run on `optex_device`.
+void train(loom::comm::AnyComm& world, const Flags& flags, const char* transport,
+           loom::Device optex_device = loom::host_device) {
+    using C = loom::comm::AnyComm;
     if (flags.optex > 0) {
-        train_optex(world, flags, transport, loom::host_device);
+        train_optex(world, flags, transport, optex_device);
         return;
     }
     const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / (flags.pp * flags.tp * flags.sp));
@@ -158,36 +155,14 @@ void train(C& world, const Flags& flags, const char* transport) {
                                   .device = flags.device,
                                   .matmul = flags.matmul});
     const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds
-    std::int64_t first_step = 0;
+    // A compressor's state is per rank: checkpoints keep it under a signature of the compressor and the degrees.
     const std::string compression_signature =
-        loom::train::compression_signature(flags.compress(), dp_size, flags.pp, flags.tp, flags.sp);
+        flags.compress().on() ? loom::train::compression_signature(flags.compress(), dp_size, flags.pp, flags.tp, flags.sp)
+                              : std::string();
     std::string compression_note;  // why a resume starts the compressor's state from zero
-    if (!flags.resume.empty() && std::filesystem::is_directory(flags.resume)) {
-        // A sharded checkpoint, from any strategy: every rank reads the shards and keeps what it owns.
-        first_step = loom::gpt::check_sharded_metadata(flags.resume, flags.model,
-                                                       loom::exec::read_sharded_index(flags.resume).metadata).step;
-        const auto index = loom::exec::load_sharded(exec, flags.resume);
-        if (flags.compress().on()) {
-            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
-            if (loom::exec::read_sharded_rank_state(flags.resume, index, world.rank(), compression_signature, state,
-                                                    compression_note))
-                exec.load_compression_state(state);
-        }
-    } else if (!flags.resume.empty()) {
-        // Every rank reads the whole checkpoint and keeps what it owns.
-        std::vector<float> values(static_cast<std::size_t>(parameters)), m(values.size()), v(values.size());
-        const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
-        exec.load_state(values, m, v, steps.optimizer_steps);
-        first_step = steps.step;
-        if (flags.compress().on()) {
-            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
-            if (loom::train::read_compression_state(flags.resume, compression_signature, world.rank(), state,
-                                                    compression_note))
-                exec.load_compression_state(state);
-        }
-    } else {
-        exec.initialize(flags.seed);
-    }
+    std::int64_t first_step = 0;
+    if (flags.resume.empty()) exec.initialize(flags.seed);
+    else first_step = loom::train::resume_executor(world, exec, flags.model, flags.resume, compression_signature, compression_note);
 
     if (lead) {
         std::ostringstream config;
@@ -227,6 +202,7 @@ void train(C& world, const Flags& flags, const char* transport) {
     const auto target_tensor = loom::Tensor::of(targets.data(), {rows, flags.model.seq});
     const std::int64_t total = flags.steps, last = flags.until;
     std::optional<loom::exec::ShardedSave<C>> sharded_save;  // --sharded: a save writing while training goes on
+    const auto identity = loom::train::run_identity_metadata(flags.data, flags.seed);  // for a resume to check
     const auto [done, loss] = loom::train::run_steps(
         world, step_loop(flags, first_step, flags.batch * flags.model.seq, flags.device),
         [&](std::int64_t step) {
@@ -238,9 +214,11 @@ void train(C& world, const Flags& flags, const char* transport) {
         },
         [&](const std::string& path, std::int64_t step) {
             if (flags.sharded)
-                save_sharded_state(world, exec, flags, step, corpus.describe(), compression_signature, sharded_save);
+                loom::train::save_executor_sharded(world, exec, flags.model, path, step, corpus.describe(), identity,
+                                                   compression_signature, sharded_save);
             else
-                (void)save_state(world, exec, flags, path, step, compression_signature, corpus.describe());
+                (void)loom::train::save_executor(world, exec, flags.model, path, step, corpus.describe(), identity,
+                                                 compression_signature);
         });
     if (lead && done > first_step)
         std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(done));
@@ -252,14 +230,16 @@ void train(C& world, const Flags& flags, const char* transport) {
 
     // The checkpoint first: a trace that cannot be written must not cost it.
     if (flags.sharded) {
-        save_sharded_state(world, exec, flags, done, corpus.describe(), compression_signature, sharded_save);
+        loom::train::save_executor_sharded(world, exec, flags.model, flags.save, done, corpus.describe(), identity,
+                                           compression_signature, sharded_save);
         sharded_save->finish();
         if (lead)
             std::printf("saved %s (step %lld, one shard per rank)\n", flags.save.c_str(), static_cast<long long>(done));
     }
     const std::string whole_file = flags.sharded ? std::string() : flags.save;
     if (!whole_file.empty() || flags.sample > 0) {
-        const std::vector<float> values = save_state(world, exec, flags, whole_file, done, compression_signature, corpus.describe());
+        const std::vector<float> values = loom::train::save_executor(world, exec, flags.model, whole_file, done,
+                                                                     corpus.describe(), identity, compression_signature);
         if (lead && !whole_file.empty()) std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(done));
         if (lead && flags.sample > 0 && done == last) print_sample(flags, corpus, values);
     }
@@ -295,17 +275,17 @@ int run(int argc, char** argv) {
         auto world = loom::comm::Mpi::world();
         try {
             world.run([&](loom::comm::Mpi& comm) {
+                loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
                 if (flags.device.kind == loom::DeviceKind::host) {
-                    train(comm, flags, "MPI processes");
+                    train(host, flags, "MPI processes");
                     return;
                 }
                 // One GPU per process, the processes joined over NCCL
-                // (bootstrapped through MPI), each training on its GPU's stream.
+                // (bootstrapped through MPI), each training on its GPU's stream;
+                // OptEx's state and collectives stay on the host, over MPI.
                 const loom::Device device = process_device(flags);
                 if (flags.optex > 0) {
-                    // OptEx's state and collectives stay on the host, over MPI; each GPU computes gradients.
-                    const std::string transport = device_transport(device, "MPI processes, one GPU each, rank 0");
-                    train_optex(comm, flags, transport.c_str(), device);
+                    train(host, flags, device_transport(device, "MPI processes, one GPU each, rank 0").c_str(), device);
                     return;
                 }
                 // NCCL pairs one link's messages in the order they are issued,
@@ -317,7 +297,6 @@ int run(int argc, char** argv) {
                                 "use --schedule gpipe, 1f1b, zb or interleaved, or rank threads on one GPU "
                                 "(no mpirun)");
                 const std::string transport = device_transport(device, "NCCL processes, one GPU each, rank 0");
-                loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
                 loom::comm::run_process_on(device, host,
                                            [&](loom::comm::AnyComm& gpus) { train(gpus, flags, transport.c_str()); });
             });
@@ -331,43 +310,37 @@ int run(int argc, char** argv) {
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
     }
-    if (flags.device.kind != loom::DeviceKind::host && flags.optex > 0) {
-        // OptEx: host rank threads (its state and collectives stay in host
-        // memory), each computing its gradients on the GPU on its own stream.
-        const int ranks = device_ranks(flags) * flags.optex;
-        const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
-        loom::comm::ThreadWorld(ranks).run(
-            [&](loom::comm::ThreadComm& comm) { train_optex(comm, flags, transport.c_str(), flags.device); });
-        return refused_run() ? 1 : stop.exit_code();
-    }
-    if (flags.device.kind != loom::DeviceKind::host) {
+    const int ranks = device_ranks(flags) * std::max(1, flags.optex);
+    const std::string threads = ranks == 1 ? "rank thread" : "rank threads";
+    if (flags.device.kind != loom::DeviceKind::host && flags.optex == 0) {
         // Rank threads on the GPU (the backend's world), each with its own stream.
-        const int ranks = device_ranks(flags);
-        const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
+        const std::string transport = device_transport(flags.device, threads);
         loom::comm::run_ranks_on(flags.device, ranks,
                                  [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
         return refused_run() ? 1 : stop.exit_code();
     }
-    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
+    // Host rank threads; with --device and OptEx, its state and collectives
+    // stay in host memory and each thread computes its gradients on the GPU.
+    std::optional<loom::plan::Cluster> cluster;
     if (!flags.cluster.empty()) {
         // The rank threads' traffic takes as long as it would over the
         // cluster's links (comm/shaped.hpp): the runs loom-plan's cost model is checked against.
-        const loom::plan::Cluster cluster = loom::plan::load_cluster(flags.cluster);
-        if (cluster.size() != ranks)
-            usage_error("--cluster " + flags.cluster + " describes " + std::to_string(cluster.size()) +
+        cluster = loom::plan::load_cluster(flags.cluster);
+        if (cluster->size() != ranks)
+            usage_error("--cluster " + flags.cluster + " describes " + std::to_string(cluster->size()) +
                         " devices but the run has " + std::to_string(ranks) +
                         " ranks; give a cluster with one device per rank");
         std::ostringstream links;
-        links << cluster.links();
+        links << cluster->links();
         std::printf("links of %s: %s\n", flags.cluster.c_str(), links.str().c_str());
-        loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
-            loom::comm::Shaped<loom::comm::ThreadComm> shaped(std::move(comm), cluster.links());
-            train(shaped, flags, "rank threads");
-        });
-        return refused_run() ? 1 : stop.exit_code();
     }
+    const std::string transport = flags.device.kind != loom::DeviceKind::host ? device_transport(flags.device, threads)
+                                  : cluster ? "rank threads" : threads;
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
-        train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
+        std::optional<loom::comm::Shaped<loom::comm::ThreadComm>> shaped;
+        if (cluster) shaped.emplace(std::move(comm), cluster->links());
+        loom::comm::AnyComm world = shaped ? loom::comm::AnyComm::view(*shaped) : loom::comm::AnyComm::view(comm);
+        train(world, flags, transport.c_str(), flags.device);
     });
     return refused_run() ? 1 : stop.exit_code();
 }

@@ -13,8 +13,8 @@
 // OptEx's state, history and collectives stay in host memory (`world` is a
 // host communicator); each rank's forward and backward run on `device`
 // (exec::ModelGradient), a GPU with --device cuda.
-template <loom::comm::Communicator C>
-void train_optex(C& world, const Flags& flags, const char* transport, loom::Device device) {
+void train_optex(loom::comm::AnyComm& world, const Flags& flags, const char* transport, loom::Device device) {
+    using C = loom::comm::AnyComm;
     const int workers = flags.optex;
     const int dp_size = optex_dp_size(flags, world.size());
     loom::kernels::host::set_blas_threads(flags.threads);
@@ -27,38 +27,20 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
     loom::exec::ModelGradient<loom::gpt::Model> gradient_at(model, device, flags.matmul);
     const std::int64_t parameters = gradient_at.size();
-    std::vector<float> values(static_cast<std::size_t>(parameters)), m, v;
-    std::int64_t first_step = 0, optimizer_steps = 0;
-    const bool sharded_resume = !flags.resume.empty() && std::filesystem::is_directory(flags.resume);
-    if (sharded_resume) {
-        first_step = loom::gpt::check_sharded_metadata(flags.resume, flags.model,
-                                                       loom::exec::read_sharded_index(flags.resume).metadata).step;
-    } else if (!flags.resume.empty()) {
-        m.resize(values.size());
-        v.resize(values.size());
-        const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
-        first_step = steps.step;
-        optimizer_steps = steps.optimizer_steps;
-    } else {
+    std::vector<float> values(static_cast<std::size_t>(parameters));
+    if (flags.resume.empty()) {
         gradient_at.arena().initialize(model, flags.seed);
         gradient_at.store(values);
     }
     const loom::optim::AdamWConfig adamw{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
     loom::optim::OptEx<loom::optim::AdamW, C> optex(
         mesh.axis("optex"), values, [&](std::int64_t n) { return loom::optim::AdamW(n, adamw); }, flags.optex_config);
+    // A sharded resume reads this rank's slice of everything, the history
+    // included, from any number of workers (or the executor's shards, with
+    // no history); one file keeps no history.
     std::string history_note;  // why a resume starts with an empty history
-    if (sharded_resume) {
-        // This rank's slice of everything, the history included, from any
-        // number of workers (or the executor's shards, with no history).
-        (void)loom::exec::load_sharded_optex(optex, flags.resume, history_note);
-    } else if (!flags.resume.empty()) {
-        // The moments of this rank's slice; one file keeps no history.
-        const auto lo = static_cast<std::ptrdiff_t>(optex.slice_begin()), hi = static_cast<std::ptrdiff_t>(optex.slice_end());
-        std::copy(m.begin() + lo, m.begin() + hi, optex.inner().m().begin());
-        std::copy(v.begin() + lo, v.begin() + hi, optex.inner().v().begin());
-        optex.inner().restore(optimizer_steps);
-        history_note = "a single-file checkpoint keeps no OptEx history (--sharded does)";
-    }
+    const std::int64_t first_step =
+        flags.resume.empty() ? 0 : loom::train::resume_optex(optex, flags.model, flags.resume, history_note);
 
     if (lead) {
         std::ostringstream config, method;
@@ -81,27 +63,13 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     // whole state gathered to every rank and written by the lead.
     const bool holder = mesh.coordinate("dp") == 0;  // the other dp replicas hold copies
     std::optional<loom::exec::ShardedSave<C>> in_flight;
+    const auto identity = loom::train::run_identity_metadata(flags.data, flags.seed);  // for a resume to check
     const auto save = [&](const std::string& path, std::int64_t step) {
-        if (flags.sharded) {
-            auto metadata = loom::gpt::sharded_metadata(flags.model, step, optex.inner().steps(), corpus.describe());
-            metadata.merge(loom::train::run_identity_metadata(flags.data, flags.seed));
-            if (in_flight) in_flight->finish();
-            in_flight.reset();
-            in_flight.emplace(world, path, loom::exec::optex_shard_contents(optex, holder),
-                              loom::exec::with_optex_signature(std::move(metadata), optex));
-            return;
-        }
-        m.resize(values.size());
-        v.resize(values.size());
-        optex.gather_params(values);
-        optex.gather(optex.inner().m(), m);
-        optex.gather(optex.inner().v(), v);
-        // Every rank holds the same state, so all throw together.
-        loom::gpt::check_finite_state(flags.model, values, m, v,
-                                      "step " + std::to_string(step) + " (" + path + " was not written)");
-        if (lead)
-            loom::gpt::save_checkpoint(path, flags.model, values, m, v, optex.inner().steps(), step, corpus.describe(),
-                                       {}, loom::train::run_identity_metadata(flags.data, flags.seed));
+        if (flags.sharded)
+            loom::train::save_optex_sharded(world, optex, holder, flags.model, path, step, corpus.describe(), identity,
+                                            in_flight);
+        else
+            loom::train::save_optex(world, optex, flags.model, path, step, corpus.describe(), identity);
     };
 
     const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq, total = flags.steps, last = flags.until;

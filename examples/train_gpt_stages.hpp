@@ -30,8 +30,7 @@ inline std::vector<int> gpt_partition(const Flags& flags, const std::vector<doub
 
 // The short profiling pass: world rank 0 times every unit on one micro-batch
 // and sends the times to all, so every rank cuts the model the same way.
-template <loom::comm::Communicator C>
-std::vector<double> profiled_unit_seconds(C& world, const Flags& flags, const loom::data::ByteCorpus& corpus,
+inline std::vector<double> profiled_unit_seconds(loom::comm::AnyComm& world, const Flags& flags, const loom::data::ByteCorpus& corpus,
                                           std::int64_t rows) {
     std::vector<double> seconds(static_cast<std::size_t>(flags.model.layers + 4), 0.0);
     if (world.rank() == 0) {
