@@ -3,12 +3,15 @@
 // threads of this process, on the processes of `mpirun -np N train_gpt`
 // (found from the launcher's environment), or on GPUs (--device cuda). The
 // strategy is one loom::StrategySpec, from --strategy TEXT or the piecewise
-// flags; the executor runs it whatever it is, so nothing here dispatches on
-// types. `train_gpt --help` lists every flag, docs/train_gpt.md says more.
-// The flags are train_gpt_flags.hpp; what they must agree on before anything
-// is built, train_gpt_checks.hpp; the pipeline's stages, train_gpt_stages.hpp;
-// --device, train_gpt_device.hpp; --optex's loop, train_gpt_optex.hpp; what
-// is written and when (probes, saves, stops), train_gpt_outputs.hpp.
+// flags; the executor runs it whatever it is, and every transport is one
+// AnyComm, so nothing here dispatches on types. `train_gpt --help` lists
+// every flag, docs/train_gpt.md says more. The flags are train_gpt_flags.hpp;
+// what they must agree on before anything is built, train_gpt_checks.hpp
+// (the degrees by plan/layout_rules.hpp); the pipeline's stages,
+// train_gpt_stages.hpp; --device, train_gpt_device.hpp; --optex,
+// train_gpt_optex.hpp; probes and stops, train_gpt_outputs.hpp. The loop
+// around each step and the checkpoints are the library's (train/step_loop.hpp,
+// train/executor_checkpoint.hpp, train/optex_checkpoint.hpp).
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/device_processes.hpp>
 #include <loom/comm/device_ranks.hpp>
@@ -34,6 +37,7 @@
 #include <loom/plan/cluster_json.hpp>
 #include <loom/plan/gpt_description.hpp>
 #include <loom/plan/layout_rules.hpp>
+#include <loom/plan/stage_units.hpp>
 #include <loom/schedule/partition.hpp>
 #include <loom/plan/profile.hpp>
 #include <loom/optim/schedule.hpp>
@@ -136,11 +140,14 @@ void train(loom::comm::AnyComm& world, const Flags& flags, const char* transport
     // Sequence-parallel ranks reduce gradients with the data-parallel ones.
     C& dp = flags.sp > 1 ? mesh.combined({"dp", "sp"}) : mesh.axis("dp");
     const std::int64_t rows = flags.batch / dp_size;
-    std::vector<int> partition;
-    if (flags.pp > 1)
-        partition = gpt_partition(flags, flags.partition.empty()
-                                             ? profiled_unit_seconds(world, flags, corpus, rows / flags.micro_batches)
-                                             : std::vector<double>{});
+    const loom::plan::ModelDescription gpt = loom::plan::describe_gpt(flags.model, flags.batch);
+    std::vector<int> stage_layers, partition;  // per virtual stage: layers, and the executor's units
+    if (flags.pp > 1) {
+        stage_layers = gpt_partition(flags, gpt, flags.partition.empty()
+                                                     ? profiled_unit_seconds(world, flags, corpus, rows / flags.micro_batches)
+                                                     : std::vector<double>{});
+        partition = loom::plan::units_per_stage(gpt, stage_layers);
+    }
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
     loom::exec::Executor<C> exec(model, dp, flags.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  flags.tp > 1 ? &mesh.axis("tp") : nullptr,
@@ -182,7 +189,7 @@ void train(loom::comm::AnyComm& world, const Flags& flags, const char* transport
         std::printf("host GEMM: %s\n", loom::kernels::host::host_gemm_report().c_str());
         if (flags.pp > 1)
             std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
-                        describe_stages(partition, flags.model.layers).c_str());
+                        loom::plan::describe_stages(gpt, stage_layers).c_str());
         if (flags.tp > 1) std::printf("%s\n", exec.cut_report().summary().c_str());  // what tp did to the layers
         const unsigned cores = std::thread::hardware_concurrency();
         if (cores > 0 && std::string_view(transport) == "rank threads" &&
