@@ -111,6 +111,10 @@ TEST_CASE("layout rules: sequence parallelism's chunks, heads and ring", "[plan]
           "for a group of all sp ranks)");
     CHECK(why(sequence(8, SequenceAttention::hybrid, 4), 2) ==
           "UlyssesRing<4> does not divide the 2 attention heads; use a group size dividing 2");
+    loom::plan::ModelDescription unknown = loom::plan::describe_gpt({4, 96, 4, 32, 256}, 8);
+    unknown.sequence = 0;  // a hand-written description that does not say
+    CHECK(loom::plan::why_invalid(unknown, sequence(2, SequenceAttention::ring), 2) ==
+          "sequence parallelism needs the model's sequence length");
     Layout l = sequence(2, SequenceAttention::ring);
     l.tp = 4;
     l.strategy.tensor_parallel = l.strategy.tensor_grid = true;
