@@ -67,6 +67,18 @@ TEST_CASE("layout rules: the degrees and the ranks", "[plan][layout]") {
           "dp 2 x tp 2 = 4 ranks, but there are 6; the degrees must multiply to 6");
 }
 
+TEST_CASE("layout rules: each degree above 1 and the policy that cuts along it", "[plan][layout]") {
+    Layout l;
+    l.tp = 2;
+    CHECK(why(l) == "tp 2 needs TensorParallel or Optimus2D in the strategy; add it");
+    l = {};
+    l.strategy.pipelined = true;
+    CHECK(why(l) == "the strategy names Pipeline<...> but pp is 1; use pp 2 or more");
+    l = {};
+    l.sp = 2;
+    CHECK(why(l) == "sp 2 needs SequenceParallel<...> in the strategy; add it");
+}
+
 TEST_CASE("layout rules: the batch, the ZeRO stage and the dp compressor", "[plan][layout]") {
     Layout l;
     l.dp = 4;

@@ -63,6 +63,21 @@ namespace layout_detail {
     return out.str();
 }
 
+// A degree above 1 needs the policy that cuts along it, and a policy needs
+// its degree (a Strategy names what to cut, the mesh how many ways).
+inline void policy_rules(std::ostream& why, const Layout& l) {
+    const auto agree = [&](bool named, const char* policy, const char* axis, int degree) {
+        if (why.tellp() > 0) return;
+        if (named && degree == 1)
+            why << "the strategy names " << policy << " but " << axis << " is 1; use " << axis << " 2 or more";
+        else if (!named && degree > 1)
+            why << axis << " " << degree << " needs " << policy << " in the strategy; add it";
+    };
+    agree(l.strategy.pipelined, "Pipeline<...>", "pp", l.pp);
+    agree(l.strategy.tensor_parallel, "TensorParallel or Optimus2D", "tp", l.tp);
+    agree(l.strategy.sequence_parallel, "SequenceParallel<...>", "sp", l.sp);
+}
+
 // Megatron 1D cuts attention by heads (and so the MLP's 4C features, which
 // the heads divide) and the embedding and the head by vocabulary; Optimus 2D
 // cuts the same, and each micro-batch's samples, by the grid's side q.
@@ -166,7 +181,9 @@ inline void pipeline_rules(std::ostream& why, const ModelDescription& model, con
     else if (l.ranks() != ranks)
         why << layout_detail::degrees_text(l) << " = " << l.ranks() << " ranks, but there are " << ranks
             << "; the degrees must multiply to " << ranks;
-    else if (l.micro_batches < 1 || model.batch % split != 0)
+    if (why.tellp() == 0) layout_detail::policy_rules(why, l);
+    if (why.tellp() > 0) return why.str();
+    if (l.micro_batches < 1 || model.batch % split != 0)
         why << "batch " << model.batch << " does not split into dp " << l.dp << " x " << l.micro_batches
             << " micro-batches of whole samples; use a batch that is a multiple of " << split;
     else if (l.strategy.zero_stage < 0 || l.strategy.zero_stage > 3)
