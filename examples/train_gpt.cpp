@@ -3,12 +3,15 @@
 // threads of this process, on the processes of `mpirun -np N train_gpt`
 // (found from the launcher's environment), or on GPUs (--device cuda). The
 // strategy is one loom::StrategySpec, from --strategy TEXT or the piecewise
-// flags; the executor runs it whatever it is, so nothing here dispatches on
-// types. `train_gpt --help` lists every flag, docs/train_gpt.md says more.
-// The flags are train_gpt_flags.hpp; what they must agree on before anything
-// is built, train_gpt_checks.hpp; the pipeline's stages, train_gpt_stages.hpp;
-// --device, train_gpt_device.hpp; --optex's loop, train_gpt_optex.hpp; what
-// is written and when (probes, saves, stops), train_gpt_outputs.hpp.
+// flags; the executor runs it whatever it is, and every transport is one
+// AnyComm, so nothing here dispatches on types. `train_gpt --help` lists
+// every flag, docs/train_gpt.md says more. The flags are train_gpt_flags.hpp;
+// what they must agree on before anything is built, train_gpt_checks.hpp
+// (the degrees by plan/layout_rules.hpp); the pipeline's stages,
+// train_gpt_stages.hpp; --device, train_gpt_device.hpp; --optex,
+// train_gpt_optex.hpp; probes and stops, train_gpt_outputs.hpp. The loop
+// around each step and the checkpoints are the library's (train/step_loop.hpp,
+// train/executor_checkpoint.hpp, train/optex_checkpoint.hpp).
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/device_processes.hpp>
 #include <loom/comm/device_ranks.hpp>
@@ -21,9 +24,7 @@
 #include <loom/exec/executor.hpp>
 #include <loom/exec/model_gradient.hpp>
 #include <loom/exec/sharded_checkpoint.hpp>
-#include <loom/exec/sharded_optex.hpp>
 #include <loom/exec/trace.hpp>
-#include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/gpt/sample.hpp>
 #include <loom/io/atomic_file.hpp>
@@ -34,22 +35,23 @@
 #include <loom/optim/adamw.hpp>
 #include <loom/optim/optex.hpp>
 #include <loom/plan/cluster_json.hpp>
+#include <loom/plan/gpt_description.hpp>
+#include <loom/plan/layout_rules.hpp>
+#include <loom/plan/stage_units.hpp>
 #include <loom/schedule/partition.hpp>
 #include <loom/plan/profile.hpp>
-#include <loom/schedule/pipeline.hpp>
 #include <loom/optim/schedule.hpp>
-#include <loom/parallel/optimus2d.hpp>
 #include <loom/parallel/strategy_spec.hpp>
 #include <loom/parallel/strategy_text.hpp>
 #include <loom/train/compression_state.hpp>
 #include <loom/train/data_identity.hpp>
+#include <loom/train/executor_checkpoint.hpp>
 #include <loom/train/finite_check.hpp>
 #include <loom/train/setup_refusal.hpp>
 #include <loom/train/launcher.hpp>
 #include <loom/train/memory_preflight.hpp>
-#include <loom/train/metrics.hpp>
-#include <loom/train/periodic_save.hpp>
-#include <loom/train/progress.hpp>
+#include <loom/train/optex_checkpoint.hpp>
+#include <loom/train/step_loop.hpp>
 #include <loom/train/stop_signal.hpp>
 
 #if LOOM_EXAMPLE_WITH_MPI
@@ -64,13 +66,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <map>
 #include <numeric>
 #include <filesystem>
 #include <optional>
@@ -88,20 +88,15 @@ namespace {
 #include "train_gpt_stages.hpp"
 #include "train_gpt_outputs.hpp"
 
-// What a run reports as it goes, on the lead rank: the metrics file (a
-// resumed run continues it instead of replacing it) and the progress bar.
-struct RunReport {
-    std::optional<loom::train::MetricsWriter> metrics;
-    std::optional<loom::train::Progress> progress;
-    RunReport(const Flags& flags, bool lead, std::int64_t first_step) {
-        LOOM_CHECK(first_step <= flags.until, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
-                   ", past --until ", flags.until);
-        if (lead && !flags.metrics.empty())
-            metrics.emplace(flags.metrics, first_step > 0 ? loom::train::MetricsWriter::Mode::append
-                                                          : loom::train::MetricsWriter::Mode::replace);
-        if (lead) progress.emplace(flags.until - first_step);
-    }
-};
+// The training loop's settings (train/step_loop.hpp) for a run resumed at `first_step`.
+loom::train::StepLoop step_loop(const Flags& flags, std::int64_t first_step, std::int64_t tokens_per_step,
+                                loom::Device device) {
+    LOOM_CHECK(first_step <= flags.until, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
+               ", past --until ", flags.until);
+    return {.first_step = first_step, .until = flags.until, .tokens_per_step = tokens_per_step, .metrics = flags.metrics,
+            .save = flags.save, .save_every = flags.save_every, .keep = flags.keep, .sharded = flags.sharded,
+            .device = device};
+}
 
 #include "train_gpt_device.hpp"
 
@@ -117,10 +112,14 @@ void print_sample(const Flags& flags, const loom::data::ByteCorpus& corpus, cons
 
 #include "train_gpt_optex.hpp"
 
-template <loom::comm::Communicator C>
-void train(C& world, const Flags& flags, const char* transport) {
+// The executor's loop on `world`, whatever carries it (threads, shaped
+// links, MPI, a GPU's ranks: one AnyComm, so one instantiation); or, with
+// --optex, OptEx's, whose gradients run on `optex_device`.
+void train(loom::comm::AnyComm& world, const Flags& flags, const char* transport,
+           loom::Device optex_device = loom::host_device) {
+    using C = loom::comm::AnyComm;
     if (flags.optex > 0) {
-        train_optex(world, flags, transport, loom::host_device);
+        train_optex(world, flags, transport, optex_device);
         return;
     }
     const int dp_size = flags.dp > 0 ? flags.dp : std::max(1, world.size() / (flags.pp * flags.tp * flags.sp));
@@ -141,11 +140,14 @@ void train(C& world, const Flags& flags, const char* transport) {
     // Sequence-parallel ranks reduce gradients with the data-parallel ones.
     C& dp = flags.sp > 1 ? mesh.combined({"dp", "sp"}) : mesh.axis("dp");
     const std::int64_t rows = flags.batch / dp_size;
-    std::vector<int> partition;
-    if (flags.pp > 1)
-        partition = gpt_partition(flags, flags.partition.empty()
-                                             ? profiled_unit_seconds(world, flags, corpus, rows / flags.micro_batches)
-                                             : std::vector<double>{});
+    const loom::plan::ModelDescription gpt = loom::plan::describe_gpt(flags.model, flags.batch);
+    std::vector<int> stage_layers, partition;  // per virtual stage: layers, and the executor's units
+    if (flags.pp > 1) {
+        stage_layers = gpt_partition(flags, gpt, flags.partition.empty()
+                                                     ? profiled_unit_seconds(world, flags, corpus, rows / flags.micro_batches)
+                                                     : std::vector<double>{});
+        partition = loom::plan::units_per_stage(gpt, stage_layers);
+    }
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
     loom::exec::Executor<C> exec(model, dp, flags.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  flags.tp > 1 ? &mesh.axis("tp") : nullptr,
@@ -160,36 +162,14 @@ void train(C& world, const Flags& flags, const char* transport) {
                                   .device = flags.device,
                                   .matmul = flags.matmul});
     const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds
-    std::int64_t first_step = 0;
+    // A compressor's state is per rank: checkpoints keep it under a signature of the compressor and the degrees.
     const std::string compression_signature =
-        loom::train::compression_signature(flags.compress(), dp_size, flags.pp, flags.tp, flags.sp);
+        flags.compress().on() ? loom::train::compression_signature(flags.compress(), dp_size, flags.pp, flags.tp, flags.sp)
+                              : std::string();
     std::string compression_note;  // why a resume starts the compressor's state from zero
-    if (!flags.resume.empty() && std::filesystem::is_directory(flags.resume)) {
-        // A sharded checkpoint, from any strategy: every rank reads the shards and keeps what it owns.
-        first_step = loom::gpt::check_sharded_metadata(flags.resume, flags.model,
-                                                       loom::exec::read_sharded_index(flags.resume).metadata).step;
-        const auto index = loom::exec::load_sharded(exec, flags.resume);
-        if (flags.compress().on()) {
-            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
-            if (loom::exec::read_sharded_rank_state(flags.resume, index, world.rank(), compression_signature, state,
-                                                    compression_note))
-                exec.load_compression_state(state);
-        }
-    } else if (!flags.resume.empty()) {
-        // Every rank reads the whole checkpoint and keeps what it owns.
-        std::vector<float> values(static_cast<std::size_t>(parameters)), m(values.size()), v(values.size());
-        const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
-        exec.load_state(values, m, v, steps.optimizer_steps);
-        first_step = steps.step;
-        if (flags.compress().on()) {
-            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
-            if (loom::train::read_compression_state(flags.resume, compression_signature, world.rank(), state,
-                                                    compression_note))
-                exec.load_compression_state(state);
-        }
-    } else {
-        exec.initialize(flags.seed);
-    }
+    std::int64_t first_step = 0;
+    if (flags.resume.empty()) exec.initialize(flags.seed);
+    else first_step = loom::train::resume_executor(world, exec, flags.model, flags.resume, compression_signature, compression_note);
 
     if (lead) {
         std::ostringstream config;
@@ -209,7 +189,7 @@ void train(C& world, const Flags& flags, const char* transport) {
         std::printf("host GEMM: %s\n", loom::kernels::host::host_gemm_report().c_str());
         if (flags.pp > 1)
             std::printf("pipeline stages (%s): %s\n", flags.partition.empty() ? "balanced over measured layer times" : "--partition",
-                        describe_stages(partition, flags.model.layers).c_str());
+                        loom::plan::describe_stages(gpt, stage_layers).c_str());
         if (flags.tp > 1) std::printf("%s\n", exec.cut_report().summary().c_str());  // what tp did to the layers
         const unsigned cores = std::thread::hardware_concurrency();
         if (cores > 0 && std::string_view(transport) == "rank threads" &&
@@ -224,39 +204,29 @@ void train(C& world, const Flags& flags, const char* transport) {
                         static_cast<long long>(flags.warmup_steps()));
     }
 
-    const std::int64_t tokens_per_step = flags.batch * flags.model.seq;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * flags.model.seq)), targets(inputs.size());
     const auto input_tensor = loom::Tensor::of(inputs.data(), {rows, flags.model.seq});
     const auto target_tensor = loom::Tensor::of(targets.data(), {rows, flags.model.seq});
-    RunReport run_report(flags, lead, first_step);
-    auto& [metrics, progress] = run_report;
     const std::int64_t total = flags.steps, last = flags.until;
-    float loss = 0;
-    std::int64_t done = last;  // less after a stop signal
     std::optional<loom::exec::ShardedSave<C>> sharded_save;  // --sharded: a save writing while training goes on
-    for (std::int64_t step = first_step; step < last; ++step) {
-        const auto t0 = std::chrono::steady_clock::now();
-        corpus.rows(flags.seed, step, mesh.coordinate("dp") * rows, rows, flags.model.seq, inputs, targets);
-        const float lr = loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10));
-        loss = exec.step(input_tensor, target_tensor, lr);
-        loom::train::check_finite_loss(loss, step);  // the same loss on every rank: all stop together
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double tokens_per_second = static_cast<double>(tokens_per_step) / seconds;
-        if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
-        if (metrics) metrics->write(step, loss, tokens_per_second);
-        if (loom::train::agree_to_stop(world, flags.device)) {
-            done = step + 1;
-            break;
-        }
-        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last && flags.sharded) {
-            save_sharded_state(world, exec, flags, step + 1, corpus.describe(), compression_signature, sharded_save);
-        } else if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
-            (void)save_state(world, exec, flags, loom::train::periodic_checkpoint_path(flags.save, step + 1).string(),
-                             step + 1, compression_signature, corpus.describe());
-            if (lead) loom::train::prune_periodic_checkpoints(flags.save, flags.keep);
-        }
-    }
-    if (progress) progress->finish();
+    const auto identity = loom::train::run_identity_metadata(flags.data, flags.seed);  // for a resume to check
+    const auto [done, loss] = loom::train::run_steps(
+        world, step_loop(flags, first_step, flags.batch * flags.model.seq, flags.device),
+        [&](std::int64_t step) {
+            corpus.rows(flags.seed, step, mesh.coordinate("dp") * rows, rows, flags.model.seq, inputs, targets);
+            const float lr = loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10));
+            const float step_loss = exec.step(input_tensor, target_tensor, lr);
+            loom::train::check_finite_loss(step_loss, step);  // the same loss on every rank: all stop together
+            return step_loss;
+        },
+        [&](const std::string& path, std::int64_t step) {
+            if (flags.sharded)
+                loom::train::save_executor_sharded(world, exec, flags.model, path, step, corpus.describe(), identity,
+                                                   compression_signature, sharded_save);
+            else
+                (void)loom::train::save_executor(world, exec, flags.model, path, step, corpus.describe(), identity,
+                                                 compression_signature);
+        });
     if (lead && done > first_step)
         std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(done));
     if (lead && world.size() > 1) {
@@ -267,14 +237,16 @@ void train(C& world, const Flags& flags, const char* transport) {
 
     // The checkpoint first: a trace that cannot be written must not cost it.
     if (flags.sharded) {
-        save_sharded_state(world, exec, flags, done, corpus.describe(), compression_signature, sharded_save);
+        loom::train::save_executor_sharded(world, exec, flags.model, flags.save, done, corpus.describe(), identity,
+                                           compression_signature, sharded_save);
         sharded_save->finish();
         if (lead)
             std::printf("saved %s (step %lld, one shard per rank)\n", flags.save.c_str(), static_cast<long long>(done));
     }
     const std::string whole_file = flags.sharded ? std::string() : flags.save;
     if (!whole_file.empty() || flags.sample > 0) {
-        const std::vector<float> values = save_state(world, exec, flags, whole_file, done, compression_signature, corpus.describe());
+        const std::vector<float> values = loom::train::save_executor(world, exec, flags.model, whole_file, done,
+                                                                     corpus.describe(), identity, compression_signature);
         if (lead && !whole_file.empty()) std::printf("saved %s (step %lld)\n", flags.save.c_str(), static_cast<long long>(done));
         if (lead && flags.sample > 0 && done == last) print_sample(flags, corpus, values);
     }
@@ -310,17 +282,17 @@ int run(int argc, char** argv) {
         auto world = loom::comm::Mpi::world();
         try {
             world.run([&](loom::comm::Mpi& comm) {
+                loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
                 if (flags.device.kind == loom::DeviceKind::host) {
-                    train(comm, flags, "MPI processes");
+                    train(host, flags, "MPI processes");
                     return;
                 }
                 // One GPU per process, the processes joined over NCCL
-                // (bootstrapped through MPI), each training on its GPU's stream.
+                // (bootstrapped through MPI), each training on its GPU's stream;
+                // OptEx's state and collectives stay on the host, over MPI.
                 const loom::Device device = process_device(flags);
                 if (flags.optex > 0) {
-                    // OptEx's state and collectives stay on the host, over MPI; each GPU computes gradients.
-                    const std::string transport = device_transport(device, "MPI processes, one GPU each, rank 0");
-                    train_optex(comm, flags, transport.c_str(), device);
+                    train(host, flags, device_transport(device, "MPI processes, one GPU each, rank 0").c_str(), device);
                     return;
                 }
                 // NCCL pairs one link's messages in the order they are issued,
@@ -332,7 +304,6 @@ int run(int argc, char** argv) {
                                 "use --schedule gpipe, 1f1b, zb or interleaved, or rank threads on one GPU "
                                 "(no mpirun)");
                 const std::string transport = device_transport(device, "NCCL processes, one GPU each, rank 0");
-                loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
                 loom::comm::run_process_on(device, host,
                                            [&](loom::comm::AnyComm& gpus) { train(gpus, flags, transport.c_str()); });
             });
@@ -346,43 +317,37 @@ int run(int argc, char** argv) {
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
     }
-    if (flags.device.kind != loom::DeviceKind::host && flags.optex > 0) {
-        // OptEx: host rank threads (its state and collectives stay in host
-        // memory), each computing its gradients on the GPU on its own stream.
-        const int ranks = device_ranks(flags) * flags.optex;
-        const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
-        loom::comm::ThreadWorld(ranks).run(
-            [&](loom::comm::ThreadComm& comm) { train_optex(comm, flags, transport.c_str(), flags.device); });
-        return refused_run() ? 1 : stop.exit_code();
-    }
-    if (flags.device.kind != loom::DeviceKind::host) {
+    const int ranks = device_ranks(flags) * std::max(1, flags.optex);
+    const std::string threads = ranks == 1 ? "rank thread" : "rank threads";
+    if (flags.device.kind != loom::DeviceKind::host && flags.optex == 0) {
         // Rank threads on the GPU (the backend's world), each with its own stream.
-        const int ranks = device_ranks(flags);
-        const std::string transport = device_transport(flags.device, ranks == 1 ? "rank thread" : "rank threads");
+        const std::string transport = device_transport(flags.device, threads);
         loom::comm::run_ranks_on(flags.device, ranks,
                                  [&](loom::comm::AnyComm& comm) { train(comm, flags, transport.c_str()); });
         return refused_run() ? 1 : stop.exit_code();
     }
-    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
+    // Host rank threads; with --device and OptEx, its state and collectives
+    // stay in host memory and each thread computes its gradients on the GPU.
+    std::optional<loom::plan::Cluster> cluster;
     if (!flags.cluster.empty()) {
         // The rank threads' traffic takes as long as it would over the
         // cluster's links (comm/shaped.hpp): the runs loom-plan's cost model is checked against.
-        const loom::plan::Cluster cluster = loom::plan::load_cluster(flags.cluster);
-        if (cluster.size() != ranks)
-            usage_error("--cluster " + flags.cluster + " describes " + std::to_string(cluster.size()) +
+        cluster = loom::plan::load_cluster(flags.cluster);
+        if (cluster->size() != ranks)
+            usage_error("--cluster " + flags.cluster + " describes " + std::to_string(cluster->size()) +
                         " devices but the run has " + std::to_string(ranks) +
                         " ranks; give a cluster with one device per rank");
         std::ostringstream links;
-        links << cluster.links();
+        links << cluster->links();
         std::printf("links of %s: %s\n", flags.cluster.c_str(), links.str().c_str());
-        loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
-            loom::comm::Shaped<loom::comm::ThreadComm> shaped(std::move(comm), cluster.links());
-            train(shaped, flags, "rank threads");
-        });
-        return refused_run() ? 1 : stop.exit_code();
     }
+    const std::string transport = flags.device.kind != loom::DeviceKind::host ? device_transport(flags.device, threads)
+                                  : cluster ? "rank threads" : threads;
     loom::comm::ThreadWorld(ranks).run([&](loom::comm::ThreadComm& comm) {
-        train(comm, flags, ranks == 1 ? "rank thread" : "rank threads");
+        std::optional<loom::comm::Shaped<loom::comm::ThreadComm>> shaped;
+        if (cluster) shaped.emplace(std::move(comm), cluster->links());
+        loom::comm::AnyComm world = shaped ? loom::comm::AnyComm::view(*shaped) : loom::comm::AnyComm::view(comm);
+        train(world, flags, transport.c_str(), flags.device);
     });
     return refused_run() ? 1 : stop.exit_code();
 }

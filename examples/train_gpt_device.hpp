@@ -40,7 +40,7 @@ inline void check_device_flags(const Flags& flags) {
     }
 }
 
-// The rank threads a --device run starts: --dp x --pp x --tp x --sp.
+// The ranks the degrees name, --dp x --pp x --tp x --sp (the rank threads a --device run starts).
 inline int device_ranks(const Flags& flags) {
     return (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp;
 }
@@ -65,20 +65,12 @@ inline std::string device_transport(loom::Device device, const std::string& what
 // refused by name).
 inline loom::Device process_device(const Flags& flags) {
     if (!flags.device_per_process) return flags.device;
-    for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"})
-        if (const char* value = std::getenv(variable)) {
-            char* end = nullptr;
-            const long local_rank = std::strtol(value, &end, 10);
-            if (end == value || *end != '\0' || local_rank < 0 || local_rank > 1'000'000)
-                usage_error(std::string("--device cuda under mpirun: ") + variable + " = '" + value +
-                            "' is not a local rank (a whole number from 0)");
-            try {
-                const int visible = loom::device_runtime(flags.device).device_count();
-                return loom::cuda_device(
-                    loom::comm::device_of_local_rank(static_cast<int>(local_rank), visible, variable));
-            } catch (const loom::Error& e) {
-                usage_error("--device cuda under mpirun: " + e.message());
-            }
-        }
-    return flags.device;
+    try {
+        const loom::train::LocalRank local = loom::train::launcher_local_rank();
+        if (local.rank < 0) return flags.device;
+        const int visible = loom::device_runtime(flags.device).device_count();
+        return loom::cuda_device(loom::comm::device_of_local_rank(local.rank, visible, local.variable));
+    } catch (const loom::Error& e) {
+        usage_error("--device cuda under mpirun: " + e.message());
+    }
 }

@@ -103,15 +103,12 @@ inline loom::RecomputeSpec recompute_of(const std::string& text) {
     }
 }
 
+// --compress, --compress-pp, --compress-tp: what each axis may take is the
+// strategy's rule (LOOM_RULE_ACTIVATION_CAST), checked with the whole spec.
 inline loom::Compression parse_compress_flag(const std::string& flag, const std::string& text) {
     try {
-        const loom::Compression c = loom::parse_compression(text);
-        if (flag != "--compress" && c.on() && !c.is_cast())
-            usage_error(flag + " " + text + ": activations take bf16, fp16 or none (no error feedback recovers "
-                        "what a lossier compressor drops); --compress is for gradients");
-        return c;
+        return loom::parse_compression(text);
     } catch (const loom::Error& e) {
-        if (e.message().starts_with("train_gpt: ")) throw;
         usage_error(flag + ": " + e.message());
     }
 }
@@ -164,24 +161,14 @@ inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
     return spec;
 }
 
-// --strategy TEXT: the spec as written, whose policies must match the degrees.
-inline loom::StrategySpec strategy_of(const std::string& text, const Flags& f) {
-    loom::StrategySpec spec;
+// --strategy TEXT: the spec as written (whose policies must match the
+// degrees: plan/layout_rules.hpp, with the other degree rules).
+inline loom::StrategySpec strategy_of(const std::string& text) {
     try {
-        spec = loom::parse_strategy(text);
+        return loom::parse_strategy(text);
     } catch (const loom::Error& e) {
         usage_error("--strategy: " + e.message());
     }
-    const auto agree = [&](bool policy, const char* names, const char* flag, int degree) {
-        if (policy && degree == 1)
-            usage_error(std::string("--strategy names ") + names + " but " + flag + " is 1; add " + flag + " 2 or more");
-        if (!policy && degree > 1)
-            usage_error(std::string(flag) + " " + std::to_string(degree) + " needs " + names + " in --strategy; add it");
-    };
-    agree(spec.pipelined, "Pipeline<...>", "--pp", f.pp);
-    agree(spec.tensor_parallel, "TensorParallel or Optimus2D", "--tp", f.tp);
-    agree(spec.sequence_parallel, "SequenceParallel<...>", "--sp", f.sp);
-    return spec;
 }
 
 // The whole command line as Flags, or the one-line reason it is not one.
@@ -321,7 +308,7 @@ inline Flags parse(int argc, char** argv) {
         if (!s.strategy.empty() && piece->count() > 0)
             usage_error("--strategy gives the whole strategy; drop " + piece->get_name() + " " + piece->as<std::string>() +
                         " or write it into --strategy");
-    f.strategy = s.strategy.empty() ? strategy_of(s, f) : strategy_of(s.strategy, f);
+    f.strategy = s.strategy.empty() ? strategy_of(s, f) : strategy_of(s.strategy);
     try {
         f.strategy.validate();
     } catch (const loom::Error& e) {
@@ -348,6 +335,8 @@ inline Flags parse(int argc, char** argv) {
         refuse(f.pp > 1, "--pp " + std::to_string(f.pp));
         refuse(f.tp > 1, "--tp " + std::to_string(f.tp));
         refuse(f.sp > 1, "--sp " + std::to_string(f.sp));
+        refuse(f.strategy.pipelined || f.strategy.tensor_parallel || f.strategy.sequence_parallel,
+               "the pipeline, tensor or sequence policy from --strategy");
         refuse(f.strategy.zero_stage > 0,
                "--zero " + std::to_string(f.strategy.zero_stage) + " (OptEx shards its own state over the workers)");
         refuse(f.micro_batches > 1, "--micro-batches " + std::to_string(f.micro_batches));

@@ -3,7 +3,7 @@
 // collectives stay in host memory over a host communicator (rank threads, or
 // MPI processes); each rank's forward and backward run where --device says,
 // through exec::ModelGradient. Included by train_gpt.cpp inside its
-// anonymous namespace, after its Flags, RunReport and print helpers;
+// anonymous namespace, after its Flags, step_loop and print helpers;
 // train_gpt.cpp includes the loom headers this uses at its top.
 #pragma once
 
@@ -13,15 +13,13 @@
 // OptEx's state, history and collectives stay in host memory (`world` is a
 // host communicator); each rank's forward and backward run on `device`
 // (exec::ModelGradient), a GPU with --device cuda.
-template <loom::comm::Communicator C>
-void train_optex(C& world, const Flags& flags, const char* transport, loom::Device device) {
+void train_optex(loom::comm::AnyComm& world, const Flags& flags, const char* transport, loom::Device device) {
+    using C = loom::comm::AnyComm;
     const int workers = flags.optex;
     const int dp_size = optex_dp_size(flags, world.size());
     loom::kernels::host::set_blas_threads(flags.threads);
     const bool lead = world.rank() == 0;
-    const auto corpus = flags.data.empty()
-                            ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
-                            : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
+    const loom::data::ByteCorpus corpus = load_corpus(flags);
     loom::comm::Mesh<C> mesh(world, {{"optex", workers}, {"dp", dp_size}});
     C& dp = mesh.axis("dp");
     const int worker = mesh.coordinate("optex");
@@ -29,38 +27,20 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
     loom::exec::ModelGradient<loom::gpt::Model> gradient_at(model, device, flags.matmul);
     const std::int64_t parameters = gradient_at.size();
-    std::vector<float> values(static_cast<std::size_t>(parameters)), m, v;
-    std::int64_t first_step = 0, optimizer_steps = 0;
-    const bool sharded_resume = !flags.resume.empty() && std::filesystem::is_directory(flags.resume);
-    if (sharded_resume) {
-        first_step = loom::gpt::check_sharded_metadata(flags.resume, flags.model,
-                                                       loom::exec::read_sharded_index(flags.resume).metadata).step;
-    } else if (!flags.resume.empty()) {
-        m.resize(values.size());
-        v.resize(values.size());
-        const auto steps = loom::gpt::load_checkpoint(flags.resume, flags.model, values, m, v);
-        first_step = steps.step;
-        optimizer_steps = steps.optimizer_steps;
-    } else {
+    std::vector<float> values(static_cast<std::size_t>(parameters));
+    if (flags.resume.empty()) {
         gradient_at.arena().initialize(model, flags.seed);
         gradient_at.store(values);
     }
     const loom::optim::AdamWConfig adamw{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
     loom::optim::OptEx<loom::optim::AdamW, C> optex(
         mesh.axis("optex"), values, [&](std::int64_t n) { return loom::optim::AdamW(n, adamw); }, flags.optex_config);
+    // A sharded resume reads this rank's slice of everything, the history
+    // included, from any number of workers (or the executor's shards, with
+    // no history); one file keeps no history.
     std::string history_note;  // why a resume starts with an empty history
-    if (sharded_resume) {
-        // This rank's slice of everything, the history included, from any
-        // number of workers (or the executor's shards, with no history).
-        (void)loom::exec::load_sharded_optex(optex, flags.resume, history_note);
-    } else if (!flags.resume.empty()) {
-        // The moments of this rank's slice; one file keeps no history.
-        const auto lo = static_cast<std::ptrdiff_t>(optex.slice_begin()), hi = static_cast<std::ptrdiff_t>(optex.slice_end());
-        std::copy(m.begin() + lo, m.begin() + hi, optex.inner().m().begin());
-        std::copy(v.begin() + lo, v.begin() + hi, optex.inner().v().begin());
-        optex.inner().restore(optimizer_steps);
-        history_note = "a single-file checkpoint keeps no OptEx history (--sharded does)";
-    }
+    const std::int64_t first_step =
+        flags.resume.empty() ? 0 : loom::train::resume_optex(optex, flags.model, flags.resume, history_note);
 
     if (lead) {
         std::ostringstream config, method;
@@ -83,75 +63,43 @@ void train_optex(C& world, const Flags& flags, const char* transport, loom::Devi
     // whole state gathered to every rank and written by the lead.
     const bool holder = mesh.coordinate("dp") == 0;  // the other dp replicas hold copies
     std::optional<loom::exec::ShardedSave<C>> in_flight;
+    const auto identity = loom::train::run_identity_metadata(flags.data, flags.seed);  // for a resume to check
     const auto save = [&](const std::string& path, std::int64_t step) {
-        if (flags.sharded) {
-            auto metadata = loom::gpt::sharded_metadata(flags.model, step, optex.inner().steps(), corpus.describe());
-            metadata.merge(loom::train::run_identity_metadata(flags.data, flags.seed));
-            if (in_flight) in_flight->finish();
-            in_flight.reset();
-            in_flight.emplace(world, path, loom::exec::optex_shard_contents(optex, holder),
-                              loom::exec::with_optex_signature(std::move(metadata), optex));
-            return;
-        }
-        m.resize(values.size());
-        v.resize(values.size());
-        optex.gather_params(values);
-        optex.gather(optex.inner().m(), m);
-        optex.gather(optex.inner().v(), v);
-        // Every rank holds the same state, so all throw together.
-        loom::gpt::check_finite_state(flags.model, values, m, v,
-                                      "step " + std::to_string(step) + " (" + path + " was not written)");
-        if (lead)
-            loom::gpt::save_checkpoint(path, flags.model, values, m, v, optex.inner().steps(), step, corpus.describe(),
-                                       {}, loom::train::run_identity_metadata(flags.data, flags.seed));
+        if (flags.sharded)
+            loom::train::save_optex_sharded(world, optex, holder, flags.model, path, step, corpus.describe(), identity,
+                                            in_flight);
+        else
+            loom::train::save_optex(world, optex, flags.model, path, step, corpus.describe(), identity);
     };
 
-    const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq;
+    const std::int64_t rows = flags.batch / dp_size, T = flags.model.seq, total = flags.steps, last = flags.until;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
-    RunReport run_report(flags, lead, first_step);
-    auto& [metrics, progress] = run_report;
-    const std::int64_t total = flags.steps, last = flags.until;
-    float loss = 0;
     double length_scale = flags.optex_config.estimator.length_scale;
-    std::int64_t skipped = 0, done = last;  // done: less after a stop signal
-    for (std::int64_t step = first_step; step < last; ++step) {
-        const auto t0 = std::chrono::steady_clock::now();
-        optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
-        const auto result = optex.iterate([&](std::span<const float> x, std::span<float> g) {
-            corpus.rows(flags.seed, step * workers + worker, mesh.coordinate("dp") * rows, rows, T, inputs, targets);
-            float worker_loss = gradient_at(x, loom::Tensor::of(inputs.data(), {rows, T}),
-                                            loom::Tensor::of(targets.data(), {rows, T}), g);
-            if (dp_size > 1) {
-                const auto grads = loom::Tensor::of(g.data(), {parameters});
-                dp.all_reduce(grads, grads, loom::comm::ReduceOp::avg);
-                const auto l = loom::Tensor::of(&worker_loss, {1});
-                dp.all_reduce(l, l, loom::comm::ReduceOp::avg);
-            }
-            return worker_loss;
-        });
-        loss = result.loss;
-        skipped += result.skipped;
-        if (lead && result.length_scale != length_scale)
-            std::printf("\nOptEx: length scale tuned to %g at step %lld\n", result.length_scale, static_cast<long long>(step));
-        length_scale = result.length_scale;
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double tokens_per_second = static_cast<double>(workers * flags.batch * T) / seconds;
-        if (progress) progress->update(step - first_step + 1, loss, tokens_per_second);
-        if (metrics) metrics->write(step, loss, tokens_per_second);
-        if (loom::train::agree_to_stop(world, loom::host_device)) {
-            done = step + 1;
-            break;
-        }
-        if (flags.save_every > 0 && (step + 1) % flags.save_every == 0 && step + 1 < last) {
-            if (flags.sharded) {
-                save(flags.save, step + 1);
-            } else {
-                save(loom::train::periodic_checkpoint_path(flags.save, step + 1).string(), step + 1);
-                if (lead) loom::train::prune_periodic_checkpoints(flags.save, flags.keep);
-            }
-        }
-    }
-    if (progress) progress->finish();
+    std::int64_t skipped = 0;
+    const auto [done, loss] = loom::train::run_steps(
+        world, step_loop(flags, first_step, workers * flags.batch * T, loom::host_device),
+        [&](std::int64_t step) {
+            optex.set_lr(loom::optim::cosine_lr(step + 1, total, flags.lr, std::min<std::int64_t>(20, total / 10)));
+            const auto result = optex.iterate([&](std::span<const float> x, std::span<float> g) {
+                corpus.rows(flags.seed, step * workers + worker, mesh.coordinate("dp") * rows, rows, T, inputs, targets);
+                float worker_loss = gradient_at(x, loom::Tensor::of(inputs.data(), {rows, T}),
+                                                loom::Tensor::of(targets.data(), {rows, T}), g);
+                if (dp_size > 1) {
+                    const auto grads = loom::Tensor::of(g.data(), {parameters});
+                    dp.all_reduce(grads, grads, loom::comm::ReduceOp::avg);
+                    const auto l = loom::Tensor::of(&worker_loss, {1});
+                    dp.all_reduce(l, l, loom::comm::ReduceOp::avg);
+                }
+                return worker_loss;
+            });
+            skipped += result.skipped;
+            if (lead && result.length_scale != length_scale)
+                std::printf("\nOptEx: length scale tuned to %g at step %lld\n", result.length_scale,
+                            static_cast<long long>(step));
+            length_scale = result.length_scale;
+            return result.loss;
+        },
+        save);
     if (lead && done > first_step) {
         std::printf("final loss %.4f after %lld steps\n", static_cast<double>(loss), static_cast<long long>(done));
         std::printf("OptEx: %lld sequential iterations, %lld gradients, %lld not finite (kept out of the history)\n",

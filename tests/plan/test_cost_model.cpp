@@ -201,7 +201,7 @@ TEST_CASE("plan: invalid candidates are refused with the rule they break", "[pla
     const auto model = loom::plan::describe_gpt({4, 64, 4, 32, 256}, 8);
     const auto cluster = fast_cluster(4);
     const auto refused = [&](Candidate c) { return loom_test::message_of([&] { (void)estimate(model, cluster, c); }); };
-    CHECK_THAT(refused(degrees(2, 1, 1, 1)), Contains("= 2 ranks, but the cluster has 4 devices"));
+    CHECK_THAT(refused(degrees(2, 1, 1, 1)), Contains("dp 2 = 2 ranks, but there are 4; the degrees must multiply to 4"));
     CHECK_THAT(refused([] {
                    auto c = degrees(4, 1, 1, 1);
                    c.micro_batches = 3;
@@ -213,7 +213,7 @@ TEST_CASE("plan: invalid candidates are refused with the rule they break", "[pla
     const auto refused_odd = [&](Candidate c) { return loom_test::message_of([&] { (void)estimate(odd, cluster, c); }); };
     CHECK_THAT(refused_odd(degrees(1, 1, 4, 1)), Contains("tp 4 does not divide the 2 attention heads"));
     CHECK_THAT(refused_odd(degrees(1, 1, 1, 4)),
-               Contains("sp 4 does not cut the sequence of 36 into 8 equal chunks"));
+               Contains("sp 4 does not cut the sequence of 36 tokens into 8 equal chunks"));
     CHECK_THAT(refused([] {
                    auto c = degrees(1, 1, 2, 2);
                    c.tp_grid = true;
@@ -225,7 +225,7 @@ TEST_CASE("plan: invalid candidates are refused with the rule they break", "[pla
                    c.partition = {1, 1, 1};
                    return c;
                }()),
-               Contains("partition of 3 stages summing to 3 layers; give 4 counts"));
+               Contains("a partition of 3 stages summing to 3 layers for pp 4 = 4 stages; give 4 counts"));
     CHECK_THAT(refused([] {
                    auto c = degrees(2, 2, 1, 1);
                    c.zero = 5;

@@ -6,6 +6,7 @@
 #include <loom/train/launcher.hpp>
 #include <loom/train/memory_preflight.hpp>
 
+#include <cstdlib>  // setenv, unsetenv
 #include <fstream>
 #include <string>
 
@@ -108,4 +109,22 @@ TEST_CASE("launcher: rank and world size from mpirun's or srun's environment", "
     if (loom::train::launched_by_mpi()) return;
     CHECK(loom::train::launcher_rank() == 0);
     CHECK(loom::train::launcher_world_size() == 1);
+}
+
+TEST_CASE("launcher: the local rank a launcher names, and one that is not a number", "[train][launcher]") {
+    // The variables read before SLURM_LOCALID are mpirun's, unset when not launched.
+    if (loom::train::launched_by_mpi()) return;
+    ::setenv("SLURM_LOCALID", "3", 1);
+    const loom::train::LocalRank local = loom::train::launcher_local_rank();
+    CHECK(local.rank == 3);
+    CHECK(std::string(local.variable) == "SLURM_LOCALID");
+    ::setenv("SLURM_LOCALID", "x", 1);
+    std::string message;
+    try {
+        (void)loom::train::launcher_local_rank();
+    } catch (const loom::Error& e) {
+        message = e.message();
+    }
+    ::unsetenv("SLURM_LOCALID");
+    CHECK(message == "SLURM_LOCALID = 'x' is not a local rank (a whole number from 0)");
 }

@@ -1,5 +1,5 @@
 // What a launcher (mpirun, srun) tells each process in its environment: that
-// it was launched, its rank and the world's size. A program reads them before
+// it was launched, its rank (in the world and on its node) and the world's size. A program reads them before
 // MPI is initialized, so an error every process finds identically (a bad
 // flag, degrees that do not fit the world, a size memory cannot hold) can be
 // printed once, by rank 0, and every process can exit without ever starting
@@ -11,6 +11,8 @@
 #include <initializer_list>
 #include <string>
 #include <thread>
+
+#include "loom/core/error.hpp"
 
 namespace loom::train {
 
@@ -50,6 +52,26 @@ namespace detail {
     if (!launched_by_mpi()) return 1;
     const int size = detail::first_number_in({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
     return size < 0 ? 0 : size;
+}
+
+// This process's rank among those the launcher started on its node, and the
+// variable that says so (a GPU per process: comm::device_of_local_rank);
+// rank -1 when no launcher says. A value that is not a whole number from 0
+// is refused by name.
+struct LocalRank {
+    int rank = -1;
+    const char* variable = "";
+};
+[[nodiscard]] inline LocalRank launcher_local_rank() {
+    for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"})
+        if (const char* value = std::getenv(variable)) {
+            char* end = nullptr;
+            const long rank = std::strtol(value, &end, 10);
+            LOOM_CHECK(end != value && *end == '\0' && rank >= 0 && rank <= 1'000'000, variable, " = '", value,
+                       "' is not a local rank (a whole number from 0)");
+            return {static_cast<int>(rank), variable};
+        }
+    return {};
 }
 
 // Called by a process that found an error every process finds alike, before
