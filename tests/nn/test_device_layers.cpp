@@ -25,11 +25,13 @@
 #include "loom/core/device_buffer.hpp"
 #include "loom/exec/executor.hpp"
 #include "loom/exec/serial_trainer.hpp"
+#include "loom/exec/sharded_checkpoint.hpp"
 #include "loom/exec/trace.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/param_arena.hpp"
+#include "io/temp_dir.hpp"
 #include "support/device_training.hpp"
 #include "support/fenced_comm.hpp"
 #include "support/fenced_device.hpp"
@@ -466,5 +468,45 @@ TEST_CASE("a dp compressor's state saved on a device loads back there and on the
         CHECK(std::count(saved[static_cast<std::size_t>(r)].begin(), saved[static_cast<std::size_t>(r)].end(), 0.0f) <
               static_cast<std::ptrdiff_t>(saved[static_cast<std::size_t>(r)].size() / 2));
         CHECK(differing_bits(reloaded[static_cast<std::size_t>(r)], saved[static_cast<std::size_t>(r)]) == 0);
+    }
+}
+
+TEST_CASE("a sharded checkpoint saved from a device loads on the host and on the device, bit for bit", "[device][exec][checkpoint]") {
+    loom_test::FencedDevice device;
+    loom_test::FencedRanks ranks;
+    const loom_test::TempDir dir;
+    const auto run = [&](loom::Device where, const loom::exec::ExecutionPlan& plan, int steps, bool load) {
+        std::vector<float> whole;
+        loom::comm::run_ranks_on(where, 2, [&](loom::comm::AnyComm& comm) {
+            auto model = loom::gpt::make_model(tiny);
+            loom::exec::Executor<loom::comm::AnyComm> exec(model, comm, plan, {.micro_batches = 2, .device = where});
+            exec.initialize(9);
+            if (load) (void)loom::exec::load_sharded(exec, dir.path());
+            const std::int64_t share = batch / 2, first = comm.rank() * share;
+            for (int s = 0; s < steps; ++s) {
+                const auto b = make_batch(static_cast<std::uint64_t>(s));
+                (void)exec.step(b.input_tensor().slice(0, first, first + share),
+                                b.target_tensor().slice(0, first, first + share), 1e-3f);
+            }
+            if (!load) loom::exec::save_sharded(exec, comm, dir.path());
+            const auto n = static_cast<std::size_t>(exec.parameter_count());
+            std::vector<float> values(n), m(n), v(n);
+            exec.gather_state(values, m, v);
+            if (comm.rank() == 0) {
+                whole = values;
+                whole.insert(whole.end(), m.begin(), m.end());
+                whole.insert(whole.end(), v.begin(), v.end());
+            }
+        });
+        return whole;
+    };
+    const auto zero1 = plan_of<loom::DataParallel<>, loom::ZeroShard<1>>();
+    const auto zero3 = plan_of<loom::DataParallel<>, loom::ZeroShard<3>>();
+    for (const auto& plan : {zero1, zero3}) {
+        CAPTURE(plan.zero_stage);
+        const std::vector<float> saved = run(loom::cuda_device(0), plan, 2, /*load=*/false);
+        REQUIRE(!saved.empty());
+        CHECK(differing_bits(run(loom::host_device, zero3, 0, /*load=*/true), saved) == 0);
+        CHECK(differing_bits(run(loom::cuda_device(0), zero1, 0, /*load=*/true), saved) == 0);
     }
 }

@@ -116,6 +116,7 @@ public:
     [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
     [[nodiscard]] Trace& trace() noexcept { return trace_; }
     [[nodiscard]] C& communicator() const noexcept { return *comm_; }
+    [[nodiscard]] Device device() const noexcept { return device_; }  // where its state and work live
     // Recompute<...>'s state: its choice, after Budget's first step.
     [[nodiscard]] const Recomputation& recomputation() const noexcept { return recompute_; }
     // This rank's instance of a policy of kind custom in the strategy; null when it has none.

@@ -57,8 +57,16 @@ void Executor<C>::load_state(std::span<const float> values, std::span<const floa
 // This rank's part of a sharded checkpoint (exec/updated_runs.hpp). No communication.
 template <comm::Communicator C>
 OwnedState Executor<C>::owned_state() const {
-    LOOM_CHECK(device_.kind == DeviceKind::host, "Executor::owned_state: the state is on ", device_,
-               "; a sharded checkpoint is written from host memory (save a gathered one with gather_state)");
+    // On a device each array is read into host memory once.
+    std::vector<float> staged[3];
+    const auto readable = [&](const DeviceBuffer& b, std::vector<float>& keep) -> const float* {
+        if (device_.kind == DeviceKind::host) return b.data<float>();
+        keep = to_host<float>(b.tensor());
+        return keep.data();
+    };
+    const float* const values_at = readable(stage_ == 3 ? store_.value_shard : store_.values, staged[0]);
+    const float* const m_at = readable(store_.m, staged[1]);
+    const float* const v_at = readable(store_.v, staged[2]);
     OwnedState out;
     const int r = comm_->rank();
     for_each_updated_run(updated_elements(), [&](int gi, std::int64_t, std::int64_t a, std::int64_t b, bool owner) {
@@ -66,22 +74,16 @@ OwnedState Executor<C>::owned_state() const {
         const auto& g = rank_.layout.group(gi);
         // Where element k of the group is in each array: whole arrays are
         // padded like the layout, shards hold the rank's block.
-        const auto whole_at = [&](const DeviceBuffer& buffer, std::int64_t k) { return buffer.data<float>() + g.offset + k; };
-        const auto shard_at = [&](const DeviceBuffer& buffer, std::int64_t k) {
-            return buffer.data<float>() + g.shard_offset + (k - r * g.block);
-        };
+        const auto whole_at = [&](const float* base, std::int64_t k) { return base + g.offset + k; };
+        const auto shard_at = [&](const float* base, std::int64_t k) { return base + g.shard_offset + (k - r * g.block); };
         const auto n = static_cast<std::size_t>(b - a);
-        const float* values = stage_ == 3 ? shard_at(store_.value_shard, a) : whole_at(store_.values, a);
-        const float* m = stage_ == 0 ? whole_at(store_.m, a) : shard_at(store_.m, a);
-        const float* v = stage_ == 0 ? whole_at(store_.v, a) : shard_at(store_.v, a);
+        const float* values = stage_ == 3 ? shard_at(values_at, a) : whole_at(values_at, a);
+        const float* m = stage_ == 0 ? whole_at(m_at, a) : shard_at(m_at, a);
+        const float* v = stage_ == 0 ? whole_at(v_at, a) : shard_at(v_at, a);
         out.values.insert(out.values.end(), values, values + n);
         out.m.insert(out.m.end(), m, m + n);
         out.v.insert(out.v.end(), v, v + n);
-        for (std::int64_t k = a; k < b; ++k) {
-            const std::int64_t whole = shards_.whole_index(g.dense_offset + k);
-            if (!out.runs.empty() && out.runs[out.runs.size() - 2] + out.runs.back() == whole) ++out.runs.back();
-            else out.runs.insert(out.runs.end(), {whole, 1});
-        }
+        shards_.append_whole_runs(g.dense_offset + a, g.dense_offset + b, out.runs);
     });
     return out;
 }

@@ -46,6 +46,8 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/staged.hpp"
+#include "loom/core/device.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/executor.hpp"
@@ -59,13 +61,15 @@ namespace loom::exec {
 
 namespace detail {
 
-// True on every rank when any rank's flag is set (a sum over the world).
+// The first rank whose flag is set, the same on every rank (a sum over the
+// world, staged through `where` when the communicator moves device memory);
+// -1 when none is.
 template <comm::Communicator C>
-[[nodiscard]] int first_failed_rank(C& world, bool failed) {
+[[nodiscard]] int first_failed_rank(C& world, bool failed, Device where) {
     std::vector<float> flags(static_cast<std::size_t>(world.size()), 0.0f);
     flags[static_cast<std::size_t>(world.rank())] = failed ? 1.0f : 0.0f;
     const Tensor t = Tensor::of(flags.data(), {static_cast<std::int64_t>(flags.size())});
-    world.all_reduce(t, t, comm::ReduceOp::sum);
+    comm::staged_all_reduce(world, t, comm::ReduceOp::sum, where);
     for (std::size_t r = 0; r < flags.size(); ++r)
         if (flags[r] != 0.0f) return static_cast<int>(r);
     return -1;
@@ -102,18 +106,22 @@ class ShardedSave {
 public:
     // Any contents (ShardContents says what); the same on every rank but
     // for the rank's own arrays.
+    // `where`: the memory `world` moves (its ranks agree on failures through it).
     ShardedSave(C& world, std::filesystem::path directory, ShardContents contents,
-                std::map<std::string, std::string> metadata = {}, RankState rank_state = {})
+                std::map<std::string, std::string> metadata = {}, RankState rank_state = {}, Device where = host_device)
         : ShardedSave(world, std::move(directory), contents.parameters, contents.optimizer_steps, std::move(metadata),
                       std::move(rank_state)) {
+        where_ = where;
         contents_ = std::move(contents);
         start();
     }
-    // An executor's state: what it owns (Executor::owned_state).
+    // An executor's state: what it owns (Executor::owned_state), read into
+    // host memory from the executor's device.
     ShardedSave(const Executor<C>& exec, C& world, std::filesystem::path directory,
                 std::map<std::string, std::string> metadata = {}, RankState rank_state = {})
         : ShardedSave(world, std::move(directory), exec.parameter_count(), exec.optimizer_steps(), std::move(metadata),
                       std::move(rank_state)) {
+        where_ = exec.device();
         try {
             auto owned = exec.owned_state();
             contents_.values = std::move(owned.values);
@@ -269,7 +277,7 @@ private:
     }
 
     void agree(const char* what) {
-        const int failed = detail::first_failed_rank(*world_, !error_.empty());
+        const int failed = detail::first_failed_rank(*world_, !error_.empty(), where_);
         if (failed < 0) return;
         if (!error_.empty()) throw Error(error_);
         LOOM_FAIL(where(), ": rank ", failed, " ", what, "; the previous checkpoint is kept");
@@ -278,6 +286,7 @@ private:
     [[nodiscard]] std::string where() const { return "sharded checkpoint " + directory_.string(); }
 
     C* world_;
+    Device where_ = host_device;
     std::filesystem::path directory_;
     ShardedIndex index_;
     ShardContents contents_;
