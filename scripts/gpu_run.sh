@@ -163,6 +163,13 @@ if [[ $parts == *train* ]]; then
     capped 60 .gpu/bin/train_gpt ${runs[dp2]} --device cuda --resume "$ref/host.safetensors" --sample 80 \
       --metrics "$work/gpu_resumed.jsonl" || status=1
     python3 bench/gpu/compare.py --losses "$ref/host_dp2.jsonl" "$work/gpu_resumed.jsonl"
+    # A sharded checkpoint written on the GPU continues on the host.
+    echo "-- dp2 saved sharded on the GPU at step 30 (ZeRO 1), resumed on the host"
+    capped 60 .gpu/bin/train_gpt ${runs[dp2]} --zero 1 --device cuda --until 30 --sharded --save "$work/gpu_sharded" \
+      > "$work/gpu_sharded.txt" 2>&1 || { status=1; tail -n 2 "$work/gpu_sharded.txt"; }
+    capped 60 .gpu/bin/train_gpt ${runs[dp2]} --resume "$work/gpu_sharded" --metrics "$work/host_from_gpu.jsonl" \
+      > "$work/host_from_gpu.txt" 2>&1 || { status=1; tail -n 2 "$work/host_from_gpu.txt"; }
+    python3 bench/gpu/compare.py --losses "$ref/host_dp2.jsonl" "$work/host_from_gpu.jsonl"
     for name in $run_order; do
       echo "-- $name: ${runs[$name]}"
       extra=""
