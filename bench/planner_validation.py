@@ -85,7 +85,10 @@ def main():
     rows = []
     configs = CONFIGS[: args.only] if args.only else CONFIGS
     for n, (cluster, flags) in enumerate(configs, 1):
-        out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", cluster, "--json",
+        # --profile: the layers' FLOPs at the speed they run here; the clusters'
+        # "measure" fields time this machine's GEMM and its threads' exchanges.
+        # Nothing is taken from the runs below.
+        out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", cluster, "--json", "--profile",
                               "--evaluate", flags], capture_output=True, text=True, env=env)
         if out.returncode != 0:
             sys.exit(f"planner_validation: loom-plan refused {flags}: {out.stderr.strip()}")
