@@ -12,7 +12,7 @@
 // A third, measure_exchange_seconds, times what a blocking exchange costs
 // rank threads that outnumber the cores (the cluster's "wake_us":
 // "measure"): the same GEMM loop run by every thread with and without a
-// small all-reduce between its rounds.
+// small all-reduce between its rounds, through Shaped as a --cluster run.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "loom/comm/links.hpp"
+#include "loom/comm/shaped.hpp"
 #include "loom/comm/thread_comm.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/error.hpp"
@@ -135,7 +137,12 @@ private:
     const auto timed = [&](bool exchange) {
         const auto t0 = std::chrono::steady_clock::now();
         comm::ThreadWorld(threads).run([&](comm::ThreadComm& world) {
-            comm::ThreadComm peers = world.split(world.rank() / group, world.rank());
+            // Through Shaped with unlimited links, as train_gpt --cluster runs
+            // the ranks: each blocking collective is then two asynchronous ones
+            // (the arrival times, then the data) that the rank's progress
+            // thread runs, one more thread to wake on the taken cores.
+            comm::Shaped<comm::ThreadComm> shaped(world.split(0, world.rank()), comm::Links(threads));
+            comm::Shaped<comm::ThreadComm> peers = shaped.split(world.rank() / group, world.rank());
             std::vector<float> x(a.size(), 0.5f), w(b.size(), 0.25f), y(c.size(), 0.0f);
             float value = 1.0f;
             const Tensor one = Tensor::of(&value, {1});
