@@ -21,7 +21,9 @@
 #include <loom/plan/cluster_json.hpp>
 #include <loom/plan/cost_model.hpp>
 #include <loom/plan/gpt_description.hpp>
+#include <loom/plan/measure.hpp>
 #include <loom/plan/model_json.hpp>
+#include <loom/plan/profile.hpp>
 #include <loom/plan/search.hpp>
 #include <loom/parallel/strategy_text.hpp>
 
@@ -48,6 +50,7 @@ struct Options {
     std::string model_file, cluster_file, gpt, evaluate, trace;
     std::int64_t batch = 0;
     bool json = false;
+    bool profile = false;
     loom::plan::SearchOptions search;
 };
 
@@ -100,6 +103,10 @@ Options parse(int argc, char** argv) {
         ->type_name("L,W,H,S,V")->group("Model");
     whole("Model", "--batch", [&o](const std::string& v) { o.batch = parse_int("--batch", v, 1, std::int64_t{1} << 30); },
           "sequences per step (with --gpt)", "");
+    app.add_flag("--profile", o.profile,
+                 "with --gpt: time the GPT's layers on this machine (one micro-batch of batch / devices samples) and "
+                 "price their FLOPs at the speed they ran, not the GEMM's")
+        ->group("Model");
     app.add_option("--cluster", o.cluster_file, "the devices and their links: a JSON description (required)")
         ->type_name("FILE")->group("Cluster");
     whole("Search", "--top", [&o](const std::string& v) { o.search.top = static_cast<int>(parse_int("--top", v, 1, 1000)); },
@@ -279,6 +286,23 @@ void write_trace(const loom::plan::Estimate& e, const std::string& path) {
     loom::io::write_file_atomically(path, loom::exec::chrome_trace_json(events));
 }
 
+// --profile: the GPT's units timed on `rows` samples, one thread, and its
+// FLOPs scaled to the speed they ran at against this machine's GEMM.
+void profile_gpt(loom::plan::ModelDescription& model, const loom::gpt::Config& config, std::int64_t rows) {
+    const loom::plan::detail_measure::OneBlasThread one_thread;
+    const double gemm = loom::plan::measure_gemm_flops();
+    loom::gpt::Model probe = loom::gpt::make_model(config);
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * config.seq)), targets(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        inputs[i] = static_cast<std::int32_t>((i * 7919) % static_cast<std::size_t>(config.vocab));
+        targets[i] = static_cast<std::int32_t>((i * 104729 + 1) % static_cast<std::size_t>(config.vocab));
+    }
+    const std::vector<double> seconds =
+        loom::plan::profile_units(probe, 1, loom::Tensor::of(inputs.data(), {rows, config.seq}),
+                                  loom::Tensor::of(targets.data(), {rows, config.seq}));
+    loom::plan::calibrate_gpt(model, seconds, rows, gemm);
+}
+
 int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const loom::plan::Cluster cluster = loom::plan::load_cluster(o.cluster_file);
@@ -287,10 +311,12 @@ int run(int argc, char** argv) {
     if (!o.gpt.empty()) {
         const auto config = gpt_config(o.gpt);
         model = loom::plan::describe_gpt(config, o.batch);
+        if (o.profile) profile_gpt(model, config, std::max<std::int64_t>(1, o.batch / cluster.size()));
         extra_flags = " --layers " + std::to_string(config.layers) + " --width " + std::to_string(config.width) +
                       " --heads " + std::to_string(config.heads) + " --seq " + std::to_string(config.seq) + " --vocab " +
                       std::to_string(config.vocab);
     } else {
+        if (o.profile) usage_error("--profile times loom's GPT; give --gpt, or a --model file with the FLOPs you measured");
         model = loom::plan::load_model(o.model_file);
     }
     std::ostringstream about;

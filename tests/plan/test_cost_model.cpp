@@ -234,9 +234,10 @@ TEST_CASE("plan: invalid candidates are refused with the rule they break", "[pla
                Contains("ZeRO stage 5 is not 0, 1, 2 or 3"));
 }
 
-TEST_CASE("plan: a rank thread whose exchange ends while the cores are taken pays a scheduler turn", "[plan]") {
+TEST_CASE("plan: a rank thread's blocking exchange on oversubscribed cores costs the cores its turn", "[plan]") {
     // One layer split over tp 2 on one shared core: its forward has Megatron's
-    // 2 all-reduces and its backward 4, each followed by a 1 ms turn.
+    // 2 all-reduces and its backward 4, each 1 ms of CPU for each of the two
+    // threads, which share the core: 12 ms more.
     ModelDescription m = even_model(1, 2);
     m.layers[0].tp_bytes = 1e3;
     const auto cluster_with = [](double wake) {
@@ -246,7 +247,7 @@ TEST_CASE("plan: a rank thread whose exchange ends while the cores are taken pay
     };
     const Candidate tp2 = degrees(1, 1, 2, 1);
     const double without = estimate(m, cluster_with(0), tp2).step_seconds;
-    CHECK(estimate(m, cluster_with(1e-3), tp2).step_seconds == Approx(without + 6e-3));
+    CHECK(estimate(m, cluster_with(1e-3), tp2).step_seconds == Approx(without + 12e-3));
     const auto read = loom::plan::read_cluster(
         R"({"shared_cores": 2, "wake_us": 250, "nodes": [{"name": "a", "devices": 2, "tflops": 1, "link": {"unlimited": true}}]})");
     CHECK(read.wake_seconds() == Approx(250e-6));
@@ -285,4 +286,53 @@ TEST_CASE("plan: the simulator's clock advances past 1e9 s with microsecond work
     // Three steps side by side at 0.75 of full speed, then rank 1's last alone.
     CHECK(result.makespan - 1e9 == Approx(3 * 4e-6 + 3e-6).margin(1e-6));
     CHECK(result.busy[1] == Approx(12e-6));
+}
+
+TEST_CASE("plan: a rank thread that blocked on a peer pays its turn on the shared cores", "[plan]") {
+    // Rank 1 waits for rank 0's 1 s of work to be sent, then works 1 s. Two
+    // threads on one core: 0.5 s apart, then rank 1's turn (1 ms at full
+    // speed, alone on the core) and its second alone. With 2 cores they do
+    // not outnumber the cores and no turn is paid.
+    loom::plan::SimProgram p;
+    using Step = loom::plan::SimStep;
+    Step work{Step::Kind::compute, 1, 0};
+    Step send{Step::Kind::send, 0, 0, 1, 7};
+    Step recv{Step::Kind::recv, 0, 0, 0, 7};
+    p.ranks = {{work, send}, {recv, work}};
+    p.devices = {1, 1};
+    p.pool = {0, 0};
+    p.pool_cores = {1};
+    p.wake = 1e-3;
+    CHECK(loom::plan::simulate_steps(p).makespan == Approx(2 + 1e-3));
+    p.pool_cores = {2};
+    CHECK(loom::plan::simulate_steps(p).makespan == Approx(2));
+}
+
+TEST_CASE("plan: calibrate_gpt prices each layer's FLOPs at the speed its units were profiled at", "[plan]") {
+    ModelDescription m = loom::plan::describe_gpt({3, 64, 4, 32, 256}, 8);
+    const ModelDescription before = m;
+    const double gemm = 1e9;
+    const std::int64_t rows = 2;
+    const auto at_gemm = [&](std::size_t layer) {
+        return (before.layers[layer].forward_flops + before.layers[layer].backward()) * rows / gemm;
+    };
+    // embed, blocks[0..2], ln_f, head, loss: the first layer 2x slower than
+    // the GEMM, the middle 3x, the last (block, ln_f, head, loss) 4x.
+    const double block0 = 1.5 * at_gemm(0), last_block = 3 * at_gemm(2);
+    const std::vector<double> seconds{0.5 * at_gemm(0), block0, 3 * at_gemm(1), last_block,
+                                      0.25 * at_gemm(2), 0.5 * at_gemm(2), 0.25 * at_gemm(2)};
+    loom::plan::calibrate_gpt(m, seconds, rows, gemm);
+    const double slower[] = {2, 3, 4};
+    for (std::size_t i = 0; i < 3; ++i) {
+        CHECK(m.layers[i].forward_flops == Approx(slower[i] * before.layers[i].forward_flops));
+        CHECK(m.layers[i].backward() == Approx(slower[i] * before.layers[i].backward()));
+        CHECK(m.layers[i].recompute() == Approx(slower[i] * before.layers[i].recompute()));
+        CHECK(m.layers[i].product_flops == Approx(slower[i] * before.layers[i].product_flops));
+        CHECK(m.layers[i].params == before.layers[i].params);  // only the time changes
+    }
+    CHECK_THAT(loom_test::message_of([&] { loom::plan::calibrate_gpt(m, {1.0, 2.0}, rows, gemm); }),
+               Catch::Contains("calibrate_gpt: 2 unit times for 3 layers; give one per unit (embed, the blocks, ln_f, "
+                               "head, loss): 7"));
+    CHECK_THAT(loom_test::message_of([&] { loom::plan::calibrate_gpt(m, std::vector<double>(7, 0.0), rows, gemm); }),
+               Catch::Contains("took 0 s"));
 }

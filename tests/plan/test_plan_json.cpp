@@ -274,6 +274,30 @@ TEST_CASE("plan files name an unknown key, where it is and the valid keys", "[pl
                                "name, batch, sequence, heads, width, bytes_per_param, gradient_bytes, layers"));
 }
 
+TEST_CASE("\"wake_us\": \"measure\" times a blocking exchange of the cluster's rank threads", "[plan]") {
+    const plan::Cluster c = plan::read_cluster(
+        R"({"shared_cores": 1, "wake_us": "measure", "nodes": [{"name": "a", "devices": 2, "tflops": 1, "link": {"unlimited": true}}]})");
+    CHECK(std::isfinite(c.wake_seconds()));
+    CHECK(c.wake_seconds() >= 0);
+    CHECK(c.wake_seconds() < 1);  // a thread's turn, not a timeout
+    CHECK(plan::measure_exchange_seconds(2, 1, 2, 5, 1e-4, 1) >= 0);
+
+    CHECK(cluster_error(R"({"wake_us": "measure", "nodes": [{"name": "a", "devices": 2, "tflops": 1, "link": {"unlimited": true}}]})") ==
+          "cluster.json:1:13: wake_us is \"measure\" without \"shared_cores\"; give \"shared_cores\" (the cores the rank "
+          "threads share), or a number of microseconds");
+    CHECK_THAT(cluster_error(R"({"shared_cores": 2, "wake_us": "slow", "nodes": [{"name": "a", "devices": 1, "tflops": 1}]})"),
+               Catch::Contains("wake_us is \"slow\"; give 0 or more microseconds, or \"measure\" to time this machine"));
+    CHECK_THAT(cluster_error(R"({"shared_cores": 2, "wake_us": -1, "nodes": [{"name": "a", "devices": 1, "tflops": 1}]})"),
+               Catch::Contains("wake_us is -1; give 0 or more microseconds"));
+    CHECK_THAT(message_of([] { (void)plan::measure_exchange_seconds(1, 2); }), Catch::Contains("threads = 1; give 2 or more"));
+    CHECK_THAT(message_of([] { (void)plan::measure_exchange_seconds(6, 2, 4); }),
+               Catch::Contains("group = 4 for 6 threads; give 2 or more that divides the threads"));
+    CHECK_THAT(message_of([] { (void)plan::measure_exchange_seconds(4, 0); }), Catch::Contains("cores = 0"));
+    CHECK_THAT(message_of([] { (void)plan::measure_exchange_seconds(4, 2, 2, 0); }), Catch::Contains("rounds = 0"));
+    CHECK_THAT(message_of([] { (void)plan::measure_exchange_seconds(4, 2, 2, 5, -1); }),
+               Catch::Contains("round_seconds = -1"));
+}
+
 TEST_CASE("plan files name a missing required field and what to give", "[plan]") {
     CHECK(cluster_error(second_node(R"("name": "b", "tflops": 1)")) ==
           "cluster.json:2:38: nodes[1] has no \"devices\"; give a whole number of devices, 1 or more");

@@ -92,9 +92,10 @@ public:
     // > 0: all devices share this many cores, whatever the nodes say.
     [[nodiscard]] double shared_cores() const noexcept { return shared_cores_; }
 
-    // Rank threads on shared cores: how long one takes to run again after
-    // its wait ends while the other threads keep the cores busy (the
-    // scheduler's turn). 0 for devices of their own.
+    // Rank threads that outnumber their cores: the CPU seconds of the cores
+    // one blocking exchange costs a thread (the scheduler's turn and the
+    // caches it refills; plan/measure.hpp's measure_exchange_seconds times
+    // it). 0 for devices of their own.
     [[nodiscard]] double wake_seconds() const noexcept { return wake_seconds_; }
     Cluster& set_wake_seconds(double seconds) {
         LOOM_CHECK(seconds >= 0 && std::isfinite(seconds), "cluster: wake_us is ", seconds * 1e6,
@@ -138,6 +139,7 @@ public:
                 out << " sharing " << c.nodes_[static_cast<std::size_t>(n)].cores << " cores";
         }
         if (c.shared_cores_ > 0) out << "; all sharing " << c.shared_cores_ << " cores";
+        if (c.wake_seconds_ > 0) out << ", " << c.wake_seconds_ * 1e6 << " us of CPU per blocking exchange";
         return out << "; " << c.links_;
     }
 

@@ -224,7 +224,21 @@ double number_or_measure(const jf::Node& field, std::string_view unit, std::opti
                     links.set(first_device[a] + i, first_device[b] + j, link);
         }
     Cluster cluster(std::move(nodes), std::move(devices), std::move(links), shared_cores);
-    cluster.set_wake_seconds(top.non_negative_or("wake_us", 0, "microseconds") / 1e6);
+    if (const std::optional<jf::Node> wake = top.optional("wake_us")) {
+        // "measure": what a blocking exchange costs this machine's rank threads
+        // when as many as the cluster's devices share the cores.
+        if (wake->is_string("measure")) {
+            if (shared_cores <= 0)
+                wake->fail(R"(is "measure" without "shared_cores"; give "shared_cores" (the cores the rank threads )"
+                           R"(share), or a number of microseconds)");
+            cluster.set_wake_seconds(measure_exchange_seconds(cluster.size(), shared_cores));
+        } else {
+            const std::optional<double> us = wake->value().as_double();
+            if (!us || !std::isfinite(*us) || *us < 0)
+                wake->invalid(R"(give 0 or more microseconds, or "measure" to time this machine)");
+            cluster.set_wake_seconds(*us / 1e6);
+        }
+    }
     return cluster;
 }
 

@@ -35,8 +35,12 @@
 // and the head are their own units, never recomputed, as under Full.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "loom/core/error.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/plan/model_description.hpp"
 
@@ -145,6 +149,39 @@ namespace loom::plan {
         last.main_unit = 0;
     }
     return m;
+}
+
+// Scales each layer's FLOPs of `m` (describe_gpt's) by how much slower than
+// `gemm_flops` (this machine's GEMM speed, measure_gemm_flops) its units ran
+// when profiled (plan::profile_units on `rows` samples; one time per unit
+// of the GPT: embed, blocks, ln_f, head, loss). A narrow layer runs below
+// GEMM speed, and the attention core, LayerNorms, GeLU and softmax are time
+// the GEMM FLOPs do not count; after this the FLOPs are effective ones, so
+// a device's "tflops" keeps meaning its GEMM speed. Forward, backward and
+// recompute FLOPs take the layer's one factor.
+inline void calibrate_gpt(ModelDescription& m, const std::vector<double>& unit_seconds, std::int64_t rows,
+                          double gemm_flops) {
+    const std::size_t layers = m.layers.size();
+    LOOM_CHECK(unit_seconds.size() == layers + 4, "calibrate_gpt: ", unit_seconds.size(), " unit times for ", layers,
+               " layers; give one per unit (embed, the blocks, ln_f, head, loss): ", layers + 4);
+    LOOM_CHECK(rows >= 1 && gemm_flops > 0 && std::isfinite(gemm_flops), "calibrate_gpt: rows ", rows,
+               " and GEMM speed ", gemm_flops, " must be positive");
+    for (std::size_t i = 0; i < layers; ++i) {
+        // Unit i + 1 is block i; the first layer folds the embedding, the last ln_f, head and loss.
+        double seconds = unit_seconds[i + 1];
+        if (i == 0) seconds += unit_seconds[0];
+        if (i + 1 == layers) seconds += unit_seconds[layers + 1] + unit_seconds[layers + 2] + unit_seconds[layers + 3];
+        LayerSpec& l = m.layers[i];
+        const double at_gemm_speed = (l.forward_flops + l.backward()) * static_cast<double>(rows) / gemm_flops;
+        LOOM_CHECK(seconds > 0 && std::isfinite(seconds) && at_gemm_speed > 0, "calibrate_gpt: layer ", l.name, " took ",
+                   seconds, " s for ", at_gemm_speed, " s of GEMM work; give positive times");
+        const double slower = seconds / at_gemm_speed;
+        const double recompute = l.recompute();
+        l.backward_flops = l.backward() * slower;
+        l.forward_flops *= slower;
+        l.recompute_flops = recompute * slower;
+        l.product_flops *= slower;
+    }
 }
 
 }  // namespace loom::plan

@@ -12,7 +12,12 @@
 //     and takes `comm` seconds; a blocking one is issued and waited at once;
 //   - ranks that share cores (rank threads on one machine) run by processor
 //     sharing: with `active` compute-busy devices on `cores` cores, each
-//     runs at min(1, cores / active) of its speed.
+//     runs at min(1, cores / active) of its speed;
+//   - where a pool's devices outnumber its cores, every exchange a rank
+//     blocks on costs it `wake` more CPU seconds on the pool (the thread
+//     gave its core away and comes back after the scheduler's turn, with
+//     cold caches): after a wait that blocked, and per exchange inside a
+//     compute step. plan/measure.hpp's measure_exchange_seconds times it.
 // Event driven: time jumps from one completion to the next.
 #pragma once
 
@@ -53,9 +58,10 @@ struct SimProgram {
     std::vector<int> devices;                    // simulated rank -> devices it stands for (processor sharing)
     std::vector<int> pool;                       // simulated rank -> its core pool, -1: none
     std::vector<double> pool_cores;              // cores of each pool
-    // Seconds a rank thread takes to run again after its wait ends while its
-    // pool's cores are all busy (the scheduler's turn): paid per wait, and
-    // per exchange inside a compute step.
+    // CPU seconds of its pool's cores a rank thread's blocking exchange costs
+    // where the pool's devices outnumber its cores (the scheduler's turn and
+    // the caches it refills): paid after each wait that blocked, and per
+    // exchange inside a compute step.
     double wake = 0;
 };
 
@@ -118,6 +124,8 @@ private:
         double remaining = 0;  // computing: CPU seconds left at full speed
         double then = 0;       // computing: comm seconds after it
         double until = 0;      // sleeping: wake-up time
+        double owed = 0;       // sleeping: CPU seconds of the turn it pays on waking
+        double blocked = -1;   // since when it waits for a peer to issue its side; -1: not waiting
         double started = 0;
     };
     struct Instance {
@@ -141,7 +149,7 @@ private:
             switch (in.kind) {
                 case SimStep::Kind::compute:
                     s.phase = Phase::computing;
-                    s.remaining = in.work;
+                    s.remaining = in.work + (in.syncs > 0 && oversubscribed(r) ? in.syncs * p_.wake : 0.0);
                     s.then = in.comm;
                     s.started = now_;
                     result_.busy[static_cast<std::size_t>(r)] += in.work;
@@ -156,7 +164,7 @@ private:
                     break;
                 case SimStep::Kind::recv: {
                     const auto it = sent_.find({in.peer, r, in.tag});
-                    if (it == sent_.end()) return moved;  // its send has not been issued
+                    if (it == sent_.end()) return block(r, moved);  // its send has not been issued
                     if (!sleep_until(r, it->second, in)) return true;
                     break;
                 }
@@ -168,7 +176,7 @@ private:
                     }
                     if (in.blocking) {
                         const double end = collective_end(r, s.pc);
-                        if (end < 0) return moved;  // a member has not issued it yet
+                        if (end < 0) return block(r, moved);  // a member has not issued it yet
                         if (!sleep_until(r, end, in)) return true;
                     }
                     break;
@@ -180,7 +188,7 @@ private:
                     const SimStep& what = code[t];
                     const double end = what.kind == SimStep::Kind::send ? issued_[static_cast<std::size_t>(r)][t] + what.comm
                                                                         : collective_end(r, t);
-                    if (end < 0) return moved;  // a member has not issued it yet
+                    if (end < 0) return block(r, moved);  // a member has not issued it yet
                     if (!sleep_until(r, end, in)) return true;
                     break;
                 }
@@ -193,15 +201,35 @@ private:
 
     // Sleeps rank r until `end` if that is later; false if it now sleeps
     // (the instruction completes when it wakes).
+    // A rank that blocked (waiting for a peer to issue its side, or for the
+    // exchange to end) pays its turn on the pool when it runs again.
     bool sleep_until(int r, double end, const SimStep& in) {
         State& s = state_[static_cast<std::size_t>(r)];
-        if (end > now_ + epsilon && oversubscribed(r)) end += p_.wake;
-        if (end <= now_ + epsilon) return true;
+        const bool waited = s.blocked >= 0 && now_ > s.blocked + epsilon;
+        s.blocked = -1;
+        const double owed = (waited || end > now_ + epsilon) && oversubscribed(r) ? p_.wake : 0.0;
+        if (end <= now_ + epsilon) {
+            if (owed <= 0) return true;
+            s.phase = Phase::computing;
+            s.remaining = owed;
+            s.then = 0;
+            s.started = now_;
+            ++s.pc;
+            return false;
+        }
         note(r, in, 1, now_, end - now_);
         s.phase = Phase::sleeping;
         s.until = end;
+        s.owed = owed;
         ++s.pc;
         return false;
+    }
+
+    // Rank r cannot pass its instruction until a peer issues its side: it blocks from now.
+    bool block(int r, bool moved) {
+        State& s = state_[static_cast<std::size_t>(r)];
+        if (s.blocked < 0) s.blocked = now_;
+        return moved;
     }
 
     void issue(int r, const SimStep& in) {
@@ -271,7 +299,8 @@ private:
                 if (!chosen && s.remaining > epsilon * std::max(1.0, rate_[r])) continue;
                 const SimStep& in = p_.ranks[r][s.pc - 1];
                 note(static_cast<int>(r), in, 0, s.started, now_ - s.started);
-                const double then = s.then + (in.syncs > 0 && oversubscribed(static_cast<int>(r)) ? in.syncs * p_.wake : 0.0);
+                const double then = s.then;
+                s.then = 0;
                 if (then > 0) {
                     s.phase = Phase::sleeping;
                     s.until = now_ + then;
@@ -280,21 +309,32 @@ private:
                     s.phase = Phase::ready;
                 }
             } else if (s.phase == Phase::sleeping && s.until <= now_ + epsilon) {
-                s.phase = Phase::ready;
+                if (s.owed > 0) {
+                    // Back from a blocking wait: its turn runs on the pool first.
+                    s.phase = Phase::computing;
+                    s.remaining = s.owed;
+                    s.started = now_;
+                    s.owed = 0;
+                } else {
+                    s.phase = Phase::ready;
+                }
             }
         }
     }
 
-    // Whether r's own threads and the other computing ranks of its pool
-    // outnumber the pool's cores, so a thread whose wait ends must queue.
+    // Whether r's pool has more device threads than cores, so a thread that
+    // blocks gives its core to another and queues for it again. A static
+    // rule, not whether the others compute at this instant: a blocked thread
+    // waits for the scheduler whichever threads hold the cores, and the price
+    // of a program then does not hang on its own simulated timing.
     [[nodiscard]] bool oversubscribed(int r) const {
         if (p_.wake <= 0) return false;
         const int pool = p_.pool[static_cast<std::size_t>(r)];
         if (pool < 0) return false;
-        double busy = p_.devices[static_cast<std::size_t>(r)];
+        double threads = 0;
         for (std::size_t k = 0; k < state_.size(); ++k)
-            if (static_cast<int>(k) != r && p_.pool[k] == pool && state_[k].phase == Phase::computing) busy += p_.devices[k];
-        return busy > p_.pool_cores[static_cast<std::size_t>(pool)];
+            if (p_.pool[k] == pool) threads += p_.devices[k];
+        return threads > p_.pool_cores[static_cast<std::size_t>(pool)];
     }
 
     [[noreturn]] void fail_stuck() const {
