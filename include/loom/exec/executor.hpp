@@ -276,10 +276,9 @@ private:
     }
     // The elements this rank's optimizer step updates (exec/updated_runs.hpp).
     [[nodiscard]] UpdatedElements updated_elements() const {
-        return {&rank_.layout, stage_, comm_->rank(), tp_ != nullptr ? shards_.copies(tp_->rank()) : decltype(UpdatedElements::copies){}};
+        return {&rank_.layout, stage_, comm_->rank(),
+                tp_ != nullptr ? shards_.copies(tp_->rank()) : decltype(UpdatedElements::copies){}};
     }
-
-
 
     C* comm_;            // the gradient axis: dp, or dp x sp
     C *pp_, *tp_, *sp_;  // null: one rank (sp_: the axis the layer groups split rows over)
