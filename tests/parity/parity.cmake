@@ -40,11 +40,11 @@ add_test(NAME "parity: loom_to_hf_gpt2.py refuses files that are not loom GPT ch
                  sh "${_loom_parity_python}" "${_loom_hf_script}" "${CMAKE_CURRENT_BINARY_DIR}/hf_converter_errors")
 set_tests_properties("parity: loom_to_hf_gpt2.py refuses files that are not loom GPT checkpoints, one line each" PROPERTIES
   SKIP_RETURN_CODE 77 TIMEOUT 60 PASS_REGULAR_EXPRESSION "converter errors passed")
-# train_gpt is an example (examples/ is added after tests/): named by generator expression.
+# train_gpt and generate_gpt are examples (examples/ is added after tests/): named by generator expression.
 if(TARGET loom_gpt_greedy AND LOOM_BUILD_EXAMPLES)
   add_test(NAME "parity: a loom checkpoint in transformers' GPT2LMHeadModel gives loom's greedy tokens and logits"
-           COMMAND sh -c "if [ -z \"$1\" ]; then echo 'SKIPPED: no /usr/bin/python3'; exit 77; fi; rm -rf \"$5\" && exec \"$1\" \"$2\" --run --train-gpt \"$3\" --greedy \"$4\" --work \"$5\""
-                   sh "${_loom_parity_python}" "${_loom_hf_script}" "$<TARGET_FILE:train_gpt>"
+           COMMAND sh -c "if [ -z \"$1\" ]; then echo 'SKIPPED: no /usr/bin/python3'; exit 77; fi; rm -rf \"$6\" && exec \"$1\" \"$2\" --run --train-gpt \"$3\" --generate-gpt \"$4\" --greedy \"$5\" --work \"$6\""
+                   sh "${_loom_parity_python}" "${_loom_hf_script}" "$<TARGET_FILE:train_gpt>" "$<TARGET_FILE:generate_gpt>"
                    "$<TARGET_FILE:loom_gpt_greedy>" "${CMAKE_CURRENT_BINARY_DIR}/hf_parity")
   set_tests_properties("parity: a loom checkpoint in transformers' GPT2LMHeadModel gives loom's greedy tokens and logits" PROPERTIES
     SKIP_RETURN_CODE 77 TIMEOUT 300 PASS_REGULAR_EXPRESSION "hf parity passed")
