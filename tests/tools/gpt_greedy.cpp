@@ -16,18 +16,28 @@
 #include <loom/io/safetensors.hpp>
 #include <loom/nn/param_arena.hpp>
 
+#include <charconv>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
+#include <system_error>
 #include <string_view>
 #include <vector>
 
 namespace {
 
+// A whole number >= 1, or one line naming `what` and the text.
+std::int64_t positive(std::string_view what, std::string_view text) {
+    std::int64_t value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    LOOM_CHECK(error == std::errc{} && end == text.data() + text.size() && value >= 1, "loom_gpt_greedy: ", what,
+               " is '", text, "'; give a whole number >= 1");
+    return value;
+}
+
 std::int64_t metadata_number(const loom::io::SafetensorsFile& file, const std::string& path, const char* key) {
     const auto value = file.metadata().find(key);
     LOOM_CHECK(value.has_value(), "loom_gpt_greedy: ", path, " has no '", key, "' metadata; give a train_gpt --save checkpoint");
-    return std::stoll(std::string(*value));
+    return positive(std::string(path) + " metadata '" + key + "'", *value);
 }
 
 }  // namespace
@@ -42,7 +52,7 @@ int main(int argc, char** argv) {
             if (flag == "--checkpoint") checkpoint = argv[i + 1];
             else if (flag == "--out") out = argv[i + 1];
             else if (flag == "--prompt") prompts.emplace_back(argv[i + 1]);
-            else if (flag == "--max-new") max_new = std::stoll(argv[i + 1]);
+            else if (flag == "--max-new") max_new = positive("--max-new", argv[i + 1]);
             else LOOM_CHECK(false, "loom_gpt_greedy: unknown flag ", flag, "; valid: --checkpoint, --out, --max-new, --prompt");
         }
         LOOM_CHECK(!checkpoint.empty() && !out.empty() && !prompts.empty() && max_new >= 1,
