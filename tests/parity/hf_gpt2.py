@@ -137,6 +137,7 @@ def compare(work):
     if model.config.tie_word_embeddings or model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr():
         raise Failure("the loaded model's head is tied to its token embedding; loom's is not")
     loom = load_file(os.path.join(work, "loom.safetensors"))
+    generate_gpt = generate_gpt_texts(os.path.join(work, "generate_gpt.txt"))
 
     worst_absolute = 0.0
 
@@ -163,10 +164,10 @@ def compare(work):
                              min(len(hf_tokens), len(loom_tokens)))
                 raise Failure(f"prompt {i} {PROMPTS[i]!r}: greedy tokens differ from new token {first}: "
                               f"loom {loom_tokens.tolist()} transformers {hf_tokens.tolist()}")
-            if printable(prompt.tolist() + hf_tokens.tolist()) != generate_gpt_texts(os.path.join(work, "generate_gpt.txt"))[i]:
-                raise Failure(f"prompt {i} {PROMPTS[i]!r}: transformers wrote "
-                              f"{printable(prompt.tolist() + hf_tokens.tolist())!r} but generate_gpt "
-                              f"{generate_gpt_texts(os.path.join(work, 'generate_gpt.txt'))[i]!r}")
+            text = printable(prompt.tolist() + hf_tokens.tolist())
+            if text != generate_gpt[i]:
+                raise Failure(f"prompt {i} {PROMPTS[i]!r}: transformers wrote {text!r} but generate_gpt "
+                              f"{generate_gpt[i]!r}")
             tokens += len(hf_tokens)
             # generate()'s scores come from its KV cache: step k predicts new token k.
             scores = torch.cat(out.scores, dim=0)
