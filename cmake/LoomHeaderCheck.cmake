@@ -52,7 +52,7 @@ function(loom_add_header_check target)
   # Whether a header stands alone, and which symbols it defines, do not
   # depend on optimisation; the tests and examples compile every header
   # optimised anyway. Unoptimised, the check's C++ compiles take about 15%
-  # less (measured on exec/sharded_optex.hpp: 4.2 s against 5.0 s).
+  # less (measured on train/sharded_optex.hpp: 4.2 s against 5.0 s).
   target_compile_options(${objects} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>)
   if(sources_mpi AND TARGET loom::mpi)
     target_sources(${objects} PRIVATE ${sources_mpi})

@@ -1,4 +1,4 @@
-# OptEx in sharded checkpoints (exec/sharded_optex.hpp): a run saved with
+# OptEx in sharded checkpoints (train/sharded_optex.hpp): a run saved with
 # --optex 2 resumes with its history under --optex 3, and under the executor
 # (--dp 2 --zero 3); an executor's sharded checkpoint resumes under OptEx
 # with an empty history, and says so. With MPI_LAUNCH (mpiexec and its flags

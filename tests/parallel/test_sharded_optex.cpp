@@ -1,4 +1,4 @@
-// OptEx in sharded checkpoints (exec/sharded_optex.hpp): resumed equals
+// OptEx in sharded checkpoints (train/sharded_optex.hpp): resumed equals
 // uninterrupted bit for bit under the same workers, any number of workers
 // takes the same history back, and a history that does not belong to the
 // loading run is left out with the reason.
@@ -12,7 +12,7 @@
 
 #include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
-#include "loom/exec/sharded_optex.hpp"
+#include "loom/train/sharded_optex.hpp"
 #include "io/temp_dir.hpp"
 #include "optim/optex_suite.hpp"
 
@@ -85,10 +85,10 @@ TEST_CASE("OptEx resumed from a sharded checkpoint equals the uninterrupted run 
 
         Optimizer b = make(axis, 2);
         iterate(b, axis, 0, 7);
-        loom::exec::save_sharded_optex(b, true, axis, dir);
+        loom::train::save_sharded_optex(b, true, axis, dir);
         Optimizer c = make(axis, 2);
         std::string note;
-        (void)loom::exec::load_sharded_optex(c, dir, note);
+        (void)loom::train::load_sharded_optex(c, dir, note);
         CHECK(note.empty());
         CHECK(c.iterations() == 7);
         iterate(c, axis, 7, shape.iterations);
@@ -111,7 +111,7 @@ TEST_CASE("OptEx's sharded history loads under any number of workers", "[optex][
             ThreadComm& axis = mesh.axis("optex");
             Optimizer a = make(axis, 2, effective_dim);
             iterate(a, axis, 0, 5);
-            loom::exec::save_sharded_optex(a, mesh.coordinate("dp") == 0, world, dir);
+            loom::train::save_sharded_optex(a, mesh.coordinate("dp") == 0, world, dir);
             auto whole = whole_history(a, axis, features_of(effective_dim));
             std::vector<float> x(static_cast<std::size_t>(shape.d));
             a.gather_params(x);
@@ -127,7 +127,7 @@ TEST_CASE("OptEx's sharded history loads under any number of workers", "[optex][
             ThreadWorld(workers).run([&](ThreadComm& axis) {
                 Optimizer b = make(axis, workers, effective_dim);
                 std::string note;
-                (void)loom::exec::load_sharded_optex(b, dir, note);
+                (void)loom::train::load_sharded_optex(b, dir, note);
                 const auto whole = whole_history(b, axis, features_of(effective_dim));
                 std::vector<float> x(static_cast<std::size_t>(shape.d));
                 b.gather_params(x);
@@ -151,17 +151,17 @@ TEST_CASE("OptEx leaves out a sharded history that is not its own, and says why"
     ThreadWorld(2).run([&](ThreadComm& axis) {
         Optimizer a = make(axis, 2);
         iterate(a, axis, 0, 3);
-        loom::exec::save_sharded_optex(a, true, axis, dir);
+        loom::train::save_sharded_optex(a, true, axis, dir);
         // Another effective dimension sees other coordinates: its history would mean something else.
         Optimizer b = make(axis, 2, 11);
         std::string note;
-        (void)loom::exec::load_sharded_optex(b, dir, note);
+        (void)loom::train::load_sharded_optex(b, dir, note);
         CHECK(b.estimator().size() == 0);
         // A checkpoint without the history's signature (an executor's): x and the moments only.
         Optimizer c = make(axis, 2);
-        loom::exec::ShardedSave<ThreadComm>(axis, dir, loom::exec::optex_shard_contents(c, true)).finish();
+        loom::exec::ShardedSave<ThreadComm>(axis, dir, loom::train::optex_shard_contents(c, true)).finish();
         std::string none;
-        (void)loom::exec::load_sharded_optex(c, dir, none);
+        (void)loom::train::load_sharded_optex(c, dir, none);
         CHECK(c.estimator().size() == 0);
         if (axis.rank() == 0) {
             other = note;

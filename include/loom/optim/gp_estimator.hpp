@@ -104,7 +104,7 @@ struct GpQuery {
     double squared_norm = 0;
 };
 
-// The estimator's state, for a checkpoint (exec/sharded_optex.hpp): this
+// The estimator's state, for a checkpoint (train/sharded_optex.hpp): this
 // slice's points and gradients, oldest first, and what every rank holds
 // whole: the squared distances (T x T), the root norms, the oldest point's
 // sequence number, the refused count and the length scale (tuning moves it).

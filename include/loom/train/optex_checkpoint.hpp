@@ -2,7 +2,7 @@
 // whose ranks each hold a slice of x, of AdamW's moments and of the history:
 // one file (the state gathered over the optex axis, written by world rank 0,
 // gpt/checkpoint.hpp; it keeps no history) or a sharded directory (each
-// rank its slice and the history, exec/sharded_optex.hpp), which resumes
+// rank its slice and the history, train/sharded_optex.hpp), which resumes
 // under any number of workers or from the executor's shards. Every function
 // is a collective: all ranks call it at the same point.
 //
@@ -21,11 +21,11 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/exec/sharded_checkpoint.hpp"
-#include "loom/exec/sharded_optex.hpp"
 #include "loom/gpt/checkpoint.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/optim/optex.hpp"
+#include "loom/train/sharded_optex.hpp"
 
 namespace loom::train {
 
@@ -38,7 +38,7 @@ std::int64_t resume_optex(optim::OptEx<optim::AdamW, C>& optex, const gpt::Confi
                           std::string& note) {
     if (std::filesystem::is_directory(path)) {
         const std::int64_t step = gpt::check_sharded_metadata(path, config, exec::read_sharded_index(path).metadata).step;
-        (void)exec::load_sharded_optex(optex, path, note);
+        (void)load_sharded_optex(optex, path, note);
         return step;
     }
     const auto d = static_cast<std::size_t>(optex.dimension());
@@ -82,8 +82,8 @@ void save_optex_sharded(C& world, optim::OptEx<optim::AdamW, C>& optex, bool hol
     all_metadata.merge(std::map<std::string, std::string>(metadata));
     if (in_flight) in_flight->finish();
     in_flight.reset();
-    in_flight.emplace(world, directory, exec::optex_shard_contents(optex, holder),
-                      exec::with_optex_signature(std::move(all_metadata), optex));
+    in_flight.emplace(world, directory, optex_shard_contents(optex, holder),
+                      with_optex_signature(std::move(all_metadata), optex));
 }
 
 }  // namespace loom::train

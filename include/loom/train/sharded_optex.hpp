@@ -39,7 +39,7 @@
 #include "loom/optim/adamw.hpp"
 #include "loom/optim/optex.hpp"
 
-namespace loom::exec {
+namespace loom::train {
 
 inline constexpr std::string_view optex_history_key = "optex_history_signature";
 
@@ -72,8 +72,8 @@ namespace detail {
 // (one replica of the optex axis: with data parallelism inside each worker,
 // the others hold copies and write empty shards).
 template <comm::Communicator C>
-[[nodiscard]] ShardContents optex_shard_contents(optim::OptEx<optim::AdamW, C>& optex, bool holder) {
-    ShardContents out;
+[[nodiscard]] exec::ShardContents optex_shard_contents(optim::OptEx<optim::AdamW, C>& optex, bool holder) {
+    exec::ShardContents out;
     out.parameters = optex.dimension();
     out.optimizer_steps = optex.inner().steps();
     if (!holder) return out;
@@ -98,11 +98,11 @@ template <comm::Communicator C>
     return out;
 }
 
-// Collective over the world, as ShardedSave is; see optex_shard_contents.
+// Collective over the world, as exec::ShardedSave is; see optex_shard_contents.
 template <comm::Communicator C>
 void save_sharded_optex(optim::OptEx<optim::AdamW, C>& optex, bool holder, C& world,
                         const std::filesystem::path& directory, std::map<std::string, std::string> metadata = {}) {
-    ShardedSave<C>(world, directory, optex_shard_contents(optex, holder), with_optex_signature(std::move(metadata), optex))
+    exec::ShardedSave<C>(world, directory, optex_shard_contents(optex, holder), with_optex_signature(std::move(metadata), optex))
         .finish();
 }
 
@@ -112,13 +112,13 @@ void save_sharded_optex(optim::OptEx<optim::AdamW, C>& optex, bool holder, C& wo
 // in `history_note`, why the history starts empty (empty when restored).
 // Every rank reads only its slice; no communication.
 template <comm::Communicator C>
-ShardedIndex load_sharded_optex(optim::OptEx<optim::AdamW, C>& optex, const std::filesystem::path& directory,
+exec::ShardedIndex load_sharded_optex(optim::OptEx<optim::AdamW, C>& optex, const std::filesystem::path& directory,
                                 std::string& history_note) {
     const std::string where = "sharded checkpoint " + directory.string();
-    ShardedIndex index = read_sharded_index(directory);
+    exec::ShardedIndex index = exec::read_sharded_index(directory);
     LOOM_CHECK(index.parameters == optex.dimension(), where, " holds ", index.parameters,
                " parameters but this model has ", optex.dimension(), "; load it into the model it was saved from");
-    ShardedReader reader(directory, index);
+    exec::ShardedReader reader(directory, index);
     const std::int64_t lo = optex.slice_begin(), n = optex.slice_end() - lo;
     const std::vector<std::int64_t> slice{lo, n};
     reader.read("values", "runs", slice, optex.slice());
@@ -162,4 +162,4 @@ ShardedIndex load_sharded_optex(optim::OptEx<optim::AdamW, C>& optex, const std:
     return index;
 }
 
-}  // namespace loom::exec
+}  // namespace loom::train
