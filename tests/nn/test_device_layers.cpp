@@ -450,16 +450,16 @@ TEST_CASE("a dp compressor's state saved on a device loads back there and on the
         (void)exec.step(b.input_tensor().slice(0, first, first + share), b.target_tensor().slice(0, first, first + share),
                         1e-3f);
         auto& mine = saved[static_cast<std::size_t>(comm.rank())];
-        mine.resize(static_cast<std::size_t>(exec.compression_state_size()));
-        exec.save_compression_state(mine);
+        mine.resize(static_cast<std::size_t>(exec.gradient_exchange().state_size()));
+        exec.gradient_exchange().save_state(mine);
         exec.initialize(9);  // zeroes the compressor's state
         std::vector<float> zeroed(mine.size());
-        exec.save_compression_state(zeroed);
+        exec.gradient_exchange().save_state(zeroed);
         CHECK(std::all_of(zeroed.begin(), zeroed.end(), [](float x) { return x == 0.0f; }));
-        exec.load_compression_state(mine);
+        exec.gradient_exchange().load_state(mine);
         auto& back = reloaded[static_cast<std::size_t>(comm.rank())];
         back.resize(mine.size());
-        exec.save_compression_state(back);
+        exec.gradient_exchange().save_state(back);
     });
     for (int r = 0; r < 2; ++r) {
         CAPTURE(r);

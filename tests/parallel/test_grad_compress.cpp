@@ -219,8 +219,8 @@ TEST_CASE("a compressed run resumes bit for bit from its saved state", "[compres
             const auto n = static_cast<std::size_t>(exec.parameter_count());
             std::vector<float> values(n), m(n), v(n);
             exec.gather_state(values, m, v);
-            std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
-            exec.save_compression_state(state);
+            std::vector<float> state(static_cast<std::size_t>(exec.gradient_exchange().state_size()));
+            exec.gradient_exchange().save_state(state);
             train(exec, 3, 6);
             std::vector<float> end(n);
             exec.gather_state(end, m, v);
@@ -237,7 +237,7 @@ TEST_CASE("a compressed run resumes bit for bit from its saved state", "[compres
             train(first, 0, 3);
             first.gather_state(values, m2, v2);
             again.load_state(values, m2, v2, first.optimizer_steps());
-            again.load_compression_state(state);
+            again.gradient_exchange().load_state(state);
             train(again, 3, 6);
             again.gather_state(end, m, v);
             resumed[static_cast<std::size_t>(comm.rank())] = end;

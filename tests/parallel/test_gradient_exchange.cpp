@@ -126,7 +126,7 @@ TEST_CASE("the plain exchange averages whole buckets or into each rank's block, 
         if (comm.rank() == 0) {
             const std::vector<float> state(3);
             CHECK(loom_test::message_of([&] { exchange.load_state(state); }) ==
-                  "Executor::load_compression_state: 3 elements of compressor state for an executor without a dp "
+                  "GradientExchange::load_state: 3 elements of compressor state for an executor without a dp "
                   "compressor");
             CHECK(loom_test::message_of([&] { exchange.load_state({}); }) == "(no error)");
         }

@@ -245,7 +245,6 @@ TEST_CASE("an untraced executor records nothing", "[parallel][trace]") {
         (void)exec.step(batch.input_tensor(), batch.target_tensor(), 1e-3f);
         CHECK_FALSE(exec.trace().enabled());
         CHECK(exec.trace().events().empty());
-        CHECK(exec.zero_stage() == 3);
         CHECK(exec.optimizer_steps() == 1);
     });
 }

@@ -173,8 +173,8 @@ inline StrategyRun train_strategy(loom::Device where, const loom::gpt::Config& c
         }
         std::vector<float> values(static_cast<std::size_t>(exec.parameter_count())), m(values.size()), v(values.size());
         exec.gather_state(values, m, v);
-        std::vector<float> compression(static_cast<std::size_t>(exec.compression_state_size()));
-        exec.save_compression_state(compression);
+        std::vector<float> compression(static_cast<std::size_t>(exec.gradient_exchange().state_size()));
+        exec.gradient_exchange().save_state(compression);
         if (world.rank() == 0) run = {losses, values, m, v, compression};
     });
     return run;

@@ -111,7 +111,6 @@ public:
     // every rank; empty without a tp axis). `std::cout << exec.cut_report()`.
     [[nodiscard]] const tp::CutReport& cut_report() const noexcept { return cuts_; }
     [[nodiscard]] const std::vector<nn::Unit>& units() const noexcept { return units_; }
-    [[nodiscard]] int zero_stage() const noexcept { return stage_; }
     [[nodiscard]] int micro_batches() const noexcept { return micro_batches_; }
     [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return optimizer_steps_; }
     [[nodiscard]] Trace& trace() noexcept { return trace_; }
@@ -166,12 +165,10 @@ public:
     void load_held_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                          std::int64_t optimizer_steps);
 
-    // The gradient exchange's per-rank state (parallel/gradient_exchange.hpp):
-    // what a checkpoint must keep for an exact resume. Empty for a plain exchange.
-    [[nodiscard]] Compression compression() const noexcept { return exchange_->compression(); }
-    [[nodiscard]] std::int64_t compression_state_size() const noexcept { return exchange_->state_size(); }
-    void save_compression_state(std::span<float> out) const { exchange_->save_state(out); }
-    void load_compression_state(std::span<const float> in) { exchange_->load_state(in); }
+    // The gradient exchange (parallel/gradient_exchange.hpp): its per-rank
+    // state is what a checkpoint keeps for an exact resume (none for a plain one).
+    [[nodiscard]] parallel::GradientExchange<C>& gradient_exchange() noexcept { return *exchange_; }
+    [[nodiscard]] const parallel::GradientExchange<C>& gradient_exchange() const noexcept { return *exchange_; }
 
 private:
     // The public constructors' work, with the tp and sp axes checked against the plan.
@@ -214,9 +211,12 @@ private:
         if (const std::string line = cuts_.warning(); !line.empty() && first_of_world()) notice_sink(options.notice)(line);
     }
 
+    // The policies of kind custom in Strategy, in order: each lowers itself
+    // into this rank's program (verified again) and runs its Op::policy instructions.
     template <class Strategy>
     [[nodiscard]] static Executor made(Executor exec) {
-        exec.adopt_policies<Strategy>();
+        exec.adopted_.template adopt_all<Strategy>(exec.rank_, exec.device_, *exec.exchange_);
+        exec.in_flight_.resize(exec.rank_.program.code.size());
         return exec;
     }
 
@@ -267,13 +267,6 @@ private:
     void load_local_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                           std::int64_t optimizer_steps);
 
-    // The policies of kind custom in Strategy, in order: each lowers itself
-    // into this rank's program (verified again) and runs its Op::policy instructions.
-    template <class Strategy>
-    void adopt_policies() {
-        adopted_.template adopt_all<Strategy>(rank_, device_, *exchange_);
-        in_flight_.resize(rank_.program.code.size());
-    }
     // The elements this rank's optimizer step updates (exec/updated_runs.hpp).
     [[nodiscard]] UpdatedElements updated_elements() const {
         return {&rank_.layout, stage_, comm_->rank(),

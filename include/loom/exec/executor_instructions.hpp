@@ -274,9 +274,7 @@ void Executor<C>::recv(const schedule::Instruction& in) {
 
 template <comm::Communicator C>
 void Executor<C>::finish(int target) {
-    std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> waited;
-    const InFlight& flight = in_flight_.wait(target, waited);
-    const auto [t0, t1] = waited;
+    const auto [flight, t0, t1] = in_flight_.wait(target);
     const auto& in = rank_.program.code.at(static_cast<std::size_t>(target));
     if (trace_.enabled()) {
         const std::string what = describe_comm(in);

@@ -31,19 +31,24 @@ public:
             InFlight{std::move(request), std::move(second), std::chrono::steady_clock::now(), true, accumulate};
     }
 
-    // Waits for instruction `target`'s communication, which is no longer in
-    // flight after; `waited` gets when the wait began and ended.
-    InFlight& wait(int target, std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>& waited) {
+    // What a wait found: the communication (no longer in flight) and when
+    // the wait began and ended, for the trace.
+    struct Waited {
+        const InFlight& flight;
+        std::chrono::steady_clock::time_point began, ended;
+    };
+
+    // Waits for instruction `target`'s communication.
+    Waited wait(int target) {
         LOOM_CHECK(target >= 0 && target < static_cast<int>(flights_.size()) &&
                        flights_[static_cast<std::size_t>(target)].in_flight,
                    "Executor: wait for #", target, ", which is not in flight");
         InFlight& flight = flights_[static_cast<std::size_t>(target)];
-        waited.first = std::chrono::steady_clock::now();
+        const auto began = std::chrono::steady_clock::now();
         flight.request.wait();
         flight.second.wait();
-        waited.second = std::chrono::steady_clock::now();
         flight.in_flight = false;
-        return flight;
+        return {flight, began, std::chrono::steady_clock::now()};
     }
 
 private:

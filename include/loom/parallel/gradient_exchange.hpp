@@ -84,7 +84,7 @@ public:
     [[nodiscard]] virtual std::int64_t state_size() const noexcept { return 0; }
     virtual void save_state(std::span<float> out) const { (void)out; }
     virtual void load_state(std::span<const float> in) {
-        LOOM_CHECK(in.empty(), "Executor::load_compression_state: ", in.size(),
+        LOOM_CHECK(in.empty(), "GradientExchange::load_state: ", in.size(),
                    " elements of compressor state for an executor without a dp compressor");
     }
     // Bytes of that state, and of working buffers (memory_report).

@@ -38,7 +38,7 @@ namespace loom::train {
 template <comm::Communicator C>
 std::int64_t resume_executor(C& world, exec::Executor<C>& exec, const gpt::Config& config, const std::string& path,
                              const std::string& compression_signature, std::string& note) {
-    std::vector<float> state(compression_signature.empty() ? 0 : static_cast<std::size_t>(exec.compression_state_size()));
+    std::vector<float> state(compression_signature.empty() ? 0 : static_cast<std::size_t>(exec.gradient_exchange().state_size()));
     std::int64_t step = 0;
     bool has_state = false;
     if (std::filesystem::is_directory(path)) {
@@ -55,7 +55,7 @@ std::int64_t resume_executor(C& world, exec::Executor<C>& exec, const gpt::Confi
         if (!compression_signature.empty())
             has_state = read_compression_state(path, compression_signature, world.rank(), state, note);
     }
-    if (has_state) exec.load_compression_state(state);
+    if (has_state) exec.gradient_exchange().load_state(state);
     return step;
 }
 
@@ -75,8 +75,8 @@ std::vector<float> save_executor(C& world, Exec& exec, const gpt::Config& config
     std::vector<Buffer<Host>> storage;
     std::vector<io::NamedTensor> extra;
     if (!compression_signature.empty()) {
-        std::vector<float> state(static_cast<std::size_t>(exec.compression_state_size()));
-        exec.save_compression_state(state);
+        std::vector<float> state(static_cast<std::size_t>(exec.gradient_exchange().state_size()));
+        exec.gradient_exchange().save_state(state);
         extra = gather_compression_states(world, state, storage);
         metadata[compression_metadata_key] = compression_signature;
     }
@@ -102,8 +102,8 @@ void save_executor_sharded(C& world, const exec::Executor<C>& exec, const gpt::C
     all_metadata.merge(std::map<std::string, std::string>(metadata));
     exec::RankState compressor;
     if (!compression_signature.empty()) {
-        compressor = {compression_signature, std::vector<float>(static_cast<std::size_t>(exec.compression_state_size()))};
-        exec.save_compression_state(compressor.values);
+        compressor = {compression_signature, std::vector<float>(static_cast<std::size_t>(exec.gradient_exchange().state_size()))};
+        exec.gradient_exchange().save_state(compressor.values);
     }
     in_flight.emplace(exec, world, directory, std::move(all_metadata), std::move(compressor));
 }
