@@ -21,6 +21,7 @@
 #include "loom/infer/tensor_parallel_gpt.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "loom/parallel/tensor_parallel_vocab.hpp"
+#include "infer/tensor_parallel_serving_suite.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
 
@@ -37,29 +38,10 @@ using loom::infer::Segment;
 using loom_test::max_relative_difference;
 using loom_test::message_of;
 using loom_test::prompt_of;
-
-// 4 heads (tp 1, 2, 4) and a vocabulary of 42: at tp 4 the head's runs are
-// 11, 11, 11 and 9 rows, so the uneven last run is exercised.
-struct SmallGpt : loom_test::ScaledGpt {
-    explicit SmallGpt(std::uint64_t seed)
-        : ScaledGpt({.layers = 2, .width = 32, .heads = 4, .seq = 32, .vocab = 42}, seed, 8.0f) {}
-};
-
-// One tp rank's model: the serving shard of `whole`, bound, with its values.
-struct RankShard {
-    loom::gpt::Model model;
-    loom::nn::ParamArena arena;
-
-    RankShard(const SmallGpt& whole, int rank, int degree)
-        : model(cut(whole.config, rank, degree)), arena(model) {
-        loom::infer::load_whole_values(model, whole.arena.values());
-    }
-    static loom::gpt::Model cut(const loom::gpt::Config& config, int rank, int degree) {
-        auto model = loom::gpt::make_model(config);
-        loom::infer::shard_for_serving(model, rank, degree);
-        return model;
-    }
-};
+using loom_test::RankShard;
+using loom_test::SmallGpt;
+using loom_test::mixed_batch;
+using loom_test::request;
 
 // Runs body(rank's shard, its tp group) on `degree` rank threads.
 void on_ranks(const SmallGpt& whole, int degree, const std::function<void(RankShard&, AnyComm&)>& body) {
@@ -74,9 +56,9 @@ void on_ranks(const SmallGpt& whole, int degree, const std::function<void(RankSh
 std::vector<std::vector<Completion>> generate_on_ranks(const SmallGpt& whole, int degree,
                                                        const std::vector<Request>& requests, std::int64_t max_batch) {
     std::vector<std::vector<Completion>> got(static_cast<std::size_t>(degree));
-    on_ranks(whole, degree, [&](RankShard& shard, AnyComm& tp) {
-        got[static_cast<std::size_t>(tp.rank())] =
-            loom::infer::generate(shard.model, whole.config, tp, requests, max_batch);
+    ThreadWorld(degree).run([&](ThreadComm& comm) {
+        AnyComm tp = AnyComm::view(comm);
+        got[static_cast<std::size_t>(tp.rank())] = loom_test::serve_on(tp, whole, requests, max_batch);
     });
     return got;
 }
@@ -87,28 +69,6 @@ void check_same(const std::vector<Completion>& got, const std::vector<Completion
         CHECK(got[i].tokens == expected[i].tokens);
         CHECK(got[i].finish == expected[i].finish);
     }
-}
-
-Request request(std::vector<std::int32_t> prompt, std::int64_t count, bool greedy, std::uint64_t seed = 0) {
-    Request r;
-    r.prompt = std::move(prompt);
-    r.max_new_tokens = count;
-    r.sampling.greedy = greedy;
-    r.sampling.seed = seed;
-    if (!greedy) r.sampling.temperature = 4.0f;  // flattened: the draws are not all the argmax
-    return r;
-}
-
-// Prompts of 1 to 12 tokens with different lengths to go: finishing at
-// different steps, so a batch of 2 slots refills continuously.
-std::vector<Request> mixed_batch(bool greedy) {
-    std::vector<Request> batch;
-    const std::int64_t lengths[] = {3, 12, 1, 7, 5, 9};
-    const std::int64_t counts[] = {10, 4, 14, 8, 6, 11};
-    for (std::int32_t i = 0; i < 6; ++i)
-        batch.push_back(request(prompt_of(lengths[i], 42, i), counts[i], greedy, 100 + static_cast<std::uint64_t>(i)));
-    batch[2].stop_tokens = {5, 17};
-    return batch;
 }
 
 }  // namespace
