@@ -76,6 +76,25 @@ double tp2_seconds(const loom::nn::ParamArena& whole, const std::vector<loom::in
     return bench::median(times);
 }
 
+// What tp 2's batch-1 decode spends waiting on its peer: the median time of
+// `count` all-reduces of one position's width (a decode step's sums) on two
+// rank threads, with no other work between them.
+double all_reduce_seconds(int count, int reps) {
+    std::vector<double> times;
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        std::vector<float> row(static_cast<std::size_t>(config_a.width), 1.0f);
+        const auto t = loom::Tensor::of(row.data(), loom::Shape{config_a.width});
+        for (int r = 0; r < reps; ++r) {
+            comm.barrier();
+            const auto start = std::chrono::steady_clock::now();
+            for (int i = 0; i < count; ++i) comm.all_reduce(t, t, loom::comm::ReduceOp::max);
+            comm.barrier();
+            if (comm.rank() == 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+    });
+    return bench::median(times);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,5 +200,12 @@ int main(int argc, char** argv) {
         std::printf("| %s | %.1f ms, %.0f tokens/s | %.1f ms, %.0f tokens/s | %.2fx | %s |\n", name, tp1 * 1e3,
                     tokens / tp1, tp2 * 1e3, tokens / tp2, tp1 / tp2, agree ? "yes" : "no");
     }
+    // A decode step at tp 2 is 2 sums per layer and one gather: 9 collectives for config A.
+    const int collectives = static_cast<int>(count) * static_cast<int>(2 * config_a.layers + 1);
+    const double waiting = all_reduce_seconds(collectives, reps);
+    std::printf("\n%d all-reduces of %lld floats alone on 2 rank threads (the collectives of %lld decode steps): "
+                "%.1f ms, %.1f us each\n",
+                collectives, static_cast<long long>(config_a.width), static_cast<long long>(count), waiting * 1e3,
+                waiting / collectives * 1e6);
     return 0;
 }
