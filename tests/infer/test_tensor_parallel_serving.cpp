@@ -1,8 +1,8 @@
 // Tensor-parallel serving (infer/tensor_parallel_gpt.hpp) on rank threads
 // against the whole model on one (tp 1): prefill logits to float rounding and
 // the same bits on every rank, greedy and seeded generation token for token
-// at tp 2 and 4, alone and in mixed-length continuous batches, and every bad
-// input named in one line. Catch2's macros are not thread-safe, so the rank
+// at tp 2 and 4, alone and in mixed-length continuous batches, speculative
+// decoding on a tp target, and every bad input named in one line. Catch2's macros are not thread-safe, so the rank
 // threads only record what they got and the checks run after the world ends.
 #include <catch2/catch.hpp>
 
@@ -18,6 +18,7 @@
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/generate.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/speculative.hpp"
 #include "loom/infer/tensor_parallel_gpt.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "loom/parallel/tensor_parallel_vocab.hpp"
@@ -137,6 +138,29 @@ TEST_CASE("sampled generation at tp 2 is reproducible and equals tp 1's for the 
     bool differs = false;
     for (std::size_t i = 0; i < batch.size(); ++i) differs = differs || argmax[i].tokens != serial[i].tokens;
     CHECK(differs);
+}
+
+TEST_CASE("speculative decoding with a tp 2 target gives tp 1's tokens", "[infer][tp]") {
+    // The target is sharded, the draft (another small GPT) whole on every rank: the ranks propose alike.
+    SmallGpt target(35), draft(36);
+    auto batch = mixed_batch(true);
+    batch.resize(4);
+    const auto greedy = loom::infer::generate(target.model, target.config, batch);
+    std::vector<std::vector<std::vector<std::int32_t>>> got(2);
+    ThreadWorld(2).run([&](ThreadComm& comm) {
+        AnyComm tp = AnyComm::view(comm);
+        RankShard shard(target, tp.rank(), 2);
+        KvCache target_cache = loom::infer::serving_cache(target.config, 2, 4, target.config.seq);
+        KvCache draft_cache(draft.config.layers, draft.config.width, 4, draft.config.seq);
+        CachedGpt t(shard.model, target.config, target_cache, tp);
+        CachedGpt d(draft.model, draft.config, draft_cache);
+        for (const auto& c : loom::infer::speculative_generate(t, d, batch, 3))
+            got[static_cast<std::size_t>(tp.rank())].push_back(c.tokens);
+    });
+    for (const auto& rank : got) {
+        REQUIRE(rank.size() == greedy.size());
+        for (std::size_t i = 0; i < rank.size(); ++i) CHECK(rank[i] == greedy[i].tokens);
+    }
 }
 
 TEST_CASE("tensor-parallel serving names each bad input in one line", "[infer][tp]") {

@@ -94,41 +94,6 @@ public:
     [[nodiscard]] int tp_degree() const noexcept { return degree_; }
     [[nodiscard]] int tp_rank() const noexcept { return rank_; }
 
-private:
-    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache, comm::AnyComm* tp)
-        : model_(model), config_(config), cache_(cache), tp_(tp) {
-        config.validate();
-        LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGpt: the model has ",
-                   model.blocks.size(), " blocks but the config says ", config.layers, " layers");
-        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
-                   "CachedGpt: the model's parameters are not bound; give the model a ParamArena (and load or "
-                   "initialise it) first");
-        LOOM_CHECK(model.head.weight.value.device().kind == DeviceKind::host,
-                   "CachedGpt: the model's parameters live on a device; this engine runs on the host");
-        if (tp != nullptr) {
-            rank_ = tp->rank();
-            degree_ = tp->size();
-            check_serving_shard(model, config, rank_, degree_);
-        } else {
-            for (std::size_t l = 0; l < model.blocks.size(); ++l) {
-                const auto& attention = std::get<1>(model.blocks[l].attn.layers);
-                LOOM_CHECK(attention.local_heads() == config.heads && attention.width() == config.width,
-                           "CachedGpt: block ", l, " is a tensor-parallel shard (", attention.local_heads(), " of ",
-                           config.heads, " heads); give the engine its tp group, or run the whole model");
-            }
-        }
-        heads_ = config.heads / degree_;
-        width_ = config.width / degree_;
-        LOOM_CHECK(cache.layers() == config.layers && cache.width() == width_, "CachedGpt: the cache is for ",
-                   cache.layers(), " layers of width ", cache.width(), " but the model has ", config.layers,
-                   " of width ", config.width,
-                   degree_ > 1 ? loom::detail::concat(" (", width_, " on each of ", degree_, " tp ranks)") : "");
-        LOOM_CHECK(cache.capacity() <= config.seq, "CachedGpt: the cache holds ", cache.capacity(),
-                   " positions per slot but the model has position embeddings for ", config.seq,
-                   "; build the cache with capacity <= Config::seq");
-    }
-
-public:
     // Runs the segments (each slot at most once, at least one token each),
     // appends their keys and values to the cache, and returns the logits of
     // each segment's last token: [segments.size(), vocab], row-major, valid
@@ -184,6 +149,39 @@ public:
     }
 
 private:
+    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache, comm::AnyComm* tp)
+        : model_(model), config_(config), cache_(cache), tp_(tp) {
+        config.validate();
+        LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGpt: the model has ",
+                   model.blocks.size(), " blocks but the config says ", config.layers, " layers");
+        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
+                   "CachedGpt: the model's parameters are not bound; give the model a ParamArena (and load or "
+                   "initialise it) first");
+        LOOM_CHECK(model.head.weight.value.device().kind == DeviceKind::host,
+                   "CachedGpt: the model's parameters live on a device; this engine runs on the host");
+        if (tp != nullptr) {
+            rank_ = tp->rank();
+            degree_ = tp->size();
+            check_serving_shard(model, config, rank_, degree_);
+        } else {
+            for (std::size_t l = 0; l < model.blocks.size(); ++l) {
+                const auto& attention = std::get<1>(model.blocks[l].attn.layers);
+                LOOM_CHECK(attention.local_heads() == config.heads && attention.width() == config.width,
+                           "CachedGpt: block ", l, " is a tensor-parallel shard (", attention.local_heads(), " of ",
+                           config.heads, " heads); give the engine its tp group, or run the whole model");
+            }
+        }
+        heads_ = config.heads / degree_;
+        width_ = config.width / degree_;
+        LOOM_CHECK(cache.layers() == config.layers && cache.width() == width_, "CachedGpt: the cache is for ",
+                   cache.layers(), " layers of width ", cache.width(), " but the model has ", config.layers,
+                   " of width ", config.width,
+                   degree_ > 1 ? loom::detail::concat(" (", width_, " on each of ", degree_, " tp ranks)") : "");
+        LOOM_CHECK(cache.capacity() <= config.seq, "CachedGpt: the cache holds ", cache.capacity(),
+                   " positions per slot but the model has position embeddings for ", config.seq,
+                   "; build the cache with capacity <= Config::seq");
+    }
+
     void check(std::span<const Segment> segments) {
         LOOM_CHECK(!segments.empty(), "CachedGpt: forward of no segments; pass at least one");
         std::vector<bool>& seen = seen_;
