@@ -23,6 +23,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <tuple>
 
 #include "loom/core/error.hpp"
 #include "loom/core/param.hpp"
