@@ -6,13 +6,19 @@
 // write the same text; the bench says whether they did. Tokens/s count the
 // 100 new tokens over the whole call (prefill included); time to first token
 // is the prefill of the prompt and the first draw. Then 16 requests of mixed
-// prompt lengths: all batched, one at a time, and by gpt::sample. Median of
-// --reps runs.
+// prompt lengths: all batched, one at a time, and by gpt::sample. Last,
+// tensor-parallel serving: the same two workloads at tp 1 (the whole model)
+// and tp 2 (infer/tensor_parallel_gpt.hpp on two rank threads, one GEMM
+// thread each), greedy, each tp 2 run checked against tp 1's tokens. Median
+// of --reps runs.
 //
 //   bench_generate [--reps 3] [--tokens 100]
+#include <loom/comm/any_comm.hpp>
+#include <loom/comm/thread_world.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/gpt/sample.hpp>
 #include <loom/infer/generate.hpp>
+#include <loom/infer/tensor_parallel_gpt.hpp>
 #include <loom/kernels/host/gemm_threads.hpp>
 #include <loom/nn/param_arena.hpp>
 
@@ -20,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu_model.hpp"
@@ -39,6 +46,53 @@ std::string as_text(const std::vector<std::int32_t>& tokens) {
         text += (c == '\n' || (c >= 32 && c < 127)) ? static_cast<char>(c) : '.';
     }
     return text;
+}
+
+// The median time of `reps` runs of generate(requests) at tp 2 on rank
+// threads (each rank's shard cut and loaded off the clock; rank 0 times a
+// run from a barrier to a barrier), and whether every run on every rank gave
+// `expected`.
+double tp2_seconds(const loom::nn::ParamArena& whole, const std::vector<loom::infer::Request>& requests,
+                   const std::vector<loom::infer::Completion>& expected, int reps, bool& same) {
+    std::vector<double> times;
+    std::vector<int> agreed(2, 1);
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        loom::comm::AnyComm tp = loom::comm::AnyComm::view(comm);
+        auto shard = loom::gpt::make_model(config_a);
+        loom::infer::shard_for_serving(shard, tp.rank(), tp.size());
+        loom::nn::ParamArena arena(shard);
+        loom::infer::load_whole_values(shard, whole.values());
+        for (int r = 0; r < reps; ++r) {
+            tp.barrier();
+            const auto start = std::chrono::steady_clock::now();
+            const auto done = loom::infer::generate(shard, config_a, tp, requests);
+            tp.barrier();
+            if (tp.rank() == 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+            for (std::size_t i = 0; i < done.size(); ++i)
+                if (done[i].tokens != expected[i].tokens) agreed[static_cast<std::size_t>(tp.rank())] = 0;
+        }
+    });
+    same = agreed[0] == 1 && agreed[1] == 1;
+    return bench::median(times);
+}
+
+// What tp 2's batch-1 decode spends waiting on its peer: the median time of
+// `count` all-reduces of one position's width (a decode step's sums) on two
+// rank threads, with no other work between them.
+double all_reduce_seconds(int count, int reps) {
+    std::vector<double> times;
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        std::vector<float> row(static_cast<std::size_t>(config_a.width), 1.0f);
+        const auto t = loom::Tensor::of(row.data(), loom::Shape{config_a.width});
+        for (int r = 0; r < reps; ++r) {
+            comm.barrier();
+            const auto start = std::chrono::steady_clock::now();
+            for (int i = 0; i < count; ++i) comm.all_reduce(t, t, loom::comm::ReduceOp::max);
+            comm.barrier();
+            if (comm.rank() == 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+    });
+    return bench::median(times);
 }
 
 }  // namespace
@@ -128,5 +182,30 @@ int main(int argc, char** argv) {
                 produced / one_at_a_time, resampled / one_at_a_time);
     std::printf("| re-running the window (gpt::sample), one at a time | %.1f ms | %.0f | 1.0x |\n", resampled * 1e3,
                 produced / resampled);
+
+    // Tensor-parallel serving, greedy: tp 1 (the whole model, this thread) and tp 2 (two rank threads).
+    std::printf("\ntensor-parallel serving, greedy: tp 1 (whole model, 1 thread) vs tp 2 (2 rank threads, 1 GEMM "
+                "thread each)\n\n| workload | tp 1 | tp 2 | tp 2 / tp 1 | same tokens |\n| --- | ---: | ---: | ---: | "
+                "--- |\n");
+    std::vector<loom::infer::Request> greedy_one = one, greedy_mixed = mixed;
+    for (auto* list : {&greedy_one, &greedy_mixed})
+        for (loom::infer::Request& r : *list) r.sampling.greedy = true;
+    for (const auto& [name, requests, tokens] :
+         {std::tuple{"batch 1, decode after a 16-token prompt", &greedy_one, n},
+          std::tuple{"16 requests of mixed lengths, batched", &greedy_mixed, produced}}) {
+        std::vector<loom::infer::Completion> expected;
+        const double tp1 = bench::median_seconds(reps, [&] { expected = loom::infer::generate(model, config_a, *requests); });
+        bool agree = false;
+        const double tp2 = tp2_seconds(arena, *requests, expected, reps, agree);
+        std::printf("| %s | %.1f ms, %.0f tokens/s | %.1f ms, %.0f tokens/s | %.2fx | %s |\n", name, tp1 * 1e3,
+                    tokens / tp1, tp2 * 1e3, tokens / tp2, tp1 / tp2, agree ? "yes" : "no");
+    }
+    // A decode step at tp 2 is 2 sums per layer and one gather: 9 collectives for config A.
+    const int collectives = static_cast<int>(count) * static_cast<int>(2 * config_a.layers + 1);
+    const double waiting = all_reduce_seconds(collectives, reps);
+    std::printf("\n%d all-reduces of %lld floats alone on 2 rank threads (the collectives of %lld decode steps): "
+                "%.1f ms, %.1f us each\n",
+                collectives, static_cast<long long>(config_a.width), static_cast<long long>(count), waiting * 1e3,
+                waiting / collectives * 1e6);
     return 0;
 }

@@ -9,7 +9,7 @@
 //
 //   generate_gpt --checkpoint FILE [--layers L --width C --heads H --seq T --vocab V]
 //                [--prompt TEXT]... [--max-new N] [--greedy | --temperature T --top-k K --top-p P]
-//                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N]
+//                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N] [--tp N]
 //   generate_gpt --random [the same flags]
 //   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //       [--cape [--cape-bins K@P,...,K]]
@@ -25,15 +25,22 @@
 // --cape (greedy only) makes each target pass check a tree of candidates
 // (infer/cape.hpp): the draft's gamma greedy tokens and, at each step, more
 // alternatives the less confident it is (--cape-bins).
+// --tp N serves the target tensor-parallel on N rank threads
+// (infer/tensor_parallel_gpt.hpp): each holds its Megatron shard of the
+// checkpoint and a KV cache of its heads, and all write the same text, the
+// text of --tp 1; rank 0 prints it. A draft runs whole on every rank.
 //
 // Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
 // for anything else (a missing file, a checkpoint of another shape: the
 // library's own message).
+#include <loom/comm/any_comm.hpp>
+#include <loom/comm/thread_world.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/infer/cape.hpp>
 #include <loom/infer/speculative_batcher.hpp>
+#include <loom/infer/tensor_parallel_gpt.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include "gpt_model_flags.hpp"
@@ -46,6 +53,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -71,7 +79,8 @@ constexpr const char* usage =
     "  --seed S           sampling (and --random's weights) (default 1)\n"
     "  --stop TEXT        its first byte ends a prompt's generation when generated (repeatable)\n"
     "  --max-batch N      prompts running at once, 0: all (default 0)\n"
-    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n"
+    "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n";
 
 constexpr const char* cape_usage =
     "  --cape             CaPE (needs a draft and --greedy): each target pass checks the draft's chain and, at\n"
@@ -81,7 +90,7 @@ constexpr const char* cape_usage =
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
-    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --draft, --draft-random, "
+    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --tp, --draft, --draft-random, "
     "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --help";
 
 using gpt_flags::bad_flag;
@@ -97,6 +106,7 @@ struct Flags {
     std::vector<std::string> stops;
     std::int64_t max_batch = 0;
     std::int64_t block_size = 16;
+    std::int64_t tp = 1;  // rank threads the target is cut over
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
     std::optional<loom::infer::CapeConfig> cape;  // CaPE's rounds, with --cape
     std::string cape_bins;
@@ -153,7 +163,7 @@ Flags parse(int argc, char** argv) {
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--prompt" || flag == "--max-new" ||
                            flag == "--temperature" || flag == "--top-k" || flag == "--top-p" || flag == "--seed" ||
-                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size" ||
+                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" ||
                            flag == "--draft" || flag == "--draft-layers" || flag == "--draft-width" ||
                            flag == "--draft-heads" || flag == "--gamma" || flag == "--cape-bins";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
@@ -169,6 +179,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--stop") f.stops.push_back(value);
         else if (flag == "--cape-bins") f.cape_bins = value;
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
+        else if (flag == "--tp") f.tp = whole(flag, value, 1, 64);
         else f.block_size = whole(flag, value, 1, 1 << 20);
     }
 
@@ -184,6 +195,9 @@ Flags parse(int argc, char** argv) {
     if (f.block_size > f.target.config.seq)
         bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.target.config.seq, "); use 1..",
                  f.target.config.seq);
+    if (f.target.config.heads % f.tp != 0)
+        bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
+                 f.target.config.heads);
     f.draft.check(f.target.config);
     if (!f.cape_bins.empty() && !f.cape) bad_flag("--cape-bins ", f.cape_bins, " needs --cape");
     if (f.cape && !f.draft.on()) bad_flag("--cape needs a draft model; give --draft FILE or --draft-random");
@@ -247,34 +261,65 @@ int run(const Flags& f) {
     }
     const auto n = static_cast<std::int64_t>(requests.size());
     const std::int64_t slots = f.max_batch == 0 ? n : std::min(f.max_batch, n);
-    loom::infer::KvCache cache(f.target.config.layers, f.target.config.width, slots, capacity, f.block_size);
-    loom::infer::CachedGpt engine(model, config, cache);
     std::cout << "sampling: " << describe(f.sampling) << "; " << n << " prompt" << (n == 1 ? "" : "s") << ", up to "
-              << slots << " at once, KV cache in blocks of " << f.block_size << " positions\n";
+              << slots << " at once, KV cache in blocks of " << f.block_size << " positions";
+    if (f.tp > 1) std::cout << "; tensor-parallel on " << f.tp << " rank threads";
+    std::cout << "\n";
 
     std::vector<loom::infer::Completion> done;
     loom::infer::SpeculativeStats stats;
     const auto start = std::chrono::steady_clock::now();
+    std::unique_ptr<loom::gpt::Model> draft;  // whole, read by every rank
+    std::unique_ptr<loom::nn::ParamArena> draft_arena;
     if (f.draft.on()) {
-        loom::gpt::Model draft = loom::gpt::make_model(f.draft.config);
-        loom::nn::ParamArena draft_arena(draft);
-        gpt_flags::load_weights("draft: ", draft, draft_arena, f.draft.config, f.draft.checkpoint, f.sampling.seed);
+        draft = std::make_unique<loom::gpt::Model>(loom::gpt::make_model(f.draft.config));
+        draft_arena = std::make_unique<loom::nn::ParamArena>(*draft);
+        gpt_flags::load_weights("draft: ", *draft, *draft_arena, f.draft.config, f.draft.checkpoint, f.sampling.seed);
+    }
+    // The prompts on one engine (the whole target, or a tp rank's shard): its completions and, with a draft, stats.
+    auto decode = [&](loom::infer::CachedGpt& engine, std::vector<loom::infer::Completion>& out,
+                      loom::infer::SpeculativeStats& out_stats) {
+        if (!draft) {
+            out = loom::infer::generate(engine, requests);
+            return;
+        }
         loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
-        loom::infer::CachedGpt draft_engine(draft, f.draft.config, draft_cache);
+        loom::infer::CachedGpt draft_engine(*draft, f.draft.config, draft_cache);
         // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
         // refilled at the next round.
         loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.cape);
         for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
-        done.resize(requests.size());
+        out.resize(requests.size());
         while (!batcher.idle())
             for (const loom::infer::SpeculativeBatcher::Event& e : batcher.step()) {
-                loom::infer::Completion& c = done[static_cast<std::size_t>(e.id)];
+                loom::infer::Completion& c = out[static_cast<std::size_t>(e.id)];
                 c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
                 if (e.finish) c.finish = *e.finish;
             }
-        stats = batcher.stats();
+        out_stats = batcher.stats();
+    };
+    if (f.tp == 1) {
+        loom::infer::KvCache cache(config.layers, config.width, slots, capacity, f.block_size);
+        loom::infer::CachedGpt engine(model, config, cache);
+        decode(engine, done, stats);
     } else {
-        done = loom::infer::generate(engine, requests);
+        // Every rank cuts its shard from the whole weights and runs the same prompts; rank 0 keeps what it wrote.
+        loom::comm::ThreadWorld(static_cast<int>(f.tp)).run([&](loom::comm::ThreadComm& comm) {
+            loom::comm::AnyComm tp = loom::comm::AnyComm::view(comm);
+            loom::gpt::Model shard = loom::gpt::make_model(config);
+            loom::infer::shard_for_serving(shard, tp.rank(), tp.size());
+            loom::nn::ParamArena shard_arena(shard);
+            loom::infer::load_whole_values(shard, arena.values());
+            loom::infer::KvCache cache = loom::infer::serving_cache(config, tp.size(), slots, capacity, f.block_size);
+            loom::infer::CachedGpt engine(shard, config, cache, tp);
+            std::vector<loom::infer::Completion> mine;
+            loom::infer::SpeculativeStats mine_stats;
+            decode(engine, mine, mine_stats);
+            if (tp.rank() == 0) {
+                done = std::move(mine);
+                stats = mine_stats;
+            }
+        });
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

@@ -2,7 +2,7 @@
 # train_gpt's own --sample wrote from the same weights (gpt::sample re-runs
 # the window for every token; generate_gpt runs the KV cache: temperature 1,
 # no top-k or top-p, the same seed and prompt, so the same draws); another
-# seed writes other text. Greedy runs on it too, and a checkpoint of another shape is refused by the
+# seed writes other text; --tp 2 writes the sample too. Greedy runs on it too, and a checkpoint of another shape is refused by the
 # checkpoint's own message. Run with -DTRAIN_GPT=<binary>
 # -DGENERATE_GPT=<binary> -DWORK_DIR=<scratch directory>.
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -41,6 +41,16 @@ string(FIND "${out}" "(trained 40 steps)" loaded)
 string(FIND "${out}" " ---\n${sample}\n" found)
 if(loaded EQUAL -1 OR found EQUAL -1)
   message(FATAL_ERROR "generate_gpt did not write train_gpt's sample '${sample}' from the checkpoint:\n${out}")
+endif()
+
+# The same checkpoint cut over 2 tensor-parallel rank threads (each loads its shard of the whole file's
+# weights) writes the same sample.
+execute_process(COMMAND "${GENERATE_GPT}" --checkpoint "${WORK_DIR}/tiny.safetensors" ${shape} --prompt "${prompt}"
+                        --max-new 16 --seed 1 --tp 2
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(FIND "${out}" " ---\n${sample}\n" found)
+if(NOT rc EQUAL 0 OR found EQUAL -1)
+  message(FATAL_ERROR "generate_gpt --tp 2 (${rc}) did not write train_gpt's sample '${sample}' from the checkpoint:\n${out}\n${err}")
 endif()
 
 execute_process(COMMAND "${GENERATE_GPT}" --checkpoint "${WORK_DIR}/tiny.safetensors" ${shape} --prompt "${prompt}"

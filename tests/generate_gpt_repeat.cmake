@@ -2,7 +2,7 @@
 # same text (greedy, and sampled with temperature, top-k and top-p), and the
 # prompts generated one at a time (--max-batch 1, blocks of 5) write what they
 # write batched together: a prompt's tokens do not depend on what it runs
-# beside. Random weights (from --seed too), a small model.
+# beside; and --tp 2 and 4 (rank threads) write tp 1's text. Random weights (from --seed too), a small model.
 # (generate_gpt_checkpoint.cmake shows another seed samples other text.)
 # Run with -DGENERATE_GPT=<binary>.
 set(model --random --layers 2 --width 64 --heads 4 --seq 64 --max-new 40
@@ -25,4 +25,16 @@ generate(one_at_a_time ${sampled} --seed 7 --max-batch 1 --block-size 5)
 if(NOT one_at_a_time STREQUAL seed7_a)
   message(FATAL_ERROR "one prompt at a time in blocks of 5 differs from all three batched:\n${one_at_a_time}\n---- and ----\n${seed7_a}")
 endif()
-message(STATUS "greedy twice, seed 7 twice and seed 7 one at a time agree:\n${seed7_a}")
+# Tensor-parallel on rank threads (--tp): tp 1's text, greedy and sampled.
+generate(tp2 ${sampled} --seed 7 --tp 2)
+if(NOT tp2 STREQUAL seed7_a)
+  message(FATAL_ERROR "--tp 2 differs from tp 1:\n${tp2}\n---- and ----\n${seed7_a}")
+endif()
+generate(tp4 --greedy --tp 4 --max-batch 2)
+if(NOT tp4 STREQUAL greedy_a)
+  message(FATAL_ERROR "--tp 4 --max-batch 2 differs from tp 1:\n${tp4}\n---- and ----\n${greedy_a}")
+endif()
+if(NOT tp2_output MATCHES "tensor-parallel on 2 rank threads")
+  message(FATAL_ERROR "--tp 2 did not say it runs on 2 rank threads:\n${tp2_output}")
+endif()
+message(STATUS "greedy twice, seed 7 twice, seed 7 one at a time, --tp 2 and --tp 4 agree:\n${seed7_a}")

@@ -2,12 +2,13 @@
 
 # Core facts and the Mpi communicator, one Catch2 binary; every rank runs the
 # same tests and the worst result decides (mpi/main.cpp).
-add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp mpi/test_mpi_parallel.cpp)
+add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp mpi/test_mpi_parallel.cpp
+               mpi/test_mpi_serving.cpp)
 target_link_libraries(loom_mpi_tests PRIVATE loom::mpi loom_catch_session)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
   # The equivalence suite of tests/parallel, written once for every transport.
@@ -26,6 +27,10 @@ endforeach()
 loom_add_mpi_test("mpi: tensor parallelism (tp 4 in 1D and 2D, tp 2 x dp 2 at ZeRO 3) equals serial on 4 processes" 4
                   loom_mpi_tests "[tensor]")
 loom_add_mpi_test("mpi: 3D parallelism dp 2 x pp 2 x tp 2, and dp 2 x tp 4 in 2D, equals serial on 8 processes" 8 loom_mpi_tests "[tensor]")
+foreach(_procs 2 4)
+  loom_add_mpi_test("mpi: tensor-parallel serving at tp ${_procs} gives the whole model's tokens" ${_procs}
+                    loom_mpi_tests "[serving]")
+endforeach()
 loom_add_mpi_test("mpi: recomputation (Full, Budget) is bit-identical on dp 2 x pp 2 ZB-H1 ZeRO 3, 4 processes" 4
                   loom_mpi_tests "[recompute]")
 loom_add_mpi_test("mpi: recomputation (Full, Budget) is bit-identical on dp 2 x pp 2 x tp 2 ZeRO 3, 8 processes" 8

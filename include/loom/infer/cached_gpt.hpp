@@ -27,6 +27,12 @@
 // cached prefix and its own ancestors only (infer/tree_attention.hpp); its
 // rows are cached in node order, and KvCache::keep compacts them to the path
 // accepted. A segment without parents is a chain and runs as before.
+// Tensor-parallel serving: given a tp group, the model is this rank's shard
+// (infer/tensor_parallel_shard.hpp) and the cache holds its heads only; each
+// rank runs forward on the same segments, summing over the group after each
+// block's attention projection and MLP (Megatron's g), and the logits come
+// out whole and bit-identical on every rank (gathered), so the Batcher and
+// generate() on each rank, given the same requests, pick the same tokens.
 #pragma once
 
 #include <algorithm>
@@ -35,11 +41,13 @@
 #include <span>
 #include <vector>
 
+#include "loom/comm/any_comm.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/infer/few_rows_linear.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/tensor_parallel_shard.hpp"
 #include "loom/infer/tree_attention.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
 #include "loom/kernels/ops.hpp"
@@ -69,32 +77,22 @@ public:
     // whole (not a tensor-parallel shard); the cache must match its shape and
     // hold at most config.seq positions per slot (there are no position
     // embeddings beyond). Both are referenced, not copied.
-    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache)
-        : model_(model), config_(config), cache_(cache) {
-        config.validate();
-        LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGpt: the model has ",
-                   model.blocks.size(), " blocks but the config says ", config.layers, " layers");
-        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
-                   "CachedGpt: the model's parameters are not bound; give the model a ParamArena (and load or "
-                   "initialise it) first");
-        LOOM_CHECK(model.head.weight.value.device().kind == DeviceKind::host,
-                   "CachedGpt: the model's parameters live on a device; this engine runs on the host");
-        for (std::size_t l = 0; l < model.blocks.size(); ++l) {
-            const auto& attention = std::get<1>(model.blocks[l].attn.layers);
-            LOOM_CHECK(attention.local_heads() == config.heads && attention.width() == config.width,
-                       "CachedGpt: block ", l, " is a tensor-parallel shard (", attention.local_heads(), " of ",
-                       config.heads, " heads); this engine runs the whole model");
-        }
-        LOOM_CHECK(cache.layers() == config.layers && cache.width() == config.width, "CachedGpt: the cache is for ",
-                   cache.layers(), " layers of width ", cache.width(), " but the model has ", config.layers,
-                   " of width ", config.width);
-        LOOM_CHECK(cache.capacity() <= config.seq, "CachedGpt: the cache holds ", cache.capacity(),
-                   " positions per slot but the model has position embeddings for ", config.seq,
-                   "; build the cache with capacity <= Config::seq");
-    }
+    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache) : CachedGpt(model, config, cache, nullptr) {}
+
+    // Tensor-parallel serving: `shard` is rank tp.rank()'s serving shard of
+    // the model (infer::shard_for_serving, bound and loaded) and `cache` is
+    // for its heads (width config.width / tp.size()). forward() is collective
+    // over `tp`: every rank calls it with the same segments. `tp` is the
+    // generic communicator (AnyComm::view of a ThreadComm, an Mpi, ...) and
+    // must outlive the engine.
+    CachedGpt(gpt::Model& shard, const gpt::Config& config, KvCache& cache, comm::AnyComm& tp)
+        : CachedGpt(shard, config, cache, &tp) {}
 
     [[nodiscard]] const gpt::Config& config() const noexcept { return config_; }
     [[nodiscard]] KvCache& cache() noexcept { return cache_; }
+    // The tp group's size (1: the whole model) and this rank's place in it.
+    [[nodiscard]] int tp_degree() const noexcept { return degree_; }
+    [[nodiscard]] int tp_rank() const noexcept { return rank_; }
 
     // Runs the segments (each slot at most once, at least one token each),
     // appends their keys and values to the cache, and returns the logits of
@@ -103,7 +101,7 @@ public:
     // [total tokens, vocab], the segments' rows one after another.
     std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) {
         check(segments);
-        const std::int64_t C = config_.width, V = config_.vocab;
+        const std::int64_t C = config_.width;
         std::int64_t rows = 0;
         starts_.clear();
         for (const Segment& s : segments) {
@@ -116,8 +114,7 @@ public:
         for (std::int64_t l = 0; l < config_.layers; ++l) block(l, segments, rows);
         if (which == Logits::every) {
             layernorm(model_.ln_f, x_.data(), normed_.data(), rows);
-            logits_.resize(static_cast<std::size_t>(rows * V));
-            linear(model_.head, normed_.data(), logits_.data(), rows);
+            head(normed_.data(), rows);
             return logits_;
         }
         // The last row of each segment, through ln_f and the head.
@@ -130,8 +127,7 @@ public:
         }
         normed_.resize(last_.size());
         layernorm(model_.ln_f, last_.data(), normed_.data(), n);
-        logits_.resize(static_cast<std::size_t>(n * V));
-        linear(model_.head, normed_.data(), logits_.data(), n);
+        head(normed_.data(), n);
         return logits_;
     }
 
@@ -153,6 +149,39 @@ public:
     }
 
 private:
+    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache, comm::AnyComm* tp)
+        : model_(model), config_(config), cache_(cache), tp_(tp) {
+        config.validate();
+        LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGpt: the model has ",
+                   model.blocks.size(), " blocks but the config says ", config.layers, " layers");
+        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
+                   "CachedGpt: the model's parameters are not bound; give the model a ParamArena (and load or "
+                   "initialise it) first");
+        LOOM_CHECK(model.head.weight.value.device().kind == DeviceKind::host,
+                   "CachedGpt: the model's parameters live on a device; this engine runs on the host");
+        if (tp != nullptr) {
+            rank_ = tp->rank();
+            degree_ = tp->size();
+            check_serving_shard(model, config, rank_, degree_);
+        } else {
+            for (std::size_t l = 0; l < model.blocks.size(); ++l) {
+                const auto& attention = std::get<1>(model.blocks[l].attn.layers);
+                LOOM_CHECK(attention.local_heads() == config.heads && attention.width() == config.width,
+                           "CachedGpt: block ", l, " is a tensor-parallel shard (", attention.local_heads(), " of ",
+                           config.heads, " heads); give the engine its tp group, or run the whole model");
+            }
+        }
+        heads_ = config.heads / degree_;
+        width_ = config.width / degree_;
+        LOOM_CHECK(cache.layers() == config.layers && cache.width() == width_, "CachedGpt: the cache is for ",
+                   cache.layers(), " layers of width ", cache.width(), " but the model has ", config.layers,
+                   " of width ", config.width,
+                   degree_ > 1 ? loom::detail::concat(" (", width_, " on each of ", degree_, " tp ranks)") : "");
+        LOOM_CHECK(cache.capacity() <= config.seq, "CachedGpt: the cache holds ", cache.capacity(),
+                   " positions per slot but the model has position embeddings for ", config.seq,
+                   "; build the cache with capacity <= Config::seq");
+    }
+
     void check(std::span<const Segment> segments) {
         LOOM_CHECK(!segments.empty(), "CachedGpt: forward of no segments; pass at least one");
         std::vector<bool>& seen = seen_;
@@ -187,19 +216,21 @@ private:
     }
 
     void resize(std::int64_t rows) {
+        // This rank's heads (width_ = C / tp features of q, k, v and the attention output) and hidden features.
         const auto C = static_cast<std::size_t>(config_.width), r = static_cast<std::size_t>(rows);
+        const auto local = static_cast<std::size_t>(width_);
         x_.resize(r * C);
         normed_.resize(r * C);
-        qkv_.resize(r * 3 * C);
-        attended_.resize(r * C);
+        qkv_.resize(r * 3 * local);
+        attended_.resize(r * local);
         branch_.resize(r * C);
-        hidden_.resize(r * 4 * C);
-        activated_.resize(r * 4 * C);
+        hidden_.resize(r * 4 * local);
+        activated_.resize(r * 4 * local);
         mean_.resize(r);
         rstd_.resize(r);
-        lse_.resize(r * static_cast<std::size_t>(config_.heads));
+        lse_.resize(r * static_cast<std::size_t>(heads_));
         lse_new_.resize(lse_.size());
-        attended_new_.resize(r * C);
+        attended_new_.resize(r * local);
     }
 
     // x = token row + position row (Embedding's sum), positions after each slot's cached ones.
@@ -222,7 +253,7 @@ private:
     }
 
     void block(std::int64_t l, std::span<const Segment> segments, std::int64_t rows) {
-        const std::int64_t C = config_.width;
+        const std::int64_t C = config_.width, hidden = 4 * width_;
         gpt::Block& b = model_.blocks[static_cast<std::size_t>(l)];
         auto& attention = std::get<1>(b.attn.layers);
         layernorm(std::get<0>(b.attn.layers), x_.data(), normed_.data(), rows);
@@ -237,7 +268,7 @@ private:
         add(x_.data(), branch_.data(), rows * C);
         layernorm(std::get<0>(b.mlp.layers), x_.data(), normed_.data(), rows);
         linear(std::get<1>(b.mlp.layers), normed_.data(), hidden_.data(), rows);
-        kernels::gelu_forward(host(hidden_.data(), rows * 4 * C), host(activated_.data(), rows * 4 * C));
+        kernels::gelu_forward(host(hidden_.data(), rows * hidden), host(activated_.data(), rows * hidden));
         linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
         add(x_.data(), branch_.data(), rows * C);
     }
@@ -247,7 +278,8 @@ private:
     // With parents, a tree's nodes: masked to their ancestors among themselves.
     void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row,
                 std::span<const std::int32_t> parents) {
-        const std::int64_t C = config_.width, H = config_.heads, D = C / H, ld_kv = cache_.row_stride();
+        // This rank's heads only: q, k and v of width_ = H * D features each.
+        const std::int64_t C = width_, H = heads_, D = C / H, ld_kv = cache_.row_stride();
         for (std::int64_t t = 0; t < count; ++t)
             std::memcpy(cache_.row(l, slot, start + t), qkv_.data() + (row + t) * 3 * C + C,
                         static_cast<std::size_t>(2 * C) * sizeof(float));
@@ -284,23 +316,62 @@ private:
                                    norm.eps);
     }
 
-    // y = x W^T + b: what nn::Linear's forward runs for a whole (unsplit)
-    // layer at f32; a decode step's few rows skip the GEMM's packing.
-    static void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
+    // y = x W^T + b: what nn::Linear's forward runs at f32. A row-cut shard's
+    // products are partial sums: summed over the tp group, then the (whole)
+    // bias added once, as nn::Linear's g does.
+    void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
+        const float* bias = layer.has_bias() ? layer.bias.value.data<float>() : nullptr;
+        if (layer.split != nn::Split::rows || degree_ == 1) {
+            matmul(in, layer.weight.value.data<float>(), bias, out, rows, layer.in(), layer.out());
+            return;
+        }
+        matmul(in, layer.weight.value.data<float>(), nullptr, out, rows, layer.in(), layer.out());
+        const Tensor y = host(out, rows * layer.out());
+        tp_->all_reduce(y, y, comm::ReduceOp::sum);
+        if (bias != nullptr) kernels::add_bias(y, layer.bias.value, rows, layer.out());
+    }
+
+    // w [n, k] row-major, bias [n] or null; a decode step's few rows skip the GEMM's packing.
+    static void matmul(const float* in, const float* w, const float* bias, float* out, std::int64_t rows,
+                       std::int64_t k, std::int64_t n) {
         if (rows <= few_rows) {
-            few_rows_linear(in, layer.weight.value.data<float>(),
-                            layer.has_bias() ? layer.bias.value.data<float>() : nullptr, out, rows, layer.in(),
-                            layer.out());
+            few_rows_linear(in, w, bias, out, rows, k, n);
             return;
         }
         using kernels::Trans;
-        const Tensor x = host(in, rows * layer.in()), y = host(out, rows * layer.out());
-        if (layer.has_bias())
-            kernels::gemm_bias(kernels::MatmulPrecision::f32, Trans::no, Trans::yes, rows, layer.out(), layer.in(), x,
-                               layer.in(), layer.weight.value, layer.in(), layer.bias.value, y);
+        const Tensor x = host(in, rows * k), y = host(out, rows * n), weight = host(w, n * k);
+        if (bias != nullptr)
+            kernels::gemm_bias(kernels::MatmulPrecision::f32, Trans::no, Trans::yes, rows, n, k, x, k, weight, k,
+                               host(bias, n), y);
         else
-            kernels::gemm(Trans::no, Trans::yes, rows, layer.out(), layer.in(), 1.0f, x, layer.in(),
-                          layer.weight.value, layer.in(), 0.0f, y, layer.out());
+            kernels::gemm(Trans::no, Trans::yes, rows, n, k, 1.0f, x, k, weight, k, 0.0f, y, n);
+    }
+
+    // logits_ = in [rows, C] through the head. On a tp group each rank forms
+    // its run of vocabulary rows (infer/tensor_parallel_shard.hpp says why)
+    // and the runs are all-gathered: every rank holds the same bits.
+    void head(const float* in, std::int64_t rows) {
+        const std::int64_t C = config_.width, V = config_.vocab;
+        logits_.resize(static_cast<std::size_t>(rows * V));
+        if (degree_ == 1) {
+            linear(model_.head, in, logits_.data(), rows);
+            return;
+        }
+        const VocabRows mine = vocab_rows(V, rank_, degree_);
+        const std::int64_t block = rows * mine.per_rank;  // each rank's send, padded to the longest run
+        run_.assign(static_cast<std::size_t>(block), 0.0f);
+        if (mine.count > 0)
+            matmul(in, model_.head.weight.value.data<float>() + mine.first * C,
+                   model_.head.has_bias() ? model_.head.bias.value.data<float>() + mine.first : nullptr, run_.data(),
+                   rows, C, mine.count);
+        gathered_.resize(static_cast<std::size_t>(block * degree_));
+        tp_->all_gather(Tensor::of(run_.data(), Shape{block}), Tensor::of(gathered_.data(), Shape{block * degree_}));
+        for (int q = 0; q < degree_; ++q) {
+            const VocabRows theirs = vocab_rows(V, q, degree_);
+            const float* from = gathered_.data() + q * block;
+            for (std::int64_t r = 0; r < rows; ++r)
+                std::copy_n(from + r * theirs.count, theirs.count, logits_.data() + r * V + theirs.first);
+        }
     }
 
     // x += branch (nn::Residual's add, in place: the skip connection's sum).
@@ -312,6 +383,10 @@ private:
     gpt::Model& model_;
     gpt::Config config_;
     KvCache& cache_;
+    comm::AnyComm* tp_ = nullptr;  // null: the whole model
+    int rank_ = 0, degree_ = 1;
+    std::int64_t heads_ = 0, width_ = 0;  // this rank's heads and their features (all of them at tp 1)
+    std::vector<float> run_, gathered_;   // the head's vocabulary runs on a tp group
     std::vector<std::int64_t> starts_;
     std::vector<bool> seen_;  // check()'s slots, kept so that a decode step allocates nothing
     std::vector<Segment> segments_;

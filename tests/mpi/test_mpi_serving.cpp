@@ -1,0 +1,27 @@
+// Tensor-parallel serving under mpirun: tp = the number of processes, the
+// requests the rank-thread tests run (tests/infer/tensor_parallel_serving_suite.hpp),
+// against the whole model in each process: greedy and seeded, a mixed-length
+// batch refilled continuously.
+#include <catch2/catch.hpp>
+
+#include <loom/comm/any_comm.hpp>
+#include <loom/comm/communicator_mpi.hpp>
+
+#include "infer/tensor_parallel_serving_suite.hpp"
+
+TEST_CASE("tensor-parallel serving gives the whole model's tokens under MPI", "[serving]") {
+    auto world = loom::comm::Mpi::world();
+    loom::comm::AnyComm tp = loom::comm::AnyComm::view(world);
+    loom_test::SmallGpt whole(32);
+    for (const bool greedy : {true, false}) {
+        const auto batch = loom_test::mixed_batch(greedy);
+        const auto expected = loom::infer::generate(whole.model, whole.config, batch, 2);
+        const auto got = loom_test::serve_on(tp, whole, batch, 2);
+        REQUIRE(got.size() == expected.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO((greedy ? "greedy" : "sampled") << " request " << i << ", rank " << tp.rank() << " of " << tp.size());
+            CHECK(got[i].tokens == expected[i].tokens);
+            CHECK(got[i].finish == expected[i].finish);
+        }
+    }
+}
