@@ -16,6 +16,9 @@
 #include "loom/comm/device_ranks.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::comm::AnyComm;
 using loom::comm::ThreadComm;
@@ -72,3 +75,5 @@ TEST_CASE("run_ranks_on the host gives every rank thread an AnyComm, and a devic
     CHECK(loom_test::message_of([] { loom::comm::run_ranks_on(loom::host_device, 0, [](AnyComm&) {}); }) ==
           "run_ranks_on: 0 ranks requested; a world has at least 1 rank");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -16,6 +16,9 @@
 #include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/dtype.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Tensor;
 using loom::comm::CommCounts;
@@ -402,3 +405,5 @@ TEST_CASE("Counted's counts print as a table: header, the ops called, total") {
           "op                 calls           bytes      wire bytes\n"
           "total                  0               0               0\n");
 }
+
+}  // namespace LOOM_TEST_FILE

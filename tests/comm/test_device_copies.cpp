@@ -19,6 +19,9 @@
 #include "loom/core/device_runtime.hpp"
 #include "support/fenced_comm.hpp"
 #include "support/fenced_device.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -96,3 +99,5 @@ TEST_CASE("staged collectives carry host arrays over a communicator that moves d
         CHECK(broadcast[at] == std::vector<float>{7});
     }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -16,6 +16,9 @@
 #include "support/fenced_comm.hpp"
 #include "support/fenced_device.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 TEST_CASE("run_process_on joins the processes' devices and its communicator sums device memory", "[comm][device]") {
     loom_test::FencedDevice device;
@@ -70,3 +73,5 @@ TEST_CASE("device_of_local_rank gives a node's processes one GPU each, and names
     CHECK(loom_test::message_of([] { (void)device_of_local_rank(-1, 2, "PMI_LOCAL_RANK"); }) ==
           "PMI_LOCAL_RANK = -1 is not a local rank; a launcher numbers a node's processes from 0");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -16,6 +16,9 @@
 #include "loom/comm/flight_recorder.hpp"
 #include "loom/comm/flight_report.hpp"
 #include "loom/comm/thread_world.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::DType;
 using loom::comm::CallSignature;
@@ -209,3 +212,5 @@ TEST_CASE("flight recorder: ThreadWorld writes every rank's file on a fault", "[
         CHECK(expected.peer == 0);
     }
 }
+
+}  // namespace LOOM_TEST_FILE

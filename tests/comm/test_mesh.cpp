@@ -8,6 +8,9 @@
 
 #include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Tensor;
 using loom::comm::Mesh;
@@ -91,3 +94,5 @@ TEST_CASE("Mesh rejects sizes that do not multiply to the world size, naming bot
     });
     CHECK_THAT(unknown, Contains("Mesh has no axis 'ep'; its axes are pp, dp, sp, tp"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -10,6 +10,9 @@
 #include "comm/collective_suite.hpp"
 #include "loom/comm/shaped.hpp"
 #include "loom/comm/thread_world.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Tensor;
 using loom::comm::Link;
@@ -123,3 +126,5 @@ TEST_CASE("Shaped queues the collectives of one communicator: two at once take t
     REQUIRE(one > 0.01);  // the modelled time dwarfs the real copies
     CHECK(both >= 2 * one);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -13,6 +13,9 @@
 #include "comm/collective_suite.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/core/rng.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::DType;
 using loom::Tensor;
@@ -242,3 +245,5 @@ TEST_CASE("ThreadWorld: a send knows when it was posted and when the receiver co
     CHECK(timing.finished <= after);
     CHECK(received == 0.0f);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <type_traits>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Buffer;
 using loom::DType;
@@ -56,3 +59,5 @@ TEST_CASE("Buffer<Host> refuses a CUDA device", "[buffer][errors]") {
     CHECK_THROWS_WITH(Buffer<Host>(DType::f32, Shape{4}, loom::cuda_device(0)),
                       Catch::StartsWith("a Buffer<host> cannot live on cuda:0"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -11,6 +11,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -349,3 +352,5 @@ TEST_CASE("an out-of-range DType is reported, not read as garbage", "[dtype]") {
     REQUIRE_THROWS_AS(loom::name(bad), loom::Error);
     REQUIRE_THROWS_AS(loom::is_floating(bad), loom::Error);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -4,6 +4,9 @@
 #include <loom/core/error.hpp>
 
 #include <string>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 TEST_CASE("LOOM_CHECK throws loom::Error with the parts joined and the place appended", "[error]") {
     const int layers = 8;
@@ -54,3 +57,5 @@ TEST_CASE("loom::Error records where it was constructed", "[error]") {
     CHECK_THAT(std::string(e.where().file_name()), Catch::EndsWith("test_error.cpp"));
     CHECK_THAT(e.what(), Catch::StartsWith("bad value [tests/core/test_error.cpp:"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -9,6 +9,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Init;
 using loom::Param;
@@ -100,3 +103,5 @@ TEST_CASE("initialisation errors name the Param and the bad range", "[init][erro
                       Catch::StartsWith("Param 0.1 Param(f32, [4, 4], normal(mean=0, std=1)) cannot be initialised "
                                         "into Tensor(f32, [8], host) of 8 elements"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -12,6 +12,9 @@
 #include <type_traits>
 #include <limits>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -306,3 +309,5 @@ TEST_CASE("RngStream and PhiloxCounter print themselves", "[rng]") {
     os << RngStream{42, 0xdf90b5a587f88c61ull} << ' ' << kat10[2].expected << ' ' << 10;
     CHECK(os.str() == "RngStream{seed=42, stream=0xdf90b5a587f88c61} {d16cfe09 94fdcceb 5001e420 24126ea1} 10");
 }
+
+}  // namespace LOOM_TEST_FILE

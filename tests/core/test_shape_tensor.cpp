@@ -6,6 +6,9 @@
 
 #include <sstream>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::DType;
 using loom::Shape;
@@ -98,3 +101,5 @@ TEST_CASE("Tensor shape errors name both shapes", "[tensor][errors]") {
     CHECK(printed(on_gpu) == "Tensor(f32, [12], cuda:1)");
     CHECK_THROWS_WITH(on_gpu.span<float>(), Catch::Contains("is not in host memory"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -29,6 +29,9 @@ TEST_CASE("LOOM_CUBLAS_CHECK names the status", "[check]") {
 
 #ifdef LOOM_TEST_NCCL
 #include <loom/core/check_nccl.hpp>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 TEST_CASE("LOOM_NCCL_CHECK names the call and NCCL's error string", "[check]") {
     try {
@@ -39,3 +42,5 @@ TEST_CASE("LOOM_NCCL_CHECK names the call and NCCL's error string", "[check]") {
     }
 }
 #endif
+
+}  // namespace LOOM_TEST_FILE

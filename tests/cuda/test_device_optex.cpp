@@ -22,6 +22,9 @@
 #include "loom/gpt/model.hpp"
 #include "support/device_training.hpp"
 #include "support/optex_runs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -75,3 +78,5 @@ TEST_CASE("the CUDA runtime counts the devices cudaGetDeviceCount sees", "[devic
     REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
     CHECK(loom::device_runtime(loom::cuda_device(0)).device_count() == count);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -26,6 +26,9 @@
 #include "loom/nn/param_arena.hpp"
 #include "support/device_training.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -215,3 +218,5 @@ TEST_CASE("the Executor at bf16 matrix products on one GPU follows the host's em
         check_bf16_strategy_on_gpu(plan_of<DataParallel<>, loom::SequenceParallel<loom::UlyssesRing<2>>>(), {.sp = 4});
     }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -21,6 +21,9 @@
 
 #include "loom/core/device_buffer.hpp"
 #include "loom/kernels/ops.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -102,3 +105,5 @@ TEST_CASE("gemm_bias with K = 0 writes the bias rows, bit for bit", "[device][ge
                 CHECK(y[static_cast<std::size_t>(r * N + c)] == bias[static_cast<std::size_t>(c)]);
     }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -19,6 +19,9 @@
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -175,3 +178,5 @@ TEST_CASE("bad requests to the Batcher are refused in one line and take no id", 
     CHECK(message_of([&] { Batcher held(engine); }) ==
           "Batcher: slot 1 of the cache holds 2 positions; release it first");
 }
+
+}  // namespace LOOM_TEST_FILE

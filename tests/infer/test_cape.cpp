@@ -20,6 +20,9 @@
 #include "loom/infer/speculative_batcher.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -263,3 +266,5 @@ TEST_CASE("batched greedy CaPE gives each request the target's greedy tokens, wh
     CHECK(batcher.stats().tokens_per_pass() > 1.0);
     CHECK(tsmall.free_blocks() == tsmall.blocks());
 }
+
+}  // namespace LOOM_TEST_FILE

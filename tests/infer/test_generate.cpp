@@ -21,6 +21,9 @@
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -419,3 +422,5 @@ TEST_CASE("bad inputs to the engine are named in one line", "[infer]") {
           "CachedGpt: the model's parameters are not bound; give the model a ParamArena (and load or initialise it) "
           "first");
 }
+
+}  // namespace LOOM_TEST_FILE

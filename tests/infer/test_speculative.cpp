@@ -21,6 +21,9 @@
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -388,3 +391,5 @@ TEST_CASE("bad inputs to speculative decoding are named in one line", "[infer][s
     // After an error in the call form taking engines, the caches are free again.
     CHECK(tcache.length(0) == 0);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -24,6 +24,9 @@
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -309,3 +312,5 @@ TEST_CASE("bad inputs to the SpeculativeBatcher are named in one line, and refus
           "SpeculativeBatcher: request 0 needs 3 blocks of 4 positions in the target's cache but the batcher has 2 "
           "(those free when it was built); build the cache with more blocks");
 }
+
+}  // namespace LOOM_TEST_FILE

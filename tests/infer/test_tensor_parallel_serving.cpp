@@ -25,6 +25,9 @@
 #include "infer/tensor_parallel_serving_suite.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -240,3 +243,5 @@ TEST_CASE("tensor-parallel serving names each bad input in one line", "[infer][t
           }) == "CachedGpt: the cache is for 2 layers of width 32 but the model has 2 of width 32 (16 on each of 2 tp "
                 "ranks)");
 }
+
+}  // namespace LOOM_TEST_FILE

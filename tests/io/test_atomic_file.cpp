@@ -13,6 +13,9 @@
 
 #include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::io::AtomicFile;
 using loom::io::write_file_atomically;
@@ -165,3 +168,5 @@ TEST_CASE("remove_stale_temporaries removes a dead process's temporaries, not a 
     std::sort(kept.begin(), kept.end());
     CHECK(dir.entries() == kept);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -15,6 +15,9 @@
 
 #include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using Catch::Contains;
 using loom_test::message_of;
@@ -150,3 +153,5 @@ TEST_CASE("GPT training state with a NaN is named by step and tensor before a sa
     CHECK_THAT(message_of([&] { loom::gpt::check_finite_state(config, a.values, a.m, a.v, "step 3"); }),
                Contains("step 3: tensor optimizer.v." + names.front() + " holds nan at element 5"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -8,6 +8,9 @@
 #include <optional>
 #include <vector>
 #include <string>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace json = loom::io::json;
 
@@ -140,3 +143,5 @@ TEST_CASE("json numbers print the shortest text that reads back exactly, and nul
     for (double x : {1e20, 1e-300, 123456789.125, -0.0})
         CHECK(json::parse_or_throw(json::number(x), "t").root().as_double() == x);
 }
+
+}  // namespace LOOM_TEST_FILE

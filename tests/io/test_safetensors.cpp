@@ -13,6 +13,9 @@
 
 #include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Buffer;
 using loom::DType;
@@ -446,3 +449,5 @@ TEST_CASE("safetensors on demand fails as a whole read does, and names a file th
     CHECK(message_of([&] { lazy.read_elements("e", 0, 1, Tensor::of(two, {2})); }) ==
                       "checkpoint " + cut.string() + ": 1 elements of tensor e read into Tensor(i64, [2], host), which has 2");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -18,6 +18,9 @@
 #include <span>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -369,3 +372,5 @@ TEST_CASE("attention refuses bad shapes and null buffers with one line", "[atten
     CHECK(loom_test::message_of([&] { attention_forward(nullptr, nullptr, nullptr, 0, 2, 2, 2); }) == "(no error)");
     CHECK(loom_test::message_of([&] { attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 3, 0, 2, 2); }) == "(no error)");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -19,6 +19,9 @@
 #include <cstdint>
 #include <limits>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -197,3 +200,5 @@ TEST_CASE("bf16 attention checks its arguments with the f32 kernel's messages", 
     CHECK(loom_test::message_of([&] { host::attention_forward_bf16_inputs(nullptr, nullptr, nullptr, 0, 2, 2, 2); }) ==
           "(no error)");
 }
+
+}  // namespace LOOM_TEST_FILE

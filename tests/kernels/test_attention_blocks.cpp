@@ -25,6 +25,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -230,3 +233,5 @@ TEST_CASE("ring attention with bf16 products: chunks merged equal the whole-sequ
         }
     }
 }
+
+}  // namespace LOOM_TEST_FILE

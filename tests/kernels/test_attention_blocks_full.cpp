@@ -22,6 +22,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -298,3 +301,5 @@ TEST_CASE("attention blocks refuse bad input with one line", "[kernels]") {
     // Nothing was written by a refused call.
     CHECK(std::all_of(buffer.begin(), buffer.end(), [](float x) { return x == 0.0f; }));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -15,6 +15,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -272,3 +275,5 @@ TEST_CASE("pack_signs: in place, accumulation, NaN stays in its block, block 1 i
     CHECK(message_of([&] { host::pack_signs(x.data(), n, 0, words.data()); }) ==
           "pack_signs: a block of 0 values; it must hold at least 1");
 }
+
+}  // namespace LOOM_TEST_FILE

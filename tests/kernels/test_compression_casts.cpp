@@ -15,6 +15,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -216,3 +219,5 @@ TEST_CASE("pack_cast residual may alias x; unpack_cast weights and accumulates",
         CHECK(wrong_write == 0);
     }
 }
+
+}  // namespace LOOM_TEST_FILE

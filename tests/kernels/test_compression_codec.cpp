@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 #include <sstream>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -318,3 +321,5 @@ TEST_CASE("Compression and GradCompress describe themselves as the policy types 
     CHECK_FALSE(H::tp_compression.on());
     CHECK_FALSE(loom::Strategy<loom::DataParallel<>>::dp_compression.on());
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -15,6 +15,9 @@
 #include <cstdint>
 #include <random>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -274,3 +277,5 @@ TEST_CASE("orthonormalize_columns: a dependent column comes out orthogonal to th
     CHECK(dot(2, 2) == Approx(1.0).epsilon(1e-5));
     CHECK(dot(3, 3) == Approx(1.0).epsilon(1e-5));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -15,6 +15,9 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -158,3 +161,5 @@ TEST_CASE("cross_entropy over a large vocabulary agrees with double precision", 
     }
     CHECK(loss == Approx(expected).epsilon(1e-6));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -13,6 +13,9 @@
 #include <limits>
 #include <utility>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -197,3 +200,5 @@ TEST_CASE("fast_exp vectorised over an array gives the same values as one call a
             CHECK(y[i] == expected);
     }
 }
+
+}  // namespace LOOM_TEST_FILE

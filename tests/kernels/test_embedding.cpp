@@ -14,6 +14,9 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -194,3 +197,5 @@ TEST_CASE("embedding_slice_backward refuses a negative id, as the whole backward
               host::embedding_backward(tokens.data(), dout.data(), dwhole.data(), dposition_whole.data(), B, T, C);
           }) == "embedding backward: token id -3 at batch 1, position 3 is negative; token ids are in [0, vocab)");
 }
+
+}  // namespace LOOM_TEST_FILE

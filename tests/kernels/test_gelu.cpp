@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <limits>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -107,3 +110,5 @@ TEST_CASE("gelu keeps NaN and behaves at the infinities", "[kernels][gelu]") {
     CHECK(y[1] == inf);
     CHECK(y[3] == Approx(gelu_exact(2.0)).epsilon(1e-6));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -15,6 +15,9 @@
 #include <limits>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -125,3 +128,5 @@ TEST_CASE("measure_sgemm_gflops returns a finite positive rate and checks its ar
     CHECK(message_of([] { (void)measure_sgemm_gflops(0); }) == "measure_sgemm_gflops: n = 0; pass n >= 1");
     CHECK(message_of([] { (void)measure_sgemm_gflops(8, 0); }) == "measure_sgemm_gflops: reps = 0; pass reps >= 1");
 }
+
+}  // namespace LOOM_TEST_FILE

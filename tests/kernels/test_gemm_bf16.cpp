@@ -21,6 +21,9 @@
 #include <limits>
 #include <sstream>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -119,3 +122,5 @@ TEST_CASE("MatmulPrecision parses and prints f32 and bf16, and names a bad value
     CHECK(message_of([] { (void)loom::kernels::parse_matmul_precision(""); }) ==
           "matmul precision '' is not one of: f32, bf16");
 }
+
+}  // namespace LOOM_TEST_FILE

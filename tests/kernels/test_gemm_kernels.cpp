@@ -21,6 +21,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -352,3 +355,5 @@ TEST_CASE("bf16 dot products (vdpbf16ps) match a double loop over the rounded op
                     CHECK(std::memcmp(threaded.data(), C.data(), C.size() * 4) == 0);
                 }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -18,6 +18,9 @@
 #include "loom/kernels/ops.hpp"
 #include "support/fenced_device.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -93,3 +96,5 @@ TEST_CASE("kernel table: device memory without its backend is named", "[kernels]
           "tensors on cuda:0 need the cuda backend's kernels, which this program was built without: compile one .cu "
           "file that includes loom/cuda_backend.cuh and link loom::cuda");
 }
+
+}  // namespace LOOM_TEST_FILE

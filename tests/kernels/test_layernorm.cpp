@@ -15,6 +15,9 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -190,3 +193,5 @@ TEST_CASE("layernorm kernels name a bad size or eps", "[kernels][layernorm]") {
           }) ==
           "layernorm: rows = -3 is negative; pass rows >= 0");
 }
+
+}  // namespace LOOM_TEST_FILE

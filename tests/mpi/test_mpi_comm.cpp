@@ -17,6 +17,9 @@
 #include <vector>
 
 #include "comm/collective_suite.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::DType;
 using loom::Shape;
@@ -262,3 +265,5 @@ TEST_CASE("Mpi fails every rank when ranks pass different options", "[comm]") {
     CHECK_FALSE(what.empty());
     CHECK(same_on_every_rank(what));
 }
+
+}  // namespace LOOM_TEST_FILE

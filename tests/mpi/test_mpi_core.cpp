@@ -12,6 +12,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Init;
 using loom::Param;
@@ -107,3 +110,5 @@ TEST_CASE("a failed check reads the same on every process", "[mpi][errors]") {
     LOOM_MPI_CHECK(MPI_Allreduce(&mine, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
     CHECK(lo == hi);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -10,6 +10,9 @@
 #include "optim/optex_suite.hpp"
 #include "parallel/compression_suite.hpp"
 #include "parallel/equivalence_suite.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 TEST_CASE("data parallel equals serial under MPI", "[parallel]") {
     static const auto serial = loom_test::serial_run(5);
@@ -201,3 +204,5 @@ TEST_CASE("recomputation is bit-identical under MPI", "[recompute]") {
         CHECK(run->params == plain.params);
     }
 }
+
+}  // namespace LOOM_TEST_FILE

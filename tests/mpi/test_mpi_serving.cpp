@@ -8,6 +8,9 @@
 #include <loom/comm/communicator_mpi.hpp>
 
 #include "infer/tensor_parallel_serving_suite.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 TEST_CASE("tensor-parallel serving gives the whole model's tokens under MPI", "[serving]") {
     auto world = loom::comm::Mpi::world();
@@ -25,3 +28,5 @@ TEST_CASE("tensor-parallel serving gives the whole model's tokens under MPI", "[
         }
     }
 }
+
+}  // namespace LOOM_TEST_FILE

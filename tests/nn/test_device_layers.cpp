@@ -36,6 +36,9 @@
 #include "support/fenced_comm.hpp"
 #include "support/fenced_device.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -510,3 +513,5 @@ TEST_CASE("a sharded checkpoint saved from a device loads on the host and on the
         CHECK(differing_bits(run(loom::cuda_device(0), zero1, 0, /*load=*/true), saved) == 0);
     }
 }
+
+}  // namespace LOOM_TEST_FILE

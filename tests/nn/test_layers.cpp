@@ -15,6 +15,9 @@
 #include "loom/nn/compose.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "loom/optim/adamw.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Shape;
 using loom::Tensor;
@@ -217,3 +220,5 @@ TEST_CASE("The GPT's loss starts near ln(vocab), repeats exactly, and falls unde
     }
     CHECK(loss < 0.5f * first);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -15,6 +15,9 @@
 #include "loom/gpt/model.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/param_arena.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Shape;
 using loom::Tensor;
@@ -109,3 +112,5 @@ TEST_CASE("a context keeps its matmul precision across reset, and a GPT trains a
     for (std::size_t i = 0; i < losses[0].size(); ++i)
         CHECK(std::abs(losses[1][i] - losses[0][i]) <= 0.02f * std::abs(losses[0][i]));
 }
+
+}  // namespace LOOM_TEST_FILE

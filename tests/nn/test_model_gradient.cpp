@@ -17,6 +17,9 @@
 #include "support/fenced_device.hpp"
 #include "support/message_of.hpp"
 #include "support/optex_runs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -72,3 +75,5 @@ TEST_CASE("OptEx with 2 workers computing gradients on a device equals the host 
     const std::vector<float> params(on_host.begin(), on_host.end() - 3);
     CHECK(params != start_point(static_cast<std::int64_t>(params.size())));  // it moved
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -19,6 +19,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -303,3 +306,5 @@ TEST_CASE("cosine_lr refuses invalid arguments, naming the value and the valid r
     CHECK(loom_test::message_of([] { (void)cosine_lr(1, 100, 1e-3f, 10, 0.0f); }) ==
           "cosine_lr: floor_fraction = 0 is invalid; it must be in (0, 1]");
 }
+
+}  // namespace LOOM_TEST_FILE

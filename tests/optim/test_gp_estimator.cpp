@@ -13,6 +13,9 @@
 
 #include "optim/optex_suite.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -110,3 +113,5 @@ TEST_CASE("OptEx's estimator names bad settings", "[optex]") {
     CHECK(loom_test::message_of([&] { est.add(std::vector<float>(2), std::vector<float>(3)); }) ==
           "OptEx: a point of 2 elements; the dimension is 3");
 }
+
+}  // namespace LOOM_TEST_FILE

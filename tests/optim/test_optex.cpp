@@ -16,6 +16,9 @@
 
 #include "optim/optex_suite.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::comm::ThreadComm;
 using loom::comm::ThreadWorld;
@@ -306,3 +309,5 @@ TEST_CASE("OptEx names a history that does not fit", "[optex][checkpoint]") {
     CHECK(estimator.gradients().back() == std::vector<float>(4, 9.0f));
     CHECK(estimator.history().first == 6);
 }
+
+}  // namespace LOOM_TEST_FILE

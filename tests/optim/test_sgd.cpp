@@ -18,6 +18,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -270,3 +273,5 @@ TEST_CASE("SGD refuses mismatched sizes and overlapping arrays, naming the sizes
     CHECK(loom_test::message_of([&] { loom::optim::sgd_step(params, eight, eight, 0, SgdConfig{}); }) ==
           "sgd_step: step = 0 is invalid; steps count from 1");
 }
+
+}  // namespace LOOM_TEST_FILE

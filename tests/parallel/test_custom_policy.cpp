@@ -29,6 +29,9 @@
 
 #include "support/message_of.hpp"
 #include "support/small_gpt_units.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::schedule::Op;
 
@@ -200,3 +203,5 @@ TEST_CASE("an executor without the policy has no instance of it", "[parallel][po
         CHECK(exec.program().count(Op::policy) == 0);
     });
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -5,6 +5,9 @@
 #include <loom/comm/thread_world.hpp>
 
 #include "parallel/equivalence_on_threads.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom_test::EquivalenceCase;
 
@@ -41,3 +44,5 @@ TEST_CASE("one data-parallel rank is the serial run bit for bit", "[parallel]") 
         });
     }
 }
+
+}  // namespace LOOM_TEST_FILE

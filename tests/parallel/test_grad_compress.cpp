@@ -21,6 +21,9 @@
 #include "parallel/equivalence_on_threads.hpp"
 #include "support/matrix_model.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -382,3 +385,5 @@ TEST_CASE("casts on the pp or tp axis need that axis", "[compress][parallel]") {
               "Executor: GradCompress<CastFp16, TpAxis> casts Megatron's all-reduces; add TensorParallel (1D)");
     });
 }
+
+}  // namespace LOOM_TEST_FILE

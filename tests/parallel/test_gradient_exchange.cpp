@@ -25,6 +25,9 @@
 
 #include "support/matrix_model.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -234,3 +237,5 @@ TEST_CASE("the sequence sharder keeps each sp rank's positions of every row, in 
                     }
             }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -35,6 +35,9 @@
 #include <loom/comm/thread_world.hpp>
 
 #include "parallel/equivalence_on_threads.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::kernels::MatmulPrecision;
 using loom_test::EquivalenceCase;
@@ -116,3 +119,5 @@ TEST_CASE("sequence parallelism at bf16 matrix products equals the bf16 serial r
     };
     for (const auto& c : cases) DYNAMIC_SECTION(c) { check_equivalence(c); }
 }
+
+}  // namespace LOOM_TEST_FILE

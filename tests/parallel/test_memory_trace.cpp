@@ -23,6 +23,9 @@
 #include <loom/parallel/strategy.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::comm::ThreadComm;
 using loom::comm::ThreadWorld;
@@ -295,3 +298,5 @@ TEST_CASE("Executor::step refuses rows that do not split into the micro-batches"
               }) == "data_parallel_program: 0 micro-batches; there must be at least 1");
     });
 }
+
+}  // namespace LOOM_TEST_FILE

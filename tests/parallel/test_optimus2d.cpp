@@ -26,6 +26,9 @@
 #include <loom/parallel/grid2d.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace nn = loom::nn;
 using loom::Param;
@@ -437,3 +440,5 @@ TEST_CASE("the executor refuses micro-batches the Optimus 2D grid rows cannot sp
         CHECK(m == "Executor::step: micro-batches of 3 sequences do not split over the 2 rows of the Optimus 2D "
                    "grid; use rows per micro-batch that are a multiple of 2");
 }
+
+}  // namespace LOOM_TEST_FILE

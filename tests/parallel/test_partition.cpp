@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::schedule::StageDevice;
 using loom_test::message_of;
@@ -108,3 +111,5 @@ TEST_CASE("bad partitions are refused with the values and what is valid", "[para
     CHECK(message_of([] { (void)loom::schedule::balance({1, 1}, {5, 5}, {StageDevice{1, 4}, StageDevice{1, 4}}); }) ==
           "partition: the model's 2 layers (10 bytes) do not fit the memory of the 2 devices in any split into consecutive stages");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -6,6 +6,9 @@
 #include <loom/comm/thread_world.hpp>
 
 #include "parallel/equivalence_on_threads.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::ScheduleKind;
 using loom_test::EquivalenceCase;
@@ -53,3 +56,5 @@ TEST_CASE("pipelines with dp 2 and ZeRO 0-3 equal serial on up to 8 rank threads
                 DYNAMIC_SECTION(c) { check_equivalence(c); }
             }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -18,6 +18,9 @@
 #include <loom/plan/profile.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::ScheduleKind;
 using loom::schedule::Payload;
@@ -240,3 +243,5 @@ TEST_CASE("plan::profile_units times every unit of a tiny GPT", "[parallel][pipe
                                               loom::Tensor::of(targets.data(), {2, tiny_gpt.seq}), 0);
           }) == "profile_units: 0 repeats; give at least 1");
 }
+
+}  // namespace LOOM_TEST_FILE

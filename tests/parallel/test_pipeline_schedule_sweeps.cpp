@@ -23,6 +23,9 @@
 
 #include "support/message_of.hpp"
 #include "support/step_programs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::ScheduleKind;
 using loom::schedule::Instruction;
@@ -333,3 +336,5 @@ TEST_CASE("compile-time schedule tables are the generators' compute orders", "[p
     check_table_is_the_generator<ScheduleKind::zero_bubble_v, 4, 3>();  // fewer micro-batches than the V is written for
     check_table_is_the_generator<ScheduleKind::one_f_one_b, 8, 2>();
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -16,6 +16,9 @@
 #include "../../tools/train_gpt_spelling.hpp"  // train_gpt's schedule spellings
 #include "support/message_of.hpp"
 #include "support/step_programs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::ScheduleKind;
 using loom_test::message_of;
@@ -414,3 +417,5 @@ TEST_CASE("schedule names, tags and Pipeline<Schedule> print themselves", "[para
     CHECK(loom::schedule::pipeline_program(ScheduleKind::gpipe, 2, 4).schedule == "GPipe");
     CHECK(loom::schedule::pipeline_program(ScheduleKind::one_f_one_b, 2, 4).schedule == "1F1B");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -18,6 +18,9 @@
 #include "support/fake_pipeline.hpp"
 #include "support/message_of.hpp"
 #include "support/step_programs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::ScheduleKind;
 using loom::parallel::ShardLayout;
@@ -322,3 +325,5 @@ TEST_CASE("pipeline_step_program refuses a rank, ranges or ZeRO stage that do no
     CHECK(message_of([&] { (void)loom::schedule::pipeline_step_program(pipe, 0, bounds, layout, 4); }) ==
           "pipeline_step_program: ZeRO stage 4 is not 0, 1, 2 or 3");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -10,6 +10,9 @@
 #include "support/fake_pipeline.hpp"
 #include "support/message_of.hpp"
 #include "support/step_programs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::ScheduleKind;
 using loom::schedule::Instruction;
@@ -161,3 +164,5 @@ TEST_CASE("the pipelined verifier rejects units and chunks the rank does not hol
               invalid_at(bad, forward) + "recv activation from rank 1 c1 mb0 names chunk 1, which this rank does not hold");
     }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -21,6 +21,9 @@
 #include <loom/schedule/verify_pipeline.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::schedule::Instruction;
 using loom::schedule::Op;
@@ -426,3 +429,5 @@ TEST_CASE("a simulated schedule writes a Chrome trace", "[parallel][pipeline]") 
     CHECK(text.str().find("\"name\":\"B c1 mb1\",\"cat\":\"backward\"") != std::string::npos);
     std::filesystem::remove(path);
 }
+
+}  // namespace LOOM_TEST_FILE

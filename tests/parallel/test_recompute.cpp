@@ -25,6 +25,9 @@
 
 #include "parallel/equivalence_suite.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -367,3 +370,5 @@ TEST_CASE("a kept product is made once per key and micro-batch, and a replay ask
     (void)ctx.product(&key, Shape{3}, fill);
     CHECK(made == 9);
 }
+
+}  // namespace LOOM_TEST_FILE

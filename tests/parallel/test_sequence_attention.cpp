@@ -24,6 +24,9 @@
 #include <loom/nn/ulysses_attention.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace nn = loom::nn;
 using loom::Tensor;
@@ -275,3 +278,5 @@ TEST_CASE("ring attention refuses a group that is not the layout's ring, in one 
     CHECK(messages[1] == "ring attention: a group of 2 ranks (this one 1) for a layout of 4 (this one 1); pass the "
                          "ring the layout describes");
 }
+
+}  // namespace LOOM_TEST_FILE

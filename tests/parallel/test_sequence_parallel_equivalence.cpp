@@ -10,6 +10,9 @@
 
 #include "parallel/equivalence_on_threads.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom_test::EquivalenceCase;
 
@@ -97,3 +100,5 @@ TEST_CASE("the executor refuses an sp axis whose ranks are not in the gradient g
         CHECK(m == "Executor: a gradient axis of 1 ranks cannot hold the 2 sp ranks; pass the dp x sp group as dp "
                    "(mesh.combined({\"dp\", \"sp\"}), which Executor::make does)");
 }
+
+}  // namespace LOOM_TEST_FILE

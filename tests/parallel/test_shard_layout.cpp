@@ -13,6 +13,9 @@
 
 #include "support/message_of.hpp"
 #include "support/small_gpt_units.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::parallel::Grouping;
 using loom::parallel::ShardLayout;
@@ -190,3 +193,5 @@ TEST_CASE("the shard layout refuses bad inputs with a sentence", "[parallel][lay
     CHECK(empty.group_of_unit(0) == -1);
     CHECK(empty.group_of_unit(1) == -1);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -13,6 +13,9 @@
 
 #include "support/fake_pipeline.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::ScheduleKind;
 using loom::parallel::Grouping;
@@ -171,3 +174,5 @@ TEST_CASE("ShardLayout with segments: to_dense and from_dense touch only held ra
         CHECK(held_count == 130 + 0 + 260 + 33 + 180 + 64);
     }
 }
+
+}  // namespace LOOM_TEST_FILE

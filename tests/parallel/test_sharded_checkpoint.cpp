@@ -32,6 +32,9 @@
 #include <loom/io/safetensors.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Tensor;
 using loom::comm::ThreadComm;
@@ -376,3 +379,5 @@ TEST_CASE("a broken sharded checkpoint is named in one line", "[parallel][checkp
                                        Catch::Matchers::EndsWith("; only finite values are valid"));
     }
 }
+
+}  // namespace LOOM_TEST_FILE

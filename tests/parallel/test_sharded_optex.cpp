@@ -15,6 +15,9 @@
 #include "loom/train/sharded_optex.hpp"
 #include "io/temp_dir.hpp"
 #include "optim/optex_suite.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -172,3 +175,5 @@ TEST_CASE("OptEx leaves out a sharded history that is not its own, and says why"
                    "d=53 effective_dim=11 seed=1 normalise=1 noise=0.001");
     CHECK(plain == "the checkpoint keeps no OptEx history");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -19,6 +19,9 @@
 
 #include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Tensor;
 using loom::exec::ShardedIndex;
@@ -264,3 +267,5 @@ TEST_CASE("ShardContents that do not add up are refused on every rank", "[checkp
           where + " was not written: tensor scale holds nan at element 0 of 1; only finite values are valid");
     CHECK_FALSE(std::filesystem::exists(dir.path() / "index.json"));
 }
+
+}  // namespace LOOM_TEST_FILE

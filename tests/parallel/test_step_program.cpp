@@ -14,6 +14,9 @@
 #include "support/message_of.hpp"
 #include "support/small_gpt_units.hpp"
 #include "support/step_programs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::parallel::Grouping;
 using loom::parallel::ShardLayout;
@@ -271,3 +274,5 @@ TEST_CASE("data_parallel_program refuses bad arguments", "[parallel][program]") 
     CHECK(message_of([&] { (void)loom::schedule::data_parallel_program(layout, 0, 0, 1); }) ==
           "data_parallel_program: a model with 0 units has nothing to run");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -12,6 +12,9 @@
 #include "support/message_of.hpp"
 #include "support/small_gpt_units.hpp"
 #include "support/step_programs.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::schedule::Instruction;
 using loom::schedule::Op;
@@ -259,3 +262,5 @@ TEST_CASE("the verifier rejects a group whose gradients are not reduced exactly 
         CHECK_THAT(verify_message(twice, layout), Catch::Contains("reduced 2 times; expected 1"));
     }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -10,6 +10,9 @@
 
 #include <loom/exec/executor.hpp>
 #include <loom/parallel/strategy.hpp>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -124,3 +127,5 @@ TEST_CASE("a Strategy's data parallelism, ZeRO stage and bucket size", "[paralle
     CHECK(DataParallel<>::bucket_bytes == two_mib);
     CHECK(ZeroShard<2>::stage == 2);
 }
+
+}  // namespace LOOM_TEST_FILE

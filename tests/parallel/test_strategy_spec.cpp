@@ -14,6 +14,9 @@
 #include <loom/parallel/strategy.hpp>
 #include <loom/parallel/strategy_text.hpp>
 #include <loom/parallel/tensor_parallel.hpp>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -241,3 +244,5 @@ TEST_CASE("a bad token is named in one line with what would fit", "[parallel][st
     CHECK(error("GradCompress<TopK<0>>") ==
           "TopK: ratio 0 is outside (0, 1]; it is the fraction of each chunk sent, e.g. 0.01 for 1%");
 }
+
+}  // namespace LOOM_TEST_FILE

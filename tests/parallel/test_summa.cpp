@@ -14,6 +14,9 @@
 #include <loom/parallel/grid2d.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::Tensor;
 using loom::comm::ThreadComm;
@@ -100,3 +103,5 @@ TEST_CASE("a tp axis that is not a square is refused in one line", "[parallel][t
     CHECK(loom::tp::Grid2D<ThreadComm>::side_of(9) == 3);
     CHECK(loom::tp::Grid2D<ThreadComm>::side_of(1) == 1);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -27,6 +27,9 @@
 #include <loom/parallel/tensor_parallel_model.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace nn = loom::nn;
 using loom::Param;
@@ -319,3 +322,5 @@ TEST_CASE("tp::shard_model cuts the GPT's MLPs, attentions and both vocabulary e
     CHECK(model.loss.vocab_start == 16);
     CHECK(model.ln_f.gain.shape == Shape{32});  // whole on every rank
 }
+
+}  // namespace LOOM_TEST_FILE

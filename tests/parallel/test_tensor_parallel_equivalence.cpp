@@ -7,6 +7,9 @@
 #include <loom/comm/thread_world.hpp>
 
 #include "parallel/equivalence_on_threads.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom_test::EquivalenceCase;
 
@@ -85,3 +88,5 @@ TEST_CASE("Optimus 2D with dp 2 and ZeRO, and under 1F1B, ZB-H1 and ZB-V pipelin
         DYNAMIC_SECTION(c) { check_equivalence(c); }
     }
 }
+
+}  // namespace LOOM_TEST_FILE

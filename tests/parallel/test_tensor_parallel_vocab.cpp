@@ -23,6 +23,9 @@
 #include <loom/parallel/tensor_parallel_vocab.hpp>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace nn = loom::nn;
 using loom::Tensor;
@@ -372,3 +375,5 @@ TEST_CASE("vocabulary-parallel layers check ids against the whole vocabulary on 
         CHECK(m == "embedding: token id 16 at batch 0, position 1 is outside the vocabulary [0, 16)");
     for (const auto& m : loss_messages) CHECK(m == "cross_entropy: target 16 at row 1 is outside the classes [0, 16)");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -17,6 +17,9 @@
 #include "loom/plan/search.hpp"
 #include "../../tools/train_gpt_spelling.hpp"  // loom-plan's train_gpt flags
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::plan::Candidate;
 using loom::plan::Cluster;
@@ -336,3 +339,5 @@ TEST_CASE("plan: calibrate_gpt prices each layer's FLOPs at the speed its units 
     CHECK_THAT(loom_test::message_of([&] { loom::plan::calibrate_gpt(m, std::vector<double>(7, 0.0), rows, gemm); }),
                Catch::Contains("took 0 s"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -8,6 +8,9 @@
 
 #include "loom/plan/gpt_description.hpp"
 #include "loom/plan/layout_rules.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::plan::Layout;
 
@@ -147,3 +150,5 @@ TEST_CASE("layout rules: a pipeline's stages, partition and schedule", "[plan][l
     CHECK(why(pipeline(2, ScheduleKind::interleaved, 2, 1)) ==
           "Interleaved<2>: 1 micro-batches over 2 stages; interleaving needs a multiple of the stages (2, 4, ...)");
 }
+
+}  // namespace LOOM_TEST_FILE

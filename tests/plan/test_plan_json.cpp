@@ -17,6 +17,9 @@
 
 #include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace plan = loom::plan;
 using loom::comm::Link;
@@ -518,3 +521,5 @@ TEST_CASE("a model file's layers say what recomputing them keeps and costs", "[p
     CHECK_THAT(model_error(one_layer(R"("name": "l", "forward_flops": 1, "params": 1, "output_bytes": 1, "backward_bytes": -1)")),
                Catch::Contains("layers[0].backward_bytes is -1; give"));
 }
+
+}  // namespace LOOM_TEST_FILE

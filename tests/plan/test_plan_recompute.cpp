@@ -18,6 +18,9 @@
 #include "loom/train/memory_preflight.hpp"
 #include "../../tools/train_gpt_spelling.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::RecomputeMode;
 using loom::RecomputeSpec;
@@ -556,3 +559,5 @@ TEST_CASE("plan recompute: under zero-bubble a rerun is held with the one below 
         CHECK(split.bytes[0] - plain.bytes[0] == Approx(pair));
     }
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -18,6 +18,9 @@
 #include "loom/plan/cost_model.hpp"
 #include "loom/plan/gpt_description.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace {
 
@@ -166,3 +169,5 @@ TEST_CASE("plan: a layer's 2D grid bytes that are negative or not finite are ref
                                "57344, scalars 4} and grid_backward {row -1, column 0, weights 116608, scalars 0}; "
                                "give finite bytes of 0 or more (all 0: the planner estimates a 2D grid's messages)"));
 }
+
+}  // namespace LOOM_TEST_FILE

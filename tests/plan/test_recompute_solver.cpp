@@ -28,6 +28,9 @@
 #include <vector>
 
 #include "loom/schedule/recompute_solver.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::schedule::recompute_all;
 using loom::schedule::recompute_greedy;
@@ -438,3 +441,5 @@ TEST_CASE("recompute: every bad input is refused with a sentence naming it", "[r
     REQUIRE_THROWS_WITH(recompute_peak(fixed, {true, false}),
                         Contains("recompute: unit 0 is chosen for recomputation but is not recomputable; leave it kept"));
 }
+
+}  // namespace LOOM_TEST_FILE

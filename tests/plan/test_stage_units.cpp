@@ -8,6 +8,9 @@
 #include "loom/plan/gpt_description.hpp"
 #include "loom/plan/stage_units.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 TEST_CASE("stage units: the GPT's layers per stage as units, costs and a line", "[plan][partition]") {
     const auto gpt = loom::plan::describe_gpt({8, 32, 2, 16, 64}, 4);  // units: embed, blocks[0..7], ln_f, head, loss
@@ -32,3 +35,5 @@ TEST_CASE("stage units: a partition or costs that do not fit the model are refus
     CHECK(loom_test::message_of([&] { (void)loom::plan::layer_costs(gpt, std::vector<double>(9, 1.0)); }) ==
           "model " + gpt.name + " has 8 units but 9 costs were given; give one cost per executor unit");
 }
+
+}  // namespace LOOM_TEST_FILE

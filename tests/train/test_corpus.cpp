@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "io/temp_dir.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::data::ByteCorpus;
 using loom_test::TempDir;
@@ -197,3 +200,5 @@ TEST_CASE("the synthetic corpus is deterministic, sized exactly and full of stru
     CHECK(h_small < 0.6 * 5.0);
     for (std::int64_t i = 0; i < 1000; ++i) REQUIRE(small.token(i) == static_cast<unsigned char>(a.text()[i]) % 32);
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -12,6 +12,9 @@
 
 #include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom_test::message_of;
 using loom_test::TempDir;
@@ -59,3 +62,5 @@ TEST_CASE("check_run_identity refuses other data or seed, allows them when told,
     CHECK(loom::train::check_run_identity(old.metadata(), dir / "old.st", a, 7, false, "--resume-anyway") ==
           "checkpoint " + (dir / "old.st").string() + " records no data identity or seed (written before they were); not checked");
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using Catch::Contains;
 using loom_test::message_of;
@@ -49,3 +52,5 @@ TEST_CASE("finite_check stops on a non-finite loss or tensor, naming the step an
     CHECK_THAT(message_of([&] { loom::train::check_finite(t, "blocks.0.mlp.w", "step 5"); }),
                Contains("step 5: tensor blocks.0.mlp.w holds -inf at element 4 of 6"));
 }
+
+}  // namespace LOOM_TEST_FILE

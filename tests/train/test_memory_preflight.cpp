@@ -11,6 +11,9 @@
 #include <string>
 
 #include "io/temp_dir.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::train::AvailableMemory;
 using loom::train::MemoryNeed;
@@ -128,3 +131,5 @@ TEST_CASE("launcher: the local rank a launcher names, and one that is not a numb
     ::unsetenv("SLURM_LOCALID");
     CHECK(message == "SLURM_LOCALID = 'x' is not a local rank (a whole number from 0)");
 }
+
+}  // namespace LOOM_TEST_FILE

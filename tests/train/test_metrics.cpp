@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "io/temp_dir.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 namespace json = loom::io::json;
 using loom::train::MetricsWriter;
@@ -90,3 +93,5 @@ TEST_CASE("MetricsWriter refuses a path it cannot open and fields that would bre
                       Catch::StartsWith("metrics field \"v\" has a value spanning lines"));
     CHECK(read_bytes(dir / "m.jsonl").empty());  // nothing half-written
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -9,6 +9,9 @@
 
 #include "io/temp_dir.hpp"
 #include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom_test::message_of;
 using loom_test::TempDir;
@@ -31,3 +34,5 @@ TEST_CASE("prune_periodic_checkpoints keeps the newest K by step, not by name", 
     CHECK(message_of([&] { loom::train::prune_periodic_checkpoints(save, 0); }) ==
           "prune_periodic_checkpoints: keep 0 must be 1 or more");
 }
+
+}  // namespace LOOM_TEST_FILE

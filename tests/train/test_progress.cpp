@@ -8,6 +8,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::train::format_duration;
 using loom::train::format_rate;
@@ -148,3 +151,5 @@ TEST_CASE("Progress refuses nonsense arguments", "[progress][errors]") {
     CHECK_THROWS_WITH(Progress(10, nullptr), Catch::StartsWith("a progress line needs an output stream"));
     CHECK_THROWS_WITH(Progress(10, out.get(), 0), Catch::StartsWith("the progress line's plain_every must be positive, got 0"));
 }
+
+}  // namespace LOOM_TEST_FILE

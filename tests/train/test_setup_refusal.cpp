@@ -7,6 +7,9 @@
 
 #include <atomic>
 #include <string>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 TEST_CASE("refused_everywhere: all refuse, none refuse, some refuse", "[train][setup_refusal]") {
     const auto refuse_if = [](bool refuse) {
@@ -28,3 +31,5 @@ TEST_CASE("refused_everywhere: all refuse, none refuse, some refuse", "[train][s
                       Catch::Contains("data file x cannot be opened") ||
                           Catch::Contains("1 of 2 ranks could not set the run up (rank 0 could); each names why"));
 }
+
+}  // namespace LOOM_TEST_FILE

@@ -9,6 +9,9 @@
 #include <chrono>
 #include <csignal>
 #include <thread>
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
 
 using loom::train::StopSignal;
 
@@ -53,3 +56,5 @@ TEST_CASE("agree_to_stop answers the same on every rank, whichever rank saw the 
     });
     CHECK(answers == std::array<int, 3>{1, 1, 1});
 }
+
+}  // namespace LOOM_TEST_FILE
