@@ -53,7 +53,11 @@ function(loom_add_header_check target)
   # depend on optimisation; the tests and examples compile every header
   # optimised anyway. Unoptimised, the check's C++ compiles take about 15%
   # less (measured on train/sharded_optex.hpp: 4.2 s against 5.0 s).
-  target_compile_options(${objects} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>)
+  # The same for nvcc: its host side unoptimised, and its device side too (-G:
+  # cicc at -O3 took two thirds of a kernel header's check; attention_mma.cuh
+  # 6.5 s of CPU, 2.8 s with -G).
+  target_compile_options(${objects} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>
+                                            $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-O0 -G>)
   if(sources_mpi AND TARGET loom::mpi)
     target_sources(${objects} PRIVATE ${sources_mpi})
     target_link_libraries(${objects} PRIVATE loom::mpi)
