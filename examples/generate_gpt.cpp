@@ -12,7 +12,7 @@
 //                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N]
 //   generate_gpt --random [the same flags]
 //   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
-//       [--cape [--cape-bins K@P,...,K]]
+//       [--cape [--cape-bins K@P,...,K]] [--glide]
 //
 // With a draft model (a smaller GPT of the same --seq and --vocab, from its
 // own train_gpt --save file, or random weights), the prompts are decoded
@@ -24,15 +24,22 @@
 // round (infer/speculative_batcher.hpp). The summary adds the acceptance figures.
 // --cape (greedy only) makes each target pass check a tree of candidates
 // (infer/cape.hpp): the draft's gamma greedy tokens and, at each step, more
-// alternatives the less confident it is (--cape-bins).
+// alternatives the less confident it is (--cape-bins). --glide makes the
+// draft a GliDe draft (gpt/glide_draft.hpp, infer/cached_glide.hpp): its
+// cross-attention reads the target's KV cache; --draft FILE is then a
+// gpt::save_glide_draft file (bench_glide writes one), trained for this
+// target's shape.
 //
 // Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
 // for anything else (a missing file, a checkpoint of another shape: the
 // library's own message).
 #include <loom/gpt/checkpoint.hpp>
+#include <loom/gpt/glide_checkpoint.hpp>
+#include <loom/gpt/glide_draft.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/infer/cape.hpp>
+#include <loom/infer/cached_glide.hpp>
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/nn/param_arena.hpp>
 
@@ -77,12 +84,14 @@ constexpr const char* cape_usage =
     "  --cape             CaPE (needs a draft and --greedy): each target pass checks the draft's chain and, at\n"
     "                     each step, alternatives hanging off it, more the less confident the draft is\n"
     "  --cape-bins BINS   alternatives per confidence bin, K@P,...,K: K alternatives below confidence P (P\n"
-    "                     increasing), the last K above every P (default 8@0.3,6@0.6,4@0.8,2)\n";
+    "                     increasing), the last K above every P (default 8@0.3,6@0.6,4@0.8,2)\n"
+    "  --glide            the draft is a GliDe draft (its cross-attention reads the target's KV cache);\n"
+    "                     --draft FILE is a gpt::save_glide_draft file trained for this target\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
     "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --draft, --draft-random, "
-    "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --help";
+    "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --glide, --help";
 
 using gpt_flags::bad_flag;
 using gpt_flags::FlagError;
@@ -100,6 +109,7 @@ struct Flags {
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
     std::optional<loom::infer::CapeConfig> cape;  // CaPE's rounds, with --cape
     std::string cape_bins;
+    bool glide = false;  // the draft is a GliDe draft
 };
 
 // --cape-bins "8@0.3,6@0.6,4@0.8,2": the bins, checked as CapeConfig checks them.
@@ -146,6 +156,10 @@ Flags parse(int argc, char** argv) {
             f.cape.emplace();
             continue;
         }
+        if (flag == "--glide") {
+            f.glide = true;
+            continue;
+        }
         if (flag == "--greedy") {
             f.sampling.greedy = true;
             continue;
@@ -185,6 +199,10 @@ Flags parse(int argc, char** argv) {
         bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.target.config.seq, "); use 1..",
                  f.target.config.seq);
     f.draft.check(f.target.config);
+    if (f.glide && !f.draft.on()) bad_flag("--glide needs a draft model; give --draft FILE or --draft-random");
+    if (f.glide && f.draft.config.layers > f.target.config.layers)
+        bad_flag("--draft-layers ", f.draft.config.layers, " is more than the target's ", f.target.config.layers,
+                 " layers; a GliDe draft's block i reads target layer L - ", f.draft.config.layers, " + i");
     if (!f.cape_bins.empty() && !f.cape) bad_flag("--cape-bins ", f.cape_bins, " needs --cape");
     if (f.cape && !f.draft.on()) bad_flag("--cape needs a draft model; give --draft FILE or --draft-random");
     if (f.cape && !f.sampling.greedy)
@@ -255,14 +273,9 @@ int run(const Flags& f) {
     std::vector<loom::infer::Completion> done;
     loom::infer::SpeculativeStats stats;
     const auto start = std::chrono::steady_clock::now();
-    if (f.draft.on()) {
-        loom::gpt::Model draft = loom::gpt::make_model(f.draft.config);
-        loom::nn::ParamArena draft_arena(draft);
-        gpt_flags::load_weights("draft: ", draft, draft_arena, f.draft.config, f.draft.checkpoint, f.sampling.seed);
-        loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
-        loom::infer::CachedGpt draft_engine(draft, f.draft.config, draft_cache);
-        // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
-        // refilled at the next round.
+    // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
+    // refilled at the next round.
+    auto speculate = [&](loom::infer::DraftEngine& draft_engine) {
         loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.cape);
         for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
         done.resize(requests.size());
@@ -273,6 +286,28 @@ int run(const Flags& f) {
                 if (e.finish) c.finish = *e.finish;
             }
         stats = batcher.stats();
+    };
+    if (f.draft.on() && f.glide) {
+        loom::gpt::GlideDraft draft = loom::gpt::make_glide_draft(f.draft.config, config);
+        loom::nn::ParamArena draft_arena(draft);
+        if (f.draft.checkpoint.empty()) {
+            draft_arena.initialize(draft, f.sampling.seed);
+            std::cout << "draft: GliDe " << f.draft.config << ", random weights (seed " << f.sampling.seed << ")\n";
+        } else {
+            loom::gpt::load_glide_draft(f.draft.checkpoint, f.draft.config, config, draft_arena);
+            std::cout << "draft: GliDe " << f.draft.config << " from " << f.draft.checkpoint << "\n";
+        }
+        loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
+        loom::infer::CachedGlide draft_engine(draft, f.draft.config, draft_cache, cache);
+        speculate(draft_engine);
+    } else if (f.draft.on()) {
+        loom::gpt::Model draft = loom::gpt::make_model(f.draft.config);
+        loom::nn::ParamArena draft_arena(draft);
+        gpt_flags::load_weights("draft: ", draft, draft_arena, f.draft.config, f.draft.checkpoint, f.sampling.seed);
+        loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
+        loom::infer::CachedGpt draft_engine(draft, f.draft.config, draft_cache);
+        loom::infer::PlainDraft plain(draft_engine);
+        speculate(plain);
     } else {
         done = loom::infer::generate(engine, requests);
     }

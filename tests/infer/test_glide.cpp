@@ -6,11 +6,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "loom/exec/serial_trainer.hpp"
+#include "loom/gpt/glide_checkpoint.hpp"
 #include "loom/gpt/glide_draft.hpp"
 #include "loom/infer/cached_glide.hpp"
 #include "loom/infer/cached_gpt.hpp"
@@ -222,4 +224,24 @@ TEST_CASE("GliDe's draft names its bad inputs", "[infer][glide]") {
     CHECK(message_of([&] { loom::infer::SpeculativeBatcher b(t, d, 2); }) ==
           "SpeculativeBatcher: the draft reads another target's KvCache; build its engine on the cache of the target "
           "it drafts for");
+}
+
+TEST_CASE("a GliDe draft's checkpoint reads back into the same values and refuses another target's shape",
+          "[infer][glide]") {
+    const gpt::Config target_shape{.layers = 2, .width = 24, .heads = 3, .seq = 16, .vocab = 30};
+    const gpt::Config shape{.layers = 2, .width = 16, .heads = 2, .seq = 16, .vocab = 30};
+    Glide saved(shape, target_shape, 4, 1.0f), loaded(shape, target_shape, 5, 1.0f);
+    const auto path = std::filesystem::temp_directory_path() / "loom_test_glide_draft.safetensors";
+    gpt::save_glide_draft(path, shape, target_shape, saved.arena);
+    CHECK(std::vector<float>(saved.arena.values().begin(), saved.arena.values().end()) !=
+          std::vector<float>(loaded.arena.values().begin(), loaded.arena.values().end()));
+    gpt::load_glide_draft(path, shape, target_shape, loaded.arena);
+    CHECK(std::vector<float>(saved.arena.values().begin(), saved.arena.values().end()) ==
+          std::vector<float>(loaded.arena.values().begin(), loaded.arena.values().end()));
+    gpt::Config wider = target_shape;
+    wider.width = 48;
+    CHECK(message_of([&] { gpt::load_glide_draft(path, shape, wider, loaded.arena); }) ==
+          "GliDe checkpoint " + path.string() +
+              ": target_width is 24 but 48 was asked for; give the draft's and the target's shapes it was trained with");
+    std::filesystem::remove(path);
 }
