@@ -18,7 +18,7 @@
 // minutes.
 //
 //   bench_glide [--steps 400] [--target-layers 4] [--target-width 128] [--draft-width 64]
-//               [--prompts 8] [--tokens 64] [--reps 3]
+//               [--prompts 8] [--tokens 64] [--reps 3] [--lr 2e-3] [--glide-lr 2e-3]
 #include <loom/exec/serial_trainer.hpp>
 #include <loom/gpt/glide_draft.hpp>
 #include <loom/gpt/model.hpp>
@@ -81,6 +81,7 @@ void fill_batch(const std::string& text, std::size_t begin, std::size_t end, std
 
 int main(int argc, char** argv) {
     std::int64_t steps = 400, target_layers = 4, target_width = 128, draft_width = 64, prompts = 8, tokens = 64;
+    double lr = 2e-3, glide_lr = 2e-3;
     int reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string flag = argv[i];
@@ -92,6 +93,8 @@ int main(int argc, char** argv) {
         else if (flag == "--prompts") prompts = value;
         else if (flag == "--tokens") tokens = value;
         else if (flag == "--reps") reps = static_cast<int>(value);
+        else if (flag == "--lr") lr = std::atof(argv[i + 1]);
+        else if (flag == "--glide-lr") glide_lr = std::atof(argv[i + 1]);
         else {
             std::fprintf(stderr, "bench_glide: unknown flag %s\n", flag.c_str());
             return 2;
@@ -149,9 +152,9 @@ int main(int argc, char** argv) {
             values.assign(trainer.arena().values().begin(), trainer.arena().values().end());
         });
     };
-    auto target_arena = train_and_keep("target", target, 2e-3f, 1);
-    auto plain_arena = train_and_keep("plain 1-layer draft", plain, 2e-3f, 2);
-    auto glide_arena = train_and_keep("GliDe 1-layer draft", glide, 2e-3f, 3);
+    auto target_arena = train_and_keep("target", target, static_cast<float>(lr), 1);
+    auto plain_arena = train_and_keep("plain 1-layer draft", plain, static_cast<float>(lr), 2);
+    auto glide_arena = train_and_keep("GliDe 1-layer draft", glide, static_cast<float>(glide_lr), 3);
 
     // Held-out prompts of 32 tokens.
     std::vector<infer::Request> requests;

@@ -88,6 +88,37 @@ TEST_CASE("a GliDe draft trained with its target frozen lowers its loss; the tar
     CHECK(std::vector<float>(target.arena.values().begin(), target.arena.values().end()) == target_before);
 }
 
+// The whole draft's backward (embeddings, both blocks' self-attention, cross-attention and MLP, the head)
+// against central differences of its loss, every third parameter; the target's keys and values are inputs.
+TEST_CASE("a GliDe draft's loss gradient matches finite differences through every layer", "[infer][glide]") {
+    loom_test::ScaledGpt target({.layers = 2, .width = 12, .heads = 2, .seq = 12, .vocab = 11}, 8, 4.0f);
+    Glide draft({.layers = 2, .width = 8, .heads = 2, .seq = 12, .vocab = 11}, target.config, 9, 3.0f);
+    draft.model.target = &target.model;
+    std::vector<std::int32_t> tokens = prompt_of(2 * 12, 11, 2), targets = prompt_of(2 * 12, 11, 5);
+    const Tensor x = Tensor::of(tokens.data(), Shape{2, 12}), y = Tensor::of(targets.data(), Shape{2, 12});
+    nn::Context ctx;
+    draft.arena.zero_grads();
+    (void)nn::forward_backward(draft.model, ctx, x, y);
+    const std::vector<float> analytic(draft.arena.grads().begin(), draft.arena.grads().end());
+    double num = 0, den = 0;
+    const float h = 1e-2f;
+    for (std::size_t i = 0; i < analytic.size(); i += 3) {
+        float& v = draft.arena.values()[i];
+        const float keep = v;
+        v = keep + h;
+        const double up = nn::evaluate(draft.model, ctx, x, y);
+        v = keep - h;
+        const double down = nn::evaluate(draft.model, ctx, x, y);
+        v = keep;
+        const double d = (up - down) / (2.0 * h);
+        num += (d - analytic[i]) * (d - analytic[i]);
+        den += d * d;
+    }
+    INFO("relative error " << std::sqrt(num / den) << " over " << analytic.size() / 3 << " parameters");
+    CHECK(den > 0);
+    CHECK(std::sqrt(num / den) < 2e-2);
+}
+
 TEST_CASE("training's stale mask is what the cached GliDe draft sees with the target's cache a block behind",
           "[infer][glide]") {
     // A 3-layer target and a 2-layer draft: draft block i reads target layer 1 + i.
