@@ -19,7 +19,11 @@
 //
 //   bench_glide [--steps 400] [--target-layers 4] [--target-width 128] [--draft-width 64]
 //               [--prompts 8] [--tokens 64] [--reps 3] [--lr 2e-3] [--glide-lr 2e-3]
+//               [--target FILE (loaded if it exists, else trained and saved there)] [--save-glide FILE]
+//               [--glide-zero-output 1]
 #include <loom/exec/serial_trainer.hpp>
+#include <loom/gpt/checkpoint.hpp>
+#include <loom/gpt/glide_checkpoint.hpp>
 #include <loom/gpt/glide_draft.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/cached_glide.hpp>
@@ -37,6 +41,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -82,6 +87,8 @@ void fill_batch(const std::string& text, std::size_t begin, std::size_t end, std
 int main(int argc, char** argv) {
     std::int64_t steps = 400, target_layers = 4, target_width = 128, draft_width = 64, prompts = 8, tokens = 64;
     double lr = 2e-3, glide_lr = 2e-3;
+    bool glide_zero_output = false;  // --glide-zero-output 1: the cross-attention's output projection starts at 0
+    std::string target_file, glide_file;  // --target FILE: load it if it exists, else save it there; --save-glide FILE
     int reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string flag = argv[i];
@@ -95,6 +102,9 @@ int main(int argc, char** argv) {
         else if (flag == "--reps") reps = static_cast<int>(value);
         else if (flag == "--lr") lr = std::atof(argv[i + 1]);
         else if (flag == "--glide-lr") glide_lr = std::atof(argv[i + 1]);
+        else if (flag == "--target") target_file = argv[i + 1];
+        else if (flag == "--save-glide") glide_file = argv[i + 1];
+        else if (flag == "--glide-zero-output") glide_zero_output = value != 0;
         else {
             std::fprintf(stderr, "bench_glide: unknown flag %s\n", flag.c_str());
             return 2;
@@ -117,6 +127,9 @@ int main(int argc, char** argv) {
     gpt::Model target = gpt::make_model(tc), plain = gpt::make_model(dc);
     gpt::GlideDraft glide = gpt::make_glide_draft(dc, tc);
     glide.target = &target;
+    // A zero output projection makes the untrained GliDe draft exactly a plain draft; it learns to use the target.
+    if (glide_zero_output)
+        for (std::size_t i = 0; i < glide.blocks.size(); ++i) glide.cross_attention(i).proj.weight.init = loom::Init::zeros();
     auto keep = [](auto& model, auto&& trained_run) {
         std::vector<float> values;
         trained_run(values);
@@ -152,9 +165,25 @@ int main(int argc, char** argv) {
             values.assign(trainer.arena().values().begin(), trainer.arena().values().end());
         });
     };
-    auto target_arena = train_and_keep("target", target, static_cast<float>(lr), 1);
+    std::unique_ptr<loom::nn::ParamArena> target_arena;
+    if (!target_file.empty() && std::filesystem::exists(target_file)) {
+        target_arena = std::make_unique<loom::nn::ParamArena>(target);
+        std::vector<float> m(target_arena->values().size()), v(m.size());
+        (void)gpt::load_checkpoint(target_file, tc, target_arena->values(), m, v);
+        std::ostringstream shape;
+        shape << tc;
+        std::printf("target: %s loaded from %s\n", shape.str().c_str(), target_file.c_str());
+    } else {
+        target_arena = train_and_keep("target", target, static_cast<float>(lr), 1);
+        if (!target_file.empty()) {
+            std::vector<float> zeros(target_arena->values().size());
+            gpt::save_checkpoint(target_file, tc, target_arena->values(), zeros, zeros, 0, steps,
+                                 "/usr/share/common-licenses");
+        }
+    }
     auto plain_arena = train_and_keep("plain 1-layer draft", plain, static_cast<float>(lr), 2);
     auto glide_arena = train_and_keep("GliDe 1-layer draft", glide, static_cast<float>(glide_lr), 3);
+    if (!glide_file.empty()) gpt::save_glide_draft(glide_file, dc, tc, *glide_arena);
 
     // Held-out prompts of 32 tokens.
     std::vector<infer::Request> requests;
