@@ -23,6 +23,11 @@
 // only. A request's comb fits in the blocks promised to it: near its end it
 // carries fewer alternatives (never changing its tokens).
 //
+// The draft is any DraftEngine (infer/draft_engine.hpp): a CachedGpt (wrapped
+// as PlainDraft) or GliDe's CachedGlide, which reads the target's cache of
+// the same slot (at the draft steps it holds the sequence but its last
+// token: up to the last verified token).
+//
 // Single-threaded by design, as Batcher.
 #pragma once
 
