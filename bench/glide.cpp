@@ -20,7 +20,7 @@
 //   bench_glide [--steps 400] [--target-layers 4] [--target-width 128] [--draft-width 64]
 //               [--prompts 8] [--tokens 64] [--reps 3] [--lr 2e-3] [--glide-lr 2e-3]
 //               [--target FILE (loaded if it exists, else trained and saved there)] [--save-glide FILE]
-//               [--glide-zero-output 1] [--glide-stale 5]
+//               [--glide-zero-output 1] [--glide-stale 5] [--log-every N]
 #include <loom/exec/serial_trainer.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/glide_checkpoint.hpp>
@@ -87,6 +87,7 @@ void fill_batch(const std::string& text, std::size_t begin, std::size_t end, std
 int main(int argc, char** argv) {
     std::int64_t steps = 400, target_layers = 4, target_width = 128, draft_width = 64, prompts = 8, tokens = 64;
     double lr = 2e-3, glide_lr = 2e-3;
+    std::int64_t log_every = 0;      // --log-every N: each model's training loss every N steps
     std::int64_t glide_stale = 5;    // the training mask's block (--glide-stale 1000: the draft never sees the target)
     bool glide_zero_output = false;  // --glide-zero-output 1: the cross-attention's output projection starts at 0
     std::string target_file, glide_file;  // --target FILE: load it if it exists, else save it there; --save-glide FILE
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
         else if (flag == "--save-glide") glide_file = argv[i + 1];
         else if (flag == "--glide-zero-output") glide_zero_output = value != 0;
         else if (flag == "--glide-stale") glide_stale = value;
+        else if (flag == "--log-every") log_every = value;
         else {
             std::fprintf(stderr, "bench_glide: unknown flag %s\n", flag.c_str());
             return 2;
@@ -151,6 +153,8 @@ int main(int argc, char** argv) {
                 loss = trainer.step(loom::Tensor::of(inputs.data(), {batch, seq}),
                                     loom::Tensor::of(targets.data(), {batch, seq}),
                                     loom::optim::cosine_lr(s + 1, steps, peak, std::max<std::int64_t>(1, steps / 20)));
+                if (log_every > 0 && (s + 1) % log_every == 0)
+                    std::printf("  %s step %lld: loss %.3f\n", name, static_cast<long long>(s + 1), loss);
             }
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             loom::nn::Context ctx;
