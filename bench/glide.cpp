@@ -20,7 +20,7 @@
 //   bench_glide [--steps 400] [--target-layers 4] [--target-width 128] [--draft-width 64]
 //               [--prompts 8] [--tokens 64] [--reps 3] [--lr 2e-3] [--glide-lr 2e-3]
 //               [--target FILE (loaded if it exists, else trained and saved there)] [--save-glide FILE]
-//               [--glide-zero-output 1] [--glide-stale 5] [--log-every N]
+//               [--glide-zero-output 1] [--glide-stale 5] [--log-every N] [--copyrights 1]
 #include <loom/exec/serial_trainer.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/glide_checkpoint.hpp>
@@ -68,6 +68,27 @@ std::string read_corpus(const std::filesystem::path& folder) {
     return text;
 }
 
+// Every installed package's /usr/share/doc/<package>/copyright, sorted by
+// package, each distinct text once (many packages ship the same licence).
+std::string read_copyrights() {
+    std::vector<std::filesystem::path> files;
+    for (const auto& entry : std::filesystem::directory_iterator("/usr/share/doc")) {
+        const auto file = entry.path() / "copyright";
+        if (std::filesystem::is_regular_file(file)) files.push_back(file);
+    }
+    std::sort(files.begin(), files.end());
+    std::vector<std::string> seen;
+    std::string text;
+    for (const auto& path : files) {
+        std::ifstream in(path, std::ios::binary);
+        std::string one((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        if (std::find(seen.begin(), seen.end(), one) != seen.end()) continue;
+        text += one;
+        seen.push_back(std::move(one));
+    }
+    return text;
+}
+
 // Batch `step`: rows at offsets from a fixed LCG over [begin, end - seq - 1).
 void fill_batch(const std::string& text, std::size_t begin, std::size_t end, std::int64_t step,
                 std::vector<std::int32_t>& inputs, std::vector<std::int32_t>& targets) {
@@ -87,6 +108,7 @@ void fill_batch(const std::string& text, std::size_t begin, std::size_t end, std
 int main(int argc, char** argv) {
     std::int64_t steps = 400, target_layers = 4, target_width = 128, draft_width = 64, prompts = 8, tokens = 64;
     double lr = 2e-3, glide_lr = 2e-3;
+    bool copyrights = false;         // --copyrights 1: /usr/share/doc/*/copyright instead of common-licenses
     std::int64_t log_every = 0;      // --log-every N: each model's training loss every N steps
     std::int64_t glide_stale = 5;    // the training mask's block (--glide-stale 1000: the draft never sees the target)
     bool glide_zero_output = false;  // --glide-zero-output 1: the cross-attention's output projection starts at 0
@@ -109,17 +131,20 @@ int main(int argc, char** argv) {
         else if (flag == "--glide-zero-output") glide_zero_output = value != 0;
         else if (flag == "--glide-stale") glide_stale = value;
         else if (flag == "--log-every") log_every = value;
+        else if (flag == "--copyrights") copyrights = value != 0;
         else {
             std::fprintf(stderr, "bench_glide: unknown flag %s\n", flag.c_str());
             return 2;
         }
     }
     loom::kernels::host::set_gemm_threads(1);
-    const std::string text = read_corpus("/usr/share/common-licenses");
+    const std::string text = copyrights ? read_copyrights() : read_corpus("/usr/share/common-licenses");
     const std::size_t split = text.size() * 9 / 10;
     std::printf("CPU: %s; GEMM: loom host kernels at %s, 1 thread\n", bench::cpu_model().c_str(),
                 bench::cpu_level().c_str());
-    std::printf("corpus: /usr/share/common-licenses (Debian base-files), %zu bytes; training on the first %zu\n",
+    std::printf("corpus: %s, %zu bytes; training on the first %zu\n",
+                copyrights ? "/usr/share/doc/*/copyright (every installed package's, each distinct text once)"
+                           : "/usr/share/common-licenses (Debian base-files)",
                 text.size(), split);
     const gpt::Config tc{.layers = target_layers, .width = target_width, .heads = 4, .seq = seq, .vocab = 256};
     const gpt::Config dc{.layers = 1, .width = draft_width, .heads = 4, .seq = seq, .vocab = 256};
