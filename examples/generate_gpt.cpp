@@ -12,7 +12,7 @@
 //                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N] [--tp N]
 //   generate_gpt --random [the same flags]
 //   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
-//       [--cape [--cape-bins K@P,...,K]]
+//       [--cape [--cape-bins K@P,...,K]] [--glide]
 //
 // With a draft model (a smaller GPT of the same --seq and --vocab, from its
 // own train_gpt --save file, or random weights), the prompts are decoded
@@ -24,7 +24,11 @@
 // round (infer/speculative_batcher.hpp). The summary adds the acceptance figures.
 // --cape (greedy only) makes each target pass check a tree of candidates
 // (infer/cape.hpp): the draft's gamma greedy tokens and, at each step, more
-// alternatives the less confident it is (--cape-bins).
+// alternatives the less confident it is (--cape-bins). --glide makes the
+// draft a GliDe draft (gpt/glide_draft.hpp, infer/cached_glide.hpp): its
+// cross-attention reads the target's KV cache; --draft FILE is then a
+// gpt::save_glide_draft file (bench_glide writes one), trained for this
+// target's shape.
 // --tp N serves the target tensor-parallel on N rank threads
 // (infer/tensor_parallel_gpt.hpp): each holds its Megatron shard of the
 // checkpoint and a KV cache of its heads, and all write the same text, the
@@ -36,9 +40,12 @@
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/gpt/checkpoint.hpp>
+#include <loom/gpt/glide_checkpoint.hpp>
+#include <loom/gpt/glide_draft.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/infer/cape.hpp>
+#include <loom/infer/cached_glide.hpp>
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/infer/tensor_parallel_gpt.hpp>
 #include <loom/nn/param_arena.hpp>
@@ -86,12 +93,14 @@ constexpr const char* cape_usage =
     "  --cape             CaPE (needs a draft and --greedy): each target pass checks the draft's chain and, at\n"
     "                     each step, alternatives hanging off it, more the less confident the draft is\n"
     "  --cape-bins BINS   alternatives per confidence bin, K@P,...,K: K alternatives below confidence P (P\n"
-    "                     increasing), the last K above every P (default 8@0.3,6@0.6,4@0.8,2)\n";
+    "                     increasing), the last K above every P (default 8@0.3,6@0.6,4@0.8,2)\n"
+    "  --glide            the draft is a GliDe draft (its cross-attention reads the target's KV cache);\n"
+    "                     --draft FILE is a gpt::save_glide_draft file trained for this target\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
     "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --tp, --draft, --draft-random, "
-    "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --help";
+    "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --glide, --help";
 
 using gpt_flags::bad_flag;
 using gpt_flags::FlagError;
@@ -110,6 +119,7 @@ struct Flags {
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
     std::optional<loom::infer::CapeConfig> cape;  // CaPE's rounds, with --cape
     std::string cape_bins;
+    bool glide = false;  // the draft is a GliDe draft
 };
 
 // --cape-bins "8@0.3,6@0.6,4@0.8,2": the bins, checked as CapeConfig checks them.
@@ -156,6 +166,10 @@ Flags parse(int argc, char** argv) {
             f.cape.emplace();
             continue;
         }
+        if (flag == "--glide") {
+            f.glide = true;
+            continue;
+        }
         if (flag == "--greedy") {
             f.sampling.greedy = true;
             continue;
@@ -199,6 +213,13 @@ Flags parse(int argc, char** argv) {
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
                  f.target.config.heads);
     f.draft.check(f.target.config);
+    if (f.glide && !f.draft.on()) bad_flag("--glide needs a draft model; give --draft FILE or --draft-random");
+    if (f.glide && f.draft.config.layers > f.target.config.layers)
+        bad_flag("--draft-layers ", f.draft.config.layers, " is more than the target's ", f.target.config.layers,
+                 " layers; a GliDe draft's block i reads target layer L - ", f.draft.config.layers, " + i");
+    if (f.glide && f.tp > 1)
+        bad_flag("--glide with --tp ", f.tp, ": a GliDe draft reads the whole target's KV cache and a tp rank "
+                 "caches its heads only; use --tp 1 with --glide");
     if (!f.cape_bins.empty() && !f.cape) bad_flag("--cape-bins ", f.cape_bins, " needs --cape");
     if (f.cape && !f.draft.on()) bad_flag("--cape needs a draft model; give --draft FILE or --draft-random");
     if (f.cape && !f.sampling.greedy)
@@ -269,24 +290,36 @@ int run(const Flags& f) {
     std::vector<loom::infer::Completion> done;
     loom::infer::SpeculativeStats stats;
     const auto start = std::chrono::steady_clock::now();
-    std::unique_ptr<loom::gpt::Model> draft;  // whole, read by every rank
+    // The draft, whole (read by every rank): a plain GPT or a GliDe draft.
+    std::unique_ptr<loom::gpt::Model> draft;
+    std::unique_ptr<loom::gpt::GlideDraft> glide;
     std::unique_ptr<loom::nn::ParamArena> draft_arena;
-    if (f.draft.on()) {
+    if (f.draft.on() && f.glide) {
+        glide = std::make_unique<loom::gpt::GlideDraft>(loom::gpt::make_glide_draft(f.draft.config, config));
+        draft_arena = std::make_unique<loom::nn::ParamArena>(*glide);
+        if (f.draft.checkpoint.empty()) {
+            draft_arena->initialize(*glide, f.sampling.seed);
+            std::cout << "draft: GliDe " << f.draft.config << ", random weights (seed " << f.sampling.seed << ")\n";
+        } else {
+            loom::gpt::load_glide_draft(f.draft.checkpoint, f.draft.config, config, *draft_arena);
+            std::cout << "draft: GliDe " << f.draft.config << " from " << f.draft.checkpoint << "\n";
+        }
+    } else if (f.draft.on()) {
         draft = std::make_unique<loom::gpt::Model>(loom::gpt::make_model(f.draft.config));
         draft_arena = std::make_unique<loom::nn::ParamArena>(*draft);
         gpt_flags::load_weights("draft: ", *draft, *draft_arena, f.draft.config, f.draft.checkpoint, f.sampling.seed);
     }
-    // The prompts on one engine (the whole target, or a tp rank's shard): its completions and, with a draft, stats.
-    auto decode = [&](loom::infer::CachedGpt& engine, std::vector<loom::infer::Completion>& out,
-                      loom::infer::SpeculativeStats& out_stats) {
-        if (!draft) {
+    // The prompts on one engine (the whole target, or a tp rank's shard, with its KV cache): its
+    // completions and, with a draft, stats.
+    auto decode = [&](loom::infer::CachedGpt& engine, loom::infer::KvCache& cache,
+                      std::vector<loom::infer::Completion>& out, loom::infer::SpeculativeStats& out_stats) {
+        if (!draft && !glide) {
             out = loom::infer::generate(engine, requests);
             return;
         }
-        loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
-        loom::infer::CachedGpt draft_engine(*draft, f.draft.config, draft_cache);
         // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
         // refilled at the next round.
+        auto speculate = [&](loom::infer::DraftEngine& draft_engine) {
         loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.cape);
         for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
         out.resize(requests.size());
@@ -296,12 +329,22 @@ int run(const Flags& f) {
                 c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
                 if (e.finish) c.finish = *e.finish;
             }
-        out_stats = batcher.stats();
+            out_stats = batcher.stats();
+        };
+        loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
+        if (glide) {
+            loom::infer::CachedGlide draft_engine(*glide, f.draft.config, draft_cache, cache);
+            speculate(draft_engine);
+        } else {
+            loom::infer::CachedGpt draft_engine(*draft, f.draft.config, draft_cache);
+            loom::infer::PlainDraft plain(draft_engine);
+            speculate(plain);
+        }
     };
     if (f.tp == 1) {
         loom::infer::KvCache cache(config.layers, config.width, slots, capacity, f.block_size);
         loom::infer::CachedGpt engine(model, config, cache);
-        decode(engine, done, stats);
+        decode(engine, cache, done, stats);
     } else {
         // Every rank cuts its shard from the whole weights and runs the same prompts; rank 0 keeps what it wrote.
         loom::comm::ThreadWorld(static_cast<int>(f.tp)).run([&](loom::comm::ThreadComm& comm) {
@@ -314,7 +357,7 @@ int run(const Flags& f) {
             loom::infer::CachedGpt engine(shard, config, cache, tp);
             std::vector<loom::infer::Completion> mine;
             loom::infer::SpeculativeStats mine_stats;
-            decode(engine, mine, mine_stats);
+            decode(engine, cache, mine, mine_stats);
             if (tp.rank() == 0) {
                 done = std::move(mine);
                 stats = mine_stats;

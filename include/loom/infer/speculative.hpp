@@ -18,8 +18,8 @@
 //
 // Here: speculative_generate, a loop over the batcher for a list of requests.
 // With a CapeConfig, CaPE's rounds (infer/cape.hpp: a comb of candidates
-// per target pass, greedy requests only). Not here (issue 40): GliDe's
-// draft, trained drafts.
+// per target pass, greedy requests only). With a DraftEngine as the draft,
+// any draft model: GliDe's (infer/cached_glide.hpp) reads the target's cache.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,7 @@
 #include "loom/infer/batcher.hpp"
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cape.hpp"
+#include "loom/infer/draft_engine.hpp"
 #include "loom/infer/generate.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/speculative_acceptance.hpp"
@@ -56,7 +57,8 @@ struct SpeculativeCompletion {
 // request's tokens depend on its seed, not on what it is batched with (to
 // rounding). For requests that arrive while others run, or more of them than
 // the caches hold at once, use SpeculativeBatcher itself.
-[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(CachedGpt& target, CachedGpt& draft,
+// `draft` is any DraftEngine (infer/draft_engine.hpp: GliDe's, infer/cached_glide.hpp) or a CachedGpt (below).
+[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(CachedGpt& target, DraftEngine& draft,
                                                                              std::span<const Request> requests,
                                                                              std::int64_t gamma,
                                                                              std::optional<CapeConfig> cape = std::nullopt) {
@@ -110,7 +112,21 @@ struct SpeculativeCompletion {
     return done;
 }
 
+// A plain GPT draft.
+[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(CachedGpt& target, CachedGpt& draft,
+                                                                             std::span<const Request> requests,
+                                                                             std::int64_t gamma,
+                                                                             std::optional<CapeConfig> cape = std::nullopt) {
+    PlainDraft plain(draft);
+    return speculative_generate(target, static_cast<DraftEngine&>(plain), requests, gamma, std::move(cape));
+}
+
 // One request (slot 0 of each cache).
+[[nodiscard]] inline SpeculativeCompletion speculative_generate(CachedGpt& target, DraftEngine& draft,
+                                                                const Request& request, std::int64_t gamma,
+                                                                std::optional<CapeConfig> cape = std::nullopt) {
+    return std::move(speculative_generate(target, draft, std::span(&request, 1), gamma, std::move(cape))[0]);
+}
 [[nodiscard]] inline SpeculativeCompletion speculative_generate(CachedGpt& target, CachedGpt& draft,
                                                                 const Request& request, std::int64_t gamma,
                                                                 std::optional<CapeConfig> cape = std::nullopt) {

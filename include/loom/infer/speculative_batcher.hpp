@@ -23,11 +23,17 @@
 // only. A request's comb fits in the blocks promised to it: near its end it
 // carries fewer alternatives (never changing its tokens).
 //
+// The draft is any DraftEngine (infer/draft_engine.hpp): a CachedGpt (wrapped
+// as PlainDraft) or GliDe's CachedGlide, which reads the target's cache of
+// the same slot (at the draft steps it holds the sequence but its last
+// token: up to the last verified token).
+//
 // Single-threaded by design, as Batcher.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -38,6 +44,7 @@
 #include "loom/infer/batcher.hpp"
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cape.hpp"
+#include "loom/infer/draft_engine.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/request_queue.hpp"
 #include "loom/infer/speculative_acceptance.hpp"
@@ -63,28 +70,14 @@ public:
     // With `cape`, CaPE's rounds (greedy requests only).
     SpeculativeBatcher(CachedGpt& target, CachedGpt& draft, std::int64_t gamma, std::int64_t max_batch = 0,
                        std::optional<CapeConfig> cape = std::nullopt)
+        : SpeculativeBatcher(target, std::make_unique<PlainDraft>(draft), gamma, max_batch, std::move(cape)) {}
+    // Any draft engine (infer/draft_engine.hpp): GliDe's (infer/cached_glide.hpp)
+    // must read this target's cache.
+    SpeculativeBatcher(CachedGpt& target, DraftEngine& draft, std::int64_t gamma, std::int64_t max_batch = 0,
+                       std::optional<CapeConfig> cape = std::nullopt)
         : target_(target), draft_(draft), tcache_(target.cache()), dcache_(draft.cache()), gamma_(gamma),
           cape_(std::move(cape)) {
-        LOOM_CHECK(gamma >= 1, "SpeculativeBatcher: gamma = ", gamma, " draft tokens per pass; propose at least 1");
-        if (cape_) cape_->validate();
-        LOOM_CHECK(draft.config().vocab == target.config().vocab, "SpeculativeBatcher: the draft's vocabulary of ",
-                   draft.config().vocab, " tokens is not the target's ", target.config().vocab,
-                   "; the draft must share the target's tokens");
-        LOOM_CHECK(&tcache_ != &dcache_,
-                   "SpeculativeBatcher: the target and the draft share one KvCache; give each its own");
-        const std::int64_t both = std::min(tcache_.slots(), dcache_.slots());
-        LOOM_CHECK(max_batch >= 0 && max_batch <= both, "SpeculativeBatcher: max_batch = ", max_batch,
-                   " but the target's cache has ", tcache_.slots(), " slots and the draft's ", dcache_.slots(),
-                   "; give 0..", both, " (0: every slot both have)");
-        slots_ = max_batch == 0 ? both : max_batch;
-        for (KvCache* cache : {&tcache_, &dcache_})
-            for (std::int64_t s = 0; s < slots_; ++s)
-                LOOM_CHECK(cache->length(s) == 0, "SpeculativeBatcher: slot ", s, " of the ",
-                           cache == &tcache_ ? "target" : "draft", "'s cache holds ", cache->length(s),
-                           " positions; release it first");
-        tbudget_ = tcache_.free_blocks();
-        dbudget_ = dcache_.free_blocks();
-        for (std::int64_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+        start(max_batch);
     }
     SpeculativeBatcher(const SpeculativeBatcher&) = delete;
     SpeculativeBatcher& operator=(const SpeculativeBatcher&) = delete;
@@ -174,6 +167,39 @@ public:
     }
 
 private:
+    // Owns the wrapper when built from a CachedGpt draft.
+    SpeculativeBatcher(CachedGpt& target, std::unique_ptr<PlainDraft> plain, std::int64_t gamma,
+                       std::int64_t max_batch, std::optional<CapeConfig> cape)
+        : plain_(std::move(plain)), target_(target), draft_(*plain_), tcache_(target.cache()),
+          dcache_(plain_->cache()), gamma_(gamma), cape_(std::move(cape)) {
+        start(max_batch);
+    }
+
+    void start(std::int64_t max_batch) {
+        LOOM_CHECK(gamma_ >= 1, "SpeculativeBatcher: gamma = ", gamma_, " draft tokens per pass; propose at least 1");
+        if (cape_) cape_->validate();
+        LOOM_CHECK(draft_.config().vocab == target_.config().vocab, "SpeculativeBatcher: the draft's vocabulary of ",
+                   draft_.config().vocab, " tokens is not the target's ", target_.config().vocab,
+                   "; the draft must share the target's tokens");
+        LOOM_CHECK(&tcache_ != &dcache_,
+                   "SpeculativeBatcher: the target and the draft share one KvCache; give each its own");
+        const std::int64_t both = std::min(tcache_.slots(), dcache_.slots());
+        LOOM_CHECK(max_batch >= 0 && max_batch <= both, "SpeculativeBatcher: max_batch = ", max_batch,
+                   " but the target's cache has ", tcache_.slots(), " slots and the draft's ", dcache_.slots(),
+                   "; give 0..", both, " (0: every slot both have)");
+        slots_ = max_batch == 0 ? both : max_batch;
+        for (KvCache* cache : {&tcache_, &dcache_})
+            for (std::int64_t s = 0; s < slots_; ++s)
+                LOOM_CHECK(cache->length(s) == 0, "SpeculativeBatcher: slot ", s, " of the ",
+                           cache == &tcache_ ? "target" : "draft", "'s cache holds ", cache->length(s),
+                           " positions; release it first");
+        tbudget_ = tcache_.free_blocks();
+        dbudget_ = dcache_.free_blocks();
+        for (std::int64_t s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+        LOOM_CHECK(draft_.reads() == nullptr || draft_.reads() == &tcache_, "SpeculativeBatcher: the draft reads ",
+                   "another target's KvCache; build its engine on the cache of the target it drafts for");
+    }
+
     struct Entry {
         std::uint64_t id = 0;
         Request request;
@@ -322,8 +348,9 @@ private:
         free_slots_.push_back(e.slot);
     }
 
+    std::unique_ptr<PlainDraft> plain_;  // null unless built from a CachedGpt draft
     CachedGpt& target_;
-    CachedGpt& draft_;
+    DraftEngine& draft_;
     KvCache& tcache_;
     KvCache& dcache_;
     std::int64_t gamma_;

@@ -1,0 +1,272 @@
+// GliDe's draft (gpt/glide_draft.hpp) run forward with KV caches, as a draft
+// for speculative decoding (infer/draft_engine.hpp). Its self-attention reads
+// and appends to its own KvCache, as CachedGpt's does; its cross-attention
+// reads the TARGET's KvCache: draft block i the rows of target layer
+// L_target - L_draft + i, every position the target has cached for the
+// request's slot (no mask: in a speculative round that is the target's cache
+// up to the last verified token, the stale cache the training mask imitates).
+// The target's cache is only read. Segments are chains of one slot each
+// (the same slot in both caches), packed as CachedGpt packs them: the
+// LayerNorms, Linears and GELUs run once over every segment's rows; attention
+// is per segment. A slot the target has cached nothing for (a one-token
+// prompt's first round) gets a zero cross-attention output, as training's
+// first stale block does.
+//
+// The arithmetic is the training layers' at f32: the self-attention through
+// the FlashAttention block kernels (new tokens causal among themselves, then
+// each cached block in full, merged by log-sum-exp), the cross-attention by
+// nn::cross_attend_row over the target's rows gathered from its pages.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/gpt/glide_draft.hpp"
+#include "loom/infer/cached_gpt.hpp"
+#include "loom/infer/draft_engine.hpp"
+#include "loom/infer/few_rows_linear.hpp"
+#include "loom/infer/kv_cache.hpp"
+#include "loom/kernels/attention_block_ops.hpp"
+#include "loom/kernels/ops.hpp"
+#include "loom/nn/cross_attention.hpp"
+
+namespace loom::infer {
+
+class CachedGlide final : public DraftEngine {
+public:
+    // `model` bound on the host, of `config`'s shape; `cache` its own (config's
+    // layers and width); `target_cache` the target's (only read). Referenced, not copied.
+    CachedGlide(gpt::GlideDraft& model, const gpt::Config& config, KvCache& cache, KvCache& target_cache)
+        : model_(model), config_(config), cache_(cache), target_cache_(target_cache) {
+        config.validate();
+        LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGlide: the draft has ",
+                   model.blocks.size(), " blocks but the config says ", config.layers, " layers");
+        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
+                   "CachedGlide: the draft's parameters are not bound; give it a ParamArena (and load or "
+                   "initialise it) first");
+        LOOM_CHECK(model.head.weight.value.device().kind == DeviceKind::host,
+                   "CachedGlide: the draft's parameters live on a device; this engine runs on the host");
+        LOOM_CHECK(cache.layers() == config.layers && cache.width() == config.width, "CachedGlide: the draft's cache "
+                   "is for ", cache.layers(), " layers of width ", cache.width(), " but the draft has ", config.layers,
+                   " of width ", config.width);
+        LOOM_CHECK(cache.capacity() <= config.seq, "CachedGlide: the draft's cache holds ", cache.capacity(),
+                   " positions per slot but the draft has position embeddings for ", config.seq,
+                   "; build the cache with capacity <= Config::seq");
+        LOOM_CHECK(&cache != &target_cache, "CachedGlide: the draft's cache is the target's; give the draft its own");
+        LOOM_CHECK(target_cache.layers() == model.target_layers &&
+                       target_cache.width() == model.cross_attention(0).memory_width(),
+                   "CachedGlide: the target's cache is for ", target_cache.layers(), " layers of width ",
+                   target_cache.width(), " but the draft was made for a target of ", model.target_layers,
+                   " layers of width ", model.cross_attention(0).memory_width());
+        LOOM_CHECK(target_cache.slots() >= cache.slots(), "CachedGlide: the draft's cache has ", cache.slots(),
+                   " slots but the target's only ", target_cache.slots(), "; a request has the same slot in both");
+    }
+
+    [[nodiscard]] const gpt::Config& config() const override { return config_; }
+    [[nodiscard]] KvCache& cache() override { return cache_; }
+    [[nodiscard]] const KvCache* reads() const override { return &target_cache_; }
+
+    std::span<const float> forward(std::span<const Segment> segments) override {
+        LOOM_CHECK(!segments.empty(), "CachedGlide: forward of no segments; pass at least one");
+        std::int64_t rows = 0, more_blocks = 0;
+        seen_.assign(static_cast<std::size_t>(cache_.slots()), false);
+        for (const Segment& s : segments) {
+            LOOM_CHECK(s.slot >= 0 && s.slot < cache_.slots(), "CachedGlide: slot ", s.slot, " is not in [0, ",
+                       cache_.slots(), ")");
+            LOOM_CHECK(!seen_[static_cast<std::size_t>(s.slot)], "CachedGlide: slot ", s.slot,
+                       " appears twice in one forward; give each sequence one segment");
+            seen_[static_cast<std::size_t>(s.slot)] = true;
+            LOOM_CHECK(!s.tokens.empty() && s.parents.empty(), "CachedGlide: the segment of slot ", s.slot,
+                       " is empty or a tree; a draft runs chains of at least one token");
+            const std::int64_t held = cache_.length(s.slot), count = static_cast<std::int64_t>(s.tokens.size());
+            LOOM_CHECK(count <= cache_.capacity() - held, "CachedGlide: slot ", s.slot, " holds ", held,
+                       " positions and ", count, " more would exceed the draft cache's capacity of ",
+                       cache_.capacity());
+            more_blocks += cache_.blocks_for(held + count) - static_cast<std::int64_t>(cache_.block_table(s.slot).size());
+            for (const std::int32_t token : s.tokens)
+                LOOM_CHECK(token >= 0 && token < config_.vocab, "CachedGlide: token id ", token, " of slot ", s.slot,
+                           " is outside the vocabulary [0, ", config_.vocab, ")");
+            rows += count;
+        }
+        LOOM_CHECK(more_blocks <= cache_.free_blocks(), "CachedGlide: this forward needs ", more_blocks,
+                   " more blocks of the draft's cache but ", cache_.free_blocks(), " are free");
+        starts_.clear();
+        for (const Segment& s : segments) {
+            starts_.push_back(cache_.length(s.slot));
+            cache_.reserve(s.slot, static_cast<std::int64_t>(s.tokens.size()));
+        }
+        resize(rows);
+        embed(segments);
+        for (std::size_t l = 0; l < model_.blocks.size(); ++l) block(l, segments, rows);
+        // Each segment's last row through ln_f and the head.
+        const std::int64_t C = config_.width, n = static_cast<std::int64_t>(segments.size());
+        last_.resize(static_cast<std::size_t>(n * C));
+        std::int64_t row = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+            row += static_cast<std::int64_t>(segments[static_cast<std::size_t>(i)].tokens.size());
+            std::memcpy(last_.data() + i * C, x_.data() + (row - 1) * C, static_cast<std::size_t>(C) * sizeof(float));
+        }
+        normed_.resize(last_.size());
+        layernorm(model_.ln_f, last_.data(), normed_.data(), n);
+        logits_.resize(static_cast<std::size_t>(n * config_.vocab));
+        linear(model_.head, normed_.data(), logits_.data(), n);
+        return logits_;
+    }
+
+private:
+    void resize(std::int64_t rows) {
+        const auto C = static_cast<std::size_t>(config_.width), r = static_cast<std::size_t>(rows);
+        const auto M = static_cast<std::size_t>(target_cache_.width());
+        x_.resize(r * C);
+        normed_.resize(r * C);
+        qkv_.resize(r * 3 * C);
+        attended_.resize(r * std::max(C, M));
+        attended_new_.resize(r * C);
+        query_.resize(r * M);
+        branch_.resize(r * C);
+        hidden_.resize(r * 4 * C);
+        activated_.resize(r * 4 * C);
+        mean_.resize(r);
+        rstd_.resize(r);
+        lse_.resize(r * static_cast<std::size_t>(std::max(config_.heads, model_.cross_attention(0).heads)));
+        lse_new_.resize(lse_.size());
+    }
+
+    void embed(std::span<const Segment> segments) {
+        const std::int64_t C = config_.width;
+        const float* token = model_.embed.token.value.data<float>();
+        const float* position = model_.embed.position.value.data<float>();
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < segments.size(); ++i)
+            for (std::size_t t = 0; t < segments[i].tokens.size(); ++t, ++row) {
+                const float* a = token + static_cast<std::int64_t>(segments[i].tokens[t]) * C;
+                const float* b = position + (starts_[i] + static_cast<std::int64_t>(t)) * C;
+                float* out = x_.data() + row * C;
+                for (std::int64_t c = 0; c < C; ++c) out[c] = a[c] + b[c];
+            }
+    }
+
+    void block(std::size_t l, std::span<const Segment> segments, std::int64_t rows) {
+        const std::int64_t C = config_.width;
+        gpt::GlideBlock& b = model_.blocks[l];
+        // Self-attention over the draft's own cache.
+        auto& attention = std::get<1>(b.attn.layers);
+        layernorm(std::get<0>(b.attn.layers), x_.data(), normed_.data(), rows);
+        linear(attention.qkv, normed_.data(), qkv_.data(), rows);
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < segments.size(); ++i) {
+            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
+            self_attend(static_cast<std::int64_t>(l), segments[i].slot, starts_[i], count, row);
+            row += count;
+        }
+        linear(attention.proj, attended_.data(), branch_.data(), rows);
+        add(x_.data(), branch_.data(), rows * C);
+        // Cross-attention over the target's cache of its layer.
+        nn::CrossAttention& cross = model_.cross_attention(l);
+        layernorm(std::get<0>(b.cross.layers), x_.data(), normed_.data(), rows);
+        linear(cross.query, normed_.data(), query_.data(), rows);
+        row = 0;
+        for (std::size_t i = 0; i < segments.size(); ++i) {
+            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
+            cross_attend(cross, model_.target_layer(l), segments[i].slot, count, row);
+            row += count;
+        }
+        linear(cross.proj, attended_.data(), branch_.data(), rows);
+        add(x_.data(), branch_.data(), rows * C);
+        // MLP.
+        layernorm(std::get<0>(b.mlp.layers), x_.data(), normed_.data(), rows);
+        linear(std::get<1>(b.mlp.layers), normed_.data(), hidden_.data(), rows);
+        kernels::gelu_forward(host(hidden_.data(), rows * 4 * C), host(activated_.data(), rows * 4 * C));
+        linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
+        add(x_.data(), branch_.data(), rows * C);
+    }
+
+    // CachedGpt's chain attention: rows [row, row + count) of qkv_ are the
+    // slot's positions [start, start + count); their K/V go to the draft's cache.
+    void self_attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
+        const std::int64_t C = config_.width, H = config_.heads, D = C / H, ld_kv = cache_.row_stride();
+        for (std::int64_t t = 0; t < count; ++t)
+            std::memcpy(cache_.row(l, slot, start + t), qkv_.data() + (row + t) * 3 * C + C,
+                        static_cast<std::size_t>(2 * C) * sizeof(float));
+        const float* q = qkv_.data() + row * 3 * C;
+        float* out = attended_.data() + row * C;
+        using kernels::BlockMask;
+        kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1, count,
+                                         count, H, D, BlockMask::causal);
+        const std::span<const std::int32_t> table = cache_.block_table(slot);
+        const std::int64_t size = cache_.block_size();
+        for (std::int64_t b = 0; b * size < start; ++b) {
+            const float* kv = cache_.block_rows(l, table[static_cast<std::size_t>(b)]);
+            const std::int64_t keys = std::min(size, start - b * size);
+            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, attended_new_.data(),
+                                             lse_new_.data(), 1, count, keys, H, D, BlockMask::full);
+            kernels::attention_merge(host_device, out, lse_.data(), attended_new_.data(), lse_new_.data(), 1, count, H,
+                                     D);
+        }
+    }
+
+    // Rows [row, row + count) of query_ attend over every position the
+    // target's cache holds for `slot` in target layer `layer`, gathered from its pages.
+    void cross_attend(const nn::CrossAttention& cross, std::int64_t layer, std::int64_t slot, std::int64_t count,
+                      std::int64_t row) {
+        const std::int64_t M = target_cache_.width(), length = target_cache_.length(slot);
+        const std::int64_t size = target_cache_.block_size(), stride = target_cache_.row_stride();
+        memory_.resize(static_cast<std::size_t>(std::max<std::int64_t>(length, 1) * stride));
+        const std::span<const std::int32_t> table = target_cache_.block_table(slot);
+        for (std::int64_t b = 0; b * size < length; ++b) {
+            const std::int64_t positions = std::min(size, length - b * size);
+            std::memcpy(memory_.data() + b * size * stride, target_cache_.block_rows(layer, table[static_cast<std::size_t>(b)]),
+                        static_cast<std::size_t>(positions * stride) * sizeof(float));
+        }
+        for (std::int64_t t = 0; t < count; ++t)
+            nn::cross_attend_row(query_.data() + (row + t) * M, memory_.data(), memory_.data() + M, stride, length,
+                                 cross.heads, cross.head_dim(), attended_.data() + (row + t) * M, lse_.data(), scores_);
+    }
+
+    [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return Tensor::of(data, Shape{n}); }
+
+    void layernorm(const nn::LayerNorm& norm, const float* in, float* out, std::int64_t rows) {
+        const std::int64_t C = norm.features();
+        kernels::layernorm_forward(host(in, rows * C), norm.gain.value, norm.shift.value, host(out, rows * C),
+                                   host(mean_.data(), rows), host(rstd_.data(), rows), rows, C, norm.eps);
+    }
+
+    // y = x W^T + b at f32 (nn::Linear's forward); few rows as matrix-vector products.
+    static void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
+        if (rows <= few_rows) {
+            few_rows_linear(in, layer.weight.value.data<float>(),
+                            layer.has_bias() ? layer.bias.value.data<float>() : nullptr, out, rows, layer.in(),
+                            layer.out());
+            return;
+        }
+        using kernels::Trans;
+        const Tensor x = host(in, rows * layer.in()), y = host(out, rows * layer.out());
+        if (layer.has_bias())
+            kernels::gemm_bias(kernels::MatmulPrecision::f32, Trans::no, Trans::yes, rows, layer.out(), layer.in(), x,
+                               layer.in(), layer.weight.value, layer.in(), layer.bias.value, y);
+        else
+            kernels::gemm(Trans::no, Trans::yes, rows, layer.out(), layer.in(), 1.0f, x, layer.in(),
+                          layer.weight.value, layer.in(), 0.0f, y, layer.out());
+    }
+
+    static void add(float* x, const float* branch, std::int64_t n) {
+        const Tensor t = host(x, n);
+        kernels::add(t, host(branch, n), t);
+    }
+
+    gpt::GlideDraft& model_;
+    gpt::Config config_;
+    KvCache& cache_;
+    KvCache& target_cache_;  // read only
+    std::vector<std::int64_t> starts_;
+    std::vector<bool> seen_;
+    std::vector<float> x_, normed_, qkv_, attended_, attended_new_, query_, branch_, hidden_, activated_, mean_,
+        rstd_, lse_, lse_new_, last_, logits_, memory_, scores_;
+};
+
+}  // namespace loom::infer
