@@ -320,15 +320,15 @@ int run(const Flags& f) {
         // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
         // refilled at the next round.
         auto speculate = [&](loom::infer::DraftEngine& draft_engine) {
-        loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.cape);
-        for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
-        out.resize(requests.size());
-        while (!batcher.idle())
-            for (const loom::infer::SpeculativeBatcher::Event& e : batcher.step()) {
-                loom::infer::Completion& c = out[static_cast<std::size_t>(e.id)];
-                c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
-                if (e.finish) c.finish = *e.finish;
-            }
+            loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.cape);
+            for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
+            out.resize(requests.size());
+            while (!batcher.idle())
+                for (const loom::infer::SpeculativeBatcher::Event& e : batcher.step()) {
+                    loom::infer::Completion& c = out[static_cast<std::size_t>(e.id)];
+                    c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+                    if (e.finish) c.finish = *e.finish;
+                }
             out_stats = batcher.stats();
         };
         loom::infer::KvCache draft_cache(f.draft.config.layers, f.draft.config.width, slots, capacity, f.block_size);
