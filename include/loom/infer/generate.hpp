@@ -62,19 +62,31 @@ struct Completion {
     return done;
 }
 
-// The same on a cache of its own: `max_batch` slots (0: one per request),
-// as many positions as the longest request needs. The one-call form.
-[[nodiscard]] inline std::vector<Completion> generate(gpt::Model& model, const gpt::Config& config,
-                                                      std::span<const Request> requests, std::int64_t max_batch = 0) {
+// The cache the one-call forms build: `max_batch` slots (0: one per
+// request), as many positions as the longest request needs; each request
+// checked against the model's `seq` positions.
+struct CacheShape {
+    std::int64_t slots = 1, capacity = 1;
+};
+[[nodiscard]] inline CacheShape cache_shape_for(const gpt::Config& config, std::span<const Request> requests,
+                                                std::int64_t max_batch) {
     LOOM_CHECK(!requests.empty(), "generate: no requests");
     LOOM_CHECK(max_batch >= 0, "generate: max_batch = ", max_batch, " must be >= 0 (0: every request at once)");
-    std::int64_t capacity = 1;
+    CacheShape shape;
     for (std::size_t i = 0; i < requests.size(); ++i) {
         check_request(requests[i], i, config.seq);
-        capacity = std::max(capacity, positions_needed(requests[i]));
+        shape.capacity = std::max(shape.capacity, positions_needed(requests[i]));
     }
     const auto n = static_cast<std::int64_t>(requests.size());
-    KvCache cache(config.layers, config.width, max_batch == 0 ? n : std::min(max_batch, n), capacity);
+    shape.slots = max_batch == 0 ? n : std::min(max_batch, n);
+    return shape;
+}
+
+// The same on a cache of its own (cache_shape_for). The one-call form.
+[[nodiscard]] inline std::vector<Completion> generate(gpt::Model& model, const gpt::Config& config,
+                                                      std::span<const Request> requests, std::int64_t max_batch = 0) {
+    const CacheShape shape = cache_shape_for(config, requests, max_batch);
+    KvCache cache(config.layers, config.width, shape.slots, shape.capacity);
     CachedGpt engine(model, config, cache);
     return generate(engine, requests);
 }

@@ -29,7 +29,6 @@
 // the same submit/step calls on every rank.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -60,15 +59,8 @@ namespace loom::infer {
 // same requests and gets the same completions.
 [[nodiscard]] inline std::vector<Completion> generate(gpt::Model& shard, const gpt::Config& config, comm::AnyComm& tp,
                                                       std::span<const Request> requests, std::int64_t max_batch = 0) {
-    LOOM_CHECK(!requests.empty(), "generate: no requests");
-    LOOM_CHECK(max_batch >= 0, "generate: max_batch = ", max_batch, " must be >= 0 (0: every request at once)");
-    std::int64_t capacity = 1;
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-        check_request(requests[i], i, config.seq);
-        capacity = std::max(capacity, positions_needed(requests[i]));
-    }
-    const auto n = static_cast<std::int64_t>(requests.size());
-    KvCache cache = serving_cache(config, tp.size(), max_batch == 0 ? n : std::min(max_batch, n), capacity);
+    const CacheShape shape = cache_shape_for(config, requests, max_batch);
+    KvCache cache = serving_cache(config, tp.size(), shape.slots, shape.capacity);
     CachedGpt engine(shard, config, cache, tp);
     return generate(engine, requests);
 }
