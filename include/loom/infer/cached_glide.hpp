@@ -28,8 +28,8 @@
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/glide_draft.hpp"
 #include "loom/infer/cached_gpt.hpp"
+#include "loom/infer/cached_rows.hpp"
 #include "loom/infer/draft_engine.hpp"
-#include "loom/infer/few_rows_linear.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
 #include "loom/kernels/ops.hpp"
@@ -165,7 +165,7 @@ private:
             row += count;
         }
         linear(attention.proj, attended_.data(), branch_.data(), rows);
-        add(x_.data(), branch_.data(), rows * C);
+        add_rows(x_.data(), branch_.data(), rows * C);
         // Cross-attention over the target's cache of its layer.
         nn::CrossAttention& cross = model_.cross_attention(l);
         layernorm(std::get<0>(b.cross.layers), x_.data(), normed_.data(), rows);
@@ -177,37 +177,26 @@ private:
             row += count;
         }
         linear(cross.proj, attended_.data(), branch_.data(), rows);
-        add(x_.data(), branch_.data(), rows * C);
+        add_rows(x_.data(), branch_.data(), rows * C);
         // MLP.
         layernorm(std::get<0>(b.mlp.layers), x_.data(), normed_.data(), rows);
         linear(std::get<1>(b.mlp.layers), normed_.data(), hidden_.data(), rows);
         kernels::gelu_forward(host(hidden_.data(), rows * 4 * C), host(activated_.data(), rows * 4 * C));
         linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
-        add(x_.data(), branch_.data(), rows * C);
+        add_rows(x_.data(), branch_.data(), rows * C);
     }
 
     // CachedGpt's chain attention: rows [row, row + count) of qkv_ are the
     // slot's positions [start, start + count); their K/V go to the draft's cache.
     void self_attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
-        const std::int64_t C = config_.width, H = config_.heads, D = C / H, ld_kv = cache_.row_stride();
-        for (std::int64_t t = 0; t < count; ++t)
-            std::memcpy(cache_.row(l, slot, start + t), qkv_.data() + (row + t) * 3 * C + C,
-                        static_cast<std::size_t>(2 * C) * sizeof(float));
+        const std::int64_t C = config_.width, H = config_.heads, D = C / H;
         const float* q = qkv_.data() + row * 3 * C;
+        cache_keys_values(cache_, l, slot, start, count, q + C, 3 * C);
         float* out = attended_.data() + row * C;
-        using kernels::BlockMask;
         kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1, count,
-                                         count, H, D, BlockMask::causal);
-        const std::span<const std::int32_t> table = cache_.block_table(slot);
-        const std::int64_t size = cache_.block_size();
-        for (std::int64_t b = 0; b * size < start; ++b) {
-            const float* kv = cache_.block_rows(l, table[static_cast<std::size_t>(b)]);
-            const std::int64_t keys = std::min(size, start - b * size);
-            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, attended_new_.data(),
-                                             lse_new_.data(), 1, count, keys, H, D, BlockMask::full);
-            kernels::attention_merge(host_device, out, lse_.data(), attended_new_.data(), lse_new_.data(), 1, count, H,
-                                     D);
-        }
+                                         count, H, D, kernels::BlockMask::causal);
+        attend_cached_pages(cache_, l, slot, start, q, 3 * C, count, H, D, out, lse_.data(), attended_new_.data(),
+                            lse_new_.data());
     }
 
     // Rows [row, row + count) of query_ attend over every position the
@@ -228,35 +217,16 @@ private:
                                  cross.heads, cross.head_dim(), attended_.data() + (row + t) * M, lse_.data(), scores_);
     }
 
-    [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return Tensor::of(data, Shape{n}); }
+    [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }
 
     void layernorm(const nn::LayerNorm& norm, const float* in, float* out, std::int64_t rows) {
-        const std::int64_t C = norm.features();
-        kernels::layernorm_forward(host(in, rows * C), norm.gain.value, norm.shift.value, host(out, rows * C),
-                                   host(mean_.data(), rows), host(rstd_.data(), rows), rows, C, norm.eps);
+        layernorm_rows(norm, in, out, rows, mean_.data(), rstd_.data());
     }
 
-    // y = x W^T + b at f32 (nn::Linear's forward); few rows as matrix-vector products.
+    // y = x W^T + b at f32 (nn::Linear's forward).
     static void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
-        if (rows <= few_rows) {
-            few_rows_linear(in, layer.weight.value.data<float>(),
-                            layer.has_bias() ? layer.bias.value.data<float>() : nullptr, out, rows, layer.in(),
-                            layer.out());
-            return;
-        }
-        using kernels::Trans;
-        const Tensor x = host(in, rows * layer.in()), y = host(out, rows * layer.out());
-        if (layer.has_bias())
-            kernels::gemm_bias(kernels::MatmulPrecision::f32, Trans::no, Trans::yes, rows, layer.out(), layer.in(), x,
-                               layer.in(), layer.weight.value, layer.in(), layer.bias.value, y);
-        else
-            kernels::gemm(Trans::no, Trans::yes, rows, layer.out(), layer.in(), 1.0f, x, layer.in(),
-                          layer.weight.value, layer.in(), 0.0f, y, layer.out());
-    }
-
-    static void add(float* x, const float* branch, std::int64_t n) {
-        const Tensor t = host(x, n);
-        kernels::add(t, host(branch, n), t);
+        matmul_rows(in, layer.weight.value.data<float>(), layer.has_bias() ? layer.bias.value.data<float>() : nullptr,
+                    out, rows, layer.in(), layer.out());
     }
 
     gpt::GlideDraft& model_;

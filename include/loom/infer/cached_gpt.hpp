@@ -17,7 +17,7 @@
 // log-sum-exp (ring attention's rule): equal to the whole causal attention
 // to float rounding.
 // Forwards of at most `few_rows` tokens (decode steps) run their Linears as
-// matrix-vector products (infer/few_rows_linear.hpp), not the packed GEMM.
+// matrix-vector products (infer/few_rows_linear.hpp, through infer/cached_rows.hpp), not the packed GEMM.
 // Logits are formed for the last position of each segment only: that is all
 // generation reads, and the head is the widest product for small models.
 // Logits::every forms them for every position instead: speculative decoding's
@@ -45,7 +45,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/model.hpp"
-#include "loom/infer/few_rows_linear.hpp"
+#include "loom/infer/cached_rows.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/tensor_parallel_shard.hpp"
 #include "loom/infer/tree_attention.hpp"
@@ -265,12 +265,12 @@ private:
             row += count;
         }
         linear(attention.proj, attended_.data(), branch_.data(), rows);
-        add(x_.data(), branch_.data(), rows * C);
+        add_rows(x_.data(), branch_.data(), rows * C);
         layernorm(std::get<0>(b.mlp.layers), x_.data(), normed_.data(), rows);
         linear(std::get<1>(b.mlp.layers), normed_.data(), hidden_.data(), rows);
         kernels::gelu_forward(host(hidden_.data(), rows * hidden), host(activated_.data(), rows * hidden));
         linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
-        add(x_.data(), branch_.data(), rows * C);
+        add_rows(x_.data(), branch_.data(), rows * C);
     }
 
     // Rows [row, row + count) of qkv_ are slot `slot`'s positions [start, start + count):
@@ -279,11 +279,9 @@ private:
     void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row,
                 std::span<const std::int32_t> parents) {
         // This rank's heads only: q, k and v of width_ = H * D features each.
-        const std::int64_t C = width_, H = heads_, D = C / H, ld_kv = cache_.row_stride();
-        for (std::int64_t t = 0; t < count; ++t)
-            std::memcpy(cache_.row(l, slot, start + t), qkv_.data() + (row + t) * 3 * C + C,
-                        static_cast<std::size_t>(2 * C) * sizeof(float));
+        const std::int64_t C = width_, H = heads_, D = C / H;
         const float* q = qkv_.data() + row * 3 * C;
+        cache_keys_values(cache_, l, slot, start, count, q + C, 3 * C);
         float* out = attended_.data() + row * C;
         using kernels::BlockMask;
         // The new tokens among themselves, from qkv as the training forward reads it (for a
@@ -295,25 +293,14 @@ private:
             tree_attention_forward(q, 3 * C, q + C, q + 2 * C, 3 * C, parents, out, lse_.data(), H, D, ancestors_,
                                    tree_weights_);
         // Then every cached block before them, each in full, folded in by log-sum-exp.
-        const std::span<const std::int32_t> table = cache_.block_table(slot);
-        const std::int64_t size = cache_.block_size();
-        for (std::int64_t b = 0; b * size < start; ++b) {
-            const float* kv = cache_.block_rows(l, table[static_cast<std::size_t>(b)]);
-            const std::int64_t keys = std::min(size, start - b * size);
-            kernels::attention_block_forward(host_device, q, 3 * C, kv, kv + C, ld_kv, attended_new_.data(),
-                                             lse_new_.data(), 1, count, keys, H, D, BlockMask::full);
-            kernels::attention_merge(host_device, out, lse_.data(), attended_new_.data(), lse_new_.data(), 1, count, H,
-                                     D);
-        }
+        attend_cached_pages(cache_, l, slot, start, q, 3 * C, count, H, D, out, lse_.data(), attended_new_.data(),
+                            lse_new_.data());
     }
 
-    [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return Tensor::of(data, Shape{n}); }
+    [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }
 
     void layernorm(const nn::LayerNorm& norm, const float* in, float* out, std::int64_t rows) {
-        const std::int64_t C = norm.features();
-        kernels::layernorm_forward(host(in, rows * C), norm.gain.value, norm.shift.value,
-                                   host(out, rows * C), host(mean_.data(), rows), host(rstd_.data(), rows), rows, C,
-                                   norm.eps);
+        layernorm_rows(norm, in, out, rows, mean_.data(), rstd_.data());
     }
 
     // y = x W^T + b: what nn::Linear's forward runs at f32. A row-cut shard's
@@ -322,30 +309,15 @@ private:
     void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
         const float* bias = layer.has_bias() ? layer.bias.value.data<float>() : nullptr;
         if (layer.split != nn::Split::rows || degree_ == 1) {
-            matmul(in, layer.weight.value.data<float>(), bias, out, rows, layer.in(), layer.out());
+            matmul_rows(in, layer.weight.value.data<float>(), bias, out, rows, layer.in(), layer.out());
             return;
         }
-        matmul(in, layer.weight.value.data<float>(), nullptr, out, rows, layer.in(), layer.out());
+        matmul_rows(in, layer.weight.value.data<float>(), nullptr, out, rows, layer.in(), layer.out());
         const Tensor y = host(out, rows * layer.out());
         tp_->all_reduce(y, y, comm::ReduceOp::sum);
         if (bias != nullptr) kernels::add_bias(y, layer.bias.value, rows, layer.out());
     }
 
-    // w [n, k] row-major, bias [n] or null; a decode step's few rows skip the GEMM's packing.
-    static void matmul(const float* in, const float* w, const float* bias, float* out, std::int64_t rows,
-                       std::int64_t k, std::int64_t n) {
-        if (rows <= few_rows) {
-            few_rows_linear(in, w, bias, out, rows, k, n);
-            return;
-        }
-        using kernels::Trans;
-        const Tensor x = host(in, rows * k), y = host(out, rows * n), weight = host(w, n * k);
-        if (bias != nullptr)
-            kernels::gemm_bias(kernels::MatmulPrecision::f32, Trans::no, Trans::yes, rows, n, k, x, k, weight, k,
-                               host(bias, n), y);
-        else
-            kernels::gemm(Trans::no, Trans::yes, rows, n, k, 1.0f, x, k, weight, k, 0.0f, y, n);
-    }
 
     // logits_ = in [rows, C] through the head. On a tp group each rank forms
     // its run of vocabulary rows (infer/tensor_parallel_shard.hpp says why)
@@ -361,9 +333,9 @@ private:
         const std::int64_t block = rows * mine.per_rank;  // each rank's send, padded to the longest run
         run_.assign(static_cast<std::size_t>(block), 0.0f);
         if (mine.count > 0)
-            matmul(in, model_.head.weight.value.data<float>() + mine.first * C,
-                   model_.head.has_bias() ? model_.head.bias.value.data<float>() + mine.first : nullptr, run_.data(),
-                   rows, C, mine.count);
+            matmul_rows(in, model_.head.weight.value.data<float>() + mine.first * C,
+                        model_.head.has_bias() ? model_.head.bias.value.data<float>() + mine.first : nullptr,
+                        run_.data(), rows, C, mine.count);
         gathered_.resize(static_cast<std::size_t>(block * degree_));
         tp_->all_gather(Tensor::of(run_.data(), Shape{block}), Tensor::of(gathered_.data(), Shape{block * degree_}));
         for (int q = 0; q < degree_; ++q) {
@@ -372,12 +344,6 @@ private:
             for (std::int64_t r = 0; r < rows; ++r)
                 std::copy_n(from + r * theirs.count, theirs.count, logits_.data() + r * V + theirs.first);
         }
-    }
-
-    // x += branch (nn::Residual's add, in place: the skip connection's sum).
-    static void add(float* x, const float* branch, std::int64_t n) {
-        const Tensor t = host(x, n);
-        kernels::add(t, host(branch, n), t);
     }
 
     gpt::Model& model_;
