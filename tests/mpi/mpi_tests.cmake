@@ -32,9 +32,9 @@ foreach(_procs 2 4)
   loom_add_mpi_test("mpi: tensor-parallel serving at tp ${_procs} gives the whole model's tokens" ${_procs}
                     loom_mpi_tests "[serving]")
 endforeach()
-loom_add_mpi_test("mpi: recomputation (Full, Budget) is bit-identical on dp 2 x pp 2 ZB-H1 ZeRO 3, 4 processes" 4
+loom_add_mpi_test("mpi: recomputation (Full, Selective, Budget) is bit-identical on dp 2 x pp 2 ZB-H1 ZeRO 3 and in the executor's gradient, 4 processes" 4
                   loom_mpi_tests "[recompute]")
-loom_add_mpi_test("mpi: recomputation (Full, Budget) is bit-identical on dp 2 x pp 2 x tp 2 ZeRO 3, 8 processes" 8
+loom_add_mpi_test("mpi: recomputation (Full, Selective, Budget) is bit-identical on dp 2 x pp 2 x tp 2 ZeRO 3 and in the executor's gradient, 8 processes" 8
                   loom_mpi_tests "[recompute]")
 
 # Faults that end the job: one scenario per run. The program verifies what

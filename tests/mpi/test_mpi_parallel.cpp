@@ -2,7 +2,7 @@
 // tests/parallel (the same body the rank-thread tests run), with dp = the
 // number of processes, every ZeRO stage, 1 and 4 micro-batches; and the
 // pipeline suite on 4 processes; OptEx with one worker per process; bf16
-// matrix products.
+// matrix products; recomputation, and the gradient OptEx asks for with it.
 #include <catch2/catch.hpp>
 
 #include <loom/comm/communicator_mpi.hpp>
@@ -10,6 +10,7 @@
 #include "optim/optex_suite.hpp"
 #include "parallel/compression_suite.hpp"
 #include "parallel/equivalence_suite.hpp"
+#include "parallel/executor_gradient_suite.hpp"
 #include "support/test_file.hpp"
 
 namespace LOOM_TEST_FILE {
@@ -202,6 +203,32 @@ TEST_CASE("recomputation is bit-identical under MPI", "[recompute]") {
     for (const auto* run : {&full, &selective, &budget}) {
         CHECK(run->losses == plain.losses);
         CHECK(run->params == plain.params);
+    }
+}
+
+// Executor::gradient (what OptEx asks the executor for) with dp = the
+// processes: the serial gradient at each point, the parameters left as set,
+// and the same bits with Full, Selective and a Budget between
+// (tests/parallel/test_executor_gradient.cpp on rank threads).
+TEST_CASE("the executor's gradient with recomputation is bit-identical under MPI", "[recompute]") {
+    auto world = loom::comm::Mpi::world();
+    const auto plain = loom_test::gradient_run(world, {});
+    const auto full = loom_test::gradient_run(world, loom::Recompute<loom::Full>::spec);
+    const auto selective = loom_test::gradient_run(world, loom::Recompute<loom::Selective>::spec);
+    const auto budget =
+        loom_test::gradient_run(world, {loom::RecomputeMode::budget, (plain.activation_bytes + full.activation_bytes) / 2});
+    const auto serial = loom_test::serial_gradients(plain);
+    INFO("rank " << world.rank() << " of " << world.size());
+    for (int call = 0; call < loom_test::gradient_calls; ++call) {
+        const auto k = static_cast<std::size_t>(call);
+        CHECK(std::abs(plain.losses[k] - serial.losses[k]) <= 1e-5 * std::abs(serial.losses[k]));
+        CHECK(loom_test::gradient_error(plain.grads[k], serial.grads[k]) <= 1e-5);
+    }
+    CHECK(plain.after == plain.points.back());
+    CHECK(full.recomputes > 0);
+    for (const auto* run : {&full, &selective, &budget}) {
+        CHECK(run->losses == plain.losses);
+        CHECK(run->grads == plain.grads);
     }
 }
 

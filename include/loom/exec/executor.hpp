@@ -136,18 +136,20 @@ public:
     // targets [rows, T], rows divisible by the micro-batches). Returns the
     // loss averaged over the global batch, the same on every rank.
     float step(const Tensor& inputs, const Tensor& targets, float lr) {
-        batch_.take(inputs, targets, micro_batches_, device_);
-        groups_.check_micro_batch_rows(batch_.rows_per_micro_batch);
         adamw_.lr = lr;
-        optim::check_config(adamw_);
-        groups_.keep_local_part(batch_.inputs, batch_.targets);
-        loss_sum_ = 0;
-        pool_.start_step(rank_.stages.stages(), micro_batches_, recompute_.on() ? static_cast<int>(units_.size()) : 0);
-        for (std::size_t i = 0; i < rank_.program.code.size(); ++i) execute(static_cast<int>(i), rank_.program.code[i]);
-        ++step_count_;
-        if (recompute_.measuring()) choose_recomputation();
-        return loss_;
+        return run_program(inputs, targets, true);
     }
+
+    // For an optimizer that keeps its own state and steps outside the
+    // executor (OptEx, optim/optex.hpp): the parameters set from the whole
+    // model's values (the serial order); and one step's program run without
+    // its optimizer step, returning step()'s loss and writing the averaged
+    // gradient, as the optimizer step would read it, into g (the serial
+    // order, the same on every rank). Recompute<...> and any custom policy
+    // run as in step(). Both need every array whole on every rank: ZeRO
+    // stage 0, no pipeline, no tensor or sequence cut.
+    void set_parameters(std::span<const float> values);
+    [[nodiscard]] float gradient(const Tensor& inputs, const Tensor& targets, std::span<float> g);
 
     // Tokens of each row this rank's model saw in the last step: the whole
     // row, or this rank's positions of it when the layer groups split rows.
@@ -232,6 +234,10 @@ private:
         return comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
     }
 
+    // One step's program on this rank's rows, with or without its optimizer step.
+    float run_program(const Tensor& inputs, const Tensor& targets, bool optimizer);
+    // Why gradient() and set_parameters() cannot run here ("" when they can).
+    [[nodiscard]] std::string whole_arrays_refusal() const;
     // Binds the Params of layout group g (nn::bind_units).
     void bind(int g, float* values, float* grads, nn::Bind which = nn::Bind::both);
     void run_policy(int index);  // Op::policy: the adopted policy `index`

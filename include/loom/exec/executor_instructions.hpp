@@ -24,6 +24,22 @@
 namespace loom::exec {
 
 template <comm::Communicator C>
+float Executor<C>::run_program(const Tensor& inputs, const Tensor& targets, bool optimizer) {
+    batch_.take(inputs, targets, micro_batches_, device_);
+    groups_.check_micro_batch_rows(batch_.rows_per_micro_batch);
+    optim::check_config(adamw_);
+    groups_.keep_local_part(batch_.inputs, batch_.targets);
+    loss_sum_ = 0;
+    pool_.start_step(rank_.stages.stages(), micro_batches_, recompute_.on() ? static_cast<int>(units_.size()) : 0);
+    for (std::size_t i = 0; i < rank_.program.code.size(); ++i)
+        if (optimizer || rank_.program.code[i].op != schedule::Op::optimizer_step)
+            execute(static_cast<int>(i), rank_.program.code[i]);
+    ++step_count_;
+    if (recompute_.measuring()) choose_recomputation();
+    return loss_;
+}
+
+template <comm::Communicator C>
 template <class Name, class F>
 void Executor<C>::timed(Name&& name_of, const char* category, int mb, F&& f) {
     if (!trace_.enabled()) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "loom/exec/executor.hpp"
@@ -112,6 +113,37 @@ void Executor<C>::load_held_state(std::span<const float> values, std::span<const
     LOOM_CHECK(optimizer_steps >= 0, "Executor::load_held_state: optimizer_steps = ", optimizer_steps, " is negative");
     store_.load_kept(rank_.layout, comm_->rank(), values, m, v);
     optimizer_steps_ = optimizer_steps;
+}
+
+template <comm::Communicator C>
+std::string Executor<C>::whole_arrays_refusal() const {
+    if (stage_ != 0) return "ZeRO-" + std::to_string(stage_) + " shards them";
+    if (pipelined_) return "a pipeline spreads the model over stages";
+    if (tp_ != nullptr) return "tensor parallelism cuts the model";
+    if (sp_ != nullptr) return "sequence parallelism splits the gradient over ranks";
+    return {};
+}
+
+template <comm::Communicator C>
+void Executor<C>::set_parameters(std::span<const float> values) {
+    const std::string refusal = whole_arrays_refusal();
+    LOOM_CHECK(refusal.empty(), "Executor::set_parameters needs every array whole on every rank, but ", refusal,
+               "; use load_state");
+    LOOM_CHECK(static_cast<std::int64_t>(values.size()) == parameter_count(), "Executor::set_parameters: ",
+               values.size(), " values for a model of ", parameter_count(), " parameters; give one per parameter");
+    store_.load_values(rank_.layout, values);
+}
+
+template <comm::Communicator C>
+float Executor<C>::gradient(const Tensor& inputs, const Tensor& targets, std::span<float> g) {
+    const std::string refusal = whole_arrays_refusal();
+    LOOM_CHECK(refusal.empty(), "Executor::gradient needs every array whole on every rank, but ", refusal,
+               "; step() runs every strategy");
+    LOOM_CHECK(static_cast<std::int64_t>(g.size()) == parameter_count(), "Executor::gradient: room for ", g.size(),
+               " gradient elements for a model of ", parameter_count(), " parameters; give one per parameter");
+    const float loss = run_program(inputs, targets, false);
+    store_.gradient(rank_.layout, g);
+    return loss;
 }
 
 // This rank's (tp-cut) state in its local dense order, on every rank of its

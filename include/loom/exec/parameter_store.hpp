@@ -168,6 +168,22 @@ public:
         fill(v, kept_v, true);
     }
 
+    // Stage 0 only (every array whole), for an optimizer that keeps its own
+    // state (Executor::gradient): the values from the dense array, and the
+    // gradient out into one. The moments are left as they are.
+    void load_values(const parallel::ShardLayout& layout, std::span<const float> dense_values) {
+        Buffer<Host> padded(DType::f32, Shape{device_.kind == DeviceKind::host ? 0 : layout.padded_size()});
+        const std::span<float> whole = device_.kind == DeviceKind::host
+                                           ? std::span<float>(values.data<float>(), static_cast<std::size_t>(values.numel()))
+                                           : std::span<float>(padded.data<float>(), static_cast<std::size_t>(padded.numel()));
+        layout.from_dense(dense_values, whole);
+        if (device_.kind != DeviceKind::host) copy_tensor(values.tensor(), padded.tensor());
+    }
+    void gradient(const parallel::ShardLayout& layout, std::span<float> dense_grads) const {
+        const Buffer<Host> padded(DType::f32, Shape{device_.kind == DeviceKind::host ? 0 : layout.padded_size()});
+        layout.to_dense(on_host(grads, padded), dense_grads);
+    }
+
     // Collective over `shards` (the group the layout shards over): the dense
     // arrays of values and moments, on every rank. Shards are gathered where
     // the communicator moves memory (the store's device), then read on the host.

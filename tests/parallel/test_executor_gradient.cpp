@@ -1,0 +1,115 @@
+// Executor::gradient and set_parameters on rank threads: the serial
+// gradient at points the caller chooses, with the parameters left as they
+// were; the same bits with Full, Selective and Budget recomputation (what
+// lets OptEx compose with Recompute<...>); and the refusals.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/comm/thread_world.hpp>
+#include <loom/exec/executor.hpp>
+#include <loom/gpt/model.hpp>
+#include <loom/parallel/recompute.hpp>
+
+#include "parallel/executor_gradient_suite.hpp"
+#include "support/message_of.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
+
+namespace {
+
+using namespace loom;
+using loom_test::GradientRun;
+
+std::vector<GradientRun> gradients_on_threads(int ranks, RecomputeSpec recompute) {
+    std::vector<GradientRun> runs(static_cast<std::size_t>(ranks));
+    comm::ThreadWorld(ranks).run([&](comm::ThreadComm& comm) {
+        runs[static_cast<std::size_t>(comm.rank())] = loom_test::gradient_run(comm, recompute);
+    });
+    return runs;
+}
+
+}  // namespace
+
+TEST_CASE("Executor::gradient gives the serial loss and gradient at the points set, and leaves them set",
+          "[parallel][optex]") {
+    for (const int ranks : {1, 2, 4}) {
+        const std::vector<GradientRun> runs = gradients_on_threads(ranks, {});
+        const loom_test::SerialGradients serial = loom_test::serial_gradients(runs[0]);
+        for (int r = 0; r < ranks; ++r) {
+            const GradientRun& run = runs[static_cast<std::size_t>(r)];
+            INFO(ranks << " ranks, rank " << r);
+            for (int call = 0; call < loom_test::gradient_calls; ++call) {
+                const auto k = static_cast<std::size_t>(call);
+                INFO("call " << call);
+                CHECK(std::abs(run.losses[k] - serial.losses[k]) <= 1e-5 * std::abs(serial.losses[k]));
+                CHECK(loom_test::gradient_error(run.grads[k], serial.grads[k]) <= 1e-5);
+                CHECK(run.grads[k] == runs[0].grads[k]);  // every rank holds the same averaged bits
+                CHECK(run.losses[k] == runs[0].losses[k]);
+            }
+            CHECK(run.after == run.points.back());  // no optimizer step ran
+        }
+        // The calls saw different points and batches.
+        CHECK(runs[0].losses[0] != runs[0].losses[1]);
+    }
+}
+
+TEST_CASE("Executor::gradient with Full, Selective and Budget recomputation gives the same bits",
+          "[parallel][recompute][optex]") {
+    const std::vector<GradientRun> plain = gradients_on_threads(2, {});
+    const std::vector<GradientRun> full = gradients_on_threads(2, Recompute<Full>::spec);
+    const std::vector<GradientRun> selective = gradients_on_threads(2, Recompute<Selective>::spec);
+    const std::int64_t halfway = (plain[0].activation_bytes + full[0].activation_bytes) / 2;
+    const std::vector<GradientRun> budget = gradients_on_threads(2, {RecomputeMode::budget, halfway});
+    for (std::size_t r = 0; r < plain.size(); ++r) {
+        INFO("rank " << r);
+        for (const auto* runs : {&full, &selective, &budget}) {
+            CHECK((*runs)[r].losses == plain[r].losses);
+            CHECK((*runs)[r].grads == plain[r].grads);
+        }
+        CHECK(plain[r].recomputes == 0);
+        CHECK(full[r].recomputes > 0);
+        CHECK(selective[r].recomputes == full[r].recomputes);
+        CHECK(budget[r].recomputes > 0);
+        CHECK(budget[r].recomputes < full[r].recomputes);
+        CHECK(full[r].activation_bytes < plain[r].activation_bytes);
+        CHECK(budget[r].activation_bytes <= plain[r].activation_bytes);
+    }
+}
+
+TEST_CASE("Executor::gradient and set_parameters refuse what leaves no rank the whole gradient", "[parallel]") {
+    auto model = gpt::make_model(loom_test::equivalence_model());
+    comm::ThreadWorld(1).run([&](comm::ThreadComm& comm) {
+        exec::ExecutionPlan plan{};
+        plan.zero_stage = 1;
+        exec::Executor<comm::ThreadComm> sharded(model, comm, plan, {});
+        const auto n = static_cast<std::size_t>(sharded.parameter_count());
+        std::vector<float> g(n);
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(loom_test::equivalence_model().seq), 0);
+        const Tensor row = Tensor::of(tokens.data(), {1, loom_test::equivalence_model().seq});
+        CHECK(loom_test::message_of([&] { (void)sharded.gradient(row, row, g); }) ==
+              "Executor::gradient needs every array whole on every rank, but ZeRO-1 shards them; step() runs every "
+              "strategy");
+        CHECK(loom_test::message_of([&] { sharded.set_parameters(g); }) ==
+              "Executor::set_parameters needs every array whole on every rank, but ZeRO-1 shards them; use load_state");
+    });
+    auto whole_model = gpt::make_model(loom_test::equivalence_model());
+    comm::ThreadWorld(1).run([&](comm::ThreadComm& comm) {
+        exec::Executor<comm::ThreadComm> whole(whole_model, comm, exec::ExecutionPlan{}, {});
+        const std::int64_t n = whole.parameter_count();
+        std::vector<float> short_by_one(static_cast<std::size_t>(n - 1));
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(loom_test::equivalence_model().seq), 0);
+        const Tensor row = Tensor::of(tokens.data(), {1, loom_test::equivalence_model().seq});
+        CHECK(loom_test::message_of([&] { whole.set_parameters(short_by_one); }) ==
+              "Executor::set_parameters: " + std::to_string(n - 1) + " values for a model of " + std::to_string(n) +
+                  " parameters; give one per parameter");
+        CHECK(loom_test::message_of([&] { (void)whole.gradient(row, row, short_by_one); }) ==
+              "Executor::gradient: room for " + std::to_string(n - 1) + " gradient elements for a model of " +
+                  std::to_string(n) + " parameters; give one per parameter");
+    });
+}
+
+}  // namespace LOOM_TEST_FILE
