@@ -341,7 +341,8 @@ inline Flags parse(int argc, char** argv) {
                "--zero " + std::to_string(f.strategy.zero_stage) + " (OptEx shards its own state over the workers)");
         refuse(f.micro_batches > 1, "--micro-batches " + std::to_string(f.micro_batches));
         refuse(f.compress().on(), "--compress " + f.compress().describe());
-        refuse(f.strategy.recompute.on(), "--recompute (OptEx steps outside the executor's step program)");
+        if (f.strategy.recompute.on() && f.device.kind != loom::DeviceKind::host)
+            usage_error("--optex " + std::to_string(f.optex) + " recomputes on the host only; drop --recompute or --device");
         refuse(f.freeze_variance >= 0, "--freeze-variance");
         refuse(!f.trace.empty(), "--trace (the step program is the executor's; OptEx steps outside it)");
         // Tuned by default: on the GPT the reference's l = 0.1 (chosen for its
