@@ -17,7 +17,6 @@ recompute everything (full) and keep the products (selective).
 import argparse
 import json
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from planner_validation import spearman  # noqa: E402
+from planner_validation import pin_measured, spearman  # noqa: E402
 
 GPT = "8,192,8,128,256"
 BATCH = 16
@@ -51,7 +50,8 @@ EXTRA = [
 
 
 def evaluate(plan, flags, env):
-    out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", CLUSTER, "--json", "--evaluate", flags],
+    out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", CLUSTER, "--json", "--profile", "--evaluate",
+                          flags],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"planner_recompute_validation: loom-plan refused {flags}: {out.stderr.strip()}")
@@ -59,8 +59,8 @@ def evaluate(plan, flags, env):
 
 
 def search(plan, when, env):
-    out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", CLUSTER, "--json", "--top", "1",
-                          "--recompute", when], capture_output=True, text=True, env=env)
+    out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", CLUSTER, "--json", "--profile", "--top",
+                          "1", "--recompute", when], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         return None, out.stderr.strip()
     return json.loads(out.stdout), ""
@@ -129,24 +129,19 @@ def main():
         if not os.path.exists(tool):
             sys.exit(f"planner_recompute_validation: {tool} is missing; build the loom-plan and train_gpt targets first")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    # "tflops": "measure" times a GEMM on every loom-plan call; measured once
-    # and written down, every prediction and search below sees the same speed.
+    # The cluster's "measure" fields (the GEMM speed, a blocking exchange's CPU
+    # on the shared cores) time this machine once, here, and every prediction
+    # and search below sees the same numbers; --profile prices the GPT's layers
+    # at the speed they run here. Nothing is taken from the runs.
     global CLUSTER, WAIT
     WAIT = args.wait_quiet
     if WAIT:
         wait_for_quiet()
-    out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", CLUSTER_FILE, "--evaluate", "--dp 8"],
-                         capture_output=True, text=True, env=env)
-    speed = re.search(r"x ([0-9.e+-]+) TFLOP/s", out.stdout)
-    if out.returncode != 0 or not speed:
-        sys.exit(f"planner_recompute_validation: loom-plan could not measure this machine: {out.stderr.strip()}")
-    description = json.load(open(CLUSTER_FILE))
-    description["nodes"][0]["tflops"] = float(speed.group(1))
     pinned = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    json.dump(description, pinned)
     pinned.close()
+    pin_measured(plan, GPT, BATCH, CLUSTER_FILE, pinned.name, env, "planner_recompute_validation")
     CLUSTER = pinned.name
-    print(f"cluster: {json.dumps(description)}")
+    print(f"cluster: {open(CLUSTER).read()}")
     configs = [f"{layout} --recompute {r}" for layout in LAYOUTS for r in RECOMPUTE] + EXTRA
     rows = []
     for n, flags in enumerate(configs, 1):

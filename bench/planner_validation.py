@@ -70,6 +70,28 @@ def spearman(xs, ys):
     return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
 
 
+def pin_measured(plan, gpt, batch, cluster, out_path, env, who):
+    """Times this machine once through loom-plan (the GEMM speed, a blocking exchange's CPU on the
+    shared cores) and writes `cluster` to out_path with its "measure" fields replaced by the
+    numbers, so that every configuration is priced with the same ones. Returns (tflops, wake_us)."""
+    out = subprocess.run([plan, "--gpt", gpt, "--batch", str(batch), "--cluster", cluster, "--evaluate", "--dp 8"],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        sys.exit(f"{who}: loom-plan refused {cluster}: {out.stderr.strip()}")
+    line = next(l for l in out.stdout.splitlines() if l.startswith("cluster:"))
+    tflops = float(line.split(" TFLOP/s")[0].split(" x ")[-1])
+    wake = float(line.split(" us of CPU per blocking exchange")[0].split(", ")[-1]) if "us of CPU" in line else 0.0
+    description = json.load(open(cluster))
+    for node in description["nodes"]:
+        if node.get("tflops") == "measure":
+            node["tflops"] = tflops
+    if description.get("wake_us") == "measure":
+        description["wake_us"] = wake
+    with open(out_path, "w") as f:
+        json.dump(description, f)
+    return tflops, wake
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build/release")
@@ -94,22 +116,8 @@ def main():
     measured = tempfile.TemporaryDirectory()
     held = {}
     for cluster in sorted({c for c, _ in configs}):
-        out = subprocess.run([plan, "--gpt", GPT, "--batch", str(BATCH), "--cluster", cluster, "--evaluate", "--dp 8"],
-                             capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            sys.exit(f"planner_validation: loom-plan refused {cluster}: {out.stderr.strip()}")
-        line = next(l for l in out.stdout.splitlines() if l.startswith("cluster:"))
-        tflops = float(line.split(" TFLOP/s")[0].split(" x ")[-1])
-        wake = float(line.split(" us of CPU per blocking exchange")[0].split(", ")[-1]) if "us of CPU" in line else 0.0
-        description = json.load(open(cluster))
-        for node in description["nodes"]:
-            if node.get("tflops") == "measure":
-                node["tflops"] = tflops
-        if description.get("wake_us") == "measure":
-            description["wake_us"] = wake
         held[cluster] = os.path.join(measured.name, os.path.basename(cluster))
-        with open(held[cluster], "w") as f:
-            json.dump(description, f)
+        tflops, wake = pin_measured(plan, GPT, BATCH, cluster, held[cluster], env, "planner_validation")
         print(f"{cluster}: {tflops:.4f} TFLOP/s per thread, {wake:.1f} us of CPU per blocking exchange", flush=True)
     for n, (cluster, flags) in enumerate(configs, 1):
         cluster = held[cluster]

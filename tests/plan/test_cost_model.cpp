@@ -240,7 +240,9 @@ TEST_CASE("plan: invalid candidates are refused with the rule they break", "[pla
 TEST_CASE("plan: a rank thread's blocking exchange on oversubscribed cores costs the cores its turn", "[plan]") {
     // One layer split over tp 2 on one shared core: its forward has Megatron's
     // 2 all-reduces and its backward 4, each 1 ms of CPU for each of the two
-    // threads, which share the core: 12 ms more.
+    // threads, which share the core: 12 ms more; and the asynchronous sum of
+    // the gradients the cut left whole, which each rank's progress thread
+    // runs: 2 ms more.
     ModelDescription m = even_model(1, 2);
     m.layers[0].tp_bytes = 1e3;
     const auto cluster_with = [](double wake) {
@@ -250,7 +252,7 @@ TEST_CASE("plan: a rank thread's blocking exchange on oversubscribed cores costs
     };
     const Candidate tp2 = degrees(1, 1, 2, 1);
     const double without = estimate(m, cluster_with(0), tp2).step_seconds;
-    CHECK(estimate(m, cluster_with(1e-3), tp2).step_seconds == Approx(without + 12e-3));
+    CHECK(estimate(m, cluster_with(1e-3), tp2).step_seconds == Approx(without + 14e-3));
     const auto read = loom::plan::read_cluster(
         R"({"shared_cores": 2, "wake_us": 250, "nodes": [{"name": "a", "devices": 2, "tflops": 1, "link": {"unlimited": true}}]})");
     CHECK(read.wake_seconds() == Approx(250e-6));
@@ -309,6 +311,34 @@ TEST_CASE("plan: a rank thread that blocked on a peer pays its turn on the share
     CHECK(loom::plan::simulate_steps(p).makespan == Approx(2 + 1e-3));
     p.pool_cores = {2};
     CHECK(loom::plan::simulate_steps(p).makespan == Approx(2));
+}
+
+TEST_CASE("plan: an asynchronous collective on shared cores costs its progress thread's turn", "[plan]") {
+    // Two rank threads on one core each issue an all-reduce (1 s on the
+    // links), work 1 s, then wait for it. The progress thread that runs the
+    // all-reduce takes a turn (1 ms) on the core as it is issued: each rank
+    // computes 1 ms + 1 s, the two sharing the core. Blocking, the same
+    // collective is waited at once and the turn is paid on waking instead.
+    loom::plan::SimProgram p;
+    using Step = loom::plan::SimStep;
+    Step reduce{};
+    reduce.kind = Step::Kind::collective;
+    reduce.comm = 1;
+    reduce.group = 0;
+    Step work{Step::Kind::compute, 1, 0};
+    Step wait{};
+    wait.kind = Step::Kind::wait;
+    wait.target = 0;
+    p.ranks = {{reduce, work, wait}, {reduce, work, wait}};
+    p.groups = {{0, 1}};
+    p.devices = {1, 1};
+    p.pool = {0, 0};
+    p.pool_cores = {1};
+    CHECK(loom::plan::simulate_steps(p).makespan == Approx(2));  // no wake: the collective ends under the work
+    p.wake = 1e-3;
+    CHECK(loom::plan::simulate_steps(p).makespan == Approx(2 + 2e-3));
+    p.pool_cores = {2};  // a thread per core: nothing to wake
+    CHECK(loom::plan::simulate_steps(p).makespan == Approx(1));
 }
 
 TEST_CASE("plan: calibrate_gpt prices each layer's FLOPs at the speed its units were profiled at", "[plan]") {

@@ -17,7 +17,9 @@
 //     blocks on costs it `wake` more CPU seconds on the pool (the thread
 //     gave its core away and comes back after the scheduler's turn, with
 //     cold caches): after a wait that blocked, and per exchange inside a
-//     compute step. plan/measure.hpp's measure_exchange_seconds times it.
+//     compute step; and per asynchronous collective, which the rank's
+//     progress thread runs (comm::ThreadComm), one more thread to wake.
+//     plan/measure.hpp's measure_exchange_seconds times it.
 // Event driven: time jumps from one completion to the next.
 #pragma once
 
@@ -173,6 +175,16 @@ private:
                         issue(r, in);
                         issued_[static_cast<std::size_t>(r)][s.pc] = now_;
                         moved = true;
+                        if (!in.blocking && oversubscribed(r)) {
+                            // It runs on the rank's progress thread (comm::ThreadComm's
+                            // async calls): one more thread to wake on the pool's cores.
+                            s.phase = Phase::computing;
+                            s.remaining = p_.wake;
+                            s.then = 0;
+                            s.started = now_;
+                            ++s.pc;
+                            return true;
+                        }
                     }
                     if (in.blocking) {
                         const double end = collective_end(r, s.pc);
