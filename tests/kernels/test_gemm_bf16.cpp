@@ -1,11 +1,13 @@
 // MatmulPrecision::bf16 on the host (kernels/host/gemm.hpp's
 // gemm_bf16_inputs, kernels/ops.hpp's precision overload): the product equals
-// the f32 GEMM of the operands rounded to bf16, bit for bit, for every
+// the f32 GEMM of the operands rounded to bf16, bit for bit when rounding
+// into the f32 kernels and up to reassociation with vdpbf16ps, for every
 // transpose pair with padded strides; it differs from the f32 product of the
 // unrounded operands; it checks its arguments with the f32 GEMM's messages;
 // the precision's names parse and print.
 #include <catch2/catch.hpp>
 
+#include "support/bf16_product_ways.hpp"
 #include "support/gemm_operands.hpp"
 #include "support/message_of.hpp"
 
@@ -39,25 +41,38 @@ using loom_test::normal_values;
 TEST_CASE("gemm_bf16_inputs is the f32 GEMM of the operands rounded to bf16, for every transpose pair",
           "[kernels][gemm][bf16]") {
     const std::int64_t M = 7, N = 5, K = 33;
-    for (Trans ta : {Trans::no, Trans::yes})
-        for (Trans tb : {Trans::no, Trans::yes})
-            for (float beta : {0.0f, 1.0f}) {
-                CAPTURE(static_cast<bool>(ta), static_cast<bool>(tb), beta);
-                const std::int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
-                const std::int64_t b_rows = tb == Trans::no ? K : N, b_cols = tb == Trans::no ? N : K;
-                const std::int64_t lda = a_cols + 3, ldb = b_cols + 2, ldc = N + 4;
-                const auto A = normal_values(static_cast<std::size_t>(a_rows * lda), 1);
-                const auto B = normal_values(static_cast<std::size_t>(b_rows * ldb), 2);
-                const auto C0 = normal_values(static_cast<std::size_t>(M * ldc), 3);
-                auto C = C0, expected = C0, unrounded = C0;
-                gemm_bf16_inputs(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-                const auto A16 = loom_test::rounded_to_bf16(A), B16 = loom_test::rounded_to_bf16(B);
-                gemm(ta, tb, M, N, K, 0.5f, A16.data(), lda, B16.data(), ldb, beta, expected.data(), ldc);
-                gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, unrounded.data(), ldc);
-                CHECK(C == expected);     // padding included: it is left as it was
-                CHECK(C != unrounded);    // the rounding happened
-                CHECK(C[static_cast<std::size_t>(N)] == C0[static_cast<std::size_t>(N)]);  // a pad element
-            }
+    // Rounding into the f32 kernels: its bits; vdpbf16ps (where this CPU has
+    // it): the same exact products summed in another order.
+    loom_test::for_each_bf16_product_way([&](bool dot) {
+        for (Trans ta : {Trans::no, Trans::yes})
+            for (Trans tb : {Trans::no, Trans::yes})
+                for (float beta : {0.0f, 1.0f}) {
+                    CAPTURE(dot, static_cast<bool>(ta), static_cast<bool>(tb), beta);
+                    const std::int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
+                    const std::int64_t b_rows = tb == Trans::no ? K : N, b_cols = tb == Trans::no ? N : K;
+                    const std::int64_t lda = a_cols + 3, ldb = b_cols + 2, ldc = N + 4;
+                    const auto A = normal_values(static_cast<std::size_t>(a_rows * lda), 1);
+                    const auto B = normal_values(static_cast<std::size_t>(b_rows * ldb), 2);
+                    const auto C0 = normal_values(static_cast<std::size_t>(M * ldc), 3);
+                    auto C = C0, expected = C0, unrounded = C0;
+                    gemm_bf16_inputs(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+                    const auto A16 = loom_test::rounded_to_bf16(A), B16 = loom_test::rounded_to_bf16(B);
+                    gemm(ta, tb, M, N, K, 0.5f, A16.data(), lda, B16.data(), ldb, beta, expected.data(), ldc);
+                    gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, unrounded.data(), ldc);
+                    if (!dot) CHECK(C == expected);  // padding included: it is left as it was
+                    for (std::int64_t i = 0; i < M && dot; ++i)
+                        for (std::int64_t j = 0; j < ldc; ++j) {
+                            const auto at = static_cast<std::size_t>(i * ldc + j);
+                            double magnitude = std::fabs(double{C0[at]});
+                            for (std::int64_t k = 0; k < K && j < N; ++k)
+                                magnitude += 0.5 * std::fabs(double{loom_test::op_at(A16, lda, ta, i, k)} *
+                                                             loom_test::op_at(B16, ldb, tb, k, j));
+                            CHECK(std::fabs(C[at] - expected[at]) <= 2.0 * (K + 3) * 6e-8 * magnitude);
+                        }
+                    CHECK(C != unrounded);  // the rounding happened
+                    CHECK(C[static_cast<std::size_t>(N)] == C0[static_cast<std::size_t>(N)]);  // a pad element
+                }
+    });
 }
 
 TEST_CASE("gemm_bf16_inputs rounds to nearest with ties to even, and keeps infinities and NaN", "[kernels][gemm][bf16]") {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -195,12 +196,14 @@ TEST_CASE("the dispatcher runs loom's kernels at the CPU's own instruction level
     using loom::kernels::host::cpu_features;
     // The CPU's flags as the kernel reports them, read independently of cpuid.
     std::ifstream cpuinfo("/proc/cpuinfo");
-    std::string line, flags;
-    while (std::getline(cpuinfo, line))
+    std::string line, flags, vendor;
+    while (std::getline(cpuinfo, line)) {
+        if (line.rfind("vendor_id", 0) == 0 && vendor.empty()) vendor = line;
         if (line.rfind("flags", 0) == 0) {
             flags = line + " ";
             break;
         }
+    }
     const auto has = [&](const char* flag) { return flags.find(std::string(" ") + flag + " ") != std::string::npos; };
     if (!flags.empty()) {
         const bool avx512 = has("avx512f") && has("avx512bw") && has("avx512dq") && has("avx512vl");
@@ -208,7 +211,12 @@ TEST_CASE("the dispatcher runs loom's kernels at the CPU's own instruction level
         const CpuIsa expected = avx512 && avx2 ? CpuIsa::avx512 : avx2 ? CpuIsa::avx2 : CpuIsa::portable;
         CHECK(cpu_features().best() == expected);
         CHECK(cpu_features().avx512_bf16 == (avx512 && avx2 && has("avx512_bf16")));
+        // bf16 products take vdpbf16ps by default where it runs at the FMA's rate: AMD's.
+        const bool amd = vendor.find("AuthenticAMD") != std::string::npos;
+        CHECK(cpu_features().bf16_dot_full_rate == (cpu_features().avx512_bf16 && amd));
     }
+    if (std::getenv("LOOM_HOST_GEMM_BF16") == nullptr)
+        CHECK(loom::kernels::host::gemm_detail::bf16_dot_setting().load() == cpu_features().bf16_dot_full_rate);
     const HostGemm chosen = loom::kernels::host::gemm_detail::parse_host_gemm("");
     CHECK(chosen.backend == HostGemmBackend::loom);
     CHECK(chosen.isa == cpu_features().best());

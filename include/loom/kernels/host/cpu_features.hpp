@@ -43,6 +43,12 @@ struct CpuFeatures {
     bool avx2_fma = false;     // AVX2 and FMA3: the 6 x 16 kernel
     bool avx512 = false;       // AVX-512 F, BW, DQ, VL: the 14 x 32 kernel
     bool avx512_bf16 = false;  // vdpbf16ps: bf16 dot products with f32 sums
+    // vdpbf16ps at the f32 FMA's rate, so bf16 dot products (two products a
+    // lane) run twice the f32 kernel's flops: AMD's AVX512_BF16 (Zen 4 on,
+    // measured 1.7x loom's f32 step on config A). The Xeons measured so far
+    // retire it at a quarter of the FMA rate (Emerald Rapids, 0.65x), where
+    // rounding into the f32 kernels is faster (docs/performance.md).
+    bool bf16_dot_full_rate = false;
 
     // The highest level the GEMM has a kernel for on this CPU.
     [[nodiscard]] CpuIsa best() const noexcept {
@@ -68,6 +74,7 @@ namespace detail {
     f.avx512 = f.avx2_fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+    f.bf16_dot_full_rate = f.avx512_bf16 && __builtin_cpu_is("amd");
 #endif
     return f;
 }

@@ -103,13 +103,16 @@ inline std::atomic<int>& host_gemm_setting() {
     return text;
 }
 
-// Whether bf16 dot products were asked for (LOOM_HOST_GEMM_BF16=vdpbf16ps,
-// or set_bf16_dot_products); off by default: see bf16_dot_products below.
+// Whether bf16 dot products are on: LOOM_HOST_GEMM_BF16=vdpbf16ps or round,
+// or set_bf16_dot_products; by default where vdpbf16ps runs at the FMA's
+// rate (CpuFeatures::bf16_dot_full_rate). A rule of the CPU, not a timing at
+// start-up, so that a machine always runs the same kernels (the same bits).
 inline std::atomic<bool>& bf16_dot_setting() {
     static std::atomic<bool> on = [] {
         const char* env = std::getenv("LOOM_HOST_GEMM_BF16");
         const std::string_view text = env != nullptr ? env : "";
-        if (text.empty() || text == "round") return false;
+        if (text.empty()) return cpu_features().bf16_dot_full_rate;
+        if (text == "round") return false;
         LOOM_CHECK(text == "vdpbf16ps", "LOOM_HOST_GEMM_BF16 = '", text, "' is not one of: round, vdpbf16ps");
         return cpu_features().avx512_bf16;
     }();
@@ -118,11 +121,12 @@ inline std::atomic<bool>& bf16_dot_setting() {
 
 // Whether MatmulPrecision::bf16 products run bf16 dot products (vdpbf16ps,
 // kernels/host/gemm_kernel_avx512_bf16.hpp) with the host GEMM in use: loom's
-// AVX-512 kernels on a CPU with AVX512_BF16, when asked for. By default bf16
-// products round their operands while packing them for the f32 kernels
-// instead: on the Xeon of docs/performance.md (Emerald Rapids under KVM, no
-// AMX) vdpbf16ps retires at a quarter of the FMA rate, so its two products
-// per lane run at half the f32 kernel's flops.
+// AVX-512 kernels on a CPU with AVX512_BF16, by default where vdpbf16ps runs
+// at the FMA's rate (AMD's Zen 4 on). Elsewhere bf16 products round their
+// operands while packing them for the f32 kernels: on the Xeon of
+// docs/performance.md (Emerald Rapids under KVM, no AMX) vdpbf16ps retires at
+// a quarter of the FMA rate, so its two products per lane run at half the
+// f32 kernel's flops.
 [[nodiscard]] inline bool bf16_dot_products(HostGemm g) {
     return g.backend == HostGemmBackend::loom && g.isa == CpuIsa::avx512 && cpu_features().avx512_bf16 &&
            bf16_dot_setting().load(std::memory_order_relaxed);
@@ -146,8 +150,8 @@ inline void set_host_gemm(HostGemm choice) {
 }
 
 // Runs MatmulPrecision::bf16 products as bf16 dot products (vdpbf16ps) or,
-// with false, rounds the operands into the f32 kernels (the default). Refused
-// where the CPU has no AVX512_BF16.
+// with false, rounds the operands into the f32 kernels (the default where
+// vdpbf16ps is slow). Refused where the CPU has no AVX512_BF16.
 inline void set_bf16_dot_products(bool on) {
     LOOM_CHECK(!on || cpu_features().avx512_bf16,
                "set_bf16_dot_products: this CPU has no AVX512_BF16 (vdpbf16ps); bf16 products round their operands "
