@@ -36,7 +36,6 @@
 #include "loom/exec/micro_batch_pool.hpp"
 #include "loom/exec/parameter_store.hpp"
 #include "loom/exec/rank_program.hpp"
-#include "loom/exec/recomputation.hpp"
 #include "loom/exec/requests_in_flight.hpp"
 #include "loom/exec/step_batch.hpp"
 #include "loom/exec/tensor_shards.hpp"
@@ -48,6 +47,7 @@
 #include "loom/parallel/cut_report.hpp"
 #include "loom/parallel/gradient_exchange.hpp"
 #include "loom/parallel/plan_exchanges.hpp"
+#include "loom/parallel/recomputation.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"  // Strategy<...>, what make<Strategy> takes
 
@@ -117,7 +117,7 @@ public:
     [[nodiscard]] C& communicator() const noexcept { return *comm_; }
     [[nodiscard]] Device device() const noexcept { return device_; }  // where its state and work live
     // Recompute<...>'s state: its choice, after Budget's first step.
-    [[nodiscard]] const Recomputation& recomputation() const noexcept { return recompute_; }
+    [[nodiscard]] const parallel::Recomputation& recomputation() const noexcept { return recompute_; }
     // This rank's instance of a policy of kind custom in the strategy; null when it has none.
     template <class P>
     [[nodiscard]] const P* policy() const {
@@ -196,7 +196,7 @@ private:
             bind(g, stage_ < 3 ? store_.values.data<float>() + rank_.layout.group(g).offset : nullptr,
                  stage_ < 2 ? store_.grads.data<float>() + rank_.layout.group(g).offset : nullptr);
         if (plan.recompute.on()) {
-            recompute_ = Recomputation(plan.recompute, units_, rank_);
+            recompute_ = parallel::Recomputation(plan.recompute, units_, rank_.chunk_of_unit);
             relower_recompute(recompute_.full());
             notice_ = options.notice;
         }
@@ -298,7 +298,7 @@ private:
 
     LayerGroups<C> groups_;  // the tp and sp groups the layers talk to
     MicroBatchPool pool_;
-    Recomputation recompute_;  // Recompute<...>: off without one
+    parallel::Recomputation recompute_;  // Recompute<...>: off without one
     std::function<void(const std::string&)> notice_;  // options.notice, for Budget's one line
     // Before in_flight_: an exchange's request still in flight when the executor
     // goes (after a failure) may finish into the exchange, which must still exist.

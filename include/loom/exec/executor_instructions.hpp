@@ -344,7 +344,8 @@ void Executor<C>::optimizer_step() {
 
 template <comm::Communicator C>
 void Executor<C>::relower_recompute(const std::vector<bool>& which) {
-    recompute_.lower_into(rank_, which);
+    recompute_.lower_into(rank_.program, which);
+    verify(rank_);
     in_flight_.resize(rank_.program.code.size());
 }
 
@@ -352,7 +353,8 @@ void Executor<C>::relower_recompute(const std::vector<bool>& which) {
 // world's first rank says what it chose.
 template <comm::Communicator C>
 void Executor<C>::choose_recomputation() {
-    relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, rank_, device_,
+    relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, rank_.program, rank_.stages,
+                                           rank_.chunk_of_unit, device_,
                                            first_of_world() ? notice_sink(notice_) : nullptr));
     pool_.drop_unit_contexts();
 }

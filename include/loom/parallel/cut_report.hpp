@@ -6,7 +6,7 @@
 // whole on every tp rank, which is correct but not what tensor parallelism
 // is for, and usually means a layer of the user's own declares no cut.
 // (Recompute<...> reports in the step program instead: forwards marked
-// `(keep input)`; exec/recomputation.hpp's choice prints itself.)
+// `(keep input)`; parallel/recomputation.hpp's choice prints itself.)
 #pragma once
 
 #include <algorithm>

@@ -142,7 +142,7 @@ template <class Field>
     const bool selective = how == RecomputeMode::selective;
     // A zero-bubble schedule splits each backward into B and W; a recomputed
     // unit's rerun stays until its W and the W of the unit below it, which
-    // reads the gradient it left (exec/recomputation.hpp counts the same).
+    // reads the gradient it left (parallel/recomputation.hpp counts the same).
     const bool split = c.pp > 1 && (c.schedule == ScheduleKind::zero_bubble_h1 ||
                                     c.schedule == ScheduleKind::zero_bubble_v);
     const double share = static_cast<double>(model.batch) / (c.dp * c.micro_batches) / (c.tp * c.sp);

@@ -1,8 +1,9 @@
-// What Recompute<...> (parallel/recompute.hpp) does at run time on one rank:
-// which units it recomputes, and for Budget the measurements its choice is
-// made from. The executor lowers the choice into the rank's step program
-// (schedule/recompute.hpp) and interprets the instructions; this component
-// decides, so the executor names no recomputation policy.
+// What Recompute<...> (parallel/recompute.hpp) does at run time on one rank,
+// the component the policy installs in the executor: which units it
+// recomputes, and for Budget the measurements its choice is made from. It
+// lowers the choice into the rank's step program (schedule/recompute.hpp),
+// which the executor verifies and interprets; this component decides, so
+// the executor holds no recomputation logic.
 //
 // Full recomputes every unit this rank holds whose layer is worth it
 // (nn::Unit::worth_recomputing); Selective the same units, keeping their
@@ -28,23 +29,25 @@
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
-#include "loom/exec/rank_program.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/parallel/recompute.hpp"
+#include "loom/schedule/pipeline_step.hpp"  // StageBounds
 #include "loom/schedule/program.hpp"
 #include "loom/schedule/recompute.hpp"
 #include "loom/schedule/recompute_solver.hpp"
 
-namespace loom::exec {
+namespace loom::parallel {
 
 class Recomputation {
 public:
     Recomputation() = default;
-    // For the units of `rank`'s program (it runs those its chunks hold).
-    Recomputation(RecomputeSpec spec, const std::vector<nn::Unit>& units, const RankProgram& rank) : spec_(spec) {
+    // For the units of a rank's program: those whose chunk_of_unit is not -1
+    // are the ones it runs.
+    Recomputation(RecomputeSpec spec, const std::vector<nn::Unit>& units, const std::vector<int>& chunk_of_unit)
+        : spec_(spec) {
         for (std::size_t u = 0; u < units.size(); ++u) {
             worth_.push_back(units[u].worth_recomputing);
-            held_.push_back(rank.chunk_of_unit.at(u) >= 0);
+            held_.push_back(chunk_of_unit.at(u) >= 0);
         }
         measured_.assign(units.size(), Measured{});
     }
@@ -67,11 +70,10 @@ public:
         return out;
     }
 
-    // Lowers recomputation of the units `which` names into `rank`'s program
-    // (an earlier lowering undone first) and verifies the program again.
-    void lower_into(RankProgram& rank, const std::vector<bool>& which) const {
-        schedule::lower_recompute(rank.program, which, keep());
-        verify(rank);
+    // Lowers recomputation of the units `which` names into `program` (an
+    // earlier lowering undone first); the caller verifies it again.
+    void lower_into(schedule::StepProgram& program, const std::vector<bool>& which) const {
+        schedule::lower_recompute(program, which, keep());
     }
 
     // One forward of unit u (kept or dropped): its seconds, the bytes it
@@ -92,15 +94,17 @@ public:
 
     // Budget, after its measuring step: agrees on the measurements over
     // `axes` (collective on each; null entries are skipped) and chooses for
-    // `rank`'s program (how many micro-batches of each chunk it holds at
-    // once; whether it splits backwards into B and W, as zero-bubble does).
-    // Says what it chose through `notice` (the world's first rank passes
-    // one), or that even recomputing every unit does not fit.
+    // the rank's program (how many micro-batches of each chunk it holds at
+    // once, from its chunks' stages and the units they hold; whether it
+    // splits backwards into B and W, as zero-bubble does). Says what it
+    // chose through `notice` (the world's first rank passes one), or that
+    // even recomputing every unit does not fit.
     template <comm::Communicator C>
-    [[nodiscard]] std::vector<bool> choose(std::initializer_list<C*> axes, const RankProgram& rank, Device device,
-                                           const std::function<void(const std::string&)>& notice) {
-        const std::vector<int> in_flight = micro_batches_in_flight(rank);
-        const bool split = rank.program.count(schedule::Op::backward_input) > 0;
+    [[nodiscard]] std::vector<bool> choose(std::initializer_list<C*> axes, const schedule::StepProgram& program,
+                                           const schedule::StageBounds& stages, const std::vector<int>& chunk_of_unit,
+                                           Device device, const std::function<void(const std::string&)>& notice) {
+        const std::vector<int> in_flight = micro_batches_in_flight(program, stages, chunk_of_unit);
+        const bool split = program.count(schedule::Op::backward_input) > 0;
         const std::size_t n = measured_.size();
         std::vector<float> values(4 * n);
         for (std::size_t u = 0; u < n; ++u) {
@@ -150,14 +154,16 @@ private:
         std::int64_t forward_bytes = 0, backward_bytes = 0, weight_bytes = 0, output_bytes = 0;
     };
 
-    // By unit: the micro-batches of its chunk `rank` holds at once (1 for units held elsewhere).
-    [[nodiscard]] static std::vector<int> micro_batches_in_flight(const RankProgram& rank) {
+    // By unit: the micro-batches of its chunk the rank holds at once (1 for units held elsewhere).
+    [[nodiscard]] static std::vector<int> micro_batches_in_flight(const schedule::StepProgram& program,
+                                                                  const schedule::StageBounds& stages,
+                                                                  const std::vector<int>& chunk_of_unit) {
         std::vector<int> first_units;
-        for (int v = 0; v < rank.stages.stages(); ++v) first_units.push_back(rank.stages.first(v));
-        const std::vector<int> open = schedule::micro_batches_in_flight(rank.program, first_units);
-        std::vector<int> out(rank.chunk_of_unit.size(), 1);
+        for (int v = 0; v < stages.stages(); ++v) first_units.push_back(stages.first(v));
+        const std::vector<int> open = schedule::micro_batches_in_flight(program, first_units);
+        std::vector<int> out(chunk_of_unit.size(), 1);
         for (std::size_t u = 0; u < out.size(); ++u)
-            if (rank.chunk_of_unit[u] >= 0) out[u] = open.at(static_cast<std::size_t>(rank.chunk_of_unit[u]));
+            if (chunk_of_unit[u] >= 0) out[u] = open.at(static_cast<std::size_t>(chunk_of_unit[u]));
         return out;
     }
 
@@ -184,4 +190,4 @@ private:
     schedule::RecomputeChoice choice_{};
 };
 
-}  // namespace loom::exec
+}  // namespace loom::parallel
