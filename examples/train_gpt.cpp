@@ -22,7 +22,6 @@
 #include <loom/core/device_runtime.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
-#include <loom/exec/model_gradient.hpp>
 #include <loom/exec/sharded_checkpoint.hpp>
 #include <loom/exec/trace.hpp>
 #include <loom/gpt/model.hpp>
@@ -51,6 +50,7 @@
 #include <loom/train/launcher.hpp>
 #include <loom/train/memory_preflight.hpp>
 #include <loom/train/optex_checkpoint.hpp>
+#include <loom/train/optex_gradient.hpp>
 #include <loom/train/step_loop.hpp>
 #include <loom/train/stop_signal.hpp>
 

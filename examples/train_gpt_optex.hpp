@@ -2,68 +2,10 @@
 // own training loop beside the executor's. Its state, history and
 // collectives stay in host memory over a host communicator (rank threads, or
 // MPI processes); each rank's forward and backward run where --device says
-// (WorkerGradient). Included by train_gpt.cpp inside its anonymous
+// (train::OptExGradient). Included by train_gpt.cpp inside its anonymous
 // namespace, after its Flags, step_loop and print helpers; train_gpt.cpp
 // includes the loom headers this uses at its top.
 #pragma once
-
-// The gradient of this rank's worker at the points OptEx picks, averaged
-// over the worker's dp ranks. On the host an executor over the dp axis runs
-// the strategy's step program without its optimizer step
-// (Executor::gradient), so Recompute<...> recomputes there as in any other
-// run and the dp average is its exchange. On a device the executor would
-// need a communicator that moves the device's memory, and OptEx's
-// collectives are host ones: there the model's gradient comes from
-// exec::ModelGradient and the copy brought back is averaged over dp here
-// (recomputation is refused with a device, in the flags).
-class WorkerGradient {
-public:
-    using C = loom::comm::AnyComm;
-    WorkerGradient(loom::gpt::Model& model, C& dp, const Flags& flags, loom::Device device) : dp_(&dp) {
-        if (device.kind == loom::DeviceKind::host)
-            executor_.emplace(model, dp, flags.strategy,
-                              loom::exec::ExecutorOptions{.field_names = {"embed", "blocks", "ln_f", "head", "loss"},
-                                                          .matmul = flags.matmul});
-        else
-            on_device_.emplace(model, device, flags.matmul);
-    }
-
-    [[nodiscard]] std::int64_t size() const { return executor_ ? executor_->parameter_count() : on_device_->size(); }
-
-    // The serial run's initial parameters for `seed`, into values.
-    void initial_values(loom::gpt::Model& model, std::uint64_t seed, std::span<float> values) {
-        if (!executor_) {
-            on_device_->arena().initialize(model, seed);
-            on_device_->store(values);
-            return;
-        }
-        executor_->initialize(seed);
-        std::vector<float> m(values.size()), v(values.size());
-        executor_->gather_state(values, m, v);
-    }
-
-    // The worker's mean loss at x on this rank's rows, its gradient into g.
-    float operator()(std::span<const float> x, const loom::Tensor& inputs, const loom::Tensor& targets,
-                     std::span<float> g) {
-        if (executor_) {
-            executor_->set_parameters(x);
-            return executor_->gradient(inputs, targets, g);
-        }
-        float loss = (*on_device_)(x, inputs, targets, g);
-        if (dp_->size() > 1) {
-            const auto grads = loom::Tensor::of(g.data(), {static_cast<std::int64_t>(g.size())});
-            dp_->all_reduce(grads, grads, loom::comm::ReduceOp::avg);
-            const auto l = loom::Tensor::of(&loss, {1});
-            dp_->all_reduce(l, l, loom::comm::ReduceOp::avg);
-        }
-        return loss;
-    }
-
-private:
-    C* dp_;
-    std::optional<loom::exec::Executor<C>> executor_;
-    std::optional<loom::exec::ModelGradient<loom::gpt::Model>> on_device_;
-};
 
 // --optex N: OptEx<AdamW> on an optex axis of N workers, each a group of
 // --dp ranks that averages its worker's gradient. Worker k of iteration t
@@ -83,10 +25,12 @@ void train_optex(loom::comm::AnyComm& world, const Flags& flags, const char* tra
     const int worker = mesh.coordinate("optex");
 
     loom::gpt::Model model = loom::gpt::make_model(flags.model);
-    WorkerGradient gradient_at(model, dp, flags, device);
+    loom::train::OptExGradient<loom::gpt::Model, C> gradient_at(
+        model, dp, flags.strategy,
+        {.field_names = {"embed", "blocks", "ln_f", "head", "loss"}, .device = device, .matmul = flags.matmul});
     const std::int64_t parameters = gradient_at.size();
     std::vector<float> values(static_cast<std::size_t>(parameters));
-    if (flags.resume.empty()) gradient_at.initial_values(model, flags.seed, values);
+    if (flags.resume.empty()) gradient_at.initial_values(flags.seed, values);
     const loom::optim::AdamWConfig adamw{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
     loom::optim::OptEx<loom::optim::AdamW, C> optex(
         mesh.axis("optex"), values, [&](std::int64_t n) { return loom::optim::AdamW(n, adamw); }, flags.optex_config);

@@ -12,6 +12,7 @@
 #include <loom/exec/executor.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/parallel/recompute.hpp>
+#include <loom/train/optex_gradient.hpp>
 
 #include "parallel/executor_gradient_suite.hpp"
 #include "support/message_of.hpp"
@@ -109,6 +110,22 @@ TEST_CASE("Executor::gradient and set_parameters refuse what leaves no rank the 
         CHECK(loom_test::message_of([&] { (void)whole.gradient(row, row, short_by_one); }) ==
               "Executor::gradient: room for " + std::to_string(n - 1) + " gradient elements for a model of " +
                   std::to_string(n) + " parameters; give one per parameter");
+    });
+}
+
+TEST_CASE("OptEx's gradient refuses recomputation on a device in one line, before touching it", "[parallel][optex]") {
+    auto model = gpt::make_model(loom_test::equivalence_model());
+    comm::ThreadWorld(1).run([&](comm::ThreadComm& comm) {
+        exec::ExecutionPlan plan{};
+        plan.recompute = Recompute<Full>::spec;
+        CHECK(loom_test::message_of([&] {
+                  train::OptExGradient<gpt::Model, comm::ThreadComm> at(model, comm, plan, {.device = cuda_device(0)});
+              }) == "OptExGradient: Recompute<Full> on cuda:0: OptEx recomputes on the host only (its executor there "
+                    "would need a communicator that moves the device's memory); drop the recomputation or run on the "
+                    "host");
+        // On the host the same strategy runs, through the executor.
+        train::OptExGradient<gpt::Model, comm::ThreadComm> on_host(model, comm, plan, {});
+        CHECK(on_host.size() > 0);
     });
 }
 
