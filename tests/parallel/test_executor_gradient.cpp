@@ -129,4 +129,26 @@ TEST_CASE("OptEx's gradient refuses recomputation on a device in one line, befor
     });
 }
 
+TEST_CASE("Executor::gradient refuses a compressed gradient exchange", "[parallel][compress]") {
+    std::vector<std::string> messages(2);
+    Compression compression{};
+    comm::ThreadWorld(2).run([&](comm::ThreadComm& comm) {
+        auto model = gpt::make_model(loom_test::equivalence_model());
+        exec::ExecutionPlan plan{};
+        plan.dp_compression = {CompressorKind::top_k, 0.25};
+        exec::Executor<comm::ThreadComm> exec(model, comm, plan, {.notice = [](const std::string&) {}});
+        if (comm.rank() == 0) compression = exec.gradient_exchange().compression();
+        std::vector<float> g(static_cast<std::size_t>(exec.parameter_count()));
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(loom_test::equivalence_model().seq), 0);
+        const Tensor row = Tensor::of(tokens.data(), {1, loom_test::equivalence_model().seq});
+        messages[static_cast<std::size_t>(comm.rank())] = loom_test::message_of([&] { (void)exec.gradient(row, row, g); });
+    });
+    REQUIRE(compression.on());
+    const std::string expected = "Executor::gradient: GradCompress<" + compression.describe() +
+                                 "> changes what the exchange hands the optimizer step; gradient() runs without "
+                                 "gradient compression";
+    CHECK(messages[0] == expected);
+    CHECK(messages[1] == expected);
+}
+
 }  // namespace LOOM_TEST_FILE

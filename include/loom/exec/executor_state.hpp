@@ -141,6 +141,11 @@ float Executor<C>::gradient(const Tensor& inputs, const Tensor& targets, std::sp
                "; step() runs every strategy");
     LOOM_CHECK(static_cast<std::int64_t>(g.size()) == parameter_count(), "Executor::gradient: room for ", g.size(),
                " gradient elements for a model of ", parameter_count(), " parameters; give one per parameter");
+    // A compressed exchange may hand the optimizer step something other than
+    // the averaged gradient (momentum mixed in) until its step puts it back.
+    LOOM_CHECK(!exchange_->compression().on(), "Executor::gradient: GradCompress<",
+               exchange_->compression().describe(), "> changes what the exchange hands the optimizer step; "
+               "gradient() runs without gradient compression");
     const float loss = run_program(inputs, targets, false);
     store_.gradient(rank_.layout, g);
     return loss;
