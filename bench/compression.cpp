@@ -12,7 +12,7 @@
 // about as long as 8 on a core of their own (and the run stays near 3
 // minutes). It trains with Strategy<DataParallel<>> (ZeRO stage 0, 2 MiB
 // buckets) on dp rank threads of a ThreadWorld, ExecutionPlan::dp_compression
-// set to the compressor and ExecutorOptions::compress_warmup = 0, so every
+// set to the compressor and ExecutorOptions::exchange.compress_warmup = 0, so every
 // step's gradient exchange is compressed (PowerSGD and one-bit included).
 // Each world (one per link setting) holds one executor per compressor, all on
 // the same communicator, stepped in turn with the first one rotating every
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
     std::printf("Configuration: GPT config %s (layers %lld, width %lld, heads %lld, seq %lld, vocab %lld; %s "
                 "parameters), batch %lld sequences per rank (--batch; bench_data_parallel's config A has 8); dp %d "
                 "rank threads (ThreadWorld), "
-                "Strategy<DataParallel<>> (ZeRO stage 0), bucket %lld KiB, ExecutorOptions::compress_warmup 0 (every "
+                "Strategy<DataParallel<>> (ZeRO stage 0), bucket %lld KiB, ExecutorOptions::exchange.compress_warmup 0 (every "
                 "step compressed), one executor per compressor in each world, stepped in turn; %d untimed then %d timed "
                 "rounds, step time = slowest rank, median over the timed rounds; links Shaped at %s Gbit/s, %g us latency; kernels on one thread over %lld MiB of f32 in "
                 "chunks of %lld values, median of %d; %d usable cores, %d BLAS thread per rank.\n",

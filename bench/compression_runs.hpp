@@ -99,7 +99,7 @@ std::vector<StepRun> run_round_robin(const BenchConfig& config, int dp, const st
                 .adamw = adamw,
                 .trace = true,  // for the wait times; a few clock reads per unit
                 .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
-                .compress_warmup = 0,
+                .exchange = {.compress_warmup = 0},
                 .notice = [&run](const std::string& line) { run.notices.push_back(line); }};
             execs.push_back(std::make_unique<loom::exec::Executor<C>>(*models.back(), comm, plan, options));
             execs.back()->initialize(init_seed);

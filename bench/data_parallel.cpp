@@ -38,6 +38,7 @@
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
 #include <loom/exec/memory.hpp>
+#include <loom/parallel/zero_shard.hpp>
 #include <loom/exec/trace.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/kernels/host/gemm.hpp>

@@ -14,6 +14,7 @@
 #include <loom/gpt/model.hpp>
 #include <loom/kernels/host/gemm_threads.hpp>
 #include <loom/parallel/recompute.hpp>
+#include <loom/parallel/recomputation.hpp>
 #include <loom/plan/gpt_description.hpp>
 #include <loom/plan/memory_model.hpp>
 
@@ -76,7 +77,8 @@ Row measure(std::int64_t batch, RecomputeSpec recompute, int steps) {
         row.forward_seconds = bench::median(forwards);
         row.recompute_seconds = bench::median(recomputes);
         row.activations = exec.memory_report().activations;
-        row.predicted = exec.recomputation().choice().peak_bytes;
+        const auto* recomputation = exec.template policy<loom::parallel::Recomputation>();
+        row.predicted = recomputation != nullptr ? recomputation->choice().peak_bytes : 0;
         row.recomputed = static_cast<int>(exec.program().count(loom::schedule::Op::recompute));
     });
     return row;

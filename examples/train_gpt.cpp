@@ -158,7 +158,7 @@ void train(loom::comm::AnyComm& world, const Flags& flags, const char* transport
                                   .trace = !flags.trace.empty(),
                                   .field_names = {"embed", "blocks", "ln_f", "head", "loss"},
                                   .partition = partition,
-                                  .compress_warmup = flags.warmup_steps(),
+                                  .exchange = {.compress_warmup = flags.warmup_steps()},
                                   .device = flags.device,
                                   .matmul = flags.matmul});
     const auto parameters = exec.parameter_count();  // the whole model, whatever this rank holds

@@ -246,7 +246,7 @@ EquivalenceResult run_compressed(C& world, const CompressionCase& c, const Seria
     plan.dp_compression = c.compression;
     loom::exec::Executor<C> exec(model, world, plan,
                                  {.micro_batches = c.micro_batches, .adamw = equivalence_adamw(),
-                                  .compress_warmup = c.warmup, .notice = [](const std::string&) {}});
+                                  .exchange = {.compress_warmup = c.warmup}, .notice = [](const std::string&) {}});
     exec.initialize(equivalence_seed);
     const std::int64_t rows = equivalence_batch / c.dp;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * config.seq)), targets(inputs.size());

@@ -92,10 +92,11 @@ TEST_CASE("Executor::gradient and set_parameters refuse what leaves no rank the 
         std::vector<std::int32_t> tokens(static_cast<std::size_t>(loom_test::equivalence_model().seq), 0);
         const Tensor row = Tensor::of(tokens.data(), {1, loom_test::equivalence_model().seq});
         CHECK(loom_test::message_of([&] { (void)sharded.gradient(row, row, g); }) ==
-              "Executor::gradient needs every array whole on every rank, but ZeRO-1 shards them; step() runs every "
-              "strategy");
+              "Executor::gradient needs every array whole on every rank, but the strategy keeps the moments sharded "
+              "over dp; step() runs every strategy");
         CHECK(loom_test::message_of([&] { sharded.set_parameters(g); }) ==
-              "Executor::set_parameters needs every array whole on every rank, but ZeRO-1 shards them; use load_state");
+              "Executor::set_parameters needs every array whole on every rank, but the strategy keeps the moments "
+              "sharded over dp; use load_state");
     });
     auto whole_model = gpt::make_model(loom_test::equivalence_model());
     comm::ThreadWorld(1).run([&](comm::ThreadComm& comm) {
@@ -145,8 +146,8 @@ TEST_CASE("Executor::gradient refuses a compressed gradient exchange", "[paralle
     });
     REQUIRE(compression.on());
     const std::string expected = "Executor::gradient: GradCompress<" + compression.describe() +
-                                 "> changes what the exchange hands the optimizer step; gradient() runs without "
-                                 "gradient compression";
+                                 "> changes what the exchange hands the optimizer step; gradient() needs an exchange "
+                                 "that averages";
     CHECK(messages[0] == expected);
     CHECK(messages[1] == expected);
 }

@@ -291,8 +291,8 @@ TEST_CASE("GradCompress's error feedback is counted in the memory report", "[com
         reports[static_cast<std::size_t>(comm.rank())] = exec.memory_report();
         padded[static_cast<std::size_t>(comm.rank())] = exec.layout().padded_size();
     });
-    CHECK(reports[0].compression_state == 4 * padded[0]);
-    CHECK(reports[0].total() > reports[0].model_states() + reports[0].compression_state - 1);
+    CHECK(reports[0].exchange_state == 4 * padded[0]);
+    CHECK(reports[0].total() > reports[0].model_states() + reports[0].exchange_state - 1);
 }
 
 TEST_CASE("compressed exchange refuses buffers of the wrong size", "[compress][parallel]") {

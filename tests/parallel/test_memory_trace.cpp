@@ -21,6 +21,7 @@
 #include <loom/gpt/model.hpp>
 #include <loom/io/json.hpp>
 #include <loom/parallel/strategy.hpp>
+#include <loom/parallel/zero_shard.hpp>
 
 #include "support/message_of.hpp"
 #include "support/test_file.hpp"

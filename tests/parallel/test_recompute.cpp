@@ -335,6 +335,43 @@ TEST_CASE("a user's model recomputes its own block and keeps the layer that opts
     CHECK(plain.traced.empty());
 }
 
+TEST_CASE("Budget's choice is the executor's parallel::Recomputation, which lowered the program it chose",
+          "[parallel][recompute]") {
+    constexpr std::int64_t V = 64, T = 8, C = 16, rows = 2;
+    comm::ThreadWorld(1).run([&](comm::ThreadComm& comm) {
+        const auto make = [] {
+            return UserNet{nn::Embedding::make(V, T, C),
+                           {{nn::LayerNorm::make(C), nn::Linear::make(C, 4 * C), nn::Gelu{}, nn::Linear::make(4 * C, C)}},
+                           {},
+                           nn::LayerNorm::make(C),
+                           nn::Linear::make(C, V),
+                           {}};
+        };
+        UserNet plain_model = make(), budget_model = make();
+        exec::Executor<comm::ThreadComm> plain(plain_model, comm, exec::ExecutionPlan{}, {});
+        CHECK(plain.policy<parallel::Recomputation>() == nullptr);  // no Recompute<...>: no component
+
+        exec::ExecutionPlan plan{};
+        plan.recompute = Recompute<Budget<1>>::spec;  // a byte: nothing fits, so every worthy unit is recomputed
+        std::vector<std::string> notices;
+        exec::Executor<comm::ThreadComm> exec(budget_model, comm, plan,
+                                              {.notice = [&](const std::string& line) { notices.push_back(line); }});
+        const auto* recomputation = exec.policy<parallel::Recomputation>();
+        REQUIRE(recomputation != nullptr);
+        CHECK(recomputation->measuring());  // the first step measures, lowered as Full
+        exec.initialize(3);
+        std::vector<std::int32_t> x(rows * T, 1), y(rows * T, 2);
+        (void)exec.step(Tensor::of(x.data(), {rows, T}), Tensor::of(y.data(), {rows, T}), 1e-2f);
+        CHECK_FALSE(recomputation->measuring());
+        const schedule::RecomputeChoice& choice = recomputation->choice();
+        CHECK_FALSE(choice.fits);
+        CHECK(choice.recompute == schedule::recomputed_units(exec.program(), static_cast<int>(exec.units().size())));
+        CHECK(choice.recompute == std::vector<bool>{false, true, false, true, false, true});
+        REQUIRE(notices.size() == 1);
+        CHECK(notices[0].starts_with("Recompute<Budget 1 B>: "));
+    });
+}
+
 TEST_CASE("a kept product is made once per key and micro-batch, and a replay asks only for what was kept",
           "[parallel][recompute]") {
     nn::Context keeper, ctx;

@@ -17,7 +17,6 @@
 #include "loom/nn/sequence_layout.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/data_parallel.hpp"
-#include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/gradient_exchange.hpp"
 #include "loom/parallel/pipeline.hpp"
 #include "loom/parallel/strategy_spec.hpp"
@@ -36,12 +35,12 @@ struct ExecutorOptions {
     // per unit; empty: every unit costs the same) by schedule::balance.
     std::vector<int> partition{};
     std::vector<double> unit_costs{};
-    // GradCompress: steps of uncompressed exchange before the dp compressor
-    // starts (PowerSGD and one-bit want some; the others need none).
-    std::int64_t compress_warmup = 0;
-    // Where one-time notices go (PowerSGD's matrices too small for its rank,
-    // from the first rank of the gradient group; a tensor-parallel strategy
-    // that cuts nothing in a unit, from the world's first rank); empty: stderr.
+    // What the gradient exchange is set up with besides the strategy
+    // (parallel/gradient_exchange.hpp: a compressor's warm-up steps).
+    parallel::ExchangeOptions exchange{};
+    // Where one-time notices go (a component's, from the first rank of the
+    // gradient group; a tensor-parallel strategy that cuts nothing in a unit,
+    // from the world's first rank); empty: stderr.
     std::function<void(const std::string&)> notice{};
     // Where the parameters, gradients, AdamW state and activations live. A
     // device needs its backend built in and a communicator that moves that
@@ -57,7 +56,7 @@ struct ExecutorOptions {
 // set up with from the options; `notice`: where this rank's notices go, or empty.
 [[nodiscard]] inline parallel::ExchangeSetup exchange_setup(const ExecutorOptions& options,
                                                            std::function<void(const std::string&)> notice) {
-    return {options.compress_warmup, std::move(notice), options.device};
+    return parallel::exchange_setup(options.exchange, std::move(notice), options.device);
 }
 
 // Where a one-time notice goes: `notice` (ExecutorOptions::notice), or standard error ("loom: ...").

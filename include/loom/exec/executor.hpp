@@ -1,7 +1,7 @@
 // The executor: the interpreter of one rank's step program. It holds the
 // components the program's instructions act on (the parameter store, the
 // gradient exchange, the micro-batch pool, the layer groups, the requests in
-// flight, the recomputation and the adopted policies) and runs the program,
+// flight, the program components and the adopted policies) and runs the program,
 // in order, for each step. Every rank constructs one with the same model and strategy
 // and calls step() with its rows of the global batch; the losses, gradients
 // and parameters are the serial run's, up to the order of floating-point sums.
@@ -11,8 +11,9 @@
 //   exec.initialize(seed);
 //   float loss = exec.step(my_inputs, my_targets, lr);
 //
-// How each instruction runs is exec/executor_instructions.hpp, the checkpoint
-// state exec/executor_state.hpp: this header is what an executor holds and offers.
+// How it assembles its components is exec/executor_assembly.hpp, how each
+// instruction runs exec/executor_instructions.hpp, the checkpoint state
+// exec/executor_state.hpp: this header is what an executor holds and offers.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,6 @@
 #include "loom/core/tensor.hpp"
 #include "loom/exec/adopted_policies.hpp"
 #include "loom/exec/execution_plan.hpp"
-#include "loom/exec/layer_groups.hpp"
 #include "loom/exec/memory.hpp"
 #include "loom/exec/micro_batch_pool.hpp"
 #include "loom/exec/parameter_store.hpp"
@@ -46,8 +46,9 @@
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/cut_report.hpp"
 #include "loom/parallel/gradient_exchange.hpp"
+#include "loom/parallel/layer_groups.hpp"
 #include "loom/parallel/plan_exchanges.hpp"
-#include "loom/parallel/recomputation.hpp"
+#include "loom/parallel/program_component.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy.hpp"  // Strategy<...>, what make<Strategy> takes
 
@@ -90,7 +91,7 @@ public:
         : Executor(model, dp, pp, nullptr, nullptr, plan, options) {}
     template <class Model>
     Executor(Model& model, C& dp, C* pp, C* tp, C* sp, const ExecutionPlan& plan, const ExecutorOptions& options)
-        : Executor(model, dp, pp, layer_axes(plan, tp, sp), plan, options) {}
+        : Executor(model, dp, pp, parallel::layer_axes(plan, tp, sp), plan, options) {}
 
     Executor(Executor&&) noexcept = default;
     Executor(const Executor&) = delete;
@@ -116,12 +117,13 @@ public:
     [[nodiscard]] Trace& trace() noexcept { return trace_; }
     [[nodiscard]] C& communicator() const noexcept { return *comm_; }
     [[nodiscard]] Device device() const noexcept { return device_; }  // where its state and work live
-    // Recompute<...>'s state: its choice, after Budget's first step.
-    [[nodiscard]] const parallel::Recomputation& recomputation() const noexcept { return recompute_; }
-    // This rank's instance of a policy of kind custom in the strategy; null when it has none.
+    // This rank's instance of a policy's run-time state of type P: a policy of
+    // kind custom, or a component a built-in policy installed
+    // (parallel::Recomputation: Budget's choice()); null when it has none.
     template <class P>
     [[nodiscard]] const P* policy() const {
-        return adopted_.template find<P>();
+        if (const P* custom = adopted_.template find<P>()) return custom;
+        return parallel::find_component<P>(components_);
     }
 
     // The parameters' initial values from the counter-based RNG: the serial
@@ -175,42 +177,19 @@ public:
 private:
     // The public constructors' work, with the tp and sp axes checked against the plan.
     template <class Model>
-    Executor(Model& model, C& dp, C* pp, LayerAxes<C> axes, const ExecutionPlan& plan, const ExecutorOptions& options)
+    Executor(Model& model, C& dp, C* pp, parallel::LayerAxes<C> axes, const ExecutionPlan& plan, const ExecutorOptions& options)
         : comm_(&dp), pp_(pp), tp_(axes.tp), sp_(axes.sp),
-          cuts_(cut_model(model, tp_, plan.tensor_grid, options.field_names)),
+          cuts_(parallel::cut_model(model, tp_, plan.tensor_grid, options.field_names)),
           shards_(model, tp_ != nullptr ? tp_->size() : 1),
           units_(nn::units_of(model, options.field_names)),
-          stage_(plan.zero_stage), micro_batches_(options.micro_batches), adamw_(options.adamw), device_(options.device),
-          pipelined_(check_pipeline_axis(plan, pp != nullptr ? pp->size() : 1)),
+          micro_batches_(options.micro_batches), adamw_(options.adamw), device_(options.device),
+          pipelined_(parallel::check_pipeline_axis(plan, pp != nullptr ? pp->size() : 1)),
           rank_(exec::rank_program(units_, dp.size(), pp_size(), pp_rank(), plan, options)),
           trace_(options.trace),
           initialize_range_([&model](std::uint64_t seed, std::span<float> out, std::int64_t first) {
               loom::initialize_range(model, seed, out, first);
           }) {
-        optim::check_config(options.adamw);
-        if (device_.kind != DeviceKind::host) check_device_usable(device_);  // before anything is allocated there
-        pool_.set_device(device_);
-        pool_.set_matmul_precision(options.matmul);
-        store_ = ParameterStore(rank_.layout, stage_, rank_.program.grad_slots, rank_.program.param_slots, device_);
-        for (int g = 0; g < static_cast<int>(rank_.layout.groups().size()); ++g)  // unsharded ones, bound once here
-            bind(g, stage_ < 3 ? store_.values.data<float>() + rank_.layout.group(g).offset : nullptr,
-                 stage_ < 2 ? store_.grads.data<float>() + rank_.layout.group(g).offset : nullptr);
-        if (plan.recompute.on()) {
-            recompute_ = parallel::Recomputation(plan.recompute, units_, rank_.chunk_of_unit);
-            relower_recompute(recompute_.full());
-            notice_ = options.notice;
-        }
-        in_flight_.resize(rank_.program.code.size());
-        // The exchange's notices come from the first rank of each gradient group at tp position 0.
-        const bool speaks = comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0);
-        exchange_ = parallel::gradient_exchange_for<C>(
-            plan, dp, rank_.layout, units_, exchange_setup(options, speaks ? notice_sink(options.notice) : nullptr), adamw_);
-        const parallel::MessageCasts casts = parallel::message_casts(plan);
-        stage_cast_ = casts.stage;
-        groups_ = LayerGroups<C>(tp_, sp_, plan, dp.size(), casts.tensor);
-        groups_.attach(pool_);
-        // A tensor-parallel strategy that cuts nothing in a unit with weights says so once.
-        if (const std::string line = cuts_.warning(); !line.empty() && first_of_world()) notice_sink(options.notice)(line);
+        assemble(plan, options);
     }
 
     // The policies of kind custom in Strategy, in order: each lowers itself
@@ -234,6 +213,8 @@ private:
         return comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0) && (pp_ == nullptr || pp_->rank() == 0);
     }
 
+    // The components, assembled from the plan (exec/executor_assembly.hpp).
+    void assemble(const ExecutionPlan& plan, const ExecutorOptions& options);
     // One step's program on this rank's rows, with or without its optimizer step.
     float run_program(const Tensor& inputs, const Tensor& targets, bool optimizer);
     // Why gradient() and set_parameters() cannot run here ("" when they can).
@@ -244,13 +225,10 @@ private:
     void optimizer_step();
     // What the gradient exchange may read of the optimizer (parallel/gradient_exchange.hpp).
     [[nodiscard]] parallel::OptimizerArrays optimizer_arrays() const;
-    // Lowers recomputation of `which` units (again); Budget, after its
-    // measuring step, chooses them with every rank (choose_recomputation).
-    void relower_recompute(const std::vector<bool>& which);
-    void choose_recomputation();
-    [[nodiscard]] Tensor slice(const DeviceBuffer& b, std::int64_t offset, std::int64_t n) const {
-        return store_.slice(b, offset, n);
-    }
+    // After a component lowered itself: the program verified again, and what the step keeps sized for it.
+    void lowered();
+    // After a measured step: each component lowers itself again, with its peers.
+    void relower_components();
 
     // Running the step program, defined in exec/executor_instructions.hpp.
     // timed runs f, and with tracing on records it under the name name_of()
@@ -275,7 +253,7 @@ private:
 
     // The elements this rank's optimizer step updates (exec/updated_runs.hpp).
     [[nodiscard]] UpdatedElements updated_elements() const {
-        return {&rank_.layout, stage_, comm_->rank(),
+        return {&rank_.layout, store_.placement(), comm_->rank(),
                 tp_ != nullptr ? shards_.copies(tp_->rank()) : decltype(UpdatedElements::copies){}};
     }
 
@@ -284,7 +262,7 @@ private:
     tp::CutReport cuts_;  // what the tensor-parallel cut did to each layer
     TensorShards shards_;
     std::vector<nn::Unit> units_;
-    int stage_, micro_batches_;
+    int micro_batches_;
     optim::AdamWConfig adamw_;
     Device device_;
     bool pipelined_;
@@ -292,14 +270,16 @@ private:
     Trace trace_;
     InitializeRange initialize_range_;
 
-    ParameterStore store_;      // parameters, gradients, moments and slots, placed for the ZeRO stage
+    ParameterStore store_;      // parameters, gradients, moments and slots, placed as the strategy says
     DeviceBuffer loss_buffer_;  // the step's loss on a device, for a device communicator
     std::int64_t optimizer_steps_ = 0, step_count_ = 0;
 
-    LayerGroups<C> groups_;  // the tp and sp groups the layers talk to
+    parallel::LayerGroups<C> groups_;  // the tp and sp groups the layers talk to
     MicroBatchPool pool_;
-    parallel::Recomputation recompute_;  // Recompute<...>: off without one
-    std::function<void(const std::string&)> notice_;  // options.notice, for Budget's one line
+    parallel::ProgramComponents<C> components_;       // the policies' run-time lowerings
+    bool measuring_ = false;                          // this step measures the units for them
+    bool drops_activations_ = false;                  // the program recomputes: per-unit contexts
+    std::function<void(const std::string&)> notice_;  // options.notice, for the components' lines
     // Before in_flight_: an exchange's request still in flight when the executor
     // goes (after a failure) may finish into the exchange, which must still exist.
     std::unique_ptr<parallel::GradientExchange<C>> exchange_;  // the plan's (parallel/plan_exchanges.hpp)
@@ -314,6 +294,7 @@ private:
 
 }  // namespace loom::exec
 
-// The out-of-class members: running the step program, and the checkpoint state.
+// The out-of-class members: assembling, running the step program, and the checkpoint state.
+#include "loom/exec/executor_assembly.hpp"      // IWYU pragma: keep
 #include "loom/exec/executor_instructions.hpp"  // IWYU pragma: keep
 #include "loom/exec/executor_state.hpp"         // IWYU pragma: keep

@@ -11,6 +11,7 @@
 // before its own definitions, so either can be included alone.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -30,12 +31,13 @@ float Executor<C>::run_program(const Tensor& inputs, const Tensor& targets, bool
     optim::check_config(adamw_);
     groups_.keep_local_part(batch_.inputs, batch_.targets);
     loss_sum_ = 0;
-    pool_.start_step(rank_.stages.stages(), micro_batches_, recompute_.on() ? static_cast<int>(units_.size()) : 0);
+    pool_.start_step(rank_.stages.stages(), micro_batches_, drops_activations_ ? static_cast<int>(units_.size()) : 0);
+    measuring_ = std::any_of(components_.begin(), components_.end(), [](const auto& c) { return c->measuring(); });
     for (std::size_t i = 0; i < rank_.program.code.size(); ++i)
         if (optimizer || rank_.program.code[i].op != schedule::Op::optimizer_step)
             execute(static_cast<int>(i), rank_.program.code[i]);
     ++step_count_;
-    if (recompute_.measuring()) choose_recomputation();
+    if (measuring_) relower_components();
     return loss_;
 }
 
@@ -76,7 +78,7 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
     switch (in.op) {
         case Op::zero_grads:
             timed([] { return std::string("zero gradients"); }, "zero_grads", -1, [&] {
-                const DeviceBuffer& g = stage_ < 2 ? store_.grads : store_.grad_shard;
+                const DeviceBuffer& g = store_.gradient_array();
                 fill_zero_bytes(g.raw(), device_, g.nbytes());
             });
             reduced_.assign(rank_.layout.groups().size(), false);
@@ -100,14 +102,14 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                 nn::Context& ctx = dropped ? pool_.open_unit(v, mb, in.unit) : chunk_ctx;
                 const auto keeping = ctx.keeping_products_in(in.keep == schedule::Keep::products ? &chunk_ctx : nullptr,
                                                              /*replay=*/false);
-                // Budget's measuring step times each unit; other steps read no clock here.
-                const bool measuring = recompute_.measuring();
-                const auto t0 = measuring ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+                // A measuring step times each unit for the components; other steps read no clock here.
+                const auto t0 = measuring_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
                 const std::size_t before = ctx.bytes_in_use();
                 activation_ = unit.forward(ctx, activation_);
-                if (measuring)
-                    recompute_.measured_forward(in.unit, seconds_since(t0), static_cast<std::int64_t>(ctx.bytes_in_use() - before),
-                                                static_cast<std::int64_t>(activation_.nbytes() + 63) / 64 * 64);
+                if (measuring_)
+                    for (auto& c : components_)
+                        c->forward_measured(in.unit, seconds_since(t0), static_cast<std::int64_t>(ctx.bytes_in_use() - before),
+                                            static_cast<std::int64_t>(activation_.nbytes() + 63) / 64 * 64);
                 if (in.unit + 1 == static_cast<int>(units_.size())) loss_sum_ += ctx.loss();
                 if (dropped) {
                     const Tensor output = chunk_ctx.alloc(activation_.shape(), activation_.dtype());
@@ -163,11 +165,12 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                     if (in.unit == rank_.stages.first(v) && v > 0) hand_on(schedule::Payload::gradient, v, v - 1, mb, activation_);
                 }
                 if (in.op != Op::backward_input) unit.backward_weight(ctx);
-                if (recompute_.measuring())
-                    recompute_.measured_backward(in.unit, static_cast<std::int64_t>(ctx.bytes_in_use() - before),
-                                                 in.op == Op::backward_weight);
+                if (measuring_)
+                    for (auto& c : components_)
+                        c->backward_measured(in.unit, static_cast<std::int64_t>(ctx.bytes_in_use() - before),
+                                             in.op == Op::backward_weight);
                 if (own && in.op == Op::backward) pool_.close_unit(v, mb, in.unit);
-                if (recompute_.on() && in.op != Op::backward_input)
+                if (drops_activations_ && in.op != Op::backward_input)
                     pool_.unit_backward_done(v, mb, in.unit, rank_.stages.first(v), rank_.stages.end(v));
                 // The chunk's last use of this micro-batch: its memory goes back to the pool.
                 if (in.unit == rank_.stages.first(v) && in.op != Op::backward_input) pool_.close(v, mb);
@@ -178,12 +181,12 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             const auto& g = rank_.layout.group(in.group);
             if (in.slot >= 0) {
                 DeviceBuffer& slot = store_.param_slots[static_cast<std::size_t>(in.slot)];
-                in_flight_.issue(index, comm_->all_gather_async(slice(store_.value_shard, g.shard_offset, g.block),
-                                                     slice(slot, 0, g.padded)));
+                in_flight_.issue(index, comm_->all_gather_async(store_.slice(store_.value_shard, g.shard_offset, g.block),
+                                                     store_.slice(slot, 0, g.padded)));
                 bind(in.group, slot.data<float>(), nullptr, nn::Bind::values);
             } else {
-                in_flight_.issue(index, comm_->all_gather_async(slice(store_.values, rank_.layout.block_offset(in.group, r), g.block),
-                                                     slice(store_.values, g.offset, g.padded)));
+                in_flight_.issue(index, comm_->all_gather_async(store_.slice(store_.values, rank_.layout.block_offset(in.group, r), g.block),
+                                                     store_.slice(store_.values, g.offset, g.padded)));
             }
             return;
         }
@@ -208,10 +211,10 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
             bucket.all_reduce = in.reduction == schedule::Reduction::all_reduce;
             bool accumulate = false;
             if (bucket.all_reduce) {
-                bucket.grad = bucket.out = slice(store_.grads, g.offset, g.padded);
+                bucket.grad = bucket.out = store_.slice(store_.grads, g.offset, g.padded);
             } else if (in.slot < 0) {
-                bucket.grad = slice(store_.grads, g.offset, g.padded);
-                bucket.out = slice(store_.grads, rank_.layout.block_offset(in.group, r), g.block);
+                bucket.grad = store_.slice(store_.grads, g.offset, g.padded);
+                bucket.out = store_.slice(store_.grads, rank_.layout.block_offset(in.group, r), g.block);
             } else {
                 // The group's first reduction of the step writes the
                 // shard; later ones reduce in place and are added when
@@ -219,8 +222,8 @@ void Executor<C>::execute(int index, const schedule::Instruction& in) {
                 const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
                 const bool first = !reduced_[static_cast<std::size_t>(in.group)];
                 reduced_[static_cast<std::size_t>(in.group)] = true;
-                bucket.grad = slice(slot, 0, g.padded);
-                bucket.out = first ? slice(store_.grad_shard, g.shard_offset, g.block) : slice(slot, r * g.block, g.block);
+                bucket.grad = store_.slice(slot, 0, g.padded);
+                bucket.out = first ? store_.slice(store_.grad_shard, g.shard_offset, g.block) : store_.slice(slot, r * g.block, g.block);
                 accumulate = !first;
             }
             in_flight_.issue(index, exchange_->reduce_async(bucket, optimizer_arrays()), {}, accumulate);
@@ -307,7 +310,7 @@ void Executor<C>::finish(int target) {
     if (flight.accumulate) {
         const auto& g = rank_.layout.group(in.group);
         const DeviceBuffer& slot = store_.grad_slots[static_cast<std::size_t>(in.slot)];
-        kernels::accumulate(slice(store_.grad_shard, g.shard_offset, g.block), slice(slot, comm_->rank() * g.block, g.block),
+        kernels::accumulate(store_.slice(store_.grad_shard, g.shard_offset, g.block), store_.slice(slot, comm_->rank() * g.block, g.block),
                             g.block);
     }
 }
@@ -343,19 +346,20 @@ void Executor<C>::optimizer_step() {
 }
 
 template <comm::Communicator C>
-void Executor<C>::relower_recompute(const std::vector<bool>& which) {
-    recompute_.lower_into(rank_.program, which);
+void Executor<C>::lowered() {
     verify(rank_);
     in_flight_.resize(rank_.program.code.size());
+    drops_activations_ = rank_.program.count(schedule::Op::recompute) > 0;
 }
 
-// Budget, after its measuring step: the choice, agreed with every rank; the
-// world's first rank says what it chose.
+// The peers that must agree are every axis the rank's program is tied to:
+// the gradient axis, the pipeline's and tp's (the world's first rank speaks).
 template <comm::Communicator C>
-void Executor<C>::choose_recomputation() {
-    relower_recompute(recompute_.choose<C>({comm_, pipelined_ ? pp_ : nullptr, tp_}, rank_.program, rank_.stages,
-                                           rank_.chunk_of_unit, device_,
-                                           first_of_world() ? notice_sink(notice_) : nullptr));
+void Executor<C>::relower_components() {
+    const parallel::RankOfProgram<C> rank{{comm_, pipelined_ ? pp_ : nullptr, tp_}, &rank_.stages, &rank_.chunk_of_unit,
+                                          device_, first_of_world() ? notice_sink(notice_) : nullptr};
+    for (auto& component : components_) component->relower(rank, rank_.program);
+    lowered();
     pool_.drop_unit_contexts();
 }
 

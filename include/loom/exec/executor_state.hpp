@@ -65,7 +65,8 @@ OwnedState Executor<C>::owned_state() const {
         keep = to_host<float>(b.tensor());
         return keep.data();
     };
-    const float* const values_at = readable(stage_ == 3 ? store_.value_shard : store_.values, staged[0]);
+    const parallel::Placement& placed = store_.placement();
+    const float* const values_at = readable(placed.values_sharded ? store_.value_shard : store_.values, staged[0]);
     const float* const m_at = readable(store_.m, staged[1]);
     const float* const v_at = readable(store_.v, staged[2]);
     OwnedState out;
@@ -78,9 +79,9 @@ OwnedState Executor<C>::owned_state() const {
         const auto whole_at = [&](const float* base, std::int64_t k) { return base + g.offset + k; };
         const auto shard_at = [&](const float* base, std::int64_t k) { return base + g.shard_offset + (k - r * g.block); };
         const auto n = static_cast<std::size_t>(b - a);
-        const float* values = stage_ == 3 ? shard_at(values_at, a) : whole_at(values_at, a);
-        const float* m = stage_ == 0 ? whole_at(m_at, a) : shard_at(m_at, a);
-        const float* v = stage_ == 0 ? whole_at(v_at, a) : shard_at(v_at, a);
+        const float* values = placed.values_sharded ? shard_at(values_at, a) : whole_at(values_at, a);
+        const float* m = placed.moments_sharded ? shard_at(m_at, a) : whole_at(m_at, a);
+        const float* v = placed.moments_sharded ? shard_at(v_at, a) : whole_at(v_at, a);
         out.values.insert(out.values.end(), values, values + n);
         out.m.insert(out.m.end(), m, m + n);
         out.v.insert(out.v.end(), v, v + n);
@@ -117,10 +118,10 @@ void Executor<C>::load_held_state(std::span<const float> values, std::span<const
 
 template <comm::Communicator C>
 std::string Executor<C>::whole_arrays_refusal() const {
-    if (stage_ != 0) return "ZeRO-" + std::to_string(stage_) + " shards them";
-    if (pipelined_) return "a pipeline spreads the model over stages";
-    if (tp_ != nullptr) return "tensor parallelism cuts the model";
-    if (sp_ != nullptr) return "sequence parallelism splits the gradient over ranks";
+    if (!store_.placement().all_whole()) return loom::detail::concat("the strategy keeps ", store_.placement(), " over dp");
+    if (pipelined_) return "the pp axis spreads the model over stages";
+    if (tp_ != nullptr) return "the tp axis cuts the model";
+    if (sp_ != nullptr) return "the sp axis splits the gradient over ranks";
     return {};
 }
 
@@ -141,11 +142,10 @@ float Executor<C>::gradient(const Tensor& inputs, const Tensor& targets, std::sp
                "; step() runs every strategy");
     LOOM_CHECK(static_cast<std::int64_t>(g.size()) == parameter_count(), "Executor::gradient: room for ", g.size(),
                " gradient elements for a model of ", parameter_count(), " parameters; give one per parameter");
-    // A compressed exchange may hand the optimizer step something other than
-    // the averaged gradient (momentum mixed in) until its step puts it back.
-    LOOM_CHECK(!exchange_->compression().on(), "Executor::gradient: GradCompress<",
-               exchange_->compression().describe(), "> changes what the exchange hands the optimizer step; "
-               "gradient() runs without gradient compression");
+    // The exchange may hand the optimizer step something other than the
+    // averaged gradient (a compressor's, momentum mixed in) until its step puts it back.
+    const std::string altered = exchange_->not_the_average();
+    LOOM_CHECK(altered.empty(), "Executor::gradient: ", altered, "; gradient() needs an exchange that averages");
     const float loss = run_program(inputs, targets, false);
     store_.gradient(rank_.layout, g);
     return loss;
@@ -184,7 +184,7 @@ MemoryReport Executor<C>::memory_report() const {
     report.parameters = store_.parameter_bytes();
     report.gradients = store_.gradient_bytes();
     report.optimizer_state = store_.optimizer_bytes();
-    report.compression_state = exchange_->state_bytes();
+    report.exchange_state = exchange_->state_bytes();
     report.communication_buffers = exchange_->buffer_bytes() + pool_.parcel_bytes() + store_.slot_bytes();
     report.activations = pool_.activation_bytes();
     return report;

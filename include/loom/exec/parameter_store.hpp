@@ -1,11 +1,8 @@
-// Where one rank keeps its parameters, gradients and AdamW moments for its
-// ZeRO stage (Rajbhandari et al., arXiv 1910.02054), on the executor's device:
-//
-//   stage 0: values, grads, m and v whole (the padded layout);
-//   stage 1: values and grads whole; m and v this rank's blocks (the shard);
-//   stage 2: values whole; the gradient, m and v shards;
-//   stage 3: the value, gradient, m and v shards;
-//
+// Where one rank keeps its parameters, gradients and AdamW moments, on the
+// executor's device, as the strategy's parallel::Placement says: each array
+// whole (the padded layout) or as this rank's blocks (the shard). ZeroShard<S>
+// shards m and v from S = 1, the gradients from 2, the values at 3
+// (Rajbhandari et al., arXiv 1910.02054); the store reads only the placement,
 // plus the gradient and parameter slots the step program names (working
 // space for one group at a time). The store also does what only depends on
 // that placement: the serial run's initial values, the optimizer step on what
@@ -26,6 +23,7 @@
 #include "loom/core/device_runtime.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/optim/adamw.hpp"
+#include "loom/parallel/placement.hpp"
 #include "loom/parallel/shard_layout.hpp"
 
 namespace loom::exec {
@@ -37,23 +35,29 @@ using InitializeRange = std::function<void(std::uint64_t seed, std::span<float> 
 class ParameterStore {
 public:
     ParameterStore() = default;
-    // Sized for `layout` at ZeRO `stage`, with the step program's slots, on `where`.
-    ParameterStore(const parallel::ShardLayout& layout, int stage, int grad_slot_count, int param_slot_count,
-                   Device where)
-        : stage_(stage), device_(where) {
+    // Sized for `layout` placed as `placement`, with the step program's slots, on `where`.
+    ParameterStore(const parallel::ShardLayout& layout, parallel::Placement placement, int grad_slot_count,
+                   int param_slot_count, Device where)
+        : placement_(placement), device_(where) {
         const std::int64_t padded = layout.padded_size(), shard = layout.shard_size();
-        if (stage < 3) values = floats(padded);
+        if (!placement.values_sharded) values = floats(padded);
         else value_shard = floats(shard);
-        if (stage < 2) grads = floats(padded);
+        if (!placement.gradients_sharded) grads = floats(padded);
         else grad_shard = floats(shard);
-        m = floats(stage == 0 ? padded : shard);
-        v = floats(stage == 0 ? padded : shard);
+        m = floats(placement.moments_sharded ? shard : padded);
+        v = floats(placement.moments_sharded ? shard : padded);
         for (int s = 0; s < grad_slot_count; ++s) grad_slots.push_back(floats(layout.largest_group()));
         for (int s = 0; s < param_slot_count; ++s) param_slots.push_back(floats(layout.largest_group()));
     }
 
     DeviceBuffer values, value_shard, grads, grad_shard, m, v;
     std::vector<DeviceBuffer> grad_slots, param_slots;
+
+    [[nodiscard]] const parallel::Placement& placement() const noexcept { return placement_; }
+    // The gradients the backward writes and the optimizer reads: whole or this rank's shard.
+    [[nodiscard]] const DeviceBuffer& gradient_array() const noexcept {
+        return placement_.gradients_sharded ? grad_shard : grads;
+    }
 
     [[nodiscard]] Device device() const noexcept { return device_; }
     // n floats of `b` from `offset`, as a tensor on the store's device.
@@ -68,10 +72,11 @@ public:
     // drawn on the host and copied.
     void initialize(const parallel::ShardLayout& layout, int rank, std::uint64_t seed, const InitializeRange& init) {
         for (const auto& g : layout.groups()) {
-            const std::int64_t lo = stage_ == 3 ? rank * g.block : 0;
-            const std::int64_t hi = std::min(g.numel, stage_ == 3 ? lo + g.block : g.numel);
+            const bool block = placement_.values_sharded;
+            const std::int64_t lo = block ? rank * g.block : 0;
+            const std::int64_t hi = std::min(g.numel, block ? lo + g.block : g.numel);
             if (hi <= lo) continue;
-            float* base = stage_ == 3 ? value_shard.data<float>() + g.shard_offset : values.data<float>() + g.offset;
+            float* base = block ? value_shard.data<float>() + g.shard_offset : values.data<float>() + g.offset;
             const auto n = static_cast<std::size_t>(hi - lo);
             if (device_.kind == DeviceKind::host) {
                 init(seed, {base, n}, g.dense_offset + lo);
@@ -85,16 +90,17 @@ public:
         fill_zero_bytes(v.raw(), device_, v.nbytes());
     }
 
-    // AdamW step `step` on what this rank owns: everything at stage 0, its
-    // blocks of every group at stages 1 and 2, its shards at stage 3. On
-    // tensors: the host's span update, or the device's kernel.
+    // AdamW step `step` on what this rank owns: everything when the moments
+    // are whole, its blocks of every group when only they (and perhaps the
+    // gradients) are sharded, its shards when everything is. On tensors: the
+    // host's span update, or the device's kernel.
     void optimizer_step(const parallel::ShardLayout& layout, int rank, std::int64_t step,
                         const optim::AdamWConfig& adamw) {
-        if (stage_ == 0) {
+        if (!placement_.moments_sharded) {
             optim::adamw_step(values.tensor(), grads.tensor(), m.tensor(), v.tensor(), step, adamw);
             return;
         }
-        if (stage_ == 3) {
+        if (placement_.values_sharded) {
             optim::adamw_step(value_shard.tensor(), grad_shard.tensor(), m.tensor(), v.tensor(), step, adamw);
             return;
         }
@@ -102,7 +108,8 @@ public:
             const auto& g = layout.group(gi);
             const std::int64_t own = layout.block_offset(gi, rank);
             optim::adamw_step(slice(values, own, g.block),
-                              stage_ == 1 ? slice(grads, own, g.block) : slice(grad_shard, g.shard_offset, g.block),
+                              !placement_.gradients_sharded ? slice(grads, own, g.block)
+                                                            : slice(grad_shard, g.shard_offset, g.block),
                               slice(m, g.shard_offset, g.block), slice(v, g.shard_offset, g.block), step, adamw);
         }
     }
@@ -121,11 +128,11 @@ public:
             }
         };
         layout.from_dense(dense_values, whole);
-        if (stage_ == 3) keep_blocks(value_shard);
+        if (placement_.values_sharded) keep_blocks(value_shard);
         else copy_tensor(values.tensor(), padded.tensor());
         for (auto [dense, state] : {std::pair{dense_m, &m}, std::pair{dense_v, &v}}) {
             layout.from_dense(dense, whole);
-            if (stage_ == 0) copy_tensor(state->tensor(), padded.tensor());
+            if (!placement_.moments_sharded) copy_tensor(state->tensor(), padded.tensor());
             else keep_blocks(*state);
         }
     }
@@ -163,12 +170,12 @@ public:
                        " elements for a rank that keeps ", at);
             copy_tensor(target.tensor(), staged.tensor());
         };
-        fill(stage_ == 3 ? value_shard : values, kept_values, false);
+        fill(placement_.values_sharded ? value_shard : values, kept_values, false);
         fill(m, kept_m, true);
         fill(v, kept_v, true);
     }
 
-    // Stage 0 only (every array whole), for an optimizer that keeps its own
+    // Every array whole only, for an optimizer that keeps its own
     // state (Executor::gradient): the values from the dense array, and the
     // gradient out into one. The moments are left as they are.
     void load_values(const parallel::ShardLayout& layout, std::span<const float> dense_values) {
@@ -191,15 +198,16 @@ public:
     void gather(const parallel::ShardLayout& layout, C& shards, std::span<float> dense_values,
                 std::span<float> dense_m, std::span<float> dense_v) const {
         Buffer<Host> padded(DType::f32, Shape{layout.padded_size()});
-        const DeviceBuffer gathered = stage_ > 0 ? floats(layout.padded_size()) : DeviceBuffer{};
+        const DeviceBuffer gathered = placement_.all_whole() ? DeviceBuffer{} : floats(layout.padded_size());
         auto gather_into_padded = [&](const DeviceBuffer& sharded) {
             for (const auto& g : layout.groups())
                 shards.all_gather(slice(sharded, g.shard_offset, g.block), slice(gathered, g.offset, g.padded));
             return on_host(gathered, padded);
         };
-        layout.to_dense(stage_ == 3 ? gather_into_padded(value_shard) : on_host(values, padded), dense_values);
-        layout.to_dense(stage_ == 0 ? on_host(m, padded) : gather_into_padded(m), dense_m);
-        layout.to_dense(stage_ == 0 ? on_host(v, padded) : gather_into_padded(v), dense_v);
+        const bool moments = placement_.moments_sharded;
+        layout.to_dense(placement_.values_sharded ? gather_into_padded(value_shard) : on_host(values, padded), dense_values);
+        layout.to_dense(moments ? gather_into_padded(m) : on_host(m, padded), dense_m);
+        layout.to_dense(moments ? gather_into_padded(v) : on_host(v, padded), dense_v);
     }
 
     [[nodiscard]] std::int64_t parameter_bytes() const {
@@ -226,9 +234,11 @@ private:
     }
 
     // Whether the rank keeps only its block of each group of this array.
-    [[nodiscard]] bool by_block(bool moments) const noexcept { return moments ? stage_ >= 1 : stage_ == 3; }
+    [[nodiscard]] bool by_block(bool moments) const noexcept {
+        return moments ? placement_.moments_sharded : placement_.values_sharded;
+    }
 
-    int stage_ = 0;
+    parallel::Placement placement_{};
     Device device_ = host_device;
 };
 

@@ -12,21 +12,15 @@
 #include "loom/exec/execution_plan.hpp"
 #include "loom/nn/units.hpp"
 #include "loom/parallel/shard_layout.hpp"
+#include "loom/parallel/step_lowering.hpp"
 #include "loom/schedule/pipeline.hpp"
 #include "loom/schedule/pipeline_program.hpp"
 #include "loom/schedule/pipeline_step.hpp"
-#include "loom/schedule/data_parallel.hpp"
 #include "loom/schedule/program.hpp"
 #include "loom/schedule/verify.hpp"
 #include "loom/schedule/verify_pipeline.hpp"
 
 namespace loom::exec {
-
-// ZeRO-3 gathers per unit; a pipeline at ZeRO 2/3 (ZeroPP) per chunk, once a step.
-[[nodiscard]] inline parallel::Grouping grouping_of(const ExecutionPlan& plan) {
-    if (plan.zero_stage >= 2 && plan.pipelined) return parallel::Grouping::per_segment;
-    return plan.zero_stage == 3 ? parallel::Grouping::per_unit : parallel::Grouping::buckets;
-}
 
 struct RankProgram {
     schedule::PipelineProgram pipe;    // empty unless pipelined
@@ -35,13 +29,6 @@ struct RankProgram {
     parallel::ShardLayout layout;      // this rank's parameters over the dp axis
     schedule::StepProgram program;     // what the executor interprets every step
 };
-
-// Whether the plan pipelines, checked against a pp axis of `pp_ranks` ranks.
-[[nodiscard]] inline bool check_pipeline_axis(const ExecutionPlan& plan, int pp_ranks) {
-    LOOM_CHECK(plan.pipelined || pp_ranks == 1, "Executor: a pipeline axis of ", pp_ranks,
-               " ranks for a strategy without Pipeline<...>; add Pipeline<Schedule> or use a pp axis of 1");
-    return plan.pipelined;
-}
 
 inline void verify(const RankProgram& rank);
 
@@ -58,11 +45,10 @@ inline void verify(const RankProgram& rank);
     schedule::StageBounds stages = pipelined ? exec::stage_bounds(count, pipe.virtual_stages(), options)
                                              : schedule::StageBounds{{0, count}};
     std::vector<int> chunk_of_unit = stages.chunk_of_unit(pipelined ? pipe.rank_of_chunk : std::vector<int>{0}, pp_rank);
-    parallel::ShardLayout layout(units, dp_size, grouping_of(plan), plan.bucket_bytes,
+    parallel::ShardLayout layout(units, dp_size, parallel::grouping_of(plan), plan.bucket_bytes,
                                  pipelined ? chunk_of_unit : std::vector<int>{});
     schedule::StepProgram program =
-        pipelined ? schedule::pipeline_step_program(pipe, pp_rank, stages, layout, plan.zero_stage)
-                  : schedule::data_parallel_program(layout, count, plan.zero_stage, options.micro_batches);
+        parallel::lower_step_program(plan, pipe, pp_rank, stages, layout, count, options.micro_batches);
     RankProgram rank{std::move(pipe), std::move(stages), std::move(chunk_of_unit), std::move(layout),
                      std::move(program)};
     if (pipelined) schedule::verify_pipeline(rank.pipe);

@@ -27,8 +27,8 @@ struct OwnedState {
 
 // What a loader must read for one rank alone: the whole-model (first, count)
 // runs of the parameters and of the AdamW moments the rank keeps. Its
-// pipeline stage's and tp cut's part of the model; of that, ZeRO 3 keeps the
-// rank's blocks of the values, ZeRO 1 to 3 of the moments.
+// pipeline stage's and tp cut's part of the model; of that, the rank's blocks
+// of each array its placement shards (parallel/placement.hpp).
 struct HeldRuns {
     std::vector<std::int64_t> values, moments;
 };
@@ -36,7 +36,7 @@ struct HeldRuns {
 // Where the elements this rank updates are, for one rank of a strategy.
 struct UpdatedElements {
     const parallel::ShardLayout* layout = nullptr;
-    int zero_stage = 0;
+    parallel::Placement placement{};
     int rank = 0;  // on the gradient (dp) axis
     // Runs [first, last) of the rank's dense order holding a copy of a Param
     // the tensor-parallel cut left whole that another tp rank owns
@@ -46,17 +46,18 @@ struct UpdatedElements {
 
 // Calls f(group, first, a, b, owner) for each run [a, b) of a group's
 // elements that the rank's optimizer step updates (its storage starts at
-// element `first` of the group: 0 at ZeRO 0, the rank's block after), split
-// where the owner changes: every dp rank's runs at ZeRO 0 are copies of the
-// first's, and a tp rank's copy of a Param the cut left whole belongs to one tp rank.
+// element `first` of the group: 0 with whole moments, the rank's block when
+// they are sharded), split where the owner changes: with whole moments every
+// dp rank's runs are copies of the first's, and a tp rank's copy of a Param the cut left whole belongs to one tp rank.
 template <class F>
 void for_each_updated_run(const UpdatedElements& at, F&& f) {
-    const int stage = at.zero_stage, r = at.rank;
-    const bool dp_owner = stage > 0 || r == 0;
+    const bool blocks = at.placement.moments_sharded;
+    const int r = at.rank;
+    const bool dp_owner = blocks || r == 0;
     for (int gi = 0; gi < static_cast<int>(at.layout->groups().size()); ++gi) {
         const auto& g = at.layout->group(gi);
-        const std::int64_t lo = stage == 0 ? 0 : r * g.block;
-        const std::int64_t end = std::min(g.numel, stage == 0 ? g.numel : lo + g.block);
+        const std::int64_t lo = blocks ? r * g.block : 0;
+        const std::int64_t end = std::min(g.numel, blocks ? lo + g.block : g.numel);
         const auto emit = [&](std::int64_t from, std::int64_t to, bool owner) {
             if (to > from) f(gi, lo, from, to, owner && dp_owner);
         };
@@ -73,13 +74,13 @@ void for_each_updated_run(const UpdatedElements& at, F&& f) {
 }
 
 // The gradients the rank's optimizer step updates, as the runs above, in the
-// store's host memory (the whole gradient below ZeRO 2, the shard from it).
+// store's host memory (the whole gradient, or the shard where it is sharded).
 [[nodiscard]] inline std::vector<GradientBlock> gradient_blocks(const UpdatedElements& at, const ParameterStore& store) {
     std::vector<GradientBlock> blocks;
     for_each_updated_run(at, [&](int gi, std::int64_t first, std::int64_t a, std::int64_t b, bool owner) {
         const auto& g = at.layout->group(gi);
-        float* base = at.zero_stage >= 2 ? store.grad_shard.data<float>() + g.shard_offset
-                                         : store.grads.data<float>() + g.offset + first;
+        float* base = at.placement.gradients_sharded ? store.grad_shard.data<float>() + g.shard_offset
+                                                     : store.grads.data<float>() + g.offset + first;
         blocks.push_back({{base + (a - first), static_cast<std::size_t>(b - a)}, owner});
     });
     return blocks;

@@ -70,6 +70,10 @@ public:
                    compression().describe(), " mixes into the momentum at ZeRO 0; use ZeroShard<1> or more");
     }
 
+    [[nodiscard]] std::string not_the_average() const override {
+        return "GradCompress<" + compression().describe() + "> changes what the exchange hands the optimizer step";
+    }
+
     void reset() override { exchange_.reset(); }
     [[nodiscard]] Compression compression() const noexcept override { return exchange_.compression(); }
     [[nodiscard]] std::int64_t state_size() const noexcept override { return exchange_.state_size(); }

@@ -20,7 +20,7 @@
 //                        Adam; of the gradient under ZeRO), error feedback  ~20x
 // Error feedback keeps what a step did not send and adds it to the next
 // step's gradient, so nothing is lost, only delayed. PowerSGD and OneBit
-// start after ExecutorOptions::compress_warmup uncompressed steps.
+// start after ExecutorOptions::exchange.compress_warmup uncompressed steps.
 #pragma once
 
 #include <charconv>

@@ -46,9 +46,16 @@ struct OptimizerArrays {
     Tensor grads, first_moment;
 };
 
+// What a user chooses of the exchange besides the strategy (ExecutorOptions::exchange).
+struct ExchangeOptions {
+    // GradCompress: steps of uncompressed exchange before the dp compressor
+    // starts (PowerSGD and one-bit want some; the others need none).
+    std::int64_t compress_warmup = 0;
+};
+
 // How the exchange is set up besides the plan (parallel/plan_exchanges.hpp).
 struct ExchangeSetup {
-    std::int64_t warmup = 0;  // ExecutorOptions::compress_warmup
+    std::int64_t warmup = 0;  // ExchangeOptions::compress_warmup
     // Where this rank's one-time notices go (PowerSGD's matrices too small
     // for its rank); empty: this rank says nothing, so one rank of each
     // gradient group speaks. Any rank may pass one; the executor passes it
@@ -56,6 +63,13 @@ struct ExchangeSetup {
     std::function<void(const std::string&)> notice{};
     Device device = host_device;  // where the gradients are
 };
+
+// The setup from a user's options: `notice`, where this rank's notices go
+// (empty: this rank says nothing); `device`, where the gradients are.
+[[nodiscard]] inline ExchangeSetup exchange_setup(const ExchangeOptions& options,
+                                                  std::function<void(const std::string&)> notice, Device device) {
+    return {options.compress_warmup, std::move(notice), device};
+}
 
 template <comm::Communicator C>
 class GradientExchange {
@@ -74,6 +88,11 @@ public:
     // optimizer step (exec/policy_component.hpp), would not read the
     // gradients it expects.
     virtual void check_readable_by(const std::string& policy) const { (void)policy; }
+    // Why what this exchange hands the optimizer step may differ from the
+    // averaged gradient (a compressor's estimate, momentum mixed in), for an
+    // optimizer that reads the gradient itself (Executor::gradient); empty
+    // when it is the average.
+    [[nodiscard]] virtual std::string not_the_average() const { return {}; }
 
     // Back to the state of a fresh run (the executor's initialize()).
     virtual void reset() {}

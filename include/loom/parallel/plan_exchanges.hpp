@@ -5,7 +5,9 @@
 //     (parallel/gradient_exchange.hpp): GradCompress's on the dp axis, or
 //     the plain average;
 //   - message_casts: the 16-bit casts of pipeline stage messages and of
-//     Megatron's tensor-parallel sums (GradCompress<Cast, PpAxis / TpAxis>).
+//     Megatron's tensor-parallel sums (GradCompress<Cast, PpAxis / TpAxis>);
+//   - program_components_for: the components that lower themselves into the
+//     rank's step program with run-time state (Recompute<...>'s).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,8 @@
 #include "loom/parallel/compressed_gradient_exchange.hpp"
 #include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/gradient_exchange.hpp"
+#include "loom/parallel/program_component.hpp"
+#include "loom/parallel/recomputation.hpp"
 #include "loom/parallel/shard_layout.hpp"
 #include "loom/parallel/strategy_spec.hpp"
 
@@ -69,6 +73,17 @@ struct MessageCasts {
     if (plan.pp_compression.on()) casts.stage = cast_of(plan.pp_compression);
     if (plan.tp_compression.on()) casts.tensor = cast_of(plan.tp_compression);
     return casts;
+}
+
+// The program components `plan` installs on a rank that runs `units`
+// (chunk_of_unit: -1 for those another stage holds), in the order they lower.
+template <comm::Communicator C>
+[[nodiscard]] ProgramComponents<C> program_components_for(const StrategySpec& plan, const std::vector<nn::Unit>& units,
+                                                          const std::vector<int>& chunk_of_unit) {
+    ProgramComponents<C> out;
+    if (plan.recompute.on())
+        out.push_back(std::make_unique<RecomputationComponent<C>>(Recomputation(plan.recompute, units, chunk_of_unit)));
+    return out;
 }
 
 }  // namespace loom::parallel

@@ -1,5 +1,6 @@
 // What Recompute<...> (parallel/recompute.hpp) does at run time on one rank,
-// the component the policy installs in the executor: which units it
+// the component the policy installs in the executor (RecomputationComponent,
+// a parallel::ProgramComponent): which units it
 // recomputes, and for Budget the measurements its choice is made from. It
 // lowers the choice into the rank's step program (schedule/recompute.hpp),
 // which the executor verifies and interprets; this component decides, so
@@ -20,7 +21,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
+#include <memory>
+#include <typeindex>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/nn/units.hpp"
+#include "loom/parallel/program_component.hpp"
 #include "loom/parallel/recompute.hpp"
 #include "loom/schedule/pipeline_step.hpp"  // StageBounds
 #include "loom/schedule/program.hpp"
@@ -100,7 +104,7 @@ public:
     // chose through `notice` (the world's first rank passes one), or that
     // even recomputing every unit does not fit.
     template <comm::Communicator C>
-    [[nodiscard]] std::vector<bool> choose(std::initializer_list<C*> axes, const schedule::StepProgram& program,
+    [[nodiscard]] std::vector<bool> choose(const std::vector<C*>& axes, const schedule::StepProgram& program,
                                            const schedule::StageBounds& stages, const std::vector<int>& chunk_of_unit,
                                            Device device, const std::function<void(const std::string&)>& notice) {
         const std::vector<int> in_flight = micro_batches_in_flight(program, stages, chunk_of_unit);
@@ -169,7 +173,7 @@ private:
 
     // The largest of each value over every rank of `axes`, on every rank.
     template <comm::Communicator C>
-    static void agree(std::initializer_list<C*> axes, std::vector<float>& values, Device device) {
+    static void agree(const std::vector<C*>& axes, std::vector<float>& values, Device device) {
         const Tensor host = Tensor::of(values.data(), {static_cast<std::int64_t>(values.size())});
         DeviceBuffer there;
         Tensor t = host;
@@ -188,6 +192,34 @@ private:
     std::vector<Measured> measured_;
     bool chosen_ = false;
     schedule::RecomputeChoice choice_{};
+};
+
+// Recomputation as the executor holds it: lowered as Full when the executor
+// is built (Budget's measuring step too), and, after Budget's measured step,
+// lowered again as its choice.
+template <comm::Communicator C>
+class RecomputationComponent final : public ProgramComponent<C> {
+public:
+    explicit RecomputationComponent(Recomputation recomputation) : r_(std::move(recomputation)) {}
+
+    void lower(schedule::StepProgram& program) override { r_.lower_into(program, r_.full()); }
+    [[nodiscard]] bool measuring() const noexcept override { return r_.measuring(); }
+    void forward_measured(int unit, double seconds, std::int64_t bytes, std::int64_t output_bytes) override {
+        r_.measured_forward(unit, seconds, bytes, output_bytes);
+    }
+    void backward_measured(int unit, std::int64_t bytes, bool weight_half) override {
+        r_.measured_backward(unit, bytes, weight_half);
+    }
+    void relower(const RankOfProgram<C>& rank, schedule::StepProgram& program) override {
+        if (!r_.measuring()) return;
+        r_.lower_into(program, r_.choose<C>(rank.peers, program, *rank.stages, *rank.chunk_of_unit, rank.device,
+                                            rank.notice));
+    }
+    [[nodiscard]] const void* instance() const noexcept override { return &r_; }
+    [[nodiscard]] std::type_index type() const noexcept override { return typeid(Recomputation); }
+
+private:
+    Recomputation r_;
 };
 
 }  // namespace loom::parallel

@@ -23,6 +23,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/grad_compress.hpp"
 #include "loom/parallel/pipeline.hpp"
+#include "loom/parallel/placement.hpp"
 #include "loom/parallel/recompute.hpp"
 #include "loom/parallel/strategy_rules.hpp"
 
@@ -58,6 +59,9 @@ struct StrategySpec {
     Compression pp_compression{};                          // GradCompress<Cast, PpAxis>: stage messages
     Compression tp_compression{};                          // GradCompress<Cast, TpAxis>: the f/g all-reduces
     RecomputeSpec recompute{};                             // Recompute<Full | Selective | Budget<Bytes>>
+
+    // What each rank keeps whole and what it keeps only its dp block of.
+    [[nodiscard]] constexpr parallel::Placement placement() const { return parallel::zero_placement(zero_stage); }
 
     // The spec of a Strategy type (kept for ExecutionPlan::of<S>()).
     template <class S>

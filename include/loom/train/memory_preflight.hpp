@@ -5,7 +5,7 @@
 // otherwise found by the kernel's OOM killer, which prints nothing.
 //
 // The need is a lower bound on purpose, so a run that fits is never refused:
-// the model states per rank as the ZeRO paper counts them (exec/memory.hpp:
+// the model states per rank as the ZeRO paper counts them (parallel/zero_shard.hpp:
 // 16 bytes per parameter in plain data parallelism, less when sharded) and
 // one micro-batch's saved activations (plan/gpt_description.hpp's per-sample
 // bytes), each divided by the degrees that split them, times the ranks of
@@ -35,6 +35,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/exec/memory.hpp"
+#include "loom/parallel/zero_shard.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/parallel/policy.hpp"
 #include "loom/parallel/recompute.hpp"

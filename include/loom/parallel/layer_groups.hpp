@@ -1,5 +1,7 @@
 // The groups one rank's layers talk to inside a step, built from the
-// executor's tp and sp axes:
+// executor's tp and sp axes: the component TensorParallel, Optimus2D and
+// SequenceParallel install in the executor, which only attaches it to the
+// micro-batch contexts and hands it each step's batch:
 //   - tensor parallelism: Megatron's tp group (its all-reduces cast to 16 bits
 //     under GradCompress<Cast, TpAxis>), or the Optimus 2D grid over it;
 //   - sequence parallelism: the sp group (ring attention's neighbours,
@@ -20,9 +22,6 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/exec/execution_plan.hpp"
-#include "loom/exec/micro_batch_pool.hpp"
-#include "loom/exec/tensor_shards.hpp"
 #include "loom/kernels/host/quantize.hpp"
 #include "loom/nn/context.hpp"
 #include "loom/nn/tensor_group.hpp"
@@ -30,14 +29,15 @@
 #include "loom/parallel/grid2d.hpp"
 #include "loom/parallel/optimus2d.hpp"
 #include "loom/parallel/sequence_sharder.hpp"
+#include "loom/parallel/strategy_spec.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
 
-namespace loom::exec {
+namespace loom::parallel {
 
 // Whether `tp` is a tensor-parallel axis of more than one rank; throws when
 // it has ranks but the plan no TensorParallel.
 template <comm::Communicator C>
-[[nodiscard]] bool tensor_parallel_axis(const ExecutionPlan& plan, const C* tp) {
+[[nodiscard]] bool tensor_parallel_axis(const StrategySpec& plan, const C* tp) {
     LOOM_CHECK(plan.tensor_parallel || tp == nullptr || tp->size() == 1, "Executor: a tensor-parallel axis of ",
                tp->size(), " ranks for a strategy without TensorParallel; add TensorParallel or use a tp axis of 1");
     return plan.tensor_parallel && tp != nullptr && tp->size() > 1;
@@ -46,7 +46,7 @@ template <comm::Communicator C>
 // Whether `sp` is a sequence-parallel axis of more than one rank (`tp`: the
 // tensor-parallel axis in use, or null).
 template <comm::Communicator C>
-[[nodiscard]] bool sequence_parallel_axis(const ExecutionPlan& plan, const C* sp, const C* tp) {
+[[nodiscard]] bool sequence_parallel_axis(const StrategySpec& plan, const C* sp, const C* tp) {
     LOOM_CHECK(plan.sequence_parallel || sp == nullptr || sp->size() == 1, "Executor: a sequence-parallel axis "
                "of ", sp->size(), " ranks for a strategy without SequenceParallel; add SequenceParallel or use an "
                "sp axis of 1");
@@ -65,7 +65,7 @@ struct LayerAxes {
 };
 
 template <comm::Communicator C>
-[[nodiscard]] LayerAxes<C> layer_axes(const ExecutionPlan& plan, C* tp, C* sp) {
+[[nodiscard]] LayerAxes<C> layer_axes(const StrategySpec& plan, C* tp, C* sp) {
     C* const used_tp = tensor_parallel_axis(plan, tp) ? tp : nullptr;
     return {used_tp, sequence_parallel_axis(plan, sp, used_tp) ? sp : nullptr};
 }
@@ -90,7 +90,7 @@ public:
     // `tp` and `sp` as the checks above left them (null: no such axis);
     // `gradient_ranks`: the size of the group gradients are reduced over,
     // which must hold the sp ranks; `tp_cast`: GradCompress<Cast, TpAxis>.
-    LayerGroups(C* tp, C* sp, const ExecutionPlan& plan, int gradient_ranks,
+    LayerGroups(C* tp, C* sp, const StrategySpec& plan, int gradient_ranks,
                 std::optional<kernels::host::Cast> tp_cast) {
         if (tp != nullptr) {
             tp_group_ = tp_cast ? std::make_unique<nn::TensorGroupOf<C>>(*tp, *tp_cast)
@@ -117,8 +117,9 @@ public:
         }
     }
 
-    // Points every context of `pool` (now and later) at these groups.
-    void attach(MicroBatchPool& pool) const {
+    // Points every context of `pool` (now and later; exec::MicroBatchPool) at these groups.
+    template <class Pool>
+    void attach(Pool& pool) const {
         if (tp_group_) pool.set_tensor_group(tp_group_.get());
         if (grid_) pool.set_tensor_grid(&grid_->view);
         if (sp_group_) pool.set_sequence_parallelism(sequence_);
@@ -167,7 +168,7 @@ private:
     std::unique_ptr<nn::TensorGroupOf<C>> sp_group_;  // ring attention's neighbours
     std::unique_ptr<Hybrid> hybrid_;                  // UlyssesRing<K> only
     nn::SequenceParallelism sequence_{};
-    parallel::SequenceSharder sharder_;  // this rank's positions of the step's sequences
+    SequenceSharder sharder_;  // this rank's positions of the step's sequences
 };
 
-}  // namespace loom::exec
+}  // namespace loom::parallel
