@@ -119,6 +119,45 @@ TEST_CASE("loom's GEMM at each kernel level this CPU runs matches a double loop:
     }
 }
 
+TEST_CASE("a plain A whose rows alias in L1 is packed where the L1 has few ways, with the same bits as read in place",
+          "[kernels][gemm][gemm_kernels]") {
+    KeepHostGemm keep;
+    const auto& cpu = loom::kernels::host::cpu_features();
+    const std::int64_t M = 30, N = 200, K = 300;
+    const std::int64_t aliasing = cpu.l1d_way_bytes / 4, padded = aliasing + 16;  // floats per row
+    REQUIRE(aliasing >= K);
+    CAPTURE(cpu.l1d_ways, cpu.l1d_way_bytes, loom::kernels::host::gemm_detail::packs_aliasing_a(aliasing));
+    CHECK_FALSE(loom::kernels::host::gemm_detail::packs_aliasing_a(padded));
+    const auto values = normal_values(static_cast<std::size_t>(M * K), 1);
+    std::vector<float> A_alias(static_cast<std::size_t>(M * aliasing)), A_padded(static_cast<std::size_t>(M * padded));
+    for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t k = 0; k < K; ++k) {
+            A_alias[static_cast<std::size_t>(i * aliasing + k)] = values[static_cast<std::size_t>(i * K + k)];
+            A_padded[static_cast<std::size_t>(i * padded + k)] = values[static_cast<std::size_t>(i * K + k)];
+        }
+    const auto B = normal_values(static_cast<std::size_t>(K * N), 2);
+    for (CpuIsa isa : runnable_levels()) {
+        CAPTURE(loom::kernels::host::name_of(isa));
+        loom::kernels::host::set_host_gemm({HostGemmBackend::loom, isa});
+        std::vector<float> C_alias(static_cast<std::size_t>(M * N)), C_padded(C_alias.size());
+        loom::kernels::host::gemm(Trans::no, Trans::no, M, N, K, 1.0f, A_alias.data(), aliasing, B.data(), N, 0.0f,
+                                  C_alias.data(), N);
+        loom::kernels::host::gemm(Trans::no, Trans::no, M, N, K, 1.0f, A_padded.data(), padded, B.data(), N, 0.0f,
+                                  C_padded.data(), N);
+        CHECK(std::memcmp(C_alias.data(), C_padded.data(), C_alias.size() * sizeof(float)) == 0);
+    }
+    // Packing a plain A gives the panels a transposed A's packing gives, whatever this CPU does.
+    constexpr int MR = 6;
+    std::vector<float> At(static_cast<std::size_t>(K * M));
+    for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t k = 0; k < K; ++k) At[static_cast<std::size_t>(k * M + i)] = values[static_cast<std::size_t>(i * K + k)];
+    const std::int64_t mc = 17, kc = 40, panels = (mc + MR - 1) / MR;
+    std::vector<float> plain(static_cast<std::size_t>(panels * kc * MR), -1.0f), transposed(plain.size(), -2.0f);
+    loom::kernels::host::gemm_detail::pack_a<MR, false>(Trans::no, A_alias.data(), aliasing, 5, mc, 7, kc, plain.data());
+    loom::kernels::host::gemm_detail::pack_a<MR, false>(Trans::yes, At.data(), M, 5, mc, 7, kc, transposed.data());
+    CHECK(plain == transposed);
+}
+
 TEST_CASE("loom's GEMM with K = 0 or alpha = 0 scales C by beta and reads neither A nor B",
           "[kernels][gemm][gemm_kernels]") {
     KeepHostGemm keep;

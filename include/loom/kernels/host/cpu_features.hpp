@@ -8,6 +8,10 @@
 
 #include <cstdint>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 namespace loom::kernels::host {
 
 // The instruction-set levels the host GEMM has kernels for, lowest first.
@@ -49,6 +53,12 @@ struct CpuFeatures {
     // retire it at a quarter of the FMA rate (Emerald Rapids, 0.65x), where
     // rounding into the f32 kernels is faster (docs/performance.md).
     bool bf16_dot_full_rate = false;
+    // The L1 data cache's geometry (cpuid leaf 4, AMD's 0x8000001D): its ways,
+    // and the bytes of one way (addresses this far apart share a set). The
+    // GEMM packs a plain A whose rows alias in one set when the ways are too
+    // few for a tile's rows (kernels/host/gemm_blocked.hpp). Unknown: 8 ways of 4 KiB.
+    int l1d_ways = 8;
+    std::int64_t l1d_way_bytes = 4096;
 
     // The highest level the GEMM has a kernel for on this CPU.
     [[nodiscard]] CpuIsa best() const noexcept {
@@ -75,6 +85,13 @@ namespace detail {
                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
     f.bf16_dot_full_rate = f.avx512_bf16 && __builtin_cpu_is("amd");
+    // Subleaf 0 of the cache leaf is the L1 data cache on every x86 so far; checked by its type and level.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const unsigned leaf = __builtin_cpu_is("amd") ? 0x8000001Du : 4u;
+    if (__get_cpuid_count(leaf, 0, &a, &b, &c, &d) && (a & 31u) == 1u && ((a >> 5) & 7u) == 1u) {
+        f.l1d_ways = static_cast<int>(((b >> 22) & 0x3ffu) + 1u);
+        f.l1d_way_bytes = static_cast<std::int64_t>((b & 0xfffu) + 1u) * (static_cast<std::int64_t>(c) + 1);
+    }
 #endif
     return f;
 }

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "loom/kernels/host/cpu_features.hpp"
 #include "loom/kernels/host/gemm_packing.hpp"
 #include "loom/kernels/trans.hpp"
 
@@ -30,6 +31,21 @@ namespace loom::kernels::host::gemm_detail {
 // was 5-20% faster at config A's and B's shapes and at 1024^3 (perf showed
 // packing at a fifth of a training step's time when A was packed).
 inline constexpr std::int64_t pack_a_min_panels = 4;
+
+// Except when a plain A's rows alias: a row stride that is a multiple of the
+// L1's way size (1024 floats on a 32 KiB 8-way L1) puts a tile's rows in one
+// set, and with fewer ways than this they evict each other at every k step.
+// Measured on an AMD EPYC (Zen 4, 8 ways) at 1024^3: 77 GFLOP/s in place, 91
+// packed, 99 in place with a padded stride; the Xeon of docs/performance.md
+// (12 ways) read in place faster even there. Packing changes no arithmetic.
+inline constexpr int aliasing_rows_need_ways = 12;
+
+// Whether a plain (untransposed) A with row stride `lda` is packed anyway.
+[[nodiscard]] inline bool packs_aliasing_a(std::int64_t lda) noexcept {
+    const CpuFeatures& cpu = cpu_features();
+    return cpu.l1d_ways < aliasing_rows_need_ways && cpu.l1d_way_bytes > 0 &&
+           (lda * static_cast<std::int64_t>(sizeof(float))) % cpu.l1d_way_bytes == 0;
+}
 
 // C = alpha op(A) op(B) + beta C for M, N, K >= 1, on one thread; with
 // RoundBf16, of op(A) and op(B) rounded to bf16 as they are packed (A then
@@ -45,7 +61,7 @@ inline void blocked_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std
     float* bp = b_buffer.reserve(kc_max * ((nc_max + NR - 1) / NR) * NR);
     for (std::int64_t jc = 0; jc < N; jc += Kernel::nc) {
         const std::int64_t nc = std::min<std::int64_t>(Kernel::nc, N - jc);
-        const bool packs_a = ta == Trans::yes && (nc + NR - 1) / NR > pack_a_min_panels;
+        const bool packs_a = (ta == Trans::yes || packs_aliasing_a(lda)) && (nc + NR - 1) / NR > pack_a_min_panels;
         for (std::int64_t pc = 0; pc < K; pc += Kernel::kc) {
             const std::int64_t kc = std::min<std::int64_t>(Kernel::kc, K - pc);
             const float beta_block = pc == 0 ? beta : 1.0f;
