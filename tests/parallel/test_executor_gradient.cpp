@@ -81,6 +81,63 @@ TEST_CASE("Executor::gradient with Full, Selective and Budget recomputation give
     }
 }
 
+TEST_CASE("an executor without optimizer state gives the same gradients, holds no moments and refuses what reads them",
+          "[parallel][optex]") {
+    // Found on the rank threads, checked after them (Catch's assertions are not thread-safe).
+    struct Found {
+        bool same_initial = false, same_loss = false, same_gradient = false;
+        std::int64_t moments_with = 0, moments_without = 0, parameters = 0;
+        std::vector<std::string> refusals;
+    };
+    std::vector<Found> found(2);
+    comm::ThreadWorld(2).run([&](comm::ThreadComm& comm) {
+        Found& f = found[static_cast<std::size_t>(comm.rank())];
+        auto with_model = gpt::make_model(loom_test::equivalence_model());
+        auto without_model = gpt::make_model(loom_test::equivalence_model());
+        auto optex_model = gpt::make_model(loom_test::equivalence_model());
+        exec::Executor<comm::ThreadComm> with(with_model, comm, exec::ExecutionPlan{}, {});
+        exec::Executor<comm::ThreadComm> without(without_model, comm, exec::ExecutionPlan{}, {.optimizer_state = false});
+        with.initialize(loom_test::equivalence_seed);
+        const auto n = static_cast<std::size_t>(with.parameter_count());
+        f.parameters = static_cast<std::int64_t>(n);
+        std::vector<float> values(n), m(n), v(n);
+        with.gather_state(values, m, v);
+        // OptEx's worker starts from the same values without asking its executor for them.
+        train::OptExGradient<gpt::Model, comm::ThreadComm> optex(optex_model, comm, exec::ExecutionPlan{}, {});
+        std::vector<float> optex_initial(n);
+        optex.initial_values(loom_test::equivalence_seed, optex_initial);
+        f.same_initial = optex_initial == values;
+
+        without.set_parameters(values);
+        std::vector<std::int32_t> inputs, targets;
+        loom_test::gradient_rows(0, comm.rank(), comm.size(), inputs, targets);
+        const std::int64_t rows = loom_test::equivalence_batch / comm.size(), T = loom_test::equivalence_model().seq;
+        const Tensor x = Tensor::of(inputs.data(), {rows, T}), y = Tensor::of(targets.data(), {rows, T});
+        std::vector<float> g_with(n), g_without(n);
+        const float loss_with = with.gradient(x, y, g_with);  // collectives: one executor after the other
+        const float loss_without = without.gradient(x, y, g_without);
+        f.same_loss = loss_with == loss_without;
+        f.same_gradient = g_with == g_without;
+        f.moments_with = with.memory_report().optimizer_state;
+        f.moments_without = without.memory_report().optimizer_state;
+        f.refusals = {loom_test::message_of([&] { (void)without.step(x, y, 1e-3f); }),
+                      loom_test::message_of([&] { without.gather_state(values, m, v); }),
+                      loom_test::message_of([&] { without.load_state(values, m, v, 0); }),
+                      loom_test::message_of([&] { (void)without.owned_state(); })};
+    });
+    const std::string why = ": this executor holds no optimizer state (ExecutorOptions::optimizer_state is false: "
+                            "an optimizer outside it keeps its own); gradient() and set_parameters() run without it";
+    for (const Found& f : found) {
+        CHECK(f.same_initial);
+        CHECK(f.same_loss);
+        CHECK(f.same_gradient);
+        CHECK(f.moments_with == 8 * f.parameters);
+        CHECK(f.moments_without == 0);
+        CHECK(f.refusals == std::vector<std::string>{"Executor::step" + why, "Executor::gather_state" + why,
+                                                     "Executor::load_state" + why, "Executor::owned_state" + why});
+    }
+}
+
 TEST_CASE("Executor::gradient and set_parameters refuse what leaves no rank the whole gradient", "[parallel]") {
     auto model = gpt::make_model(loom_test::equivalence_model());
     comm::ThreadWorld(1).run([&](comm::ThreadComm& comm) {

@@ -50,6 +50,11 @@ struct ExecutorOptions {
     // with f32 sums (kernels/matmul_precision.hpp). Weights, gradients and
     // AdamW state stay f32 either way.
     kernels::MatmulPrecision matmul = kernels::MatmulPrecision::f32;
+    // Whether the executor keeps AdamW's moments. False for an optimizer that
+    // keeps its own state and only asks for gradients (Executor::gradient:
+    // OptEx): 8 bytes per parameter fewer, and step(), gather_state and the
+    // other calls that read the moments refuse.
+    bool optimizer_state = true;
 };
 
 // What the executor's gradient exchange (parallel/gradient_exchange.hpp) is

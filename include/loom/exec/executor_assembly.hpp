@@ -21,7 +21,8 @@ void Executor<C>::assemble(const ExecutionPlan& plan, const ExecutorOptions& opt
     pool_.set_device(device_);
     pool_.set_matmul_precision(options.matmul);
     const parallel::Placement placed = plan.placement();
-    store_ = ParameterStore(rank_.layout, placed, rank_.program.grad_slots, rank_.program.param_slots, device_);
+    store_ = ParameterStore(rank_.layout, placed, rank_.program.grad_slots, rank_.program.param_slots, device_,
+                            options.optimizer_state);
     for (int g = 0; g < static_cast<int>(rank_.layout.groups().size()); ++g)  // whole ones, bound once here
         bind(g, placed.values_sharded ? nullptr : store_.values.data<float>() + rank_.layout.group(g).offset,
              placed.gradients_sharded ? nullptr : store_.grads.data<float>() + rank_.layout.group(g).offset);

@@ -26,6 +26,7 @@ namespace loom::exec {
 
 template <comm::Communicator C>
 float Executor<C>::run_program(const Tensor& inputs, const Tensor& targets, bool optimizer) {
+    if (optimizer) store_.check_moments("Executor::step");
     batch_.take(inputs, targets, micro_batches_, device_);
     groups_.check_micro_batch_rows(batch_.rows_per_micro_batch);
     optim::check_config(adamw_);

@@ -25,6 +25,7 @@ namespace loom::exec {
 // parallelism: each tp rank's cut arrays are put back together whole.
 template <comm::Communicator C>
 void Executor<C>::gather_state(std::span<float> values, std::span<float> m, std::span<float> v) {
+    store_.check_moments("Executor::gather_state");
     if (tp_ == nullptr) {
         gather_local_state(values, m, v);
         return;
@@ -43,6 +44,7 @@ void Executor<C>::gather_state(std::span<float> values, std::span<float> m, std:
 template <comm::Communicator C>
 void Executor<C>::load_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                              std::int64_t optimizer_steps) {
+    store_.check_moments("Executor::load_state");
     if (tp_ != nullptr) {
         const auto n = static_cast<std::size_t>(shards_.local_size());
         std::vector<float> lv(n), lm(n), lvv(n);
@@ -58,6 +60,7 @@ void Executor<C>::load_state(std::span<const float> values, std::span<const floa
 // This rank's part of a sharded checkpoint (exec/updated_runs.hpp). No communication.
 template <comm::Communicator C>
 OwnedState Executor<C>::owned_state() const {
+    store_.check_moments("Executor::owned_state");
     // On a device each array is read into host memory once.
     std::vector<float> staged[3];
     const auto readable = [&](const DeviceBuffer& b, std::vector<float>& keep) -> const float* {
@@ -111,6 +114,7 @@ HeldRuns Executor<C>::held_runs() const {
 template <comm::Communicator C>
 void Executor<C>::load_held_state(std::span<const float> values, std::span<const float> m, std::span<const float> v,
                                   std::int64_t optimizer_steps) {
+    store_.check_moments("Executor::load_held_state");
     LOOM_CHECK(optimizer_steps >= 0, "Executor::load_held_state: optimizer_steps = ", optimizer_steps, " is negative");
     store_.load_kept(rank_.layout, comm_->rank(), values, m, v);
     optimizer_steps_ = optimizer_steps;

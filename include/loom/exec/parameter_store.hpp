@@ -35,17 +35,21 @@ using InitializeRange = std::function<void(std::uint64_t seed, std::span<float> 
 class ParameterStore {
 public:
     ParameterStore() = default;
-    // Sized for `layout` placed as `placement`, with the step program's slots, on `where`.
+    // Sized for `layout` placed as `placement`, with the step program's slots,
+    // on `where`; without `moments` (an optimizer outside the executor keeps
+    // its own state) m and v stay empty and every call that reads them refuses.
     ParameterStore(const parallel::ShardLayout& layout, parallel::Placement placement, int grad_slot_count,
-                   int param_slot_count, Device where)
-        : placement_(placement), device_(where) {
+                   int param_slot_count, Device where, bool moments = true)
+        : placement_(placement), device_(where), moments_(moments) {
         const std::int64_t padded = layout.padded_size(), shard = layout.shard_size();
         if (!placement.values_sharded) values = floats(padded);
         else value_shard = floats(shard);
         if (!placement.gradients_sharded) grads = floats(padded);
         else grad_shard = floats(shard);
-        m = floats(placement.moments_sharded ? shard : padded);
-        v = floats(placement.moments_sharded ? shard : padded);
+        if (moments) {
+            m = floats(placement.moments_sharded ? shard : padded);
+            v = floats(placement.moments_sharded ? shard : padded);
+        }
         for (int s = 0; s < grad_slot_count; ++s) grad_slots.push_back(floats(layout.largest_group()));
         for (int s = 0; s < param_slot_count; ++s) param_slots.push_back(floats(layout.largest_group()));
     }
@@ -54,6 +58,11 @@ public:
     std::vector<DeviceBuffer> grad_slots, param_slots;
 
     [[nodiscard]] const parallel::Placement& placement() const noexcept { return placement_; }
+    // Throws, naming `call`, when the store holds no AdamW moments.
+    void check_moments(const char* call) const {
+        LOOM_CHECK(moments_, call, ": this executor holds no optimizer state (ExecutorOptions::optimizer_state is ",
+                   "false: an optimizer outside it keeps its own); gradient() and set_parameters() run without it");
+    }
     // The gradients the backward writes and the optimizer reads: whole or this rank's shard.
     [[nodiscard]] const DeviceBuffer& gradient_array() const noexcept {
         return placement_.gradients_sharded ? grad_shard : grads;
@@ -240,6 +249,7 @@ private:
 
     parallel::Placement placement_{};
     Device device_ = host_device;
+    bool moments_ = true;
 };
 
 }  // namespace loom::exec

@@ -24,6 +24,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/device.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/init.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/exec/executor.hpp"
 #include "loom/exec/model_gradient.hpp"
@@ -38,7 +39,10 @@ public:
     OptExGradient(Model& model, C& dp, const exec::ExecutionPlan& strategy, const exec::ExecutorOptions& options)
         : model_(&model), dp_(&dp) {
         if (options.device.kind == DeviceKind::host) {
-            executor_.emplace(model, dp, strategy, options);
+            // OptEx keeps its own moments: the executor holds none.
+            exec::ExecutorOptions gradient_only = options;
+            gradient_only.optimizer_state = false;
+            executor_.emplace(model, dp, strategy, gradient_only);
             return;
         }
         LOOM_CHECK(!strategy.recompute.on(), "OptExGradient: Recompute<", strategy.recompute.describe(),
@@ -56,9 +60,9 @@ public:
             on_device_->store(values);
             return;
         }
-        executor_->initialize(seed);
-        std::vector<float> m(values.size()), v(values.size());
-        executor_->gather_state(values, m, v);
+        // Every array is whole here (what Executor::gradient needs), so the
+        // serial run's values are the initializer's, in the same order.
+        loom::initialize_range(*model_, seed, values, 0);
     }
 
     // The worker's mean loss at x on this rank's rows (inputs and targets
