@@ -1,8 +1,8 @@
 // What train_gpt's flags must agree on before anything is built, checked
 // the same way on every rank so that every rank stops with the same one-line
 // message: the degrees against the world size and the model (the planner's
-// rules, plan/layout_rules.hpp), OptEx's workers, the memory, the corpus.
-// Included by train_gpt.cpp inside its anonymous namespace, after
+// rules, plan/layout_rules.hpp), OptEx's workers, --device, the memory, the
+// corpus. Included by train_gpt.cpp inside its anonymous namespace, after
 // train_gpt_flags.hpp.
 #pragma once
 
@@ -18,13 +18,11 @@ inline void check_degrees(const Flags& flags, int world, int dp) {
     if (flags.pp == 1) return;
     const int chunks = flags.strategy.chunks, stages = layout.virtual_stages(), layers = static_cast<int>(flags.model.layers);
     if (!flags.partition.empty()) {
-        try {
-            (void)loom::schedule::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : "--pp " +
-                                                  std::to_string(flags.pp) + " x " + std::to_string(chunks) +
-                                                  " chunks is " + std::to_string(stages));
-        } catch (const loom::Error& e) {
-            usage_error(e.message());
-        }
+        (void)flag_checked("", [&] {
+            return loom::schedule::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : "--pp " +
+                                                   std::to_string(flags.pp) + " x " + std::to_string(chunks) +
+                                                   " chunks is " + std::to_string(stages));
+        });
     } else if (flags.strategy.schedule == loom::ScheduleKind::interleaved && layers % stages != 0) {
         usage_error("--schedule interleaved with " + std::to_string(chunks) + " chunks per rank needs the " +
                     std::to_string(layers) + " layers to split evenly into " + std::to_string(stages) +
@@ -106,3 +104,43 @@ inline void refuse_run(const std::string& message, bool lead) {
     run_refused = true;
 }
 [[nodiscard]] inline bool refused_run() { return run_refused.load(); }
+
+// --device's own checks, before anything runs: --cluster's links are shaped
+// between host threads by host clocks, while a GPU's work runs
+// asynchronously to them (the modelled times would not be the run's); heads
+// wider than the CUDA attention kernels take; and under mpirun, ZB-V over
+// NCCL, which pairs one link's messages in the order they are issued,
+// whatever their tags, while ZB-V's two ranks of a link post activations and
+// gradients in different orders (transport_nccl.hpp). The device itself is
+// checked where the ranks start (train/transport_launch.hpp).
+inline void check_device_flags(const Flags& flags) {
+    if (flags.device.kind == loom::DeviceKind::host) return;
+    std::ostringstream where;
+    where << flags.device;
+    if (!flags.cluster.empty())
+        usage_error("--device " + where.str() + " runs every flag but --cluster, whose links delay rank threads by "
+                    "host clocks while the GPU's work runs asynchronously to them; drop --cluster or use "
+                    "--device host");
+    const std::int64_t width = flags.model.width, limit = loom::kernels::cuda_attention_max_head_size;
+    const std::int64_t head_size = width / flags.model.heads;
+    if (flags.device.kind == loom::DeviceKind::cuda && head_size > limit) {
+        // The fewest heads that divide the width into heads of at most `limit`
+        // (width itself always does: heads of one feature).
+        std::int64_t fits = (width + limit - 1) / limit;
+        while (width % fits != 0) ++fits;
+        usage_error("--device " + where.str() + ": --width " + std::to_string(width) + " over --heads " +
+                    std::to_string(flags.model.heads) + " gives heads of " + std::to_string(head_size) +
+                    " features; the CUDA attention kernels take at most " + std::to_string(limit) + ": use --heads " +
+                    std::to_string(fits) + " (or another divisor of --width giving heads of at most " +
+                    std::to_string(limit) + "), or --device host");
+    }
+    if (loom::train::launched_by_mpi() && flags.optex == 0 && flags.pp > 1 &&
+        flags.strategy.schedule == loom::ScheduleKind::zero_bubble_v)
+        usage_error("--schedule zbv with --device cuda under mpirun: NCCL pairs a link's messages in the "
+                    "order they are sent, and ZB-V's ranks send and receive them in different orders; "
+                    "use --schedule gpipe, 1f1b, zb or interleaved, or rank threads on one GPU "
+                    "(no mpirun)");
+}
+
+// The ranks the degrees name, --dp x --pp x --tp x --sp (the rank threads a --device run starts).
+inline int device_ranks(const Flags& flags) { return (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp; }

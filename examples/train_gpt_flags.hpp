@@ -51,10 +51,22 @@ struct Flags {
     throw loom::Error("train_gpt: " + what + " (train_gpt --help lists every flag)");
 }
 
-// Says so when the run's matrix products are not plain f32.
-inline void print_matmul_precision(const Flags& flags) {
-    if (flags.matmul == loom::kernels::MatmulPrecision::bf16)
-        std::printf("matrix products: bf16 operands, f32 sums and outputs (--matmul bf16)\n");
+// f(), whose loom::Error about a flag's value becomes a usage error that
+// starts with `prefix` (the flag: "--matmul: ").
+template <class F>
+decltype(auto) flag_checked(const std::string& prefix, F&& f) {
+    try {
+        return f();
+    } catch (const loom::Error& e) {
+        usage_error(prefix + e.message());
+    }
+}
+
+// A line for the run's summary when its matrix products are not plain f32.
+inline std::string matmul_note(const Flags& flags) {
+    return flags.matmul == loom::kernels::MatmulPrecision::bf16
+               ? "matrix products: bf16 operands, f32 sums and outputs (--matmul bf16)"
+               : "";
 }
 
 inline std::int64_t parse_int(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high) {
@@ -96,21 +108,13 @@ struct StrategyFlags {
 
 // --recompute none | full | selective | budget:SIZE: Recompute<...>, in the spelling loom-plan shares.
 inline loom::RecomputeSpec recompute_of(const std::string& text) {
-    try {
-        return parse_recompute_flag(text);
-    } catch (const loom::Error& e) {
-        usage_error("--recompute: " + e.message());
-    }
+    return flag_checked("--recompute: ", [&] { return parse_recompute_flag(text); });
 }
 
 // --compress, --compress-pp, --compress-tp: what each axis may take is the
 // strategy's rule (LOOM_RULE_ACTIVATION_CAST), checked with the whole spec.
 inline loom::Compression parse_compress_flag(const std::string& flag, const std::string& text) {
-    try {
-        return loom::parse_compression(text);
-    } catch (const loom::Error& e) {
-        usage_error(flag + ": " + e.message());
-    }
+    return flag_checked(flag + ": ", [&] { return loom::parse_compression(text); });
 }
 
 // The spec the piecewise flags name, for the degrees given.
@@ -119,11 +123,7 @@ inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
     spec.zero_stage = s.zero.empty() ? 0 : static_cast<int>(parse_int("--zero", s.zero, 0, 3));
     if (f.pp > 1) {
         spec.pipelined = true;
-        try {
-            if (!s.schedule.empty()) spec.schedule = parse_schedule_flag(s.schedule);
-        } catch (const loom::Error& e) {
-            usage_error("--schedule: " + e.message());
-        }
+        if (!s.schedule.empty()) spec.schedule = flag_checked("--schedule: ", [&] { return parse_schedule_flag(s.schedule); });
         spec.chunks = loom::fixed_chunks(spec.schedule) == 0 ? 2 : loom::fixed_chunks(spec.schedule);
     } else if (!s.schedule.empty()) {
         usage_error("--schedule " + s.schedule + " needs a pipeline; add --pp 2 or more");
@@ -164,11 +164,7 @@ inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
 // --strategy TEXT: the spec as written (whose policies must match the
 // degrees: plan/layout_rules.hpp, with the other degree rules).
 inline loom::StrategySpec strategy_of(const std::string& text) {
-    try {
-        return loom::parse_strategy(text);
-    } catch (const loom::Error& e) {
-        usage_error("--strategy: " + e.message());
-    }
+    return flag_checked("--strategy: ", [&] { return loom::parse_strategy(text); });
 }
 
 // The whole command line as Flags, or the one-line reason it is not one.
@@ -286,11 +282,7 @@ inline Flags parse(int argc, char** argv) {
               f.device_per_process = v == "cuda";
           });
     value("Devices", "--matmul", "P", "f32", "f32, or bf16 operands with f32 sums", [&f](const std::string& v) {
-        try {
-            f.matmul = loom::kernels::parse_matmul_precision(v);
-        } catch (const loom::Error& e) {
-            usage_error("--matmul: " + e.message());
-        }
+        f.matmul = flag_checked("--matmul: ", [&] { return loom::kernels::parse_matmul_precision(v); });
     });
     text("Devices", "--cluster", f.cluster, "FILE", "rank threads talk over this cluster's links, as loom-plan prices them");
 
@@ -309,11 +301,7 @@ inline Flags parse(int argc, char** argv) {
             usage_error("--strategy gives the whole strategy; drop " + piece->get_name() + " " + piece->as<std::string>() +
                         " or write it into --strategy");
     f.strategy = s.strategy.empty() ? strategy_of(s, f) : strategy_of(s.strategy);
-    try {
-        f.strategy.validate();
-    } catch (const loom::Error& e) {
-        usage_error(e.message());
-    }
+    flag_checked("", [&] { f.strategy.validate(); });
     if (f.pp == 1 && !f.partition.empty()) usage_error("--partition " + f.partition + " needs a pipeline; add --pp 2 or more");
     if (f.compress_warmup >= 0 && !f.compress().on())
         usage_error("--compress-warmup " + std::to_string(f.compress_warmup) + " needs a compressor; add --compress");
