@@ -33,9 +33,9 @@ namespace loom::train {
 
 // What a run's end writes; an empty path writes nothing there.
 struct RunOutputs {
-    std::string save;            // the checkpoint: a file, or a directory when sharded
+    std::string save{};            // the checkpoint: a file, or a directory when sharded
     std::int64_t step = 0;       // the step the run ended after
-    std::string trace;           // the step programs' Chrome/Perfetto trace of every rank
+    std::string trace{};           // the step programs' Chrome/Perfetto trace of every rank
     Device device = host_device;  // the memory the world moves (the trace's gather goes through it)
 };
 
@@ -88,9 +88,9 @@ private:
     C& world_;
     exec::Executor<C>& exec_;
     gpt::Config config_;
-    std::string data_;
+    std::string data_{};
     std::map<std::string, std::string> identity_;
-    std::string signature_;
+    std::string signature_{};
     bool sharded_;
     std::optional<exec::ShardedSave<C>> in_flight_;  // a sharded save still writing
 };

@@ -18,26 +18,26 @@ namespace loom::train {
 
 // What the summary says; empty strings and zeros are left out.
 struct RunFacts {
-    std::string model;             // the configuration as it prints ("GPT(4 layers, width 256, ...)")
+    std::string model{};             // the configuration as it prints ("GPT(4 layers, width 256, ...)")
     std::int64_t parameters = 0;   // the whole model's
     std::int64_t batch = 0, seq = 0;
-    std::string data;              // the corpus, described
-    std::string strategy;          // as Strategy<...> prints
+    std::string data{};              // the corpus, described
+    std::string strategy{};          // as Strategy<...> prints
     int ranks = 1;
-    std::string transport;         // "rank threads", "MPI processes", ...
+    std::string transport{};         // "rank threads", "MPI processes", ...
     int dp = 1, pp = 1, tp = 1, sp = 1;
     int micro_batches = 1;
     int blas_threads = 1;          // per rank
-    std::string matmul;            // a line on the matrix products' precision; empty: plain f32
-    std::string gemm;              // the host GEMM's report; empty: not said
-    std::string stages;            // the pipeline's stages, described; empty without a pipeline
-    std::string stages_from;       // where their split came from
-    std::string cuts;              // what tensor parallelism did to the layers; empty without it
+    std::string matmul{};            // a line on the matrix products' precision; empty: plain f32
+    std::string gemm{};              // the host GEMM's report; empty: not said
+    std::string stages{};            // the pipeline's stages, described; empty without a pipeline
+    std::string stages_from{};       // where their split came from
+    std::string cuts{};              // what tensor parallelism did to the layers; empty without it
     unsigned cores = 0;            // this machine's, when the ranks are threads of this process; 0: not threads
     std::int64_t resumed_at = 0;   // the step a resume starts at; 0: a fresh run
-    std::string resumed_from;
-    std::string compression_note;  // why a resume starts the compressor's error feedback from zero
-    std::string compressor;        // the dp compressor, described
+    std::string resumed_from{};
+    std::string compression_note{};  // why a resume starts the compressor's error feedback from zero
+    std::string compressor{};        // the dp compressor, described
     std::int64_t warmup = 0;       // uncompressed steps before it starts
 };
 
