@@ -4,18 +4,16 @@
 // (found from the launcher's environment), or on GPUs (--device cuda). The
 // strategy is one loom::StrategySpec, from --strategy TEXT or the piecewise
 // flags. `train_gpt --help` lists every flag, docs/train_gpt.md says more.
-// This program is its flags (train_gpt_flags.hpp), what they must agree on
-// before anything is built (train_gpt_checks.hpp: the degrees by
-// plan/layout_rules.hpp) and the files it writes (train_gpt_outputs.hpp);
-// the rest is loom::train's: where the ranks run (transport_launch.hpp), the
-// executor's run (gpt_executor_run.hpp: stages, resume, summary, step loop,
-// saves) and OptEx's (optex_run.hpp).
+// This program is its flags (train_gpt_flags.hpp) and what they must agree
+// on before anything is built (train_gpt_checks.hpp: the degrees by
+// plan/layout_rules.hpp, the files); the rest is loom::train's: the run's
+// settings (gpt_training.hpp), where the ranks run (transport_launch.hpp),
+// the executor's run (gpt_executor_run.hpp: stages, resume, summary, step
+// loop, saves) and OptEx's (optex_run.hpp).
 #include <loom/comm/any_comm.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
-#include <loom/exec/sharded_checkpoint.hpp>
 #include <loom/gpt/model.hpp>
-#include <loom/io/atomic_file.hpp>
 #include <loom/kernels/attention_shape.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/kernels/matmul_precision.hpp>
@@ -27,8 +25,9 @@
 #include <loom/plan/gpt_description.hpp>
 #include <loom/plan/layout_rules.hpp>
 #include <loom/schedule/partition.hpp>
-#include <loom/train/data_identity.hpp>
+#include <loom/train/file_preflight.hpp>
 #include <loom/train/gpt_executor_run.hpp>
+#include <loom/train/gpt_training.hpp>
 #include <loom/train/launcher.hpp>
 #include <loom/train/memory_preflight.hpp>
 #include <loom/train/optex_run.hpp>
@@ -40,6 +39,7 @@
 #if LOOM_EXAMPLE_WITH_MPI
 #include <loom/comm/communicator_mpi.hpp>
 #include <loom/comm/session_mpi.hpp>
+#include <loom/train/transport_launch_mpi.hpp>
 #endif
 
 #include <CLI/CLI.hpp>
@@ -48,18 +48,17 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
 #include <functional>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -67,17 +66,6 @@ namespace {
 #include "train_gpt_flags.hpp"
 
 #include "train_gpt_checks.hpp"
-#include "train_gpt_outputs.hpp"
-
-// The training loop's settings (train/step_loop.hpp) for a run resumed at `first_step`.
-loom::train::StepLoop step_loop(const Flags& flags, std::int64_t first_step, std::int64_t tokens_per_step,
-                                loom::Device device) {
-    LOOM_CHECK(first_step <= flags.until, "train_gpt: the checkpoint ", flags.resume, " is at step ", first_step,
-               ", past --until ", flags.until);
-    return {.first_step = first_step, .until = flags.until, .tokens_per_step = tokens_per_step, .metrics = flags.metrics,
-            .save = flags.save, .save_every = flags.save_every, .keep = flags.keep, .sharded = flags.sharded,
-            .device = device};
-}
 
 // --optex N: OptEx<AdamW> over N workers, each a group of --dp ranks, in its
 // own loop (train/optex_run.hpp); its state stays on the host, `device`
@@ -85,15 +73,11 @@ loom::train::StepLoop step_loop(const Flags& flags, std::int64_t first_step, std
 void train_optex(loom::comm::AnyComm& world, const Flags& flags, const char* transport, loom::Device device) {
     const int dp_size = optex_dp_size(flags, world.size());
     loom::kernels::host::set_blas_threads(flags.threads);
+    loom::train::GptTraining run = flags;
+    run.device = device;  // where the gradients run; OptEx's state stays on the host
     const std::int64_t done = loom::train::run_optex_gpt(
-        world,
-        {.workers = flags.optex, .dp = dp_size, .model = flags.model, .batch = flags.batch, .strategy = flags.strategy,
-         .device = device, .matmul = flags.matmul, .matmul_note = matmul_note(flags), .seed = flags.seed, .lr = flags.lr,
-         .steps = flags.steps, .optex = flags.optex_config, .data = flags.data, .resume = flags.resume, .save = flags.save,
-         .sharded = flags.sharded, .sample = flags.sample},
-        load_corpus(flags), transport, [&](std::int64_t first_step) {
-            return step_loop(flags, first_step, flags.optex * flags.batch * flags.model.seq, loom::host_device);
-        });
+        world, run, {.dp = dp_size, .transport = transport, .matmul_note = matmul_note(flags)},
+        loom::train::training_corpus(flags));
     if (world.rank() == 0 && done < flags.until) report_stop(flags, done);
 }
 
@@ -107,24 +91,16 @@ void train(loom::comm::AnyComm& world, const Flags& flags, const char* transport
     }
     const int dp_size = dp_degree(flags, world.size());
     loom::kernels::host::set_blas_threads(flags.threads);
-    const bool lead = world.rank() == 0;
     // A corpus that cannot be read, or too short for one sequence, is refused
-    // before anything is built: by every rank alike, so the lead says it once.
+    // before anything is built: by every rank alike, so the lead says it once
+    // (and the process exits 1 after its ranks return).
     std::optional<loom::data::ByteCorpus> loaded;
-    const auto refusal = loom::train::refusal_of([&] { loaded = load_corpus(flags); });
-    if (loom::train::refused_everywhere(world, refusal, flags.device)) {
-        refuse_run(refusal.message, lead);
-        return;
-    }
+    const auto refusal = loom::train::refusal_of([&] { loaded = loom::train::training_corpus(flags); });
+    if (loom::train::refuse_if_everywhere(world, refusal, flags.device)) return;
     const std::int64_t done = loom::train::run_gpt_executor(
-        world,
-        {.model = flags.model, .batch = flags.batch, .dp = dp_size, .pp = flags.pp, .tp = flags.tp, .sp = flags.sp,
-         .micro_batches = flags.micro_batches, .strategy = flags.strategy, .partition = flags.partition,
-         .partition_from = "--partition", .device = flags.device, .matmul = flags.matmul, .matmul_note = matmul_note(flags),
-         .blas_threads = flags.threads, .compress_warmup = flags.warmup_steps(), .seed = flags.seed, .lr = flags.lr,
-         .steps = flags.steps, .data = flags.data, .resume = flags.resume, .save = flags.save, .sharded = flags.sharded,
-         .trace = flags.trace, .sample = flags.sample},
-        *loaded, transport,
+        world, flags,
+        {.dp = dp_size, .transport = transport, .matmul_note = matmul_note(flags), .partition_from = "--partition"},
+        *loaded,
         [&](const std::vector<int>& partition) -> loom::exec::ExecutorOptions {
             return {.micro_batches = flags.micro_batches,
                     .adamw = loom::optim::AdamWConfig{flags.lr, 0.9f, 0.95f, 1e-8f, 0.1f,
@@ -135,9 +111,15 @@ void train(loom::comm::AnyComm& world, const Flags& flags, const char* transport
                     .compress_warmup = flags.warmup_steps(),
                     .device = flags.device,
                     .matmul = flags.matmul};
-        },
-        [&](std::int64_t first_step) { return step_loop(flags, first_step, flags.batch * flags.model.seq, flags.device); });
-    if (lead && done < flags.until) report_stop(flags, done);
+        });
+    if (world.rank() == 0 && done < flags.until) report_stop(flags, done);
+}
+
+// What an error says: the library's refusal of a device in the words of the
+// flag that chose it, any other as it is.
+std::string said(const std::exception& e) {
+    const auto* refused = dynamic_cast<const loom::train::DeviceRefused*>(&e);
+    return refused != nullptr ? usage("--device " + refused->message()).what() : e.what();
 }
 
 int run(int argc, char** argv) {
@@ -157,37 +139,23 @@ int run(int argc, char** argv) {
     // (saving it), and run() returns 130 or 143.
     const loom::train::StopSignal stop;
     // Where the ranks run is the library's (train/transport_launch.hpp); a
-    // device it refuses is named by the flag that chose it.
-    const loom::train::TransportBody train_on = [&](loom::comm::AnyComm& world, const char* transport, loom::Device device) {
-        train(world, flags, transport, device);
-    };
-    const auto on_device = [](auto&& launch) {
-        try {
-            launch();
-        } catch (const loom::train::DeviceRefused& e) {
-            usage_error("--device " + e.message());
-        }
-    };
+    // device it refuses is named by the flag that chose it (said()).
+    const loom::train::TransportBody train_on = [&](loom::comm::AnyComm& world, const char* transport,
+                                                    loom::Device device) { train(world, flags, transport, device); };
     if (launched_by_mpi()) {
         if (!flags.cluster.empty())
             usage_error("--cluster " + flags.cluster + " shapes the links between rank threads; under mpirun the "
                         "processes use the real ones: drop --cluster");
 #if LOOM_EXAMPLE_WITH_MPI
         loom::comm::MpiSession session(argc, argv);
-        auto world = loom::comm::Mpi::world();
-        try {
-            world.run([&](loom::comm::Mpi& comm) {
-                loom::comm::AnyComm host = loom::comm::AnyComm::view(comm);
-                on_device([&] {
-                    loom::train::launch_on_processes(host, flags.device, flags.device_per_process, flags.optex > 0, train_on);
-                });
-            });
-        } catch (const std::exception& e) {
-            // Printed here, before the session ends the job with MPI_Abort.
-            std::fprintf(stderr, "%s\n", e.what());
+        // An error is printed inside, by every process, before the session ends the job with MPI_Abort.
+        if (!loom::train::launch_mpi_processes(loom::comm::Mpi::world(),
+                                               {.device = flags.device,
+                                                .per_process = flags.device_per_process,
+                                                .host_collectives = flags.optex > 0},
+                                               train_on, said))
             return 1;
-        }
-        return refused_run() ? 1 : stop.exit_code();
+        return loom::train::run_refused() ? 1 : stop.exit_code();
 #else
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
@@ -208,12 +176,12 @@ int run(int argc, char** argv) {
     }
     // With --device and OptEx, its state and collectives stay in host memory
     // and each thread computes its gradients on the GPU.
-    on_device([&] {
-        loom::train::launch_rank_threads({.ranks = ranks, .device = flags.device, .cluster = cluster ? &*cluster : nullptr,
-                                          .host_collectives = flags.optex > 0},
-                                         train_on);
-    });
-    return refused_run() ? 1 : stop.exit_code();
+    loom::train::launch_rank_threads({.ranks = ranks,
+                                      .device = flags.device,
+                                      .cluster = cluster ? &*cluster : nullptr,
+                                      .host_collectives = flags.optex > 0},
+                                     train_on);
+    return loom::train::run_refused() ? 1 : stop.exit_code();
 }
 
 }  // namespace
@@ -224,7 +192,7 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
         // Under mpirun, an error found before MPI starts is every process's:
         // rank 0 prints it once.
-        if (loom::train::launcher_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+        if (loom::train::launcher_rank() == 0) std::fprintf(stderr, "%s\n", said(e).c_str());
         else loom::train::let_rank_zero_report_first();
         return 1;
     }

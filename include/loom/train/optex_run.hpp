@@ -8,7 +8,7 @@
 // directory (checkpoints of any number of workers, or of the executor),
 // saves through run_steps and at the end, and the lead prints what it did.
 //
-//   const auto end = train::run_optex_gpt(world, run, corpus, transport, [&](std::int64_t first) { return loop; });
+//   const auto done = train::run_optex_gpt(world, run, {.dp = 1, .transport = "rank threads"}, corpus);
 #pragma once
 
 #include <algorithm>
@@ -35,44 +35,22 @@
 #include "loom/optim/schedule.hpp"
 #include "loom/parallel/strategy_spec.hpp"
 #include "loom/train/data_identity.hpp"
+#include "loom/train/gpt_training.hpp"
 #include "loom/train/optex_checkpoint.hpp"
 #include "loom/train/optex_gradient.hpp"
 #include "loom/train/step_loop.hpp"
 
 namespace loom::train {
 
-// What an OptEx run is; the degrees are checked against the world by the caller.
-struct OptExRun {
-    int workers = 1;                 // the optex axis
-    int dp = 1;                      // ranks per worker, averaging its gradient
-    gpt::Config model{};
-    std::int64_t batch = 8;          // sequences per worker and iteration, over its dp ranks
-    StrategySpec strategy{};         // what a worker's gradient runs under (its recomputation)
-    Device device = host_device;     // where each rank's forward and backward run
-    kernels::MatmulPrecision matmul = kernels::MatmulPrecision::f32;
-    std::string matmul_note{};       // a line the summary prints about the matrix products; empty: none
-    std::uint64_t seed = 1;
-    float lr = 1e-3f;                // the cosine schedule's peak
-    std::int64_t steps = 0;          // the schedule's length
-    optim::OptExConfig optex{};
-    std::string data{};              // the data's path (empty: synthetic), recorded for a resume to check
-    std::string resume{};            // a checkpoint to continue; empty: a fresh run
-    std::string save{};              // the checkpoint written at the end; empty: none
-    bool sharded = false;            // saves are directories of per-rank slices, history included
-    std::int64_t sample = 0;         // bytes generated at the end of a completed run; 0: none
-};
-
-// Trains, a collective over `world` (optex x dp ranks), and returns the step
-// the run ended after (before its end after a stop signal);
-// `loop_from(first_step)` gives the step loop's settings once a resume has
-// said where it starts.
-template <class LoopFrom>
-std::int64_t run_optex_gpt(comm::AnyComm& world, const OptExRun& run, const data::ByteCorpus& corpus, const char* transport,
-                          LoopFrom&& loop_from) {
+// Trains `run` with `run.optex` workers, a collective over `world` (optex x
+// dp ranks, dp given by `context`; `run.device` computes the gradients), and
+// returns the step the run ended after (before its end after a stop signal).
+inline std::int64_t run_optex_gpt(comm::AnyComm& world, const GptTraining& run, const RunContext& context,
+                                  const data::ByteCorpus& corpus) {
     using C = comm::AnyComm;
-    const int workers = run.workers;
+    const int workers = run.optex;
     const bool lead = world.rank() == 0;
-    comm::Mesh<C> mesh(world, {{"optex", workers}, {"dp", run.dp}});
+    comm::Mesh<C> mesh(world, {{"optex", workers}, {"dp", context.dp}});
     const int worker = mesh.coordinate("optex");
 
     gpt::Model model = gpt::make_model(run.model);
@@ -85,7 +63,7 @@ std::int64_t run_optex_gpt(comm::AnyComm& world, const OptExRun& run, const data
     if (run.resume.empty()) gradient_at.initial_values(run.seed, values);
     const optim::AdamWConfig adamw{run.lr, 0.9f, 0.95f, 1e-8f, 0.1f};
     optim::OptEx<optim::AdamW, C> optex(
-        mesh.axis("optex"), values, [&](std::int64_t n) { return optim::AdamW(n, adamw); }, run.optex);
+        mesh.axis("optex"), values, [&](std::int64_t n) { return optim::AdamW(n, adamw); }, run.optex_config);
     // A sharded resume reads this rank's slice of everything, the history
     // included, from any number of workers (or the executor's shards, with
     // no history); one file keeps no history.
@@ -95,14 +73,14 @@ std::int64_t run_optex_gpt(comm::AnyComm& world, const OptExRun& run, const data
     if (lead) {
         std::ostringstream config, method;
         config << run.model;
-        method << run.optex << "<AdamW>";
+        method << run.optex_config << "<AdamW>";
         if (run.strategy.recompute.on()) method << ", Recompute<" << run.strategy.recompute.describe() << ">";
         std::printf("%s, %lld parameters, batch %lld x %lld tokens per worker, %s\n", config.str().c_str(),
                     static_cast<long long>(parameters), static_cast<long long>(run.batch),
                     static_cast<long long>(run.model.seq), corpus.describe().c_str());
         std::printf("%s on %d %s (optex %d x dp %d), each rank holding 1/%d of the state and history\n",
-                    method.str().c_str(), world.size(), transport, workers, run.dp, workers);
-        if (!run.matmul_note.empty()) std::printf("%s\n", run.matmul_note.c_str());
+                    method.str().c_str(), world.size(), context.transport.c_str(), workers, context.dp, workers);
+        if (!context.matmul_note.empty()) std::printf("%s\n", context.matmul_note.c_str());
         if (!run.resume.empty())
             std::printf("resumed from %s at step %lld%s%s\n", run.resume.c_str(), static_cast<long long>(first_step),
                         history_note.empty() ? " with OptEx's history" : "; OptEx's history starts empty: ",
@@ -122,11 +100,12 @@ std::int64_t run_optex_gpt(comm::AnyComm& world, const OptExRun& run, const data
             save_optex(world, optex, run.model, path, step, corpus.describe(), identity);
     };
 
-    const std::int64_t rows = run.batch / run.dp, T = run.model.seq, total = run.steps;
+    const std::int64_t rows = run.batch / context.dp, T = run.model.seq, total = run.steps;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(rows * T)), targets(inputs.size());
-    double length_scale = run.optex.estimator.length_scale;
+    double length_scale = run.optex_config.estimator.length_scale;
     std::int64_t skipped = 0;
-    const StepLoop loop = loop_from(first_step);
+    // The collectives between steps stay on the host, with OptEx's.
+    const StepLoop loop = run.step_loop(first_step, workers * run.batch * T, host_device);
     const auto [done, loss] = run_steps(
         world, loop,
         [&](std::int64_t step) {
