@@ -32,7 +32,6 @@
 #include <loom/train/memory_preflight.hpp>
 #include <loom/train/optex_run.hpp>
 #include <loom/train/setup_refusal.hpp>
-#include <loom/train/step_loop.hpp>
 #include <loom/train/stop_signal.hpp>
 #include <loom/train/transport_launch.hpp>
 
@@ -130,11 +129,12 @@ int run(int argc, char** argv) {
     // world size before MPI starts: every process refuses alike, rank 0 says
     // why (main), and none waits for another or aborts the job.
     using loom::train::launched_by_mpi;
+    // Without mpirun, the rank threads the degrees name (per OptEx worker).
+    const int ranks = (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex);
     if (const int world = loom::train::launcher_world_size(); launched_by_mpi() && world > 0)
         check_memory(flags, dp_degree(flags, world), 1);
     else if (!launched_by_mpi())
-        check_memory(flags, flags.dp > 0 ? flags.dp : 1,
-                     (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp * std::max(1, flags.optex));
+        check_memory(flags, flags.dp > 0 ? flags.dp : 1, ranks);
     // From here SIGINT and SIGTERM stop the run after its current step
     // (saving it), and run() returns 130 or 143.
     const loom::train::StopSignal stop;
@@ -160,7 +160,6 @@ int run(int argc, char** argv) {
         usage_error("started by an MPI launcher, but this build has no MPI (configure with LOOM_WITH_MPI=ON)");
 #endif
     }
-    const int ranks = device_ranks(flags) * std::max(1, flags.optex);
     std::optional<loom::plan::Cluster> cluster;
     if (!flags.cluster.empty()) {
         // The rank threads' traffic takes as long as it would over the

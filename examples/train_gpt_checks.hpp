@@ -116,9 +116,6 @@ inline void check_device_flags(const Flags& flags) {
                     "(no mpirun)");
 }
 
-// The ranks the degrees name, --dp x --pp x --tp x --sp (the rank threads a --device run starts).
-inline int device_ranks(const Flags& flags) { return (flags.dp > 0 ? flags.dp : 1) * flags.pp * flags.tp * flags.sp; }
-
 // Before any rank starts: --save (a directory when --sharded) and --trace
 // can be written, the temporaries a killed run left beside --save are
 // removed, and --resume leaves steps to train and continues this run's data

@@ -52,13 +52,15 @@ inline std::int64_t parse_int(std::string_view flag, const std::string& text, st
     return value;
 }
 
-// A number in (0, high] (finite), or "--lr 0 is not a number in (0, 10]".
-inline double parse_real(std::string_view flag, const std::string& text, double high, const std::string& valid) {
+// A finite number in (0, high] as a T (a float flag refuses what rounds to
+// 0), or "--lr 0 is not a number in (0, 10]".
+template <class T>
+T parse_real(std::string_view flag, const std::string& text, double high, const std::string& valid) {
     char* end = nullptr;
     const double value = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end != '\0' || !(value > 0) || !std::isfinite(value) || value > high)
+    if (text.empty() || *end != '\0' || !std::isfinite(value) || value > high || !(static_cast<T>(value) > 0))
         usage_error(std::string(flag) + " " + text + " is not " + valid);
-    return value;
+    return static_cast<T>(value);
 }
 
 // "--tp-mode 3d is not 1d (Megatron) or 2d (Optimus)": the index of `text` among `names`.
@@ -175,7 +177,7 @@ inline Flags parse(int argc, char** argv) {
     whole("Training", "--steps", f.steps, 0, std::int64_t{1} << 40, "the learning-rate schedule's length");
     whole("Training", "--until", f.until, 0, std::int64_t{1} << 40, "stop after this step", "--steps");
     value("Training", "--lr", "X", "1e-3", "peak learning rate, in (0, 10], cosine decay", [&f](const std::string& v) {
-        f.lr = static_cast<float>(parse_real("--lr", v, 10.0, "a number in (0, 10]"));
+        f.lr = parse_real<float>("--lr", v, 10.0, "a number in (0, 10]");
     });
     whole("Training", "--threads", f.threads, 1, 1024, "BLAS threads per rank");
     whole("Training", "--freeze-variance", f.freeze_variance, 1, std::int64_t{1} << 40,
@@ -211,7 +213,8 @@ inline Flags parse(int argc, char** argv) {
     whole("OptEx", "--optex", f.optex, 1, 1024, "OptEx<AdamW> over N workers (each a --dp group)", "off");
     whole("OptEx", "--optex-history", f.optex_config.estimator.history, 2, 100000, "gradients the estimator keeps");
     value("OptEx", "--optex-length-scale", "X", "0.1", "the kernel's length scale, > 0", [&f](const std::string& v) {
-        f.optex_config.estimator.length_scale = parse_real("--optex-length-scale", v, HUGE_VAL, "a finite number > 0");
+        f.optex_config.estimator.length_scale =
+            parse_real<double>("--optex-length-scale", v, HUGE_VAL, "a finite number > 0");
     });
     value("OptEx", "--optex-select", "RULE", "last", "which iterate to keep: last, lowest-loss or smallest-gradient",
           [&f](const std::string& v) {

@@ -6,6 +6,7 @@
 #include <loom/comm/thread_world.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/train/executor_saves.hpp>
+#include <loom/train/file_preflight.hpp>
 
 #include <filesystem>
 #include <mutex>
@@ -50,6 +51,9 @@ TEST_CASE("ExecutorSaves: whole files, sharded directories, values and the trace
     CHECK(std::filesystem::exists(dir / "trace.json"));
     CHECK(std::filesystem::exists(dir / "shards-1" / "index.json"));
     CHECK(std::filesystem::exists(dir / "shards-2" / "index.json"));
+    // A sharded checkpoint's step and identity read from its index, as a resume's preflight reads them.
+    CHECK(loom::train::checkpoint_step((dir / "shards-2").string()) == 2);
+    CHECK(loom::train::checkpoint_step((dir / "final.st").string()) == 2);
     REQUIRE(gathered.size() == 2);
     CHECK(gathered[0] == gathered[1]);
     // The final file holds the values the sample was given, at its step.
