@@ -1,9 +1,10 @@
 // What train_gpt's flags must agree on before anything is built, checked
 // the same way on every rank so that every rank stops with the same one-line
 // message: the degrees against the world size and the model (the planner's
-// rules, plan/layout_rules.hpp), OptEx's workers, the memory, the corpus.
-// Included by train_gpt.cpp inside its anonymous namespace, after
-// train_gpt_flags.hpp.
+// rules, plan/layout_rules.hpp), OptEx's workers, --device, the memory, the
+// files it writes and resumes (train/file_preflight.hpp); and how a stopped
+// run says where it stands. Included by train_gpt.cpp inside its anonymous
+// namespace, after train_gpt_flags.hpp.
 #pragma once
 
 // The degrees and the strategy against a world of `world` ranks and the
@@ -18,13 +19,11 @@ inline void check_degrees(const Flags& flags, int world, int dp) {
     if (flags.pp == 1) return;
     const int chunks = flags.strategy.chunks, stages = layout.virtual_stages(), layers = static_cast<int>(flags.model.layers);
     if (!flags.partition.empty()) {
-        try {
-            (void)loom::schedule::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : "--pp " +
-                                                  std::to_string(flags.pp) + " x " + std::to_string(chunks) +
-                                                  " chunks is " + std::to_string(stages));
-        } catch (const loom::Error& e) {
-            usage_error(e.message());
-        }
+        (void)flag_checked("", [&] {
+            return loom::schedule::parse_partition(flags.partition, layers, stages, chunks == 1 ? "" : "--pp " +
+                                                   std::to_string(flags.pp) + " x " + std::to_string(chunks) +
+                                                   " chunks is " + std::to_string(stages));
+        });
     } else if (flags.strategy.schedule == loom::ScheduleKind::interleaved && layers % stages != 0) {
         usage_error("--schedule interleaved with " + std::to_string(chunks) + " chunks per rank needs the " +
                     std::to_string(layers) + " layers to split evenly into " + std::to_string(stages) +
@@ -66,15 +65,7 @@ inline int dp_degree(const Flags& flags, int world) {
 // the device, which this does not measure.
 inline void check_memory(const Flags& flags, int dp, int ranks_in_process) {
     if (flags.no_memory_check || flags.device.kind != loom::DeviceKind::host) return;
-    const loom::train::TrainingLayout layout{.batch = flags.batch,
-                                             .dp = dp,
-                                             .pp = flags.pp,
-                                             .tp = flags.tp,
-                                             .sp = flags.sp,
-                                             .zero = flags.optex > 0 ? 0 : flags.strategy.zero_stage,
-                                             .micro_batches = flags.optex > 0 ? 1 : flags.micro_batches,
-                                             .ranks_in_process = ranks_in_process,
-                                             .recompute = flags.strategy.recompute};
+    const loom::train::TrainingLayout layout = loom::train::training_layout(flags, dp, ranks_in_process);
     try {
         loom::train::check_memory_fits(loom::train::gpt_training_memory(flags.model, layout),
                                        loom::train::available_memory(),
@@ -88,21 +79,70 @@ inline void check_memory(const Flags& flags, int dp, int ranks_in_process) {
     }
 }
 
-// The corpus --data names (or the synthetic one), checked to hold one sequence and its targets.
-inline loom::data::ByteCorpus load_corpus(const Flags& flags) {
-    auto corpus = flags.data.empty()
-                      ? loom::data::ByteCorpus::synthetic(std::int64_t{1} << 20, flags.seed, static_cast<int>(flags.model.vocab))
-                      : loom::data::ByteCorpus::from_file(flags.data, static_cast<int>(flags.model.vocab));
-    std::vector<std::int32_t> probe(static_cast<std::size_t>(flags.model.seq)), probe_targets(probe.size());
-    corpus.batch(flags.seed, 0, 1, flags.model.seq, probe, probe_targets);
-    return corpus;
+// --device's own checks, before anything runs: --cluster's links are shaped
+// between host threads by host clocks, while a GPU's work runs
+// asynchronously to them (the modelled times would not be the run's); heads
+// wider than the CUDA attention kernels take; and under mpirun, ZB-V over
+// NCCL, which pairs one link's messages in the order they are issued,
+// whatever their tags, while ZB-V's two ranks of a link post activations and
+// gradients in different orders (transport_nccl.hpp). The device itself is
+// checked where the ranks start (train/transport_launch.hpp).
+inline void check_device_flags(const Flags& flags) {
+    if (flags.device.kind == loom::DeviceKind::host) return;
+    std::ostringstream where;
+    where << flags.device;
+    if (!flags.cluster.empty())
+        usage_error("--device " + where.str() + " runs every flag but --cluster, whose links delay rank threads by "
+                    "host clocks while the GPU's work runs asynchronously to them; drop --cluster or use "
+                    "--device host");
+    const std::int64_t width = flags.model.width, limit = loom::kernels::cuda_attention_max_head_size;
+    const std::int64_t head_size = width / flags.model.heads;
+    if (flags.device.kind == loom::DeviceKind::cuda && head_size > limit) {
+        // The fewest heads that divide the width into heads of at most `limit`
+        // (width itself always does: heads of one feature).
+        std::int64_t fits = (width + limit - 1) / limit;
+        while (width % fits != 0) ++fits;
+        usage_error("--device " + where.str() + ": --width " + std::to_string(width) + " over --heads " +
+                    std::to_string(flags.model.heads) + " gives heads of " + std::to_string(head_size) +
+                    " features; the CUDA attention kernels take at most " + std::to_string(limit) + ": use --heads " +
+                    std::to_string(fits) + " (or another divisor of --width giving heads of at most " +
+                    std::to_string(limit) + "), or --device host");
+    }
+    if (loom::train::launched_by_mpi() && flags.optex == 0 && flags.pp > 1 &&
+        flags.strategy.schedule == loom::ScheduleKind::zero_bubble_v)
+        usage_error("--schedule zbv with --device cuda under mpirun: NCCL pairs a link's messages in the "
+                    "order they are sent, and ZB-V's ranks send and receive them in different orders; "
+                    "use --schedule gpipe, 1f1b, zb or interleaved, or rank threads on one GPU "
+                    "(no mpirun)");
 }
 
-// A run every rank refused while setting up (train/setup_refusal.hpp): the
-// lead prints why, once, and every process exits 1 after its ranks return.
-inline std::atomic<bool> run_refused{false};
-inline void refuse_run(const std::string& message, bool lead) {
-    if (lead) std::fprintf(stderr, "%s\n", message.c_str());
-    run_refused = true;
+// Before any rank starts: --save (a directory when --sharded) and --trace
+// can be written, the temporaries a killed run left beside --save are
+// removed, and --resume leaves steps to train and continues this run's data
+// and seed (or --resume-anyway says go on).
+inline void check_outputs_and_resume(const Flags& flags) {
+    const std::tuple<const char*, std::string, bool> outputs[] = {{"--save", flags.save, flags.sharded},
+                                                                  {"--trace", flags.trace, false}};
+    for (const auto& [flag, path, directory] : outputs) {
+        try {
+            loom::train::prepare_output(path, directory, flag == std::string_view("--save"));
+        } catch (const loom::Error& e) {
+            throw loom::Error("train_gpt: " + std::string(flag) + " " + e.message());
+        }
+    }
+    if (flags.resume.empty()) return;
+    const auto step = loom::train::checkpoint_step(flags.resume);
+    LOOM_CHECK(!step || *step <= flags.until, "train_gpt: the checkpoint ", flags.resume, " is at step ", *step,
+               ", past --until ", flags.until);
+    const std::string note = loom::train::check_resume_identity(flags.resume, flags.data, flags.seed, flags.resume_anyway,
+                                                                "--resume-anyway");
+    if (!note.empty()) std::printf("note: %s\n", note.c_str());
 }
-[[nodiscard]] inline bool refused_run() { return run_refused.load(); }
+
+// After a stop signal: where the run stands and how to go on.
+inline void report_stop(const Flags& flags, std::int64_t done) {
+    std::printf("train_gpt: %s: stopped after step %lld of %lld; %s\n", loom::train::StopSignal::name().c_str(),
+                static_cast<long long>(done), static_cast<long long>(flags.until),
+                flags.save.empty() ? "no --save, so these steps are not kept"
+                                   : ("continue with --resume " + flags.save).c_str());
+}

@@ -8,53 +8,39 @@
 // namespace, after the loom, CLI11 and standard headers it uses.
 #pragma once
 
-struct Flags {
-    loom::gpt::Config model;
-    std::int64_t batch = 8;        // global: all ranks, all micro-batches
-    std::int64_t steps = 200;      // the schedule's length
-    std::int64_t until = -1;       // stop after this step (default: steps)
-    float lr = 1e-3f;
-    std::uint64_t seed = 1;
-    int threads = 1;               // BLAS threads per rank
-    int dp = 0;                    // 0: 1 on threads, the world size under MPI
-    int pp = 1, tp = 1, sp = 1;    // the other degrees; what cuts along them is `strategy`
-    int micro_batches = 1;
-    loom::StrategySpec strategy;   // the policies, whichever flags named them
-    std::string partition;         // layers per virtual stage, "3,3,2"; empty: balanced by profiling
-    std::string data, metrics, save, resume, trace;
-    std::int64_t save_every = 0, keep = 2;  // --save-every N: <save>.step-<n> every N steps, the newest --keep kept
-    bool resume_anyway = false;             // resume on other --data or --seed
-    bool sharded = false;                   // --save is a directory of per-rank shards (exec/sharded_checkpoint.hpp)
-    bool no_memory_check = false;           // skip the memory preflight (train/memory_preflight.hpp)
-    std::int64_t sample = 0;
-    loom::Device device = loom::host_device;  // --device: where one rank's layers run
-    bool device_per_process = false;          // --device cuda under mpirun: each process its node rank's GPU
-    loom::kernels::MatmulPrecision matmul = loom::kernels::MatmulPrecision::f32;  // --matmul
-    std::string cluster;           // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan prices them
-    std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of --steps, others 0
-    std::int64_t freeze_variance = -1;  // AdamW's v frozen after N steps; -1: at an error-feedback compressor's start
-    int optex = 0;                      // OptEx workers; 0: plain AdamW
-    int optex_tune = -1;                // re-tune the length scale every N iterations; -1: 25, 0: never
-    loom::optim::OptExConfig optex_config{};  // --optex-history, --optex-length-scale, --optex-select, --optex-tune
-
-    // The warm-up the run uses: given, or the reference's share of the steps.
-    [[nodiscard]] std::int64_t warmup_steps() const {
-        const loom::CompressorKind kind = strategy.dp_compression.kind;
-        if (compress_warmup >= 0) return compress_warmup;
-        if (kind == loom::CompressorKind::power_sgd || kind == loom::CompressorKind::top_k) return steps / 10;
-        return kind == loom::CompressorKind::one_bit ? steps / 5 : 0;
-    }
-    [[nodiscard]] const loom::Compression& compress() const { return strategy.dp_compression; }
+// The run's settings are the library's (train/gpt_training.hpp: their
+// meanings and defaults); the rest is what only the command line says.
+struct Flags : loom::train::GptTraining {
+    bool resume_anyway = false;        // resume on other --data or --seed
+    bool no_memory_check = false;      // skip the memory preflight (train/memory_preflight.hpp)
+    bool device_per_process = false;   // --device cuda under mpirun: each process its node rank's GPU
+    std::string cluster;               // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan
+                                       // prices them
+    int optex_tune = -1;               // re-tune the length scale every N iterations; -1: 25, 0: never
 };
 
-[[noreturn]] inline void usage_error(const std::string& what) {
-    throw loom::Error("train_gpt: " + what + " (train_gpt --help lists every flag)");
+// "train_gpt: <what> (train_gpt --help lists every flag)": a flag's value refused.
+inline loom::Error usage(const std::string& what) {
+    return loom::Error("train_gpt: " + what + " (train_gpt --help lists every flag)");
+}
+[[noreturn]] inline void usage_error(const std::string& what) { throw usage(what); }
+
+// f(), whose loom::Error about a flag's value becomes a usage error that
+// starts with `prefix` (the flag: "--matmul: ").
+template <class F>
+decltype(auto) flag_checked(const std::string& prefix, F&& f) {
+    try {
+        return f();
+    } catch (const loom::Error& e) {
+        usage_error(prefix + e.message());
+    }
 }
 
-// Says so when the run's matrix products are not plain f32.
-inline void print_matmul_precision(const Flags& flags) {
-    if (flags.matmul == loom::kernels::MatmulPrecision::bf16)
-        std::printf("matrix products: bf16 operands, f32 sums and outputs (--matmul bf16)\n");
+// A line for the run's summary when its matrix products are not plain f32.
+inline std::string matmul_note(const Flags& flags) {
+    return flags.matmul == loom::kernels::MatmulPrecision::bf16
+               ? "matrix products: bf16 operands, f32 sums and outputs (--matmul bf16)"
+               : "";
 }
 
 inline std::int64_t parse_int(std::string_view flag, const std::string& text, std::int64_t low, std::int64_t high) {
@@ -64,6 +50,17 @@ inline std::int64_t parse_int(std::string_view flag, const std::string& text, st
         usage_error(std::string(flag) + " " + text + " is not a whole number in " + std::to_string(low) + ".." +
                     std::to_string(high));
     return value;
+}
+
+// A finite number in (0, high] as a T (a float flag refuses what rounds to
+// 0), or "--lr 0 is not a number in (0, 10]".
+template <class T>
+T parse_real(std::string_view flag, const std::string& text, double high, const std::string& valid) {
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !std::isfinite(value) || value > high || !(static_cast<T>(value) > 0))
+        usage_error(std::string(flag) + " " + text + " is not " + valid);
+    return static_cast<T>(value);
 }
 
 // "--tp-mode 3d is not 1d (Megatron) or 2d (Optimus)": the index of `text` among `names`.
@@ -77,40 +74,16 @@ inline int pick(std::string_view flag, const std::string& text, std::initializer
     usage_error(std::string(flag) + " " + text + " is not " + valid);
 }
 
-// "host", "cuda" (cuda:0) or "cuda:N".
-inline loom::Device parse_device(const std::string& text) {
-    if (text == "host") return loom::host_device;
-    if (text == "cuda") return loom::cuda_device(0);
-    char* end = nullptr;
-    const long index = text.starts_with("cuda:") ? std::strtol(text.c_str() + 5, &end, 10) : -1;
-    if (text.size() > 5 && end != nullptr && *end == '\0' && index >= 0 && index < 1024)
-        return loom::cuda_device(static_cast<int>(index));
-    usage_error("--device " + text + " is not host, cuda or cuda:N (N a device index)");
-}
-
 // The flags that name the strategy piece by piece, as given (empty: not given).
 struct StrategyFlags {
     std::string strategy, zero, schedule, chunks, tp_mode, sp_mode, ulysses, sp_layout, compress, compress_pp, compress_tp,
         recompute;
 };
 
-// --recompute none | full | selective | budget:SIZE: Recompute<...>, in the spelling loom-plan shares.
-inline loom::RecomputeSpec recompute_of(const std::string& text) {
-    try {
-        return parse_recompute_flag(text);
-    } catch (const loom::Error& e) {
-        usage_error("--recompute: " + e.message());
-    }
-}
-
 // --compress, --compress-pp, --compress-tp: what each axis may take is the
 // strategy's rule (LOOM_RULE_ACTIVATION_CAST), checked with the whole spec.
 inline loom::Compression parse_compress_flag(const std::string& flag, const std::string& text) {
-    try {
-        return loom::parse_compression(text);
-    } catch (const loom::Error& e) {
-        usage_error(flag + ": " + e.message());
-    }
+    return flag_checked(flag + ": ", [&] { return loom::parse_compression(text); });
 }
 
 // The spec the piecewise flags name, for the degrees given.
@@ -119,11 +92,8 @@ inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
     spec.zero_stage = s.zero.empty() ? 0 : static_cast<int>(parse_int("--zero", s.zero, 0, 3));
     if (f.pp > 1) {
         spec.pipelined = true;
-        try {
-            if (!s.schedule.empty()) spec.schedule = parse_schedule_flag(s.schedule);
-        } catch (const loom::Error& e) {
-            usage_error("--schedule: " + e.message());
-        }
+        if (!s.schedule.empty())
+            spec.schedule = flag_checked("--schedule: ", [&] { return parse_schedule_flag(s.schedule); });
         spec.chunks = loom::fixed_chunks(spec.schedule) == 0 ? 2 : loom::fixed_chunks(spec.schedule);
     } else if (!s.schedule.empty()) {
         usage_error("--schedule " + s.schedule + " needs a pipeline; add --pp 2 or more");
@@ -157,18 +127,10 @@ inline loom::StrategySpec strategy_of(const StrategyFlags& s, const Flags& f) {
     if (!s.compress.empty()) spec.dp_compression = parse_compress_flag("--compress", s.compress);
     if (!s.compress_pp.empty()) spec.pp_compression = parse_compress_flag("--compress-pp", s.compress_pp);
     if (!s.compress_tp.empty()) spec.tp_compression = parse_compress_flag("--compress-tp", s.compress_tp);
-    if (!s.recompute.empty()) spec.recompute = recompute_of(s.recompute);
+    // none | full | selective | budget:SIZE: Recompute<...>, in the spelling loom-plan shares.
+    if (!s.recompute.empty())
+        spec.recompute = flag_checked("--recompute: ", [&] { return parse_recompute_flag(s.recompute); });
     return spec;
-}
-
-// --strategy TEXT: the spec as written (whose policies must match the
-// degrees: plan/layout_rules.hpp, with the other degree rules).
-inline loom::StrategySpec strategy_of(const std::string& text) {
-    try {
-        return loom::parse_strategy(text);
-    } catch (const loom::Error& e) {
-        usage_error("--strategy: " + e.message());
-    }
 }
 
 // The whole command line as Flags, or the one-line reason it is not one.
@@ -196,6 +158,9 @@ inline Flags parse(int argc, char** argv) {
                           const char* shown = "") {
         return described(app.add_option(name, field), group, type, meaning, shown);
     };
+    const auto toggle = [&](const char* group, const char* name, bool& field, const char* meaning) {
+        return described(app.add_flag(name, field), group, "", meaning, "");
+    };
     const auto value = [&](const char* group, const char* name, const char* type, const char* shown, const char* meaning,
                            std::function<void(const std::string&)> set) {
         return described(app.add_option_function<std::string>(name, std::move(set)), group, type, meaning, shown);
@@ -212,9 +177,7 @@ inline Flags parse(int argc, char** argv) {
     whole("Training", "--steps", f.steps, 0, std::int64_t{1} << 40, "the learning-rate schedule's length");
     whole("Training", "--until", f.until, 0, std::int64_t{1} << 40, "stop after this step", "--steps");
     value("Training", "--lr", "X", "1e-3", "peak learning rate, in (0, 10], cosine decay", [&f](const std::string& v) {
-        char* end = nullptr;
-        f.lr = std::strtof(v.c_str(), &end);
-        if (v.empty() || *end != '\0' || !(f.lr > 0.0f) || f.lr > 10.0f) usage_error("--lr " + v + " is not a number in (0, 10]");
+        f.lr = parse_real<float>("--lr", v, 10.0, "a number in (0, 10]");
     });
     whole("Training", "--threads", f.threads, 1, 1024, "BLAS threads per rank");
     whole("Training", "--freeze-variance", f.freeze_variance, 1, std::int64_t{1} << 40,
@@ -250,11 +213,8 @@ inline Flags parse(int argc, char** argv) {
     whole("OptEx", "--optex", f.optex, 1, 1024, "OptEx<AdamW> over N workers (each a --dp group)", "off");
     whole("OptEx", "--optex-history", f.optex_config.estimator.history, 2, 100000, "gradients the estimator keeps");
     value("OptEx", "--optex-length-scale", "X", "0.1", "the kernel's length scale, > 0", [&f](const std::string& v) {
-        char* end = nullptr;
-        const double l = std::strtod(v.c_str(), &end);
-        if (v.empty() || *end != '\0' || !(l > 0) || !std::isfinite(l))
-            usage_error("--optex-length-scale " + v + " is not a finite number > 0");
-        f.optex_config.estimator.length_scale = l;
+        f.optex_config.estimator.length_scale =
+            parse_real<double>("--optex-length-scale", v, HUGE_VAL, "a finite number > 0");
     });
     value("OptEx", "--optex-select", "RULE", "last", "which iterate to keep: last, lowest-loss or smallest-gradient",
           [&f](const std::string& v) {
@@ -271,26 +231,22 @@ inline Flags parse(int argc, char** argv) {
     text("Output", "--save", f.save, "FILE", "checkpoint (safetensors) at the end, or on SIGINT/SIGTERM");
     whole("Output", "--save-every", f.save_every, 1, std::int64_t{1} << 40, "also save FILE.step-<n> every N steps", "off");
     whole("Output", "--keep", f.keep, 1, 1 << 20, "periodic checkpoints kept, the newest");
-    described(app.add_flag("--sharded", f.sharded), "Output", "",
-              "--save is a directory: each rank writes its own shard, in the background; any strategy resumes it", "");
+    toggle("Output", "--sharded", f.sharded,
+           "--save is a directory: each rank writes its own shard, in the background; any strategy resumes it");
     text("Output", "--resume", f.resume, "FILE", "continue from a checkpoint or a --sharded directory (same --data and --seed)");
-    described(app.add_flag("--resume-anyway", f.resume_anyway), "Output", "", "resume on other --data or --seed", "");
-    described(app.add_flag("--no-memory-check", f.no_memory_check), "Training", "",
-              "start although the memory model says the run cannot fit in this process's memory", "");
+    toggle("Output", "--resume-anyway", f.resume_anyway, "resume on other --data or --seed");
+    toggle("Training", "--no-memory-check", f.no_memory_check,
+           "start although the memory model says the run cannot fit in this process's memory");
     text("Output", "--trace", f.trace, "FILE", "Chrome/Perfetto trace of every rank");
     whole("Output", "--sample", f.sample, 0, 1 << 20, "bytes of generated text at the end");
 
     value("Devices", "--device", "WHERE", "host", "host, cuda (under mpirun: each process its node rank's GPU) or cuda:N",
           [&f](const std::string& v) {
-              f.device = parse_device(v);
+              f.device = flag_checked("--device ", [&] { return loom::parse_device(v); });
               f.device_per_process = v == "cuda";
           });
     value("Devices", "--matmul", "P", "f32", "f32, or bf16 operands with f32 sums", [&f](const std::string& v) {
-        try {
-            f.matmul = loom::kernels::parse_matmul_precision(v);
-        } catch (const loom::Error& e) {
-            usage_error("--matmul: " + e.message());
-        }
+        f.matmul = flag_checked("--matmul: ", [&] { return loom::kernels::parse_matmul_precision(v); });
     });
     text("Devices", "--cluster", f.cluster, "FILE", "rank threads talk over this cluster's links, as loom-plan prices them");
 
@@ -308,12 +264,11 @@ inline Flags parse(int argc, char** argv) {
         if (!s.strategy.empty() && piece->count() > 0)
             usage_error("--strategy gives the whole strategy; drop " + piece->get_name() + " " + piece->as<std::string>() +
                         " or write it into --strategy");
-    f.strategy = s.strategy.empty() ? strategy_of(s, f) : strategy_of(s.strategy);
-    try {
-        f.strategy.validate();
-    } catch (const loom::Error& e) {
-        usage_error(e.message());
-    }
+    // --strategy TEXT is the spec as written (whose policies must match the
+    // degrees: plan/layout_rules.hpp, with the other degree rules).
+    f.strategy = s.strategy.empty() ? strategy_of(s, f)
+                                    : flag_checked("--strategy: ", [&] { return loom::parse_strategy(s.strategy); });
+    flag_checked("", [&] { f.strategy.validate(); });
     if (f.pp == 1 && !f.partition.empty()) usage_error("--partition " + f.partition + " needs a pipeline; add --pp 2 or more");
     if (f.compress_warmup >= 0 && !f.compress().on())
         usage_error("--compress-warmup " + std::to_string(f.compress_warmup) + " needs a compressor; add --compress");

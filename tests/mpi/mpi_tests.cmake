@@ -3,7 +3,7 @@
 # Core facts and the Mpi communicator, one Catch2 binary; every rank runs the
 # same tests and the worst result decides (mpi/main.cpp).
 add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp mpi/test_mpi_parallel.cpp
-               mpi/test_mpi_serving.cpp)
+               mpi/test_mpi_serving.cpp mpi/test_mpi_train.cpp)
 target_link_libraries(loom_mpi_tests PRIVATE loom::mpi loom_catch_session)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)

@@ -32,4 +32,22 @@ TEST_CASE("refused_everywhere: all refuse, none refuse, some refuse", "[train][s
                           Catch::Contains("1 of 2 ranks could not set the run up (rank 0 could); each names why"));
 }
 
+TEST_CASE("refuse_if_everywhere: remembers a refusal for the exit status", "[train][setup_refusal]") {
+    const auto refuse_if = [](bool refuse) {
+        return loom::train::refusal_of([&] { LOOM_CHECK(!refuse, "corpus too short"); });
+    };
+    std::atomic<int> refused{0};
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        if (loom::train::refuse_if_everywhere(comm, refuse_if(false), loom::host_device)) ++refused;
+    });
+    CHECK(refused == 0);
+    CHECK_FALSE(loom::train::run_refused());
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        if (loom::train::refuse_if_everywhere(comm, refuse_if(true), loom::host_device)) ++refused;
+    });
+    CHECK(refused == 2);
+    CHECK(loom::train::run_refused());
+    loom::train::run_refused() = false;  // the flag is the process's: leave it as found
+}
+
 }  // namespace LOOM_TEST_FILE

@@ -1,11 +1,15 @@
 // Device tags (Host, Cuda) chosen at compile time, and Device, the runtime
-// place a tensor's memory lives (kind + ordinal).
+// place a tensor's memory lives (kind + ordinal), printed and parsed as
+// "host" or "cuda:N".
 #pragma once
 
 #include <concepts>
 #include <cstdint>
+#include <cstdlib>
 #include <ostream>
 #include <string>
+
+#include "loom/core/error.hpp"
 
 namespace loom {
 
@@ -45,6 +49,19 @@ inline std::ostream& operator<<(std::ostream& out, const Device& device) {
     out << device.kind;
     if (device.kind == DeviceKind::cuda) out << ':' << device.index;
     return out;
+}
+
+// "host", "cuda" (cuda:0) or "cuda:N", as a device prints; anything else is
+// refused naming the text and what would be valid (no backend is asked
+// whether the device exists: check_device_usable does that).
+[[nodiscard]] inline Device parse_device(const std::string& text) {
+    if (text == "host") return host_device;
+    if (text == "cuda") return cuda_device(0);
+    char* end = nullptr;
+    const long index = text.starts_with("cuda:") ? std::strtol(text.c_str() + 5, &end, 10) : -1;
+    if (text.size() > 5 && end != nullptr && *end == '\0' && index >= 0 && index < 1024)
+        return cuda_device(static_cast<int>(index));
+    throw Error(text + " is not host, cuda or cuda:N (N a device index)");
 }
 
 }  // namespace loom

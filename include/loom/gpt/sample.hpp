@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "loom/core/rng.hpp"
 #include "loom/gpt/model.hpp"
+#include "loom/nn/param_arena.hpp"
 #include "loom/nn/context.hpp"
 
 namespace loom::gpt {
@@ -53,6 +55,19 @@ namespace loom::gpt {
         text += (c == '\n' || (c >= 32 && c < 127)) ? static_cast<char>(c) : '.';
     }
     return text;
+}
+
+// The same from a model's flat values (a checkpoint's, or the whole state a
+// run gathered), on a fresh host model of `config`: what a run learned,
+// sampled without the training's communicators or devices.
+[[nodiscard]] inline std::string sample(const Config& config, std::span<const float> values, std::string_view prompt,
+                                        std::int64_t count, std::uint64_t seed) {
+    Model model = make_model(config);
+    nn::ParamArena arena(model);
+    LOOM_CHECK(values.size() == arena.values().size(), "gpt::sample: ", values.size(), " values for a model of ",
+               arena.values().size(), " parameters");
+    std::copy(values.begin(), values.end(), arena.values().begin());
+    return sample(model, config, prompt, count, seed);
 }
 
 }  // namespace loom::gpt

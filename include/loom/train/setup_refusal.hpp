@@ -9,8 +9,11 @@
 //
 //   const train::Refusal refusal = train::refusal_of([&] { corpus = load(...); });
 //   if (train::refused_everywhere(world, refusal, device)) { if (lead) print(refusal.message); return; }
+//   if (train::refuse_if_everywhere(world, refusal, device)) return;  // the same, printed; run_refused() then says so
 #pragma once
 
+#include <atomic>
+#include <cstdio>
 #include <exception>
 #include <string>
 
@@ -52,6 +55,24 @@ template <comm::Communicator C>
     if (!refusal.empty()) std::rethrow_exception(refusal.error);
     LOOM_FAIL(count, " of ", world.size(), " ranks could not set the run up (rank ", world.rank(),
               " could); each names why");
+}
+
+// Whether this process's ranks refused a run (refuse_if_everywhere), for its
+// exit status once they have returned: a refusal is no fault, so the ranks
+// return as from a finished run, and the process still exits 1.
+[[nodiscard]] inline std::atomic<bool>& run_refused() {
+    static std::atomic<bool> refused{false};
+    return refused;
+}
+
+// refused_everywhere, and when every rank refuses: world rank 0 prints the
+// message on standard error, once, and the process remembers (run_refused()).
+template <comm::Communicator C>
+[[nodiscard]] bool refuse_if_everywhere(C& world, const Refusal& refusal, Device where) {
+    if (!refused_everywhere(world, refusal, where)) return false;
+    if (world.rank() == 0) std::fprintf(stderr, "%s\n", refusal.message.c_str());
+    run_refused() = true;
+    return true;
 }
 
 }  // namespace loom::train
