@@ -18,15 +18,11 @@ namespace LOOM_TEST_FILE {
 
 using loom_test::TempDir;
 
-loom::gpt::Config tiny() {
-    loom::gpt::Config config;
-    config.layers = 1, config.width = 16, config.heads = 2, config.seq = 8;
-    return config;
-}
+const loom::gpt::Config tiny{.layers = 1, .width = 16, .heads = 2, .seq = 8};
 
 TEST_CASE("ExecutorSaves: whole files, sharded directories, values and the trace", "[train][executor_saves]") {
     const TempDir dir;
-    const auto config = tiny();
+    const auto config = tiny;
     std::mutex mutex;
     std::vector<std::vector<float>> gathered;
     loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {

@@ -22,14 +22,10 @@ namespace LOOM_TEST_FILE {
 
 using loom_test::TempDir;
 
-loom::gpt::Config tiny() {
-    loom::gpt::Config config;
-    config.layers = 2, config.width = 16, config.heads = 2, config.seq = 8;
-    return config;
-}
+const loom::gpt::Config tiny{.layers = 2, .width = 16, .heads = 2, .seq = 8};
 
 TEST_CASE("gpt::sample from flat values is the model's own sample", "[train][gpt_executor_run]") {
-    const auto config = tiny();
+    const auto config = tiny;
     loom::gpt::Model model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
     arena.initialize(model, 5);
@@ -40,7 +36,7 @@ TEST_CASE("gpt::sample from flat values is the model's own sample", "[train][gpt
 
 TEST_CASE("run_gpt_executor: a pipeline of two stages trains, saves and resumes", "[train][gpt_executor_run]") {
     const TempDir dir;
-    const auto config = tiny();
+    const auto config = tiny;
     const auto corpus = loom::data::ByteCorpus::synthetic(1 << 12, 1, static_cast<int>(config.vocab));
     loom::StrategySpec strategy;
     strategy.pipelined = true;
@@ -71,7 +67,7 @@ TEST_CASE("run_gpt_executor: a pipeline of two stages trains, saves and resumes"
 
 TEST_CASE("run_optex_gpt: two workers train, save and resume with their history", "[train][optex_run]") {
     const TempDir dir;
-    const auto config = tiny();
+    const auto config = tiny;
     const auto corpus = loom::data::ByteCorpus::synthetic(1 << 12, 1, static_cast<int>(config.vocab));
     loom::optim::OptExConfig optex;
     optex.workers = 2;

@@ -5,6 +5,7 @@
 
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/thread_world.hpp>
+#include <loom/plan/gpt_description.hpp>
 #include <loom/train/gpt_stages.hpp>
 
 #include <mutex>
@@ -14,14 +15,10 @@
 
 namespace LOOM_TEST_FILE {
 
-loom::gpt::Config tiny() {
-    loom::gpt::Config config;
-    config.layers = 4, config.width = 16, config.heads = 2, config.seq = 8;
-    return config;
-}
+const loom::gpt::Config tiny{.layers = 4, .width = 16, .heads = 2, .seq = 8};
 
 TEST_CASE("gpt_stage_layers: given, even for interleaving, balanced over unit times", "[train][gpt_stages]") {
-    const auto config = tiny();
+    const auto config = tiny;
     const auto gpt = loom::plan::describe_gpt(config, 2);
     CHECK(loom::train::gpt_stage_layers(gpt, 4, 2, loom::ScheduleKind::one_f_one_b, "3,1", {}) == std::vector<int>{3, 1});
     CHECK(loom::train::gpt_stage_layers(gpt, 4, 4, loom::ScheduleKind::interleaved, "", {}) == std::vector<int>{1, 1, 1, 1});
@@ -32,7 +29,7 @@ TEST_CASE("gpt_stage_layers: given, even for interleaving, balanced over unit ti
 }
 
 TEST_CASE("profiled_unit_seconds: rank 0 measures, every rank gets its times", "[train][gpt_stages]") {
-    const auto config = tiny();
+    const auto config = tiny;
     const auto corpus = loom::data::ByteCorpus::synthetic(1 << 12, 1, static_cast<int>(config.vocab));
     std::mutex mutex;
     std::vector<std::vector<double>> seen;

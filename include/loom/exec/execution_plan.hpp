@@ -57,13 +57,6 @@ struct ExecutorOptions {
     bool optimizer_state = true;
 };
 
-// What the executor's gradient exchange (parallel/gradient_exchange.hpp) is
-// set up with from the options; `notice`: where this rank's notices go, or empty.
-[[nodiscard]] inline parallel::ExchangeSetup exchange_setup(const ExecutorOptions& options,
-                                                           std::function<void(const std::string&)> notice) {
-    return parallel::exchange_setup(options.exchange, std::move(notice), options.device);
-}
-
 // Where a one-time notice goes: `notice` (ExecutorOptions::notice), or standard error ("loom: ...").
 [[nodiscard]] inline std::function<void(const std::string&)> notice_sink(const std::function<void(const std::string&)>& notice) {
     if (notice) return notice;

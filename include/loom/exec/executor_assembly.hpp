@@ -33,7 +33,8 @@ void Executor<C>::assemble(const ExecutionPlan& plan, const ExecutorOptions& opt
     // The exchange's notices come from the first rank of each gradient group at tp position 0.
     const bool speaks = comm_->rank() == 0 && (tp_ == nullptr || tp_->rank() == 0);
     exchange_ = parallel::gradient_exchange_for<C>(
-        plan, *comm_, rank_.layout, units_, exchange_setup(options, speaks ? notice_sink(options.notice) : nullptr), adamw_);
+        plan, *comm_, rank_.layout, units_, parallel::exchange_setup(options.exchange, speaks ? notice_sink(options.notice) : nullptr,
+                                                            options.device), adamw_);
     const parallel::MessageCasts casts = parallel::message_casts(plan);
     stage_cast_ = casts.stage;
     groups_ = parallel::LayerGroups<C>(tp_, sp_, plan, comm_->size(), casts.tensor);

@@ -56,8 +56,6 @@ public:
         measured_.assign(units.size(), Measured{});
     }
 
-    [[nodiscard]] bool on() const noexcept { return spec_.on(); }
-    [[nodiscard]] const RecomputeSpec& spec() const noexcept { return spec_; }
     // Budget before its choice: the step running now measures the units.
     [[nodiscard]] bool measuring() const noexcept { return spec_.mode == RecomputeMode::budget && !chosen_; }
 
