@@ -5,16 +5,16 @@
 // strategy is one loom::StrategySpec, from --strategy TEXT or the piecewise
 // flags. `train_gpt --help` lists every flag, docs/train_gpt.md says more.
 // This program is its flags (train_gpt_flags.hpp) and what they must agree
-// on before anything is built (train_gpt_checks.hpp: the degrees by
-// plan/layout_rules.hpp, the files); the rest is loom::train's: the run's
+// on before anything is built (train_gpt_checks.hpp, by the library's rules:
+// gpt_training_rules.hpp); the rest is loom::train's: the run's
 // settings (gpt_training.hpp), where the ranks run (transport_launch.hpp),
 // the executor's run (gpt_executor_run.hpp: stages, resume, summary, step
 // loop, saves) and OptEx's (optex_run.hpp).
 #include <loom/comm/any_comm.hpp>
+#include <loom/core/setting_names.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
 #include <loom/gpt/model.hpp>
-#include <loom/kernels/attention_shape.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/kernels/matmul_precision.hpp>
 #include <loom/optim/adamw.hpp>
@@ -22,14 +22,10 @@
 #include <loom/parallel/strategy_spec.hpp>
 #include <loom/parallel/strategy_text.hpp>
 #include <loom/plan/cluster_json.hpp>
-#include <loom/plan/gpt_description.hpp>
-#include <loom/plan/layout_rules.hpp>
-#include <loom/schedule/partition.hpp>
-#include <loom/train/file_preflight.hpp>
 #include <loom/train/gpt_executor_run.hpp>
 #include <loom/train/gpt_training.hpp>
+#include <loom/train/gpt_training_rules.hpp>
 #include <loom/train/launcher.hpp>
-#include <loom/train/memory_preflight.hpp>
 #include <loom/train/optex_run.hpp>
 #include <loom/train/setup_refusal.hpp>
 #include <loom/train/stop_signal.hpp>
@@ -52,12 +48,10 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <vector>
 
 namespace {
@@ -70,7 +64,7 @@ namespace {
 // own loop (train/optex_run.hpp); its state stays on the host, `device`
 // computes the gradients.
 void train_optex(loom::comm::AnyComm& world, const Flags& flags, const char* transport, loom::Device device) {
-    const int dp_size = optex_dp_size(flags, world.size());
+    const int dp_size = dp_degree(flags, world.size());
     loom::kernels::host::set_blas_threads(flags.threads);
     loom::train::GptTraining run = flags;
     run.device = device;  // where the gradients run; OptEx's state stays on the host
@@ -123,8 +117,7 @@ std::string said(const std::exception& e) {
 
 int run(int argc, char** argv) {
     const Flags flags = parse(argc, argv);
-    check_device_flags(flags);
-    check_outputs_and_resume(flags);
+    check_device_and_files(flags);
     // Under mpirun the degrees and the memory are checked from the launcher's
     // world size before MPI starts: every process refuses alike, rank 0 says
     // why (main), and none waits for another or aborts the job.

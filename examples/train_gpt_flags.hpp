@@ -16,7 +16,6 @@ struct Flags : loom::train::GptTraining {
     bool device_per_process = false;   // --device cuda under mpirun: each process its node rank's GPU
     std::string cluster;               // --cluster FILE: rank threads talk over its links (Shaped), as loom-plan
                                        // prices them
-    int optex_tune = -1;               // re-tune the length scale every N iterations; -1: 25, 0: never
 };
 
 // "train_gpt: <what> (train_gpt --help lists every flag)": a flag's value refused.
@@ -24,6 +23,14 @@ inline loom::Error usage(const std::string& what) {
     return loom::Error("train_gpt: " + what + " (train_gpt --help lists every flag)");
 }
 [[noreturn]] inline void usage_error(const std::string& what) { throw usage(what); }
+
+// The library's rules, their messages naming the settings as train_gpt's
+// flags: "save_every" is --save-every.
+inline const loom::SettingNames flag_names{[](std::string_view setting) {
+    std::string flag = "--" + std::string(setting);
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return flag;
+}};
 
 // f(), whose loom::Error about a flag's value becomes a usage error that
 // starts with `prefix` (the flag: "--matmul: ").
@@ -269,52 +276,13 @@ inline Flags parse(int argc, char** argv) {
     f.strategy = s.strategy.empty() ? strategy_of(s, f)
                                     : flag_checked("--strategy: ", [&] { return loom::parse_strategy(s.strategy); });
     flag_checked("", [&] { f.strategy.validate(); });
-    if (f.pp == 1 && !f.partition.empty()) usage_error("--partition " + f.partition + " needs a pipeline; add --pp 2 or more");
-    if (f.compress_warmup >= 0 && !f.compress().on())
-        usage_error("--compress-warmup " + std::to_string(f.compress_warmup) + " needs a compressor; add --compress");
-    if (f.strategy.pp_compression.on() && f.pp == 1) usage_error("--compress-pp needs a pipeline; add --pp 2 or more");
-    if (f.strategy.tp_compression.on() && f.tp == 1) usage_error("--compress-tp needs tensor parallelism; add --tp 2 or more");
-    if (f.strategy.tp_compression.on() && f.strategy.tensor_grid)
-        usage_error("--compress-tp casts Megatron's all-reduces; it is not supported with --tp-mode 2d");
-    if (f.optex == 0) {
-        if (app.count("--optex-history") + app.count("--optex-length-scale") + app.count("--optex-select") +
-                app.count("--optex-tune") + app.count("--optex-effective-dim") > 0)
-            usage_error("--optex-history, --optex-length-scale, --optex-select, --optex-tune and --optex-effective-dim set "
-                        "up OptEx; add --optex N");
-    } else {
-        // OptEx runs its own loop over whole-model gradients: data parallelism
-        // inside each worker, nothing that cuts the model or the exchange.
-        const auto refuse = [&](bool given, const std::string& what) {
-            if (given) usage_error("--optex " + std::to_string(f.optex) + " composes with --dp only; drop " + what);
-        };
-        refuse(f.pp > 1, "--pp " + std::to_string(f.pp));
-        refuse(f.tp > 1, "--tp " + std::to_string(f.tp));
-        refuse(f.sp > 1, "--sp " + std::to_string(f.sp));
-        refuse(f.strategy.pipelined || f.strategy.tensor_parallel || f.strategy.sequence_parallel,
-               "the pipeline, tensor or sequence policy from --strategy");
-        refuse(f.strategy.zero_stage > 0,
-               "--zero " + std::to_string(f.strategy.zero_stage) + " (OptEx shards its own state over the workers)");
-        refuse(f.micro_batches > 1, "--micro-batches " + std::to_string(f.micro_batches));
-        refuse(f.compress().on(), "--compress " + f.compress().describe());
-        if (f.strategy.recompute.on() && f.device.kind != loom::DeviceKind::host)
-            usage_error("--optex " + std::to_string(f.optex) + " recomputes on the host only; drop --recompute or --device");
-        refuse(f.freeze_variance >= 0, "--freeze-variance");
-        refuse(!f.trace.empty(), "--trace (the step program is the executor's; OptEx steps outside it)");
-        // Tuned by default: on the GPT the reference's l = 0.1 (chosen for its
-        // synthetic functions) makes 4 workers worse than AdamW, and the
-        // tuning picks 1 to 100 (docs/optex.md).
-        const int history = f.optex_config.estimator.history;
-        if (f.optex_tune > 0 && history < 3)
-            usage_error("--optex-tune needs --optex-history 3 or more (one point held out, two fitted)");
-        f.optex_config.tune_every = f.optex_tune >= 0 ? f.optex_tune : (history >= 3 ? 25 : 0);
-        f.optex_config.holdout = std::max(1, std::min(f.optex_config.holdout, history - 2));
-        f.optex_config.workers = f.optex;
-    }
-    if (f.save_every > 0 && f.save.empty()) usage_error("--save-every " + std::to_string(f.save_every) + " needs --save FILE");
+    if (f.optex == 0 && app.count("--optex-history") + app.count("--optex-length-scale") + app.count("--optex-select") +
+                                app.count("--optex-tune") + app.count("--optex-effective-dim") > 0)
+        usage_error("--optex-history, --optex-length-scale, --optex-select, --optex-tune and --optex-effective-dim set "
+                    "up OptEx; add --optex N");
     if (app.count("--keep") > 0 && f.save_every == 0) usage_error("--keep " + std::to_string(f.keep) + " needs --save-every N");
     if (f.resume_anyway && f.resume.empty()) usage_error("--resume-anyway needs --resume FILE");
-    if (f.sharded && f.save.empty()) usage_error("--sharded needs --save DIR");
-    if (f.until < 0) f.until = f.steps;
-    if (f.until > f.steps) usage_error("--until " + std::to_string(f.until) + " is past --steps " + std::to_string(f.steps));
+    // The rest is the library's (train/gpt_training_rules.hpp), in train_gpt's words (flag_names).
+    static_cast<loom::train::GptTraining&>(f) = flag_checked("", [&] { return loom::train::settled_training(f, flag_names); });
     return f;
 }

@@ -71,7 +71,7 @@ endif()
 execute_process(COMMAND "${GENERATE_GPT}" --checkpoint "${WORK_DIR}/tiny.safetensors" --layers 2 --heads 2 --seq 32
                         --max-new 4
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-set(expect "was trained with --width 32 but the flags say --width 256")
+set(expect "was trained with width 32 but this model has width 256")
 string(FIND "${err}" "${expect}" named)
 if(NOT rc EQUAL 1 OR named EQUAL -1)
   message(FATAL_ERROR "a checkpoint of width 32 read with --width 256: exit ${rc}, not 1 with '${expect}':\n${err}")

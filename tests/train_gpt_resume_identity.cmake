@@ -16,7 +16,7 @@ function(refused expect)
   execute_process(COMMAND "${TRAIN_GPT}" ${model} --resume "${ckpt}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)
   string(REGEX REPLACE "\n$" "" err "${err}")
-  if(rc EQUAL 0 OR NOT err MATCHES "^checkpoint [^\n]*a.st ${expect}; resuming would not continue the same run \\(give the same flags, or --resume-anyway to continue anyway\\)( \\[[^]]+\\])?$")
+  if(rc EQUAL 0 OR NOT err MATCHES "^checkpoint [^\n]*a.st ${expect}; resuming would not continue the same run \\(give the same settings, or --resume-anyway to continue anyway\\)( \\[[^]]+\\])?$")
     message(FATAL_ERROR "--resume ${ARGN}: expected a refusal matching '${expect}' (rc ${rc}):\n${out}\n${err}")
   endif()
   if(out MATCHES "final loss")
@@ -27,7 +27,7 @@ endfunction()
 refused("was trained on data '1800 bytes, fnv1a64 [0-9a-f]+' but --data [^ ]*b.txt is '1640 bytes, fnv1a64 [0-9a-f]+'"
         --data "${WORK_DIR}/b.txt" --seed 4)
 refused("was trained on data '1800 bytes, fnv1a64 [0-9a-f]+' but --data \\(none: synthetic\\) is 'synthetic'" --seed 4)
-refused("was trained with --seed 4 but the flags say --seed 5" --data "${WORK_DIR}/a.txt" --seed 5)
+refused("was trained with --seed 4 but this run has --seed 5" --data "${WORK_DIR}/a.txt" --seed 5)
 
 # The same data under another name is the same data; --resume-anyway goes on, saying so.
 file(COPY_FILE "${WORK_DIR}/a.txt" "${WORK_DIR}/copy.txt")

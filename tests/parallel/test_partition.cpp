@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/message_of.hpp"
@@ -99,13 +101,17 @@ TEST_CASE("equal layers on equal devices split evenly; a faster device takes mor
 TEST_CASE("bad partitions are refused with the values and what is valid", "[parallel][partition]") {
     CHECK(message_of([] { (void)loom::schedule::balance(std::vector<double>(3, 1.0), 4); }) ==
           "partition: 4 stages but the model has 3 layers; every stage needs at least one layer, so use at most 3 stages");
+    // A front end's spelling of the settings names them in its words (core/setting_names.hpp).
+    const loom::SettingNames flags{[](std::string_view s) { return "--" + std::string(s); }};
     CHECK(message_of([] { (void)loom::schedule::parse_partition("3,3,1", 8, 3); }) ==
-          "--partition 3,3,1 sums to 7 layers but the model has 8");
+          "partition 3,3,1 sums to 7 layers but the model has 8");
     CHECK(message_of([] { (void)loom::schedule::parse_partition("4,4", 8, 3); }) ==
-          "--partition 4,4 has 2 stages but --pp is 3; give one layer count per stage");
-    CHECK(message_of([] { (void)loom::schedule::parse_partition("4,x,2", 8, 3); }) ==
+          "partition 4,4 has 2 stages but pp is 3; give one layer count per stage");
+    CHECK(message_of([&] { (void)loom::schedule::parse_partition("4,4", 8, 4, flags, "--pp 2 x 2 chunks is 4"); }) ==
+          "--partition 4,4 has 2 stages but --pp 2 x 2 chunks is 4; give one layer count per stage");
+    CHECK(message_of([&] { (void)loom::schedule::parse_partition("4,x,2", 8, 3, flags); }) ==
           "--partition 4,x,2: 'x' is not a layer count in 1..8");
-    CHECK(message_of([] { (void)loom::schedule::parse_partition("4,0,4", 8, 3); }) ==
+    CHECK(message_of([&] { (void)loom::schedule::parse_partition("4,0,4", 8, 3, flags); }) ==
           "--partition 4,0,4: '0' is not a layer count in 1..8");
     CHECK(loom::schedule::parse_partition("3,3,2", 8, 3) == std::vector<int>{3, 3, 2});
     CHECK(message_of([] { (void)loom::schedule::balance({1, 1}, {5, 5}, {StageDevice{1, 4}, StageDevice{1, 4}}); }) ==

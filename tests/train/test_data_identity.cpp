@@ -8,6 +8,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/temp_dir.hpp"
@@ -39,7 +40,7 @@ TEST_CASE("data_identity is the size and a hash of the content, not the path", "
     CHECK(loom::train::data_identity((dir / "a.txt").string()) == loom::train::data_identity((dir / "copy.txt").string()));
     CHECK(loom::train::data_identity((dir / "a.txt").string()) != loom::train::data_identity((dir / "b.txt").string()));
     CHECK_THAT(message_of([&] { (void)loom::train::data_identity((dir / "none.txt").string()); }),
-               Catch::StartsWith("cannot read the size of --data " + (dir / "none.txt").string() + ": "));
+               Catch::StartsWith("cannot read the size of the data file " + (dir / "none.txt").string() + ": "));
 }
 
 TEST_CASE("check_run_identity refuses other data or seed, allows them when told, and notes an old checkpoint",
@@ -49,17 +50,19 @@ TEST_CASE("check_run_identity refuses other data or seed, allows them when told,
     const std::string a = (dir / "a.txt").string();
     const auto ckpt = dir / "c.st";
     const auto file = file_with(ckpt, loom::train::run_identity_metadata(a, 7));
-    CHECK(loom::train::check_run_identity(file.metadata(), ckpt, a, 7, false, "--resume-anyway").empty());
-    const std::string seed_message = "checkpoint " + ckpt.string() + " was trained with --seed 7 but the flags say --seed 8";
-    CHECK(message_of([&] { (void)loom::train::check_run_identity(file.metadata(), ckpt, a, 8, false, "--resume-anyway"); }) ==
-          seed_message + "; resuming would not continue the same run (give the same flags, or --resume-anyway to continue anyway)");
-    CHECK(loom::train::check_run_identity(file.metadata(), ckpt, a, 8, true, "--resume-anyway") ==
+    // The settings are named as the front end spells them (here a command line's flags).
+    const loom::SettingNames flags{[](std::string_view s) { return "--" + std::string(s == "resume_anyway" ? "resume-anyway" : s); }};
+    CHECK(loom::train::check_run_identity(file.metadata(), ckpt, a, 7, false, flags).empty());
+    const std::string seed_message = "checkpoint " + ckpt.string() + " was trained with --seed 7 but this run has --seed 8";
+    CHECK(message_of([&] { (void)loom::train::check_run_identity(file.metadata(), ckpt, a, 8, false, flags); }) ==
+          seed_message + "; resuming would not continue the same run (give the same settings, or --resume-anyway to continue anyway)");
+    CHECK(loom::train::check_run_identity(file.metadata(), ckpt, a, 8, true, flags) ==
           seed_message + "; continuing anyway (--resume-anyway)");
-    CHECK_THAT(message_of([&] { (void)loom::train::check_run_identity(file.metadata(), ckpt, "", 7, false, "--go"); }),
+    CHECK_THAT(message_of([&] { (void)loom::train::check_run_identity(file.metadata(), ckpt, "", 7, false, {}); }),
                Catch::Contains("was trained on data '11 bytes, fnv1a64 ") &&
-                   Catch::Contains("' but --data (none: synthetic) is 'synthetic'; resuming would not continue"));
+                   Catch::Contains("' but data (none: synthetic) is 'synthetic'; resuming would not continue"));
     const auto old = file_with(dir / "old.st", {{"format", "loom-gpt-checkpoint-1"}});
-    CHECK(loom::train::check_run_identity(old.metadata(), dir / "old.st", a, 7, false, "--resume-anyway") ==
+    CHECK(loom::train::check_run_identity(old.metadata(), dir / "old.st", a, 7, false, flags) ==
           "checkpoint " + (dir / "old.st").string() + " records no data identity or seed (written before they were); not checked");
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <string_view>
 #include "io/temp_dir.hpp"
 #include "support/test_file.hpp"
 
@@ -49,15 +50,16 @@ TEST_CASE("check_resume_identity and checkpoint_step read a checkpoint file's me
     metadata["step"] = "12";
     write_checkpoint(path, metadata);
     CHECK(loom::train::checkpoint_step(path) == 12);
-    CHECK(loom::train::check_resume_identity(path, "", 7, false, "--anyway").empty());
-    CHECK_THROWS_WITH(loom::train::check_resume_identity(path, "", 8, false, "--anyway"),
+    const loom::SettingNames anyway{[](std::string_view s) { return s == "resume_anyway" ? std::string("--anyway") : std::string(s); }};
+    CHECK(loom::train::check_resume_identity(path, "", 7, false, anyway).empty());
+    CHECK_THROWS_WITH(loom::train::check_resume_identity(path, "", 8, false, anyway),
                       Catch::Contains("--anyway to continue anyway"));
-    CHECK_THAT(loom::train::check_resume_identity(path, "", 8, true, "--anyway"), Catch::Contains("continuing anyway"));
+    CHECK_THAT(loom::train::check_resume_identity(path, "", 8, true, anyway), Catch::Contains("continuing anyway"));
 
     const std::string old = (dir / "old.st").string();
     write_checkpoint(old, {});
     CHECK_FALSE(loom::train::checkpoint_step(old).has_value());  // the resume itself names what is missing
-    CHECK_THAT(loom::train::check_resume_identity(old, "", 7, false, "--anyway"), Catch::Contains("not checked"));
+    CHECK_THAT(loom::train::check_resume_identity(old, "", 7, false, anyway), Catch::Contains("not checked"));
 }
 
 }  // namespace LOOM_TEST_FILE

@@ -156,8 +156,8 @@ CheckpointSteps check_metadata(const std::filesystem::path& path, const Config& 
     LOOM_CHECK(field("format") == format, "checkpoint ", path.string(), " has format '", field("format"), "', expected ",
                format);
     for (const auto& [key, expected] : config_metadata(config))
-        LOOM_CHECK(field(key) == expected, "checkpoint ", path.string(), " was trained with --", key, " ", field(key),
-                   " but the flags say --", key, " ", expected);
+        LOOM_CHECK(field(key) == expected, "checkpoint ", path.string(), " was trained with ", key, " ", field(key),
+                   " but this model has ", key, " ", expected);
     return {parse_step_count(path, "step", field("step")),
             parse_step_count(path, "optimizer_steps", field("optimizer_steps"))};
 }

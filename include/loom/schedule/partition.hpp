@@ -4,7 +4,7 @@
 // Computing): stage s on device s takes sum(cost of its layers) / speed[s]
 // and must fit sum(memory of its layers) <= capacity[s]. A min-max dynamic
 // program over (device, first layer) finds the optimum exactly in
-// O(devices x layers^2); `--partition 3,3,2` gives one by hand instead.
+// O(devices x layers^2); parse_partition("3,3,2", ...) takes one by hand instead.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/core/setting_names.hpp"
 
 namespace loom::schedule {
 
@@ -123,11 +124,14 @@ inline void check_layers_and_stages(std::size_t layers, std::size_t stages) {
 }
 
 // "3,3,2" -> {3, 3, 2}, checked against the layer count and the stages.
-// `stages_are` says where the stage count comes from in messages ("--pp is
-// 3" by default; "--pp 2 x 2 chunks is 4" for interleaving).
+// Messages name the partition and the pipeline degree as `name` spells the
+// settings "partition" and "pp" (core/setting_names.hpp); `stages_are` says
+// where the stage count comes from ("pp is 3" by default; "pp 2 x 2 chunks
+// is 4" for interleaving).
 [[nodiscard]] inline std::vector<int> parse_partition(std::string_view text, int layers, int stages,
-                                                      std::string stages_are = {}) {
-    if (stages_are.empty()) stages_are = "--pp is " + std::to_string(stages);
+                                                      const SettingNames& name = {}, std::string stages_are = {}) {
+    if (stages_are.empty()) stages_are = name("pp") + " is " + std::to_string(stages);
+    const std::string partition = name("partition") + " " + std::string(text);
     std::vector<int> sizes;
     std::string item;
     std::istringstream in{std::string(text)};
@@ -135,14 +139,14 @@ inline void check_layers_and_stages(std::size_t layers, std::size_t stages) {
         char* end = nullptr;
         const long value = std::strtol(item.c_str(), &end, 10);
         LOOM_CHECK(!item.empty() && end != item.c_str() && *end == '\0' && value >= 1 && value <= layers,
-                   "--partition ", text, ": '", item, "' is not a layer count in 1..", layers);
+                   partition, ": '", item, "' is not a layer count in 1..", layers);
         sizes.push_back(static_cast<int>(value));
     }
     int sum = 0;
     for (int s : sizes) sum += s;
-    LOOM_CHECK(static_cast<int>(sizes.size()) == stages, "--partition ", text, " has ", sizes.size(),
-               " stages but --pp is ", stages, "; give one layer count per stage");
-    LOOM_CHECK(sum == layers, "--partition ", text, " sums to ", sum, " layers but the model has ", layers);
+    LOOM_CHECK(static_cast<int>(sizes.size()) == stages, partition, " has ", sizes.size(), " stages but ",
+               stages_are, "; give one layer count per stage");
+    LOOM_CHECK(sum == layers, partition, " sums to ", sum, " layers but the model has ", layers);
     return sizes;
 }
 

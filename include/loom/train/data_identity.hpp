@@ -1,14 +1,14 @@
 // What a checkpoint was trained on, so a resume can tell it is continuing the
 // same run. "Resumed equals uninterrupted" holds only for the same data in
-// the same order: another --data or --seed would go on silently and give a
-// run that matches neither. A checkpoint records the data's identity (its
+// the same order: other data or another seed would go on silently and give
+// a run that matches neither. A checkpoint records the data's identity (its
 // size and a hash of its first MiB, or "synthetic") and the seed; a resume
 // compares them and refuses a difference in one line naming both values,
 // unless the caller allows it. Checkpoints written before these fields load
 // with a notice.
 //
 //   metadata.merge(train::run_identity_metadata(data_path, seed));   // when saving
-//   note = train::check_run_identity(file.metadata(), path, data_path, seed, allow);
+//   note = train::check_run_identity(file.metadata(), path, data_path, seed, allow, names);
 #pragma once
 
 #include <algorithm>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/core/setting_names.hpp"
 #include "loom/io/safetensors.hpp"
 
 namespace loom::train {
@@ -38,9 +39,9 @@ inline constexpr std::string_view seed_key = "seed";
     if (path.empty()) return "synthetic";
     std::error_code error;
     const std::uintmax_t size = std::filesystem::file_size(path, error);
-    LOOM_CHECK(!error, "cannot read the size of --data ", path, ": ", error.message());
+    LOOM_CHECK(!error, "cannot read the size of the data file ", path, ": ", error.message());
     std::ifstream in(path, std::ios::binary);
-    LOOM_CHECK(in.good(), "cannot open --data ", path);
+    LOOM_CHECK(in.good(), "cannot open the data file ", path);
     std::vector<char> head(static_cast<std::size_t>(std::min<std::uintmax_t>(size, std::uintmax_t{1} << 20)));
     in.read(head.data(), static_cast<std::streamsize>(head.size()));
     std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits
@@ -57,15 +58,17 @@ inline constexpr std::string_view seed_key = "seed";
 }
 
 // Compares a checkpoint's recorded data and seed with this run's. A
-// difference throws "checkpoint <path> was trained on <data> but --data
-// gives <data>; ..." unless `allow`, when it is returned as a note instead;
+// difference throws "checkpoint <path> was trained on data '<data>' but
+// data <path> is '<data>'; ..." unless `allow`, when it is returned as a
+// note instead (the settings "data", "seed" and the switch "resume_anyway"
+// named as `name` spells them, core/setting_names.hpp);
 // a checkpoint without the fields returns a note that nothing was checked.
 // Returns "" when everything matches.
 // `metadata` is a safetensors header's, or a sharded checkpoint's index's (a map).
 template <class Metadata>
 [[nodiscard]] std::string check_run_identity(const Metadata& metadata, const std::filesystem::path& checkpoint,
                                              const std::string& data_path, std::uint64_t seed, bool allow,
-                                             std::string_view allow_flag) {
+                                             const SettingNames& name) {
     const auto find = [&](std::string_view key) -> std::optional<std::string_view> {
         if constexpr (std::is_same_v<Metadata, std::map<std::string, std::string>>) {
             const auto it = metadata.find(std::string(key));
@@ -84,15 +87,16 @@ template <class Metadata>
     const std::string now_seed = std::to_string(seed);
     std::string difference;
     if (*data != now_data)
-        difference = "was trained on data '" + std::string(*data) + "' but --data " +
+        difference = "was trained on data '" + std::string(*data) + "' but " + name("data") + " " +
                      (data_path.empty() ? std::string("(none: synthetic)") : data_path) + " is '" + now_data + "'";
     else if (*saved_seed != now_seed)
-        difference = "was trained with --seed " + std::string(*saved_seed) + " but the flags say --seed " + now_seed;
+        difference = "was trained with " + name("seed") + " " + std::string(*saved_seed) + " but this run has " +
+                     name("seed") + " " + now_seed;
     if (difference.empty()) return "";
     const std::string what = "checkpoint " + checkpoint.string() + " " + difference;
-    LOOM_CHECK(allow, what, "; resuming would not continue the same run (give the same flags, or ", allow_flag,
-               " to continue anyway)");
-    return what + "; continuing anyway (" + std::string(allow_flag) + ")";
+    LOOM_CHECK(allow, what, "; resuming would not continue the same run (give the same settings, or ",
+               name("resume_anyway"), " to continue anyway)");
+    return what + "; continuing anyway (" + name("resume_anyway") + ")";
 }
 
 }  // namespace loom::train

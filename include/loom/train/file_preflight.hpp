@@ -7,7 +7,7 @@
 // sharded directory's index).
 //
 //   train::prepare_output(save, sharded, true);   // throws "<path> cannot be written (checked before training): ..."
-//   note = train::check_resume_identity(resume, data_path, seed, allow, "--resume-anyway");
+//   note = train::check_resume_identity(resume, data_path, seed, allow, names);
 //   if (train::checkpoint_step(resume) > until) ...refuse: nothing is left to train
 #pragma once
 
@@ -52,12 +52,12 @@ inline void prepare_output(const std::string& path, bool directory, bool checkpo
 // check_run_identity (data_identity.hpp) on the checkpoint at `path`, a
 // sharded directory (its index's metadata) or one safetensors file (its
 // header's): "" when the data and seed match, else a note, or the refusal
-// naming `allow_hint` unless `allow`.
+// unless `allow`, the settings named as `name` spells them.
 [[nodiscard]] inline std::string check_resume_identity(const std::string& path, const std::string& data_path,
-                                                       std::uint64_t seed, bool allow, std::string_view allow_hint) {
+                                                       std::uint64_t seed, bool allow, const SettingNames& name) {
     if (std::filesystem::is_directory(path))
-        return check_run_identity(exec::read_sharded_index(path).metadata, path, data_path, seed, allow, allow_hint);
-    return check_run_identity(io::SafetensorsFile(path).metadata(), path, data_path, seed, allow, allow_hint);
+        return check_run_identity(exec::read_sharded_index(path).metadata, path, data_path, seed, allow, name);
+    return check_run_identity(io::SafetensorsFile(path).metadata(), path, data_path, seed, allow, name);
 }
 
 // The step the checkpoint at `path` (a sharded directory or one file) was

@@ -55,7 +55,9 @@ struct GptTraining {
     std::int64_t compress_warmup = -1;  // -1: PowerSGD and TopK 10%, OneBit 20% of `steps`, others 0
     std::int64_t freeze_variance = -1;  // AdamW's v frozen after N steps; -1: at an error-feedback compressor's start
     int optex = 0;                      // OptEx workers; 0: plain AdamW under the executor
-    optim::OptExConfig optex_config{};
+    optim::OptExConfig optex_config{};  // its workers and tuning are filled from `optex` and `optex_tune`
+                                        // (gpt_training_rules.hpp: settled_training)
+    int optex_tune = -1;                // re-tune the length scale every N iterations; -1: 25, 0: never
 
     // The warm-up the run uses: given, or the reference's share of the
     // steps (PowerSGD and TopK want their error feedback to start from a

@@ -27,11 +27,11 @@ inline void check_bf16_device_fits(const char* who, std::int64_t D, std::size_t 
     LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     LOOM_CHECK(major >= 8, who, ": bf16 attention needs bf16 tensor cores (compute capability 8.0 or newer); GPU ",
-               device, " has ", major, ".", minor, "; use f32 products (--matmul f32)");
+               device, " has ", major, ".", minor, "; use f32 products (MatmulPrecision::f32)");
     LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     LOOM_CHECK(shared_bytes <= static_cast<std::size_t>(shared_limit), who, ": bf16 attention at head size D = ", D,
                " needs ", shared_bytes, " bytes of shared memory per block; GPU ", device, " gives at most ",
-               shared_limit, "; use heads of 64 or fewer features, or f32 products (--matmul f32)");
+               shared_limit, "; use heads of 64 or fewer features, or f32 products (MatmulPrecision::f32)");
 }
 
 }  // namespace loom::kernels::cuda::attention_detail
