@@ -1,5 +1,6 @@
-// Tensor-parallel serving under mpirun: tp = the number of processes, the
-// requests the rank-thread tests run (tests/infer/tensor_parallel_serving_suite.hpp),
+// Tensor- and pipeline-parallel serving under mpirun: tp (or pp) = the
+// number of processes, the requests the rank-thread tests run
+// (tests/infer/tensor_parallel_serving_suite.hpp, pipeline_serving_suite.hpp),
 // against the whole model in each process: greedy and seeded, a mixed-length
 // batch refilled continuously.
 #include <catch2/catch.hpp>
@@ -7,6 +8,7 @@
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/communicator_mpi.hpp>
 
+#include "infer/pipeline_serving_suite.hpp"
 #include "infer/tensor_parallel_serving_suite.hpp"
 #include "support/test_file.hpp"
 
@@ -25,6 +27,26 @@ TEST_CASE("tensor-parallel serving gives the whole model's tokens under MPI", "[
             INFO((greedy ? "greedy" : "sampled") << " request " << i << ", rank " << tp.rank() << " of " << tp.size());
             CHECK(got[i].tokens == expected[i].tokens);
             CHECK(got[i].finish == expected[i].finish);
+        }
+    }
+}
+
+TEST_CASE("pipeline-parallel serving gives the whole model's tokens under MPI", "[pp_serving]") {
+    auto world = loom::comm::Mpi::world();
+    loom::comm::AnyComm pp = loom::comm::AnyComm::view(world);
+    loom_test::PipelineGpt whole(33);
+    for (const bool greedy : {true, false}) {
+        const auto batch = loom_test::mixed_batch(greedy);
+        const auto expected = loom::infer::generate(whole.model, whole.config, batch, 2);
+        for (const std::int64_t max_batch : {0, 2}) {
+            const auto got = loom_test::serve_pipelined_on(pp, whole, batch, max_batch);
+            REQUIRE(got.size() == expected.size());
+            for (std::size_t i = 0; i < got.size(); ++i) {
+                INFO((greedy ? "greedy" : "sampled") << " request " << i << ", max_batch " << max_batch << ", rank "
+                                                     << pp.rank() << " of " << pp.size());
+                CHECK(got[i].tokens == expected[i].tokens);
+                CHECK(got[i].finish == expected[i].finish);
+            }
         }
     }
 }

@@ -33,12 +33,18 @@
 // block's attention projection and MLP (Megatron's g), and the logits come
 // out whole and bit-identical on every rank (gathered), so the Batcher and
 // generate() on each rank, given the same requests, pick the same tokens.
+// Pipeline-parallel serving (infer/pipeline_parallel_gpt.hpp): given a
+// PipelineStage, the model is that stage's (infer/pipeline_stage.hpp) and
+// the cache holds its blocks only; forward_stage takes the hidden rows the
+// stage before produced (or embeds the tokens on stage 0) and returns the
+// hidden rows for the next stage (or the logits on the last).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "loom/comm/any_comm.hpp"
@@ -47,6 +53,7 @@
 #include "loom/gpt/model.hpp"
 #include "loom/infer/cached_rows.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/pipeline_stage.hpp"
 #include "loom/infer/tensor_parallel_shard.hpp"
 #include "loom/infer/tree_attention.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
@@ -77,7 +84,8 @@ public:
     // whole (not a tensor-parallel shard); the cache must match its shape and
     // hold at most config.seq positions per slot (there are no position
     // embeddings beyond). Both are referenced, not copied.
-    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache) : CachedGpt(model, config, cache, nullptr) {}
+    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache)
+        : CachedGpt(model, config, cache, nullptr, whole_stage(config)) {}
 
     // Tensor-parallel serving: `shard` is rank tp.rank()'s serving shard of
     // the model (infer::shard_for_serving, bound and loaded) and `cache` is
@@ -86,13 +94,21 @@ public:
     // generic communicator (AnyComm::view of a ThreadComm, an Mpi, ...) and
     // must outlive the engine.
     CachedGpt(gpt::Model& shard, const gpt::Config& config, KvCache& cache, comm::AnyComm& tp)
-        : CachedGpt(shard, config, cache, &tp) {}
+        : CachedGpt(shard, config, cache, &tp, whole_stage(config)) {}
+
+    // Pipeline-parallel serving: `stage_model` is stage `where`'s model
+    // (make_stage_model, bound and loaded with load_stage_values) and `cache`
+    // holds its where.count blocks. Run it with forward_stage.
+    CachedGpt(gpt::Model& stage_model, const gpt::Config& config, KvCache& cache, const PipelineStage& where)
+        : CachedGpt(stage_model, config, cache, nullptr, where) {}
 
     [[nodiscard]] const gpt::Config& config() const noexcept { return config_; }
     [[nodiscard]] KvCache& cache() noexcept { return cache_; }
     // The tp group's size (1: the whole model) and this rank's place in it.
     [[nodiscard]] int tp_degree() const noexcept { return degree_; }
     [[nodiscard]] int tp_rank() const noexcept { return rank_; }
+    // The blocks this engine runs (all of them unless it is a pipeline stage).
+    [[nodiscard]] const PipelineStage& stage() const noexcept { return stage_; }
 
     // Runs the segments (each slot at most once, at least one token each),
     // appends their keys and values to the cache, and returns the logits of
@@ -100,6 +116,19 @@ public:
     // until the next call. With Logits::every, those of every token instead:
     // [total tokens, vocab], the segments' rows one after another.
     std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) {
+        LOOM_CHECK(stage_.whole(), "CachedGpt: forward on pipeline stage ", stage_.stage, " of ", stage_.stages,
+                   "; a stage runs forward_stage with the hidden rows of the stage before");
+        return forward_stage(segments, {}, which);
+    }
+
+    // A pipeline stage's part of forward(): on stage 0 the segments' tokens
+    // are embedded (`hidden` empty), on the others `hidden` is the stage
+    // before's output for the same segments ([tokens, width], packed); its
+    // blocks run and keep their keys and values. The last stage returns the
+    // logits as forward() does, the others the hidden rows for the next
+    // stage: [tokens, width], valid until the next call.
+    std::span<const float> forward_stage(std::span<const Segment> segments, std::span<const float> hidden,
+                                         Logits which = Logits::last) {
         check(segments);
         const std::int64_t C = config_.width;
         std::int64_t rows = 0;
@@ -108,10 +137,18 @@ public:
             starts_.push_back(cache_.length(s.slot));
             rows += static_cast<std::int64_t>(s.tokens.size());
         }
+        const std::int64_t expected_hidden = stage_.embeds() ? 0 : rows * C;
+        LOOM_CHECK(static_cast<std::int64_t>(hidden.size()) == expected_hidden, "CachedGpt: pipeline stage ",
+                   stage_.stage, " of ", stage_.stages, " was given ", hidden.size(), " hidden values for ", rows,
+                   " tokens; give ",
+                   stage_.embeds() ? std::string("none (stage 0 embeds the tokens)")
+                                   : loom::detail::concat(rows, " x ", C, " = ", rows * C, " (the stage before's output)"));
         for (const Segment& s : segments) cache_.reserve(s.slot, static_cast<std::int64_t>(s.tokens.size()));
         resize(rows);
-        embed(segments);
-        for (std::int64_t l = 0; l < config_.layers; ++l) block(l, segments, rows);
+        if (stage_.embeds()) embed(segments);
+        else std::copy(hidden.begin(), hidden.end(), x_.begin());
+        for (std::int64_t l = 0; l < stage_.count; ++l) block(l, segments, rows);
+        if (!stage_.has_head()) return std::span<const float>(x_.data(), static_cast<std::size_t>(rows * C));
         if (which == Logits::every) {
             layernorm(model_.ln_f, x_.data(), normed_.data(), rows);
             head(normed_.data(), rows);
@@ -149,15 +186,30 @@ public:
     }
 
 private:
-    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache, comm::AnyComm* tp)
-        : model_(model), config_(config), cache_(cache), tp_(tp) {
+    [[nodiscard]] static PipelineStage whole_stage(const gpt::Config& config) { return {0, 1, 0, config.layers}; }
+
+    CachedGpt(gpt::Model& model, const gpt::Config& config, KvCache& cache, comm::AnyComm* tp,
+              const PipelineStage& where)
+        : model_(model), config_(config), cache_(cache), tp_(tp), stage_(where) {
         config.validate();
-        LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGpt: the model has ",
-                   model.blocks.size(), " blocks but the config says ", config.layers, " layers");
-        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
+        if (where.whole())
+            LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == config.layers, "CachedGpt: the model has ",
+                       model.blocks.size(), " blocks but the config says ", config.layers, " layers");
+        else
+            LOOM_CHECK(static_cast<std::int64_t>(model.blocks.size()) == where.count, "CachedGpt: the model has ",
+                       model.blocks.size(), " blocks but pipeline stage ", where.stage, " of ", where.stages,
+                       " holds ", where.count, " (blocks ", where.first, "..", where.first + where.count - 1,
+                       "); build it with make_stage_model");
+        LOOM_CHECK(!where.embeds() || model.embed.token.numel() > 0, "CachedGpt: pipeline stage 0 has no embeddings; "
+                   "build it with make_stage_model(config, pipeline_stage(config, 0, ", where.stages, "))");
+        LOOM_CHECK(!where.has_head() || model.head.weight.numel() > 0, "CachedGpt: pipeline stage ", where.stage,
+                   " is the last but has no head; build it with make_stage_model(config, pipeline_stage(config, ",
+                   where.stage, ", ", where.stages, "))");
+        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound() && !model.blocks.empty() &&
+                       std::get<1>(model.blocks.front().attn.layers).qkv.weight.bound(),
                    "CachedGpt: the model's parameters are not bound; give the model a ParamArena (and load or "
                    "initialise it) first");
-        LOOM_CHECK(model.head.weight.value.device().kind == DeviceKind::host,
+        LOOM_CHECK(std::get<1>(model.blocks.front().attn.layers).qkv.weight.value.device().kind == DeviceKind::host,
                    "CachedGpt: the model's parameters live on a device; this engine runs on the host");
         if (tp != nullptr) {
             rank_ = tp->rank();
@@ -173,8 +225,9 @@ private:
         }
         heads_ = config.heads / degree_;
         width_ = config.width / degree_;
-        LOOM_CHECK(cache.layers() == config.layers && cache.width() == width_, "CachedGpt: the cache is for ",
-                   cache.layers(), " layers of width ", cache.width(), " but the model has ", config.layers,
+        LOOM_CHECK(cache.layers() == where.count && cache.width() == width_, "CachedGpt: the cache is for ",
+                   cache.layers(), " layers of width ", cache.width(), " but the model has ", where.count,
+                   where.whole() ? "" : loom::detail::concat(" (pipeline stage ", where.stage, " of ", where.stages, ")"),
                    " of width ", config.width,
                    degree_ > 1 ? loom::detail::concat(" (", width_, " on each of ", degree_, " tp ranks)") : "");
         LOOM_CHECK(cache.capacity() <= config.seq, "CachedGpt: the cache holds ", cache.capacity(),
@@ -350,6 +403,7 @@ private:
     gpt::Config config_;
     KvCache& cache_;
     comm::AnyComm* tp_ = nullptr;  // null: the whole model
+    PipelineStage stage_;          // the blocks this engine holds: all of them but on a pipeline stage
     int rank_ = 0, degree_ = 1;
     std::int64_t heads_ = 0, width_ = 0;  // this rank's heads and their features (all of them at tp 1)
     std::vector<float> run_, gathered_;   // the head's vocabulary runs on a tp group
