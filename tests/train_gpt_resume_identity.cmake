@@ -16,7 +16,7 @@ function(refused expect)
   execute_process(COMMAND "${TRAIN_GPT}" ${model} --resume "${ckpt}" ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)
   string(REGEX REPLACE "\n$" "" err "${err}")
-  if(rc EQUAL 0 OR NOT err MATCHES "^checkpoint [^\n]*a.st ${expect}; resuming would not continue the same run \\(give the same settings, or --resume-anyway to continue anyway\\)( \\[[^]]+\\])?$")
+  if(rc EQUAL 0 OR NOT err MATCHES "^train_gpt: checkpoint [^\n]*a.st ${expect}; resuming would not continue the same run \\(give the same settings, or --resume-anyway to continue anyway\\)( \\[[^]]+\\])?$")
     message(FATAL_ERROR "--resume ${ARGN}: expected a refusal matching '${expect}' (rc ${rc}):\n${out}\n${err}")
   endif()
   if(out MATCHES "final loss")
