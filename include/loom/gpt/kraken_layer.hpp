@@ -66,7 +66,7 @@ struct KrakenSubLayer {
     KrakenAttention attention;
     KrakenMlp mlp;
 
-    // Sub-layer `of` N of a width-C layer with `heads` heads in all.
+    // One of `degree` sub-layers of a width-C layer with `heads` heads in all.
     [[nodiscard]] static KrakenSubLayer make(std::int64_t width, std::int64_t heads, std::int64_t degree,
                                              float residual_std) {
         const std::int64_t local = width / degree;
