@@ -1,0 +1,190 @@
+// Kraken's layer (Prabhakar et al., NeurIPS 2024, arXiv 2408.07802): N
+// independent sub-layers, one per device of a fixed tensor-parallel degree N,
+// each with its own LayerNorms, heads / N attention heads and a 4C / N MLP,
+// all reading the same residual stream; the layer adds the sum of their
+// outputs to the residual. Its one all-reduce (the sum) can overlap the next
+// layer's attention, because that attention reads each device's *local*
+// stream: the residual plus its own sub-layer's output, before the sum.
+//
+// The dataflow loom builds, for layer l and sub-layer i (h: the reduced
+// residual stream, local_i: device i's stream, h and every local_i equal to
+// the embeddings before the first layer):
+//
+//   a_i     = Attention_i(LN1_i(local_i))        // needs no all-reduce: overlaps it
+//   m_i     = Mlp_i(LN2_i(h + a_i))              // h: the previous layer's sum, arrived by now
+//   o_i     = a_i + m_i
+//   local_i <- h + o_i                           // the next layer's attention input
+//   h       <- h + sum_i o_i                     // the one all-reduce per layer
+//
+// After the last layer, h goes to the final LayerNorm and the head.
+//
+// Between layers the activation is one tensor, the state [N + 1, B, T, C]:
+// slice 0 is h, slice 1 + i is local_i (KrakenFanOut makes it from the
+// embeddings, KrakenMerge takes h out of it), so a Kraken model is an
+// ordinary chain of loom layers that every executor and strategy can run.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "loom/core/device_buffer.hpp"
+#include "loom/core/device_runtime.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/kernels/ops.hpp"
+#include "loom/nn/attention.hpp"
+#include "loom/nn/compose.hpp"
+#include "loom/nn/context.hpp"
+#include "loom/nn/gelu.hpp"
+#include "loom/nn/layernorm.hpp"
+#include "loom/nn/linear.hpp"
+
+namespace loom::gpt {
+
+// Slice `k` of a Kraken state [N + 1, B, T, C] as a [B, T, C] view.
+[[nodiscard]] inline Tensor kraken_stream(const Tensor& state, std::int64_t k) {
+    return state.slice(0, k, k + 1).reshape(Shape{state.dim(1), state.dim(2), state.dim(3)});
+}
+
+// A sub-layer's attention half: its own LayerNorm and heads / N heads. The
+// attention is shaped as a Megatron shard of a whole one ([3C/N, C] qkv,
+// [C, C/N] projection), so the head dimension stays C / heads.
+struct KrakenAttention {
+    nn::LayerNorm ln;
+    nn::CausalSelfAttention attn;
+};
+
+// A sub-layer's MLP half: its own LayerNorm, C -> 4C / N -> C.
+struct KrakenMlp {
+    nn::LayerNorm ln;
+    nn::Linear fc;
+    nn::Gelu act;
+    nn::Linear proj;
+};
+
+struct KrakenSubLayer {
+    KrakenAttention attention;
+    KrakenMlp mlp;
+
+    // One of `degree` sub-layers of a width-C layer with `heads` heads in all.
+    [[nodiscard]] static KrakenSubLayer make(std::int64_t width, std::int64_t heads, std::int64_t degree,
+                                             float residual_std) {
+        const std::int64_t local = width / degree;
+        return {{nn::LayerNorm::make(width),
+                 nn::CausalSelfAttention{nn::Linear::make(width, 3 * local, Init::normal(0.02f)),
+                                         nn::Linear::make(local, width, Init::normal(residual_std)), heads}},
+                {nn::LayerNorm::make(width), nn::Linear::make(width, 4 * local),
+                 nn::Gelu{}, nn::Linear::make(4 * local, width, Init::normal(residual_std))}};
+    }
+};
+
+// One Kraken layer: its N sub-layers over the state [N + 1, B, T, C].
+struct KrakenLayer {
+    std::vector<KrakenSubLayer> subs;
+
+    [[nodiscard]] std::int64_t degree() const { return static_cast<std::int64_t>(subs.size()); }
+
+    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& state) {
+        check_state(state, "input");
+        const Tensor h = kraken_stream(state, 0);
+        Tensor out = ctx.alloc(state.shape());
+        const Tensor h_out = kraken_stream(out, 0);
+        copy_tensor(h_out, h);
+        for (std::int64_t i = 0; i < degree(); ++i) {
+            KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
+            const Tensor a = nn::forward(sub.attention, ctx, kraken_stream(state, 1 + i));
+            Tensor u = ctx.alloc(h.shape());
+            kernels::add(h, a, u);
+            const Tensor m = nn::forward(sub.mlp, ctx, u);
+            Tensor o = ctx.alloc(h.shape());
+            kernels::add(a, m, o);
+            kernels::add(h, o, kraken_stream(out, 1 + i));
+            kernels::add(h_out, o, h_out);  // the all-reduce, summed in sub-layer order
+        }
+        return out;
+    }
+
+    // dh_out reaches h directly and through every local stream (local_i = h + o_i);
+    // d o_i = dh_out + dlocal_i feeds both a_i and m_i, and m_i's input gradient
+    // goes to h and (through u_i = h + a_i) to a_i.
+    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dstate) {
+        check_state(dstate, "gradient");
+        const Tensor dh_out = kraken_stream(dstate, 0);
+        Tensor dstate_in = ctx.alloc(dstate.shape());
+        const Tensor dh = kraken_stream(dstate_in, 0);
+        copy_tensor(dh, dh_out);
+        for (std::int64_t i = degree() - 1; i >= 0; --i) {
+            KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
+            const Tensor dlocal_out = kraken_stream(dstate, 1 + i);
+            kernels::add(dh, dlocal_out, dh);
+            Tensor d_o = ctx.alloc(dh.shape());
+            kernels::add(dh_out, dlocal_out, d_o);
+            const Tensor du = nn::backward_input(sub.mlp, ctx, d_o);
+            kernels::add(dh, du, dh);
+            Tensor da = ctx.alloc(dh.shape());
+            kernels::add(d_o, du, da);
+            copy_tensor(kraken_stream(dstate_in, 1 + i), nn::backward_input(sub.attention, ctx, da));
+        }
+        return dstate_in;
+    }
+
+    void backward_weight(nn::Context& ctx) {
+        for (auto it = subs.rbegin(); it != subs.rend(); ++it) {
+            nn::backward_weight(it->mlp, ctx);
+            nn::backward_weight(it->attention, ctx);
+        }
+    }
+
+private:  // functions only: KrakenLayer stays an aggregate
+    void check_state(const Tensor& state, const char* what) const {
+        LOOM_CHECK(state.rank() == 4 && state.dim(0) == degree() + 1, "KrakenLayer: ", what, " of shape ",
+                   state.shape(), " is not a Kraken state [", degree() + 1, ", batch, sequence, width] of degree ",
+                   degree());
+    }
+};
+
+// The embeddings [B, T, C] as the first layer's state: h and every local
+// stream start equal.
+struct KrakenFanOut {
+    std::int64_t degree = 1;
+
+    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& x) {
+        LOOM_CHECK(x.rank() == 3, "KrakenFanOut: input of shape ", x.shape(), " is not [batch, sequence, width]");
+        Tensor state = ctx.alloc(Shape{degree + 1, x.dim(0), x.dim(1), x.dim(2)});
+        for (std::int64_t k = 0; k <= degree; ++k) copy_tensor(kraken_stream(state, k), x);
+        return state;
+    }
+
+    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dstate) {
+        Tensor dx = ctx.alloc(Shape{dstate.dim(1), dstate.dim(2), dstate.dim(3)});
+        copy_tensor(dx, kraken_stream(dstate, 0));
+        for (std::int64_t k = 1; k <= degree; ++k) kernels::add(dx, kraken_stream(dstate, k), dx);
+        return dx;
+    }
+};
+
+// The last layer's reduced stream h, for the final LayerNorm; the local
+// streams end here (their gradient is zero).
+struct KrakenMerge {
+    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& state) {
+        LOOM_CHECK(state.rank() == 4, "KrakenMerge: input of shape ", state.shape(),
+                   " is not a Kraken state [degree + 1, batch, sequence, width]");
+        ctx.saved<Saved>(this).degree = state.dim(0) - 1;
+        return kraken_stream(state, 0);
+    }
+
+    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dy) {
+        const std::int64_t degree = ctx.saved<Saved>(this).degree;
+        Tensor dstate = ctx.alloc(Shape{degree + 1, dy.dim(0), dy.dim(1), dy.dim(2)});
+        fill_zero_bytes(dstate.raw(), dstate.device(), dstate.nbytes());
+        copy_tensor(kraken_stream(dstate, 0), dy);
+        return dstate;
+    }
+
+private:  // KrakenMerge stays an aggregate with no fields to reflect
+    struct Saved {
+        std::int64_t degree = 0;
+    };
+};
+
+}  // namespace loom::gpt
