@@ -9,6 +9,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/rng.hpp>
 #include <loom/kernels/host/attention.hpp>
+#include <loom/kernels/host/gemm_threads.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -251,6 +252,29 @@ TEST_CASE("attention_backward matches the double-precision softmax backward", "[
                     want_part.push_back(want[i]);
                 }
             CHECK(relative_error(got_part, want_part, 0.1 * whole_scale) <= 1e-5);
+        }
+    }
+}
+
+TEST_CASE("attention on 2 and 3 GEMM threads gives the one-thread bits, heads side by side", "[attention]") {
+    struct KeepThreads {
+        int threads = loom::kernels::host::gemm_threads();
+        ~KeepThreads() { loom::kernels::host::set_gemm_threads(threads); }
+    } keep;
+    for (const Shape& s : shapes()) {
+        INFO(describe(s));
+        const std::vector<float> qkv = normals(s.qkv_size(), 5);
+        const std::vector<float> dout = normals(s.out_size(), 6);
+        loom::kernels::host::set_gemm_threads(1);
+        const auto forward = run_forward(qkv, s);
+        const std::vector<float> backward = run_backward(qkv, forward, dout, s);
+        for (int threads : {2, 3}) {
+            loom::kernels::host::set_gemm_threads(threads);
+            const auto threaded = run_forward(qkv, s);
+            CHECK(std::memcmp(threaded.out.data(), forward.out.data(), forward.out.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(threaded.lse.data(), forward.lse.data(), forward.lse.size() * sizeof(float)) == 0);
+            const std::vector<float> threaded_backward = run_backward(qkv, threaded, dout, s);
+            CHECK(std::memcmp(threaded_backward.data(), backward.data(), backward.size() * sizeof(float)) == 0);
         }
     }
 }

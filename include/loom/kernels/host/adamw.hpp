@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "loom/kernels/host/gemm_threads.hpp"
+
 #if defined(__SSE__) || defined(__AVX__)
 #include <immintrin.h>
 #elif defined(__ARM_NEON) && defined(__aarch64__)
@@ -98,7 +100,13 @@ inline void adamw_update(float* params, const float* grads, float* m, float* v, 
     const auto n = static_cast<std::size_t>(count);
     const std::size_t blocks = n / adamw_block;
     const std::size_t done = blocks * adamw_block;
-    if (blocks > 0) adamw_blocks(params, grads, m, v, blocks, s);
+    // Blocks are independent and run the same machine code wherever they sit:
+    // a rank with GEMM threads updates ranges of them side by side (at least
+    // 16 K elements each, below which a second thread does not pay).
+    run_in_ranges(static_cast<std::int64_t>(blocks), [&](std::int64_t first, std::int64_t end) {
+        const std::size_t at = static_cast<std::size_t>(first) * adamw_block;
+        adamw_blocks(params + at, grads + at, m + at, v + at, static_cast<std::size_t>(end - first), s);
+    }, std::int64_t{1024});
     const std::size_t rest = n - done;
     if (rest == 0) return;
     alignas(64) float p[adamw_block] = {}, g[adamw_block] = {}, mb[adamw_block] = {}, vb[adamw_block] = {};

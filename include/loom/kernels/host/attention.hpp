@@ -24,6 +24,7 @@
 #include "loom/core/error.hpp"
 #include "loom/kernels/attention_shape.hpp"
 #include "loom/kernels/host/gemm_dispatch.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 
 namespace loom::kernels::host {
 
@@ -331,13 +332,15 @@ inline void forward_heads(const float* qkv, float* out, float* lse, std::int64_t
                           std::int64_t D, bool round_products) {
     const std::int64_t C = H * D;
     const float scale = attention_scale(D);
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t h = 0; h < H; ++h) {
+    // Heads are independent: a rank with GEMM threads runs them side by side.
+    run_in_ranges(B * H, [&](std::int64_t first, std::int64_t end) {
+        for (std::int64_t bh = first; bh < end; ++bh) {
+            const std::int64_t b = bh / H, h = bh % H;
             const float* row0 = qkv + b * T * 3 * C + h * D;
             const HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
-            forward_head<true>(in, out + b * T * C + h * D, C, lse + (b * H + h) * T, T, T, D, scale,
-                               round_products);
+            forward_head<true>(in, out + b * T * C + h * D, C, lse + bh * T, T, T, D, scale, round_products);
         }
+    });
 }
 
 // dout_rounded: null for f32; for bf16, dout rounded (and qkv already is).
@@ -346,16 +349,19 @@ inline void backward_heads(const float* qkv, const float* out, const float* dout
                            std::int64_t D) {
     const std::int64_t C = H * D;
     const float scale = attention_scale(D);
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t h = 0; h < H; ++h) {
+    // Each head writes its own columns of dqkv: heads run side by side.
+    run_in_ranges(B * H, [&](std::int64_t first, std::int64_t end) {
+        for (std::int64_t bh = first; bh < end; ++bh) {
+            const std::int64_t b = bh / H, h = bh % H;
             const float* row0 = qkv + b * T * 3 * C + h * D;
             float* grad0 = dqkv + b * T * 3 * C + h * D;
             const HeadQkv in{row0, row0 + C, row0 + 2 * C, 3 * C, 3 * C};
             const HeadGrad grad{grad0, grad0 + C, grad0 + 2 * C};
             const std::int64_t offset = b * T * C + h * D;
-            backward_head<true>(in, out + offset, dout + offset, C, lse + (b * H + h) * T, grad, T, T, D, scale,
+            backward_head<true>(in, out + offset, dout + offset, C, lse + bh * T, grad, T, T, D, scale,
                                 /*accumulate=*/false, dout_rounded == nullptr ? nullptr : dout_rounded + offset);
         }
+    });
 }
 
 }  // namespace attention_detail
@@ -366,8 +372,9 @@ inline void backward_heads(const float* qkv, const float* out, const float* dout
 // out: [B, T, C] (heads concatenated the same way). Scale 1/sqrt(D). Token t
 // attends to tokens 0..t. lse: [B, H, T] log-sum-exp of the scaled scores per
 // query row, saved for backward. out and lse must not overlap qkv. Runs on
-// the calling thread (threads inside the BLAS aside); sequences are
-// independent, so a caller may run slices of the batch on different threads.
+// the GEMM threads (gemm_threads.hpp: set_gemm_threads), a range of heads
+// each, with the same bits for any thread count; sequences are independent,
+// so a caller may also run slices of the batch on different threads.
 inline void attention_forward(const float* qkv, float* out, float* lse, std::int64_t B, std::int64_t T,
                               std::int64_t H, std::int64_t D) {
     check_attention_forward_arguments(qkv, out, lse, B, T, H, D);

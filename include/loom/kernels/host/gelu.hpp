@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 
 namespace loom::kernels::host {
 
@@ -30,27 +31,44 @@ inline constexpr float gelu_c3 = static_cast<float>(-2.0 * 0.7978845608028654 * 
     return exp_in_range(zc);
 }
 
-}  // namespace detail
+// Elements per thread's range: below this, waking a second thread costs more than it saves.
+inline constexpr std::int64_t gelu_elements_per_range = std::int64_t{1} << 14;
 
-// y = gelu(x) for n elements. y may be x (in place).
-LOOM_KERNEL_DISPATCH inline void gelu_forward(const float* x, float* y, std::int64_t n) noexcept {
+LOOM_KERNEL_DISPATCH inline void gelu_forward_elements(const float* x, float* y, std::int64_t n) noexcept {
     for (std::int64_t i = 0; i < n; ++i) {
         const float xi = x[i];
-        y[i] = xi / (1.0f + detail::gelu_exp_minus_2u(xi));
+        y[i] = xi / (1.0f + gelu_exp_minus_2u(xi));
     }
 }
 
-// dx = dy * gelu'(x), written (not accumulated). dx may be dy (in place).
 // With E = e^(-2u) and s = 1 / (1 + E):  gelu'(x) = s (1 + 2 x (1 - s) u'(x)),
 // where 1 - s = E s exactly (no cancellation) and 2 u'(x) = -(gelu_c1 + 3 gelu_c3 x^2).
-LOOM_KERNEL_DISPATCH inline void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n) noexcept {
+LOOM_KERNEL_DISPATCH inline void gelu_backward_elements(const float* x, const float* dy, float* dx,
+                                                        std::int64_t n) noexcept {
     for (std::int64_t i = 0; i < n; ++i) {
         const float xi = x[i];
-        const float e = detail::gelu_exp_minus_2u(xi);
+        const float e = gelu_exp_minus_2u(xi);
         const float s = 1.0f / (1.0f + e);
-        const float minus_2du = detail::gelu_c1 + 3.0f * detail::gelu_c3 * (xi * xi);
+        const float minus_2du = gelu_c1 + 3.0f * gelu_c3 * (xi * xi);
         dx[i] = dy[i] * (s * (1.0f - xi * (e * s) * minus_2du));
     }
+}
+
+}  // namespace detail
+
+// y = gelu(x) for n elements. y may be x (in place). Elements are
+// independent: a rank with GEMM threads runs ranges of them side by side.
+inline void gelu_forward(const float* x, float* y, std::int64_t n) {
+    run_in_ranges(n, [&](std::int64_t first, std::int64_t end) {
+        detail::gelu_forward_elements(x + first, y + first, end - first);
+    }, detail::gelu_elements_per_range);
+}
+
+// dx = dy * gelu'(x), written (not accumulated). dx may be dy (in place).
+inline void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n) {
+    run_in_ranges(n, [&](std::int64_t first, std::int64_t end) {
+        detail::gelu_backward_elements(x + first, dy + first, dx + first, end - first);
+    }, detail::gelu_elements_per_range);
 }
 
 }  // namespace loom::kernels::host

@@ -33,6 +33,15 @@ inline std::atomic<int>& gemm_thread_setting() {
     return threads;
 }
 
+// Whether this thread is running a part of a pool job: a product or kernel
+// called from inside one runs on this thread alone (the pool is serving the
+// job that called it, and its caller holds the pool's busy lock, which a
+// second try_lock by the same thread must not touch).
+inline bool& inside_pool_part() {
+    thread_local bool inside = false;
+    return inside;
+}
+
 class GemmPool {
 public:
     static GemmPool& instance() {
@@ -55,8 +64,12 @@ public:
     // part(i) for i in [0, parts), on up to `parts` threads (the caller is
     // one of them); returns when all are done, rethrowing the first failure.
     void run(int parts, const std::function<void(int)>& part) {
+        if (parts <= 1 || inside_pool_part()) {
+            for (int i = 0; i < parts; ++i) part(i);
+            return;
+        }
         std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-        if (parts <= 1 || !busy.owns_lock()) {
+        if (!busy.owns_lock()) {
             for (int i = 0; i < parts; ++i) part(i);
             return;
         }
@@ -93,11 +106,13 @@ private:
                     return;
             } while (!next_.compare_exchange_weak(claim, claim + 1));
             std::exception_ptr failure;
+            inside_pool_part() = true;
             try {
                 (*job)(static_cast<int>(claim & 0xffffffffu));
             } catch (...) {
                 failure = std::current_exception();
             }
+            inside_pool_part() = false;
             std::lock_guard<std::mutex> lock(mutex_);
             if (failure && !failure_) failure_ = failure;
             if (++finished_ == parts_) done_.notify_all();
@@ -144,6 +159,25 @@ inline void set_gemm_threads(int threads) {
 }
 
 [[nodiscard]] inline int gemm_threads() { return gemm_detail::gemm_thread_setting().load(); }
+
+// body(begin, end) over [0, count) in up to gemm_threads() contiguous ranges
+// of at least `grain` items, run side by side on the GEMM threads: for a
+// kernel whose items (a head of attention, a row, a block of elements) are
+// independent and each computed the same way wherever it runs, so the result
+// does not depend on the thread count. `grain` keeps ranges worth a thread's
+// wake-up. Called from inside a part, or while another rank thread's product
+// holds the pool, it runs on the calling thread.
+template <class Body>
+void run_in_ranges(std::int64_t count, Body&& body, std::int64_t grain = 1) {
+    const int parts = static_cast<int>(std::min<std::int64_t>(gemm_threads(), count / std::max<std::int64_t>(grain, 1)));
+    if (parts <= 1) {
+        if (count > 0) body(std::int64_t{0}, count);
+        return;
+    }
+    gemm_detail::GemmPool::instance().run(parts, [&](int part) {
+        body(count * part / parts, count * (part + 1) / parts);
+    });
+}
 
 // The GEMM threads per rank that keep rank_threads x GEMM threads within this
 // machine's hardware threads: at least 1.

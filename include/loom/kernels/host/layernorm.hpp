@@ -10,6 +10,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 
 namespace loom::kernels::host {
 
@@ -18,6 +19,12 @@ namespace detail {
 inline void check_layernorm_sizes(std::int64_t rows, std::int64_t C) {
     LOOM_CHECK(rows >= 0, "layernorm: rows = ", rows, " is negative; pass rows >= 0");
     LOOM_CHECK(C >= 1, "layernorm: C = ", C, " normalises nothing; pass C >= 1");
+}
+
+// Rows per thread's range: at least 16 K elements, below which waking a
+// second thread costs more than it saves.
+[[nodiscard]] inline std::int64_t rows_per_range(std::int64_t C) {
+    return std::max<std::int64_t>(1, (std::int64_t{1} << 14) / C);
 }
 
 // The variance is a second pass over the row, sum((x - mean)^2) / C, not
@@ -91,7 +98,11 @@ inline void layernorm_forward(const float* x, const float* gain, const float* sh
                               float* rstd, std::int64_t rows, std::int64_t C, float eps) {
     detail::check_layernorm_sizes(rows, C);
     LOOM_CHECK(eps >= 0.0f, "layernorm: eps = ", eps, " is negative (or NaN); pass eps >= 0, e.g. 1e-5");
-    detail::layernorm_forward_rows(x, gain, shift, y, mean, rstd, rows, C, eps);
+    // Rows are independent: a rank with GEMM threads normalises ranges of them side by side.
+    run_in_ranges(rows, [&](std::int64_t first, std::int64_t end) {
+        detail::layernorm_forward_rows(x + first * C, gain, shift, y + first * C, mean + first, rstd + first, end - first,
+                                       C, eps);
+    }, detail::rows_per_range(C));
 }
 
 // dx = d loss / d x, written. With xhat = (x - mean) * rstd and g = dy * gain:
@@ -99,10 +110,14 @@ inline void layernorm_forward(const float* x, const float* gain, const float* sh
 inline void layernorm_backward_input(const float* dy, const float* x, const float* gain, const float* mean,
                                      const float* rstd, float* dx, std::int64_t rows, std::int64_t C) {
     detail::check_layernorm_sizes(rows, C);
-    detail::layernorm_backward_input_rows(dy, x, gain, mean, rstd, dx, rows, C);
+    run_in_ranges(rows, [&](std::int64_t first, std::int64_t end) {
+        detail::layernorm_backward_input_rows(dy + first * C, x + first * C, gain, mean + first, rstd + first,
+                                              dx + first * C, end - first, C);
+    }, detail::rows_per_range(C));
 }
 
 // dgain[j] += sum_r dy[r, j] * xhat[r, j];  dshift[j] += sum_r dy[r, j].
+// On one thread: a split over rows would change the order of the sums.
 inline void layernorm_backward_weight(const float* dy, const float* x, const float* mean, const float* rstd,
                                       float* dgain, float* dshift, std::int64_t rows, std::int64_t C) {
     detail::check_layernorm_sizes(rows, C);
