@@ -20,6 +20,14 @@
 // empty Orders every second, so the others' wait never reaches the
 // communicator's timeout (which stays on, to name a rank that is stuck).
 //
+// Pipeline-parallel (Engine::Pipeline): the engine thread becomes stage 0 of
+// N stage threads (infer/pipeline_parallel_gpt.hpp), and its batcher is
+// loom::infer::PipelinedBatcher: stage 0 alone admits and cancels, and each
+// group's meta message carries what the later stages need (slots, tokens, each
+// request's sampling), so nothing else is broadcast. A step then reports one
+// group's tokens while the other groups are in later stages. While idle,
+// stage 0 sends the stages a keep-alive every second, for the same timeout.
+//
 // Stop sequences are matched here, on the tokens, so that a request that
 // hits one leaves the batch at the next step; the text is held back while it
 // ends in the beginning of a stop sequence, so a streamed reply never shows
@@ -31,6 +39,8 @@
 #include <loom/gpt/model.hpp>
 #include <loom/infer/batcher.hpp>
 #include <loom/infer/cached_gpt.hpp>
+#include <loom/infer/pipeline_stage.hpp>
+#include <loom/infer/pipelined_batcher.hpp>
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/infer/tensor_parallel_gpt.hpp>
 #include <loom/nn/param_arena.hpp>
@@ -206,7 +216,7 @@ public:
         launch([this, &model] {
             loom::infer::Batcher batcher(model);
             mark_ready();
-            lead(batcher, nullptr);
+            lead(batcher, false, [](Orders&) {});
         });
     }
     // Speculative decoding: `draft` proposes `gamma` tokens per target pass.
@@ -214,7 +224,7 @@ public:
         launch([this, &target, &draft, gamma] {
             loom::infer::SpeculativeBatcher batcher(target, draft, gamma);
             mark_ready();
-            lead(batcher, nullptr);
+            lead(batcher, false, [](Orders&) {});
         });
     }
 
@@ -256,6 +266,41 @@ public:
                 loom::infer::CachedGpt draft_engine(*tp.draft, shape, draft_cache);
                 loom::infer::SpeculativeBatcher batcher(engine, draft_engine, tp.gamma);
                 serve(batcher, group);
+            });
+        });
+    }
+
+    // The target served pipeline-parallel in `stages` stage threads: stage s
+    // copies blocks [s L/stages, (s+1) L/stages) from `whole` and keeps a KV
+    // cache of them, `slots` sequences of config.seq positions. Everything
+    // here must outlive the Engine.
+    struct Pipeline {
+        const loom::gpt::Config* config = nullptr;
+        std::span<const float> whole;
+        int stages = 2;
+        std::int64_t slots = 8, block_size = 16;
+    };
+    explicit Engine(const Pipeline& pp) {
+        launch([this, pp] {
+            loom::comm::ThreadWorld(pp.stages).run([&](loom::comm::ThreadComm& comm) {
+                loom::comm::AnyComm group = loom::comm::AnyComm::view(comm);
+                const loom::gpt::Config& config = *pp.config;
+                const loom::infer::PipelineStage where = loom::infer::pipeline_stage(config, group.rank(), group.size());
+                loom::gpt::Model stage = loom::infer::make_stage_model(config, where);
+                loom::nn::ParamArena arena(stage);
+                loom::infer::load_stage_values(stage, config, where, pp.whole);
+                loom::infer::KvCache cache =
+                    loom::infer::pipeline_cache(config, where, pp.slots, config.seq, pp.block_size);
+                loom::infer::CachedGpt engine(stage, config, cache, where);
+                Orders first;  // every stage is built before the server says it listens
+                share_orders(group, first);
+                if (group.rank() != 0) return loom::infer::serve_pipeline_stage(engine, group);
+                loom::infer::PipelinedBatcher batcher(engine, group);  // its destructor ends the later stages
+                mark_ready();
+                lead(batcher, true, [&](const Orders& orders) {
+                    if (!orders.quit && orders.jobs.empty() && orders.cancels.empty() && batcher.idle())
+                        batcher.keep_alive();
+                });
             });
         });
     }
@@ -385,20 +430,22 @@ private:
         share_orders(group, first);
         if (group.rank() != 0) return follow(batcher, group);
         mark_ready();
-        lead(batcher, &group);
+        lead(batcher, true, [&](Orders& orders) { share_orders(group, orders); });
     }
 
     // Rank 0, or the whole model's thread: reads the queue, decides the
-    // step's orders, shares them with the group (if any), applies them and
-    // steps; then turns the step's tokens into pieces.
-    template <class AnyBatcher>
-    void lead(AnyBatcher& batcher, loom::comm::AnyComm* group) {
+    // step's orders, shares them with the other ranks (`share`; with `ranks`
+    // there are some: the wait then wakes every heartbeat, and a failed step
+    // is the group's, ending every rank), applies them and steps; then turns
+    // the step's tokens into pieces.
+    template <class AnyBatcher, class Share>
+    void lead(AnyBatcher& batcher, bool ranks, Share share) {
         std::unique_lock lock(mutex_);
         for (;;) {
             const auto work = [&] {
                 return quit_ || !incoming_.empty() || !cancels_.empty() || !leaving_.empty() || !batcher.idle();
             };
-            if (group != nullptr) wake_.wait_for(lock, heartbeat, work);
+            if (ranks) wake_.wait_for(lock, heartbeat, work);
             else wake_.wait(lock, work);
             Orders orders;
             orders.quit = quit_;
@@ -415,11 +462,11 @@ private:
                 orders.cancels.insert(orders.cancels.end(), leaving_.begin(), leaving_.end());
                 leaving_.clear();
             }
-            if (group != nullptr) share_orders(*group, orders);
+            share(orders);
             if (orders.quit) return;
             for (const std::uint64_t id : orders.cancels) (void)batcher.cancel(id);
             if (!batcher.idle()) {
-                if (group != nullptr) {
+                if (ranks) {
                     step(batcher);  // a failure here is the group's: it ends every rank (break_down)
                 } else {
                     try {
@@ -450,6 +497,12 @@ private:
     void step(loom::infer::Batcher& batcher) {
         const auto events = batcher.step();
         for (const loom::infer::Batcher::Event& e : events) advance(e.id, std::span(&e.token, 1), e.finish);
+        record(events.size(), static_cast<std::int64_t>(events.size()), std::nullopt);
+    }
+
+    void step(loom::infer::PipelinedBatcher& batcher) {  // one group's tokens
+        const auto events = batcher.step();
+        for (const loom::infer::PipelinedBatcher::Event& e : events) advance(e.id, std::span(&e.token, 1), e.finish);
         record(events.size(), static_cast<std::int64_t>(events.size()), std::nullopt);
     }
 

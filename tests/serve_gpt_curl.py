@@ -12,7 +12,7 @@ lets a streamed request in flight finish, and the server exits 0. A second
 server with a draft (--draft-random of the target's own shape and seed: the
 target as its own draft) answers the plain server's greedy text, streamed
 in chunks of several tokens, with the same stops, concurrent requests too.
-Servers on rank threads (--tp 2, and --tp 2 with the draft) answer
+Servers on rank threads (--tp 2, --tp 2 with the draft, --pp 2) answer
 concurrent streamed requests, greedy and seeded, with the plain server's
 text, survive a client that hangs up mid-stream, and exit 0 on SIGTERM.
 
@@ -209,8 +209,8 @@ def stop_server(server, expect):
 
 
 def parallel(args, greedy, stop):
-    """--tp 2 (two rank threads, each a shard; rank 0 broadcasts each step's submits and cancels) writes the
-    plain server's text: 12 concurrent streamed requests on 4 slots, greedy and seeded, joining and leaving
+    """--tp 2 (two rank threads, each a shard; rank 0 broadcasts each step's submits and cancels) and --pp 2
+    (two stage threads; stage 0 admits requests into groups between steps) write the plain server's text: 12 concurrent streamed requests on 4 slots, greedy and seeded, joining and leaving
     the batch while others run; a stop sequence (a cancel every rank must apply); a client hanging up. With
     the draft, the greedy requests only: speculative sampling keeps the target's distribution, not its draws."""
     requests = [{"prompt": f"Rank {i}: ", "max_tokens": 10 + 3 * i, "temperature": 0} for i in range(8)]
@@ -219,6 +219,7 @@ def parallel(args, greedy, stop):
     stopped = {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "stop": stop}
     plain_stopped = complete(args, stopped)["choices"][0]["text"]
     for extra, expect, asked in ((["--tp", "2"], "tensor-parallel on 2 rank threads", len(requests)),
+                                 (["--pp", "2"], "pipeline-parallel in 2 stages on rank threads", len(requests)),
                                  (["--tp", "2", "--draft-random", "--draft-layers", "2", "--draft-width", "64",
                                    "--draft-heads", "4", "--gamma", "3"],
                                   "speculative decoding with gamma 3, tensor-parallel", 8)):
