@@ -9,7 +9,7 @@
 //
 //   generate_gpt --checkpoint FILE [--layers L --width C --heads H --seq T --vocab V]
 //                [--prompt TEXT]... [--max-new N] [--greedy | --temperature T --top-k K --top-p P]
-//                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N] [--tp N]
+//                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N] [--tp N | --pp N]
 //   generate_gpt --random [the same flags]
 //   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //       [--cape [--cape-bins K@P,...,K]] [--glide]
@@ -33,6 +33,11 @@
 // (infer/tensor_parallel_gpt.hpp): each holds its Megatron shard of the
 // checkpoint and a KV cache of its heads, and all write the same text, the
 // text of --tp 1; rank 0 prints it. A draft runs whole on every rank.
+// --pp N serves the target pipeline-parallel on N rank threads
+// (infer/pipeline_parallel_gpt.hpp: EnergonAI's non-blocking pipeline): stage
+// s holds blocks [s L/N, (s+1) L/N) of the checkpoint and a KV cache of those
+// blocks, the running prompts move through the stages in N groups, and the text
+// is --pp 1's. It takes no draft, and not --tp (a stage is not cut further).
 //
 // Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
 // for anything else (a missing file, a checkpoint of another shape: the
@@ -46,6 +51,7 @@
 #include <loom/infer/generate.hpp>
 #include <loom/infer/cape.hpp>
 #include <loom/infer/cached_glide.hpp>
+#include <loom/infer/pipeline_parallel_gpt.hpp>
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/infer/tensor_parallel_gpt.hpp>
 #include <loom/nn/param_arena.hpp>
@@ -87,7 +93,8 @@ constexpr const char* usage =
     "  --stop TEXT        its first byte ends a prompt's generation when generated (repeatable)\n"
     "  --max-batch N      prompts running at once, 0: all (default 0)\n"
     "  --block-size N     positions per block of the paged KV cache (default 16)\n"
-    "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n";
+    "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n"
+    "  --pp N             pipeline-parallel on N rank threads, N dividing --layers (default 1: the whole model)\n";
 
 constexpr const char* cape_usage =
     "  --cape             CaPE (needs a draft and --greedy): each target pass checks the draft's chain and, at\n"
@@ -99,7 +106,7 @@ constexpr const char* cape_usage =
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
-    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --tp, --draft, --draft-random, "
+    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --tp, --pp, --draft, --draft-random, "
     "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --glide, --help";
 
 using gpt_flags::bad_flag;
@@ -116,6 +123,7 @@ struct Flags {
     std::int64_t max_batch = 0;
     std::int64_t block_size = 16;
     std::int64_t tp = 1;  // rank threads the target is cut over
+    std::int64_t pp = 1;  // pipeline stages (rank threads) the target's blocks are split over
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
     std::optional<loom::infer::CapeConfig> cape;  // CaPE's rounds, with --cape
     std::string cape_bins;
@@ -177,7 +185,7 @@ Flags parse(int argc, char** argv) {
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--prompt" || flag == "--max-new" ||
                            flag == "--temperature" || flag == "--top-k" || flag == "--top-p" || flag == "--seed" ||
-                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" ||
+                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" || flag == "--pp" ||
                            flag == "--draft" || flag == "--draft-layers" || flag == "--draft-width" ||
                            flag == "--draft-heads" || flag == "--gamma" || flag == "--cape-bins";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
@@ -194,6 +202,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--cape-bins") f.cape_bins = value;
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
         else if (flag == "--tp") f.tp = whole(flag, value, 1, 64);
+        else if (flag == "--pp") f.pp = whole(flag, value, 1, 64);
         else f.block_size = whole(flag, value, 1, 1 << 20);
     }
 
@@ -212,7 +221,16 @@ Flags parse(int argc, char** argv) {
     if (f.target.config.heads % f.tp != 0)
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
                  f.target.config.heads);
+    if (f.target.config.layers % f.pp != 0)
+        bad_flag("--pp ", f.pp, " does not divide --layers ", f.target.config.layers, "; use ",
+                 gpt_flags::divisors(f.target.config.layers));
+    if (f.tp > 1 && f.pp > 1)
+        bad_flag("--tp ", f.tp, " with --pp ", f.pp, ": tensor- and pipeline-parallel serving are built apart (a "
+                 "pipeline stage is not cut further); give one of them");
     f.draft.check(f.target.config);
+    if (f.pp > 1 && f.draft.on())
+        bad_flag("--pp ", f.pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "
+                 "or --draft-random");
     if (f.glide && !f.draft.on()) bad_flag("--glide needs a draft model; give --draft FILE or --draft-random");
     if (f.glide && f.draft.config.layers > f.target.config.layers)
         bad_flag("--draft-layers ", f.draft.config.layers, " is more than the target's ", f.target.config.layers,
@@ -285,6 +303,7 @@ int run(const Flags& f) {
     std::cout << "sampling: " << describe(f.sampling) << "; " << n << " prompt" << (n == 1 ? "" : "s") << ", up to "
               << slots << " at once, KV cache in blocks of " << f.block_size << " positions";
     if (f.tp > 1) std::cout << "; tensor-parallel on " << f.tp << " rank threads";
+    if (f.pp > 1) std::cout << "; pipeline-parallel in " << f.pp << " stages on rank threads";
     std::cout << "\n";
 
     std::vector<loom::infer::Completion> done;
@@ -341,7 +360,20 @@ int run(const Flags& f) {
             speculate(plain);
         }
     };
-    if (f.tp == 1) {
+    if (f.pp > 1) {
+        // Every stage copies its blocks from the whole weights; the completions come back to every rank.
+        loom::comm::ThreadWorld(static_cast<int>(f.pp)).run([&](loom::comm::ThreadComm& comm) {
+            loom::comm::AnyComm pp = loom::comm::AnyComm::view(comm);
+            const loom::infer::PipelineStage where = loom::infer::pipeline_stage(config, pp.rank(), pp.size());
+            loom::gpt::Model stage = loom::infer::make_stage_model(config, where);
+            loom::nn::ParamArena stage_arena(stage);
+            loom::infer::load_stage_values(stage, config, where, arena.values());
+            loom::infer::KvCache cache = loom::infer::pipeline_cache(config, where, slots, capacity, f.block_size);
+            loom::infer::CachedGpt engine(stage, config, cache, where);
+            std::vector<loom::infer::Completion> mine = loom::infer::generate_pipelined(engine, pp, requests);
+            if (pp.rank() == 0) done = std::move(mine);
+        });
+    } else if (f.tp == 1) {
         loom::infer::KvCache cache(config.layers, config.width, slots, capacity, f.block_size);
         loom::infer::CachedGpt engine(model, config, cache);
         decode(engine, cache, done, stats);

@@ -9,7 +9,7 @@
 //   GET  /health           {"status":"ok"}
 //
 //   serve_gpt (--checkpoint FILE | --random) [--layers L --width C --heads H --seq T --vocab V]
-//             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N]
+//             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N] [--tp N | --pp N]
 //             [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //
 // Threads: one io_context thread runs every connection (Boost.Beast on Asio
@@ -19,8 +19,15 @@
 // decodes speculatively (loom::infer::SpeculativeBatcher, docs/speculative.md):
 // each step is a round in which the draft proposes --gamma tokens per request
 // and the target checks them in one pass, so a streamed chunk may carry
-// several tokens; greedy text is the target's own. SIGINT or SIGTERM: stop
-// accepting, let the requests in flight finish, exit 0.
+// several tokens; greedy text is the target's own. With --tp N the engine
+// thread becomes N rank threads, each holding its Megatron shard and a KV
+// cache of its heads (infer/tensor_parallel_gpt.hpp); rank 0 reads the queue
+// and broadcasts each step's submits and cancels to the others, so every rank
+// steps the same batch (serve_gpt_engine.hpp), and the text is --tp 1's.
+// With --pp N it becomes N pipeline stages (infer/pipelined_batcher.hpp): stage
+// 0 admits requests into groups that move through the stages one after
+// another, and the text is again --pp 1's.
+// SIGINT or SIGTERM: stop accepting, let the requests in flight finish, exit 0.
 //
 // Exit status: 0 after a signal, 2 for a bad flag, 1 for anything else (a
 // missing checkpoint, a port in use).
@@ -86,11 +93,13 @@ constexpr const char* usage =
     "  --port P           the port, 0: any free one (default 8000); the line 'serve_gpt: listening on\n"
     "                     http://ADDR:PORT' says which\n"
     "  --max-batch N      requests (prompts) running at once; more wait for a slot (default 8)\n"
-    "  --block-size N     positions per block of the paged KV cache (default 16)\n";
+    "  --block-size N     positions per block of the paged KV cache (default 16)\n"
+    "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n"
+    "  --pp N             pipeline-parallel in N stage threads, N dividing --layers (default 1: the whole model)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
-    "--block-size, --draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --help";
+    "--block-size, --tp, --pp, --draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --help";
 
 constexpr std::size_t body_limit = 1 << 20;  // bytes of a request body; more is answered 413
 constexpr const char* model_name = "loom-gpt";
@@ -106,6 +115,8 @@ struct Flags {
     std::uint16_t port = 8000;
     std::int64_t max_batch = 8;
     std::int64_t block_size = 16;
+    std::int64_t tp = 1;  // rank threads the target is cut over
+    std::int64_t pp = 1;  // pipeline stages (rank threads) the target's blocks are split over
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
 };
 
@@ -128,7 +139,8 @@ Flags parse(int argc, char** argv) {
         }
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--seed" || flag == "--host" ||
-                           flag == "--port" || flag == "--max-batch" || flag == "--block-size" || flag == "--draft" ||
+                           flag == "--port" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" || flag == "--pp" ||
+                           flag == "--draft" ||
                            flag == "--draft-layers" || flag == "--draft-width" || flag == "--draft-heads" ||
                            flag == "--gamma";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
@@ -139,6 +151,8 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--port") f.port = static_cast<std::uint16_t>(whole(flag, value, 0, 65535, " (0: any free port)"));
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 1, 4096);
         else if (flag == "--block-size") f.block_size = whole(flag, value, 1, 1 << 20);
+        else if (flag == "--tp") f.tp = whole(flag, value, 1, 64);
+        else if (flag == "--pp") f.pp = whole(flag, value, 1, 64);
         else {
             boost::system::error_code ec;
             f.host = asio::ip::make_address(value, ec);
@@ -149,7 +163,19 @@ Flags parse(int argc, char** argv) {
     if (f.block_size > f.target.config.seq)
         bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.target.config.seq, "); use 1..",
                  f.target.config.seq);
+    if (f.target.config.heads % f.tp != 0)
+        bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use ",
+                 gpt_flags::divisors(f.target.config.heads));
+    if (f.target.config.layers % f.pp != 0)
+        bad_flag("--pp ", f.pp, " does not divide --layers ", f.target.config.layers, "; use ",
+                 gpt_flags::divisors(f.target.config.layers));
+    if (f.tp > 1 && f.pp > 1)
+        bad_flag("--tp ", f.tp, " with --pp ", f.pp, ": tensor- and pipeline-parallel serving are built apart (a "
+                 "pipeline stage is not cut further); give one of them");
     f.draft.check(f.target.config);
+    if (f.pp > 1 && f.draft.on())
+        bad_flag("--pp ", f.pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "
+                 "or --draft-random");
     return f;
 }
 
@@ -386,9 +412,14 @@ int run(const Flags& f) {
     loom::nn::ParamArena arena(model);
     gpt_flags::load_weights("serve_gpt: ", model, arena, config,
                             f.target.random ? std::string{} : f.target.checkpoint, f.seed);
-    loom::infer::KvCache cache(config.layers, config.width, f.max_batch, config.seq, f.block_size);
-    loom::infer::CachedGpt cached(model, config, cache);
-    // The draft, when there is one: its own cache of the same slots and blocks.
+    // The whole model's engine, unless the ranks serve it (each then holds its own shard and cache).
+    std::optional<loom::infer::KvCache> cache;
+    std::optional<loom::infer::CachedGpt> cached;
+    if (f.tp == 1 && f.pp == 1) {
+        cache.emplace(config.layers, config.width, f.max_batch, config.seq, f.block_size);
+        cached.emplace(model, config, *cache);
+    }
+    // The draft, when there is one: its own cache of the same slots and blocks (each rank's own with --tp).
     std::optional<loom::gpt::Model> draft;
     std::optional<loom::nn::ParamArena> draft_arena;
     std::optional<loom::infer::KvCache> draft_cache;
@@ -398,8 +429,10 @@ int run(const Flags& f) {
         draft.emplace(loom::gpt::make_model(shape));
         draft_arena.emplace(*draft);
         gpt_flags::load_weights("serve_gpt: draft: ", *draft, *draft_arena, shape, f.draft.checkpoint, f.seed);
-        draft_cache.emplace(shape.layers, shape.width, f.max_batch, shape.seq, f.block_size);
-        draft_cached.emplace(*draft, shape, *draft_cache);
+        if (f.tp == 1 && f.pp == 1) {
+            draft_cache.emplace(shape.layers, shape.width, f.max_batch, shape.seq, f.block_size);
+            draft_cached.emplace(*draft, shape, *draft_cache);
+        }
     }
 
     asio::io_context io(1);
@@ -417,8 +450,17 @@ int run(const Flags& f) {
     }
     {
         std::optional<serve_gpt::Engine> engine_storage;
-        if (draft_cached) engine_storage.emplace(cached, *draft_cached, f.draft.gamma);
-        else engine_storage.emplace(cached);
+        if (f.tp > 1)
+            engine_storage.emplace(serve_gpt::Engine::TensorParallel{
+                .config = &config, .whole = arena.values(), .ranks = static_cast<int>(f.tp),
+                .slots = f.max_batch, .block_size = f.block_size, .draft = draft ? &*draft : nullptr,
+                .draft_config = &f.draft.config, .gamma = f.draft.gamma});
+        else if (f.pp > 1)
+            engine_storage.emplace(serve_gpt::Engine::Pipeline{.config = &config, .whole = arena.values(),
+                                                               .stages = static_cast<int>(f.pp),
+                                                               .slots = f.max_batch, .block_size = f.block_size});
+        else if (draft_cached) engine_storage.emplace(*cached, *draft_cached, f.draft.gamma);
+        else engine_storage.emplace(*cached);
         serve_gpt::Engine& engine = *engine_storage;
         Server server(io, std::move(acceptor), engine, config);
         asio::signal_set signals(io, SIGINT, SIGTERM);
@@ -437,10 +479,14 @@ int run(const Flags& f) {
                                                          : bound.address().to_string();
         const std::string speculative =
             f.draft.on() ? ", speculative decoding with gamma " + std::to_string(f.draft.gamma) : std::string{};
-        std::printf("serve_gpt: up to %lld requests at once, KV cache in blocks of %lld positions%s\n"
+        const std::string parallel =
+            f.tp > 1   ? ", tensor-parallel on " + std::to_string(f.tp) + " rank threads"
+            : f.pp > 1 ? ", pipeline-parallel in " + std::to_string(f.pp) + " stages on rank threads"
+                       : std::string{};
+        std::printf("serve_gpt: up to %lld requests at once, KV cache in blocks of %lld positions%s%s\n"
                     "serve_gpt: listening on http://%s:%u\n",
                     static_cast<long long>(f.max_batch), static_cast<long long>(f.block_size), speculative.c_str(),
-                    host.c_str(), static_cast<unsigned>(bound.port()));
+                    parallel.c_str(), host.c_str(), static_cast<unsigned>(bound.port()));
         std::fflush(stdout);
         io.run();  // returns once the acceptor is closed and every connection has ended
         engine.stop();

@@ -12,6 +12,9 @@ lets a streamed request in flight finish, and the server exits 0. A second
 server with a draft (--draft-random of the target's own shape and seed: the
 target as its own draft) answers the plain server's greedy text, streamed
 in chunks of several tokens, with the same stops, concurrent requests too.
+Servers on rank threads (--tp 2, --tp 2 with the draft, --pp 2) answer
+concurrent streamed requests, greedy and seeded, with the plain server's
+text, survive a client that hangs up mid-stream, and exit 0 on SIGTERM.
 
 Standard library only. Run by ctest (examples/CMakeLists.txt):
   serve_gpt_curl.py --serve-gpt BIN --generate-gpt BIN --curl BIN
@@ -171,6 +174,72 @@ def speculative(args, greedy, cat, stop, both, cut):
         raise
 
 
+def stream_concurrently(args, server, requests):
+    """Each request's streamed text, all sent at once."""
+    running = [subprocess.Popen([args.curl, "-sS", "-N", "-H", "Content-Type: application/json", "--data-binary",
+                                 json.dumps(dict(r, stream=True)), server.url + "/v1/completions"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in requests]
+    outputs = [p.communicate(timeout=30) for p in running]
+    texts = []
+    for i, (p, (out, err)) in enumerate(zip(running, outputs)):
+        check(p.returncode == 0, f"concurrent request {i} to {server.url}: curl failed: {err}")
+        texts.append(stream_texts(events_of(out), 1)[0][0])
+    return texts
+
+
+def hang_up_mid_stream(server):
+    """A client that reads a stream's first event and hangs up."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        body = json.dumps({"prompt": "Bye", "max_tokens": 60, "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while b"data: " not in received:
+            more = s.recv(4096)
+            check(more, "the server closed the stream before its first event")
+            received += more
+
+
+def stop_server(server, expect):
+    server.process.send_signal(signal.SIGTERM)
+    code = server.process.wait(timeout=20)
+    output = (server.output + server.process.stdout.read()).decode(errors="replace")
+    check(code == 0 and expect in output, f"the server exited {code}:\n{output}")
+    print(output.strip().splitlines()[-1])
+
+
+def parallel(args, greedy, stop):
+    """--tp 2 (two rank threads, each a shard; rank 0 broadcasts each step's submits and cancels) and --pp 2
+    (two stage threads; stage 0 admits requests into groups between steps) write the plain server's text: 12 concurrent streamed requests on 4 slots, greedy and seeded, joining and leaving
+    the batch while others run; a stop sequence (a cancel every rank must apply); a client hanging up. With
+    the draft, the greedy requests only: speculative sampling keeps the target's distribution, not its draws."""
+    requests = [{"prompt": f"Rank {i}: ", "max_tokens": 10 + 3 * i, "temperature": 0} for i in range(8)]
+    requests += [{"prompt": f"Seeded {i}", "max_tokens": 20, "temperature": 0.9, "seed": i} for i in range(4)]
+    plain = stream_concurrently(args, SERVER, requests)
+    stopped = {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "stop": stop}
+    plain_stopped = complete(args, stopped)["choices"][0]["text"]
+    for extra, expect, asked in ((["--tp", "2"], "tensor-parallel on 2 rank threads", len(requests)),
+                                 (["--pp", "2"], "pipeline-parallel in 2 stages on rank threads", len(requests)),
+                                 (["--tp", "2", "--draft-random", "--draft-layers", "2", "--draft-width", "64",
+                                   "--draft-heads", "4", "--gamma", "3"],
+                                  "speculative decoding with gamma 3, tensor-parallel", 8)):
+        server = Server(args.serve_gpt, extra)
+        try:
+            check(expect.encode() in server.output, f"no '{expect}' line:\n" + server.output.decode())
+            texts = stream_concurrently(args, server, requests[:asked])
+            for i, (text, alone) in enumerate(zip(texts, plain)):
+                check(text == alone, f"{' '.join(extra)}: request {i} wrote {text!r}, the plain server {alone!r}")
+            hang_up_mid_stream(server)
+            text = complete(args, stopped, server)["choices"][0]["text"]
+            check(text == plain_stopped, f"{' '.join(extra)}: the stop gave {text!r}, not {plain_stopped!r}")
+            text = complete(args, {"prompt": "Hello", "max_tokens": 12, "temperature": 0}, server)["choices"][0]["text"]
+            check(text == greedy, f"{' '.join(extra)}: after a client hung up, greedy {text!r} is not {greedy!r}")
+            stop_server(server, "serve_gpt: stopped")
+        except BaseException:
+            server.process.kill()
+            raise
+
+
 def main():
     global SERVER
     parser = argparse.ArgumentParser()
@@ -248,6 +317,7 @@ def run(args):
     check(stream_texts(events_of(text), 1) == ([greedy[:cut]], ["stop"]), "the streamed stops differ")
 
     speculative(args, greedy, cat, stop, both, cut)
+    parallel(args, greedy, stop)
 
     # 32 concurrent streamed requests (4 slots: most wait for one, and join the batch as others
     # finish): each gets the text it gets alone.

@@ -11,16 +11,18 @@
 // refilled at that group's next step), embeds the group's new tokens, runs
 // its blocks and sends on, ahead of the hidden rows, the small meta message
 // EnergonAI sends ahead of each activation: the slots to release, and per
-// sequence its slot, token count, request and draw index, and its tokens.
+// sequence its slot, token count, request and draw index, its Sampling, and
+// its tokens.
 // Each later stage receives, runs its blocks and passes on; the last samples
-// each sequence's token (its request's Sampling and seed, draw k for its
-// k-th token, as Batcher does) and sends the tokens back to stage 0, which
+// each sequence's token (the Sampling and seed the meta carries, draw k for
+// its k-th token, as Batcher does; the last stage needs no request list, so
+// a batcher can admit requests while the pipeline runs:
+// infer/pipelined_batcher.hpp) and sends the tokens back to stage 0, which
 // decides who finished before the group's next step. Every stage processes
 // messages in the order they came (one link each way, first in first out),
 // so a slot's release always reaches a stage before the slot's next use.
 //
-// Every rank is given the same requests (the last stage reads their sampling
-// from them); the completions are broadcast from stage 0 at the end, so every
+// Every rank is given the same requests; the completions are broadcast from stage 0 at the end, so every
 // rank returns them. Sends are asynchronous, their buffers kept until done,
 // so no transport's rendezvous can deadlock stage 0's send against the last
 // stage's send of tokens (MPI may hold a large send until it is received).
@@ -36,6 +38,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -77,9 +80,35 @@ namespace detail {
 // tag's messages between two ranks in order).
 inline constexpr int pipeline_header_tag = 3901, pipeline_meta_tag = 3902, pipeline_hidden_tag = 3903,
                      pipeline_tokens_tag = 3904;
-// header: [sequences (-1: stop), releases, tokens, group]; meta: releases' slots,
-// then per sequence [slot, count, request, draw], then every sequence's tokens.
-inline constexpr std::size_t pipeline_header_size = 4, pipeline_fields_per_sequence = 4;
+// header: [sequences (-1: stop, -2: nothing, keep waiting), releases, tokens, group]; meta:
+// releases' slots, then per sequence [slot, count, request, draw, sampling (7 fields)], then every
+// sequence's tokens.
+inline constexpr std::size_t pipeline_header_size = 4, pipeline_fields_per_sequence = 11;
+inline constexpr std::int32_t pipeline_stop = -1, pipeline_keep_alive = -2;
+
+// A sequence's meta fields. The Sampling travels as int32s (64-bit fields in
+// halves, floats as their bits), so the last stage draws with the very values
+// stage 0 was given.
+inline void put_sequence_fields(std::vector<std::int32_t>& meta, std::int64_t slot, std::size_t count,
+                                std::size_t request, std::size_t draw, const Sampling& sampling) {
+    const auto low = [](std::uint64_t v) { return static_cast<std::int32_t>(static_cast<std::uint32_t>(v)); };
+    const auto high = [](std::uint64_t v) { return static_cast<std::int32_t>(static_cast<std::uint32_t>(v >> 32)); };
+    const auto top_k = static_cast<std::uint64_t>(sampling.top_k);
+    meta.insert(meta.end(), {static_cast<std::int32_t>(slot), static_cast<std::int32_t>(count),
+                             static_cast<std::int32_t>(request), static_cast<std::int32_t>(draw),
+                             sampling.greedy ? 1 : 0, std::bit_cast<std::int32_t>(sampling.temperature), low(top_k),
+                             high(top_k), std::bit_cast<std::int32_t>(sampling.top_p), low(sampling.seed),
+                             high(sampling.seed)});
+}
+
+[[nodiscard]] inline Sampling sampling_of_fields(const std::int32_t* f) {
+    const auto join = [](std::int32_t low, std::int32_t high) {
+        return (std::uint64_t{static_cast<std::uint32_t>(high)} << 32) | static_cast<std::uint32_t>(low);
+    };
+    return {.greedy = f[4] != 0, .temperature = std::bit_cast<float>(f[5]),
+            .top_k = static_cast<std::int64_t>(join(f[6], f[7])), .top_p = std::bit_cast<float>(f[8]),
+            .seed = join(f[9], f[10])};
+}
 
 // Asynchronous sends with the buffers they read: a buffer lives until its send is done.
 class PipelineOutbox {
@@ -161,7 +190,7 @@ public:
         }
         LOOM_CHECK(waiting_.empty(), "generate_pipelined: ", waiting_.size(),
                    " requests could not start on an empty cache; this is a bug");
-        const std::vector<std::int32_t> stop{-1, 0, 0, -1};
+        const std::vector<std::int32_t> stop{pipeline_stop, 0, 0, -1};
         outbox_.send(pp_, stop, 1, pipeline_header_tag);
         outbox_.drain();
         return std::move(done_);
@@ -200,8 +229,7 @@ private:
             const std::span<const std::int32_t> in =
                 e.fresh ? std::span<const std::int32_t>(requests_[e.request].prompt) : std::span(&e.tokens.back(), 1);
             segments_.push_back({e.slot, in});
-            meta.insert(meta.end(), {static_cast<std::int32_t>(e.slot), static_cast<std::int32_t>(in.size()),
-                                     static_cast<std::int32_t>(e.request), static_cast<std::int32_t>(e.tokens.size())});
+            put_sequence_fields(meta, e.slot, in.size(), e.request, e.tokens.size(), requests_[e.request].sampling);
             tokens.insert(tokens.end(), in.begin(), in.end());
         }
         const std::vector<std::int32_t> header{static_cast<std::int32_t>(group.running.size()),
@@ -265,8 +293,7 @@ private:
 
 // Stages 1..pp-1: receive a group, run its blocks, pass it on (or, on the
 // last stage, sample and send the tokens back to stage 0), until stop.
-inline void run_later_stage(CachedGpt& engine, comm::AnyComm& pp, std::span<const Request> requests,
-                            exec::Trace* trace) {
+inline void run_later_stage(CachedGpt& engine, comm::AnyComm& pp, exec::Trace* trace) {
     const int me = pp.rank(), previous = me - 1;
     const bool last = me == pp.size() - 1;
     const std::string name = "stage " + std::to_string(me) + " group ";
@@ -280,6 +307,10 @@ inline void run_later_stage(CachedGpt& engine, comm::AnyComm& pp, std::span<cons
     while (true) {
         traced(trace, "receive", "wait", exec::communication_lane, -1,
                [&] { pipeline_recv(pp, header, pipeline_header_size, previous, pipeline_header_tag); });
+        if (header[0] == pipeline_keep_alive) {  // stage 0 is idle: nothing to run, only the wait restarts
+            if (!last) outbox.send(pp, std::move(header), me + 1, pipeline_header_tag);
+            continue;
+        }
         if (header[0] < 0) {
             if (!last) outbox.send(pp, std::move(header), me + 1, pipeline_header_tag);
             break;
@@ -314,8 +345,7 @@ inline void run_later_stage(CachedGpt& engine, comm::AnyComm& pp, std::span<cons
         traced(trace, "sample group " + std::to_string(group), "sample", exec::compute_lane, group, [&] {
             for (std::size_t i = 0; i < sequences; ++i) {
                 const std::int32_t* f = fields + pipeline_fields_per_sequence * i;
-                const Request& r = requests[static_cast<std::size_t>(f[2])];
-                tokens[i] = sampler.pick(out.subspan(i * V, V), r.sampling, static_cast<std::uint64_t>(f[3]));
+                tokens[i] = sampler.pick(out.subspan(i * V, V), sampling_of_fields(f), static_cast<std::uint64_t>(f[3]));
             }
         });
         outbox.send(pp, tokens, 0, pipeline_tokens_tag);
@@ -384,7 +414,7 @@ inline std::vector<Completion> broadcast_completions(comm::AnyComm& pp, std::vec
     } release_all{cache};
     std::vector<Completion> done;
     if (pp.rank() == 0) done = detail::PipelineController(engine, pp, requests, groups, options.trace).run();
-    else detail::run_later_stage(engine, pp, requests, options.trace);
+    else detail::run_later_stage(engine, pp, options.trace);
     return detail::broadcast_completions(pp, std::move(done), requests.size());
 }
 
