@@ -52,6 +52,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/infer/cached_rows.hpp"
+#include "loom/infer/few_queries_attention.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/pipeline_stage.hpp"
 #include "loom/infer/tensor_parallel_shard.hpp"
@@ -362,6 +363,11 @@ private:
         }
         work_.attention_pairs += pairs;
         work_.attention_flops += 4 * D * H * pairs;
+        // A decode step's few rows: straight over the pages (infer/few_queries_attention.hpp says why).
+        if (parents.empty() && count <= few_queries) {
+            attend_few_queries(cache_, l, slot, start, q, 3 * C, count, H, D, out, scores_, pages_);
+            return;
+        }
         // The new tokens among themselves, from qkv as the training forward reads it (for a
         // fresh prompt this is all of it, the same tiles as kernels::attention_forward).
         if (parents.empty())
@@ -440,6 +446,8 @@ private:
     std::vector<Segment> segments_;
     std::vector<std::int64_t> depths_, ancestors_;  // a tree segment's (scratch)
     std::vector<float> tree_weights_;
+    std::vector<float> scores_;          // attend_few_queries' scratch
+    std::vector<const float*> pages_;    // its page pointers
     std::vector<float> x_, normed_, qkv_, attended_, attended_new_, branch_, hidden_, activated_, mean_, rstd_, lse_,
         lse_new_, last_, logits_;
 };
