@@ -17,7 +17,7 @@
 // so results differ from the block path by float rounding only.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -44,19 +44,27 @@ LOOM_KERNEL_DISPATCH inline void attend_row(const float* __restrict q, const flo
                                             std::int64_t page_size, std::int64_t stride, std::int64_t offset,
                                             std::int64_t v_offset, std::int64_t keys, std::int64_t D, float scale,
                                             float* __restrict scores, float* __restrict out) {
-    const auto key = [&](std::int64_t p) { return pages[p / page_size] + (p % page_size) * stride + offset; };
-    for (std::int64_t p = 0; p < keys; ++p) {
-        const float* __restrict k = key(p);
-        scores[p] = scale * kernels::host::sum_over(D, [&](std::int64_t d) { return q[d] * k[d]; });
+    // Page by page, so a position's place costs no division.
+    for (std::int64_t first = 0, b = 0; first < keys; first += page_size, ++b) {
+        const float* __restrict page = pages[b] + offset;
+        const std::int64_t n = std::min(page_size, keys - first);
+        for (std::int64_t i = 0; i < n; ++i) {
+            const float* __restrict k = page + i * stride;
+            scores[first + i] = scale * kernels::host::sum_over(D, [&](std::int64_t d) { return q[d] * k[d]; });
+        }
     }
     const float top = kernels::host::max_over(keys, [&](std::int64_t p) { return scores[p]; });
     for (std::int64_t p = 0; p < keys; ++p) scores[p] = kernels::host::attention_detail::exp_approx(scores[p] - top);
     const float total = kernels::host::sum_over(keys, [&](std::int64_t p) { return scores[p]; });
     for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-    for (std::int64_t p = 0; p < keys; ++p) {
-        const float* __restrict v = key(p) + v_offset;
-        const float w = scores[p];
-        for (std::int64_t d = 0; d < D; ++d) out[d] += w * v[d];
+    for (std::int64_t first = 0, b = 0; first < keys; first += page_size, ++b) {
+        const float* __restrict page = pages[b] + offset + v_offset;
+        const std::int64_t n = std::min(page_size, keys - first);
+        for (std::int64_t i = 0; i < n; ++i) {
+            const float* __restrict v = page + i * stride;
+            const float w = scores[first + i];
+            for (std::int64_t d = 0; d < D; ++d) out[d] += w * v[d];
+        }
     }
     const float inverse = 1.0f / total;
     for (std::int64_t d = 0; d < D; ++d) out[d] *= inverse;
