@@ -52,6 +52,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/infer/cached_rows.hpp"
+#include "loom/infer/few_queries_attention.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/pipeline_stage.hpp"
 #include "loom/infer/tensor_parallel_shard.hpp"
@@ -70,6 +71,16 @@ struct Segment {
     std::int64_t slot = 0;
     std::span<const std::int32_t> tokens;
     std::span<const std::int32_t> parents = {};  // empty: a chain, token j after token j - 1
+};
+
+// The arithmetic an engine has done since it was built (or reset_work()),
+// counted where it is issued: what the padding-removal check of issue 39
+// compares with the packed tokens' own work. A multiply-add is 2 FLOPs.
+struct WorkCount {
+    std::int64_t linear_rows = 0;      // rows through the Linears of every block (each row once per layer)
+    std::int64_t linear_flops = 0;     // 2 x rows x in x out over every Linear and the head
+    std::int64_t attention_pairs = 0;  // (query, key) pairs per head that attention used, masked ones left out
+    std::int64_t attention_flops = 0;  // 4 x head dim per pair and head: q.k and the weighted sum of v
 };
 
 // Which positions' logits forward() forms.
@@ -109,6 +120,9 @@ public:
     [[nodiscard]] int tp_rank() const noexcept { return rank_; }
     // The blocks this engine runs (all of them unless it is a pipeline stage).
     [[nodiscard]] const PipelineStage& stage() const noexcept { return stage_; }
+    // What this engine has computed (this rank's share on a tp group).
+    [[nodiscard]] const WorkCount& work() const noexcept { return work_; }
+    void reset_work() noexcept { work_ = {}; }
 
     // Runs the segments (each slot at most once, at least one token each),
     // appends their keys and values to the cache, and returns the logits of
@@ -309,6 +323,7 @@ private:
         const std::int64_t C = config_.width, hidden = 4 * width_;
         gpt::Block& b = model_.blocks[static_cast<std::size_t>(l)];
         auto& attention = std::get<1>(b.attn.layers);
+        work_.linear_rows += rows;
         layernorm(std::get<0>(b.attn.layers), x_.data(), normed_.data(), rows);
         linear(attention.qkv, normed_.data(), qkv_.data(), rows);
         std::int64_t row = 0;
@@ -337,6 +352,22 @@ private:
         cache_keys_values(cache_, l, slot, start, count, q + C, 3 * C);
         float* out = attended_.data() + row * C;
         using kernels::BlockMask;
+        // Pairs a causal chain uses: each new row sees the cached ones and itself and those before
+        // it; a tree's node sees the cache and its ancestors (depth of them) and itself.
+        std::int64_t pairs = count * start;
+        if (parents.empty()) {
+            pairs += count * (count + 1) / 2;
+        } else {
+            tree_depths(parents, depths_);
+            for (std::int64_t t = 0; t < count; ++t) pairs += depths_[static_cast<std::size_t>(t)] + 1;
+        }
+        work_.attention_pairs += pairs;
+        work_.attention_flops += 4 * D * H * pairs;
+        // A decode step's few rows: straight over the pages (infer/few_queries_attention.hpp says why).
+        if (parents.empty() && count <= few_queries) {
+            attend_few_queries(cache_, l, slot, start, q, 3 * C, count, H, D, out, scores_, pages_);
+            return;
+        }
         // The new tokens among themselves, from qkv as the training forward reads it (for a
         // fresh prompt this is all of it, the same tiles as kernels::attention_forward).
         if (parents.empty())
@@ -360,6 +391,7 @@ private:
     // products are partial sums: summed over the tp group, then the (whole)
     // bias added once, as nn::Linear's g does.
     void linear(const nn::Linear& layer, const float* in, float* out, std::int64_t rows) {
+        work_.linear_flops += 2 * rows * layer.in() * layer.out();
         const float* bias = layer.has_bias() ? layer.bias.value.data<float>() : nullptr;
         if (layer.split != nn::Split::rows || degree_ == 1) {
             matmul_rows(in, layer.weight.value.data<float>(), bias, out, rows, layer.in(), layer.out());
@@ -385,6 +417,7 @@ private:
         const VocabRows mine = vocab_rows(V, rank_, degree_);
         const std::int64_t block = rows * mine.per_rank;  // each rank's send, padded to the longest run
         run_.assign(static_cast<std::size_t>(block), 0.0f);
+        work_.linear_flops += 2 * rows * C * mine.count;
         if (mine.count > 0)
             matmul_rows(in, model_.head.weight.value.data<float>() + mine.first * C,
                         model_.head.has_bias() ? model_.head.bias.value.data<float>() + mine.first : nullptr,
@@ -407,11 +440,14 @@ private:
     int rank_ = 0, degree_ = 1;
     std::int64_t heads_ = 0, width_ = 0;  // this rank's heads and their features (all of them at tp 1)
     std::vector<float> run_, gathered_;   // the head's vocabulary runs on a tp group
+    WorkCount work_;
     std::vector<std::int64_t> starts_;
     std::vector<bool> seen_;  // check()'s slots, kept so that a decode step allocates nothing
     std::vector<Segment> segments_;
     std::vector<std::int64_t> depths_, ancestors_;  // a tree segment's (scratch)
     std::vector<float> tree_weights_;
+    std::vector<float> scores_;          // attend_few_queries' scratch
+    std::vector<const float*> pages_;    // its page pointers
     std::vector<float> x_, normed_, qkv_, attended_, attended_new_, branch_, hidden_, activated_, mean_, rstd_, lse_,
         lse_new_, last_, logits_;
 };
