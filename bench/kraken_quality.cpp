@@ -14,7 +14,7 @@
 //
 //   bench_kraken_quality CORPUS [--models gpt,kraken2,kraken4] [--layers 4] [--width 128] [--heads 4]
 //                        [--seq 128] [--batch 16] [--steps 1000] [--lr 2e-3] [--every 100]
-//                        [--seed 1] [--csv FILE]
+//                        [--probe-windows 64] [--seed 1] [--csv FILE]
 //
 // --models runs a subset (one process per model lets the runs share a
 // machine's cores); the losses do not depend on which or how many run.
