@@ -12,6 +12,7 @@
 #include <loom/kernels/host/attention.hpp>
 #include <loom/kernels/host/attention_bf16.hpp>
 #include <loom/kernels/host/attention_blocks.hpp>
+#include <loom/kernels/host/gemm_threads.hpp>
 #include <loom/kernels/host/attention_blocks_bf16.hpp>
 #include <loom/kernels/matmul_precision.hpp>
 
@@ -173,6 +174,25 @@ TEST_CASE("ring attention: causal chunks merged equal attention on the whole seq
         CHECK(e.dq <= 1e-5);
         CHECK(e.dk <= 1e-5);
         CHECK(e.dv <= 1e-5);
+    }
+}
+
+TEST_CASE("ring attention's block kernels on 2 GEMM threads give the one-thread bits", "[kernels][threads]") {
+    struct KeepThreads {
+        int threads = host::gemm_threads();
+        ~KeepThreads() { host::set_gemm_threads(threads); }
+    } keep;
+    for (const Ring& r : rings()) {
+        INFO(describe(r));
+        const auto qkv = random_normal(r.B * r.T() * 3 * r.C(), 3);
+        const auto dout = random_normal(r.B * r.T() * r.C(), 4);
+        host::set_gemm_threads(1);
+        const Attention one = ring_causal(qkv, dout, r, false);
+        host::set_gemm_threads(2);
+        const Attention two = ring_causal(qkv, dout, r, false);
+        CHECK(std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(one.lse.data(), two.lse.data(), one.lse.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(one.dqkv.data(), two.dqkv.data(), one.dqkv.size() * sizeof(float)) == 0);
     }
 }
 

@@ -24,6 +24,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/host/attention.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 
 namespace loom::kernels::host {
 
@@ -76,16 +77,23 @@ inline void check_block(const char* who, std::int64_t ld_q, std::int64_t ld_kv, 
 // Runs `head(in, offset_out, offset_lse)` for every sequence b and head h: in
 // points at head h of sequence b's q, k and v; out/dout offsets (b * Tq * C +
 // h * D) and lse offsets ((b * H + h) * Tq) follow the contiguous layouts.
+// Each head writes only its own columns and lse rows, so a rank with GEMM
+// threads runs ranges of heads side by side (gemm_threads.hpp), each range
+// worth at least 64 K multiply-adds so that a page of a few keys stays on
+// one thread.
 template <class Head>
 void for_each_head(const float* q, std::int64_t ld_q, const float* k, const float* v, std::int64_t ld_kv,
                    std::int64_t B, std::int64_t Tq, std::int64_t Tk, std::int64_t H, std::int64_t D, Head&& head) {
-    for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t h = 0; h < H; ++h) {
+    const std::int64_t head_macs = std::max<std::int64_t>(1, Tq * Tk * D);
+    run_in_ranges(B * H, [&](std::int64_t first, std::int64_t end) {
+        for (std::int64_t bh = first; bh < end; ++bh) {
+            const std::int64_t b = bh / H, h = bh % H;
             const std::int64_t q_at = b * Tq * ld_q + h * D;
             const std::int64_t kv_at = b * Tk * ld_kv + h * D;
             const attention_detail::HeadQkv in{q + q_at, k + kv_at, v + kv_at, ld_q, ld_kv};
-            head(in, q_at, kv_at, b * Tq * H * D + h * D, (b * H + h) * Tq);
+            head(in, q_at, kv_at, b * Tq * H * D + h * D, bh * Tq);
         }
+    }, std::max<std::int64_t>(1, (std::int64_t{1} << 16) / head_macs));
 }
 
 // The checks of attention_block_forward (and its bf16 form).
