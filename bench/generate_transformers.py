@@ -31,7 +31,7 @@ GEMM threads), --reps repetitions in which the two sides alternate which goes fi
 machine's drift falls on both; each line reports medians and the median of per-repetition
 ratios, and the 1-minute load average seen during the repetitions (/proc/loadavg).
 
-    PY=~/.cache/loom/hf-current-venv/bin/python   # transformers on current PyTorch (scripts/transformers_venv.sh --current)
+    PY=$(scripts/transformers_current_venv.sh --print-python)   # transformers on current PyTorch
     $PY bench/generate_transformers.py [--build build/release] [--reps 5] [--threads 1,2] [--peer-batches 8,16]
 """
 import argparse
