@@ -1,12 +1,12 @@
 // Continuous batching on a pipeline, one step at a time: Batcher's interface
 // (submit, cancel, idle, step) for stage 0 of infer/pipeline_parallel_gpt.hpp's
 // non-blocking pipeline, so that requests may arrive while the pipeline runs
-// (a server's), where generate_pipelined takes a fixed list. Stages 1..pp-1
+// (a server's); generate_pipelined runs its fixed list through one. Stages 1..pp-1
 // call serve_pipeline_stage and return when stage 0's PipelinedBatcher is
 // closed (or destroyed).
 //
 // The running requests are split into groups (pp by default) that follow one
-// another through the stages, as in generate_pipelined. step() sends on every
+// another through the stages. step() sends on every
 // group that has work and is not in flight (admitting waiting requests into
 // it first), then waits for the oldest group in flight, reports its tokens,
 // and sends it on again: so a step reports one group's requests, not all of
@@ -45,7 +45,7 @@
 #include "loom/infer/batcher.hpp"
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/kv_cache.hpp"
-#include "loom/infer/pipeline_parallel_gpt.hpp"
+#include "loom/infer/pipeline_messages.hpp"
 
 namespace loom::infer {
 
@@ -184,7 +184,7 @@ private:
     };
 
     // Admits waiting requests into group g, runs its step on this stage and
-    // sends it on (as generate_pipelined's controller does).
+    // sends it on.
     void launch(std::size_t g) {
         Group& group = groups_[g];
         while (!waiting_.empty() && !free_slots_.empty() &&
