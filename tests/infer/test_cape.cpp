@@ -63,8 +63,7 @@ TEST_CASE("a tree segment gives each node the logits of a plain forward of its r
           "[infer][cape]") {
     Gpt gpt(40, 21, 8.0f);
     const auto prompt = prompt_of(6, 40, 1);
-    // A bushy tree: two roots' worth of children, a deep branch; 12 nodes (past few_rows: the GEMM path)
-    // and its first 6 (the few-rows path).
+    // A bushy tree: two roots' worth of children, a deep branch; 12 nodes, and its first 6.
     const std::vector<std::int32_t> tokens{7, 3, 9, 3, 11, 25, 1, 30, 4, 4, 17, 2};
     const std::vector<std::int32_t> parents{-1, 0, 1, 0, 3, 1, 2, 6, -1, 8, 4, 0};
     for (const std::size_t nodes : {tokens.size(), std::size_t{6}}) {

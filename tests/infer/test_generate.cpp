@@ -145,7 +145,7 @@ TEST_CASE("cached greedy generation equals re-running the whole sequence, alone 
     CHECK(together[0].tokens == greedy_by_recomputing(gpt, batch[0].prompt, 12));
     CHECK(together[1].tokens == expected);
     CHECK(together[2].tokens == greedy_by_recomputing(gpt, batch[2].prompt, 5));
-    // Ten requests decoded together: steps of more than few_rows tokens take the packed GEMM.
+    // Ten requests decoded together.
     std::vector<Request> ten;
     for (std::int32_t i = 0; i < 10; ++i) ten.push_back(greedy_request(prompt_of(1 + i, 40, i), 6));
     const auto wide = loom::infer::generate(gpt.model, gpt.config, ten);

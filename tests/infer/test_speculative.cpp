@@ -54,7 +54,7 @@ std::vector<double> softmax(std::span<const float> logits) {
 TEST_CASE("Logits::every gives each position the logits a one-token-at-a-time run gives it", "[infer][speculative]") {
     Gpt gpt(40, 3, 8.0f);
     const auto tokens = prompt_of(13, 40, 1);
-    // Every position of a 4-token prefill then a 9-token segment (past few_rows: the GEMM path).
+    // Every position of a 4-token prefill then a 9-token segment (rows and positions in blocks).
     KvCache all(2, 32, 1, 32, 4);
     CachedGpt engine(gpt.model, gpt.config, all);
     const Segment first{0, std::span(tokens).first(4)};

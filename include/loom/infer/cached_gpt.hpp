@@ -16,8 +16,8 @@
 // sequence (infer/kv_cache.hpp's pages) as a full block, folded in by
 // log-sum-exp (ring attention's rule): equal to the whole causal attention
 // to float rounding.
-// Forwards of at most `few_rows` tokens (decode steps) run their Linears as
-// matrix-vector products (infer/few_rows_linear.hpp, through infer/cached_rows.hpp), not the packed GEMM.
+// Forwards of at most `few_rows()` tokens (decode steps, verifications) run their Linears as
+// blocks of dot products (infer/few_rows_linear.hpp, through infer/cached_rows.hpp), not the packed GEMM.
 // Logits are formed for the last position of each segment only: that is all
 // generation reads, and the head is the widest product for small models.
 // Logits::every forms them for every position instead: speculative decoding's

@@ -30,11 +30,12 @@ inline void layernorm_rows(const nn::LayerNorm& norm, const float* in, float* ou
 }
 
 // out [rows, n] = in [rows, k] w^T (+ bias): nn::Linear's forward at f32, with w
-// [n, k] row-major and bias [n] or null. A decode step's few rows run as
-// matrix-vector products: packing the weights for the GEMM cost more than the product.
+// [n, k] row-major and bias [n] or null. A decode step's or a verification's
+// few rows run as blocks of dot products (infer/few_rows_linear.hpp): packing
+// the weights for the GEMM would cost as much as the product.
 inline void matmul_rows(const float* in, const float* w, const float* bias, float* out, std::int64_t rows,
                         std::int64_t k, std::int64_t n) {
-    if (rows <= few_rows) {
+    if (rows <= few_rows()) {
         few_rows_linear(in, w, bias, out, rows, k, n);
         return;
     }

@@ -1,38 +1,59 @@
-// y = x W^T + b for the few rows a decode step has (one per running
-// sequence), without packing W.
+// y = x W^T + b for the few rows a decode step or a speculative verification
+// has (one per running sequence, or a draft's γ + 1 positions, or a CaPE
+// tree's nodes), without packing W.
 //
 // Why: loom's host GEMM (kernels/host/gemm_blocked.hpp) packs panels of B for
 // its micro-kernel on every call. Over a prompt or a training batch the
-// packing is paid once for many rows; for one row it is as much work as the
+// packing is paid once for many rows; for a few rows it is as much work as the
 // product: before this path, packing was 46% of bench/generate.cpp's cycles
 // (perf; its batch-1 decode and the re-running baseline together) and the
-// cached decode ran 3.3x faster than re-running instead of ~9x. W is [out, in] row-major (PyTorch's layout), so each
-// output is a dot product of a contiguous weight row with the input: a
-// streaming matrix-vector product that reads every weight once per step and
-// keeps the row in cache for the other rows of the step.
+// cached decode ran 3.3x faster than re-running instead of ~9x; and a
+// speculative verification of 9-40 rows spent as long packing as multiplying
+// (perf of bench_speculative: pack_b_panels 26%, the micro-kernel 27%). W is
+// [out, in] row-major (PyTorch's layout), so each output is a dot product of
+// a contiguous weight row with an input row: read where they lie.
 //
-// Numerics: each dot product is kernels/host/elementwise.hpp's sum_over (16
-// partial sums, combined pairwise) instead of the GEMM's order, so results
-// differ from nn::Linear's forward by float rounding (the tests compare
-// logits to 1e-5 relative and greedy tokens exactly).
+// On AVX-512 a block of 4 weight rows meets up to 4 input rows at once: 16
+// dot products in 16 zmm accumulators, 8 loads per 16 FMAs (a lone dot
+// product needs 2 per FMA), and the 16 sums reduced together by a transposing
+// tree of shuffles. Elsewhere, each dot product on its own (the compiler
+// vectorises it at the CPU's level). The output blocks are split between the
+// GEMM threads when the product is large enough to pay for waking them.
+//
+// Numerics: every dot product, wherever it falls in a block or a thread, is
+// the same arithmetic: 16 lanes accumulate x[i] w[i] by FMA in k order (the
+// last partial 16 under a mask: zeros elsewhere), then the lanes are summed
+// by the halving tree (lane l += lane l + 8, then + 4, + 2, + 1), then the
+// bias is added. So a row's outputs are the same bits whether it is
+// multiplied alone or with others: a verification pass computes exactly what
+// decoding one token at a time would (speculative decoding's greedy tokens
+// do not depend on γ or the tree). It differs from nn::Linear's GEMM by float
+// rounding (the tests compare logits to 1e-5 relative and greedy tokens).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "loom/kernels/host/cpu_features.hpp"
 #include "loom/kernels/host/elementwise.hpp"
+#include "loom/kernels/host/gemm_dispatch.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
+
+#if defined(LOOM_GEMM_X86)
+#include <immintrin.h>
+#endif
 
 namespace loom::infer {
 
-// Rows at or below which a decode step takes this path; above, the packed
-// GEMM's reuse of each panel across rows wins.
-inline constexpr std::int64_t few_rows = 8;
-
 namespace few_rows_detail {
 
-LOOM_KERNEL_DISPATCH inline void multiply(const float* __restrict x, const float* __restrict w,
-                                          const float* __restrict bias, float* __restrict y, std::int64_t rows,
-                                          std::int64_t in, std::int64_t out) noexcept {
-    for (std::int64_t o = 0; o < out; ++o) {
+// Each dot product alone: kernels/host/elementwise.hpp's sum_over (16 partial
+// sums, the same halving tree), compiled at the CPU's level.
+LOOM_KERNEL_DISPATCH inline void multiply_each(const float* __restrict x, const float* __restrict w,
+                                               const float* __restrict bias, float* __restrict y, std::int64_t rows,
+                                               std::int64_t in, std::int64_t out, std::int64_t o_begin,
+                                               std::int64_t o_end) noexcept {
+    for (std::int64_t o = o_begin; o < o_end; ++o) {
         const float* __restrict row = w + o * in;
         const float b = bias != nullptr ? bias[o] : 0.0f;
         for (std::int64_t r = 0; r < rows; ++r) {
@@ -42,12 +63,133 @@ LOOM_KERNEL_DISPATCH inline void multiply(const float* __restrict x, const float
     }
 }
 
+#if defined(LOOM_GEMM_X86)
+#define LOOM_TARGET_FEW_ROWS __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+
+// _mm512_shuffle_f32x4 under a full mask: the same instruction, without GCC
+// 12's -Wuninitialized false alarm on the unmasked form's undefined source.
+#define LOOM_SHUFFLE_128(a, b, imm) _mm512_maskz_shuffle_f32x4(static_cast<__mmask16>(0xFFFF), a, b, imm)
+
+// Lanes 0-7 of the result: a's halves summed (a[i] + a[i + 8]); lanes 8-15: b's.
+LOOM_TARGET_FEW_ROWS inline __m512 halves(__m512 a, __m512 b) noexcept {
+    return _mm512_add_ps(LOOM_SHUFFLE_128(a, b, 0x44), LOOM_SHUFFLE_128(a, b, 0xEE));
+}
+// From (a8 | b8) and (c8 | d8): (a4 | b4 | c4 | d4), each x4[i] = x8[i] + x8[i + 4].
+LOOM_TARGET_FEW_ROWS inline __m512 quarters(__m512 u, __m512 v) noexcept {
+    return _mm512_add_ps(LOOM_SHUFFLE_128(u, v, 0x88), LOOM_SHUFFLE_128(u, v, 0xDD));
+}
+
+// 4 output columns [o, o + 4) (clamped: w rows past `outs` repeat the last
+// one and are not stored) for R input rows: y[r][o + j] = bias + x_r . w_{o+j}.
+template <int R>
+LOOM_TARGET_FEW_ROWS inline void block4(const float* x, const float* w, const float* bias, float* y, std::int64_t in,
+                                        std::int64_t out, std::int64_t o, int outs) noexcept {
+    const float* wr[4];
+    for (int j = 0; j < 4; ++j) wr[j] = w + (o + std::min(j, outs - 1)) * in;
+    __m512 acc[4][R];
+    for (auto& column : acc)
+        for (__m512& a : column) a = _mm512_setzero_ps();
+    std::int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+        __m512 xv[R];
+        for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * in + i);
+        for (int j = 0; j < 4; ++j) {
+            const __m512 wv = _mm512_loadu_ps(wr[j] + i);
+            for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(xv[r], wv, acc[j][r]);
+        }
+    }
+    if (i < in) {
+        const auto mask = static_cast<__mmask16>((1u << (in - i)) - 1u);
+        __m512 xv[R];
+        for (int r = 0; r < R; ++r) xv[r] = _mm512_maskz_loadu_ps(mask, x + r * in + i);
+        for (int j = 0; j < 4; ++j) {
+            const __m512 wv = _mm512_maskz_loadu_ps(mask, wr[j] + i);
+            for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(xv[r], wv, acc[j][r]);
+        }
+    }
+    // v[4 j + r] is row r's dot with column j; the rows a block lacks are zeros.
+    __m512 v[16];
+    for (int j = 0; j < 4; ++j)
+        for (int r = 0; r < 4; ++r) v[4 * j + r] = r < R ? acc[j][r] : _mm512_setzero_ps();
+    __m512 h[8], q[4], e[2];
+    for (int k = 0; k < 8; ++k) h[k] = halves(v[2 * k], v[2 * k + 1]);  // (v8 | v'8)
+    for (int k = 0; k < 4; ++k) q[k] = quarters(h[2 * k], h[2 * k + 1]);  // 4 vectors' 4-sums each
+    // Within each 128-bit block: (x4[0] + x4[2], x4[1] + x4[3]) of two vectors.
+    for (int k = 0; k < 2; ++k)
+        e[k] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * k], q[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(q[2 * k], q[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    // Block r, lane j: v[r + 4 j]'s whole sum, i.e. row r's column j.
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sums);
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < outs; ++j)
+            y[r * out + o + j] = (bias != nullptr ? bias[o + j] : 0.0f) + lanes[4 * r + j];
+}
+
+// Output columns [o_begin, o_end) for every row, in blocks of 4 columns x 4 rows.
+LOOM_TARGET_FEW_ROWS inline void multiply_blocks(const float* x, const float* w, const float* bias, float* y,
+                                                 std::int64_t rows, std::int64_t in, std::int64_t out,
+                                                 std::int64_t o_begin, std::int64_t o_end) noexcept {
+    for (std::int64_t o = o_begin; o < o_end; o += 4) {
+        const int outs = static_cast<int>(std::min<std::int64_t>(4, o_end - o));
+        std::int64_t r = 0;
+        for (; r + 4 <= rows; r += 4) block4<4>(x + r * in, w, bias, y + r * out, in, out, o, outs);
+        switch (rows - r) {
+        case 3: block4<3>(x + r * in, w, bias, y + r * out, in, out, o, outs); break;
+        case 2: block4<2>(x + r * in, w, bias, y + r * out, in, out, o, outs); break;
+        case 1: block4<1>(x + r * in, w, bias, y + r * out, in, out, o, outs); break;
+        default: break;
+        }
+    }
+}
+#endif
+
+// Whether this process's products run at AVX-512 (loom's GEMM level, or the
+// CPU's with the BLAS backend): the blocks above; else each dot alone.
+[[nodiscard]] inline bool avx512_blocks() {
+#if defined(LOOM_GEMM_X86)
+    return kernels::host::host_gemm().isa == kernels::host::CpuIsa::avx512;
+#else
+    return false;
+#endif
+}
+
 }  // namespace few_rows_detail
+
+// Rows at or below which a forward's Linears take this path; above, the
+// packed GEMM's reuse of each panel across 14-row tiles wins. Measured with
+// bench_few_rows on an AMD EPYC (Zen 4), one thread: the AVX-512 blocks beat
+// pack-and-multiply up to 48-64 rows at width 256's shapes and past 96 at
+// width 384's; each dot product alone (the AVX2 build of it) only up to 4-5
+// rows.
+[[nodiscard]] inline std::int64_t few_rows() { return few_rows_detail::avx512_blocks() ? 64 : 4; }
 
 // x [rows, in], w [out, in], bias [out] or null, y [rows, out] (not overlapping x).
 inline void few_rows_linear(const float* x, const float* w, const float* bias, float* y, std::int64_t rows,
-                            std::int64_t in, std::int64_t out) noexcept {
-    few_rows_detail::multiply(x, w, bias, y, rows, in, out);
+                            std::int64_t in, std::int64_t out) {
+    if (rows <= 0 || out <= 0) return;
+    const bool blocks = few_rows_detail::avx512_blocks();
+    // Ranges of 4-column blocks, each worth a thread's wake-up (as the GEMM's
+    // threshold: kernels/host/gemm_dispatch.hpp's min_threaded_macs).
+    const std::int64_t column_blocks = (out + 3) / 4;
+    const std::int64_t macs_per_block = std::max<std::int64_t>(1, rows * in * 4);
+    const std::int64_t grain = std::max<std::int64_t>(1, kernels::host::gemm_detail::min_threaded_macs / macs_per_block);
+    kernels::host::run_in_ranges(
+        column_blocks,
+        [&](std::int64_t first, std::int64_t last) {
+            const std::int64_t o_begin = first * 4, o_end = std::min(out, last * 4);
+#if defined(LOOM_GEMM_X86)
+            if (blocks) {
+                few_rows_detail::multiply_blocks(x, w, bias, y, rows, in, out, o_begin, o_end);
+                return;
+            }
+#endif
+            few_rows_detail::multiply_each(x, w, bias, y, rows, in, out, o_begin, o_end);
+        },
+        grain);
+    (void)blocks;
 }
 
 }  // namespace loom::infer
