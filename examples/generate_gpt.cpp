@@ -130,26 +130,13 @@ struct Flags {
     bool glide = false;  // the draft is a GliDe draft
 };
 
-// --cape-bins "8@0.3,6@0.6,4@0.8,2": the bins, checked as CapeConfig checks them.
+// --cape-bins "8@0.3,6@0.6,4@0.8,2": the bins (infer::parse_cape_bins).
 loom::infer::CapeConfig parse_bins(const std::string& text) {
-    loom::infer::CapeConfig bins{{}, {}};
-    std::istringstream items(text);
-    std::string item;
-    while (std::getline(items, item, ',')) {
-        const auto at = item.find('@');
-        if (!bins.alternatives.empty() && bins.thresholds.size() < bins.alternatives.size())
-            bad_flag("--cape-bins ", text, ": only the last bin may go without @P; write K@P,...,K");
-        bins.alternatives.push_back(whole("--cape-bins", item.substr(0, at), 0, 1 << 20));
-        if (at != std::string::npos) bins.thresholds.push_back(real("--cape-bins", item.substr(at + 1)));
-    }
-    if (bins.alternatives.empty() || bins.thresholds.size() != bins.alternatives.size() - 1)
-        bad_flag("--cape-bins ", text, " does not end with a bin without @P; write K@P,...,K (e.g. 8@0.3,6@0.6,4@0.8,2)");
     try {
-        bins.validate();
+        return loom::infer::parse_cape_bins(text);
     } catch (const loom::Error& e) {
-        bad_flag("--cape-bins ", text, ": ", e.message());
+        bad_flag("--cape-bins ", e.message());
     }
-    return bins;
 }
 
 Flags parse(int argc, char** argv) {

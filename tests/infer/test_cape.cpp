@@ -174,6 +174,20 @@ TEST_CASE("CaPE's bins: alternatives by confidence, the next-most-likely tokens,
     CHECK(message(CapeConfig{{0.0}, {8, 2}}) == "CapeConfig: threshold 0 = 0 is not a probability in (0, 1]");
     CHECK(message(CapeConfig{{}, {3}}) == "(no error)");  // one bin: always 3
 
+    // The bins' text: read back as written, and every bad text named.
+    const CapeConfig read = loom::infer::parse_cape_bins("8@0.3,6@0.6,4@0.8,2");
+    CHECK(read.thresholds == defaults.thresholds);
+    CHECK(read.alternatives == defaults.alternatives);
+    CHECK(loom::infer::to_string(read) == "8@0.3,6@0.6,4@0.8,2");
+    CHECK(loom::infer::parse_cape_bins("3").alternatives == std::vector<std::int64_t>{3});
+    const auto parse_message = [](const char* text) { return message_of([&] { (void)loom::infer::parse_cape_bins(text); }); };
+    CHECK(parse_message("8@0.6") == "8@0.6 does not end with a bin without @P; write K@P,...,K (e.g. 8@0.3,6@0.6,4@0.8,2)");
+    CHECK(parse_message("2,8@0.6,1") == "2,8@0.6,1: only the last bin may go without @P; write K@P,...,K");
+    CHECK(parse_message("-1@0.5,2") == "-1 is not a whole number in 0..1048576");
+    CHECK(parse_message("4@half,2") == "half is not a number");
+    CHECK(parse_message("8@0.6,4@0.3,2") ==
+          "8@0.6,4@0.3,2: CapeConfig: threshold 1 = 0.3 is not above threshold 0 = 0.6; give them increasing");
+
     Gpt gpt(40, 23, 8.0f);
     KvCache tcache(2, 32, 1, 48, 4), dcache(2, 32, 1, 48, 4);
     CachedGpt t(gpt.model, gpt.config, tcache), d(gpt.model, gpt.config, dcache);

@@ -28,9 +28,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/core/error.hpp"
@@ -68,6 +73,53 @@ struct CapeConfig {
         return alternatives.back();
     }
 };
+
+// The bins from their text, "K@P,...,K" (e.g. "8@0.3,6@0.6,4@0.8,2", the
+// defaults): K alternatives below confidence P, the last K at or above every
+// P. Checked as CapeConfig::validate checks them; a bad text is named in the
+// message, which a front end prefixes with its own name for the setting.
+[[nodiscard]] inline CapeConfig parse_cape_bins(std::string_view text) {
+    const std::string all(text);
+    CapeConfig bins{{}, {}};
+    std::istringstream items(all);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+        const auto at = item.find('@');
+        LOOM_CHECK(bins.alternatives.empty() || bins.thresholds.size() == bins.alternatives.size(), all,
+                   ": only the last bin may go without @P; write K@P,...,K");
+        const std::string count = item.substr(0, at);
+        char* end = nullptr;
+        errno = 0;
+        const long long k = std::strtoll(count.c_str(), &end, 10);
+        LOOM_CHECK(!count.empty() && *end == '\0' && errno == 0 && k >= 0 && k <= (1 << 20), count,
+                   " is not a whole number in 0..", 1 << 20);
+        bins.alternatives.push_back(k);
+        if (at == std::string::npos) continue;
+        const std::string p = item.substr(at + 1);
+        const double threshold = std::strtod(p.c_str(), &end);
+        LOOM_CHECK(!p.empty() && *end == '\0', p, " is not a number");
+        bins.thresholds.push_back(threshold);
+    }
+    LOOM_CHECK(!bins.alternatives.empty() && bins.thresholds.size() + 1 == bins.alternatives.size(), all,
+               " does not end with a bin without @P; write K@P,...,K (e.g. 8@0.3,6@0.6,4@0.8,2)");
+    try {
+        bins.validate();
+    } catch (const Error& e) {
+        LOOM_FAIL(all, ": ", e.message());
+    }
+    return bins;
+}
+
+// The bins as parse_cape_bins reads them.
+[[nodiscard]] inline std::string to_string(const CapeConfig& bins) {
+    std::ostringstream out;
+    for (std::size_t b = 0; b < bins.alternatives.size(); ++b) {
+        if (b > 0) out << ',';
+        out << bins.alternatives[b];
+        if (b < bins.thresholds.size()) out << '@' << bins.thresholds[b];
+    }
+    return out.str();
+}
 
 // The draft's largest softmax probability: 1 / sum_v exp(l_v - max l).
 [[nodiscard]] inline double draft_confidence(std::span<const float> logits) {
