@@ -2,7 +2,7 @@
 // corpus, the Debian package base-files' licence texts (every file under
 // /usr/share/common-licenses, sorted by name and concatenated; bytes are the
 // tokens, vocabulary 256), this trains
-//   - a target GPT (--target-layers/--target-width, 4 heads, sequence 128),
+//   - a target GPT (--target-layers/--target-width/--target-heads, sequence 128),
 //   - a plain 1-layer draft GPT (width --draft-width, 4 heads), and
 //   - a GliDe 1-layer draft of the same width (gpt/glide_draft.hpp: its
 //     cross-attention reads the frozen target's last layer, stale mask 5),
@@ -13,14 +13,18 @@
 // mean accepted draft tokens per target pass (plain vs GliDe, and with
 // CaPE), and tokens/s for autoregressive decoding, vanilla speculative with
 // the plain draft, GliDe, and GliDe + CaPE (medians of --reps, paths
-// interleaved), one core. Every greedy speculative run must give the
-// target's tokens; the bench says whether they did. Not a test: it takes
-// minutes.
+// interleaved), at batch 1 (one request after another) and at batch
+// --batch (the prompts decoded together), on each GEMM thread count of
+// --decode-threads (1: one core). Training uses --threads GEMM threads.
+// Every greedy speculative run must give the target's tokens; the bench says
+// whether they did. Not a test: it takes minutes.
 //
-//   bench_glide [--steps 400] [--target-layers 4] [--target-width 128] [--draft-width 64]
+//   bench_glide [--steps 400] [--target-layers 4] [--target-width 128] [--target-heads 4] [--draft-width 64]
 //               [--prompts 8] [--tokens 64] [--reps 3] [--lr 2e-3] [--glide-lr 2e-3]
-//               [--target FILE (loaded if it exists, else trained and saved there)] [--save-glide FILE]
-//               [--glide-zero-output 1] [--glide-stale 5] [--log-every N] [--copyrights 1]
+//               [--target FILE] [--plain FILE] [--glide FILE] (each loaded if it exists, else trained and saved there)
+//               [--save-glide FILE] [--threads 1] [--decode-threads 1,2] [--batch 8]
+//               [--cape-bins K@P,...,K (two more paths: CaPE with these bins, plain and GliDe)]
+//               [--glide-zero-output 1] [--glide-stale 5] [--glide-recency 1] [--log-every N] [--copyrights 1]
 #include <loom/exec/serial_trainer.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/glide_checkpoint.hpp>
@@ -40,7 +44,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -106,12 +112,18 @@ void fill_batch(const std::string& text, std::size_t begin, std::size_t end, std
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::int64_t steps = 400, target_layers = 4, target_width = 128, draft_width = 64, prompts = 8, tokens = 64;
+    std::int64_t steps = 400, target_layers = 4, target_width = 128, target_heads = 4, draft_width = 64, prompts = 8,
+                 tokens = 64, batch_decode = 8;
+    int threads = 1;
+    std::vector<int> decode_threads{1};
+    std::string plain_file, glide_load_file;  // --plain FILE, --glide FILE: loaded if they exist, else saved there
+    std::optional<infer::CapeConfig> other_bins;  // --cape-bins
     double lr = 2e-3, glide_lr = 2e-3;
     bool copyrights = false;         // --copyrights 1: /usr/share/doc/*/copyright instead of common-licenses
     std::int64_t log_every = 0;      // --log-every N: each model's training loss every N steps
     std::int64_t glide_stale = 5;    // the training mask's block (--glide-stale 1000: the draft never sees the target)
-    bool glide_zero_output = false;  // --glide-zero-output 1: the cross-attention's output projection starts at 0
+    bool glide_zero_output = false;
+    bool glide_recency = false;  // --glide-recency 1: ALiBi's recency bias on the cross-attention's scores  // --glide-zero-output 1: the cross-attention's output projection starts at 0
     std::string target_file, glide_file;  // --target FILE: load it if it exists, else save it there; --save-glide FILE
     int reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -120,6 +132,17 @@ int main(int argc, char** argv) {
         if (flag == "--steps") steps = value;
         else if (flag == "--target-layers") target_layers = value;
         else if (flag == "--target-width") target_width = value;
+        else if (flag == "--target-heads") target_heads = value;
+        else if (flag == "--threads") threads = static_cast<int>(value);
+        else if (flag == "--batch") batch_decode = value;
+        else if (flag == "--plain") plain_file = argv[i + 1];
+        else if (flag == "--glide") glide_load_file = argv[i + 1];
+        else if (flag == "--cape-bins") other_bins = infer::parse_cape_bins(argv[i + 1]);
+        else if (flag == "--decode-threads") {
+            decode_threads.clear();
+            std::stringstream list(argv[i + 1]);
+            for (std::string item; std::getline(list, item, ',');) decode_threads.push_back(std::atoi(item.c_str()));
+        }
         else if (flag == "--draft-width") draft_width = value;
         else if (flag == "--prompts") prompts = value;
         else if (flag == "--tokens") tokens = value;
@@ -130,6 +153,7 @@ int main(int argc, char** argv) {
         else if (flag == "--save-glide") glide_file = argv[i + 1];
         else if (flag == "--glide-zero-output") glide_zero_output = value != 0;
         else if (flag == "--glide-stale") glide_stale = value;
+        else if (flag == "--glide-recency") glide_recency = value != 0;
         else if (flag == "--log-every") log_every = value;
         else if (flag == "--copyrights") copyrights = value != 0;
         else {
@@ -137,16 +161,21 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    loom::kernels::host::set_gemm_threads(1);
+    if (threads < 1 || target_heads < 1 || batch_decode < 1 || decode_threads.empty() ||
+        std::any_of(decode_threads.begin(), decode_threads.end(), [](int t) { return t < 1; })) {
+        std::fprintf(stderr, "bench_glide: --threads, --target-heads, --batch and each --decode-threads must be >= 1\n");
+        return 2;
+    }
+    loom::kernels::host::set_gemm_threads(threads);
     const std::string text = copyrights ? read_copyrights() : read_corpus("/usr/share/common-licenses");
     const std::size_t split = text.size() * 9 / 10;
-    std::printf("CPU: %s; GEMM: loom host kernels at %s, 1 thread\n", bench::cpu_model().c_str(),
-                bench::cpu_level().c_str());
+    std::printf("CPU: %s; GEMM: loom host kernels at %s, %d training thread(s)\n", bench::cpu_model().c_str(),
+                bench::cpu_level().c_str(), threads);
     std::printf("corpus: %s, %zu bytes; training on the first %zu\n",
                 copyrights ? "/usr/share/doc/*/copyright (every installed package's, each distinct text once)"
                            : "/usr/share/common-licenses (Debian base-files)",
                 text.size(), split);
-    const gpt::Config tc{.layers = target_layers, .width = target_width, .heads = 4, .seq = seq, .vocab = 256};
+    const gpt::Config tc{.layers = target_layers, .width = target_width, .heads = target_heads, .seq = seq, .vocab = 256};
     const gpt::Config dc{.layers = 1, .width = draft_width, .heads = 4, .seq = seq, .vocab = 256};
 
     // Each model is trained by a SerialTrainer (whose arena binds its Params
@@ -154,7 +183,8 @@ int main(int argc, char** argv) {
     // its own that outlives the trainer: the GliDe draft's training reads the
     // trained target, and decoding reads all three.
     gpt::Model target = gpt::make_model(tc), plain = gpt::make_model(dc);
-    gpt::GlideDraft glide = gpt::make_glide_draft(dc, tc, glide_stale);
+    const gpt::CrossScores scores = glide_recency ? gpt::CrossScores::recency : gpt::CrossScores::plain;
+    gpt::GlideDraft glide = gpt::make_glide_draft(dc, tc, glide_stale, scores);
     glide.target = &target;
     // A zero output projection makes the untrained GliDe draft exactly a plain draft; it learns to use the target.
     if (glide_zero_output)
@@ -212,9 +242,30 @@ int main(int argc, char** argv) {
                                  "/usr/share/common-licenses");
         }
     }
-    auto plain_arena = train_and_keep("plain 1-layer draft", plain, static_cast<float>(lr), 2);
-    auto glide_arena = train_and_keep("GliDe 1-layer draft", glide, static_cast<float>(glide_lr), 3);
-    if (!glide_file.empty()) gpt::save_glide_draft(glide_file, dc, tc, *glide_arena);
+    // A draft is loaded from FILE when it exists, else trained (and saved there when FILE is given).
+    std::unique_ptr<loom::nn::ParamArena> plain_arena;
+    if (!plain_file.empty() && std::filesystem::exists(plain_file)) {
+        plain_arena = std::make_unique<loom::nn::ParamArena>(plain);
+        std::vector<float> m(plain_arena->values().size()), v(m.size());
+        (void)gpt::load_checkpoint(plain_file, dc, plain_arena->values(), m, v);
+        std::printf("plain 1-layer draft: loaded from %s\n", plain_file.c_str());
+    } else {
+        plain_arena = train_and_keep("plain 1-layer draft", plain, static_cast<float>(lr), 2);
+        if (!plain_file.empty()) {
+            std::vector<float> zeros(plain_arena->values().size());
+            gpt::save_checkpoint(plain_file, dc, plain_arena->values(), zeros, zeros, 0, steps, "bench_glide corpus");
+        }
+    }
+    std::unique_ptr<loom::nn::ParamArena> glide_arena;
+    if (!glide_load_file.empty() && std::filesystem::exists(glide_load_file)) {
+        glide_arena = std::make_unique<loom::nn::ParamArena>(glide);
+        gpt::load_glide_draft(glide_load_file, dc, tc, *glide_arena, scores);
+        std::printf("GliDe 1-layer draft: loaded from %s\n", glide_load_file.c_str());
+    } else {
+        glide_arena = train_and_keep("GliDe 1-layer draft", glide, static_cast<float>(glide_lr), 3);
+        if (!glide_load_file.empty()) gpt::save_glide_draft(glide_load_file, dc, tc, *glide_arena, scores);
+    }
+    if (!glide_file.empty()) gpt::save_glide_draft(glide_file, dc, tc, *glide_arena, scores);
 
     // Held-out prompts of 32 tokens.
     std::vector<infer::Request> requests;
@@ -226,8 +277,9 @@ int main(int argc, char** argv) {
         r.sampling.greedy = true;
         requests.push_back(r);
     }
-    infer::KvCache tcache(tc.layers, tc.width, 1, seq), pcache(dc.layers, dc.width, 1, seq),
-        gcache(dc.layers, dc.width, 1, seq);
+    const std::int64_t together = std::min<std::int64_t>(batch_decode, prompts);
+    infer::KvCache tcache(tc.layers, tc.width, together, seq), pcache(dc.layers, dc.width, together, seq),
+        gcache(dc.layers, dc.width, together, seq);
     infer::CachedGpt te(target, tc, tcache), pe(plain, dc, pcache);
     infer::CachedGlide ge(glide, dc, gcache, tcache);
     struct Path {
@@ -239,45 +291,70 @@ int main(int argc, char** argv) {
         bool same = true;
     };
     infer::PlainDraft plain_draft(pe);
-    std::vector<Path> paths{{"autoregressive (infer::generate)", nullptr, std::nullopt, {}},
-                            {"vanilla speculative, plain 1-layer draft", &plain_draft, std::nullopt, {}},
-                            {"vanilla speculative + CaPE, plain 1-layer draft", &plain_draft, infer::CapeConfig{}, {}},
-                            {"GliDe, 1-layer draft", &ge, std::nullopt, {}},
-                            {"GliDe + CaPE, 1-layer draft", &ge, infer::CapeConfig{}, {}}};
-    std::vector<std::vector<std::int32_t>> reference(requests.size());
-    for (int r = 0; r < reps; ++r)
-        for (Path& path : paths) {
-            path.passes = path.accepted = path.produced = 0;
-            const auto t0 = std::chrono::steady_clock::now();
-            for (std::size_t i = 0; i < requests.size(); ++i) {
-                if (path.draft == nullptr) {
-                    reference[i] = infer::generate(te, std::span(&requests[i], 1))[0].tokens;
-                    path.produced += static_cast<std::int64_t>(reference[i].size());
-                    continue;
+    // One table: the requests `width` at a time (1: one after another), every path `reps` times, interleaved.
+    auto table = [&](std::int64_t width, int decode_threads_now) {
+        loom::kernels::host::set_gemm_threads(decode_threads_now);
+        std::vector<Path> paths{{"autoregressive (infer::generate)", nullptr, std::nullopt, {}},
+                                {"vanilla speculative, plain 1-layer draft", &plain_draft, std::nullopt, {}},
+                                {"vanilla speculative + CaPE, plain 1-layer draft", &plain_draft, infer::CapeConfig{}, {}},
+                                {"GliDe, 1-layer draft", &ge, std::nullopt, {}},
+                                {"GliDe + CaPE, 1-layer draft", &ge, infer::CapeConfig{}, {}}};
+        const std::string bins_name = other_bins ? " (bins " + infer::to_string(*other_bins) + ")" : "";
+        const std::string plain_bins = "vanilla speculative + CaPE" + bins_name + ", plain 1-layer draft",
+                          glide_bins = "GliDe + CaPE" + bins_name + ", 1-layer draft";
+        if (other_bins) {
+            paths.push_back({plain_bins.c_str(), &plain_draft, other_bins, {}});
+            paths.push_back({glide_bins.c_str(), &ge, other_bins, {}});
+        }
+        std::vector<std::vector<std::int32_t>> reference(requests.size());
+        for (int r = 0; r < reps; ++r)
+            for (Path& path : paths) {
+                path.passes = path.accepted = path.produced = 0;
+                const auto t0 = std::chrono::steady_clock::now();
+                for (std::size_t first = 0; first < requests.size(); first += static_cast<std::size_t>(width)) {
+                    const std::size_t count = std::min(static_cast<std::size_t>(width), requests.size() - first);
+                    const std::span<const infer::Request> group(requests.data() + first, count);
+                    if (path.draft == nullptr) {
+                        const auto out = infer::generate(te, group);
+                        for (std::size_t i = 0; i < count; ++i) {
+                            reference[first + i] = out[i].tokens;
+                            path.produced += static_cast<std::int64_t>(out[i].tokens.size());
+                        }
+                        continue;
+                    }
+                    const auto out = infer::speculative_generate(te, *path.draft, group, 4, path.cape);
+                    for (std::size_t i = 0; i < count; ++i) {
+                        path.passes += out[i].stats.target_passes;
+                        path.accepted += out[i].stats.accepted;
+                        path.produced += static_cast<std::int64_t>(out[i].tokens.size());
+                        path.same = path.same && out[i].tokens == reference[first + i];
+                    }
                 }
-                const auto out = infer::speculative_generate(te, *path.draft, requests[i], 4, path.cape);
-                path.passes += out.stats.target_passes;
-                path.accepted += out.stats.accepted;
-                path.produced += static_cast<std::int64_t>(out.tokens.size());
-                path.same = path.same && out.tokens == reference[i];
+                path.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             }
-            path.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        std::printf("\nbatch %lld, greedy, gamma 4, %lld held-out prompts of 32 tokens, %lld new tokens each, "
+                    "%d GEMM thread(s), median of %d\n\n",
+                    static_cast<long long>(width), static_cast<long long>(prompts), static_cast<long long>(tokens),
+                    decode_threads_now, reps);
+        std::printf("| path | tokens/s | vs autoregressive | accepted drafts per target pass | tokens per target pass | "
+                    "target's tokens |\n| --- | ---: | ---: | ---: | ---: | --- |\n");
+        const double base = bench::median(paths[0].seconds);
+        for (const Path& path : paths) {
+            const double t = bench::median(path.seconds);
+            if (path.draft == nullptr) {
+                std::printf("| %s | %.0f | 1.00x | - | 1.00 | - |\n", path.name, static_cast<double>(path.produced) / t);
+                continue;
+            }
+            std::printf("| %s | %.0f | %.2fx | %.2f | %.2f | %s |\n", path.name, static_cast<double>(path.produced) / t,
+                        base / t, static_cast<double>(path.accepted) / static_cast<double>(path.passes),
+                        static_cast<double>(path.accepted + path.passes) / static_cast<double>(path.passes),
+                        path.same ? "yes" : "NO");
         }
-    std::printf("\nbatch 1, greedy, gamma 4, %lld held-out prompts of 32 tokens, %lld new tokens each, median of %d\n\n",
-                static_cast<long long>(prompts), static_cast<long long>(tokens), reps);
-    std::printf("| path | tokens/s | vs autoregressive | accepted drafts per target pass | tokens per target pass | "
-                "target's tokens |\n| --- | ---: | ---: | ---: | ---: | --- |\n");
-    const double base = bench::median(paths[0].seconds);
-    for (const Path& path : paths) {
-        const double t = bench::median(path.seconds);
-        if (path.draft == nullptr) {
-            std::printf("| %s | %.0f | 1.00x | - | 1.00 | - |\n", path.name, static_cast<double>(path.produced) / t);
-            continue;
-        }
-        std::printf("| %s | %.0f | %.2fx | %.2f | %.2f | %s |\n", path.name, static_cast<double>(path.produced) / t,
-                    base / t, static_cast<double>(path.accepted) / static_cast<double>(path.passes),
-                    static_cast<double>(path.accepted + path.passes) / static_cast<double>(path.passes),
-                    path.same ? "yes" : "NO");
+        std::fflush(stdout);
+    };
+    for (int t : decode_threads) {
+        table(1, t);
+        if (together > 1) table(together, t);
     }
     return 0;
 }

@@ -301,14 +301,19 @@ int run(const Flags& f) {
     std::unique_ptr<loom::gpt::GlideDraft> glide;
     std::unique_ptr<loom::nn::ParamArena> draft_arena;
     if (f.draft.on() && f.glide) {
-        glide = std::make_unique<loom::gpt::GlideDraft>(loom::gpt::make_glide_draft(f.draft.config, config));
+        // A trained draft is built with the scoring its file records (plain or recency).
+        const loom::gpt::CrossScores scores = f.draft.checkpoint.empty()
+                                                  ? loom::gpt::CrossScores::plain
+                                                  : loom::gpt::glide_cross_scores(f.draft.checkpoint);
+        glide = std::make_unique<loom::gpt::GlideDraft>(loom::gpt::make_glide_draft(f.draft.config, config, 5, scores));
         draft_arena = std::make_unique<loom::nn::ParamArena>(*glide);
         if (f.draft.checkpoint.empty()) {
             draft_arena->initialize(*glide, f.sampling.seed);
             std::cout << "draft: GliDe " << f.draft.config << ", random weights (seed " << f.sampling.seed << ")\n";
         } else {
-            loom::gpt::load_glide_draft(f.draft.checkpoint, f.draft.config, config, *draft_arena);
-            std::cout << "draft: GliDe " << f.draft.config << " from " << f.draft.checkpoint << "\n";
+            loom::gpt::load_glide_draft(f.draft.checkpoint, f.draft.config, config, *draft_arena, scores);
+            std::cout << "draft: GliDe " << f.draft.config << " (" << loom::gpt::name_of(scores)
+                      << " cross-attention scores) from " << f.draft.checkpoint << "\n";
         }
     } else if (f.draft.on()) {
         draft = std::make_unique<loom::gpt::Model>(loom::gpt::make_model(f.draft.config));

@@ -43,8 +43,9 @@ struct Glide {
     gpt::Config config;
     gpt::GlideDraft model;
     nn::ParamArena arena;
-    Glide(const gpt::Config& shape, const gpt::Config& target, std::uint64_t seed, float scale)
-        : config(shape), model(gpt::make_glide_draft(shape, target)), arena(model) {
+    Glide(const gpt::Config& shape, const gpt::Config& target, std::uint64_t seed, float scale,
+          gpt::CrossScores scores = gpt::CrossScores::plain)
+        : config(shape), model(gpt::make_glide_draft(shape, target, 5, scores)), arena(model) {
         arena.initialize(model, seed);
         for (float& v : arena.values()) v *= scale;
     }
@@ -90,9 +91,12 @@ TEST_CASE("a GliDe draft trained with its target frozen lowers its loss; the tar
 
 // The whole draft's backward (embeddings, both blocks' self-attention, cross-attention and MLP, the head)
 // against central differences of its loss, every third parameter; the target's keys and values are inputs.
-TEST_CASE("a GliDe draft's loss gradient matches finite differences through every layer", "[infer][glide]") {
+TEST_CASE("a GliDe draft's loss gradient matches finite differences through every layer, plain and recency scores",
+          "[infer][glide]") {
+  for (const gpt::CrossScores scores : {gpt::CrossScores::plain, gpt::CrossScores::recency}) {
+    INFO(gpt::name_of(scores) << " scores");
     loom_test::ScaledGpt target({.layers = 2, .width = 12, .heads = 2, .seq = 12, .vocab = 11}, 8, 4.0f);
-    Glide draft({.layers = 2, .width = 8, .heads = 2, .seq = 12, .vocab = 11}, target.config, 9, 3.0f);
+    Glide draft({.layers = 2, .width = 8, .heads = 2, .seq = 12, .vocab = 11}, target.config, 9, 3.0f, scores);
     draft.model.target = &target.model;
     std::vector<std::int32_t> tokens = prompt_of(2 * 12, 11, 2), targets = prompt_of(2 * 12, 11, 5);
     const Tensor x = Tensor::of(tokens.data(), Shape{2, 12}), y = Tensor::of(targets.data(), Shape{2, 12});
@@ -117,13 +121,16 @@ TEST_CASE("a GliDe draft's loss gradient matches finite differences through ever
     INFO("relative error " << std::sqrt(num / den) << " over " << analytic.size() / 3 << " parameters");
     CHECK(den > 0);
     CHECK(std::sqrt(num / den) < 2e-2);
+  }
 }
 
-TEST_CASE("training's stale mask is what the cached GliDe draft sees with the target's cache a block behind",
+TEST_CASE("training's stale mask is what the cached GliDe draft sees with the target's cache a block behind (both scores)",
           "[infer][glide]") {
+  for (const gpt::CrossScores scores : {gpt::CrossScores::plain, gpt::CrossScores::recency}) {
+    INFO(gpt::name_of(scores) << " scores");
     // A 3-layer target and a 2-layer draft: draft block i reads target layer 1 + i.
     loom_test::ScaledGpt target({.layers = 3, .width = 24, .heads = 3, .seq = 16, .vocab = 30}, 5, 1.0f);
-    Glide draft({.layers = 2, .width = 16, .heads = 2, .seq = 16, .vocab = 30}, target.config, 6, 6.0f);
+    Glide draft({.layers = 2, .width = 16, .heads = 2, .seq = 16, .vocab = 30}, target.config, 6, 6.0f, scores);
     draft.model.target = &target.model;
     CHECK(draft.model.target_layer(0) == 1);
     CHECK(draft.model.target_layer(1) == 2);
@@ -163,6 +170,7 @@ TEST_CASE("training's stale mask is what the cached GliDe draft sees with the ta
     }
     // A cache one position fresher than the mask allows changes the logits: the mask is not vacuous.
     CHECK(differs >= 10);
+  }
 }
 
 TEST_CASE("greedy speculative decoding with a GliDe draft returns the target's greedy tokens", "[infer][glide]") {
@@ -274,5 +282,18 @@ TEST_CASE("a GliDe draft's checkpoint reads back into the same values and refuse
     CHECK(message_of([&] { gpt::load_glide_draft(path, shape, wider, loaded.arena); }) ==
           "GliDe checkpoint " + path.string() +
               ": target_width is 24 but 48 was asked for; give the draft's and the target's shapes it was trained with");
+    // The scores travel with the file: a plain file reads as plain, and a recency draft's is refused as plain.
+    CHECK(gpt::glide_cross_scores(path) == gpt::CrossScores::plain);
+    Glide recent(shape, target_shape, 6, 1.0f, gpt::CrossScores::recency);
+    CHECK(recent.model.cross_scores() == gpt::CrossScores::recency);
+    gpt::save_glide_draft(path, shape, target_shape, recent.arena, gpt::CrossScores::recency);
+    CHECK(gpt::glide_cross_scores(path) == gpt::CrossScores::recency);
+    CHECK(message_of([&] { gpt::load_glide_draft(path, shape, target_shape, loaded.arena); }) ==
+          "GliDe checkpoint " + path.string() +
+              ": cross_scores is recency but plain was asked for; build the draft with the file's scores "
+              "(gpt::glide_cross_scores)");
+    gpt::load_glide_draft(path, shape, target_shape, loaded.arena, gpt::CrossScores::recency);
+    CHECK(std::vector<float>(recent.arena.values().begin(), recent.arena.values().end()) ==
+          std::vector<float>(loaded.arena.values().begin(), loaded.arena.values().end()));
     std::filesystem::remove(path);
 }

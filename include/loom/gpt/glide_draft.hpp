@@ -41,6 +41,19 @@
 
 namespace loom::gpt {
 
+// How a draft's cross-attention scores the target's positions. `plain` is the
+// reference's q.k / sqrt(D); its target's keys carry rotary positions, so a
+// query there finds recent positions by their relative rotation. loom's GPT
+// has learned absolute positions instead, and a plain draft must learn where
+// "recent" is from the target's keys; `recency` subtracts ALiBi's per-head
+// slope times the distance t - s (nn::recency_slope), so the freshest
+// positions the cache holds score highest unless the query says otherwise.
+enum class CrossScores : std::uint8_t { plain, recency };
+
+[[nodiscard]] constexpr const char* name_of(CrossScores scores) noexcept {
+    return scores == CrossScores::recency ? "recency" : "plain";
+}
+
 struct GlideBlock {
     nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> attn;
     nn::Residual<nn::LayerNorm, nn::CrossAttention> cross;
@@ -62,6 +75,9 @@ struct GlideDraft {
     auto loom_fields() { return std::tie(embed, blocks, ln_f, head, loss); }
 
     [[nodiscard]] nn::CrossAttention& cross_attention(std::size_t block) { return std::get<1>(blocks[block].cross.layers); }
+    [[nodiscard]] CrossScores cross_scores() {
+        return !blocks.empty() && cross_attention(0).recency ? CrossScores::recency : CrossScores::plain;
+    }
     // The target layer draft block `block` reads.
     [[nodiscard]] std::int64_t target_layer(std::size_t block) const {
         return target_layers - static_cast<std::int64_t>(blocks.size()) + static_cast<std::int64_t>(block);
@@ -120,7 +136,8 @@ struct GlideDraft {
 // vocabulary, at most its layers; its cross-attention has the target's width
 // and heads. `stale_block` is the training mask's block (0: none).
 [[nodiscard]] inline GlideDraft make_glide_draft(const Config& draft, const Config& target,
-                                                 std::int64_t stale_block = 5) {
+                                                 std::int64_t stale_block = 5,
+                                                 CrossScores scores = CrossScores::plain) {
     draft.validate();
     target.validate();
     LOOM_CHECK(draft.vocab == target.vocab, "GlideDraft: the draft's vocabulary of ", draft.vocab,
@@ -141,6 +158,8 @@ struct GlideDraft {
               nn::CrossAttention::make(C, target.width, target.heads, stale_block, 0.02f, residual_std)}},
             {{nn::LayerNorm::make(C), nn::Linear::make(C, 4 * C), nn::Gelu{},
               nn::Linear::make(4 * C, C, Init::normal(residual_std))}}});
+    for (std::size_t i = 0; i < model.blocks.size(); ++i)
+        model.cross_attention(i).recency = scores == CrossScores::recency;
     return model;
 }
 

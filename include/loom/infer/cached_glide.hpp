@@ -173,7 +173,7 @@ private:
         row = 0;
         for (std::size_t i = 0; i < segments.size(); ++i) {
             const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-            cross_attend(cross, model_.target_layer(l), segments[i].slot, count, row);
+            cross_attend(cross, model_.target_layer(l), segments[i].slot, starts_[i], count, row);
             row += count;
         }
         linear(cross.proj, attended_.data(), branch_.data(), rows);
@@ -201,8 +201,8 @@ private:
 
     // Rows [row, row + count) of query_ attend over every position the
     // target's cache holds for `slot` in target layer `layer`, gathered from its pages.
-    void cross_attend(const nn::CrossAttention& cross, std::int64_t layer, std::int64_t slot, std::int64_t count,
-                      std::int64_t row) {
+    void cross_attend(const nn::CrossAttention& cross, std::int64_t layer, std::int64_t slot, std::int64_t start,
+                      std::int64_t count, std::int64_t row) {
         const std::int64_t M = target_cache_.width(), length = target_cache_.length(slot);
         const std::int64_t size = target_cache_.block_size(), stride = target_cache_.row_stride();
         memory_.resize(static_cast<std::size_t>(std::max<std::int64_t>(length, 1) * stride));
@@ -214,7 +214,8 @@ private:
         }
         for (std::int64_t t = 0; t < count; ++t)
             nn::cross_attend_row(query_.data() + (row + t) * M, memory_.data(), memory_.data() + M, stride, length,
-                                 cross.heads, cross.head_dim(), attended_.data() + (row + t) * M, lse_.data(), scores_);
+                                 cross.heads, cross.head_dim(), attended_.data() + (row + t) * M, lse_.data(), scores_,
+                                 cross.recency ? start + t : -1);
     }
 
     [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }

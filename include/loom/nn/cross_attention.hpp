@@ -67,12 +67,19 @@ struct CrossMemory {
     return std::min(length, position / stale_block * stale_block);
 }
 
+// ALiBi's slope for head h of H (Press et al. 2022): 2^(-8 (h + 1) / H). A
+// query at position t scores memory position s lower by slope * (t - s).
+[[nodiscard]] inline float recency_slope(std::int64_t h, std::int64_t H) {
+    return std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(H));
+}
+
 // One query row of all heads against the first `count` memory rows of one
 // sequence: out (M floats) and lse (one per head, natural log; -inf and a
-// zero output where count is 0). `scores` is scratch.
+// zero output where count is 0). `scores` is scratch. With `position` >= 0
+// (the query's position), each head's scores carry the recency bias.
 inline void cross_attend_row(const float* q, const float* keys, const float* values, std::int64_t row_stride,
                              std::int64_t count, std::int64_t H, std::int64_t D, float* out, float* lse,
-                             std::vector<float>& scores) {
+                             std::vector<float>& scores, std::int64_t position = -1) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     scores.resize(static_cast<std::size_t>(std::max<std::int64_t>(count, 1)));
     for (std::int64_t h = 0; h < H; ++h) {
@@ -83,12 +90,14 @@ inline void cross_attend_row(const float* q, const float* keys, const float* val
             continue;
         }
         float best = -std::numeric_limits<float>::infinity();
+        const float slope = position >= 0 ? recency_slope(h, H) : 0.0f;
         for (std::int64_t s = 0; s < count; ++s) {
             const float* k = keys + s * row_stride + h * D;
             float dot = 0;
             for (std::int64_t d = 0; d < D; ++d) dot += q[h * D + d] * k[d];
-            scores[static_cast<std::size_t>(s)] = dot * scale;
-            best = std::max(best, dot * scale);
+            const float score = dot * scale - (position >= 0 ? slope * static_cast<float>(position - s) : 0.0f);
+            scores[static_cast<std::size_t>(s)] = score;
+            best = std::max(best, score);
         }
         float sum = 0;
         for (std::int64_t s = 0; s < count; ++s) {
@@ -109,6 +118,7 @@ struct CrossAttention {
     Linear proj;   // M -> C
     std::int64_t heads = 1;        // the memory's heads
     std::int64_t stale_block = 5;  // 0: no mask
+    bool recency = false;          // ALiBi's recency bias on the scores (recency_slope)
 
     // `width` C is the input's (the draft's), `memory_width` M and `heads` the memory's (the target's).
     [[nodiscard]] static CrossAttention make(std::int64_t width, std::int64_t memory_width, std::int64_t heads,
@@ -168,7 +178,8 @@ struct CrossAttention {
                 const std::int64_t row = b * T + t;
                 cross_attend_row(saved.q.data<float>() + row * M, m.keys + b * m.batch_stride,
                                  m.values + b * m.batch_stride, m.row_stride, visible_memory(t, m.length, stale_block),
-                                 H, D, saved.out.data<float>() + row * M, saved.lse.data<float>() + row * H, scores);
+                                 H, D, saved.out.data<float>() + row * M, saved.lse.data<float>() + row * H, scores,
+                                 recency ? t : -1);
             }
         return proj.forward(ctx, saved.out);
     }
@@ -193,6 +204,7 @@ struct CrossAttention {
                 for (std::int64_t h = 0; h < H; ++h) {
                     if (count == 0) continue;
                     const float lse = saved.lse.data<float>()[row * H + h];
+                    const float slope = recency ? recency_slope(h, H) : 0.0f;
                     float delta = 0;
                     for (std::int64_t d = 0; d < D; ++d) delta += g[h * D + d] * out[h * D + d];
                     for (std::int64_t s = 0; s < count; ++s) {
@@ -203,7 +215,8 @@ struct CrossAttention {
                             dot += q[h * D + d] * k[d];
                             dp += g[h * D + d] * v[d];
                         }
-                        const float ds = std::exp(dot * scale - lse) * (dp - delta) * scale;
+                        const float bias = recency ? slope * static_cast<float>(t - s) : 0.0f;
+                        const float ds = std::exp(dot * scale - bias - lse) * (dp - delta) * scale;
                         for (std::int64_t d = 0; d < D; ++d) dqr[h * D + d] += ds * k[d];
                     }
                 }
