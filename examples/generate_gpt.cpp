@@ -96,14 +96,6 @@ constexpr const char* usage =
     "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n"
     "  --pp N             pipeline-parallel on N rank threads, N dividing --layers (default 1: the whole model)\n";
 
-constexpr const char* cape_usage =
-    "  --cape             CaPE (needs a draft and --greedy): each target pass checks the draft's chain and, at\n"
-    "                     each step, alternatives hanging off it, more the less confident the draft is\n"
-    "  --cape-bins BINS   alternatives per confidence bin, K@P,...,K: K alternatives below confidence P (P\n"
-    "                     increasing), the last K above every P (default 8@0.3,6@0.6,4@0.8,2)\n"
-    "  --glide            the draft is a GliDe draft (its cross-attention reads the target's KV cache);\n"
-    "                     --draft FILE is a gpt::save_glide_draft file trained for this target\n";
-
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
     "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --tp, --pp, --draft, --draft-random, "
@@ -124,20 +116,8 @@ struct Flags {
     std::int64_t block_size = 16;
     std::int64_t tp = 1;  // rank threads the target is cut over
     std::int64_t pp = 1;  // pipeline stages (rank threads) the target's blocks are split over
-    gpt_flags::DraftFlags draft;  // speculative decoding, when on()
-    std::optional<loom::infer::CapeConfig> cape;  // CaPE's rounds, with --cape
-    std::string cape_bins;
-    bool glide = false;  // the draft is a GliDe draft
+    gpt_flags::DraftFlags draft;  // speculative decoding, when on(); GliDe and CaPE too
 };
-
-// --cape-bins "8@0.3,6@0.6,4@0.8,2": the bins (infer::parse_cape_bins).
-loom::infer::CapeConfig parse_bins(const std::string& text) {
-    try {
-        return loom::infer::parse_cape_bins(text);
-    } catch (const loom::Error& e) {
-        bad_flag("--cape-bins ", e.message());
-    }
-}
 
 Flags parse(int argc, char** argv) {
     Flags f;
@@ -146,25 +126,13 @@ Flags parse(int argc, char** argv) {
         if (flag == "--help" || flag == "-h") {
             std::fputs(usage, stdout);
             std::fputs(gpt_flags::DraftFlags::usage, stdout);
-            std::fputs(cape_usage, stdout);
             std::exit(0);
         }
         if (flag == "--random") {
             f.target.random = true;
             continue;
         }
-        if (flag == "--draft-random") {
-            f.draft.random = true;
-            continue;
-        }
-        if (flag == "--cape") {
-            f.cape.emplace();
-            continue;
-        }
-        if (flag == "--glide") {
-            f.glide = true;
-            continue;
-        }
+        if (f.draft.take_switch(flag)) continue;
         if (flag == "--greedy") {
             f.sampling.greedy = true;
             continue;
@@ -186,7 +154,6 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--top-p") f.sampling.top_p = real(flag, value);
         else if (flag == "--seed") f.sampling.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
         else if (flag == "--stop") f.stops.push_back(value);
-        else if (flag == "--cape-bins") f.cape_bins = value;
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
         else if (flag == "--tp") f.tp = whole(flag, value, 1, 64);
         else if (flag == "--pp") f.pp = whole(flag, value, 1, 64);
@@ -214,22 +181,12 @@ Flags parse(int argc, char** argv) {
     if (f.tp > 1 && f.pp > 1)
         bad_flag("--tp ", f.tp, " with --pp ", f.pp, ": tensor- and pipeline-parallel serving are built apart (a "
                  "pipeline stage is not cut further); give one of them");
-    f.draft.check(f.target.config);
+    f.draft.check(f.target.config, f.tp);
     if (f.pp > 1 && f.draft.on())
         bad_flag("--pp ", f.pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "
                  "or --draft-random");
-    if (f.glide && !f.draft.on()) bad_flag("--glide needs a draft model; give --draft FILE or --draft-random");
-    if (f.glide && f.draft.config.layers > f.target.config.layers)
-        bad_flag("--draft-layers ", f.draft.config.layers, " is more than the target's ", f.target.config.layers,
-                 " layers; a GliDe draft's block i reads target layer L - ", f.draft.config.layers, " + i");
-    if (f.glide && f.tp > 1)
-        bad_flag("--glide with --tp ", f.tp, ": a GliDe draft reads the whole target's KV cache and a tp rank "
-                 "caches its heads only; use --tp 1 with --glide");
-    if (!f.cape_bins.empty() && !f.cape) bad_flag("--cape-bins ", f.cape_bins, " needs --cape");
-    if (f.cape && !f.draft.on()) bad_flag("--cape needs a draft model; give --draft FILE or --draft-random");
-    if (f.cape && !f.sampling.greedy)
+    if (f.draft.cape && !f.sampling.greedy)
         bad_flag("--cape is greedy only (its tree acceptance takes the target's argmax); add --greedy");
-    if (!f.cape_bins.empty()) f.cape = parse_bins(f.cape_bins);
     for (const std::string& stop : f.stops)
         if (stop.empty()) bad_flag("--stop '' has no byte; give text whose first byte ends a generation");
     if (f.prompts.empty()) f.prompts.push_back("The ");
@@ -297,29 +254,9 @@ int run(const Flags& f) {
     loom::infer::SpeculativeStats stats;
     const auto start = std::chrono::steady_clock::now();
     // The draft, whole (read by every rank): a plain GPT or a GliDe draft.
-    std::unique_ptr<loom::gpt::Model> draft;
-    std::unique_ptr<loom::gpt::GlideDraft> glide;
-    std::unique_ptr<loom::nn::ParamArena> draft_arena;
-    if (f.draft.on() && f.glide) {
-        // A trained draft is built with the scoring its file records (plain or recency).
-        const loom::gpt::CrossScores scores = f.draft.checkpoint.empty()
-                                                  ? loom::gpt::CrossScores::plain
-                                                  : loom::gpt::glide_cross_scores(f.draft.checkpoint);
-        glide = std::make_unique<loom::gpt::GlideDraft>(loom::gpt::make_glide_draft(f.draft.config, config, 5, scores));
-        draft_arena = std::make_unique<loom::nn::ParamArena>(*glide);
-        if (f.draft.checkpoint.empty()) {
-            draft_arena->initialize(*glide, f.sampling.seed);
-            std::cout << "draft: GliDe " << f.draft.config << ", random weights (seed " << f.sampling.seed << ")\n";
-        } else {
-            loom::gpt::load_glide_draft(f.draft.checkpoint, f.draft.config, config, *draft_arena, scores);
-            std::cout << "draft: GliDe " << f.draft.config << " (" << loom::gpt::name_of(scores)
-                      << " cross-attention scores) from " << f.draft.checkpoint << "\n";
-        }
-    } else if (f.draft.on()) {
-        draft = std::make_unique<loom::gpt::Model>(loom::gpt::make_model(f.draft.config));
-        draft_arena = std::make_unique<loom::nn::ParamArena>(*draft);
-        gpt_flags::load_weights("draft: ", *draft, *draft_arena, f.draft.config, f.draft.checkpoint, f.sampling.seed);
-    }
+    const gpt_flags::DraftModel drafts = gpt_flags::load_draft(f.draft, config, f.sampling.seed);
+    loom::gpt::Model* draft = drafts.plain.get();
+    loom::gpt::GlideDraft* glide = drafts.glide.get();
     // The prompts on one engine (the whole target, or a tp rank's shard, with its KV cache): its
     // completions and, with a draft, stats.
     auto decode = [&](loom::infer::CachedGpt& engine, loom::infer::KvCache& cache,
@@ -331,7 +268,7 @@ int run(const Flags& f) {
         // Continuously batched as generate() is: --max-batch prompts at a time, a finished one's slot
         // refilled at the next round.
         auto speculate = [&](loom::infer::DraftEngine& draft_engine) {
-            loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.cape);
+            loom::infer::SpeculativeBatcher batcher(engine, draft_engine, f.draft.gamma, 0, f.draft.cape);
             for (const loom::infer::Request& r : requests) (void)batcher.submit(r);  // ids: the prompts' indices
             out.resize(requests.size());
             while (!batcher.idle())
@@ -405,7 +342,7 @@ int run(const Flags& f) {
                 "length limit, %lld at a stop token\n",
                 static_cast<long long>(tokens), seconds, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0,
                 static_cast<long long>(at_length), static_cast<long long>(at_stop));
-    if (f.cape)
+    if (f.draft.cape)
         std::printf("CaPE: %lld candidates proposed (chain and alternatives), %lld accepted, %lld of them "
                     "alternatives; %.2f accepted tokens per target pass (%.2f tokens with the target's own)\n",
                     static_cast<long long>(stats.drafted), static_cast<long long>(stats.accepted),

@@ -1,19 +1,25 @@
 // The flags generate_gpt and serve_gpt share: the target GPT (a train_gpt
 // --save checkpoint or random weights, and its shape as train_gpt's flags)
 // and the speculative draft (--draft FILE | --draft-random, its shape,
-// --gamma), with their checks and messages, and loading a model's weights.
+// --gamma, --glide, --cape [--cape-bins]), with their checks and messages,
+// and loading a model's weights and a draft.
 // A bad flag throws FlagError: one line naming the value and what is valid,
 // which the programs print and exit 2 on.
 #pragma once
 
 #include <loom/gpt/checkpoint.hpp>
+#include <loom/gpt/glide_checkpoint.hpp>
+#include <loom/gpt/glide_draft.hpp>
 #include <loom/gpt/model.hpp>
+#include <loom/infer/cape.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -99,16 +105,35 @@ struct DraftFlags {
     bool random = false;
     std::int64_t gamma = 4;
     bool gamma_given = false;
+    bool glide = false;                           // the draft is a GliDe draft
+    std::optional<loom::infer::CapeConfig> cape;  // CaPE's rounds, with --cape
+    std::string cape_bins;
 
-    static constexpr const char* names = "--draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma";
+    static constexpr const char* names =
+        "--draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --glide";
     static constexpr const char* usage =
         "  --draft FILE       a smaller GPT's train_gpt --save checkpoint: decode speculatively with it as the draft\n"
         "  --draft-random     a draft with freshly initialised weights (from --seed) instead of --draft FILE\n"
         "  --draft-layers N --draft-width N --draft-heads N\n"
         "                     the draft's shape (defaults 1, 128, 4); its --seq and --vocab are the target's\n"
-        "  --gamma N          draft tokens the target checks per pass (default 4)\n";
+        "  --gamma N          draft tokens the target checks per pass (default 4)\n"
+        "  --cape             CaPE (needs a draft; greedy only): each target pass checks the draft's chain and, at\n"
+        "                     each step, alternatives hanging off it, more the less confident the draft is\n"
+        "  --cape-bins BINS   alternatives per confidence bin, K@P,...,K: K alternatives below confidence P (P\n"
+        "                     increasing), the last K above every P (default 8@0.3,6@0.6,4@0.8,2)\n"
+        "  --glide            the draft is a GliDe draft (its cross-attention reads the target's KV cache);\n"
+        "                     --draft FILE is a gpt::save_glide_draft file trained for this target\n";
 
     [[nodiscard]] bool on() const { return random || !checkpoint.empty(); }
+
+    // Takes `flag` when it is one of the draft's switches (no value).
+    bool take_switch(std::string_view flag) {
+        if (flag == "--draft-random") random = true;
+        else if (flag == "--cape") cape.emplace();
+        else if (flag == "--glide") glide = true;
+        else return false;
+        return true;
+    }
 
     // Takes `flag` when it is one of the draft's value flags.
     bool take(std::string_view flag, const std::string& value) {
@@ -116,6 +141,7 @@ struct DraftFlags {
         else if (flag == "--draft-layers") config.layers = whole(flag, value, 1, 1024);
         else if (flag == "--draft-width") config.width = whole(flag, value, 1, 65536);
         else if (flag == "--draft-heads") config.heads = whole(flag, value, 1, 65536);
+        else if (flag == "--cape-bins") cape_bins = value;
         else if (flag == "--gamma") {
             gamma = whole(flag, value, 1, 64);
             gamma_given = true;
@@ -125,8 +151,9 @@ struct DraftFlags {
         return true;
     }
 
-    // Checks the draft flags and gives the draft the target's --seq and --vocab.
-    void check(const loom::gpt::Config& target) {
+    // Checks the draft flags and gives the draft the target's --seq and
+    // --vocab; `tp` is the target's tensor-parallel degree.
+    void check(const loom::gpt::Config& target, std::int64_t tp = 1) {
         config.seq = target.seq;
         config.vocab = target.vocab;
         if (random && !checkpoint.empty()) bad_flag("--draft-random and --draft exclude each other; give one");
@@ -134,6 +161,22 @@ struct DraftFlags {
         if (on() && config.width % config.heads != 0)
             bad_flag("--draft-heads ", config.heads, " does not divide --draft-width ", config.width, "; use ",
                      divisors(config.width));
+        if (glide && !on()) bad_flag("--glide needs a draft model; give --draft FILE or --draft-random");
+        if (glide && config.layers > target.layers)
+            bad_flag("--draft-layers ", config.layers, " is more than the target's ", target.layers,
+                     " layers; a GliDe draft's block i reads target layer L - ", config.layers, " + i");
+        if (glide && tp > 1)
+            bad_flag("--glide with --tp ", tp, ": a GliDe draft reads the whole target's KV cache and a tp rank "
+                     "caches its heads only; use --tp 1 with --glide");
+        if (!cape_bins.empty() && !cape) bad_flag("--cape-bins ", cape_bins, " needs --cape");
+        if (cape && !on()) bad_flag("--cape needs a draft model; give --draft FILE or --draft-random");
+        if (!cape_bins.empty()) {
+            try {
+                cape = loom::infer::parse_cape_bins(cape_bins);
+            } catch (const loom::Error& e) {
+                bad_flag("--cape-bins ", e.message());
+            }
+        }
     }
 };
 
@@ -150,6 +193,39 @@ inline void load_weights(std::string_view prefix, loom::gpt::Model& model, loom:
     std::vector<float> m(arena.values().size()), v(m.size());
     const auto steps = loom::gpt::load_checkpoint(checkpoint, config, arena.values(), m, v);
     std::cout << prefix << config << " from " << checkpoint << " (trained " << steps.step << " steps)\n";
+}
+
+// The draft, whole, when the flags ask for one: a plain GPT or a GliDe draft
+// reading a target of `target`'s shape (built with the scoring its file
+// records), its weights from --draft FILE or random from `seed`.
+struct DraftModel {
+    std::unique_ptr<loom::gpt::Model> plain;
+    std::unique_ptr<loom::gpt::GlideDraft> glide;
+    std::unique_ptr<loom::nn::ParamArena> arena;
+};
+
+inline DraftModel load_draft(const DraftFlags& d, const loom::gpt::Config& target, std::uint64_t seed) {
+    DraftModel draft;
+    if (!d.on()) return draft;
+    if (!d.glide) {
+        draft.plain = std::make_unique<loom::gpt::Model>(loom::gpt::make_model(d.config));
+        draft.arena = std::make_unique<loom::nn::ParamArena>(*draft.plain);
+        load_weights("draft: ", *draft.plain, *draft.arena, d.config, d.checkpoint, seed);
+        return draft;
+    }
+    const loom::gpt::CrossScores scores =
+        d.checkpoint.empty() ? loom::gpt::CrossScores::plain : loom::gpt::glide_cross_scores(d.checkpoint);
+    draft.glide = std::make_unique<loom::gpt::GlideDraft>(loom::gpt::make_glide_draft(d.config, target, 5, scores));
+    draft.arena = std::make_unique<loom::nn::ParamArena>(*draft.glide);
+    if (d.checkpoint.empty()) {
+        draft.arena->initialize(*draft.glide, seed);
+        std::cout << "draft: GliDe " << d.config << ", random weights (seed " << seed << ")\n";
+    } else {
+        loom::gpt::load_glide_draft(d.checkpoint, d.config, target, *draft.arena, scores);
+        std::cout << "draft: GliDe " << d.config << " (" << loom::gpt::name_of(scores)
+                  << " cross-attention scores) from " << d.checkpoint << "\n";
+    }
+    return draft;
 }
 
 }  // namespace gpt_flags

@@ -11,6 +11,7 @@
 //   serve_gpt (--checkpoint FILE | --random) [--layers L --width C --heads H --seq T --vocab V]
 //             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N] [--tp N | --pp N]
 //             [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
+//             [--cape [--cape-bins K@P,...,K]] [--glide]
 //
 // Threads: one io_context thread runs every connection (Boost.Beast on Asio
 // coroutines); one engine thread owns the model and loom::infer::Batcher
@@ -19,7 +20,11 @@
 // decodes speculatively (loom::infer::SpeculativeBatcher, docs/speculative.md):
 // each step is a round in which the draft proposes --gamma tokens per request
 // and the target checks them in one pass, so a streamed chunk may carry
-// several tokens; greedy text is the target's own. With --tp N the engine
+// several tokens; greedy text is the target's own. --cape checks a tree of
+// candidates per pass (infer/cape.hpp); its acceptance is greedy, so a
+// request with temperature > 0 is answered 400. --glide makes the draft a
+// GliDe draft (its cross-attention reads the target's KV cache; --draft FILE
+// a gpt::save_glide_draft file; not with --tp). With --tp N the engine
 // thread becomes N rank threads, each holding its Megatron shard and a KV
 // cache of its heads (infer/tensor_parallel_gpt.hpp); rank 0 reads the queue
 // and broadcasts each step's submits and cancels to the others, so every rank
@@ -37,7 +42,9 @@
 
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
+#include <loom/infer/cached_glide.hpp>
 #include <loom/infer/cached_gpt.hpp>
+#include <loom/infer/draft_engine.hpp>
 #include <loom/infer/kv_cache.hpp>
 #include <loom/nn/param_arena.hpp>
 
@@ -99,7 +106,8 @@ constexpr const char* usage =
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
-    "--block-size, --tp, --pp, --draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --help";
+    "--block-size, --tp, --pp, --draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --cape, "
+    "--cape-bins, --glide, --help";
 
 constexpr std::size_t body_limit = 1 << 20;  // bytes of a request body; more is answered 413
 constexpr const char* model_name = "loom-gpt";
@@ -133,16 +141,13 @@ Flags parse(int argc, char** argv) {
             f.target.random = true;
             continue;
         }
-        if (flag == "--draft-random") {
-            f.draft.random = true;
-            continue;
-        }
+        if (f.draft.take_switch(flag)) continue;
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--seed" || flag == "--host" ||
                            flag == "--port" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" || flag == "--pp" ||
                            flag == "--draft" ||
                            flag == "--draft-layers" || flag == "--draft-width" || flag == "--draft-heads" ||
-                           flag == "--gamma";
+                           flag == "--gamma" || flag == "--cape-bins";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (serve_gpt --help lists the flags)");
         const std::string value = argv[++i];
@@ -172,7 +177,7 @@ Flags parse(int argc, char** argv) {
     if (f.tp > 1 && f.pp > 1)
         bad_flag("--tp ", f.tp, " with --pp ", f.pp, ": tensor- and pipeline-parallel serving are built apart (a "
                  "pipeline stage is not cut further); give one of them");
-    f.draft.check(f.target.config);
+    f.draft.check(f.target.config, f.tp);
     if (f.pp > 1 && f.draft.on())
         bad_flag("--pp ", f.pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "
                  "or --draft-random");
@@ -181,12 +186,14 @@ Flags parse(int argc, char** argv) {
 
 // What every connection shares; touched on the io_context's one thread only.
 struct Server {
-    Server(asio::io_context& io_, tcp::acceptor acceptor_, serve_gpt::Engine& engine_, const loom::gpt::Config& model_)
-        : io(io_), acceptor(std::move(acceptor_)), engine(engine_), model(model_) {}
+    Server(asio::io_context& io_, tcp::acceptor acceptor_, serve_gpt::Engine& engine_, const loom::gpt::Config& model_,
+           bool greedy_only_)
+        : io(io_), acceptor(std::move(acceptor_)), engine(engine_), model(model_), greedy_only(greedy_only_) {}
     asio::io_context& io;
     tcp::acceptor acceptor;
     serve_gpt::Engine& engine;
     const loom::gpt::Config& model;
+    bool greedy_only = false;           // CaPE: sampled requests are refused
     std::int64_t started = std::time(nullptr);
     std::uint64_t completions = 0;      // for ids
     std::mt19937_64 seeds{std::random_device{}()};  // for requests that give no seed
@@ -238,6 +245,14 @@ awaitable<void> complete(Server& server, tcp::socket& socket, const Request& req
     std::optional<ApiError> refused;  // answered outside the handler: no co_await may sit in one
     try {
         c = serve_gpt::parse_completion(req.body(), server.model, model_name, server.seeds());
+        if (server.greedy_only && !c.sampling.greedy) {
+            std::ostringstream temperature;
+            temperature << c.sampling.temperature;
+            throw ApiError(400, "temperature " + temperature.str() +
+                                    " samples, but this server decodes with CaPE, whose tree acceptance is greedy "
+                                    "only; send temperature 0",
+                           "temperature");
+        }
     } catch (const ApiError& e) {
         refused = e;
     }
@@ -420,18 +435,20 @@ int run(const Flags& f) {
         cached.emplace(model, config, *cache);
     }
     // The draft, when there is one: its own cache of the same slots and blocks (each rank's own with --tp).
-    std::optional<loom::gpt::Model> draft;
-    std::optional<loom::nn::ParamArena> draft_arena;
+    const gpt_flags::DraftModel drafts = gpt_flags::load_draft(f.draft, config, f.seed);
     std::optional<loom::infer::KvCache> draft_cache;
     std::optional<loom::infer::CachedGpt> draft_cached;
-    if (f.draft.on()) {
+    std::optional<loom::infer::PlainDraft> plain_draft;
+    std::optional<loom::infer::CachedGlide> glide_draft;
+    loom::infer::DraftEngine* draft_engine = nullptr;
+    if (f.draft.on() && f.tp == 1 && f.pp == 1) {
         const loom::gpt::Config& shape = f.draft.config;
-        draft.emplace(loom::gpt::make_model(shape));
-        draft_arena.emplace(*draft);
-        gpt_flags::load_weights("serve_gpt: draft: ", *draft, *draft_arena, shape, f.draft.checkpoint, f.seed);
-        if (f.tp == 1 && f.pp == 1) {
-            draft_cache.emplace(shape.layers, shape.width, f.max_batch, shape.seq, f.block_size);
-            draft_cached.emplace(*draft, shape, *draft_cache);
+        draft_cache.emplace(shape.layers, shape.width, f.max_batch, shape.seq, f.block_size);
+        if (drafts.glide) {
+            draft_engine = &glide_draft.emplace(*drafts.glide, shape, *draft_cache, *cache);
+        } else {
+            draft_cached.emplace(*drafts.plain, shape, *draft_cache);
+            draft_engine = &plain_draft.emplace(*draft_cached);
         }
     }
 
@@ -453,16 +470,16 @@ int run(const Flags& f) {
         if (f.tp > 1)
             engine_storage.emplace(serve_gpt::Engine::TensorParallel{
                 .config = &config, .whole = arena.values(), .ranks = static_cast<int>(f.tp),
-                .slots = f.max_batch, .block_size = f.block_size, .draft = draft ? &*draft : nullptr,
-                .draft_config = &f.draft.config, .gamma = f.draft.gamma});
+                .slots = f.max_batch, .block_size = f.block_size, .draft = drafts.plain.get(),
+                .draft_config = &f.draft.config, .gamma = f.draft.gamma, .cape = f.draft.cape});
         else if (f.pp > 1)
             engine_storage.emplace(serve_gpt::Engine::Pipeline{.config = &config, .whole = arena.values(),
                                                                .stages = static_cast<int>(f.pp),
                                                                .slots = f.max_batch, .block_size = f.block_size});
-        else if (draft_cached) engine_storage.emplace(*cached, *draft_cached, f.draft.gamma);
+        else if (draft_engine != nullptr) engine_storage.emplace(*cached, *draft_engine, f.draft.gamma, f.draft.cape);
         else engine_storage.emplace(*cached);
         serve_gpt::Engine& engine = *engine_storage;
-        Server server(io, std::move(acceptor), engine, config);
+        Server server(io, std::move(acceptor), engine, config, f.draft.cape.has_value());
         asio::signal_set signals(io, SIGINT, SIGTERM);
         signals.async_wait([&](const boost::system::error_code& ec, int signal) {
             if (ec) return;

@@ -38,6 +38,8 @@
 #include <loom/comm/thread_world.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/batcher.hpp>
+#include <loom/infer/cape.hpp>
+#include <loom/infer/draft_engine.hpp>
 #include <loom/infer/cached_gpt.hpp>
 #include <loom/infer/pipeline_stage.hpp>
 #include <loom/infer/pipelined_batcher.hpp>
@@ -219,10 +221,12 @@ public:
             lead(batcher, false, [](Orders&) {});
         });
     }
-    // Speculative decoding: `draft` proposes `gamma` tokens per target pass.
-    Engine(loom::infer::CachedGpt& target, loom::infer::CachedGpt& draft, std::int64_t gamma) {
-        launch([this, &target, &draft, gamma] {
-            loom::infer::SpeculativeBatcher batcher(target, draft, gamma);
+    // Speculative decoding: `draft` (a plain or a GliDe draft) proposes
+    // `gamma` tokens per target pass; with `cape`, a tree of candidates.
+    Engine(loom::infer::CachedGpt& target, loom::infer::DraftEngine& draft, std::int64_t gamma,
+           std::optional<loom::infer::CapeConfig> cape = std::nullopt) {
+        launch([this, &target, &draft, gamma, cape] {
+            loom::infer::SpeculativeBatcher batcher(target, draft, gamma, 0, cape);
             mark_ready();
             lead(batcher, false, [](Orders&) {});
         });
@@ -243,6 +247,7 @@ public:
         loom::gpt::Model* draft = nullptr;
         const loom::gpt::Config* draft_config = nullptr;
         std::int64_t gamma = 4;
+        std::optional<loom::infer::CapeConfig> cape;  // CaPE's trees, on every rank
     };
     explicit Engine(const TensorParallel& tp) {
         launch([this, tp] {
@@ -264,7 +269,7 @@ public:
                 const loom::gpt::Config& shape = *tp.draft_config;
                 loom::infer::KvCache draft_cache(shape.layers, shape.width, tp.slots, shape.seq, tp.block_size);
                 loom::infer::CachedGpt draft_engine(*tp.draft, shape, draft_cache);
-                loom::infer::SpeculativeBatcher batcher(engine, draft_engine, tp.gamma);
+                loom::infer::SpeculativeBatcher batcher(engine, draft_engine, tp.gamma, 0, tp.cape);
                 serve(batcher, group);
             });
         });

@@ -12,6 +12,9 @@ lets a streamed request in flight finish, and the server exits 0. A second
 server with a draft (--draft-random of the target's own shape and seed: the
 target as its own draft) answers the plain server's greedy text, streamed
 in chunks of several tokens, with the same stops, concurrent requests too.
+Servers with CaPE (the same draft, --cape) and with a random GliDe draft
+(--glide --cape) answer the plain server's greedy text, concurrent requests
+too, and refuse a sampled request with 400 naming the temperature.
 Servers on rank threads (--tp 2, --tp 2 with the draft, --pp 2) answer
 concurrent streamed requests, greedy and seeded, with the plain server's
 text, survive a client that hangs up mid-stream, and exit 0 on SIGTERM.
@@ -174,6 +177,34 @@ def speculative(args, greedy, cat, stop, both, cut):
         raise
 
 
+def trees(args, greedy):
+    """CaPE's trees (the target as its own draft, and a random 1-layer GliDe draft reading the target's
+    cache): the plain server's greedy text, 6 concurrent greedy requests on 4 slots each the plain
+    server's text, and a sampled request refused (CaPE's acceptance is greedy only)."""
+    for extra in (["--draft-random", "--draft-layers", "2", "--draft-width", "64", "--draft-heads", "4",
+                   "--gamma", "3", "--cape"],
+                  ["--draft-random", "--draft-layers", "1", "--draft-width", "32", "--draft-heads", "2",
+                   "--glide", "--cape", "--cape-bins", "2@0.5,1"]):
+        server = Server(args.serve_gpt, extra)
+        try:
+            hello = {"prompt": "Hello", "max_tokens": 12, "temperature": 0}
+            text = complete(args, hello, server)["choices"][0]["text"]
+            check(text == greedy, f"with {extra}, greedy {text!r} is not the plain server's {greedy!r}")
+            requests = [{"prompt": f"Tree {i}: ", "max_tokens": 20 + i, "temperature": 0} for i in range(6)]
+            texts = stream_concurrently(args, server, requests)
+            for i, r in enumerate(requests):
+                plain = complete(args, r)["choices"][0]["text"]
+                check(texts[i] == plain, f"with {extra}, concurrent request {i}: {texts[i]!r} is not {plain!r}")
+            status, body = curl(args, "/v1/completions", dict(hello, temperature=0.7), server=server)
+            error = json.loads(body).get("error", {}) if status == 400 else {}
+            check(status == 400 and error.get("param") == "temperature" and "greedy only" in error.get("message", ""),
+                  f"with {extra}, a sampled request answered {status}: {body}")
+            stop_server(server, "accepted")
+        except BaseException:
+            server.process.kill()
+            raise
+
+
 def stream_concurrently(args, server, requests):
     """Each request's streamed text, all sent at once."""
     running = [subprocess.Popen([args.curl, "-sS", "-N", "-H", "Content-Type: application/json", "--data-binary",
@@ -317,6 +348,7 @@ def run(args):
     check(stream_texts(events_of(text), 1) == ([greedy[:cut]], ["stop"]), "the streamed stops differ")
 
     speculative(args, greedy, cat, stop, both, cut)
+    trees(args, greedy)
     parallel(args, greedy, stop)
 
     # 32 concurrent streamed requests (4 slots: most wait for one, and join the batch as others
