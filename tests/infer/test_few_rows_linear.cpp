@@ -3,15 +3,20 @@
 // reference, and the same bits for a row whether it is multiplied alone,
 // among others (every block shape: 1-4 rows, 1-4 columns of the last block,
 // a masked tail of k) or on two threads; and the cached engines' matmul_rows
-// on both sides of few_rows(), where it hands over to the packed GEMM.
+// on both sides of few_rows(), where it hands over to the packed GEMM; and a
+// decode step's attention over the paged cache (infer/few_queries_attention.hpp)
+// at each level against a double-precision softmax.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "loom/infer/cached_rows.hpp"
+#include "loom/infer/few_queries_attention.hpp"
 #include "loom/infer/few_rows_linear.hpp"
+#include "loom/infer/kv_cache.hpp"
 #include "loom/kernels/host/gemm.hpp"
 #include "support/test_file.hpp"
 
@@ -107,6 +112,57 @@ TEST_CASE("matmul_rows takes the few-rows path up to few_rows() rows and the pac
         loom::infer::matmul_rows(x.data(), w.data(), b.data(), y.data(), rows, in, out);
         CHECK(worst_error(x, w, b.data(), y, rows, in, out) < 1e-5);
     }
+}
+
+TEST_CASE("a decode step's attention over cached pages matches a double-precision softmax at each level",
+          "[infer][few_rows_linear]") {
+    KeepHostGemm keep;
+    struct Shape {
+        std::int64_t H, D, start, count;
+    };
+    // D 8 takes the portable loops everywhere; D 16 and 64 the AVX-512 blocks where they run (H x D 384:
+    // a chunk of 16 output vectors and one of 8; 37 + 3 positions: a partial last page of 16).
+    for (const Shape& sh : {Shape{4, 8, 21, 2}, Shape{4, 16, 37, 3}, Shape{6, 64, 37, 3}, Shape{5, 16, 1, 1}})
+        for (host::CpuIsa isa : {host::CpuIsa::portable, host::CpuIsa::avx512}) {
+            if (!host::cpu_features().runs(isa)) continue;
+            host::set_host_gemm({host::HostGemmBackend::loom, isa});
+            CAPTURE(host::name_of(isa), sh.H, sh.D, sh.start, sh.count);
+            const std::int64_t C = sh.H * sh.D, total = sh.start + sh.count;
+            loom::infer::KvCache cache(1, C, 2, 64, 16);
+            cache.reserve(1, total);
+            const std::vector<float> kv = values(total * 2 * C, 7), q = values(sh.count * 3 * C, 8);
+            for (std::int64_t p = 0; p < total; ++p)
+                std::copy_n(kv.data() + p * 2 * C, 2 * C, cache.row(0, 1, p));
+            std::vector<float> out(static_cast<std::size_t>(sh.count * C)), scores;
+            std::vector<const float*> pages;
+            loom::infer::attend_few_queries(cache, 0, 1, sh.start, q.data(), 3 * C, sh.count, sh.H, sh.D, out.data(),
+                                            scores, pages);
+            double worst = 0.0;
+            const double scale = 1.0 / std::sqrt(static_cast<double>(sh.D));
+            for (std::int64_t t = 0; t < sh.count; ++t)
+                for (std::int64_t h = 0; h < sh.H; ++h) {
+                    const std::int64_t keys = sh.start + t + 1;
+                    std::vector<double> w(static_cast<std::size_t>(keys));
+                    double top = -1e300, sum = 0.0;
+                    for (std::int64_t p = 0; p < keys; ++p) {
+                        double dot = 0.0;
+                        for (std::int64_t d = 0; d < sh.D; ++d)
+                            dot += static_cast<double>(q[static_cast<std::size_t>(t * 3 * C + h * sh.D + d)]) *
+                                   kv[static_cast<std::size_t>(p * 2 * C + h * sh.D + d)];
+                        w[static_cast<std::size_t>(p)] = dot * scale;
+                        top = std::max(top, dot * scale);
+                    }
+                    for (double& x : w) sum += (x = std::exp(x - top));
+                    for (std::int64_t d = 0; d < sh.D; ++d) {
+                        double o = 0.0;
+                        for (std::int64_t p = 0; p < keys; ++p)
+                            o += w[static_cast<std::size_t>(p)] * kv[static_cast<std::size_t>(p * 2 * C + C + h * sh.D + d)];
+                        o /= sum;
+                        worst = std::max(worst, std::abs(o - out[static_cast<std::size_t>(t * C + h * sh.D + d)]));
+                    }
+                }
+            CHECK(worst < 1e-5);
+        }
 }
 
 }  // namespace LOOM_TEST_FILE

@@ -16,9 +16,10 @@
 // On AVX-512 a block of 4 weight rows meets up to 4 input rows at once: 16
 // dot products in 16 zmm accumulators, 8 loads per 16 FMAs (a lone dot
 // product needs 2 per FMA), and the 16 sums reduced together by a transposing
-// tree of shuffles. Elsewhere, each dot product on its own (the compiler
-// vectorises it at the CPU's level). The output blocks are split between the
-// GEMM threads when the product is large enough to pay for waking them.
+// tree of shuffles (kernels/host/sixteen_sums.hpp). Elsewhere, each dot
+// product on its own (the compiler vectorises it at the CPU's level). The
+// output blocks are split between the GEMM threads when the product is large
+// enough to pay for waking them.
 //
 // Numerics: every dot product, wherever it falls in a block or a thread, is
 // the same arithmetic: 16 lanes accumulate x[i] w[i] by FMA in k order (the
@@ -38,6 +39,7 @@
 #include "loom/kernels/host/elementwise.hpp"
 #include "loom/kernels/host/gemm_dispatch.hpp"
 #include "loom/kernels/host/gemm_threads.hpp"
+#include "loom/kernels/host/sixteen_sums.hpp"
 
 #if defined(LOOM_GEMM_X86)
 #include <immintrin.h>
@@ -64,20 +66,7 @@ LOOM_KERNEL_DISPATCH inline void multiply_each(const float* __restrict x, const 
 }
 
 #if defined(LOOM_GEMM_X86)
-#define LOOM_TARGET_FEW_ROWS __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
-
-// _mm512_shuffle_f32x4 under a full mask: the same instruction, without GCC
-// 12's -Wuninitialized false alarm on the unmasked form's undefined source.
-#define LOOM_SHUFFLE_128(a, b, imm) _mm512_maskz_shuffle_f32x4(static_cast<__mmask16>(0xFFFF), a, b, imm)
-
-// Lanes 0-7 of the result: a's halves summed (a[i] + a[i + 8]); lanes 8-15: b's.
-LOOM_TARGET_FEW_ROWS inline __m512 halves(__m512 a, __m512 b) noexcept {
-    return _mm512_add_ps(LOOM_SHUFFLE_128(a, b, 0x44), LOOM_SHUFFLE_128(a, b, 0xEE));
-}
-// From (a8 | b8) and (c8 | d8): (a4 | b4 | c4 | d4), each x4[i] = x8[i] + x8[i + 4].
-LOOM_TARGET_FEW_ROWS inline __m512 quarters(__m512 u, __m512 v) noexcept {
-    return _mm512_add_ps(LOOM_SHUFFLE_128(u, v, 0x88), LOOM_SHUFFLE_128(u, v, 0xDD));
-}
+#define LOOM_TARGET_FEW_ROWS LOOM_TARGET_SIXTEEN_SUMS
 
 // 4 output columns [o, o + 4) (clamped: w rows past `outs` repeat the last
 // one and are not stored) for R input rows: y[r][o + j] = bias + x_r . w_{o+j}.
@@ -118,16 +107,8 @@ LOOM_TARGET_FEW_ROWS inline void block4(const float* x, const float* w, const fl
     __m512 v[16];
     for (int j = 0; j < 4; ++j)
         for (int r = 0; r < 4; ++r) v[4 * j + r] = r < R ? acc[j][r] : _mm512_setzero_ps();
-    __m512 h[8], q[4], e[2];
-    for (int k = 0; k < 8; ++k) h[k] = halves(v[2 * k], v[2 * k + 1]);  // (v8 | v'8)
-    for (int k = 0; k < 4; ++k) q[k] = quarters(h[2 * k], h[2 * k + 1]);  // 4 vectors' 4-sums each
-    // Within each 128-bit block: (x4[0] + x4[2], x4[1] + x4[3]) of two vectors.
-    for (int k = 0; k < 2; ++k)
-        e[k] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * k], q[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(q[2 * k], q[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     // Block r, lane j: v[r + 4 j]'s whole sum, i.e. row r's column j.
-    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                      _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 sums = kernels::host::sixteen_sums(v);
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, sums);
     for (int r = 0; r < R; ++r)
@@ -153,16 +134,6 @@ LOOM_TARGET_FEW_ROWS inline void multiply_blocks(const float* x, const float* w,
 }
 #endif
 
-// Whether this process's products run at AVX-512 (loom's GEMM level, or the
-// CPU's with the BLAS backend): the blocks above; else each dot alone.
-[[nodiscard]] inline bool avx512_blocks() {
-#if defined(LOOM_GEMM_X86)
-    return kernels::host::host_gemm().isa == kernels::host::CpuIsa::avx512;
-#else
-    return false;
-#endif
-}
-
 }  // namespace few_rows_detail
 
 // Rows at or below which a forward's Linears take this path; above, the
@@ -171,13 +142,13 @@ LOOM_TARGET_FEW_ROWS inline void multiply_blocks(const float* x, const float* w,
 // pack-and-multiply up to 48-64 rows at width 256's shapes and past 96 at
 // width 384's; each dot product alone (the AVX2 build of it) only up to 4-5
 // rows.
-[[nodiscard]] inline std::int64_t few_rows() { return few_rows_detail::avx512_blocks() ? 64 : 4; }
+[[nodiscard]] inline std::int64_t few_rows() { return kernels::host::sixteen_sums_on() ? 64 : 4; }
 
 // x [rows, in], w [out, in], bias [out] or null, y [rows, out] (not overlapping x).
 inline void few_rows_linear(const float* x, const float* w, const float* bias, float* y, std::int64_t rows,
                             std::int64_t in, std::int64_t out) {
     if (rows <= 0 || out <= 0) return;
-    const bool blocks = few_rows_detail::avx512_blocks();
+    const bool blocks = kernels::host::sixteen_sums_on();
     // Ranges of 4-column blocks, each worth a thread's wake-up (as the GEMM's
     // threshold: kernels/host/gemm_dispatch.hpp's min_threaded_macs).
     const std::int64_t column_blocks = (out + 3) / 4;
