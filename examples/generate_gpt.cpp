@@ -169,22 +169,10 @@ Flags parse(int argc, char** argv) {
     if (f.sampling.top_k > f.target.config.vocab)
         bad_flag("--top-k ", f.sampling.top_k, " is more than the vocabulary of ", f.target.config.vocab,
                  " tokens (--vocab); use 0..", f.target.config.vocab, " (0 keeps every token)");
-    if (f.block_size > f.target.config.seq)
-        bad_flag("--block-size ", f.block_size, " is longer than a sequence (--seq ", f.target.config.seq, "); use 1..",
-                 f.target.config.seq);
     if (f.target.config.heads % f.tp != 0)
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
                  f.target.config.heads);
-    if (f.target.config.layers % f.pp != 0)
-        bad_flag("--pp ", f.pp, " does not divide --layers ", f.target.config.layers, "; use ",
-                 gpt_flags::divisors(f.target.config.layers));
-    if (f.tp > 1 && f.pp > 1)
-        bad_flag("--tp ", f.tp, " with --pp ", f.pp, ": tensor- and pipeline-parallel serving are built apart (a "
-                 "pipeline stage is not cut further); give one of them");
-    f.draft.check(f.target.config, f.tp);
-    if (f.pp > 1 && f.draft.on())
-        bad_flag("--pp ", f.pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "
-                 "or --draft-random");
+    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp);
     if (f.draft.cape && !f.sampling.greedy)
         bad_flag("--cape is greedy only (its tree acceptance takes the target's argmax); add --greedy");
     for (const std::string& stop : f.stops)

@@ -180,6 +180,25 @@ struct DraftFlags {
     }
 };
 
+// What generate_gpt's and serve_gpt's degrees and draft must agree on with
+// the target (each front end checks --tp against the heads first, in its own
+// words): the cache's block within a sequence, --pp dividing the layers,
+// --tp and --pp apart, the draft's flags, and no draft on a pipeline.
+inline void check_serving(const loom::gpt::Config& target, DraftFlags& draft, std::int64_t block_size, std::int64_t tp,
+                          std::int64_t pp) {
+    if (block_size > target.seq)
+        bad_flag("--block-size ", block_size, " is longer than a sequence (--seq ", target.seq, "); use 1..", target.seq);
+    if (target.layers % pp != 0)
+        bad_flag("--pp ", pp, " does not divide --layers ", target.layers, "; use ", divisors(target.layers));
+    if (tp > 1 && pp > 1)
+        bad_flag("--tp ", tp, " with --pp ", pp, ": tensor- and pipeline-parallel serving are built apart (a "
+                 "pipeline stage is not cut further); give one of them");
+    draft.check(target, tp);
+    if (pp > 1 && draft.on())
+        bad_flag("--pp ", pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "
+                 "or --draft-random");
+}
+
 // A model's weights: from a checkpoint, or random from `seed` (empty path);
 // one line says which, after `prefix`.
 inline void load_weights(std::string_view prefix, loom::gpt::Model& model, loom::nn::ParamArena& arena,

@@ -439,15 +439,7 @@ def run(args):
           f"a request that is not HTTP was answered {answer!r}")
 
     # A client that hangs up mid-stream: the server goes on serving.
-    with socket.create_connection(("127.0.0.1", SERVER.port), timeout=10) as s:
-        body = json.dumps({"prompt": "Bye", "max_tokens": 60, "stream": True}).encode()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        received = b""
-        while b"data: " not in received:
-            more = s.recv(4096)
-            check(more, "the server closed the stream before its first event")
-            received += more
+    hang_up_mid_stream(SERVER)
     check(complete(args, {"prompt": "Hello", "max_tokens": 12, "temperature": 0})["choices"][0]["text"] == greedy,
           "after a client hung up, the server's greedy text changed")
     status, text = curl(args, "/health")
