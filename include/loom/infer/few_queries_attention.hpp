@@ -37,16 +37,28 @@ inline constexpr std::int64_t few_queries = 8;
 
 namespace few_queries_detail {
 
+// Each of H rows of `keys` scores (scores[h * keys + p]) becomes its
+// unnormalised softmax, exp(s - max) (attention.hpp's exp_approx); the rows'
+// sums go to scores[H * keys + h], which is returned.
+LOOM_KERNEL_DISPATCH inline float* softmax_rows(float* __restrict scores, std::int64_t H, std::int64_t keys) {
+    float* __restrict total = scores + H * keys;
+    for (std::int64_t h = 0; h < H; ++h) {
+        float* __restrict row = scores + h * keys;
+        const float top = kernels::host::max_over(keys, [&](std::int64_t p) { return row[p]; });
+        for (std::int64_t p = 0; p < keys; ++p) row[p] = kernels::host::attention_detail::exp_approx(row[p] - top);
+        total[h] = kernels::host::sum_over(keys, [&](std::int64_t p) { return row[p]; });
+    }
+    return total;
+}
+
 // One query row, every head, over `keys` cached positions: out (H x D
 // floats) = softmax(scale q_h.k_h) v_h for each head h. Position p's K row
 // (all heads, H x D floats) is at pages[p / page_size] + (p % page_size) *
 // stride, its V row `v_offset` floats further on. scores: H x (keys + 1)
-// floats of scratch. Position by position, all heads at once: a cached row is read
-// whole and in order (head by head, each pass touched a quarter of every
-// 2 KiB row and the prefetcher did not follow; bench_generate_hf's 64 mixed
-// requests spent 23% of their time here). Each (head, position) dot product,
-// the softmax and the sum over positions are the per-head loops' own, in the
-// same order: the same bits.
+// floats of scratch. Position by position, all heads at once (the layout the
+// AVX-512 path below shares; this order alone measured no faster than head
+// by head). Each (head, position) dot product, the softmax and the sum over
+// positions are the per-head loops' own, in the same order: the same bits.
 LOOM_KERNEL_DISPATCH inline void attend_row(const float* __restrict q, const float* const* pages,
                                             std::int64_t page_size, std::int64_t stride, std::int64_t v_offset,
                                             std::int64_t keys, std::int64_t H, std::int64_t D, float scale,
@@ -63,13 +75,7 @@ LOOM_KERNEL_DISPATCH inline void attend_row(const float* __restrict q, const flo
                     scale * kernels::host::sum_over(D, [&](std::int64_t d) { return qh[d] * k[d]; });
             }
     }
-    float* __restrict total = scores + H * keys;  // each head's softmax sum
-    for (std::int64_t h = 0; h < H; ++h) {
-        float* __restrict row = scores + h * keys;
-        const float top = kernels::host::max_over(keys, [&](std::int64_t p) { return row[p]; });
-        for (std::int64_t p = 0; p < keys; ++p) row[p] = kernels::host::attention_detail::exp_approx(row[p] - top);
-        total[h] = kernels::host::sum_over(keys, [&](std::int64_t p) { return row[p]; });
-    }
+    const float* total = softmax_rows(scores, H, keys);
     for (std::int64_t d = 0; d < H * D; ++d) out[d] = 0.0f;
     for (std::int64_t first = 0, b = 0; first < keys; first += page_size, ++b) {
         const float* __restrict page = pages[b] + v_offset;
@@ -125,13 +131,7 @@ LOOM_TARGET_SIXTEEN_SUMS inline void attend_row_avx512(const float* q, const flo
                 for (int j = 0; j < heads; ++j) scores[(h0 + j) * keys + p0 + r] = scale * lanes[4 * r + j];
         }
     }
-    float* total = scores + H * keys;
-    for (std::int64_t h = 0; h < H; ++h) {
-        float* row = scores + h * keys;
-        const float top = kernels::host::max_over(keys, [&](std::int64_t p) { return row[p]; });
-        for (std::int64_t p = 0; p < keys; ++p) row[p] = kernels::host::attention_detail::exp_approx(row[p] - top);
-        total[h] = kernels::host::sum_over(keys, [&](std::int64_t p) { return row[p]; });
-    }
+    const float* total = softmax_rows(scores, H, keys);
     const std::int64_t width = H * D;
     for (std::int64_t c0 = 0; c0 < width; c0 += 256) {
         const int vectors = static_cast<int>(std::min<std::int64_t>(16, (width - c0) / 16));
