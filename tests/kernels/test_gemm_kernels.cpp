@@ -105,7 +105,7 @@ TEST_CASE("loom's GEMM at each kernel level this CPU runs matches a double loop:
     KeepHostGemm keep;
     const std::vector<Shape> shapes{{1, 1, 1},    {1, 37, 5},    {29, 1, 7},    {13, 33, 1},   {15, 17, 19},
                                     {14, 32, 8},  {6, 16, 300},  {31, 65, 70},  {256, 64, 64}, {300, 70, 400},
-                                    {45, 200, 9}, {150, 150, 777}};
+                                    {45, 200, 9}, {150, 150, 777}, {32, 64, 128}, {50, 96, 400}};
     for (CpuIsa isa : runnable_levels()) {
         loom::kernels::host::set_host_gemm({HostGemmBackend::loom, isa});
         for (const Shape& s : shapes)
@@ -126,8 +126,8 @@ TEST_CASE("a plain A whose rows alias in L1 is packed where the L1 has few ways,
     const std::int64_t M = 30, N = 200, K = 300;
     const std::int64_t aliasing = cpu.l1d_way_bytes / 4, padded = aliasing + 16;  // floats per row
     REQUIRE(aliasing >= K);
-    CAPTURE(cpu.l1d_ways, cpu.l1d_way_bytes, loom::kernels::host::gemm_detail::packs_aliasing_a(aliasing));
-    CHECK_FALSE(loom::kernels::host::gemm_detail::packs_aliasing_a(padded));
+    CAPTURE(cpu.l1d_ways, cpu.l1d_way_bytes, loom::kernels::host::gemm_detail::rows_alias_in_l1(aliasing));
+    CHECK_FALSE(loom::kernels::host::gemm_detail::rows_alias_in_l1(padded));
     const auto values = normal_values(static_cast<std::size_t>(M * K), 1);
     std::vector<float> A_alias(static_cast<std::size_t>(M * aliasing)), A_padded(static_cast<std::size_t>(M * padded));
     for (std::int64_t i = 0; i < M; ++i)
@@ -156,6 +156,67 @@ TEST_CASE("a plain A whose rows alias in L1 is packed where the L1 has few ways,
     loom::kernels::host::gemm_detail::pack_a<MR, false>(Trans::no, A_alias.data(), aliasing, 5, mc, 7, kc, plain.data());
     loom::kernels::host::gemm_detail::pack_a<MR, false>(Trans::yes, At.data(), M, 5, mc, 7, kc, transposed.data());
     CHECK(plain == transposed);
+}
+
+TEST_CASE("a plain B read by few row tiles is read in place, with the same bits as packed",
+          "[kernels][gemm][gemm_kernels]") {
+    KeepHostGemm keep;
+    using loom::kernels::host::gemm_detail::reads_b_in_place;
+    // Attention's P V: 32 rows against a 128 x 64 block of V at a row stride of 3C.
+    const std::int64_t M = 96, N = 64, K = 450, ldb = 3 * 256, few = 8;
+    CHECK(reads_b_in_place<14, 32>(Trans::no, 32, N, ldb));
+    CHECK(reads_b_in_place<14, 32>(Trans::no, few, N, ldb));
+    CHECK_FALSE(reads_b_in_place<14, 32>(Trans::no, M, N, ldb));      // 7 row tiles: packed
+    CHECK_FALSE(reads_b_in_place<14, 32>(Trans::yes, few, N, ldb));   // a transposed B: packed
+    CHECK_FALSE(reads_b_in_place<14, 32>(Trans::no, few, N - 8, ldb));  // a partial panel: packed
+    const auto A = normal_values(static_cast<std::size_t>(M * K), 11);
+    const auto B = normal_values(static_cast<std::size_t>(K * ldb), 12);
+    for (CpuIsa isa : runnable_levels()) {
+        CAPTURE(loom::kernels::host::name_of(isa));
+        loom::kernels::host::set_host_gemm({HostGemmBackend::loom, isa});
+        for (float beta : {0.0f, 1.0f}) {
+            CAPTURE(beta);
+            auto packed = normal_values(static_cast<std::size_t>(M * N), 13), in_place = packed;
+            loom::kernels::host::gemm(Trans::no, Trans::no, M, N, K, 0.5f, A.data(), K, B.data() + 7 * 16, ldb, beta,
+                                      packed.data(), N);
+            for (std::int64_t i0 = 0; i0 < M; i0 += few)
+                loom::kernels::host::gemm(Trans::no, Trans::no, few, N, K, 0.5f, A.data() + i0 * K, K,
+                                          B.data() + 7 * 16, ldb, beta, in_place.data() + i0 * N, N);
+            CHECK(std::memcmp(packed.data(), in_place.data(), packed.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE("gemm_bias adds the bias in the product's pass: the bits of a product onto rows of the bias",
+          "[kernels][gemm][gemm_kernels]") {
+    KeepHostGemm keep;
+    // K past kc (the bias only at the first k block), a partial tile, tall and wide (rows or columns split);
+    // bf16 inputs by rounded f32 products and, where the CPU has them, by bf16 dot products.
+    const std::vector<Shape> shapes{{37, 70, 900}, {300, 40, 64}, {5, 200, 17}};
+    for (CpuIsa isa : runnable_levels())
+        for (const Shape& s : shapes)
+            for (int inputs : {0, 1, 2})
+                for (int threads : {1, 2}) {
+                    const bool bf16_inputs = inputs > 0;
+                    CAPTURE(loom::kernels::host::name_of(isa), s.M, s.N, s.K, inputs, threads);
+                    loom::kernels::host::set_host_gemm({HostGemmBackend::loom, isa});
+                    loom::kernels::host::set_gemm_threads(threads);
+                    loom::kernels::host::gemm_detail::bf16_dot_setting().store(inputs == 2);
+                    const auto A = normal_values(static_cast<std::size_t>(s.M * s.K), 21);
+                    const auto B = normal_values(static_cast<std::size_t>(s.N * s.K), 22);
+                    const auto bias = normal_values(static_cast<std::size_t>(s.N), 23);
+                    std::vector<float> fused(static_cast<std::size_t>(s.M * s.N), std::nanf("")), onto(fused.size());
+                    loom::kernels::host::gemm_bias(bf16_inputs, Trans::no, Trans::yes, s.M, s.N, s.K, 0.5f, A.data(),
+                                                   s.K, B.data(), s.K, bias.data(), fused.data(), s.N);
+                    loom::kernels::host::repeat_rows(bias.data(), onto.data(), s.M, s.N);
+                    if (bf16_inputs)
+                        loom::kernels::host::gemm_bf16_inputs(Trans::no, Trans::yes, s.M, s.N, s.K, 0.5f, A.data(),
+                                                              s.K, B.data(), s.K, 1.0f, onto.data(), s.N);
+                    else
+                        loom::kernels::host::gemm(Trans::no, Trans::yes, s.M, s.N, s.K, 0.5f, A.data(), s.K,
+                                                  B.data(), s.K, 1.0f, onto.data(), s.N);
+                    CHECK(std::memcmp(fused.data(), onto.data(), fused.size() * sizeof(float)) == 0);
+                }
 }
 
 TEST_CASE("loom's GEMM with K = 0 or alpha = 0 scales C by beta and reads neither A nor B",

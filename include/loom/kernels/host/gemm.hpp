@@ -130,14 +130,28 @@ inline void repeat_rows(const float* row, float* y, std::int64_t rows, std::int6
 }
 
 // C[M, N] = alpha op(A) op(B) + bias[N] on every row, at f32 or, with
-// bf16_inputs, as gemm_bf16_inputs: a Linear's forward. The bias rows first,
-// then the product onto them (beta = 1); a device may add the bias in the
-// product's own pass (CUDA: cuBLASLt's epilogue), equal up to the order of
-// the sums. C's rows are contiguous (ldc = N).
+// bf16_inputs, as gemm_bf16_inputs: a Linear's forward. loom's kernels add
+// the bias in the product's own pass (the first k block's tiles read the bias
+// row where they would read C); the BLAS path writes the bias rows first and
+// multiplies onto them (beta = 1). Both are fma(1, bias, alpha * acc) at the
+// first k block: the same bits. A device may add it in its epilogue (CUDA:
+// cuBLASLt's), equal up to the order of the sums. C's rows are contiguous
+// (ldc = N).
 inline void gemm_bias(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
                       float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
                       const float* bias, float* C, std::int64_t ldc) {
     LOOM_CHECK(ldc == N, "gemm_bias: ldc = ", ldc, " but the bias rows are written contiguously; pass ldc = N = ", N);
+    const HostGemm choice = host_gemm();
+    if (choice.backend == HostGemmBackend::loom) {
+        detail::check_blas_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
+        if (M == 0 || N == 0) return;
+        if (bf16_inputs && gemm_detail::bf16_dot_products(choice))
+            gemm_detail::loom_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc, bias);
+        else
+            gemm_detail::loom_gemm(choice.isa, bf16_inputs, ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc,
+                                   bias);
+        return;
+    }
     repeat_rows(bias, C, M, N);
     if (bf16_inputs)
         gemm_bf16_inputs(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);

@@ -213,11 +213,11 @@ inline constexpr std::int64_t min_threaded_macs = std::int64_t{1} << 18;
 
 // A product of loom's, run by `blocked` (a blocked_gemm) on gemm_threads()
 // threads: its columns (or, for tall thin products, rows) cut into ranges of
-// whole MR x NR tiles, one per thread.
+// whole MR x NR tiles, one per thread. `bias`: blocked_gemm's.
 template <int MR, int NR, class Blocked>
 inline void threaded_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                           const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                          std::int64_t ldc, const Blocked& blocked) {
+                          std::int64_t ldc, const float* bias, const Blocked& blocked) {
     int threads = gemm_threads();
     if (threads > 1 && M * N * K < min_threaded_macs) threads = 1;
     const bool by_columns = N >= M;
@@ -225,7 +225,7 @@ inline void threaded_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
     const std::int64_t units = ((by_columns ? N : M) + unit - 1) / unit;
     if (threads > units) threads = static_cast<int>(units);
     if (threads <= 1) {
-        blocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        blocked(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
         return;
     }
     GemmPool::instance().run(threads, [&](int part) {
@@ -234,18 +234,20 @@ inline void threaded_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, st
         if (first >= last) return;
         if (by_columns)
             blocked(ta, tb, M, last - first, K, alpha, A, lda, tb == Trans::no ? B + first : B + first * ldb, ldb,
-                    beta, C + first, ldc);
+                    beta, C + first, ldc, bias != nullptr ? bias + first : nullptr);
         else
             blocked(ta, tb, last - first, N, K, alpha, ta == Trans::no ? A + first * lda : A + first, lda, B, ldb,
-                    beta, C + first * ldc, ldc);
+                    beta, C + first * ldc, ldc, bias);
     });
 }
 
 // C = beta C (BLAS's meaning of K = 0 or alpha = 0: A and B are not read;
-// beta = 0 writes zeros, NaN in C included).
-inline void scale_c(std::int64_t M, std::int64_t N, float beta, float* C, std::int64_t ldc) {
+// beta = 0 writes zeros, NaN in C included); with a bias, C's rows = bias.
+inline void scale_c(std::int64_t M, std::int64_t N, float beta, float* C, std::int64_t ldc,
+                    const float* bias = nullptr) {
     for (std::int64_t i = 0; i < M; ++i)
-        for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        for (std::int64_t j = 0; j < N; ++j)
+            C[i * ldc + j] = bias != nullptr ? bias[j] : beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
 }
 
 // The blocked product with micro-kernel `Kernel`, its rows or columns split
@@ -253,43 +255,44 @@ inline void scale_c(std::int64_t M, std::int64_t N, float beta, float* C, std::i
 template <class Kernel>
 void kernel_gemm(bool round_bf16, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                  const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                 std::int64_t ldc) {
-    threaded_gemm<Kernel::mr, Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                 std::int64_t ldc, const float* bias) {
+    threaded_gemm<Kernel::mr, Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias,
                                           round_bf16 ? blocked_gemm<Kernel, true> : blocked_gemm<Kernel>);
 }
 
 // loom's product at `isa`, arguments already checked, M and N >= 1; with
-// round_bf16, of the operands rounded to bf16 (MatmulPrecision::bf16).
+// round_bf16, of the operands rounded to bf16 (MatmulPrecision::bf16). With
+// a `bias` (N floats): C = alpha op(A) op(B) + bias on every row, beta unread.
 inline void loom_gemm(CpuIsa isa, bool round_bf16, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                       const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                      std::int64_t ldc) {
+                      std::int64_t ldc, const float* bias = nullptr) {
     if (K == 0 || alpha == 0.0f) {
-        scale_c(M, N, beta, C, ldc);
+        scale_c(M, N, beta, C, ldc, bias);
         return;
     }
 #if defined(LOOM_GEMM_X86)
     if (isa == CpuIsa::avx512)
-        return kernel_gemm<Avx512Kernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return kernel_gemm<Avx512Kernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
     if (isa == CpuIsa::avx2)
-        return kernel_gemm<Avx2Kernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return kernel_gemm<Avx2Kernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
 #else
     (void)isa;
 #endif
-    kernel_gemm<PortableKernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernel_gemm<PortableKernel>(round_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
 }
 
 // The bf16 product with bf16 dot products, arguments already checked, M and N
-// >= 1; only where bf16_dot_products(host_gemm()).
+// >= 1; only where bf16_dot_products(host_gemm()). `bias`: loom_gemm's.
 inline void loom_gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                            const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                           std::int64_t ldc) {
+                           std::int64_t ldc, const float* bias = nullptr) {
     if (K == 0 || alpha == 0.0f) {
-        scale_c(M, N, beta, C, ldc);
+        scale_c(M, N, beta, C, ldc, bias);
         return;
     }
 #if defined(LOOM_GEMM_X86)
     threaded_gemm<Avx512Bf16Kernel::mr, Avx512Bf16Kernel::nr>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                              blocked_gemm_bf16);
+                                                              bias, blocked_gemm_bf16);
 #else
     (void)ta, (void)tb, (void)A, (void)lda, (void)B, (void)ldb, (void)ldc;
 #endif

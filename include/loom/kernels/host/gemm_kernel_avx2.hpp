@@ -49,38 +49,41 @@ struct Avx2Kernel {
     }
 
     LOOM_TARGET_AVX2 static void tile(int rows, int cols, std::int64_t k, const float* a, std::int64_t a_rs,
-                                      std::int64_t a_ks, const float* b, float* c, std::int64_t ldc, float alpha,
-                                      float beta) noexcept {
+                                      std::int64_t a_ks, const float* b, std::int64_t b_ks, float* c,
+                                      std::int64_t ldc, float alpha, float beta, const float* c_in,
+                                             std::int64_t ldc_in) noexcept {
         if (a_rs == 1 && a_ks == mr)
-            by_rows<mr, true>(rows, cols, k, a, 1, mr, b, c, ldc, alpha, beta);
+            by_rows<mr, true>(rows, cols, k, a, 1, mr, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
         else
-            by_rows<mr, false>(rows, cols, k, a, a_rs, a_ks, b, c, ldc, alpha, beta);
+            by_rows<mr, false>(rows, cols, k, a, a_rs, a_ks, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
     }
 
 private:
     template <int R, bool Packed>
     LOOM_TARGET_AVX2 static void by_rows(int rows, int cols, std::int64_t k, const float* a, std::int64_t a_rs,
-                                         std::int64_t a_ks, const float* b, float* c, std::int64_t ldc, float alpha,
-                                         float beta) noexcept {
+                                         std::int64_t a_ks, const float* b, std::int64_t b_ks, float* c,
+                                         std::int64_t ldc, float alpha, float beta, const float* c_in,
+                                             std::int64_t ldc_in) noexcept {
         if constexpr (R > 1) {
             if (rows < R) {
-                by_rows<R - 1, Packed>(rows, cols, k, a, a_rs, a_ks, b, c, ldc, alpha, beta);
+                by_rows<R - 1, Packed>(rows, cols, k, a, a_rs, a_ks, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
                 return;
             }
         }
-        rows_tile<R, Packed>(cols, k, a, a_rs, a_ks, b, c, ldc, alpha, beta);
+        rows_tile<R, Packed>(cols, k, a, a_rs, a_ks, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
     }
 
     template <int R, bool Packed>
     LOOM_TARGET_AVX2 static void rows_tile(int cols, std::int64_t k, const float* a, std::int64_t a_rs,
-                                           std::int64_t a_ks, const float* b, float* c, std::int64_t ldc, float alpha,
-                                           float beta) noexcept {
+                                           std::int64_t a_ks, const float* b, std::int64_t b_ks, float* c,
+                                           std::int64_t ldc, float alpha, float beta, const float* c_in,
+                                             std::int64_t ldc_in) noexcept {
         __m256 lo[R], hi[R];
 LOOM_GEMM_UNROLL(6)
         for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
         for (std::int64_t p = 0; p < k; ++p) {
-            const __m256 b0 = _mm256_load_ps(b + p * 16);
-            const __m256 b1 = _mm256_load_ps(b + p * 16 + 8);
+            const __m256 b0 = _mm256_loadu_ps(b + p * b_ks);
+            const __m256 b1 = _mm256_loadu_ps(b + p * b_ks + 8);
 LOOM_GEMM_UNROLL(6)
             for (int r = 0; r < R; ++r) {
                 const __m256 x = _mm256_broadcast_ss(Packed ? a + p * mr + r : a + r * a_rs + p * a_ks);
@@ -93,10 +96,11 @@ LOOM_GEMM_UNROLL(6)
 LOOM_GEMM_UNROLL(6)
             for (int r = 0; r < R; ++r) {
                 float* row = c + r * ldc;
+                const float* in = c_in + r * ldc_in;
                 __m256 t0 = _mm256_mul_ps(va, lo[r]), t1 = _mm256_mul_ps(va, hi[r]);
                 if (beta != 0.0f) {
-                    t0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row), t0);
-                    t1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(row + 8), t1);
+                    t0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(in), t0);
+                    t1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(in + 8), t1);
                 }
                 _mm256_storeu_ps(row, t0);
                 _mm256_storeu_ps(row + 8, t1);
@@ -109,7 +113,8 @@ LOOM_GEMM_UNROLL(6)
             _mm256_store_ps(t, _mm256_mul_ps(va, lo[r]));
             _mm256_store_ps(t + 8, _mm256_mul_ps(va, hi[r]));
             float* row = c + r * ldc;
-            for (int j = 0; j < cols; ++j) row[j] = beta != 0.0f ? std::fma(beta, row[j], t[j]) : t[j];
+            const float* in = c_in + r * ldc_in;
+            for (int j = 0; j < cols; ++j) row[j] = beta != 0.0f ? std::fma(beta, in[j], t[j]) : t[j];
         }
     }
 };

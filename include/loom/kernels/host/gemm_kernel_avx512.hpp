@@ -57,40 +57,46 @@ struct Avx512Kernel {
     }
 
     // C[rows x cols] (rows <= 14, cols <= 32) from k steps of A, read at
-    // a[r * a_rs + p * a_ks], and the packed B panel b[p * 32 + j].
+    // a[r * a_rs + p * a_ks], and a B panel read at b[p * b_ks + j], j < 32:
+    // packed (b_ks = 32) or a plain B in place (b_ks = ldb). Row r of C is
+    // alpha * acc + beta * c_in[r * ldc_in + j]: C itself, or a bias row
+    // (ldc_in = 0) that gemm_bias adds in the product's own pass.
     LOOM_TARGET_AVX512 static void tile(int rows, int cols, std::int64_t k, const float* a, std::int64_t a_rs,
-                                        std::int64_t a_ks, const float* b, float* c, std::int64_t ldc, float alpha,
-                                        float beta) noexcept {
+                                        std::int64_t a_ks, const float* b, std::int64_t b_ks, float* c,
+                                        std::int64_t ldc, float alpha, float beta, const float* c_in,
+                                             std::int64_t ldc_in) noexcept {
         if (a_rs == 1 && a_ks == mr)
-            by_rows<mr, true>(rows, cols, k, a, 1, mr, b, c, ldc, alpha, beta);
+            by_rows<mr, true>(rows, cols, k, a, 1, mr, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
         else
-            by_rows<mr, false>(rows, cols, k, a, a_rs, a_ks, b, c, ldc, alpha, beta);
+            by_rows<mr, false>(rows, cols, k, a, a_rs, a_ks, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
     }
 
 private:
     template <int R, bool Packed>
     LOOM_TARGET_AVX512 static void by_rows(int rows, int cols, std::int64_t k, const float* a, std::int64_t a_rs,
-                                           std::int64_t a_ks, const float* b, float* c, std::int64_t ldc, float alpha,
-                                           float beta) noexcept {
+                                           std::int64_t a_ks, const float* b, std::int64_t b_ks, float* c,
+                                           std::int64_t ldc, float alpha, float beta, const float* c_in,
+                                             std::int64_t ldc_in) noexcept {
         if constexpr (R > 1) {
             if (rows < R) {
-                by_rows<R - 1, Packed>(rows, cols, k, a, a_rs, a_ks, b, c, ldc, alpha, beta);
+                by_rows<R - 1, Packed>(rows, cols, k, a, a_rs, a_ks, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
                 return;
             }
         }
-        rows_tile<R, Packed>(cols, k, a, a_rs, a_ks, b, c, ldc, alpha, beta);
+        rows_tile<R, Packed>(cols, k, a, a_rs, a_ks, b, b_ks, c, ldc, alpha, beta, c_in, ldc_in);
     }
 
     template <int R, bool Packed>
     LOOM_TARGET_AVX512 static void rows_tile(int cols, std::int64_t k, const float* a, std::int64_t a_rs,
-                                             std::int64_t a_ks, const float* b, float* c, std::int64_t ldc,
-                                             float alpha, float beta) noexcept {
+                                             std::int64_t a_ks, const float* b, std::int64_t b_ks, float* c,
+                                             std::int64_t ldc, float alpha, float beta, const float* c_in,
+                                             std::int64_t ldc_in) noexcept {
         __m512 lo[R], hi[R];
 LOOM_GEMM_UNROLL(14)
         for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
         for (std::int64_t p = 0; p < k; ++p) {
-            const __m512 b0 = _mm512_load_ps(b + p * 32);
-            const __m512 b1 = _mm512_load_ps(b + p * 32 + 16);
+            const __m512 b0 = _mm512_loadu_ps(b + p * b_ks);
+            const __m512 b1 = _mm512_loadu_ps(b + p * b_ks + 16);
 LOOM_GEMM_UNROLL(14)
             for (int r = 0; r < R; ++r) {
                 const __m512 x = _mm512_set1_ps(Packed ? a[p * mr + r] : a[r * a_rs + p * a_ks]);
@@ -105,10 +111,11 @@ LOOM_GEMM_UNROLL(14)
 LOOM_GEMM_UNROLL(14)
         for (int r = 0; r < R; ++r) {
             float* row = c + r * ldc;
+            const float* in = c_in + r * ldc_in;
             __m512 t0 = _mm512_mul_ps(va, lo[r]), t1 = _mm512_mul_ps(va, hi[r]);
             if (beta != 0.0f) {
-                t0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), t0);
-                t1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), t1);
+                t0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, in), t0);
+                t1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, in + 16), t1);
             }
             _mm512_mask_storeu_ps(row, m0, t0);
             _mm512_mask_storeu_ps(row + 16, m1, t1);

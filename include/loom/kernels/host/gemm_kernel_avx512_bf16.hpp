@@ -186,10 +186,16 @@ private:
 };
 
 // The blocked loops of gemm_blocked.hpp for the bf16 kernel: both operands
-// always packed (packing is where they are rounded). M, N, K >= 1.
+// always packed (packing is where they are rounded). M, N, K >= 1. A `bias`
+// (blocked_gemm's meaning) is copied into C's rows first, then the product
+// adds onto them.
 inline void blocked_gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                               const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
-                              float* C, std::int64_t ldc) {
+                              float* C, std::int64_t ldc, const float* bias = nullptr) {
+    if (bias != nullptr) {
+        for (std::int64_t i = 0; i < M; ++i) std::copy_n(bias, N, C + i * ldc);
+        beta = 1.0f;
+    }
     using Kernel = Avx512Bf16Kernel;
     constexpr int MR = Kernel::mr, NR = Kernel::nr;
     thread_local PackBuffer b_buffer, a_buffer;

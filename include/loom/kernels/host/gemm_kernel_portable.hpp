@@ -41,11 +41,14 @@ struct PortableKernel {
         round_block_bf16(ta, A, lda, i0, mc_, k0, kc_, out);
     }
 
+    // B's panel is read at b[p * b_ks + j]: packed (b_ks = nr) or in place;
+    // beta's term at c_in[r * ldc_in + j]: C itself, or a bias row (ldc_in = 0).
     static void tile(int rows, int cols, std::int64_t k, const float* a, std::int64_t a_rs, std::int64_t a_ks,
-                     const float* b, float* c, std::int64_t ldc, float alpha, float beta) noexcept {
+                     const float* b, std::int64_t b_ks, float* c, std::int64_t ldc, float alpha, float beta,
+                     const float* c_in, std::int64_t ldc_in) noexcept {
         float acc[mr][nr] = {};
         for (std::int64_t p = 0; p < k; ++p) {
-            const float* brow = b + p * nr;
+            const float* brow = b + p * b_ks;
             for (int r = 0; r < rows; ++r) {
                 const float x = a[r * a_rs + p * a_ks];
                 for (int j = 0; j < nr; ++j) acc[r][j] += x * brow[j];
@@ -53,9 +56,10 @@ struct PortableKernel {
         }
         for (int r = 0; r < rows; ++r) {
             float* row = c + r * ldc;
+            const float* in = c_in + r * ldc_in;
             for (int j = 0; j < cols; ++j) {
                 const float t = alpha * acc[r][j];
-                row[j] = beta != 0.0f ? beta * row[j] + t : t;
+                row[j] = beta != 0.0f ? beta * in[j] + t : t;
             }
         }
     }
