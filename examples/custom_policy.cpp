@@ -167,17 +167,20 @@ int train_and_compare(C& world, const char* transport, const Run& clipped, const
     errors[2] = static_cast<float>(largest_difference(parallel.params, clipped.params));
     world.all_reduce(loom::Tensor::of(errors, {3}), loom::Tensor::of(errors, {3}), loom::comm::ReduceOp::max);
     const double unclipped_gap = largest_difference(unclipped.params, clipped.params);
-    const bool equal = errors[0] <= 1e-5f && errors[1] <= 1e-5f && errors[2] <= 1e-5f;
+    // Reassociation (the dp, tp and pp sums) moves losses and norms by ~1e-7; AdamW divides each
+    // update by the gradient's own scale, so parameters whose gradients are small move further:
+    // 1.7e-5 of the largest parameter over these steps with the attention softmax in AVX-512.
+    const bool equal = errors[0] <= 1e-5f && errors[1] <= 1e-5f && errors[2] <= 3e-5f;
     const bool clipping_mattered = unclipped_gap > 100.0 * errors[2];
     if (speaker) {
         std::printf("largest differences from serial clipping: loss %.2e, norm %.2e, parameters %.2e "
-                    "(of the largest parameter; 1e-5 allowed)\n",
+                    "(of the largest parameter; 1e-5, 1e-5 and 3e-5 allowed)\n",
                     errors[0], errors[1], errors[2]);
         std::printf("serial without clipping ends %.2e away from serial clipping\n", unclipped_gap);
         if (equal && clipping_mattered)
             std::printf("%s trains equal to serial clipping\n", loom::describe<Clip>().c_str());
         else if (!equal)
-            std::printf("FAILED: the parallel run differs from serial clipping by more than 1e-5\n");
+            std::printf("FAILED: the parallel run differs from serial clipping by more than that\n");
         else
             std::printf("FAILED: clipping changed nothing measurable; the check proves nothing\n");
     }
