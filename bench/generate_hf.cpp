@@ -8,11 +8,14 @@
 //       random weights (nn::ParamArena::initialize, seed S) saved as a
 //       train_gpt --save checkpoint
 //   bench_generate_hf --checkpoint FILE --requests FILE [shape] [--threads N] [--reps R]
-//                     [--max-batch B] [--pad-to-longest]
+//                     [--max-batch B] [--pad-to-longest] [--warm-up]
 //       runs the requests (greedy) R times with infer::generate, continuously
 //       batched (B at once; 0, the default: all); prints each run's seconds,
 //       the work the engine counted against the packed tokens' own work, and
-//       the tokens of the last run
+//       the tokens of the last run. --warm-up runs them once more first, off
+//       the clock, and prints that run's seconds as `warm-up:`: the first run
+//       in a process also pays for first touching the engine's scratch (page
+//       faults), which a serving process pays once, not per request
 //
 // shape: --layers --width --heads --seq --vocab (defaults 4, 256, 4, 1152, 256).
 // The requests file has one request a line: max_new_tokens, then the prompt's
@@ -53,13 +56,14 @@ struct Flags {
     int threads = 1, reps = 1;
     std::int64_t max_batch = 0;
     bool pad_to_longest = false;
+    bool warm_up = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::fprintf(stderr,
                  "bench_generate_hf: %s\nusage: bench_generate_hf --write-checkpoint FILE [shape] [--seed S]\n"
                  "       bench_generate_hf --checkpoint FILE --requests FILE [shape] [--threads N] [--reps R] "
-                 "[--max-batch B] [--pad-to-longest]\n"
+                 "[--max-batch B] [--pad-to-longest] [--warm-up]\n"
                  "shape: --layers --width --heads --seq --vocab\n",
                  why.c_str());
     std::exit(2);
@@ -69,8 +73,8 @@ Flags parse(int argc, char** argv) {
     Flags f;
     for (int i = 1; i < argc; ++i) {
         const std::string flag = argv[i];
-        if (flag == "--pad-to-longest") {
-            f.pad_to_longest = true;
+        if (flag == "--pad-to-longest" || flag == "--warm-up") {
+            (flag == "--warm-up" ? f.warm_up : f.pad_to_longest) = true;
             continue;
         }
         if (i + 1 >= argc) usage(flag + " needs a value");
@@ -162,6 +166,11 @@ int main(int argc, char** argv) {
     loom::infer::KvCache cache(config.layers, config.width, shape.slots, shape.capacity);
     loom::infer::CachedGpt engine(model, config, cache);
     std::vector<loom::infer::Completion> done;
+    if (flags.warm_up) {
+        const auto start = std::chrono::steady_clock::now();
+        done = loom::infer::generate(engine, requests);
+        std::printf("warm-up: %.6f\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
     std::printf("seconds:");
     for (int rep = 0; rep < flags.reps; ++rep) {
         engine.reset_work();

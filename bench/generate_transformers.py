@@ -31,6 +31,11 @@ GEMM threads), --reps repetitions in which the two sides alternate which goes fi
 machine's drift falls on both; each line reports medians and the median of per-repetition
 ratios, and the 1-minute load average seen during the repetitions (/proc/loadavg).
 
+Both sides are timed warm. transformers runs in this one process, which has run every workload
+before it is timed; each loom call is a fresh process, so it runs the workload once off the
+clock first (bench_generate_hf --warm-up), as a serving process would have. The TTFT of that
+first, cold call (page faults of the engine's scratch on the clock) is reported too.
+
     PY=$(scripts/transformers_current_venv.sh --print-python)   # transformers on current PyTorch
     $PY bench/generate_transformers.py [--build build/release] [--reps 5] [--threads 1,2] [--peer-batches 8,16]
 """
@@ -91,18 +96,24 @@ class Loom:
                 file.write(f"{new} {' '.join(map(str, prompt))}\n")
         self.files[name] = path
 
-    def run(self, name, threads, padded=False):
-        """(seconds, [tokens per request], {work line: {field: count}})."""
+    def run(self, name, threads, padded=False, warm=True):
+        """(seconds, [tokens per request], {work line: {field: count}}). Warm: the process runs the
+        requests once off the clock first (--warm-up), as the peer's process has run them before;
+        that first run's seconds are kept in self.cold."""
         command = [self.binary, "--checkpoint", self.checkpoint, "--requests", self.files[name], "--threads",
                    str(threads), "--reps", "1"] + [f for key, value in SHAPE.items() for f in (f"--{key}", str(value))]
         if padded:
             command.append("--pad-to-longest")
+        if warm:
+            command.append("--warm-up")
         out = subprocess.run(command, capture_output=True, text=True)
         if out.returncode != 0:
             sys.exit(f"generate_transformers: {' '.join(command)} exited {out.returncode}: {out.stderr.strip()}")
         self.cpu = re.search(r"^CPU: (.*)$", out.stdout, re.M).group(1)
         self.gemm = re.search(r"^GEMM: (.*), \d+ threads?$", out.stdout, re.M).group(1)
         seconds = float(re.search(r"^seconds: ([0-9.]+)", out.stdout, re.M).group(1))
+        cold = re.search(r"^warm-up: ([0-9.]+)", out.stdout, re.M)
+        self.cold = float(cold.group(1)) if cold else seconds
         tokens = [list(map(int, line.split())) for line in re.findall(r"^tokens \d+:(.*)$", out.stdout, re.M)]
         work = {}
         for what, fields in re.findall(r"^work (counted|of the real tokens): (.*)$", out.stdout, re.M):
@@ -139,7 +150,7 @@ class Peer:
 def parity(loom, peer, work):
     print("greedy tokens, loom vs transformers (untimed):")
     for name in ("decode", "ttft", "mixed"):
-        _, ours, _ = loom.run(name, 1)
+        _, ours, _ = loom.run(name, 1, warm=False)
         _, theirs = peer.generate(work[name], 8 if name == "mixed" else 1)
         equal = sum(a == b for a, b in zip(ours, theirs))
         total = sum(len(a) for a in ours)
@@ -152,7 +163,7 @@ def parity(loom, peer, work):
 def measure(loom, peer, work, threads, reps, peer_batches):
     torch.set_num_threads(threads)
     peer.generate(work["decode"], 1)  # warm-up at this thread count
-    times = {key: [] for key in ("decode", "ttft", "mixed", "padding", "padded")}
+    times = {key: [] for key in ("decode", "ttft", "mixed", "padding", "padded", "ttft_cold")}
     peer_times = {"decode": [], "ttft": []}
     peer_times.update({f"mixed{b}": [] for b in peer_batches})
     loads, work_lines = [], {}
@@ -163,6 +174,8 @@ def measure(loom, peer, work, threads, reps, peer_batches):
             for side in (("peer", "loom") if peer_first else ("loom", "peer")):
                 if side == "loom":
                     times[name].append(loom.run(name, threads)[0])
+                    if name == "ttft":
+                        times["ttft_cold"].append(loom.cold)
                 elif name == "mixed":
                     for b in peer_batches:
                         peer_times[f"mixed{b}"].append(peer.generate(work[name], b)[0])
@@ -206,6 +219,10 @@ def report(threads, times, peer_times, loads, work_lines, peer_batches, work):
                rate(produced["mixed"]))
     ratio_line("ttft", "time to first token, 1,024-token prompt", median(times["ttft"]), median(peer_times["ttft"]),
                [p / l for l, p in zip(times["ttft"], peer_times["ttft"])], lambda s: f"{s * 1e3:.1f} ms")
+    cold = [p / c for c, p in zip(times["ttft_cold"], peer_times["ttft"])]
+    print(f"\nloom's TTFT in the first call of a fresh process (its scratch first touched, page faults on the "
+          f"clock): {median(times['ttft_cold']) * 1e3:.1f} ms, {median(cold):.2f}x transformers' "
+          f"({min(cold):.2f}-{max(cold):.2f})")
     print("\ntransformers' static batching, every batch size tried: " + ", ".join(
         f"{b}: {produced['mixed'] / median(peer_times[f'mixed{b}']):,.0f} tokens/s" for b in peer_batches))
     packed, padded = work_lines["packed"], work_lines["padded"]
