@@ -129,31 +129,32 @@ struct Avx512Bf16Kernel {
         }
     }
 
-    // C[rows x cols] from `pairs` pair steps of the packed panels.
+    // C[rows x cols] from `pairs` pair steps of the packed panels; beta's term
+    // read at c_in[r * ldc_in + j] (C itself, or a bias row with ldc_in = 0).
     LOOM_TARGET_AVX512_BF16 static void tile(int rows, int cols, std::int64_t pairs, const std::uint32_t* a,
                                              const std::uint32_t* b, float* c, std::int64_t ldc, float alpha,
-                                             float beta) noexcept {
-        by_rows<mr>(rows, cols, pairs, a, b, c, ldc, alpha, beta);
+                                             float beta, const float* c_in, std::int64_t ldc_in) noexcept {
+        by_rows<mr>(rows, cols, pairs, a, b, c, ldc, alpha, beta, c_in, ldc_in);
     }
 
 private:
     template <int R>
     LOOM_TARGET_AVX512_BF16 static void by_rows(int rows, int cols, std::int64_t pairs, const std::uint32_t* a,
                                                 const std::uint32_t* b, float* c, std::int64_t ldc, float alpha,
-                                                float beta) noexcept {
+                                                float beta, const float* c_in, std::int64_t ldc_in) noexcept {
         if constexpr (R > 1) {
             if (rows < R) {
-                by_rows<R - 1>(rows, cols, pairs, a, b, c, ldc, alpha, beta);
+                by_rows<R - 1>(rows, cols, pairs, a, b, c, ldc, alpha, beta, c_in, ldc_in);
                 return;
             }
         }
-        rows_tile<R>(cols, pairs, a, b, c, ldc, alpha, beta);
+        rows_tile<R>(cols, pairs, a, b, c, ldc, alpha, beta, c_in, ldc_in);
     }
 
     template <int R>
     LOOM_TARGET_AVX512_BF16 static void rows_tile(int cols, std::int64_t pairs, const std::uint32_t* a,
                                                   const std::uint32_t* b, float* c, std::int64_t ldc, float alpha,
-                                                  float beta) noexcept {
+                                                  float beta, const float* c_in, std::int64_t ldc_in) noexcept {
         __m512 lo[R], hi[R];
         LOOM_GEMM_UNROLL(14)
         for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
@@ -174,10 +175,11 @@ private:
         LOOM_GEMM_UNROLL(14)
         for (int r = 0; r < R; ++r) {
             float* row = c + r * ldc;
+            const float* in = c_in + r * ldc_in;
             __m512 t0 = _mm512_mul_ps(va, lo[r]), t1 = _mm512_mul_ps(va, hi[r]);
             if (beta != 0.0f) {
-                t0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), t0);
-                t1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), t1);
+                t0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, in), t0);
+                t1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, in + 16), t1);
             }
             _mm512_mask_storeu_ps(row, m0, t0);
             _mm512_mask_storeu_ps(row + 16, m1, t1);
@@ -186,16 +188,11 @@ private:
 };
 
 // The blocked loops of gemm_blocked.hpp for the bf16 kernel: both operands
-// always packed (packing is where they are rounded). M, N, K >= 1. A `bias`
-// (blocked_gemm's meaning) is copied into C's rows first, then the product
-// adds onto them.
+// always packed (packing is where they are rounded). M, N, K >= 1. A `bias`:
+// blocked_gemm's meaning, added by the first k block's tiles.
 inline void blocked_gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                               const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
                               float* C, std::int64_t ldc, const float* bias = nullptr) {
-    if (bias != nullptr) {
-        for (std::int64_t i = 0; i < M; ++i) std::copy_n(bias, N, C + i * ldc);
-        beta = 1.0f;
-    }
     using Kernel = Avx512Bf16Kernel;
     constexpr int MR = Kernel::mr, NR = Kernel::nr;
     thread_local PackBuffer b_buffer, a_buffer;
@@ -207,7 +204,8 @@ inline void blocked_gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N
         const std::int64_t nc = std::min<std::int64_t>(Kernel::nc, N - jc);
         for (std::int64_t pc = 0; pc < K; pc += Kernel::kc) {
             const std::int64_t kc = std::min<std::int64_t>(Kernel::kc, K - pc), pairs = (kc + 1) / 2;
-            const float beta_block = pc == 0 ? beta : 1.0f;
+            const bool onto_bias = pc == 0 && bias != nullptr;
+            const float beta_block = pc == 0 && bias == nullptr ? beta : 1.0f;
             Kernel::pack_b(tb, B, ldb, pc, kc, jc, nc, bp);
             for (std::int64_t ic = 0; ic < M; ic += Kernel::mc) {
                 const std::int64_t mc = std::min<std::int64_t>(Kernel::mc, M - ic);
@@ -216,8 +214,10 @@ inline void blocked_gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N
                     const int cols = static_cast<int>(std::min<std::int64_t>(NR, nc - jr));
                     for (std::int64_t ir = 0; ir < mc; ir += MR) {
                         const int rows = static_cast<int>(std::min<std::int64_t>(MR, mc - ir));
+                        float* c_tile = C + (ic + ir) * ldc + jc + jr;
                         Kernel::tile(rows, cols, pairs, ap + (ir / MR) * pairs * MR, bp + (jr / NR) * pairs * NR,
-                                     C + (ic + ir) * ldc + jc + jr, ldc, alpha, beta_block);
+                                     c_tile, ldc, alpha, beta_block, onto_bias ? bias + jc + jr : c_tile,
+                                     onto_bias ? 0 : ldc);
                     }
                 }
             }
