@@ -187,6 +187,33 @@ TEST_CASE("a plain B read by few row tiles is read in place, with the same bits 
     }
 }
 
+TEST_CASE("the AVX-512 packing of a transposed B by register transposes lays out pack_b's panels",
+          "[kernels][gemm][gemm_kernels]") {
+#if defined(LOOM_GEMM_X86)
+    if (!loom::kernels::host::cpu_features().runs(CpuIsa::avx512)) {
+        WARN("skipped: this CPU has no AVX-512");
+        return;
+    }
+    const std::int64_t N = 90, K = 70, ldb = K + 3;
+    const auto B = normal_values(static_cast<std::size_t>(N * ldb), 31);
+    // Whole and partial 16-row halves, a half past nc, k blocks with and without a remainder of 16.
+    for (std::int64_t nc : {std::int64_t{64}, std::int64_t{45}, std::int64_t{13}, std::int64_t{90}})
+        for (std::int64_t kc : {std::int64_t{16}, std::int64_t{37}, std::int64_t{64}})
+            for (std::int64_t j0 : {std::int64_t{0}, std::int64_t{N - nc}}) {
+                CAPTURE(nc, kc, j0);
+                const std::int64_t k0 = K - kc, floats = (nc + 31) / 32 * 32 * kc;
+                std::vector<float> expected(static_cast<std::size_t>(floats), -1.0f), packed(expected.size(), -2.0f);
+                loom::kernels::host::gemm_detail::pack_b<32, false>(Trans::yes, B.data(), ldb, k0, kc, j0, nc,
+                                                                     expected.data());
+                loom::kernels::host::gemm_detail::pack_b_transposed_avx512(B.data(), ldb, k0, kc, j0, nc,
+                                                                           packed.data());
+                CHECK(packed == expected);
+            }
+#else
+    WARN("skipped: not an x86-64 build");
+#endif
+}
+
 TEST_CASE("gemm_bias adds the bias in the product's pass: the bits of a product onto rows of the bias",
           "[kernels][gemm][gemm_kernels]") {
     KeepHostGemm keep;

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "loom/kernels/host/cpu_features.hpp"
+#include "loom/kernels/host/gemm_pack_transposed_avx512.hpp"
 #include "loom/kernels/host/gemm_packing.hpp"
 #include "loom/kernels/trans.hpp"
 
@@ -41,10 +42,15 @@ struct Avx512Kernel {
     // The packing loops (kernels/host/gemm_packing.hpp) compiled for this
     // kernel's instruction set: wider copies, and the bf16 rounding
     // vectorised (a plain call would run them at the baseline's SSE2).
+    // A transposed B without rounding (a Linear's weight) by register
+    // transposes (gemm_pack_transposed_avx512.hpp).
     template <bool RoundBf16>
     LOOM_TARGET_AVX512 static void pack_b_panels(Trans tb, const float* B, std::int64_t ldb, std::int64_t k0, std::int64_t kc_,
                                         std::int64_t j0, std::int64_t nc_, float* out) noexcept {
-        pack_b<nr, RoundBf16>(tb, B, ldb, k0, kc_, j0, nc_, out);
+        if (!RoundBf16 && tb == Trans::yes)
+            pack_b_transposed_avx512(B, ldb, k0, kc_, j0, nc_, out);
+        else
+            pack_b<nr, RoundBf16>(tb, B, ldb, k0, kc_, j0, nc_, out);
     }
     template <bool RoundBf16>
     LOOM_TARGET_AVX512 static void pack_a_panels(Trans ta, const float* A, std::int64_t lda, std::int64_t i0, std::int64_t mc_,
