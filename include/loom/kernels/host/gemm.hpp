@@ -107,12 +107,8 @@ inline void gemm_bf16_inputs(Trans ta, Trans tb, std::int64_t M, std::int64_t N,
     detail::check_blas_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return;
     const HostGemm choice = host_gemm();
-    if (gemm_detail::bf16_dot_products(choice)) {
-        gemm_detail::loom_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
     if (choice.backend == HostGemmBackend::loom) {
-        gemm_detail::loom_gemm(choice.isa, true, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        gemm_detail::loom_product(choice, true, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     const std::int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
@@ -145,11 +141,7 @@ inline void gemm_bias(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std:
     if (choice.backend == HostGemmBackend::loom) {
         detail::check_blas_gemm_arguments(ta, tb, M, N, K, lda, ldb, ldc);
         if (M == 0 || N == 0) return;
-        if (bf16_inputs && gemm_detail::bf16_dot_products(choice))
-            gemm_detail::loom_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc, bias);
-        else
-            gemm_detail::loom_gemm(choice.isa, bf16_inputs, ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc,
-                                   bias);
+        gemm_detail::loom_product(choice, bf16_inputs, ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc, bias);
         return;
     }
     repeat_rows(bias, C, M, N);

@@ -298,6 +298,19 @@ inline void loom_gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, s
 #endif
 }
 
+// loom's product for a `choice` on loom's backend, arguments already checked,
+// M and N >= 1: f32, or with bf16_inputs (MatmulPrecision::bf16) bf16 dot
+// products where bf16_dot_products(choice) and rounded f32 operands
+// elsewhere. `bias`: loom_gemm's.
+inline void loom_product(HostGemm choice, bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int64_t N,
+                         std::int64_t K, float alpha, const float* A, std::int64_t lda, const float* B,
+                         std::int64_t ldb, float beta, float* C, std::int64_t ldc, const float* bias = nullptr) {
+    if (bf16_inputs && bf16_dot_products(choice))
+        loom_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    else
+        loom_gemm(choice.isa, bf16_inputs, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+}
+
 // The product on the backend in use, arguments already checked (sizes within
 // int for the BLAS), M and N >= 1: host::gemm after its checks, and the
 // tiles of host attention (kernels/host/attention.hpp).
@@ -306,7 +319,7 @@ inline void dispatched_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, 
                             std::int64_t ldc) {
     const HostGemm choice = host_gemm();
     if (choice.backend == HostGemmBackend::loom) {
-        loom_gemm(choice.isa, false, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        loom_product(choice, false, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     cblas_sgemm(CblasRowMajor, ta == Trans::yes ? CblasTrans : CblasNoTrans,
