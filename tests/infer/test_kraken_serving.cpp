@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <loom/comm/any_comm.hpp>
@@ -17,10 +18,12 @@
 
 #include "loom/gpt/kraken.hpp"
 #include "loom/infer/cached_kraken.hpp"
+#include "loom/infer/generate.hpp"
 #include "loom/infer/sampler.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "infer/kraken_serving_suite.hpp"
 #include "support/test_file.hpp"
 
 namespace LOOM_TEST_FILE {
@@ -28,22 +31,8 @@ namespace LOOM_TEST_FILE {
 namespace {
 
 using loom::infer::CachedKraken;
-using loom::infer::Segment;
 
-// A small random Kraken, its values scaled by 8 so greedy choices are
-// clear-cut (as support/scaled_gpt.hpp does for the GPT).
-struct TinyKraken {
-    loom::gpt::KrakenConfig config;
-    loom::gpt::KrakenModel model;
-    loom::nn::ParamArena arena;
-
-    explicit TinyKraken(std::int64_t degree)
-        : config{.layers = 3, .width = 32, .heads = 4, .seq = 40, .vocab = 40, .degree = degree},
-          model(loom::gpt::make_kraken(config)), arena(model) {
-        arena.initialize(model, 21);
-        for (float& v : arena.values()) v *= 8.0f;
-    }
-};
+using loom_test::TinyKraken;
 
 std::vector<float> full_last_logits(TinyKraken& kraken, const std::vector<std::int32_t>& tokens) {
     loom::nn::Context ctx;
@@ -72,40 +61,19 @@ const std::vector<Job> jobs{{loom_test::prompt_of(7, 40, 1), 9},  {loom_test::pr
                             {loom_test::prompt_of(12, 40, 3), 6}, {loom_test::prompt_of(1, 40, 4), 11},
                             {loom_test::prompt_of(5, 40, 5), 4}};
 
-// Greedy continuous batching over `engine` with its cache's slots: each step
-// one packed forward of the running requests' last tokens and the prompts of
-// those that start now; a finished request's slot is taken at the next step.
+// Greedy continuous batching over `engine` with its cache's slots, by the
+// Batcher every engine shares (infer/generate.hpp): a finished request's slot
+// is taken at the next step.
+std::vector<loom::infer::Request> greedy_requests(const std::vector<Job>& work) {
+    std::vector<loom::infer::Request> requests;
+    for (const Job& job : work) requests.push_back(loom_test::request(job.prompt, job.new_tokens, /*greedy=*/true));
+    return requests;
+}
+
 std::vector<std::vector<std::int32_t>> serve(CachedKraken& engine, const std::vector<Job>& work) {
-    loom::infer::KvCache& cache = engine.cache();
-    std::vector<std::vector<std::int32_t>> out(work.size());
-    std::vector<std::int64_t> running, slot_of(work.size(), -1), free_slots;
-    for (std::int64_t s = cache.slots() - 1; s >= 0; --s) free_slots.push_back(s);
-    std::size_t next = 0;
-    std::vector<Segment> segments;
-    while (next < work.size() || !running.empty()) {
-        segments.clear();
-        for (const std::int64_t r : running) segments.push_back({slot_of[static_cast<std::size_t>(r)], std::span(&out[static_cast<std::size_t>(r)].back(), 1)});
-        while (next < work.size() && !free_slots.empty()) {
-            slot_of[next] = free_slots.back();
-            free_slots.pop_back();
-            segments.push_back({slot_of[next], work[next].prompt});
-            running.push_back(static_cast<std::int64_t>(next++));
-        }
-        const std::span<const float> logits = engine.forward(segments);
-        const auto V = static_cast<std::size_t>(engine.config().vocab);
-        std::vector<std::int64_t> still;
-        for (std::size_t j = 0; j < running.size(); ++j) {
-            const auto r = static_cast<std::size_t>(running[j]);
-            out[r].push_back(loom::infer::argmax(logits.subspan(j * V, V)));
-            if (static_cast<std::int64_t>(out[r].size()) < work[r].new_tokens) {
-                still.push_back(running[j]);
-            } else {
-                cache.release(slot_of[r]);
-                free_slots.push_back(slot_of[r]);
-            }
-        }
-        running.swap(still);
-    }
+    std::vector<std::vector<std::int32_t>> out;
+    for (loom::infer::Completion& done : loom::infer::generate(engine, greedy_requests(work)))
+        out.push_back(std::move(done.tokens));
     return out;
 }
 
@@ -117,15 +85,12 @@ std::vector<std::vector<std::int32_t>> expected(TinyKraken& kraken) {
 
 // Every rank's tokens for `jobs` on a tp group of `tp` rank threads, 2 slots.
 std::vector<std::vector<std::vector<std::int32_t>>> serve_on_threads(TinyKraken& kraken, int tp, bool overlap) {
+    const std::vector<loom::infer::Request> requests = greedy_requests(jobs);
     std::vector<std::vector<std::vector<std::int32_t>>> per_rank(static_cast<std::size_t>(tp));
     loom::comm::ThreadWorld(tp).run([&](loom::comm::ThreadComm& comm) {
         loom::comm::AnyComm group = loom::comm::AnyComm::view(comm);
-        auto shard = loom::infer::kraken_serving_shard(kraken.config, group.rank(), tp);
-        loom::nn::ParamArena arena(shard);
-        loom::infer::load_kraken_shard(shard, kraken.config, group.rank(), kraken.arena.values());
-        auto cache = loom::infer::kraken_cache(kraken.config, tp, 2, kraken.config.seq, 4);
-        CachedKraken engine(shard, kraken.config, cache, group, overlap);
-        per_rank[static_cast<std::size_t>(group.rank())] = serve(engine, jobs);
+        for (loom::infer::Completion& done : loom_test::serve_kraken_on(group, kraken, requests, 2, overlap))
+            per_rank[static_cast<std::size_t>(group.rank())].push_back(std::move(done.tokens));
     });
     return per_rank;
 }
@@ -169,6 +134,26 @@ TEST_CASE("Kraken served over tp = 2 and 4 rank threads equals recomputation on 
             const auto per_rank = serve_on_threads(kraken, c.tp, c.overlap);
             for (const auto& tokens : per_rank) CHECK(tokens == reference);
         }
+    }
+}
+
+TEST_CASE("Kraken through the Batcher at tp 2: greedy and seeded mixed batches give the whole model's completions",
+          "[infer][kraken][tp]") {
+    TinyKraken kraken(4);
+    for (const bool greedy : {true, false}) {
+        const auto batch = loom_test::mixed_batch(greedy);
+        const auto expected = loom_test::serve_kraken_whole(kraken, batch, 2);
+        std::vector<std::vector<loom::infer::Completion>> per_rank(2);
+        loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+            loom::comm::AnyComm group = loom::comm::AnyComm::view(comm);
+            per_rank[static_cast<std::size_t>(group.rank())] = loom_test::serve_kraken_on(group, kraken, batch, 2);
+        });
+        for (const auto& got : per_rank)
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+                INFO((greedy ? "greedy" : "sampled") << " request " << i);
+                CHECK(got[i].tokens == expected[i].tokens);
+                CHECK(got[i].finish == expected[i].finish);
+            }
     }
 }
 

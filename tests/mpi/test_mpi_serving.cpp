@@ -1,6 +1,7 @@
-// Tensor- and pipeline-parallel serving under mpirun: tp (or pp) = the
-// number of processes, the requests the rank-thread tests run
-// (tests/infer/tensor_parallel_serving_suite.hpp, pipeline_serving_suite.hpp),
+// Tensor- and pipeline-parallel serving under mpirun (the GPT's and Kraken's):
+// tp (or pp) = the number of processes, the requests the rank-thread tests run
+// (tests/infer/tensor_parallel_serving_suite.hpp, pipeline_serving_suite.hpp,
+// kraken_serving_suite.hpp),
 // against the whole model in each process: greedy and seeded, a mixed-length
 // batch refilled continuously.
 #include <catch2/catch.hpp>
@@ -8,6 +9,7 @@
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/communicator_mpi.hpp>
 
+#include "infer/kraken_serving_suite.hpp"
 #include "infer/pipeline_serving_suite.hpp"
 #include "infer/tensor_parallel_serving_suite.hpp"
 #include "support/test_file.hpp"
@@ -47,6 +49,23 @@ TEST_CASE("pipeline-parallel serving gives the whole model's tokens under MPI", 
                 CHECK(got[i].tokens == expected[i].tokens);
                 CHECK(got[i].finish == expected[i].finish);
             }
+        }
+    }
+}
+
+TEST_CASE("Kraken served at tp = the processes gives the whole model's completions under MPI", "[kraken_serving]") {
+    auto world = loom::comm::Mpi::world();
+    loom::comm::AnyComm tp = loom::comm::AnyComm::view(world);
+    loom_test::TinyKraken whole(4);  // 4 sub-layers per layer: 2 or 1 on each of 2 or 4 processes
+    for (const bool greedy : {true, false}) {
+        const auto batch = loom_test::mixed_batch(greedy);
+        const auto expected = loom_test::serve_kraken_whole(whole, batch, 2);
+        const auto got = loom_test::serve_kraken_on(tp, whole, batch, 2);
+        REQUIRE(got.size() == expected.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO((greedy ? "greedy" : "sampled") << " request " << i << ", rank " << tp.rank() << " of " << tp.size());
+            CHECK(got[i].tokens == expected[i].tokens);
+            CHECK(got[i].finish == expected[i].finish);
         }
     }
 }

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
-#include "loom/infer/cached_gpt.hpp"
+#include "loom/infer/engine.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/request_queue.hpp"
 #include "loom/infer/sampler.hpp"
@@ -76,7 +76,7 @@ public:
 
     // Runs on `engine`'s cache, whose slots must be free; they are free again
     // when the Batcher is destroyed.
-    explicit Batcher(CachedGpt& engine) : engine_(engine), cache_(engine.cache()) {
+    explicit Batcher(Engine& engine) : engine_(engine), cache_(engine.cache()) {
         for (std::int64_t s = 0; s < cache_.slots(); ++s)
             LOOM_CHECK(cache_.length(s) == 0, "Batcher: slot ", s, " of the cache holds ", cache_.length(s),
                        " positions; release it first");
@@ -133,7 +133,7 @@ public:
         }
         if (queue_.running.empty()) return {};
         const std::span<const float> logits = engine_.forward(segments_);
-        const auto V = static_cast<std::size_t>(engine_.config().vocab);
+        const auto V = static_cast<std::size_t>(engine_.vocab());
         still_.clear();
         for (std::size_t j = 0; j < queue_.running.size(); ++j) {
             Entry& e = queue_.running[j];
@@ -167,7 +167,7 @@ private:
         free_slots_.push_back(e.slot);
     }
 
-    CachedGpt& engine_;
+    Engine& engine_;
     KvCache& cache_;
     Sampler sampler_;
     std::uint64_t next_id_ = 0;

@@ -15,7 +15,8 @@
 // exactly the training forward's tiles), then each cached block of the
 // sequence (infer/kv_cache.hpp's pages) as a full block, folded in by
 // log-sum-exp (ring attention's rule): equal to the whole causal attention
-// to float rounding.
+// to float rounding (infer/segment_attention.hpp, shared with CachedModel,
+// infer/cached_model.hpp, which runs any model composed from loom's layers).
 // Forwards of at most `few_rows()` tokens (decode steps, verifications) run their Linears as
 // blocks of dot products (infer/few_rows_linear.hpp, through infer/cached_rows.hpp), not the packed GEMM.
 // Logits are formed for the last position of each segment only: that is all
@@ -52,44 +53,17 @@
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/infer/cached_rows.hpp"
-#include "loom/infer/few_queries_attention.hpp"
+#include "loom/infer/engine.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/pipeline_stage.hpp"
+#include "loom/infer/segment_attention.hpp"
 #include "loom/infer/tensor_parallel_shard.hpp"
 #include "loom/infer/tree_attention.hpp"
-#include "loom/kernels/attention_block_ops.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom::infer {
 
-// New tokens of one sequence slot, at positions cache.length(slot) onwards.
-// With `parents` (one per token) they are a tree's nodes instead: node j's
-// parent is node parents[j] < j, or -1 for the last cached position; it sits
-// at position cache.length(slot) + its depth and sees only the cached prefix,
-// its ancestors and itself. Its K/V row is still cached at length + j.
-struct Segment {
-    std::int64_t slot = 0;
-    std::span<const std::int32_t> tokens;
-    std::span<const std::int32_t> parents = {};  // empty: a chain, token j after token j - 1
-};
-
-// The arithmetic an engine has done since it was built (or reset_work()),
-// counted where it is issued: what the padding-removal check of issue 39
-// compares with the packed tokens' own work. A multiply-add is 2 FLOPs.
-struct WorkCount {
-    std::int64_t linear_rows = 0;      // rows through the Linears of every block (each row once per layer)
-    std::int64_t linear_flops = 0;     // 2 x rows x in x out over every Linear and the head
-    std::int64_t attention_pairs = 0;  // (query, key) pairs per head that attention used, masked ones left out
-    std::int64_t attention_flops = 0;  // 4 x head dim per pair and head: q.k and the weighted sum of v
-};
-
-// Which positions' logits forward() forms.
-enum class Logits : std::uint8_t {
-    last,   // each segment's last position: [segments, vocab]
-    every,  // every position of every segment, packed in segment order: [tokens, vocab]
-};
-
-class CachedGpt {
+class CachedGpt final : public Engine {
 public:
     // The model must have its Params bound on the host (a ParamArena) and be
     // whole (not a tensor-parallel shard); the cache must match its shape and
@@ -114,7 +88,8 @@ public:
         : CachedGpt(stage_model, config, cache, nullptr, where) {}
 
     [[nodiscard]] const gpt::Config& config() const noexcept { return config_; }
-    [[nodiscard]] KvCache& cache() noexcept { return cache_; }
+    [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
+    [[nodiscard]] std::int64_t vocab() const noexcept override { return config_.vocab; }
     // The tp group's size (1: the whole model) and this rank's place in it.
     [[nodiscard]] int tp_degree() const noexcept { return degree_; }
     [[nodiscard]] int tp_rank() const noexcept { return rank_; }
@@ -129,7 +104,7 @@ public:
     // each segment's last token: [segments.size(), vocab], row-major, valid
     // until the next call. With Logits::every, those of every token instead:
     // [total tokens, vocab], the segments' rows one after another.
-    std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) {
+    std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) override {
         LOOM_CHECK(stage_.whole(), "CachedGpt: forward on pipeline stage ", stage_.stage, " of ", stage_.stages,
                    "; a stage runs forward_stage with the hidden rows of the stage before");
         return forward_stage(segments, {}, which);
@@ -143,7 +118,7 @@ public:
     // stage: [tokens, width], valid until the next call.
     std::span<const float> forward_stage(std::span<const Segment> segments, std::span<const float> hidden,
                                          Logits which = Logits::last) {
-        check(segments);
+        check_segments("CachedGpt", cache_, segments, config_.vocab, seen_, depths_);
         const std::int64_t C = config_.width;
         std::int64_t rows = 0;
         starts_.clear();
@@ -249,39 +224,6 @@ private:
                    "; build the cache with capacity <= Config::seq");
     }
 
-    void check(std::span<const Segment> segments) {
-        LOOM_CHECK(!segments.empty(), "CachedGpt: forward of no segments; pass at least one");
-        std::vector<bool>& seen = seen_;
-        seen.assign(static_cast<std::size_t>(cache_.slots()), false);
-        std::int64_t more_blocks = 0;  // checked for all segments first, so no slot grows unless all do
-        for (const Segment& s : segments) {
-            LOOM_CHECK(s.slot >= 0 && s.slot < cache_.slots(), "CachedGpt: slot ", s.slot, " is not in [0, ",
-                       cache_.slots(), ")");
-            LOOM_CHECK(!seen[static_cast<std::size_t>(s.slot)], "CachedGpt: slot ", s.slot,
-                       " appears twice in one forward; give each sequence one segment");
-            seen[static_cast<std::size_t>(s.slot)] = true;
-            LOOM_CHECK(!s.tokens.empty(), "CachedGpt: an empty segment for slot ", s.slot,
-                       "; every segment needs at least one token");
-            const std::int64_t held = cache_.length(s.slot), count = static_cast<std::int64_t>(s.tokens.size());
-            LOOM_CHECK(s.parents.empty() || s.parents.size() == s.tokens.size(), "CachedGpt: the tree of slot ",
-                       s.slot, " has ", s.tokens.size(), " tokens but ", s.parents.size(),
-                       " parents; give one parent per token (or none for a chain)");
-            if (!s.parents.empty()) tree_depths(s.parents, depths_);
-            LOOM_CHECK(count <= cache_.capacity() - held, "CachedGpt: slot ", s.slot, " holds ", held,
-                       " positions and ", count, " more would exceed the cache's capacity of ", cache_.capacity(),
-                       "; shorten the prompt or the generation");
-            const auto holding = static_cast<std::int64_t>(cache_.block_table(s.slot).size());
-            more_blocks += cache_.blocks_for(held + count) - holding;
-            for (std::size_t t = 0; t < s.tokens.size(); ++t)
-                LOOM_CHECK(s.tokens[t] >= 0 && s.tokens[t] < config_.vocab, "CachedGpt: token id ", s.tokens[t],
-                           " at position ", held + static_cast<std::int64_t>(t), " of slot ", s.slot,
-                           " is outside the vocabulary [0, ", config_.vocab, ")");
-        }
-        LOOM_CHECK(more_blocks <= cache_.free_blocks(), "CachedGpt: this forward needs ", more_blocks,
-                   " more blocks of ", cache_.block_size(), " positions but ", cache_.free_blocks(), " of the ",
-                   cache_.blocks(), " are free; release a sequence or build the cache with more blocks");
-    }
-
     void resize(std::int64_t rows) {
         // This rank's heads (width_ = C / tp features of q, k, v and the attention output) and hidden features.
         const auto C = static_cast<std::size_t>(config_.width), r = static_cast<std::size_t>(rows);
@@ -295,9 +237,6 @@ private:
         activated_.resize(r * 4 * local);
         mean_.resize(r);
         rstd_.resize(r);
-        lse_.resize(r * static_cast<std::size_t>(heads_));
-        lse_new_.resize(lse_.size());
-        attended_new_.resize(r * local);
     }
 
     // x = token row + position row (Embedding's sum), positions after each slot's cached ones.
@@ -342,43 +281,13 @@ private:
     }
 
     // Rows [row, row + count) of qkv_ are slot `slot`'s positions [start, start + count):
-    // their keys and values go to the cache, their attention output to attended_.
-    // With parents, a tree's nodes: masked to their ancestors among themselves.
+    // their keys and values go to the cache, their attention output to attended_
+    // (this rank's heads only: q, k and v of width_ = H * D features each).
     void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row,
                 std::span<const std::int32_t> parents) {
-        // This rank's heads only: q, k and v of width_ = H * D features each.
-        const std::int64_t C = width_, H = heads_, D = C / H;
-        const float* q = qkv_.data() + row * 3 * C;
-        cache_keys_values(cache_, l, slot, start, count, q + C, 3 * C);
-        float* out = attended_.data() + row * C;
-        using kernels::BlockMask;
-        // Pairs a causal chain uses: each new row sees the cached ones and itself and those before
-        // it; a tree's node sees the cache and its ancestors (depth of them) and itself.
-        std::int64_t pairs = count * start;
-        if (parents.empty()) {
-            pairs += count * (count + 1) / 2;
-        } else {
-            tree_depths(parents, depths_);
-            for (std::int64_t t = 0; t < count; ++t) pairs += depths_[static_cast<std::size_t>(t)] + 1;
-        }
-        work_.attention_pairs += pairs;
-        work_.attention_flops += 4 * D * H * pairs;
-        // A decode step's few rows: straight over the pages (infer/few_queries_attention.hpp says why).
-        if (parents.empty() && count <= few_queries) {
-            attend_few_queries(cache_, l, slot, start, q, 3 * C, count, H, D, out, scores_, pages_);
-            return;
-        }
-        // The new tokens among themselves, from qkv as the training forward reads it (for a
-        // fresh prompt this is all of it, the same tiles as kernels::attention_forward).
-        if (parents.empty())
-            kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1,
-                                             count, count, H, D, BlockMask::causal);
-        else
-            tree_attention_forward(q, 3 * C, q + C, q + 2 * C, 3 * C, parents, out, lse_.data(), H, D, ancestors_,
-                                   tree_weights_);
-        // Then every cached block before them, each in full, folded in by log-sum-exp.
-        attend_cached_pages(cache_, l, slot, start, q, 3 * C, count, H, D, out, lse_.data(), attended_new_.data(),
-                            lse_new_.data());
+        const std::int64_t C = width_;
+        attention_.run(cache_, l, slot, start, count, parents, qkv_.data() + row * 3 * C, 3 * C, heads_, C / heads_,
+                       attended_.data() + row * C, work_);
     }
 
     [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }
@@ -444,12 +353,9 @@ private:
     std::vector<std::int64_t> starts_;
     std::vector<bool> seen_;  // check()'s slots, kept so that a decode step allocates nothing
     std::vector<Segment> segments_;
-    std::vector<std::int64_t> depths_, ancestors_;  // a tree segment's (scratch)
-    std::vector<float> tree_weights_;
-    std::vector<float> scores_;          // attend_few_queries' scratch
-    std::vector<const float*> pages_;    // its page pointers
-    std::vector<float> x_, normed_, qkv_, attended_, attended_new_, branch_, hidden_, activated_, mean_, rstd_, lse_,
-        lse_new_, last_, logits_;
+    std::vector<std::int64_t> depths_;  // a tree segment's (scratch)
+    SegmentAttention attention_;
+    std::vector<float> x_, normed_, qkv_, attended_, branch_, hidden_, activated_, mean_, rstd_, last_, logits_;
 };
 
 }  // namespace loom::infer

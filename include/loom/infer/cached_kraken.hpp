@@ -3,7 +3,8 @@
 // every layer's N sub-layers (kraken_serving_shard) and their keys and
 // values only. Segments, packing and attention over the cache's pages are
 // CachedGpt's (infer/cached_gpt.hpp, the same helpers of
-// infer/cached_rows.hpp); only the layer differs.
+// infer/cached_rows.hpp and infer/segment_attention.hpp); only the layer
+// differs. It is an infer::Engine, so Batcher and generate() serve it.
 //
 // Kraken's overlap: per layer, one all-reduce of the rank's summed sub-layer
 // outputs, issued asynchronously (AnyComm::all_reduce_async) as soon as the
@@ -33,7 +34,7 @@
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cached_rows.hpp"
 #include "loom/infer/kv_cache.hpp"
-#include "loom/kernels/attention_block_ops.hpp"
+#include "loom/infer/segment_attention.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom::infer {
@@ -87,7 +88,7 @@ inline void load_kraken_shard(gpt::KrakenModel& shard, const gpt::KrakenConfig& 
     return {config.layers * (config.degree / degree), config.width / config.degree, slots, capacity, block_size};
 }
 
-class CachedKraken {
+class CachedKraken final : public Engine {
 public:
     // The whole model (every sub-layer) on this rank.
     CachedKraken(gpt::KrakenModel& model, const gpt::KrakenConfig& config, KvCache& cache)
@@ -102,13 +103,14 @@ public:
     }
 
     [[nodiscard]] const gpt::KrakenConfig& config() const noexcept { return config_; }
-    [[nodiscard]] KvCache& cache() noexcept { return cache_; }
+    [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
+    [[nodiscard]] std::int64_t vocab() const noexcept override { return config_.vocab; }
     // Seconds this rank spent waiting for all-reduces (what the overlap did not hide).
     [[nodiscard]] double seconds_waiting() const noexcept { return waiting_; }
 
     // As CachedGpt::forward: runs the segments, caches their keys and values,
     // returns the logits of each segment's last token (or of every token).
-    std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) {
+    std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) override {
         check(segments);
         const std::int64_t C = config_.width;
         std::int64_t rows = 0;
@@ -189,23 +191,10 @@ private:
     }
 
     void check(std::span<const Segment> segments) {
-        LOOM_CHECK(!segments.empty(), "CachedKraken: forward of no segments; pass at least one");
-        seen_.assign(static_cast<std::size_t>(cache_.slots()), false);
-        for (const Segment& s : segments) {
-            LOOM_CHECK(s.slot >= 0 && s.slot < cache_.slots(), "CachedKraken: slot ", s.slot, " is not in [0, ",
-                       cache_.slots(), ")");
-            LOOM_CHECK(!seen_[static_cast<std::size_t>(s.slot)], "CachedKraken: slot ", s.slot,
-                       " appears twice in one forward; give each sequence one segment");
-            seen_[static_cast<std::size_t>(s.slot)] = true;
-            LOOM_CHECK(!s.tokens.empty() && s.parents.empty(), "CachedKraken: slot ", s.slot,
-                       " has an empty segment or a token tree; give a chain of at least one token");
-            const std::int64_t held = cache_.length(s.slot), count = static_cast<std::int64_t>(s.tokens.size());
-            LOOM_CHECK(count <= cache_.capacity() - held, "CachedKraken: slot ", s.slot, " holds ", held,
-                       " positions and ", count, " more would exceed the cache's capacity of ", cache_.capacity());
-            for (const std::int32_t t : s.tokens)
-                LOOM_CHECK(t >= 0 && t < config_.vocab, "CachedKraken: token id ", t, " of slot ", s.slot,
-                           " is outside the vocabulary [0, ", config_.vocab, ")");
-        }
+        check_segments("CachedKraken", cache_, segments, config_.vocab, seen_, depths_);
+        for (const Segment& s : segments)
+            LOOM_CHECK(s.parents.empty(), "CachedKraken: slot ", s.slot,
+                       " has a token tree; this engine runs chains (CachedGpt runs trees)");
     }
 
     void resize(std::int64_t rows) {
@@ -221,13 +210,10 @@ private:
         branch_.resize(r * C);
         qkv_.resize(r * 3 * local_width);
         attended_.resize(r * local_width);
-        attended_new_.resize(r * local_width);
         hidden_.resize(r * 4 * local_width);
         activated_.resize(r * 4 * local_width);
         mean_.resize(r);
         rstd_.resize(r);
-        lse_.resize(r * static_cast<std::size_t>(heads_));
-        lse_new_.resize(lse_.size());
         rows_ = rows;
     }
 
@@ -253,17 +239,12 @@ private:
         gpt::KrakenSubLayer& sub = model_.layers[static_cast<std::size_t>(l)].subs[static_cast<std::size_t>(k)];
         layernorm_rows(sub.attention.ln, local(k), normed_.data(), rows, mean_.data(), rstd_.data());
         linear(sub.attention.attn.qkv, normed_.data(), qkv_.data(), rows);
-        const std::int64_t W = width_, H = heads_, D = W / H, cache_layer = l * subs_ + k;
+        const std::int64_t W = width_, cache_layer = l * subs_ + k;
         std::int64_t row = 0;
         for (std::size_t i = 0; i < segments.size(); ++i) {
             const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-            const float* q = qkv_.data() + row * 3 * W;
-            cache_keys_values(cache_, cache_layer, segments[i].slot, starts_[i], count, q + W, 3 * W);
-            float* out = attended_.data() + row * W;
-            kernels::attention_block_forward(host_device, q, 3 * W, q + W, q + 2 * W, 3 * W, out, lse_.data(), 1,
-                                             count, count, H, D, kernels::BlockMask::causal);
-            attend_cached_pages(cache_, cache_layer, segments[i].slot, starts_[i], q, 3 * W, count, H, D, out,
-                                lse_.data(), attended_new_.data(), lse_new_.data());
+            attention_.run(cache_, cache_layer, segments[i].slot, starts_[i], count, {}, qkv_.data() + row * 3 * W,
+                           3 * W, heads_, W / heads_, attended_.data() + row * W, work_);
             row += count;
         }
         linear(sub.attention.attn.proj, attended_.data(), attention_out(k), rows);
@@ -310,8 +291,11 @@ private:
     double waiting_ = 0;
     std::vector<std::int64_t> starts_;
     std::vector<bool> seen_;
+    std::vector<std::int64_t> depths_;  // check_segments' scratch
+    SegmentAttention attention_;
+    WorkCount work_;  // counted by the shared attention; not reported
     std::vector<float> h_, locals_, attended_branch_, partial_, reduced_, normed_, u_, branch_, qkv_, attended_,
-        attended_new_, hidden_, activated_, mean_, rstd_, lse_, lse_new_, last_, logits_;
+        hidden_, activated_, mean_, rstd_, last_, logits_;
 };
 
 }  // namespace loom::infer

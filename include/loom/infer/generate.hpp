@@ -36,7 +36,7 @@ struct Completion {
 // order, and a slot a request leaves is refilled at the next step (the newcomer's prompt
 // is prefilled in the same forward as the others' decode tokens). The cache's
 // slots must be free; they are free again afterwards, even on an error.
-[[nodiscard]] inline std::vector<Completion> generate(CachedGpt& engine, std::span<const Request> requests) {
+[[nodiscard]] inline std::vector<Completion> generate(Engine& engine, std::span<const Request> requests) {
     KvCache& cache = engine.cache();
     LOOM_CHECK(!requests.empty(), "generate: no requests");
     for (std::size_t i = 0; i < requests.size(); ++i) {  // every request checked before any runs

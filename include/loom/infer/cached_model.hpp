@@ -1,0 +1,379 @@
+// CachedModel<Model>: prefill and decode with a KV cache for any model a user
+// composes from loom's layers (README, "Your own layer and strategy"), not only
+// loom's GPT. It walks the model as nn::forward does (fields in declaration
+// order, std::vector and std::array elements in order, nn::Residual's skip)
+// and runs each layer on the packed rows of every segment, with no padding:
+//
+//   nn::Embedding            token row + position row, positions after each slot's cached ones
+//   nn::LayerNorm, nn::Linear, nn::Gelu
+//                            on every row at once (the Linears through the packed GEMM, or as
+//                            dot products for a decode step's few rows: infer/cached_rows.hpp)
+//   nn::CausalSelfAttention  per segment, over the slot's cached keys and values
+//                            (infer/segment_attention.hpp); the k-th such layer in forward
+//                            order is layer k of the cache
+//   nn::Residual<...>        its layers, then the skip connection's sum
+//   nn::CrossEntropy         skipped: generation reads the logits before the loss
+//   a user's leaf layer      its own forward on the rows as [1, rows, features], if it says
+//                            `static constexpr bool per_token = true;` (each output row depends
+//                            only on the same position's input row)
+//
+// Any other layer that computes itself mixes positions in a way the cache
+// cannot know, and is a compile error that says so. The model must start with
+// an Embedding, end with features = its vocabulary, be whole (not a tp shard)
+// and have its Params bound on the host; every attention layer must have the
+// cache's width. loom's GPT run through CachedModel gives CachedGpt's logits
+// bit for bit (the same kernels in the same order); CachedGpt remains the
+// engine for tensor- and pipeline-parallel serving and speculative drafts.
+//
+// Logits::last forms the head's rows for each segment's last position only
+// when the model is an aggregate whose fields after the last attention layer
+// act per token (as a GPT's final norm and head do): the rows are compacted
+// after that field. Otherwise every row runs to the end and the last ones are
+// picked.
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/reflect.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/infer/cached_rows.hpp"
+#include "loom/infer/engine.hpp"
+#include "loom/infer/kv_cache.hpp"
+#include "loom/infer/segment_attention.hpp"
+#include "loom/kernels/ops.hpp"
+#include "loom/nn/attention.hpp"
+#include "loom/nn/compose.hpp"
+#include "loom/nn/context.hpp"
+#include "loom/nn/cross_entropy.hpp"
+#include "loom/nn/embedding.hpp"
+#include "loom/nn/gelu.hpp"
+#include "loom/nn/layernorm.hpp"
+#include "loom/nn/linear.hpp"
+#include "loom/nn/residual.hpp"
+
+namespace loom::infer {
+
+// A user's layer that computes itself and may run on cached rows: each output
+// row depends only on the input row at the same position.
+template <class L>
+concept PerTokenLayer = nn::Leaf<L> && requires {
+    { L::per_token } -> std::convertible_to<bool>;
+    requires L::per_token;
+};
+
+namespace cached_model_detail {
+
+template <class T>
+inline constexpr bool is_residual = false;
+template <class... Ls>
+inline constexpr bool is_residual<nn::Residual<Ls...>> = true;
+
+}  // namespace cached_model_detail
+
+template <class Model>
+class CachedModel final : public Engine {
+public:
+    // `model` and `cache` are referenced, not copied; the cache has one layer
+    // per CausalSelfAttention of the model, of its width, and at most the
+    // Embedding's positions per slot.
+    CachedModel(Model& model, KvCache& cache) : model_(model), cache_(cache) { survey(); }
+
+    [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
+    [[nodiscard]] std::int64_t vocab() const noexcept override { return embedding_->vocab(); }
+    // The model's attention layers (= the cache's layers).
+    [[nodiscard]] std::int64_t attention_layers() const noexcept { return attention_count_; }
+    [[nodiscard]] const WorkCount& work() const noexcept { return work_; }
+    void reset_work() noexcept { work_ = {}; }
+
+    std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) override {
+        check_segments("CachedModel", cache_, segments, vocab(), seen_, depths_);
+        segments_ = segments;
+        starts_.clear();
+        rows_ = 0;
+        for (const Segment& s : segments) {
+            starts_.push_back(cache_.length(s.slot));
+            rows_ += static_cast<std::int64_t>(s.tokens.size());
+        }
+        for (const Segment& s : segments) cache_.reserve(s.slot, static_cast<std::int64_t>(s.tokens.size()));
+        try {
+            run_model(which);
+        } catch (...) {
+            // Nothing kept from a forward that failed: each slot back to the positions it held.
+            for (std::size_t i = 0; i < segments.size(); ++i) cache_.truncate(segments[i].slot, starts_[i]);
+            throw;
+        }
+        if (which == Logits::every || compacted_)
+            return {x_.data, static_cast<std::size_t>(x_.rows * x_.features)};
+        const auto n = static_cast<std::int64_t>(segments.size()), V = vocab();
+        last_.resize(static_cast<std::size_t>(n * V));
+        std::int64_t row = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+            row += static_cast<std::int64_t>(segments[static_cast<std::size_t>(i)].tokens.size());
+            std::memcpy(last_.data() + i * V, x_.data + (row - 1) * V, static_cast<std::size_t>(V) * sizeof(float));
+        }
+        return last_;
+    }
+
+private:
+    // The walk over the model's layers, from the segments' tokens to their logits in x_.
+    void run_model(Logits which) {
+        context_.reset();
+        std::fill(held_.begin(), held_.end(), 0);  // none left held by a forward that failed
+        attention_seen_ = 0;
+        compacted_ = false;
+        x_ = {};
+        if constexpr (nn::Leaf<Model> || reflect::LayerSequence<Model> || cached_model_detail::is_residual<Model>) {
+            run(model_);
+        } else {
+            // The top level's fields one by one, so that the rows can be compacted to each segment's last
+            // position once no attention layer is left (what the head reads for Logits::last).
+            std::apply([&](auto&... field) {
+                ((run_field(field), compact_if_done(which)), ...);
+            }, nn::detail::fields_of(model_));
+        }
+        LOOM_CHECK(x_.features == vocab(), "CachedModel: the model's last layer gives ", x_.features,
+                   " features per token but its Embedding has a vocabulary of ", vocab(),
+                   "; end the model with a head of ", vocab(), " outputs (the logits)");
+    }
+
+    // The activation rows in flight: `rows` x `features` floats in buffer `buffer` of the pool.
+    struct Rows {
+        int buffer = -1;
+        std::int64_t rows = 0, features = 0;
+        float* data = nullptr;
+    };
+
+    // Checks the model once, in forward order: an Embedding first, whole
+    // attention layers of the cache's width, every Param bound on the host.
+    void survey() {
+        std::string first;  // the path of the first layer that computes itself
+        reflect::visit_layers(model_, [&](auto& layer, std::string_view path) {
+            using L = std::remove_cvref_t<decltype(layer)>;
+            if constexpr (std::same_as<L, nn::Embedding>) {
+                LOOM_CHECK(embedding_ == nullptr, "CachedModel: a second Embedding at field path ", path,
+                           "; the engine embeds the tokens once, at the model's first layer");
+                LOOM_CHECK(first.empty(), "CachedModel: the model's first layer (field path ", first,
+                           ") is not an nn::Embedding; the cached forward starts from token ids");
+                LOOM_CHECK(!layer.vocab_parallel() && !layer.grid(), "CachedModel: the Embedding at field path ",
+                           path, " is a tensor-parallel shard; serve the whole model");
+                embedding_ = &layer;
+            } else if constexpr (std::same_as<L, nn::CausalSelfAttention>) {
+                LOOM_CHECK(layer.local_heads() == layer.heads && layer.input_width() == layer.width(),
+                           "CachedModel: the attention at field path ", path, " is a tensor-parallel shard (",
+                           layer.local_heads(), " of ", layer.heads, " heads); serve the whole model");
+                LOOM_CHECK(layer.width() == cache_.width(), "CachedModel: the attention at field path ", path,
+                           " has width ", layer.width(), " but the cache holds rows of width ", cache_.width(),
+                           "; build the cache with the attention layers' width (every one must have it)");
+                ++attention_count_;
+            } else if constexpr (std::same_as<L, nn::Linear>) {
+                LOOM_CHECK(layer.split == nn::Split::none, "CachedModel: the Linear at field path ", path,
+                           " is a tensor-parallel shard; serve the whole model");
+            }
+            if constexpr (nn::Leaf<L>)
+                if (first.empty()) first = path.empty() ? std::string("(the model itself)") : std::string(path);
+        });
+        LOOM_CHECK(embedding_ != nullptr, "CachedModel: the model has no nn::Embedding; the cached forward starts "
+                   "from token ids, so the model's first layer must be one");
+        LOOM_CHECK(attention_count_ == cache_.layers(), "CachedModel: the model has ", attention_count_,
+                   " CausalSelfAttention layers but the cache has ", cache_.layers(),
+                   "; build the cache with one layer per attention layer");
+        LOOM_CHECK(cache_.capacity() <= embedding_->max_sequence(), "CachedModel: the cache holds ",
+                   cache_.capacity(), " positions per slot but the Embedding has positions for ",
+                   embedding_->max_sequence(), "; build the cache with capacity <= ", embedding_->max_sequence());
+        reflect::visit_params(model_, [&](const Param& p, std::string_view path) {
+            LOOM_CHECK(p.bound(), "CachedModel: the Param at field path ", path, " is not bound; give the model a "
+                       "ParamArena (and load or initialise it) first");
+            LOOM_CHECK(p.numel() == 0 || p.value.device().kind == DeviceKind::host, "CachedModel: the Param at "
+                       "field path ", path, " lives on a device; this engine runs on the host");
+        });
+    }
+
+    template <class F>
+    void run_field(F& field) {
+        nn::detail::reject_loose_params<F>();
+        if constexpr (nn::detail::runs_as_layer<F>) run(field);
+    }
+
+    // After a top-level field: once every attention layer has run, only per-token layers are left,
+    // so for Logits::last each segment's last row is all that needs to go on.
+    void compact_if_done(Logits which) {
+        if (which != Logits::last || compacted_ || x_.data == nullptr || attention_seen_ < attention_count_) return;
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < segments_.size(); ++i) {
+            row += static_cast<std::int64_t>(segments_[i].tokens.size());
+            if (row - 1 != static_cast<std::int64_t>(i))
+                std::memmove(x_.data + static_cast<std::int64_t>(i) * x_.features, x_.data + (row - 1) * x_.features,
+                             static_cast<std::size_t>(x_.features) * sizeof(float));
+        }
+        x_.rows = static_cast<std::int64_t>(segments_.size());
+        compacted_ = true;
+    }
+
+    // nn::forward's walk, on x_.
+    template <class L>
+    void run(L& layer) {
+        if constexpr (std::same_as<L, nn::Embedding>) {
+            embed(layer);
+        } else if constexpr (std::same_as<L, nn::CrossEntropy>) {
+            // The loss: generation reads the logits that enter it.
+        } else if constexpr (cached_model_detail::is_residual<L>) {
+            require_rows("an nn::Residual");
+            const Rows skip = x_;
+            ++held_[static_cast<std::size_t>(skip.buffer)];
+            std::apply([&](auto&... each) { (run(each), ...); }, layer.layers);
+            --held_[static_cast<std::size_t>(skip.buffer)];
+            LOOM_CHECK(x_.features == skip.features && x_.rows == skip.rows, "CachedModel: an nn::Residual's layers "
+                       "turned ", skip.features, " features per token into ", x_.features,
+                       "; a skip connection needs them equal");
+            add_rows(x_.data, skip.data, x_.rows * x_.features);
+        } else if constexpr (std::same_as<L, nn::LayerNorm>) {
+            require_rows("an nn::LayerNorm", layer.features());
+            const Rows out = take(x_.features, {x_.buffer});
+            mean_.resize(static_cast<std::size_t>(x_.rows));
+            rstd_.resize(mean_.size());
+            layernorm_rows(layer, x_.data, out.data, x_.rows, mean_.data(), rstd_.data());
+            x_ = out;
+        } else if constexpr (std::same_as<L, nn::Linear>) {
+            x_ = linear(layer, x_, {});
+        } else if constexpr (std::same_as<L, nn::Gelu>) {
+            require_rows("an nn::Gelu");
+            const Rows out = take(x_.features, {x_.buffer});
+            const std::int64_t n = x_.rows * x_.features;
+            kernels::gelu_forward(host_rows(x_.data, n), host_rows(out.data, n));
+            x_ = out;
+        } else if constexpr (std::same_as<L, nn::CausalSelfAttention>) {
+            attend(layer);
+        } else if constexpr (nn::Leaf<L>) {
+            static_assert(PerTokenLayer<L>,
+                          "CachedModel: this layer computes itself, and the cache cannot know how it mixes "
+                          "positions. If each output row depends only on the same position's input row, give it "
+                          "`static constexpr bool per_token = true;`; a layer that mixes positions (attention of "
+                          "its own) cannot run on cached rows");
+            require_rows("a per-token layer");
+            const Tensor y = layer.forward(context_, Tensor::of(x_.data, Shape{1, x_.rows, x_.features}));
+            LOOM_CHECK(y.rank() == 3 && y.dim(0) == 1 && y.dim(1) == x_.rows, "CachedModel: a per-token layer "
+                       "turned rows of shape [1, ", x_.rows, ", ", x_.features, "] into ", y.shape(),
+                       "; it must keep [1, rows, features]");
+            const Rows out = take(y.dim(2), {x_.buffer});
+            std::memcpy(out.data, y.data<float>(), static_cast<std::size_t>(y.numel()) * sizeof(float));
+            x_ = out;
+        } else if constexpr (reflect::LayerSequence<L>) {
+            for (auto& element : layer) run(element);
+        } else {
+            std::apply([&](auto&... field) { (run_field(field), ...); }, nn::detail::fields_of(layer));
+        }
+    }
+
+    void require_rows(const char* what, std::int64_t features = -1) const {
+        LOOM_CHECK(x_.data != nullptr, "CachedModel: ", what, " runs before the model's Embedding; the cached "
+                   "forward starts from token ids");
+        LOOM_CHECK(features < 0 || features == x_.features, "CachedModel: ", what, " of ", features,
+                   " features is given rows of ", x_.features);
+    }
+
+    // x_ = token row + position row (nn::Embedding's sum), positions after each slot's cached ones.
+    void embed(const nn::Embedding& layer) {
+        const std::int64_t C = layer.width();
+        const Rows out = take(C, std::span<const int>{}, rows_);
+        const float* token = layer.token.value.data<float>();
+        const float* position = layer.position.value.data<float>();
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < segments_.size(); ++i) {
+            const Segment& s = segments_[i];
+            if (!s.parents.empty()) tree_depths(s.parents, depths_);
+            for (std::size_t t = 0; t < s.tokens.size(); ++t, ++row) {
+                const float* a = token + static_cast<std::int64_t>(s.tokens[t]) * C;
+                const std::int64_t offset = s.parents.empty() ? static_cast<std::int64_t>(t) : depths_[t];
+                const float* b = position + (starts_[i] + offset) * C;
+                float* y = out.data + row * C;
+                for (std::int64_t c = 0; c < C; ++c) y[c] = a[c] + b[c];
+            }
+        }
+        x_ = out;
+    }
+
+    // y = x W^T + b over every row (nn::Linear's forward at f32).
+    [[nodiscard]] Rows linear(const nn::Linear& layer, const Rows& in, std::initializer_list<int> also_avoid) {
+        require_rows("an nn::Linear", layer.in());
+        std::vector<int>& avoid = avoid_;
+        avoid.assign(also_avoid);
+        avoid.push_back(in.buffer);
+        const Rows out = take(layer.out(), avoid, in.rows);
+        work_.linear_flops += 2 * in.rows * layer.in() * layer.out();
+        matmul_rows(in.data, layer.weight.value.data<float>(), layer.has_bias() ? layer.bias.value.data<float>() : nullptr,
+                    out.data, in.rows, layer.in(), layer.out());
+        return out;
+    }
+
+    // qkv, each segment's attention over its slot's cache, the output projection.
+    void attend(const nn::CausalSelfAttention& layer) {
+        require_rows("an nn::CausalSelfAttention", layer.width());
+        LOOM_CHECK(!compacted_, "CachedModel: internal: attention after the rows were compacted");
+        const std::int64_t C = layer.width(), H = layer.heads, l = attention_seen_++;
+        work_.linear_rows += x_.rows;
+        const Rows qkv = linear(layer.qkv, x_, {});
+        const Rows attended = take(C, {qkv.buffer, x_.buffer});
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < segments_.size(); ++i) {
+            const auto count = static_cast<std::int64_t>(segments_[i].tokens.size());
+            attention_.run(cache_, l, segments_[i].slot, starts_[i], count, segments_[i].parents,
+                           qkv.data + row * 3 * C, 3 * C, H, C / H, attended.data + row * C, work_);
+            row += count;
+        }
+        x_ = linear(layer.proj, attended, {qkv.buffer});
+    }
+
+    // A pool buffer for rows x features (x_'s rows unless given), not one of `avoid` nor one a
+    // Residual holds.
+    [[nodiscard]] Rows take(std::int64_t features, std::span<const int> avoid, std::int64_t rows) {
+        std::size_t b = 0;
+        while (b < pool_.size() &&
+               (held_[b] > 0 || std::find(avoid.begin(), avoid.end(), static_cast<int>(b)) != avoid.end()))
+            ++b;
+        if (b == pool_.size()) {
+            pool_.emplace_back();
+            held_.push_back(0);
+        }
+        pool_[b].resize(static_cast<std::size_t>(rows * features));
+        return {static_cast<int>(b), rows, features, pool_[b].data()};
+    }
+    [[nodiscard]] Rows take(std::int64_t features, std::initializer_list<int> avoid) {
+        return take(features, std::span<const int>(avoid.begin(), avoid.size()), x_.rows);
+    }
+
+    Model& model_;
+    KvCache& cache_;
+    const nn::Embedding* embedding_ = nullptr;
+    std::int64_t attention_count_ = 0;
+    WorkCount work_;
+    SegmentAttention attention_;
+    nn::Context context_;  // the per-token user layers' forward
+
+    // One forward's state.
+    std::span<const Segment> segments_;
+    std::vector<std::int64_t> starts_;
+    std::int64_t rows_ = 0, attention_seen_ = 0;
+    bool compacted_ = false;
+    Rows x_;
+
+    // Scratch kept between calls, so that a decode step allocates nothing once warm.
+    std::deque<std::vector<float>> pool_;  // a deque: a new buffer never moves the others
+    std::vector<int> held_;                // per buffer: how many Residuals keep it as their skip
+    std::vector<int> avoid_;
+    std::vector<bool> seen_;
+    std::vector<std::int64_t> depths_;
+    std::vector<float> mean_, rstd_, last_;
+};
+
+}  // namespace loom::infer

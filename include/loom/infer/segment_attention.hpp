@@ -1,0 +1,79 @@
+// Causal attention of one segment's new rows over their slot's cached keys and
+// values, in a given layer of the cache: the new keys and values are appended,
+// then each new row attends to the cached prefix and to the new rows before it
+// (a chain) or to its ancestors (a tree). One copy for every engine that
+// caches a loom CausalSelfAttention (infer/cached_gpt.hpp,
+// infer/cached_model.hpp), so both compute a layer the same way, bit for bit.
+//
+// The paths: a decode step's few rows go straight over the pages
+// (infer/few_queries_attention.hpp says why); longer chains run the new rows
+// among themselves through the training forward's block kernels (for a fresh
+// prompt, exactly kernels::attention_forward's tiles), then fold in each cached
+// page as a full block by log-sum-exp (ring attention's rule); a tree runs its
+// own mask (infer/tree_attention.hpp) and then the same pages.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "loom/infer/cached_rows.hpp"
+#include "loom/infer/engine.hpp"
+#include "loom/infer/few_queries_attention.hpp"
+#include "loom/infer/kv_cache.hpp"
+#include "loom/infer/tree_attention.hpp"
+#include "loom/kernels/attention_block_ops.hpp"
+
+namespace loom::infer {
+
+class SegmentAttention {
+public:
+    // `count` new rows of `slot` at positions [start, start + count): row t's
+    // q, k and v (H heads of D features each, one after another) start at
+    // qkv + t * ld. Their keys and values go to `layer` of the cache, their
+    // attention output to out ([count, H * D]); the work is added to `work`.
+    // With `parents` (one per row), the rows are a tree's nodes.
+    void run(KvCache& cache, std::int64_t layer, std::int64_t slot, std::int64_t start, std::int64_t count,
+             std::span<const std::int32_t> parents, const float* qkv, std::int64_t ld, std::int64_t H,
+             std::int64_t D, float* out, WorkCount& work) {
+        const std::int64_t C = H * D;
+        cache_keys_values(cache, layer, slot, start, count, qkv + C, ld);
+        using kernels::BlockMask;
+        // Pairs a causal chain uses: each new row sees the cached ones and itself and those before
+        // it; a tree's node sees the cache and its ancestors (depth of them) and itself.
+        std::int64_t pairs = count * start;
+        if (parents.empty()) {
+            pairs += count * (count + 1) / 2;
+        } else {
+            tree_depths(parents, depths_);
+            for (std::int64_t t = 0; t < count; ++t) pairs += depths_[static_cast<std::size_t>(t)] + 1;
+        }
+        work.attention_pairs += pairs;
+        work.attention_flops += 4 * D * H * pairs;
+        if (parents.empty() && count <= few_queries) {
+            attend_few_queries(cache, layer, slot, start, qkv, ld, count, H, D, out, scores_, pages_);
+            return;
+        }
+        lse_.resize(static_cast<std::size_t>(count * H));
+        lse_page_.resize(lse_.size());
+        out_page_.resize(static_cast<std::size_t>(count * C));
+        if (parents.empty())
+            kernels::attention_block_forward(host_device, qkv, ld, qkv + C, qkv + 2 * C, ld, out, lse_.data(), 1,
+                                             count, count, H, D, BlockMask::causal);
+        else
+            tree_attention_forward(qkv, ld, qkv + C, qkv + 2 * C, ld, parents, out, lse_.data(), H, D, ancestors_,
+                                   tree_weights_);
+        attend_cached_pages(cache, layer, slot, start, qkv, ld, count, H, D, out, lse_.data(), out_page_.data(),
+                            lse_page_.data());
+    }
+
+private:
+    // Scratch kept between calls, so that a decode step allocates nothing.
+    std::vector<std::int64_t> depths_, ancestors_;  // a tree's
+    std::vector<float> tree_weights_;
+    std::vector<float> scores_;        // attend_few_queries'
+    std::vector<const float*> pages_;  // its page pointers
+    std::vector<float> lse_, lse_page_, out_page_;
+};
+
+}  // namespace loom::infer

@@ -1,0 +1,266 @@
+// CachedModel (include/loom/infer/cached_model.hpp), the KV-cached forward of
+// any model composed from loom's layers: loom's GPT through it gives
+// CachedGpt's logits bit for bit; a user's model of another shape (post-LN
+// blocks in a std::array, a per-token layer of the user's own, three attention
+// layers, no loss) generates by the cache exactly what re-running its whole
+// sequence every step gives, alone, batched, continuously batched and sampled;
+// and every model or input the engine cannot run is refused in one line.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "loom/gpt/model.hpp"
+#include "loom/infer/cached_gpt.hpp"
+#include "loom/infer/cached_model.hpp"
+#include "loom/infer/generate.hpp"
+#include "loom/infer/kv_cache.hpp"
+#include "loom/infer/sampler.hpp"
+#include "loom/nn/param_arena.hpp"
+#include "support/message_of.hpp"
+#include "support/scaled_gpt.hpp"
+#include "support/test_file.hpp"
+
+namespace LOOM_TEST_FILE {
+
+namespace {
+
+namespace nn = loom::nn;
+using loom::Shape;
+using loom::Tensor;
+using loom::infer::CachedGpt;
+using loom::infer::CachedModel;
+using loom::infer::Completion;
+using loom::infer::KvCache;
+using loom::infer::Logits;
+using loom::infer::Request;
+using loom::infer::Segment;
+using loom_test::message_of;
+using loom_test::prompt_of;
+
+// The user's own layer: softsign, y = x / (1 + |x|), row by row. It says it acts per token.
+struct Softsign {
+    static constexpr bool per_token = true;
+    struct Saved {
+        Tensor x;
+    };
+    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& x) {
+        ctx.saved<Saved>(this).x = x;
+        Tensor y = ctx.alloc(x.shape());
+        const float* in = x.data<float>();
+        float* out = y.data<float>();
+        for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = in[i] / (1.0f + std::abs(in[i]));
+        return y;
+    }
+    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dy) {
+        const Tensor& x = ctx.saved<Saved>(this).x;
+        Tensor dx = ctx.alloc(dy.shape());
+        for (std::int64_t i = 0; i < dy.numel(); ++i) {
+            const float d = 1.0f + std::abs(x.data<float>()[i]);
+            dx.data<float>()[i] = dy.data<float>()[i] / (d * d);
+        }
+        return dx;
+    }
+};
+
+struct PostNormBlock {
+    nn::Residual<nn::CausalSelfAttention> attention;  // post-LN: the norm comes after the sum
+    nn::LayerNorm norm1;
+    nn::Residual<nn::Linear, Softsign, nn::Linear> mlp;
+    nn::LayerNorm norm2;
+};
+
+struct UserLm {
+    nn::Embedding embed;
+    std::array<PostNormBlock, 2> blocks;
+    nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> last;  // a third attention, pre-LN
+    nn::LayerNorm norm;
+    nn::Linear head;
+};
+
+constexpr std::int64_t V = 37, T = 28, C = 24, heads = 3;
+
+PostNormBlock post_norm_block() {
+    return {{{nn::CausalSelfAttention::make(C, heads)}},
+            nn::LayerNorm::make(C),
+            {{nn::Linear::make(C, 2 * C), Softsign{}, nn::Linear::make(2 * C, C)}},
+            nn::LayerNorm::make(C)};
+}
+
+// Random weights scaled up (as support/scaled_gpt.hpp does), so greedy choices are clear-cut.
+struct ScaledUserLm {
+    UserLm model{nn::Embedding::make(V, T, C),
+                 {post_norm_block(), post_norm_block()},
+                 {{nn::LayerNorm::make(C), nn::CausalSelfAttention::make(C, heads)}},
+                 nn::LayerNorm::make(C),
+                 nn::Linear::make(C, V)};
+    nn::ParamArena arena{model};
+    explicit ScaledUserLm(std::uint64_t seed) {
+        arena.initialize(model, seed);
+        for (float& v : arena.values()) v *= 6.0f;
+    }
+};
+
+// The whole sequence through nn::forward: every position's logits.
+std::vector<float> full_logits(UserLm& model, const std::vector<std::int32_t>& tokens) {
+    nn::Context ctx;
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    const Tensor logits = nn::forward(model, ctx, Tensor::of(tokens.data(), Shape{1, n}));
+    return {logits.data<float>(), logits.data<float>() + n * V};
+}
+
+std::vector<std::int32_t> greedy_by_recomputing(UserLm& model, std::vector<std::int32_t> tokens, std::int64_t count) {
+    std::vector<std::int32_t> out;
+    for (std::int64_t k = 0; k < count; ++k) {
+        const std::vector<float> logits = full_logits(model, tokens);
+        const auto chosen = loom::infer::argmax(std::span(logits).last(static_cast<std::size_t>(V)));
+        out.push_back(chosen);
+        tokens.push_back(chosen);
+    }
+    return out;
+}
+
+std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
+
+Request request(std::vector<std::int32_t> prompt, std::int64_t new_tokens, bool greedy) {
+    Request r;
+    r.prompt = std::move(prompt);
+    r.max_new_tokens = new_tokens;
+    r.sampling.greedy = greedy;
+    return r;
+}
+
+TEST_CASE("loom's GPT through CachedModel gives CachedGpt's logits bit for bit", "[infer][user-model]") {
+    loom_test::ScaledGpt gpt({.layers = 2, .width = 32, .heads = 4, .seq = 40, .vocab = 40}, 5, 8.0f);
+    const auto& config = gpt.config;
+    KvCache a(config.layers, config.width, 3, 40, 8), b(config.layers, config.width, 3, 40, 8);
+    CachedGpt reference(gpt.model, config, a);
+    CachedModel<loom::gpt::Model> engine(gpt.model, b);
+    CHECK(engine.attention_layers() == 2);
+    CHECK(engine.vocab() == 40);
+    const auto p0 = prompt_of(13, 40, 1), p1 = prompt_of(5, 40, 2), p2 = prompt_of(20, 40, 3);
+    // Two prompts packed, every position's logits; then a third prompt beside their decode steps.
+    const std::vector<Segment> prompts{{0, p0}, {1, p1}};
+    CHECK(copy(engine.forward(prompts, Logits::every)) == copy(reference.forward(prompts, Logits::every)));
+    const std::vector<std::int32_t> next{7, 9};
+    const std::vector<Segment> mixed{{0, std::span(next).first(1)}, {2, p2}, {1, std::span(next).last(1)}};
+    CHECK(copy(engine.forward(mixed)) == copy(reference.forward(mixed)));
+    // A token tree (CaPE's verification) after slot 1's cached positions.
+    const std::vector<std::int32_t> tree{3, 4, 5, 6}, parents{-1, 0, 0, 1};
+    const std::vector<Segment> treed{{1, tree, parents}};
+    CHECK(copy(engine.forward(treed, Logits::every)) == copy(reference.forward(treed, Logits::every)));
+    CHECK(engine.work().attention_pairs == reference.work().attention_pairs);
+    CHECK(engine.work().linear_flops == reference.work().linear_flops);
+    CHECK(engine.work().linear_rows == reference.work().linear_rows);
+}
+
+TEST_CASE("a user's model: cached logits equal its full forward, and greedy generation equals recomputation",
+          "[infer][user-model]") {
+    ScaledUserLm user(11);
+    KvCache cache(3, C, 4, T, 4);
+    CachedModel<UserLm> engine(user.model, cache);
+    REQUIRE(engine.attention_layers() == 3);
+
+    SECTION("prefill in one piece and in chunks: every position's logits") {
+        const auto prompt = prompt_of(19, V, 4);
+        const std::vector<float> full = full_logits(user.model, prompt);
+        const Segment whole{0, prompt};
+        CHECK(loom_test::max_relative_difference(engine.forward(std::span(&whole, 1), Logits::every), full) < 1e-5);
+        // Slot 1 takes the same prompt in chunks of 7, 1 and 11 tokens (the decode path for the 1).
+        std::int64_t at = 0;
+        for (const std::int64_t chunk : {7, 1, 11}) {
+            const Segment piece{1, std::span(prompt).subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(chunk))};
+            const auto got = engine.forward(std::span(&piece, 1), Logits::every);
+            CHECK(loom_test::max_relative_difference(
+                      got, std::span(full).subspan(static_cast<std::size_t>(at * V), static_cast<std::size_t>(chunk * V))) <
+                  1e-5);
+            at += chunk;
+        }
+    }
+
+    SECTION("greedy, continuously batched: 5 requests of mixed lengths on 2 slots, each as if alone") {
+        std::vector<Request> requests;
+        for (std::int32_t i = 0; i < 5; ++i)
+            requests.push_back(request(prompt_of(2 + 4 * i, V, i), 8 - i, /*greedy=*/true));
+        KvCache two(3, C, 2, T, 4);
+        CachedModel<UserLm> narrow(user.model, two);
+        const std::vector<Completion> got = loom::infer::generate(narrow, requests);
+        for (std::size_t i = 0; i < requests.size(); ++i)
+            CHECK(got[i].tokens == greedy_by_recomputing(user.model, requests[i].prompt, requests[i].max_new_tokens));
+        for (std::int64_t s = 0; s < two.slots(); ++s) CHECK(two.length(s) == 0);
+    }
+
+    SECTION("sampling: the same tokens for a seed, alone or beside other requests") {
+        Request sampled = request(prompt_of(6, V, 9), 10, /*greedy=*/false);
+        sampled.sampling.temperature = 1.3f;
+        sampled.sampling.seed = 77;
+        const auto alone = loom::infer::generate(engine, std::span(&sampled, 1));
+        const std::vector<Request> crowd{request(prompt_of(11, V, 2), 5, false), sampled,
+                                         request(prompt_of(3, V, 5), 12, false)};
+        const auto together = loom::infer::generate(engine, crowd);
+        CHECK(together[1].tokens == alone[0].tokens);
+    }
+}
+
+// A model that does not start from token ids.
+struct HeadFirst {
+    nn::LayerNorm norm;
+    nn::Embedding embed;
+    nn::Linear head;
+};
+
+// A model whose head does not give the vocabulary's logits.
+struct WrongHead {
+    nn::Embedding embed;
+    nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> attention;
+    nn::Linear head;
+};
+
+TEST_CASE("models and inputs CachedModel cannot run are refused in one line", "[infer][user-model]") {
+    {
+        HeadFirst model{nn::LayerNorm::make(8), nn::Embedding::make(10, 8, 8), nn::Linear::make(8, 10)};
+        nn::ParamArena arena(model);
+        KvCache cache(1, 8, 1, 8);
+        CHECK(message_of([&] { CachedModel<HeadFirst> engine(model, cache); }) ==
+              "CachedModel: the model's first layer (field path 0) is not an nn::Embedding; the cached forward "
+              "starts from token ids");
+    }
+    WrongHead model{nn::Embedding::make(10, 8, 8), {{nn::LayerNorm::make(8), nn::CausalSelfAttention::make(8, 2)}},
+                    nn::Linear::make(8, 9)};
+    KvCache cache(1, 8, 2, 8);
+    CHECK(message_of([&] { CachedModel<WrongHead> engine(model, cache); }) ==
+          "CachedModel: the Param at field path 0.0 is not bound; give the model a ParamArena (and load or "
+          "initialise it) first");
+    nn::ParamArena arena(model);
+    arena.initialize(model, 1);
+    KvCache two_layers(2, 8, 1, 8), narrow(1, 4, 1, 8), long_cache(1, 8, 1, 9);
+    CHECK(message_of([&] { CachedModel<WrongHead> engine(model, two_layers); }) ==
+          "CachedModel: the model has 1 CausalSelfAttention layers but the cache has 2; build the cache with one "
+          "layer per attention layer");
+    CHECK(message_of([&] { CachedModel<WrongHead> engine(model, narrow); }) ==
+          "CachedModel: the attention at field path 1.1 has width 8 but the cache holds rows of width 4; build the "
+          "cache with the attention layers' width (every one must have it)");
+    CHECK(message_of([&] { CachedModel<WrongHead> engine(model, long_cache); }) ==
+          "CachedModel: the cache holds 9 positions per slot but the Embedding has positions for 8; build the cache "
+          "with capacity <= 8");
+    CachedModel<WrongHead> engine(model, cache);
+    const std::vector<std::int32_t> tokens{1, 2, 3};
+    const Segment segment{0, tokens};
+    CHECK(message_of([&] { (void)engine.forward(std::span(&segment, 1)); }) ==
+          "CachedModel: the model's last layer gives 9 features per token but its Embedding has a vocabulary of 10; "
+          "end the model with a head of 10 outputs (the logits)");
+    CHECK(cache.length(0) == 0);  // a failed forward leaves the cache as it found it
+    CHECK(cache.free_blocks() == cache.blocks());
+    const std::vector<std::int32_t> outside{1, 10};
+    const Segment bad{1, outside};
+    CHECK(message_of([&] { (void)engine.forward(std::span(&bad, 1)); }) ==
+          "CachedModel: token id 10 at position 1 of slot 1 is outside the vocabulary [0, 10)");
+}
+
+}  // namespace
+
+}  // namespace LOOM_TEST_FILE
