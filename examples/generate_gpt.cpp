@@ -9,7 +9,7 @@
 //
 //   generate_gpt --checkpoint FILE [--layers L --width C --heads H --seq T --vocab V]
 //                [--prompt TEXT]... [--max-new N] [--greedy | --temperature T --top-k K --top-p P]
-//                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N] [--tp N | --pp N]
+//                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N] [--tp N] [--pp N]
 //   generate_gpt --random [the same flags]
 //   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //       [--cape [--cape-bins K@P,...,K]] [--glide]
@@ -37,12 +37,14 @@
 // (infer/pipeline_parallel_gpt.hpp: EnergonAI's non-blocking pipeline): stage
 // s holds blocks [s L/N, (s+1) L/N) of the checkpoint and a KV cache of those
 // blocks, the running prompts move through the stages in N groups, and the text
-// is --pp 1's. It takes no draft, and not --tp (a stage is not cut further).
+// is --pp 1's. It takes no draft. With --tp too, each stage is cut over --tp
+// rank threads (tp x pp on --tp x --pp threads).
 //
 // Exit status: 0, 2 for a bad flag (one line naming it and what is valid), 1
 // for anything else (a missing file, a checkpoint of another shape: the
 // library's own message).
 #include <loom/comm/any_comm.hpp>
+#include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/glide_checkpoint.hpp>
@@ -94,7 +96,8 @@ constexpr const char* usage =
     "  --max-batch N      prompts running at once, 0: all (default 0)\n"
     "  --block-size N     positions per block of the paged KV cache (default 16)\n"
     "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n"
-    "  --pp N             pipeline-parallel on N rank threads, N dividing --layers (default 1: the whole model)\n";
+    "  --pp N             pipeline-parallel on N rank threads, N dividing --layers (default 1: the whole model);\n"
+    "                     with --tp, N stages of --tp threads each\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
@@ -172,7 +175,7 @@ Flags parse(int argc, char** argv) {
     if (f.target.config.heads % f.tp != 0)
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
                  f.target.config.heads);
-    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp);
+    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp, /*tp_with_pp=*/true);
     if (f.draft.cape && !f.sampling.greedy)
         bad_flag("--cape is greedy only (its tree acceptance takes the target's argmax); add --greedy");
     for (const std::string& stop : f.stops)
@@ -278,17 +281,22 @@ int run(const Flags& f) {
         }
     };
     if (f.pp > 1) {
-        // Every stage copies its blocks from the whole weights; the completions come back to every rank.
-        loom::comm::ThreadWorld(static_cast<int>(f.pp)).run([&](loom::comm::ThreadComm& comm) {
-            loom::comm::AnyComm pp = loom::comm::AnyComm::view(comm);
+        // Every stage copies its blocks from the whole weights (with --tp, its shard of them); the
+        // completions come back to every rank.
+        loom::comm::ThreadWorld(static_cast<int>(f.pp * f.tp)).run([&](loom::comm::ThreadComm& comm) {
+            loom::comm::Mesh<loom::comm::ThreadComm> mesh(comm, {{"pp", static_cast<int>(f.pp)}, {"tp", static_cast<int>(f.tp)}});
+            loom::comm::AnyComm pp = loom::comm::AnyComm::view(mesh.axis("pp")), tp = loom::comm::AnyComm::view(mesh.axis("tp"));
             const loom::infer::PipelineStage where = loom::infer::pipeline_stage(config, pp.rank(), pp.size());
             loom::gpt::Model stage = loom::infer::make_stage_model(config, where);
+            if (f.tp > 1) loom::infer::shard_for_serving(stage, tp.rank(), tp.size());
             loom::nn::ParamArena stage_arena(stage);
             loom::infer::load_stage_values(stage, config, where, arena.values());
-            loom::infer::KvCache cache = loom::infer::pipeline_cache(config, where, slots, capacity, f.block_size);
-            loom::infer::CachedGpt engine(stage, config, cache, where);
-            std::vector<loom::infer::Completion> mine = loom::infer::generate_pipelined(engine, pp, requests);
-            if (pp.rank() == 0) done = std::move(mine);
+            loom::infer::KvCache cache(where.count, config.width / tp.size(), slots, capacity, f.block_size);
+            std::optional<loom::infer::CachedGpt> engine;
+            if (f.tp > 1) engine.emplace(stage, config, cache, tp, where);
+            else engine.emplace(stage, config, cache, where);
+            std::vector<loom::infer::Completion> mine = loom::infer::generate_pipelined(*engine, pp, requests);
+            if (comm.rank() == 0) done = std::move(mine);
         });
     } else if (f.tp == 1) {
         loom::infer::KvCache cache(config.layers, config.width, slots, capacity, f.block_size);

@@ -2,7 +2,7 @@
 # same text (greedy, and sampled with temperature, top-k and top-p), and the
 # prompts generated one at a time (--max-batch 1, blocks of 5) write what they
 # write batched together: a prompt's tokens do not depend on what it runs
-# beside; and --tp 2 and 4 and --pp 2 (rank threads) write tp 1's text. Random weights (from --seed too), a small model.
+# beside; and --tp 2 and 4, --pp 2 and --tp 2 --pp 2 (rank threads) write tp 1's text. Random weights (from --seed too), a small model.
 # (generate_gpt_checkpoint.cmake shows another seed samples other text.)
 # Run with -DGENERATE_GPT=<binary>.
 set(model --random --layers 2 --width 64 --heads 4 --seq 64 --max-new 40
@@ -43,10 +43,15 @@ generate(pp2_greedy --greedy --pp 2 --max-batch 2)
 if(NOT pp2_greedy STREQUAL greedy_a)
   message(FATAL_ERROR "--pp 2 --max-batch 2 differs from pp 1:\n${pp2_greedy}\n---- and ----\n${greedy_a}")
 endif()
+# Both (--tp 2 --pp 2): two stages, each cut over 2 rank threads.
+generate(tp2_pp2 ${sampled} --seed 7 --tp 2 --pp 2 --max-batch 2)
+if(NOT tp2_pp2 STREQUAL seed7_a)
+  message(FATAL_ERROR "--tp 2 --pp 2 differs from tp 1:\n${tp2_pp2}\n---- and ----\n${seed7_a}")
+endif()
 if(NOT pp2_output MATCHES "pipeline-parallel in 2 stages on rank threads")
   message(FATAL_ERROR "--pp 2 did not say it runs in 2 stages:\n${pp2_output}")
 endif()
 if(NOT tp2_output MATCHES "tensor-parallel on 2 rank threads")
   message(FATAL_ERROR "--tp 2 did not say it runs on 2 rank threads:\n${tp2_output}")
 endif()
-message(STATUS "greedy twice, seed 7 twice, seed 7 one at a time, --tp 2, --tp 4 and --pp 2 agree:\n${seed7_a}")
+message(STATUS "greedy twice, seed 7 twice, seed 7 one at a time, --tp 2, --tp 4, --pp 2 and --tp 2 --pp 2 agree:\n${seed7_a}")

@@ -13,6 +13,7 @@
 #include "loom/infer/generate.hpp"
 #include "loom/infer/pipeline_parallel_gpt.hpp"
 #include "loom/infer/pipeline_stage.hpp"
+#include "loom/infer/tensor_parallel_shard.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/scaled_gpt.hpp"
 
@@ -36,6 +37,34 @@ struct RankStage {
         loom::infer::load_stage_values(model, whole.config, where, whole.arena.values());
     }
 };
+
+// One rank's model at pp x tp: its tp shard of its stage of `whole`, bound, with its values.
+struct RankStageShard {
+    loom::infer::PipelineStage where;
+    loom::gpt::Model model;
+    loom::nn::ParamArena arena;
+
+    RankStageShard(const loom_test::ScaledGpt& whole, int stage, int stages, int rank, int degree)
+        : where(loom::infer::pipeline_stage(whole.config, stage, stages)), model(cut(whole.config, where, rank, degree)),
+          arena(model) {
+        loom::infer::load_stage_values(model, whole.config, where, whole.arena.values());
+    }
+    static loom::gpt::Model cut(const loom::gpt::Config& config, const loom::infer::PipelineStage& where, int rank,
+                                int degree) {
+        auto model = loom::infer::make_stage_model(config, where);
+        loom::infer::shard_for_serving(model, rank, degree);
+        return model;
+    }
+};
+
+// This rank's completions of `requests` at pp = pp.size() x tp = tp.size().
+inline std::vector<loom::infer::Completion> serve_pipelined_tp_on(loom::comm::AnyComm& pp, loom::comm::AnyComm& tp,
+                                                                  const loom_test::ScaledGpt& whole,
+                                                                  const std::vector<loom::infer::Request>& requests,
+                                                                  std::int64_t max_batch) {
+    RankStageShard stage(whole, pp.rank(), pp.size(), tp.rank(), tp.size());
+    return loom::infer::generate_pipelined(stage.model, whole.config, pp, tp, requests, max_batch);
+}
 
 // This rank's completions of `requests` at pp = pp.size(), on its stage of `whole`.
 inline std::vector<loom::infer::Completion> serve_pipelined_on(loom::comm::AnyComm& pp,

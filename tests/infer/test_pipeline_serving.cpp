@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loom/comm/any_comm.hpp"
+#include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/exec/trace.hpp"
 #include "loom/gpt/model.hpp"
@@ -149,6 +150,27 @@ TEST_CASE("pp greedy and seeded generation of mixed-length continuous batches eq
     const auto greedy = loom::infer::generate(const_cast<loom::gpt::Model&>(whole.model), whole.config, mixed_batch(true));
     const auto sampled = loom::infer::generate(const_cast<loom::gpt::Model&>(whole.model), whole.config, mixed_batch(false));
     CHECK(greedy[0].tokens != sampled[0].tokens);
+}
+
+TEST_CASE("pp 2 x tp 2 on 4 rank threads: greedy and seeded mixed batches give pp 1's completions on every rank",
+          "[infer][pp][tp]") {
+    const PipelineGpt whole(36);
+    auto& model = const_cast<loom::gpt::Model&>(whole.model);
+    for (const bool greedy : {true, false}) {
+        const auto batch = mixed_batch(greedy);
+        const auto expected = loom::infer::generate(model, whole.config, batch, 2);
+        for (const std::int64_t max_batch : {0, 2}) {
+            std::vector<std::vector<Completion>> got(4);
+            ThreadWorld(4).run([&](ThreadComm& comm) {
+                loom::comm::Mesh<ThreadComm> mesh(comm, {{"pp", 2}, {"tp", 2}});
+                AnyComm pp = AnyComm::view(mesh.axis("pp")), tp = AnyComm::view(mesh.axis("tp"));
+                got[static_cast<std::size_t>(comm.rank())] =
+                    loom_test::serve_pipelined_tp_on(pp, tp, whole, batch, max_batch);
+            });
+            INFO((greedy ? "greedy" : "sampled") << ", max_batch " << max_batch);
+            check_every_rank(got, expected);
+        }
+    }
 }
 
 TEST_CASE("pp 2 keeps both groups in flight: each stage records a step of every group", "[infer][pp]") {

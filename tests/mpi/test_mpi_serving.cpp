@@ -1,4 +1,4 @@
-// Tensor- and pipeline-parallel serving under mpirun (the GPT's and Kraken's):
+// Tensor- and pipeline-parallel serving under mpirun (the GPT's, both at once, and Kraken's):
 // tp (or pp) = the number of processes, the requests the rank-thread tests run
 // (tests/infer/tensor_parallel_serving_suite.hpp, pipeline_serving_suite.hpp,
 // kraken_serving_suite.hpp),
@@ -8,6 +8,7 @@
 
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/communicator_mpi.hpp>
+#include <loom/comm/mesh.hpp>
 
 #include "infer/kraken_serving_suite.hpp"
 #include "infer/pipeline_serving_suite.hpp"
@@ -49,6 +50,25 @@ TEST_CASE("pipeline-parallel serving gives the whole model's tokens under MPI", 
                 CHECK(got[i].tokens == expected[i].tokens);
                 CHECK(got[i].finish == expected[i].finish);
             }
+        }
+    }
+}
+
+TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens under MPI", "[pp_tp_serving]") {
+    auto world = loom::comm::Mpi::world();
+    loom::comm::Mesh<loom::comm::Mpi> mesh(world, {{"pp", 2}, {"tp", world.size() / 2}});
+    loom::comm::AnyComm pp = loom::comm::AnyComm::view(mesh.axis("pp")), tp = loom::comm::AnyComm::view(mesh.axis("tp"));
+    loom_test::PipelineGpt whole(37);
+    for (const bool greedy : {true, false}) {
+        const auto batch = loom_test::mixed_batch(greedy);
+        const auto expected = loom::infer::generate(whole.model, whole.config, batch, 2);
+        const auto got = loom_test::serve_pipelined_tp_on(pp, tp, whole, batch, 2);
+        REQUIRE(got.size() == expected.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO((greedy ? "greedy" : "sampled") << " request " << i << ", stage " << pp.rank() << ", tp rank "
+                                                 << tp.rank());
+            CHECK(got[i].tokens == expected[i].tokens);
+            CHECK(got[i].finish == expected[i].finish);
         }
     }
 }

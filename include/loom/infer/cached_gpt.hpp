@@ -38,7 +38,8 @@
 // PipelineStage, the model is that stage's (infer/pipeline_stage.hpp) and
 // the cache holds its blocks only; forward_stage takes the hidden rows the
 // stage before produced (or embeds the tokens on stage 0) and returns the
-// hidden rows for the next stage (or the logits on the last).
+// hidden rows for the next stage (or the logits on the last). Given both, a
+// stage's tp shard: each stage of the pipeline is a tp group.
 #pragma once
 
 #include <algorithm>
@@ -86,6 +87,15 @@ public:
     // holds its where.count blocks. Run it with forward_stage.
     CachedGpt(gpt::Model& stage_model, const gpt::Config& config, KvCache& cache, const PipelineStage& where)
         : CachedGpt(stage_model, config, cache, nullptr, where) {}
+
+    // Both: stage `where` of a pipeline whose every stage is a tp group.
+    // `stage_shard` is tp rank tp.rank()'s serving shard of the stage's model
+    // (make_stage_model, then shard_for_serving, bound and loaded with
+    // load_stage_values) and `cache` holds its where.count blocks for its
+    // heads (width config.width / tp.size()); forward_stage is collective over `tp`.
+    CachedGpt(gpt::Model& stage_shard, const gpt::Config& config, KvCache& cache, comm::AnyComm& tp,
+              const PipelineStage& where)
+        : CachedGpt(stage_shard, config, cache, &tp, where) {}
 
     [[nodiscard]] const gpt::Config& config() const noexcept { return config_; }
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }

@@ -16,7 +16,8 @@
 // messages: infer/pipeline_messages.hpp).
 //
 // Every rank is given the same requests; the completions are broadcast from
-// stage 0 at the end, so every rank returns them.
+// stage 0 at the end, so every rank returns them. Each stage may also be a
+// tp group (the last generate_pipelined below): tp x pp.
 //
 //   loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {   // or an Mpi rank
 //       loom::comm::AnyComm pp = loom::comm::AnyComm::view(comm);
@@ -138,6 +139,28 @@ inline std::vector<Completion> broadcast_completions(comm::AnyComm& pp, std::vec
     const CacheShape shape = cache_shape_for(config, requests, max_batch);
     KvCache cache = pipeline_cache(config, where, shape.slots, shape.capacity);
     CachedGpt engine(stage_model, config, cache, where);
+    return generate_pipelined(engine, pp, requests, options);
+}
+
+// The one-call form on a pipeline of tp groups: every stage is cut over
+// `tp` (Megatron's cut, as tensor-parallel serving's), `pp` joins the ranks
+// of one tp position across the stages. `stage_shard` is this rank's tp
+// shard of its stage (make_stage_model, shard_for_serving, bound,
+// load_stage_values). Each tp position runs its own pipeline; the scheduling
+// is a function of the requests and the tokens, which every tp rank of the
+// last stage gets as the same bits, so the pipelines stay in step and the
+// stage's sums pair up.
+[[nodiscard]] inline std::vector<Completion> generate_pipelined(gpt::Model& stage_shard, const gpt::Config& config,
+                                                                comm::AnyComm& pp, comm::AnyComm& tp,
+                                                                std::span<const Request> requests,
+                                                                std::int64_t max_batch = 0,
+                                                                const PipelineOptions& options = {}) {
+    LOOM_CHECK(config.heads % tp.size() == 0, "generate_pipelined: a tp group of ", tp.size(),
+               " ranks does not divide the ", config.heads, " heads; use a degree that divides ", config.heads);
+    const PipelineStage where = pipeline_stage(config, pp.rank(), pp.size());
+    const CacheShape shape = cache_shape_for(config, requests, max_batch);
+    KvCache cache(where.count, config.width / tp.size(), shape.slots, shape.capacity);
+    CachedGpt engine(stage_shard, config, cache, tp, where);
     return generate_pipelined(engine, pp, requests, options);
 }
 

@@ -85,7 +85,10 @@ namespace detail {
 // Fills a bound stage model from the whole model's values in serial order (a
 // whole model's ParamArena::values(), or what gpt::load_checkpoint reads):
 // the embeddings, each block and the tail (ln_f, head) are contiguous runs
-// there, in the order a stage's arena holds them.
+// there, in the order a stage's arena holds them. The stage may also be a
+// tensor-parallel serving shard (infer::shard_for_serving after
+// make_stage_model): each element then comes from its place in the whole
+// tensor (Param::full_index).
 inline void load_stage_values(gpt::Model& stage_model, const gpt::Config& config, const PipelineStage& where,
                               std::span<const float> whole) {
     LOOM_CHECK(static_cast<std::int64_t>(whole.size()) == config.parameters(), "load_stage_values: ", whole.size(),
@@ -96,10 +99,10 @@ inline void load_stage_values(gpt::Model& stage_model, const gpt::Config& config
                "; build it with make_stage_model");
     const std::int64_t C = config.width;
     const std::int64_t embeddings = (config.vocab + config.seq) * C, block = 12 * C * C + 13 * C;
-    std::int64_t stage_total = 0;
+    std::int64_t stage_total = 0;  // of the whole tensors the stage's Params are (cuts of)
     reflect::visit_params(stage_model, [&](const Param& p, std::string_view path) {
         LOOM_CHECK(p.bound(), "load_stage_values: parameter ", path, " is not bound; bind the stage model first");
-        stage_total += p.numel();
+        stage_total += p.full_shape().numel();
     });
     const std::int64_t expected = (where.embeds() ? embeddings : 0) + where.count * block +
                                   (where.has_head() ? 2 * C + config.vocab * C : 0);
@@ -114,8 +117,13 @@ inline void load_stage_values(gpt::Model& stage_model, const gpt::Config& config
     reflect::visit_params(stage_model, [&](Param& p, std::string_view) {
         if (index == 2) from = embeddings + where.first * block;
         if (index == 2 + params_per_block * where.count) from = embeddings + config.layers * block;
-        if (p.numel() > 0) std::copy_n(whole.data() + from, p.numel(), p.value.data<float>());
-        from += p.numel();
+        float* local = p.numel() > 0 ? p.value.data<float>() : nullptr;
+        if (!p.slice.sliced())
+            std::copy_n(whole.data() + from, p.numel(), local);
+        else
+            for (std::int64_t k = 0; k < p.numel(); ++k)
+                local[k] = whole[static_cast<std::size_t>(from + p.full_index(k))];
+        from += p.full_shape().numel();
         ++index;
     });
 }

@@ -41,8 +41,9 @@ namespace loom::infer {
 inline void shard_for_serving(gpt::Model& model, int rank, int degree) {
     LOOM_CHECK(degree >= 1 && rank >= 0 && rank < degree, "shard_for_serving: rank ", rank,
                " is not in a tp group of ", degree, " ranks; give a degree >= 1 and a rank in [0, ", degree, ")");
-    LOOM_CHECK(!model.embed.token.bound(), "shard_for_serving: the model is already bound to a ParamArena; cut it "
-                                           "first, then bind it");
+    bool bound = false;  // a Param of no elements (a pipeline stage's absent embeddings) counts as bound
+    reflect::visit_params(model, [&](const Param& p, std::string_view) { bound = bound || (p.numel() > 0 && p.bound()); });
+    LOOM_CHECK(!bound, "shard_for_serving: the model is already bound to a ParamArena; cut it first, then bind it");
     for (gpt::Block& block : model.blocks) {
         tp::shard(std::get<1>(block.attn.layers), rank, degree);  // names a degree that does not divide the heads
         tp::shard(std::get<1>(block.mlp.layers), nn::Split::columns, rank, degree);
