@@ -8,14 +8,17 @@
 //       random weights (nn::ParamArena::initialize, seed S) saved as a
 //       train_gpt --save checkpoint
 //   bench_generate_hf --checkpoint FILE --requests FILE [shape] [--threads N] [--reps R]
-//                     [--max-batch B] [--pad-to-longest] [--warm-up]
+//                     [--max-batch B] [--pad-to-longest] [--warm-up] [--engine gpt|model]
 //       runs the requests (greedy) R times with infer::generate, continuously
 //       batched (B at once; 0, the default: all); prints each run's seconds,
 //       the work the engine counted against the packed tokens' own work, and
 //       the tokens of the last run. --warm-up runs them once more first, off
 //       the clock, and prints that run's seconds as `warm-up:`: the first run
 //       in a process also pays for first touching the engine's scratch (page
-//       faults), which a serving process pays once, not per request
+//       faults), which a serving process pays once, not per request.
+//       --engine model runs them on infer::CachedModel<gpt::Model>, the
+//       engine for any model composed from loom's layers, instead of
+//       CachedGpt: the same tokens, and the generic walk's cost beside it
 //
 // shape: --layers --width --heads --seq --vocab (defaults 4, 256, 4, 1152, 256).
 // The requests file has one request a line: max_new_tokens, then the prompt's
@@ -30,6 +33,7 @@
 // (the padding is attended, not masked); only its time and work are read.
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/model.hpp>
+#include <loom/infer/cached_model.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/kernels/host/gemm_threads.hpp>
 #include <loom/nn/param_arena.hpp>
@@ -57,13 +61,14 @@ struct Flags {
     std::int64_t max_batch = 0;
     bool pad_to_longest = false;
     bool warm_up = false;
+    bool generic = false;  // --engine model: CachedModel<gpt::Model> rather than CachedGpt
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::fprintf(stderr,
                  "bench_generate_hf: %s\nusage: bench_generate_hf --write-checkpoint FILE [shape] [--seed S]\n"
                  "       bench_generate_hf --checkpoint FILE --requests FILE [shape] [--threads N] [--reps R] "
-                 "[--max-batch B] [--pad-to-longest] [--warm-up]\n"
+                 "[--max-batch B] [--pad-to-longest] [--warm-up] [--engine gpt|model]\n"
                  "shape: --layers --width --heads --seq --vocab\n",
                  why.c_str());
     std::exit(2);
@@ -87,6 +92,8 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--threads") f.threads = static_cast<int>(number);
         else if (flag == "--reps") f.reps = static_cast<int>(number);
         else if (flag == "--max-batch") f.max_batch = number;
+        else if (flag == "--engine" && (value == "gpt" || value == "model")) f.generic = value == "model";
+        else if (flag == "--engine") usage("--engine " + value + " is not gpt or model");
         else if (flag == "--layers") f.config.layers = number;
         else if (flag == "--width") f.config.width = number;
         else if (flag == "--heads") f.config.heads = number;
@@ -164,22 +171,32 @@ int main(int argc, char** argv) {
 
     const loom::infer::CacheShape shape = loom::infer::cache_shape_for(config, requests, flags.max_batch);
     loom::infer::KvCache cache(config.layers, config.width, shape.slots, shape.capacity);
-    loom::infer::CachedGpt engine(model, config, cache);
     std::vector<loom::infer::Completion> done;
-    if (flags.warm_up) {
-        const auto start = std::chrono::steady_clock::now();
-        done = loom::infer::generate(engine, requests);
-        std::printf("warm-up: %.6f\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const auto run = [&](auto& engine) -> loom::infer::WorkCount {
+        if (flags.warm_up) {
+            const auto start = std::chrono::steady_clock::now();
+            done = loom::infer::generate(engine, requests);
+            std::printf("warm-up: %.6f\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+        std::printf("seconds:");
+        for (int rep = 0; rep < flags.reps; ++rep) {
+            engine.reset_work();
+            const auto start = std::chrono::steady_clock::now();
+            done = loom::infer::generate(engine, requests);
+            std::printf(" %.6f", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+        std::printf("\n");
+        return engine.work();
+    };
+    std::printf("engine: %s\n", flags.generic ? "CachedModel<gpt::Model>" : "CachedGpt");
+    loom::infer::WorkCount counted;
+    if (flags.generic) {
+        loom::infer::CachedModel<loom::gpt::Model> engine(model, cache);
+        counted = run(engine);
+    } else {
+        loom::infer::CachedGpt engine(model, config, cache);
+        counted = run(engine);
     }
-    std::printf("seconds:");
-    for (int rep = 0; rep < flags.reps; ++rep) {
-        engine.reset_work();
-        const auto start = std::chrono::steady_clock::now();
-        done = loom::infer::generate(engine, requests);
-        std::printf(" %.6f", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::printf("\n");
-    const loom::infer::WorkCount& counted = engine.work();
     std::printf("work counted: linear_rows %lld linear_flops %lld attention_pairs %lld attention_flops %lld\n",
                 static_cast<long long>(counted.linear_rows), static_cast<long long>(counted.linear_flops),
                 static_cast<long long>(counted.attention_pairs), static_cast<long long>(counted.attention_flops));

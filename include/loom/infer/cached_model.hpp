@@ -345,7 +345,10 @@ private:
             pool_.emplace_back();
             held_.push_back(0);
         }
-        pool_[b].resize(static_cast<std::size_t>(rows * features));
+        // Grown, never shrunk: a buffer holds rows of different widths in turn, and shrinking then
+        // growing it again would zero-fill the difference on every step.
+        const auto floats = static_cast<std::size_t>(rows * features);
+        if (pool_[b].size() < floats) pool_[b].resize(floats);
         return {static_cast<int>(b), rows, features, pool_[b].data()};
     }
     [[nodiscard]] Rows take(std::int64_t features, std::initializer_list<int> avoid) {
