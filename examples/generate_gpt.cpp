@@ -175,7 +175,7 @@ Flags parse(int argc, char** argv) {
     if (f.target.config.heads % f.tp != 0)
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
                  f.target.config.heads);
-    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp, /*tp_with_pp=*/true);
+    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp);
     if (f.draft.cape && !f.sampling.greedy)
         bad_flag("--cape is greedy only (its tree acceptance takes the target's argmax); add --greedy");
     for (const std::string& stop : f.stops)

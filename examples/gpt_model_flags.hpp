@@ -183,18 +183,14 @@ struct DraftFlags {
 // What generate_gpt's and serve_gpt's degrees and draft must agree on with
 // the target (each front end checks --tp against the heads first, in its own
 // words): the cache's block within a sequence, --pp dividing the layers,
-// --tp and --pp apart, the draft's flags, and no draft on a pipeline.
-// `tp_with_pp`: whether this front end runs --tp and --pp together (generate_gpt does; serve_gpt's
-// stage 0 steps a PipelinedBatcher alone, and a tp group's Batchers need their submits broadcast).
+// the draft's flags, and no draft on a pipeline (--tp with --pp is a pipeline
+// of tp groups).
 inline void check_serving(const loom::gpt::Config& target, DraftFlags& draft, std::int64_t block_size, std::int64_t tp,
-                          std::int64_t pp, bool tp_with_pp = false) {
+                          std::int64_t pp) {
     if (block_size > target.seq)
         bad_flag("--block-size ", block_size, " is longer than a sequence (--seq ", target.seq, "); use 1..", target.seq);
     if (target.layers % pp != 0)
         bad_flag("--pp ", pp, " does not divide --layers ", target.layers, "; use ", divisors(target.layers));
-    if (tp > 1 && pp > 1 && !tp_with_pp)
-        bad_flag("--tp ", tp, " with --pp ", pp, ": this server runs tensor- or pipeline-parallel serving, not both "
-                 "(generate_gpt runs both); give one of them");
     draft.check(target, tp);
     if (pp > 1 && draft.on())
         bad_flag("--pp ", pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "

@@ -9,7 +9,7 @@
 //   GET  /health           {"status":"ok"}
 //
 //   serve_gpt (--checkpoint FILE | --random) [--layers L --width C --heads H --seq T --vocab V]
-//             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N] [--tp N | --pp N]
+//             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N] [--tp N] [--pp N]
 //             [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //             [--cape [--cape-bins K@P,...,K]] [--glide]
 //
@@ -31,7 +31,8 @@
 // steps the same batch (serve_gpt_engine.hpp), and the text is --tp 1's.
 // With --pp N it becomes N pipeline stages (infer/pipelined_batcher.hpp): stage
 // 0 admits requests into groups that move through the stages one after
-// another, and the text is again --pp 1's.
+// another, and the text is again --pp 1's. Both: N stages of --tp rank threads,
+// each a shard of its stage.
 // SIGINT or SIGTERM: stop accepting, let the requests in flight finish, exit 0.
 //
 // Exit status: 0 after a signal, 2 for a bad flag, 1 for anything else (a
@@ -102,7 +103,8 @@ constexpr const char* usage =
     "  --max-batch N      requests (prompts) running at once; more wait for a slot (default 8)\n"
     "  --block-size N     positions per block of the paged KV cache (default 16)\n"
     "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n"
-    "  --pp N             pipeline-parallel in N stage threads, N dividing --layers (default 1: the whole model)\n";
+    "  --pp N             pipeline-parallel in N stage threads, N dividing --layers (default 1: the whole model);\n"
+    "                     with --tp, N stages of --tp threads each\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
@@ -455,15 +457,16 @@ int run(const Flags& f) {
     }
     {
         std::optional<serve_gpt::Engine> engine_storage;
-        if (f.tp > 1)
+        if (f.pp > 1)
+            engine_storage.emplace(serve_gpt::Engine::Pipeline{.config = &config, .whole = arena.values(),
+                                                               .stages = static_cast<int>(f.pp),
+                                                               .slots = f.max_batch, .block_size = f.block_size,
+                                                               .tp = static_cast<int>(f.tp)});
+        else if (f.tp > 1)
             engine_storage.emplace(serve_gpt::Engine::TensorParallel{
                 .config = &config, .whole = arena.values(), .ranks = static_cast<int>(f.tp),
                 .slots = f.max_batch, .block_size = f.block_size, .draft = drafts.plain.get(),
                 .draft_config = &f.draft.config, .gamma = f.draft.gamma, .cape = f.draft.cape});
-        else if (f.pp > 1)
-            engine_storage.emplace(serve_gpt::Engine::Pipeline{.config = &config, .whole = arena.values(),
-                                                               .stages = static_cast<int>(f.pp),
-                                                               .slots = f.max_batch, .block_size = f.block_size});
         else if (draft_engine != nullptr) engine_storage.emplace(*cached, *draft_engine, f.draft.gamma, f.draft.cape);
         else engine_storage.emplace(*cached);
         serve_gpt::Engine& engine = *engine_storage;
@@ -484,10 +487,11 @@ int run(const Flags& f) {
                                                          : bound.address().to_string();
         const std::string speculative =
             f.draft.on() ? ", speculative decoding with gamma " + std::to_string(f.draft.gamma) : std::string{};
-        const std::string parallel =
-            f.tp > 1   ? ", tensor-parallel on " + std::to_string(f.tp) + " rank threads"
-            : f.pp > 1 ? ", pipeline-parallel in " + std::to_string(f.pp) + " stages on rank threads"
-                       : std::string{};
+        std::string parallel;
+        if (f.tp > 1) parallel += ", tensor-parallel on " + std::to_string(f.tp) + " rank threads";
+        if (f.pp > 1)
+            parallel += ", pipeline-parallel in " + std::to_string(f.pp) + " stages on rank threads" +
+                        (f.tp > 1 ? " (" + std::to_string(f.tp * f.pp) + " in all)" : std::string{});
         std::printf("serve_gpt: up to %lld requests at once, KV cache in blocks of %lld positions%s%s\n"
                     "serve_gpt: listening on http://%s:%u\n",
                     static_cast<long long>(f.max_batch), static_cast<long long>(f.block_size), speculative.c_str(),

@@ -27,6 +27,10 @@
 // request's sampling), so nothing else is broadcast. A step then reports one
 // group's tokens while the other groups are in later stages. While idle,
 // stage 0 sends the stages a keep-alive every second, for the same timeout.
+// With tp too, every stage is a tp group and each tp position runs its own
+// pipeline; stage 0's tp rank 0 leads its tp peers as a tensor-parallel
+// rank 0 does (the orders broadcast, keep-alives at the same points), so the
+// pipelines step alike and the stages' sums pair up.
 //
 // Stop sequences are matched here, on the tokens, so that a request that
 // hits one leaves the batch at the next step; the text is held back while it
@@ -35,6 +39,7 @@
 #pragma once
 
 #include <loom/comm/any_comm.hpp>
+#include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_world.hpp>
 #include <loom/gpt/model.hpp>
 #include <loom/infer/batcher.hpp>
@@ -277,34 +282,50 @@ public:
 
     // The target served pipeline-parallel in `stages` stage threads: stage s
     // copies blocks [s L/stages, (s+1) L/stages) from `whole` and keeps a KV
-    // cache of them, `slots` sequences of config.seq positions. Everything
-    // here must outlive the Engine.
+    // cache of them, `slots` sequences of config.seq positions. With `tp` > 1
+    // each stage is a tp group of `tp` rank threads, each holding its Megatron
+    // shard of the stage (stages x tp threads in all). Everything here must
+    // outlive the Engine.
     struct Pipeline {
         const loom::gpt::Config* config = nullptr;
         std::span<const float> whole;
         int stages = 2;
         std::int64_t slots = 8, block_size = 16;
+        int tp = 1;
     };
     explicit Engine(const Pipeline& pp) {
         launch([this, pp] {
-            loom::comm::ThreadWorld(pp.stages).run([&](loom::comm::ThreadComm& comm) {
-                loom::comm::AnyComm group = loom::comm::AnyComm::view(comm);
+            loom::comm::ThreadWorld(pp.stages * pp.tp).run([&](loom::comm::ThreadComm& comm) {
+                loom::comm::Mesh<loom::comm::ThreadComm> mesh(comm, {{"pp", pp.stages}, {"tp", pp.tp}});
+                loom::comm::AnyComm world = loom::comm::AnyComm::view(comm);
+                loom::comm::AnyComm group = loom::comm::AnyComm::view(mesh.axis("pp"));
+                loom::comm::AnyComm tp = loom::comm::AnyComm::view(mesh.axis("tp"));
                 const loom::gpt::Config& config = *pp.config;
                 const loom::infer::PipelineStage where = loom::infer::pipeline_stage(config, group.rank(), group.size());
                 loom::gpt::Model stage = loom::infer::make_stage_model(config, where);
+                if (pp.tp > 1) loom::infer::shard_for_serving(stage, tp.rank(), tp.size());
                 loom::nn::ParamArena arena(stage);
                 loom::infer::load_stage_values(stage, config, where, pp.whole);
-                loom::infer::KvCache cache =
-                    loom::infer::pipeline_cache(config, where, pp.slots, config.seq, pp.block_size);
-                loom::infer::CachedGpt engine(stage, config, cache, where);
+                loom::infer::KvCache cache(where.count, config.width / pp.tp, pp.slots, config.seq, pp.block_size);
+                std::optional<loom::infer::CachedGpt> engine;
+                if (pp.tp > 1) engine.emplace(stage, config, cache, tp, where);
+                else engine.emplace(stage, config, cache, where);
                 Orders first;  // every stage is built before the server says it listens
-                share_orders(group, first);
-                if (group.rank() != 0) return loom::infer::serve_pipeline_stage(engine, group);
-                loom::infer::PipelinedBatcher batcher(engine, group);  // its destructor ends the later stages
-                mark_ready();
-                lead(batcher, true, [&](const Orders& orders) {
+                share_orders(world, first);
+                if (group.rank() != 0) return loom::infer::serve_pipeline_stage(*engine, group);
+                // Stage 0: one PipelinedBatcher per tp rank (its destructor ends its pipeline's later
+                // stages); tp rank 0 leads, the others follow its orders, keep-alives included, so the tp
+                // groups' pipelines make the same calls in the same order.
+                loom::infer::PipelinedBatcher batcher(*engine, group);
+                const auto idle_keep_alive = [&](const Orders& orders) {
                     if (!orders.quit && orders.jobs.empty() && orders.cancels.empty() && batcher.idle())
                         batcher.keep_alive();
+                };
+                if (tp.rank() != 0) return follow(batcher, tp, idle_keep_alive);
+                mark_ready();
+                lead(batcher, true, [&](Orders& orders) {
+                    if (pp.tp > 1) share_orders(tp, orders);
+                    idle_keep_alive(orders);
                 });
             });
         });
@@ -433,7 +454,7 @@ private:
     void serve(AnyBatcher& batcher, loom::comm::AnyComm& group) {
         Orders first;  // every rank has built its shard before the server says it listens
         share_orders(group, first);
-        if (group.rank() != 0) return follow(batcher, group);
+        if (group.rank() != 0) return follow(batcher, group, [](const Orders&) {});
         mark_ready();
         lead(batcher, true, [&](Orders& orders) { share_orders(group, orders); });
     }
@@ -485,15 +506,17 @@ private:
         }
     }
 
-    // Ranks 1..N-1: rank 0's orders, applied as rank 0 applied them.
-    template <class AnyBatcher>
-    static void follow(AnyBatcher& batcher, loom::comm::AnyComm& group) {
+    // Ranks 1..N-1: rank 0's orders, applied as rank 0 applied them; `after_share`
+    // is what rank 0's share did after sending them (a pipeline's keep-alive).
+    template <class AnyBatcher, class AfterShare>
+    static void follow(AnyBatcher& batcher, loom::comm::AnyComm& group, AfterShare after_share) {
         for (;;) {
             Orders orders;
             share_orders(group, orders);
             if (orders.quit) return;
             std::string refused;
             for (const auto& job : orders.jobs) (void)submit_job(batcher, job, refused);
+            after_share(orders);
             for (const std::uint64_t id : orders.cancels) (void)batcher.cancel(id);
             if (!batcher.idle()) (void)batcher.step();
         }
