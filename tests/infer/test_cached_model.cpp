@@ -4,6 +4,7 @@
 // blocks in a std::array, a per-token layer of the user's own, three attention
 // layers, no loss) generates by the cache exactly what re-running its whole
 // sequence every step gives, alone, batched, continuously batched and sampled;
+// cut by training's Megatron walker, it serves at tp 2 and 4 with tp 1's tokens;
 // and every model or input the engine cannot run is refused in one line.
 #include <catch2/catch.hpp>
 
@@ -14,12 +15,15 @@
 #include <utility>
 #include <vector>
 
+#include "loom/comm/any_comm.hpp"
+#include "loom/comm/thread_world.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cached_model.hpp"
 #include "loom/infer/generate.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/sampler.hpp"
+#include "loom/parallel/tensor_parallel_model.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
@@ -43,8 +47,10 @@ using loom_test::message_of;
 using loom_test::prompt_of;
 
 // The user's own layer: softsign, y = x / (1 + |x|), row by row. It says it acts per token.
+// Under Megatron 1D it runs on a column-cut Linear's slice of the features (elementwise).
 struct Softsign {
     static constexpr bool per_token = true;
+    static constexpr nn::TensorCut tensor_cut = nn::TensorCut::elementwise;
     struct Saved {
         Tensor x;
     };
@@ -82,7 +88,7 @@ struct UserLm {
     nn::Linear head;
 };
 
-constexpr std::int64_t V = 37, T = 28, C = 24, heads = 3;
+constexpr std::int64_t V = 40, T = 28, C = 24, heads = 4;
 
 PostNormBlock post_norm_block() {
     return {{{nn::CausalSelfAttention::make(C, heads)}},
@@ -91,17 +97,42 @@ PostNormBlock post_norm_block() {
             nn::LayerNorm::make(C)};
 }
 
-// Random weights scaled up (as support/scaled_gpt.hpp does), so greedy choices are clear-cut.
+// The same with its loss, as it trains: under Megatron 1D the head before the loss is cut by vocabulary.
+struct UserLmWithLoss {
+    nn::Embedding embed;
+    std::array<PostNormBlock, 2> blocks;
+    nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> last;
+    nn::LayerNorm norm;
+    nn::Linear head;
+    nn::CrossEntropy loss;
+};
+
+template <class Lm>
+Lm make_user_lm() {
+    Lm model{};
+    model.embed = nn::Embedding::make(V, T, C);
+    model.blocks = {post_norm_block(), post_norm_block()};
+    model.last = {{nn::LayerNorm::make(C), nn::CausalSelfAttention::make(C, heads)}};
+    model.norm = nn::LayerNorm::make(C);
+    model.head = nn::Linear::make(C, V);
+    return model;
+}
+
+// Random weights scaled up (as support/scaled_gpt.hpp does), so greedy choices are clear-cut;
+// with a tp rank, its Megatron cut (tp::shard_model) of the same values.
+template <class Lm = UserLm>
 struct ScaledUserLm {
-    UserLm model{nn::Embedding::make(V, T, C),
-                 {post_norm_block(), post_norm_block()},
-                 {{nn::LayerNorm::make(C), nn::CausalSelfAttention::make(C, heads)}},
-                 nn::LayerNorm::make(C),
-                 nn::Linear::make(C, V)};
-    nn::ParamArena arena{model};
-    explicit ScaledUserLm(std::uint64_t seed) {
+    Lm model;
+    nn::ParamArena arena;
+    explicit ScaledUserLm(std::uint64_t seed, int rank = 0, int degree = 1)
+        : model(cut(rank, degree)), arena(model) {
         arena.initialize(model, seed);
         for (float& v : arena.values()) v *= 6.0f;
+    }
+    static Lm cut(int rank, int degree) {
+        Lm lm = make_user_lm<Lm>();
+        if (degree > 1) (void)loom::tp::shard_model(lm, rank, degree);
+        return lm;
     }
 };
 
@@ -160,7 +191,7 @@ TEST_CASE("loom's GPT through CachedModel gives CachedGpt's logits bit for bit",
 
 TEST_CASE("a user's model: cached logits equal its full forward, and greedy generation equals recomputation",
           "[infer][user-model]") {
-    ScaledUserLm user(11);
+    ScaledUserLm<> user(11);
     KvCache cache(3, C, 4, T, 4);
     CachedModel<UserLm> engine(user.model, cache);
     REQUIRE(engine.attention_layers() == 3);
@@ -204,6 +235,52 @@ TEST_CASE("a user's model: cached logits equal its full forward, and greedy gene
         const auto together = loom::infer::generate(engine, crowd);
         CHECK(together[1].tokens == alone[0].tokens);
     }
+}
+
+TEST_CASE("a user's model cut by tp::shard_model serves at tp 2 and 4 with tp 1's completions on every rank",
+          "[infer][user-model][tp]") {
+    // Every kind of cut is served: the MLPs' column -> row pairs, the heads, the token table and the head.
+    auto probe = make_user_lm<UserLmWithLoss>();
+    const loom::tp::ShardSummary summary = loom::tp::shard_model(probe, 0, 2);
+    CHECK(summary.linear_pairs == 2);
+    CHECK(summary.attentions == 3);
+    CHECK(summary.embeddings == 1);
+    CHECK(summary.vocab_heads == 1);
+    ScaledUserLm<UserLmWithLoss> whole(12);
+    std::vector<Request> requests;
+    for (std::int32_t i = 0; i < 5; ++i) requests.push_back(request(prompt_of(3 + 3 * i, V, i), 9 - i, i % 2 == 0));
+    KvCache whole_cache(3, C, 2, T, 4);
+    CachedModel<UserLmWithLoss> reference(whole.model, whole_cache);
+    const std::vector<Completion> expected = loom::infer::generate(reference, requests);
+    for (const int degree : {2, 4}) {
+        std::vector<std::vector<Completion>> got(static_cast<std::size_t>(degree));
+        loom::comm::ThreadWorld(degree).run([&](loom::comm::ThreadComm& comm) {
+            loom::comm::AnyComm tp = loom::comm::AnyComm::view(comm);
+            ScaledUserLm<UserLmWithLoss> shard(12, tp.rank(), tp.size());
+            KvCache cache(3, C / tp.size(), 2, T, 4);
+            CachedModel<UserLmWithLoss> engine(shard.model, cache, tp);
+            got[static_cast<std::size_t>(tp.rank())] = loom::infer::generate(engine, requests);
+        });
+        for (std::size_t rank = 0; rank < got.size(); ++rank)
+            for (std::size_t i = 0; i < requests.size(); ++i) {
+                INFO("tp " << degree << ", rank " << rank << ", request " << i);
+                CHECK(got[rank][i].tokens == expected[i].tokens);
+            }
+    }
+    // The cut is checked: a shard without its group, and the whole model on a group.
+    ScaledUserLm<UserLmWithLoss> rank0(12, 0, 2);
+    KvCache half(3, C / 2, 2, T, 4);
+    CHECK(message_of([&] { CachedModel<UserLmWithLoss> engine(rank0.model, half); }) ==
+          "CachedModel: the Embedding at field path 0 is a tensor-parallel shard; give the engine its tp group, or "
+          "serve the whole model");
+    loom::comm::ThreadWorld(2).run([&](loom::comm::ThreadComm& comm) {
+        loom::comm::AnyComm tp = loom::comm::AnyComm::view(comm);
+        KvCache full(3, C, 2, T, 4);
+        CHECK(message_of([&] { CachedModel<UserLmWithLoss> engine(whole.model, full, tp); }) ==
+              loom::detail::concat("CachedModel: the Embedding at field path 0 is not rank ", tp.rank(),
+                                   "'s Megatron cut for a tp group of 2; cut the model with tp::shard_model(model, ",
+                                   tp.rank(), ", 2) before binding it"));
+    });
 }
 
 // A model that does not start from token ids.

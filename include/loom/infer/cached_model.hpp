@@ -19,11 +19,20 @@
 //
 // Any other layer that computes itself mixes positions in a way the cache
 // cannot know, and is a compile error that says so. The model must start with
-// an Embedding, end with features = its vocabulary, be whole (not a tp shard)
-// and have its Params bound on the host; every attention layer must have the
-// cache's width. loom's GPT run through CachedModel gives CachedGpt's logits
-// bit for bit (the same kernels in the same order); CachedGpt remains the
-// engine for tensor- and pipeline-parallel serving and speculative drafts.
+// an Embedding, end with features = its vocabulary and have its Params bound
+// on the host; every attention layer must have the cache's width. loom's GPT
+// run through CachedModel gives CachedGpt's logits bit for bit (the same
+// kernels in the same order).
+//
+// Tensor-parallel serving: given a tp group, the model is this rank's cut by
+// training's Megatron walker (tp::shard_model, before binding), so a user's
+// model serves with the cuts it trains with: a column-cut Linear keeps its
+// slice of the features, a row-cut one is summed over the group (then its
+// bias added), an attention runs its rank's heads (the cache holds those
+// only), a vocabulary-cut Embedding looks up its rows (zeros for others'
+// tokens) and is summed before the positions are added, and a vocabulary-cut
+// head's logits are all-gathered, so every rank holds the same bits and picks
+// the same tokens. forward() is then collective over the group.
 //
 // Logits::last forms the head's rows for each segment's last position only
 // when the model is an aggregate whose fields after the last attention layer
@@ -44,6 +53,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "loom/comm/any_comm.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/reflect.hpp"
 #include "loom/core/tensor.hpp"
@@ -88,9 +98,18 @@ public:
     // per CausalSelfAttention of the model, of its width, and at most the
     // Embedding's positions per slot.
     CachedModel(Model& model, KvCache& cache) : model_(model), cache_(cache) { survey(); }
+    // Tensor-parallel: `shard` is rank tp.rank()'s cut of the model
+    // (tp::shard_model(model, tp.rank(), tp.size()) before binding, then
+    // initialised or loaded), `cache` holds its heads (each attention's
+    // local_width()). `tp` must outlive the engine.
+    CachedModel(Model& shard, KvCache& cache, comm::AnyComm& tp)
+        : model_(shard), cache_(cache), tp_(&tp), degree_(tp.size()) {
+        survey();
+    }
 
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
-    [[nodiscard]] std::int64_t vocab() const noexcept override { return embedding_->vocab(); }
+    // The whole vocabulary (a vocabulary-cut Embedding holds a slice of it).
+    [[nodiscard]] std::int64_t vocab() const noexcept override { return embedding_->token.full_shape().dim(0); }
     // The model's attention layers (= the cache's layers).
     [[nodiscard]] std::int64_t attention_layers() const noexcept { return attention_count_; }
     [[nodiscard]] const WorkCount& work() const noexcept { return work_; }
@@ -132,6 +151,7 @@ private:
         std::fill(held_.begin(), held_.end(), 0);  // none left held by a forward that failed
         attention_seen_ = 0;
         compacted_ = false;
+        last_split_ = nn::Split::none;
         x_ = {};
         if constexpr (nn::Leaf<Model> || reflect::LayerSequence<Model> || cached_model_detail::is_residual<Model>) {
             run(model_);
@@ -142,6 +162,7 @@ private:
                 ((run_field(field), compact_if_done(which)), ...);
             }, nn::detail::fields_of(model_));
         }
+        if (degree_ > 1 && last_split_ == nn::Split::columns && x_.features * degree_ == vocab()) gather_features();
         LOOM_CHECK(x_.features == vocab(), "CachedModel: the model's last layer gives ", x_.features,
                    " features per token but its Embedding has a vocabulary of ", vocab(),
                    "; end the model with a head of ", vocab(), " outputs (the logits)");
@@ -165,20 +186,20 @@ private:
                            "; the engine embeds the tokens once, at the model's first layer");
                 LOOM_CHECK(first.empty(), "CachedModel: the model's first layer (field path ", first,
                            ") is not an nn::Embedding; the cached forward starts from token ids");
-                LOOM_CHECK(!layer.vocab_parallel() && !layer.grid(), "CachedModel: the Embedding at field path ",
-                           path, " is a tensor-parallel shard; serve the whole model");
+                check_cut(!layer.grid() && layer.vocab_parallel() == (degree_ > 1), "the Embedding", path);
                 embedding_ = &layer;
             } else if constexpr (std::same_as<L, nn::CausalSelfAttention>) {
-                LOOM_CHECK(layer.local_heads() == layer.heads && layer.input_width() == layer.width(),
-                           "CachedModel: the attention at field path ", path, " is a tensor-parallel shard (",
-                           layer.local_heads(), " of ", layer.heads, " heads); serve the whole model");
-                LOOM_CHECK(layer.width() == cache_.width(), "CachedModel: the attention at field path ", path,
-                           " has width ", layer.width(), " but the cache holds rows of width ", cache_.width(),
-                           "; build the cache with the attention layers' width (every one must have it)");
+                check_cut(layer.local_heads() * degree_ == layer.heads && layer.input_width() == layer.width(),
+                          "the attention", path);
+                LOOM_CHECK(layer.local_width() == cache_.width(), "CachedModel: the attention at field path ", path,
+                           degree_ > 1 ? " holds rows of width " : " has width ", layer.local_width(),
+                           " but the cache holds rows of width ", cache_.width(),
+                           "; build the cache with the attention layers' width",
+                           degree_ > 1 ? " on this rank (local_width())" : "", " (every one must have it)");
                 ++attention_count_;
             } else if constexpr (std::same_as<L, nn::Linear>) {
-                LOOM_CHECK(layer.split == nn::Split::none, "CachedModel: the Linear at field path ", path,
-                           " is a tensor-parallel shard; serve the whole model");
+                check_cut(layer.split != nn::Split::grid && (degree_ > 1 || layer.split == nn::Split::none),
+                          "the Linear", path);
             }
             if constexpr (nn::Leaf<L>)
                 if (first.empty()) first = path.empty() ? std::string("(the model itself)") : std::string(path);
@@ -197,6 +218,17 @@ private:
             LOOM_CHECK(p.numel() == 0 || p.value.device().kind == DeviceKind::host, "CachedModel: the Param at "
                        "field path ", path, " lives on a device; this engine runs on the host");
         });
+    }
+
+    // A layer cut other than this engine serves: a shard without its tp group, a cut
+    // on a group, or Optimus 2D's grid blocks.
+    void check_cut(bool fits, const char* what, std::string_view path) const {
+        LOOM_CHECK(fits, "CachedModel: ", what, " at field path ", path,
+                   degree_ > 1 ? loom::detail::concat(" is not rank ", tp_->rank(), "'s Megatron cut for a tp group of ",
+                                                      degree_, "; cut the model with tp::shard_model(model, ",
+                                                      tp_->rank(), ", ", degree_, ") before binding it")
+                               : std::string(" is a tensor-parallel shard; give the engine its tp group, or serve "
+                                             "the whole model"));
     }
 
     template <class F>
@@ -283,17 +315,34 @@ private:
     }
 
     // x_ = token row + position row (nn::Embedding's sum), positions after each slot's cached ones.
+    // A vocabulary cut holds rows [first, first + vocab()) of the token table: its
+    // own tokens' rows, zeros for the others', summed over the group (each row then
+    // the one rank's bits), and only then the positions added.
     void embed(const nn::Embedding& layer) {
         const std::int64_t C = layer.width();
         const Rows out = take(C, std::span<const int>{}, rows_);
         const float* token = layer.token.value.data<float>();
         const float* position = layer.position.value.data<float>();
+        const bool cut = layer.vocab_parallel();
+        const std::int64_t first = cut ? layer.token.slice.start() : 0, held = layer.vocab();
+        if (cut) {
+            std::int64_t row = 0;
+            for (const Segment& s : segments_)
+                for (const std::int32_t id : s.tokens) {
+                    float* y = out.data + (row++) * C;
+                    const std::int64_t local = id - first;
+                    if (local >= 0 && local < held) std::copy_n(token + local * C, C, y);
+                    else std::fill_n(y, C, 0.0f);
+                }
+            const Tensor rows = host_rows(out.data, rows_ * C);
+            tp_->all_reduce(rows, rows, comm::ReduceOp::sum);
+        }
         std::int64_t row = 0;
         for (std::size_t i = 0; i < segments_.size(); ++i) {
             const Segment& s = segments_[i];
             if (!s.parents.empty()) tree_depths(s.parents, depths_);
             for (std::size_t t = 0; t < s.tokens.size(); ++t, ++row) {
-                const float* a = token + static_cast<std::int64_t>(s.tokens[t]) * C;
+                const float* a = cut ? out.data + row * C : token + static_cast<std::int64_t>(s.tokens[t]) * C;
                 const std::int64_t offset = s.parents.empty() ? static_cast<std::int64_t>(t) : depths_[t];
                 const float* b = position + (starts_[i] + offset) * C;
                 float* y = out.data + row * C;
@@ -303,16 +352,40 @@ private:
         x_ = out;
     }
 
+    // x_'s features are this rank's run of a vocabulary-cut head's logits (rank q
+    // holds columns [q F, (q + 1) F)): all-gathered into whole rows on every rank.
+    void gather_features() {
+        const std::int64_t F = x_.features, n = x_.rows * F;
+        const Rows whole = take(F * degree_, {x_.buffer});
+        gathered_.resize(static_cast<std::size_t>(n * degree_));
+        tp_->all_gather(Tensor::of(x_.data, Shape{n}), Tensor::of(gathered_.data(), Shape{n * degree_}));
+        for (int q = 0; q < degree_; ++q)
+            for (std::int64_t r = 0; r < x_.rows; ++r)
+                std::copy_n(gathered_.data() + q * n + r * F, F, whole.data + r * F * degree_ + q * F);
+        x_ = whole;
+    }
+
     // y = x W^T + b over every row (nn::Linear's forward at f32).
     [[nodiscard]] Rows linear(const nn::Linear& layer, const Rows& in, std::initializer_list<int> also_avoid) {
-        require_rows("an nn::Linear", layer.in());
+        require_rows("an nn::Linear");
+        LOOM_CHECK(in.features == layer.in(), "CachedModel: an nn::Linear of ", layer.in(), " features is given rows of ",
+                   in.features);
         std::vector<int>& avoid = avoid_;
         avoid.assign(also_avoid);
         avoid.push_back(in.buffer);
         const Rows out = take(layer.out(), avoid, in.rows);
         work_.linear_flops += 2 * in.rows * layer.in() * layer.out();
-        matmul_rows(in.data, layer.weight.value.data<float>(), layer.has_bias() ? layer.bias.value.data<float>() : nullptr,
-                    out.data, in.rows, layer.in(), layer.out());
+        last_split_ = layer.split;
+        const float* bias = layer.has_bias() ? layer.bias.value.data<float>() : nullptr;
+        if (layer.split != nn::Split::rows) {
+            matmul_rows(in.data, layer.weight.value.data<float>(), bias, out.data, in.rows, layer.in(), layer.out());
+            return out;
+        }
+        // A row cut's products are partial sums: summed over the group, then the (whole) bias added once.
+        matmul_rows(in.data, layer.weight.value.data<float>(), nullptr, out.data, in.rows, layer.in(), layer.out());
+        const Tensor y = host_rows(out.data, in.rows * layer.out());
+        tp_->all_reduce(y, y, comm::ReduceOp::sum);
+        if (bias != nullptr) kernels::add_bias(y, layer.bias.value, in.rows, layer.out());
         return out;
     }
 
@@ -320,7 +393,8 @@ private:
     void attend(const nn::CausalSelfAttention& layer) {
         require_rows("an nn::CausalSelfAttention", layer.width());
         LOOM_CHECK(!compacted_, "CachedModel: internal: attention after the rows were compacted");
-        const std::int64_t C = layer.width(), H = layer.heads, l = attention_seen_++;
+        // This rank's heads: all of them, or heads / tp of a cut attention.
+        const std::int64_t C = layer.local_width(), H = layer.local_heads(), l = attention_seen_++;
         work_.linear_rows += x_.rows;
         const Rows qkv = linear(layer.qkv, x_, {});
         const Rows attended = take(C, {qkv.buffer, x_.buffer});
@@ -357,6 +431,8 @@ private:
 
     Model& model_;
     KvCache& cache_;
+    comm::AnyComm* tp_ = nullptr;  // null: the whole model
+    int degree_ = 1;
     const nn::Embedding* embedding_ = nullptr;
     std::int64_t attention_count_ = 0;
     WorkCount work_;
@@ -368,6 +444,7 @@ private:
     std::vector<std::int64_t> starts_;
     std::int64_t rows_ = 0, attention_seen_ = 0;
     bool compacted_ = false;
+    nn::Split last_split_ = nn::Split::none;  // of the last Linear run: a vocabulary-cut head's logits need gathering
     Rows x_;
 
     // Scratch kept between calls, so that a decode step allocates nothing once warm.
@@ -376,7 +453,7 @@ private:
     std::vector<int> avoid_;
     std::vector<bool> seen_;
     std::vector<std::int64_t> depths_;
-    std::vector<float> mean_, rstd_, last_;
+    std::vector<float> mean_, rstd_, last_, gathered_;
 };
 
 }  // namespace loom::infer
