@@ -27,6 +27,7 @@
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
+#include "infer/user_model_suite.hpp"
 #include "support/test_file.hpp"
 
 namespace LOOM_TEST_FILE {
@@ -45,96 +46,14 @@ using loom::infer::Request;
 using loom::infer::Segment;
 using loom_test::message_of;
 using loom_test::prompt_of;
-
-// The user's own layer: softsign, y = x / (1 + |x|), row by row. It says it acts per token.
-// Under Megatron 1D it runs on a column-cut Linear's slice of the features (elementwise).
-struct Softsign {
-    static constexpr bool per_token = true;
-    static constexpr nn::TensorCut tensor_cut = nn::TensorCut::elementwise;
-    struct Saved {
-        Tensor x;
-    };
-    [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& x) {
-        ctx.saved<Saved>(this).x = x;
-        Tensor y = ctx.alloc(x.shape());
-        const float* in = x.data<float>();
-        float* out = y.data<float>();
-        for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = in[i] / (1.0f + std::abs(in[i]));
-        return y;
-    }
-    [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dy) {
-        const Tensor& x = ctx.saved<Saved>(this).x;
-        Tensor dx = ctx.alloc(dy.shape());
-        for (std::int64_t i = 0; i < dy.numel(); ++i) {
-            const float d = 1.0f + std::abs(x.data<float>()[i]);
-            dx.data<float>()[i] = dy.data<float>()[i] / (d * d);
-        }
-        return dx;
-    }
-};
-
-struct PostNormBlock {
-    nn::Residual<nn::CausalSelfAttention> attention;  // post-LN: the norm comes after the sum
-    nn::LayerNorm norm1;
-    nn::Residual<nn::Linear, Softsign, nn::Linear> mlp;
-    nn::LayerNorm norm2;
-};
-
-struct UserLm {
-    nn::Embedding embed;
-    std::array<PostNormBlock, 2> blocks;
-    nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> last;  // a third attention, pre-LN
-    nn::LayerNorm norm;
-    nn::Linear head;
-};
-
-constexpr std::int64_t V = 40, T = 28, C = 24, heads = 4;
-
-PostNormBlock post_norm_block() {
-    return {{{nn::CausalSelfAttention::make(C, heads)}},
-            nn::LayerNorm::make(C),
-            {{nn::Linear::make(C, 2 * C), Softsign{}, nn::Linear::make(2 * C, C)}},
-            nn::LayerNorm::make(C)};
-}
-
-// The same with its loss, as it trains: under Megatron 1D the head before the loss is cut by vocabulary.
-struct UserLmWithLoss {
-    nn::Embedding embed;
-    std::array<PostNormBlock, 2> blocks;
-    nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> last;
-    nn::LayerNorm norm;
-    nn::Linear head;
-    nn::CrossEntropy loss;
-};
-
-template <class Lm>
-Lm make_user_lm() {
-    Lm model{};
-    model.embed = nn::Embedding::make(V, T, C);
-    model.blocks = {post_norm_block(), post_norm_block()};
-    model.last = {{nn::LayerNorm::make(C), nn::CausalSelfAttention::make(C, heads)}};
-    model.norm = nn::LayerNorm::make(C);
-    model.head = nn::Linear::make(C, V);
-    return model;
-}
-
-// Random weights scaled up (as support/scaled_gpt.hpp does), so greedy choices are clear-cut;
-// with a tp rank, its Megatron cut (tp::shard_model) of the same values.
-template <class Lm = UserLm>
-struct ScaledUserLm {
-    Lm model;
-    nn::ParamArena arena;
-    explicit ScaledUserLm(std::uint64_t seed, int rank = 0, int degree = 1)
-        : model(cut(rank, degree)), arena(model) {
-        arena.initialize(model, seed);
-        for (float& v : arena.values()) v *= 6.0f;
-    }
-    static Lm cut(int rank, int degree) {
-        Lm lm = make_user_lm<Lm>();
-        if (degree > 1) (void)loom::tp::shard_model(lm, rank, degree);
-        return lm;
-    }
-};
+using loom_test::user_model::C;
+using loom_test::user_model::make_user_lm;
+using loom_test::user_model::request;
+using loom_test::user_model::ScaledUserLm;
+using loom_test::user_model::T;
+using loom_test::user_model::UserLm;
+using loom_test::user_model::UserLmWithLoss;
+using loom_test::user_model::V;
 
 // The whole sequence through nn::forward: every position's logits.
 std::vector<float> full_logits(UserLm& model, const std::vector<std::int32_t>& tokens) {
@@ -157,13 +76,6 @@ std::vector<std::int32_t> greedy_by_recomputing(UserLm& model, std::vector<std::
 
 std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
 
-Request request(std::vector<std::int32_t> prompt, std::int64_t new_tokens, bool greedy) {
-    Request r;
-    r.prompt = std::move(prompt);
-    r.max_new_tokens = new_tokens;
-    r.sampling.greedy = greedy;
-    return r;
-}
 
 TEST_CASE("loom's GPT through CachedModel gives CachedGpt's logits bit for bit", "[infer][user-model]") {
     loom_test::ScaledGpt gpt({.layers = 2, .width = 32, .heads = 4, .seq = 40, .vocab = 40}, 5, 8.0f);
@@ -247,19 +159,13 @@ TEST_CASE("a user's model cut by tp::shard_model serves at tp 2 and 4 with tp 1'
     CHECK(summary.embeddings == 1);
     CHECK(summary.vocab_heads == 1);
     ScaledUserLm<UserLmWithLoss> whole(12);
-    std::vector<Request> requests;
-    for (std::int32_t i = 0; i < 5; ++i) requests.push_back(request(prompt_of(3 + 3 * i, V, i), 9 - i, i % 2 == 0));
-    KvCache whole_cache(3, C, 2, T, 4);
-    CachedModel<UserLmWithLoss> reference(whole.model, whole_cache);
-    const std::vector<Completion> expected = loom::infer::generate(reference, requests);
+    const std::vector<Request> requests = loom_test::user_model::mixed_requests();
+    const std::vector<Completion> expected = loom_test::user_model::serve_whole(whole);
     for (const int degree : {2, 4}) {
         std::vector<std::vector<Completion>> got(static_cast<std::size_t>(degree));
         loom::comm::ThreadWorld(degree).run([&](loom::comm::ThreadComm& comm) {
             loom::comm::AnyComm tp = loom::comm::AnyComm::view(comm);
-            ScaledUserLm<UserLmWithLoss> shard(12, tp.rank(), tp.size());
-            KvCache cache(3, C / tp.size(), 2, T, 4);
-            CachedModel<UserLmWithLoss> engine(shard.model, cache, tp);
-            got[static_cast<std::size_t>(tp.rank())] = loom::infer::generate(engine, requests);
+            got[static_cast<std::size_t>(tp.rank())] = loom_test::user_model::serve_on(tp);
         });
         for (std::size_t rank = 0; rank < got.size(); ++rank)
             for (std::size_t i = 0; i < requests.size(); ++i) {

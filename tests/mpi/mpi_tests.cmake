@@ -8,8 +8,8 @@ target_link_libraries(loom_mpi_tests PRIVATE loom::mpi loom_catch_session)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
 loom_unity_tests(loom_mpi_tests)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
   # The equivalence suite of tests/parallel, written once for every transport.
@@ -35,6 +35,8 @@ foreach(_procs 2 4)
                     loom_mpi_tests "[pp_serving]")
   loom_add_mpi_test("mpi: Kraken serving at tp ${_procs} gives the whole model's tokens" ${_procs}
                     loom_mpi_tests "[kraken_serving]")
+  loom_add_mpi_test("mpi: a user model's serving at tp ${_procs} gives the whole model's tokens" ${_procs}
+                    loom_mpi_tests "[user_model_serving]")
 endforeach()
 loom_add_mpi_test("mpi: pp 2 x tp 2 serving gives the whole model's tokens on 4 processes" 4 loom_mpi_tests
                   "[pp_tp_serving]")

@@ -1,4 +1,4 @@
-// Tensor- and pipeline-parallel serving under mpirun (the GPT's, both at once, and Kraken's):
+// Tensor- and pipeline-parallel serving under mpirun (the GPT's, both at once, Kraken's and a user model's):
 // tp (or pp) = the number of processes, the requests the rank-thread tests run
 // (tests/infer/tensor_parallel_serving_suite.hpp, pipeline_serving_suite.hpp,
 // kraken_serving_suite.hpp),
@@ -13,6 +13,7 @@
 #include "infer/kraken_serving_suite.hpp"
 #include "infer/pipeline_serving_suite.hpp"
 #include "infer/tensor_parallel_serving_suite.hpp"
+#include "infer/user_model_suite.hpp"
 #include "support/test_file.hpp"
 
 namespace LOOM_TEST_FILE {
@@ -70,6 +71,21 @@ TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens und
             CHECK(got[i].tokens == expected[i].tokens);
             CHECK(got[i].finish == expected[i].finish);
         }
+    }
+}
+
+TEST_CASE("a user's model cut by tp::shard_model serves at tp = the processes with tp 1's tokens under MPI",
+          "[user_model_serving]") {
+    auto world = loom::comm::Mpi::world();
+    loom::comm::AnyComm tp = loom::comm::AnyComm::view(world);
+    loom_test::user_model::ScaledUserLm<loom_test::user_model::UserLmWithLoss> whole(12);
+    const auto expected = loom_test::user_model::serve_whole(whole);
+    const auto got = loom_test::user_model::serve_on(tp);
+    REQUIRE(got.size() == expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO("request " << i << ", rank " << tp.rank() << " of " << tp.size());
+        CHECK(got[i].tokens == expected[i].tokens);
+        CHECK(got[i].finish == expected[i].finish);
     }
 }
 
