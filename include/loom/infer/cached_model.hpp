@@ -38,14 +38,13 @@
 // when the model is an aggregate whose fields after the last attention layer
 // act per token (as a GPT's final norm and head do): the rows are compacted
 // after that field. Otherwise every row runs to the end and the last ones are
-// picked.
+// picked. Activations live in a RowPool (infer/row_pool.hpp).
 #pragma once
 
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -60,6 +59,7 @@
 #include "loom/infer/cached_rows.hpp"
 #include "loom/infer/engine.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/row_pool.hpp"
 #include "loom/infer/segment_attention.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/attention.hpp"
@@ -148,7 +148,7 @@ private:
     // The walk over the model's layers, from the segments' tokens to their logits in x_.
     void run_model(Logits which) {
         context_.reset();
-        std::fill(held_.begin(), held_.end(), 0);  // none left held by a forward that failed
+        pool_.release_all();  // none left held by a forward that failed
         attention_seen_ = 0;
         compacted_ = false;
         last_split_ = nn::Split::none;
@@ -167,13 +167,6 @@ private:
                    " features per token but its Embedding has a vocabulary of ", vocab(),
                    "; end the model with a head of ", vocab(), " outputs (the logits)");
     }
-
-    // The activation rows in flight: `rows` x `features` floats in buffer `buffer` of the pool.
-    struct Rows {
-        int buffer = -1;
-        std::int64_t rows = 0, features = 0;
-        float* data = nullptr;
-    };
 
     // Checks the model once, in forward order: an Embedding first, whole
     // attention layers of the cache's width, every Param bound on the host.
@@ -262,9 +255,9 @@ private:
         } else if constexpr (cached_model_detail::is_residual<L>) {
             require_rows("an nn::Residual");
             const Rows skip = x_;
-            ++held_[static_cast<std::size_t>(skip.buffer)];
+            pool_.hold(skip);
             std::apply([&](auto&... each) { (run(each), ...); }, layer.layers);
-            --held_[static_cast<std::size_t>(skip.buffer)];
+            pool_.release(skip);
             LOOM_CHECK(x_.features == skip.features && x_.rows == skip.rows, "CachedModel: an nn::Residual's layers "
                        "turned ", skip.features, " features per token into ", x_.features,
                        "; a skip connection needs them equal");
@@ -320,7 +313,7 @@ private:
     // the one rank's bits), and only then the positions added.
     void embed(const nn::Embedding& layer) {
         const std::int64_t C = layer.width();
-        const Rows out = take(C, std::span<const int>{}, rows_);
+        const Rows out = pool_.take(rows_, C, {});
         const float* token = layer.token.value.data<float>();
         const float* position = layer.position.value.data<float>();
         const bool cut = layer.vocab_parallel();
@@ -373,7 +366,7 @@ private:
         std::vector<int>& avoid = avoid_;
         avoid.assign(also_avoid);
         avoid.push_back(in.buffer);
-        const Rows out = take(layer.out(), avoid, in.rows);
+        const Rows out = pool_.take(in.rows, layer.out(), avoid);
         work_.linear_flops += 2 * in.rows * layer.in() * layer.out();
         last_split_ = layer.split;
         const float* bias = layer.has_bias() ? layer.bias.value.data<float>() : nullptr;
@@ -408,25 +401,9 @@ private:
         x_ = linear(layer.proj, attended, {qkv.buffer});
     }
 
-    // A pool buffer for rows x features (x_'s rows unless given), not one of `avoid` nor one a
-    // Residual holds.
-    [[nodiscard]] Rows take(std::int64_t features, std::span<const int> avoid, std::int64_t rows) {
-        std::size_t b = 0;
-        while (b < pool_.size() &&
-               (held_[b] > 0 || std::find(avoid.begin(), avoid.end(), static_cast<int>(b)) != avoid.end()))
-            ++b;
-        if (b == pool_.size()) {
-            pool_.emplace_back();
-            held_.push_back(0);
-        }
-        // Grown, never shrunk: a buffer holds rows of different widths in turn, and shrinking then
-        // growing it again would zero-fill the difference on every step.
-        const auto floats = static_cast<std::size_t>(rows * features);
-        if (pool_[b].size() < floats) pool_[b].resize(floats);
-        return {static_cast<int>(b), rows, features, pool_[b].data()};
-    }
+    // A buffer of x_'s rows, none of `avoid`.
     [[nodiscard]] Rows take(std::int64_t features, std::initializer_list<int> avoid) {
-        return take(features, std::span<const int>(avoid.begin(), avoid.size()), x_.rows);
+        return pool_.take(x_.rows, features, avoid);
     }
 
     Model& model_;
@@ -448,8 +425,7 @@ private:
     Rows x_;
 
     // Scratch kept between calls, so that a decode step allocates nothing once warm.
-    std::deque<std::vector<float>> pool_;  // a deque: a new buffer never moves the others
-    std::vector<int> held_;                // per buffer: how many Residuals keep it as their skip
+    RowPool pool_;
     std::vector<int> avoid_;
     std::vector<bool> seen_;
     std::vector<std::int64_t> depths_;
