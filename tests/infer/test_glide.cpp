@@ -256,7 +256,7 @@ TEST_CASE("GliDe's draft names its bad inputs", "[infer][glide]") {
     const std::vector<std::int32_t> parents{-1, 0};
     const loom::infer::Segment tree{0, std::span(tokens).first(2), parents};
     CHECK(message_of([&] { (void)d.forward(std::span(&tree, 1)); }) ==
-          "CachedGlide: the segment of slot 0 is empty or a tree; a draft runs chains of at least one token");
+          "CachedGlide: the segment of slot 0 is a tree; a draft runs chains of at least one token");
     // A batcher whose target is not the one the GliDe engine reads.
     KvCache other_cache(2, 24, 2, 16, 4);
     CachedGpt t(target.model, target.config, other_cache);

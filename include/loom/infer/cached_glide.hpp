@@ -12,10 +12,12 @@
 // prompt's first round) gets a zero cross-attention output, as training's
 // first stale block does.
 //
-// The arithmetic is the training layers' at f32: the self-attention through
-// the FlashAttention block kernels (new tokens causal among themselves, then
-// each cached block in full, merged by log-sum-exp), the cross-attention by
-// nn::cross_attend_row over the target's rows gathered from its pages.
+// The arithmetic is the training layers' at f32: the self-attention is
+// CachedGpt's (infer/segment_attention.hpp: the FlashAttention block kernels,
+// new tokens causal among themselves, then each cached block in full, merged
+// by log-sum-exp; a decode step's few rows straight over the pages), the
+// cross-attention nn::cross_attend_row over the target's rows gathered from
+// its pages.
 #pragma once
 
 #include <algorithm>
@@ -31,7 +33,7 @@
 #include "loom/infer/cached_rows.hpp"
 #include "loom/infer/draft_engine.hpp"
 #include "loom/infer/kv_cache.hpp"
-#include "loom/kernels/attention_block_ops.hpp"
+#include "loom/infer/segment_attention.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/cross_attention.hpp"
 
@@ -72,29 +74,13 @@ public:
     [[nodiscard]] const KvCache* reads() const override { return &target_cache_; }
 
     std::span<const float> forward(std::span<const Segment> segments) override {
-        LOOM_CHECK(!segments.empty(), "CachedGlide: forward of no segments; pass at least one");
-        std::int64_t rows = 0, more_blocks = 0;
-        seen_.assign(static_cast<std::size_t>(cache_.slots()), false);
+        check_segments("CachedGlide", cache_, segments, config_.vocab, seen_, depths_);
+        std::int64_t rows = 0;
         for (const Segment& s : segments) {
-            LOOM_CHECK(s.slot >= 0 && s.slot < cache_.slots(), "CachedGlide: slot ", s.slot, " is not in [0, ",
-                       cache_.slots(), ")");
-            LOOM_CHECK(!seen_[static_cast<std::size_t>(s.slot)], "CachedGlide: slot ", s.slot,
-                       " appears twice in one forward; give each sequence one segment");
-            seen_[static_cast<std::size_t>(s.slot)] = true;
-            LOOM_CHECK(!s.tokens.empty() && s.parents.empty(), "CachedGlide: the segment of slot ", s.slot,
-                       " is empty or a tree; a draft runs chains of at least one token");
-            const std::int64_t held = cache_.length(s.slot), count = static_cast<std::int64_t>(s.tokens.size());
-            LOOM_CHECK(count <= cache_.capacity() - held, "CachedGlide: slot ", s.slot, " holds ", held,
-                       " positions and ", count, " more would exceed the draft cache's capacity of ",
-                       cache_.capacity());
-            more_blocks += cache_.blocks_for(held + count) - static_cast<std::int64_t>(cache_.block_table(s.slot).size());
-            for (const std::int32_t token : s.tokens)
-                LOOM_CHECK(token >= 0 && token < config_.vocab, "CachedGlide: token id ", token, " of slot ", s.slot,
-                           " is outside the vocabulary [0, ", config_.vocab, ")");
-            rows += count;
+            LOOM_CHECK(s.parents.empty(), "CachedGlide: the segment of slot ", s.slot,
+                       " is a tree; a draft runs chains of at least one token");
+            rows += static_cast<std::int64_t>(s.tokens.size());
         }
-        LOOM_CHECK(more_blocks <= cache_.free_blocks(), "CachedGlide: this forward needs ", more_blocks,
-                   " more blocks of the draft's cache but ", cache_.free_blocks(), " are free");
         starts_.clear();
         for (const Segment& s : segments) {
             starts_.push_back(cache_.length(s.slot));
@@ -126,15 +112,13 @@ private:
         normed_.resize(r * C);
         qkv_.resize(r * 3 * C);
         attended_.resize(r * std::max(C, M));
-        attended_new_.resize(r * C);
         query_.resize(r * M);
         branch_.resize(r * C);
         hidden_.resize(r * 4 * C);
         activated_.resize(r * 4 * C);
         mean_.resize(r);
         rstd_.resize(r);
-        lse_.resize(r * static_cast<std::size_t>(std::max(config_.heads, model_.cross_attention(0).heads)));
-        lse_new_.resize(lse_.size());
+        lse_.resize(r * static_cast<std::size_t>(model_.cross_attention(0).heads));  // cross_attend_row's
     }
 
     void embed(std::span<const Segment> segments) {
@@ -186,17 +170,12 @@ private:
         add_rows(x_.data(), branch_.data(), rows * C);
     }
 
-    // CachedGpt's chain attention: rows [row, row + count) of qkv_ are the
-    // slot's positions [start, start + count); their K/V go to the draft's cache.
+    // CachedGpt's chain attention (infer/segment_attention.hpp): rows [row, row + count) of qkv_ are
+    // the slot's positions [start, start + count); their K/V go to the draft's cache.
     void self_attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
-        const std::int64_t C = config_.width, H = config_.heads, D = C / H;
-        const float* q = qkv_.data() + row * 3 * C;
-        cache_keys_values(cache_, l, slot, start, count, q + C, 3 * C);
-        float* out = attended_.data() + row * C;
-        kernels::attention_block_forward(host_device, q, 3 * C, q + C, q + 2 * C, 3 * C, out, lse_.data(), 1, count,
-                                         count, H, D, kernels::BlockMask::causal);
-        attend_cached_pages(cache_, l, slot, start, q, 3 * C, count, H, D, out, lse_.data(), attended_new_.data(),
-                            lse_new_.data());
+        const std::int64_t C = config_.width, H = config_.heads;
+        attention_.run(cache_, l, slot, start, count, {}, qkv_.data() + row * 3 * C, 3 * C, H, C / H,
+                       attended_.data() + row * C, work_);
     }
 
     // Rows [row, row + count) of query_ attend over every position the
@@ -236,8 +215,11 @@ private:
     KvCache& target_cache_;  // read only
     std::vector<std::int64_t> starts_;
     std::vector<bool> seen_;
-    std::vector<float> x_, normed_, qkv_, attended_, attended_new_, query_, branch_, hidden_, activated_, mean_,
-        rstd_, lse_, lse_new_, last_, logits_, memory_, scores_;
+    std::vector<std::int64_t> depths_;  // check_segments' scratch
+    SegmentAttention attention_;
+    WorkCount work_;  // counted by the shared attention; not reported
+    std::vector<float> x_, normed_, qkv_, attended_, query_, branch_, hidden_, activated_, mean_, rstd_, lse_, last_,
+        logits_, memory_, scores_;
 };
 
 }  // namespace loom::infer
