@@ -288,14 +288,12 @@ int run(const Flags& f) {
             loom::comm::AnyComm pp = loom::comm::AnyComm::view(mesh.axis("pp")), tp = loom::comm::AnyComm::view(mesh.axis("tp"));
             const loom::infer::PipelineStage where = loom::infer::pipeline_stage(config, pp.rank(), pp.size());
             loom::gpt::Model stage = loom::infer::make_stage_model(config, where);
-            if (f.tp > 1) loom::infer::shard_for_serving(stage, tp.rank(), tp.size());
+            loom::infer::shard_for_serving(stage, tp.rank(), tp.size());  // a tp group of 1 keeps it whole
             loom::nn::ParamArena stage_arena(stage);
             loom::infer::load_stage_values(stage, config, where, arena.values());
             loom::infer::KvCache cache(where.count, config.width / tp.size(), slots, capacity, f.block_size);
-            std::optional<loom::infer::CachedGpt> engine;
-            if (f.tp > 1) engine.emplace(stage, config, cache, tp, where);
-            else engine.emplace(stage, config, cache, where);
-            std::vector<loom::infer::Completion> mine = loom::infer::generate_pipelined(*engine, pp, requests);
+            loom::infer::CachedGpt engine(stage, config, cache, tp, where);
+            std::vector<loom::infer::Completion> mine = loom::infer::generate_pipelined(engine, pp, requests);
             if (comm.rank() == 0) done = std::move(mine);
         });
     } else if (f.tp == 1) {

@@ -303,20 +303,18 @@ public:
                 const loom::gpt::Config& config = *pp.config;
                 const loom::infer::PipelineStage where = loom::infer::pipeline_stage(config, group.rank(), group.size());
                 loom::gpt::Model stage = loom::infer::make_stage_model(config, where);
-                if (pp.tp > 1) loom::infer::shard_for_serving(stage, tp.rank(), tp.size());
+                loom::infer::shard_for_serving(stage, tp.rank(), tp.size());  // a tp group of 1 keeps it whole
                 loom::nn::ParamArena arena(stage);
                 loom::infer::load_stage_values(stage, config, where, pp.whole);
                 loom::infer::KvCache cache(where.count, config.width / pp.tp, pp.slots, config.seq, pp.block_size);
-                std::optional<loom::infer::CachedGpt> engine;
-                if (pp.tp > 1) engine.emplace(stage, config, cache, tp, where);
-                else engine.emplace(stage, config, cache, where);
+                loom::infer::CachedGpt engine(stage, config, cache, tp, where);
                 Orders first;  // every stage is built before the server says it listens
                 share_orders(world, first);
-                if (group.rank() != 0) return loom::infer::serve_pipeline_stage(*engine, group);
+                if (group.rank() != 0) return loom::infer::serve_pipeline_stage(engine, group);
                 // Stage 0: one PipelinedBatcher per tp rank (its destructor ends its pipeline's later
                 // stages); tp rank 0 leads, the others follow its orders, keep-alives included, so the tp
                 // groups' pipelines make the same calls in the same order.
-                loom::infer::PipelinedBatcher batcher(*engine, group);
+                loom::infer::PipelinedBatcher batcher(engine, group);
                 const auto idle_keep_alive = [&](const Orders& orders) {
                     if (!orders.quit && orders.jobs.empty() && orders.cancels.empty() && batcher.idle())
                         batcher.keep_alive();

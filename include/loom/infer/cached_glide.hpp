@@ -175,7 +175,7 @@ private:
     void self_attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
         const std::int64_t C = config_.width, H = config_.heads;
         attention_.run(cache_, l, slot, start, count, {}, qkv_.data() + row * 3 * C, 3 * C, H, C / H,
-                       attended_.data() + row * C, work_);
+                       attended_.data() + row * C, nullptr);
     }
 
     // Rows [row, row + count) of query_ attend over every position the
@@ -217,7 +217,6 @@ private:
     std::vector<bool> seen_;
     std::vector<std::int64_t> depths_;  // check_segments' scratch
     SegmentAttention attention_;
-    WorkCount work_;  // counted by the shared attention; not reported
     std::vector<float> x_, normed_, qkv_, attended_, query_, branch_, hidden_, activated_, mean_, rstd_, lse_, last_,
         logits_, memory_, scores_;
 };

@@ -297,7 +297,7 @@ private:
                 std::span<const std::int32_t> parents) {
         const std::int64_t C = width_;
         attention_.run(cache_, l, slot, start, count, parents, qkv_.data() + row * 3 * C, 3 * C, heads_, C / heads_,
-                       attended_.data() + row * C, work_);
+                       attended_.data() + row * C, &work_);
     }
 
     [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }

@@ -244,7 +244,7 @@ private:
         for (std::size_t i = 0; i < segments.size(); ++i) {
             const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
             attention_.run(cache_, cache_layer, segments[i].slot, starts_[i], count, {}, qkv_.data() + row * 3 * W,
-                           3 * W, heads_, W / heads_, attended_.data() + row * W, work_);
+                           3 * W, heads_, W / heads_, attended_.data() + row * W, nullptr);
             row += count;
         }
         linear(sub.attention.attn.proj, attended_.data(), attention_out(k), rows);
@@ -293,7 +293,6 @@ private:
     std::vector<bool> seen_;
     std::vector<std::int64_t> depths_;  // check_segments' scratch
     SegmentAttention attention_;
-    WorkCount work_;  // counted by the shared attention; not reported
     std::vector<float> h_, locals_, attended_branch_, partial_, reduced_, normed_, u_, branch_, qkv_, attended_,
         hidden_, activated_, mean_, rstd_, last_, logits_;
 };

@@ -168,8 +168,9 @@ private:
                    "; end the model with a head of ", vocab(), " outputs (the logits)");
     }
 
-    // Checks the model once, in forward order: an Embedding first, whole
-    // attention layers of the cache's width, every Param bound on the host.
+    // Checks the model once, in forward order: an Embedding first, every
+    // layer whole (or, on a tp group, this rank's Megatron cut), attention
+    // layers of the cache's width, every Param bound on the host.
     void survey() {
         std::string first;  // the path of the first layer that computes itself
         reflect::visit_layers(model_, [&](auto& layer, std::string_view path) {
@@ -395,7 +396,7 @@ private:
         for (std::size_t i = 0; i < segments_.size(); ++i) {
             const auto count = static_cast<std::int64_t>(segments_[i].tokens.size());
             attention_.run(cache_, l, segments_[i].slot, starts_[i], count, segments_[i].parents,
-                           qkv.data + row * 3 * C, 3 * C, H, C / H, attended.data + row * C, work_);
+                           qkv.data + row * 3 * C, 3 * C, H, C / H, attended.data + row * C, &work_);
             row += count;
         }
         x_ = linear(layer.proj, attended, {qkv.buffer});

@@ -31,11 +31,12 @@ public:
     // `count` new rows of `slot` at positions [start, start + count): row t's
     // q, k and v (H heads of D features each, one after another) start at
     // qkv + t * ld. Their keys and values go to `layer` of the cache, their
-    // attention output to out ([count, H * D]); the work is added to `work`.
+    // attention output to out ([count, H * D]); the work is added to `work`
+    // (null: an engine that does not count it).
     // With `parents` (one per row), the rows are a tree's nodes.
     void run(KvCache& cache, std::int64_t layer, std::int64_t slot, std::int64_t start, std::int64_t count,
              std::span<const std::int32_t> parents, const float* qkv, std::int64_t ld, std::int64_t H,
-             std::int64_t D, float* out, WorkCount& work) {
+             std::int64_t D, float* out, WorkCount* work) {
         const std::int64_t C = H * D;
         cache_keys_values(cache, layer, slot, start, count, qkv + C, ld);
         using kernels::BlockMask;
@@ -48,8 +49,10 @@ public:
             tree_depths(parents, depths_);
             for (std::int64_t t = 0; t < count; ++t) pairs += depths_[static_cast<std::size_t>(t)] + 1;
         }
-        work.attention_pairs += pairs;
-        work.attention_flops += 4 * D * H * pairs;
+        if (work != nullptr) {
+            work->attention_pairs += pairs;
+            work->attention_flops += 4 * D * H * pairs;
+        }
         if (parents.empty() && count <= few_queries) {
             attend_few_queries(cache, layer, slot, start, qkv, ld, count, H, D, out, scores_, pages_);
             return;
