@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     namespace host = loom::kernels::host;
-    host::set_gemm_threads(1);
+    host::set_blas_threads(1);
     std::printf("CPU: %s; GEMM: %s; few_rows = %lld\n\n", bench::cpu_model().c_str(),
                 host::host_gemm_description().c_str(), static_cast<long long>(loom::infer::few_rows()));
     struct Shape {

@@ -19,7 +19,7 @@
 #include <loom/gpt/sample.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/infer/tensor_parallel_gpt.hpp>
-#include <loom/kernels/host/gemm_threads.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <chrono>
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     if (!flags) return 2;
     const int reps = flags->reps;
     const std::int64_t count = flags->tokens;
-    loom::kernels::host::set_gemm_threads(1);
+    loom::kernels::host::set_blas_threads(1);
     std::printf("CPU: %s; GEMM: loom host kernels at %s, 1 thread; median of %d runs\n", bench::cpu_model().c_str(),
                 bench::cpu_level().c_str(), reps);
     std::printf("GPT config A (L4 C256 H4 T128 V256), batch 1, %lld new tokens after a 16-token prompt, "

@@ -35,7 +35,7 @@
 #include <loom/gpt/model.hpp>
 #include <loom/infer/cached_model.hpp>
 #include <loom/infer/generate.hpp>
-#include <loom/kernels/host/gemm_threads.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/adamw.hpp>
 
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
         for (const auto& r : requests) longest = std::max(longest, r.prompt.size());
         for (auto& r : requests) r.prompt.insert(r.prompt.begin(), longest - r.prompt.size(), 0);
     }
-    loom::kernels::host::set_gemm_threads(flags.threads);
+    loom::kernels::host::set_blas_threads(flags.threads);
     std::printf("CPU: %s\nGEMM: loom host kernels at %s, %d thread%s\n", bench::cpu_model().c_str(),
                 bench::cpu_level().c_str(), flags.threads, flags.threads == 1 ? "" : "s");
 

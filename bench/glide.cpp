@@ -33,7 +33,7 @@
 #include <loom/infer/cached_glide.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/infer/speculative.hpp>
-#include <loom/kernels/host/gemm_threads.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 #include <loom/optim/schedule.hpp>
 
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_glide: --threads, --target-heads, --batch and each --decode-threads must be >= 1\n");
         return 2;
     }
-    loom::kernels::host::set_gemm_threads(threads);
+    loom::kernels::host::set_blas_threads(threads);
     const std::string text = copyrights ? read_copyrights() : read_corpus("/usr/share/common-licenses");
     const std::size_t split = text.size() * 9 / 10;
     std::printf("CPU: %s; GEMM: loom host kernels at %s, %d training thread(s)\n", bench::cpu_model().c_str(),
@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
     infer::PlainDraft plain_draft(pe);
     // One table: the requests `width` at a time (1: one after another), every path `reps` times, interleaved.
     auto table = [&](std::int64_t width, int decode_threads_now) {
-        loom::kernels::host::set_gemm_threads(decode_threads_now);
+        loom::kernels::host::set_blas_threads(decode_threads_now);
         std::vector<Path> paths{{"autoregressive (infer::generate)", nullptr, std::nullopt, {}},
                                 {"vanilla speculative, plain 1-layer draft", &plain_draft, std::nullopt, {}},
                                 {"vanilla speculative + CaPE, plain 1-layer draft", &plain_draft, infer::CapeConfig{}, {}},

@@ -12,7 +12,7 @@
 #include <loom/comm/thread_world.hpp>
 #include <loom/exec/executor.hpp>
 #include <loom/gpt/model.hpp>
-#include <loom/kernels/host/gemm_threads.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/parallel/recompute.hpp>
 #include <loom/parallel/recomputation.hpp>
 #include <loom/plan/gpt_description.hpp>
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    loom::kernels::host::set_gemm_threads(1);
+    loom::kernels::host::set_blas_threads(1);
     std::printf("CPU: %s; GEMM: loom host kernels at %s, 1 thread; one rank; median of %d steps\n",
                 bench::cpu_model().c_str(), bench::cpu_level().c_str(), steps);
     std::printf("GPT config A (L4 C256 H4 T128 V256)\n\n");

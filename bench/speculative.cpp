@@ -28,7 +28,7 @@
 #include <loom/gpt/model.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/infer/speculative.hpp>
-#include <loom/kernels/host/gemm_threads.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <loom/core/reflect.hpp>
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     if (!flags) return 2;
     const int reps = flags->reps;
     const std::int64_t count = flags->tokens;
-    loom::kernels::host::set_gemm_threads(1);
+    loom::kernels::host::set_blas_threads(1);
     std::printf("CPU: %s; GEMM: loom host kernels at %s, 1 thread; median of %d runs\n", bench::cpu_model().c_str(),
                 bench::cpu_level().c_str(), reps);
     std::printf("target: GPT config A (L4 C256 H4 T128 V256); draft: L1 C64 H4 V256; random weights; batch 1, "

@@ -56,6 +56,7 @@
 #include <loom/infer/pipeline_parallel_gpt.hpp>
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/infer/tensor_parallel_gpt.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include "gpt_model_flags.hpp"
@@ -218,6 +219,9 @@ std::string describe(const loom::infer::Sampling& s) {
 }
 
 int run(const Flags& f) {
+    // Rank threads x GEMM threads (loom's and the BLAS's) within the cores: a
+    // BLAS left at its default would run every rank thread's products on all of them.
+    loom::kernels::host::set_blas_threads(loom::kernels::host::gemm_threads_for(static_cast<int>(f.tp * f.pp)));
     const loom::gpt::Config& config = f.target.config;
     loom::gpt::Model model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);

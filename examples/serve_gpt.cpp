@@ -47,6 +47,7 @@
 #include <loom/infer/cached_gpt.hpp>
 #include <loom/infer/draft_engine.hpp>
 #include <loom/infer/kv_cache.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <boost/asio/co_spawn.hpp>
@@ -412,6 +413,9 @@ awaitable<void> accept(Server& server) {
 
 int run(const Flags& f) {
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error code, not the end of the server
+    // Rank threads x GEMM threads (loom's and the BLAS's) within the cores: a
+    // BLAS left at its default would run every rank thread's products on all of them.
+    loom::kernels::host::set_blas_threads(loom::kernels::host::gemm_threads_for(static_cast<int>(f.tp * f.pp)));
     const loom::gpt::Config& config = f.target.config;
     loom::gpt::Model model = loom::gpt::make_model(config);
     loom::nn::ParamArena arena(model);
