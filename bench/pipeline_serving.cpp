@@ -4,15 +4,19 @@
 // tokens in turn, --tokens new tokens each, up to --slots running at once) at
 // pp 1 (the whole model on one thread, infer::generate) and at pp 2 on two
 // rank threads whose link is Shaped to --gbit Gbit/s with 5 us latency
-// (comm/shaped.hpp), non-blocking (2 groups in flight) and blocking (1 group:
-// a stage idles while the other runs). One GEMM thread per rank. Every pp 2
-// run is checked against pp 1's tokens. Median of --reps runs; the load
-// average and the involuntary context switches say how much the machine was
-// shared. Then one traced pp 2 run: its Chrome trace (--trace FILE) and the
-// share of its time when both stages computed at once.
+// (comm/shaped.hpp), non-blocking (--groups in flight, 2 by default) and
+// blocking (1 group: a stage idles while the other runs); each pp 2 step
+// admits at most --prefill-tokens prompt tokens (PipelineOptions; 0: no
+// limit). One GEMM thread and one BLAS thread per rank. Every pp 2 run is
+// checked against pp 1's tokens. --reps rounds, each running pp 1, pp 2
+// non-blocking and pp 2 blocking in turn, so that the machine's slow minutes
+// fall on all three alike: medians of the times and of each round's ratio;
+// the load average and the involuntary context switches say how much the
+// machine was shared. Then one traced pp 2 run: its Chrome trace (--trace
+// FILE) and the share of its time when both stages computed at once.
 //
-//   bench_pipeline_serving [--reps 3] [--requests 32] [--tokens 32] [--slots 16] [--gbit 10]
-//                          [--trace pipeline_serving_trace.json]
+//   bench_pipeline_serving [--reps 5] [--requests 32] [--tokens 32] [--slots 16] [--gbit 10]
+//                          [--groups 2] [--prefill-tokens 128] [--trace pipeline_serving_trace.json]
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/links.hpp>
 #include <loom/comm/shaped.hpp>
@@ -23,7 +27,7 @@
 #include <loom/infer/pipeline_parallel_gpt.hpp>
 #include <loom/infer/pipeline_stage.hpp>
 #include <loom/io/atomic_file.hpp>
-#include <loom/kernels/host/gemm_threads.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <sys/resource.h>
@@ -51,8 +55,8 @@ const loom::gpt::Config config_a{.layers = 4, .width = 256, .heads = 4, .seq = 1
 constexpr std::uint64_t seed = 5;
 
 struct Flags {
-    int reps = 3;
-    std::int64_t requests = 32, tokens = 32, slots = 16;
+    int reps = 5, groups = 2;
+    std::int64_t requests = 32, tokens = 32, slots = 16, prefill_tokens = 128;
     double gbit = 10;
     std::string trace = "pipeline_serving_trace.json";
 };
@@ -60,7 +64,7 @@ struct Flags {
 [[noreturn]] void usage(const std::string& why) {
     std::fprintf(stderr,
                  "bench_pipeline_serving: %s\nusage: bench_pipeline_serving [--reps N] [--requests N] [--tokens N] "
-                 "[--slots N] [--gbit G] [--trace FILE]\n",
+                 "[--slots N] [--gbit G] [--groups N] [--prefill-tokens N] [--trace FILE]\n",
                  why.c_str());
     std::exit(2);
 }
@@ -76,11 +80,14 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--tokens") f.tokens = std::stoll(value);
         else if (flag == "--slots") f.slots = std::stoll(value);
         else if (flag == "--gbit") f.gbit = std::stod(value);
+        else if (flag == "--groups") f.groups = std::stoi(value);
+        else if (flag == "--prefill-tokens") f.prefill_tokens = std::stoll(value);
         else if (flag == "--trace") f.trace = value;
         else usage("unknown flag " + flag);
     }
-    if (f.reps < 1 || f.requests < 1 || f.tokens < 1 || f.slots < 1 || f.gbit <= 0)
-        usage("--reps, --requests, --tokens and --slots must be >= 1 and --gbit > 0");
+    if (f.reps < 1 || f.requests < 1 || f.tokens < 1 || f.slots < 1 || f.groups < 1 || f.gbit <= 0 ||
+        f.prefill_tokens < 0)
+        usage("--reps, --requests, --tokens, --slots and --groups must be >= 1, --gbit > 0 and --prefill-tokens >= 0");
     if (64 + f.tokens - 1 > config_a.seq)
         usage("--tokens " + std::to_string(f.tokens) + " after a 64-token prompt needs more than the 128 positions");
     return f;
@@ -139,23 +146,21 @@ double both_busy_us(const std::vector<std::vector<loom::exec::TraceEvent>>& even
     return both;
 }
 
-struct Pp2Result {
+struct Pp2Run {
     double seconds = 0;
-    double cpu[2] = {0, 0};  // each rank's median CPU seconds per run
+    double cpu[2] = {0, 0};  // each rank's CPU seconds
     bool same = true;
     std::vector<std::vector<loom::exec::TraceEvent>> events;
 };
 
-// The median time of `reps` pipelined runs on 2 rank threads under Shaped
-// links (each stage's model cut and loaded off the clock; rank 0 times a run
-// from a barrier to a barrier), whether every run on every rank gave
-// `expected`, and, when `traced`, the last run's events.
-Pp2Result pp2(const Flags& f, const loom::nn::ParamArena& whole, const std::vector<loom::infer::Request>& requests,
-              const std::vector<loom::infer::Completion>& expected, int groups, bool traced) {
-    Pp2Result result;
+// One pipelined run on 2 rank threads under Shaped links (each stage's model
+// cut and loaded off the clock; rank 0 times the run from a barrier to a
+// barrier): whether every rank gave `expected`, and, when `traced`, the
+// events.
+Pp2Run pp2(const Flags& f, const loom::nn::ParamArena& whole, const std::vector<loom::infer::Request>& requests,
+           const std::vector<loom::infer::Completion>& expected, int groups, bool traced) {
+    Pp2Run result;
     result.events.resize(2);
-    std::vector<double> times;
-    std::vector<std::vector<double>> cpu(2);
     std::vector<int> agreed(2, 1);
     const loom::comm::Links links(2, loom::comm::Link::gbit(f.gbit, 5e-6));
     loom::comm::ThreadWorld(2).run([&](ThreadComm& thread_comm) {
@@ -166,31 +171,42 @@ Pp2Result pp2(const Flags& f, const loom::nn::ParamArena& whole, const std::vect
         loom::nn::ParamArena arena(stage);
         loom::infer::load_stage_values(stage, config_a, where, whole.values());
         loom::exec::Trace trace(traced);
-        for (int r = 0; r < (traced ? 1 : f.reps); ++r) {
-            pp.barrier();
-            const auto start = Clock::now();
-            const double cpu_start = thread_cpu_seconds();
-            const auto done = loom::infer::generate_pipelined(stage, config_a, pp, requests, f.slots,
-                                                              {.groups = groups, .trace = &trace});
-            cpu[static_cast<std::size_t>(pp.rank())].push_back(thread_cpu_seconds() - cpu_start);
-            pp.barrier();
-            if (pp.rank() == 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-            for (std::size_t i = 0; i < done.size(); ++i)
-                if (done[i].tokens != expected[i].tokens) agreed[static_cast<std::size_t>(pp.rank())] = 0;
-        }
-        result.events[static_cast<std::size_t>(pp.rank())] = trace.events();
+        const auto rank = static_cast<std::size_t>(pp.rank());
+        pp.barrier();
+        const auto start = Clock::now();
+        const double cpu_start = thread_cpu_seconds();
+        const auto done =
+            loom::infer::generate_pipelined(stage, config_a, pp, requests, f.slots,
+                                            {.groups = groups, .trace = &trace, .prefill_tokens = f.prefill_tokens});
+        result.cpu[rank] = thread_cpu_seconds() - cpu_start;
+        pp.barrier();
+        if (pp.rank() == 0) result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        for (std::size_t i = 0; i < done.size(); ++i)
+            if (done[i].tokens != expected[i].tokens) agreed[rank] = 0;
+        result.events[rank] = trace.events();
     });
     result.same = agreed[0] == 1 && agreed[1] == 1;
-    result.seconds = bench::median(times);
-    for (std::size_t r = 0; r < 2; ++r) result.cpu[r] = bench::median(cpu[r]);
     return result;
 }
+
+// The medians over rounds of one path's runs.
+struct PathSummary {
+    std::vector<double> seconds, ratios, cpu[2];
+    bool same = true;
+
+    void add(const Pp2Run& run, double pp1_seconds) {
+        seconds.push_back(run.seconds);
+        ratios.push_back(pp1_seconds / run.seconds);
+        for (std::size_t r = 0; r < 2; ++r) cpu[r].push_back(run.cpu[r]);
+        same = same && run.same;
+    }
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
     const Flags f = parse(argc, argv);
-    loom::kernels::host::set_gemm_threads(1);
+    loom::kernels::host::set_blas_threads(1);
     auto model = loom::gpt::make_model(config_a);
     loom::nn::ParamArena arena(model);
     arena.initialize(model, seed);
@@ -199,45 +215,50 @@ int main(int argc, char** argv) {
     std::ostringstream shape;
     shape << config_a;
     std::printf("%s, random weights (seed %llu), greedy; %lld requests (prompts of 4..64 tokens), %lld new tokens "
-                "each, up to %lld at once; pp 2 over Shaped links of %g Gbit/s, 5 us; median of %d runs\n",
+                "each, up to %lld at once; pp 2 over Shaped links of %g Gbit/s, 5 us, admitting up to %lld prompt "
+                "tokens a step (0: no limit); %d rounds\n",
                 shape.str().c_str(), static_cast<unsigned long long>(seed), static_cast<long long>(f.requests),
-                static_cast<long long>(f.tokens), static_cast<long long>(f.slots), f.gbit, f.reps);
+                static_cast<long long>(f.tokens), static_cast<long long>(f.slots), f.gbit,
+                static_cast<long long>(f.prefill_tokens), f.reps);
     const double load_before = load_average();
     const long switches_before = involuntary_switches();
 
     std::vector<loom::infer::Completion> expected;
     std::vector<double> pp1_times, pp1_cpu_times;
+    PathSummary nonblocking, blocking;
     for (int r = 0; r < f.reps; ++r) {
         const auto start = Clock::now();
         const double cpu_start = thread_cpu_seconds();
         expected = loom::infer::generate(model, config_a, requests, f.slots);
         pp1_cpu_times.push_back(thread_cpu_seconds() - cpu_start);
         pp1_times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+        nonblocking.add(pp2(f, arena, requests, expected, f.groups, false), pp1_times.back());
+        blocking.add(pp2(f, arena, requests, expected, 1, false), pp1_times.back());
     }
     const double pp1 = bench::median(pp1_times), pp1_cpu = bench::median(pp1_cpu_times);
-    const Pp2Result nonblocking = pp2(f, arena, requests, expected, 2, false);
-    const Pp2Result blocking = pp2(f, arena, requests, expected, 1, false);
     const double load_after = load_average();
     const long switches = involuntary_switches() - switches_before;
 
-    std::printf("\n| path | time | tokens/s | vs pp 1 | CPU time per rank | same tokens |\n"
+    std::printf("\n| path | time | tokens/s | vs pp 1 (median of the rounds' ratios) | CPU time per rank | same tokens |\n"
                 "| --- | ---: | ---: | ---: | ---: | --- |\n");
     std::printf("| pp 1 (one thread) | %.1f ms | %.0f | 1.00x | %.1f ms | |\n", pp1 * 1e3, new_tokens / pp1,
                 pp1_cpu * 1e3);
-    for (const auto& [name, run] : {std::pair<const char*, const Pp2Result*>{"pp 2, 2 groups in flight (non-blocking)",
-                                                                            &nonblocking},
-                                    std::pair<const char*, const Pp2Result*>{"pp 2, 1 group (blocking)", &blocking}})
-        std::printf("| %s | %.1f ms | %.0f | %.2fx | %.1f + %.1f ms | %s |\n", name, run->seconds * 1e3,
-                    new_tokens / run->seconds, pp1 / run->seconds, run->cpu[0] * 1e3, run->cpu[1] * 1e3,
-                    run->same ? "yes" : "NO");
+    const std::string nonblocking_name = "pp 2, " + std::to_string(f.groups) + " groups in flight (non-blocking)";
+    for (const auto& [name, path] : {std::pair<std::string, const PathSummary*>{nonblocking_name, &nonblocking},
+                                     std::pair<std::string, const PathSummary*>{"pp 2, 1 group (blocking)", &blocking}}) {
+        const double seconds = bench::median(path->seconds);
+        std::printf("| %s | %.1f ms | %.0f | %.2fx | %.1f + %.1f ms | %s |\n", name.c_str(), seconds * 1e3,
+                    new_tokens / seconds, bench::median(path->ratios), bench::median(path->cpu[0]) * 1e3,
+                    bench::median(path->cpu[1]) * 1e3, path->same ? "yes" : "NO");
+    }
     // With a core per stage and no bubble, a run takes its busier stage's CPU time.
     std::printf("\nwith a core per stage, non-blocking pp 2 could take its busier stage's CPU time: %.2fx pp 1's "
                 "(pp 1's CPU time / the busier stage's)\n",
-                pp1_cpu / std::max(nonblocking.cpu[0], nonblocking.cpu[1]));
+                pp1_cpu / std::max(bench::median(nonblocking.cpu[0]), bench::median(nonblocking.cpu[1])));
     std::printf("\nload average %.2f before, %.2f after; %ld involuntary context switches in these runs\n",
                 load_before, load_after, switches);
 
-    const Pp2Result traced = pp2(f, arena, requests, expected, 2, true);
+    const Pp2Run traced = pp2(f, arena, requests, expected, f.groups, true);
     double first = 1e300, last = 0;
     for (const auto& rank : traced.events)
         for (const auto& e : rank) {

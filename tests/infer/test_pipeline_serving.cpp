@@ -22,6 +22,7 @@
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/pipeline_parallel_gpt.hpp"
 #include "loom/infer/pipeline_stage.hpp"
+#include "loom/infer/pipelined_batcher.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "infer/pipeline_serving_suite.hpp"
 #include "infer/tensor_parallel_serving_suite.hpp"
@@ -52,12 +53,12 @@ using loom_test::request;
 // Every rank's completions for the requests, generated on a pipeline of `degree` rank threads.
 std::vector<std::vector<Completion>> generate_on_ranks(const PipelineGpt& whole, int degree,
                                                        const std::vector<Request>& requests, std::int64_t max_batch,
-                                                       int groups = 0) {
+                                                       int groups = 0, std::int64_t prefill_tokens = 0) {
     std::vector<std::vector<Completion>> got(static_cast<std::size_t>(degree));
     ThreadWorld(degree).run([&](ThreadComm& comm) {
         AnyComm pp = AnyComm::view(comm);
-        got[static_cast<std::size_t>(pp.rank())] =
-            loom_test::serve_pipelined_on(pp, whole, requests, max_batch, PipelineOptions{.groups = groups});
+        got[static_cast<std::size_t>(pp.rank())] = loom_test::serve_pipelined_on(
+            pp, whole, requests, max_batch, PipelineOptions{.groups = groups, .prefill_tokens = prefill_tokens});
     });
     return got;
 }
@@ -150,6 +151,45 @@ TEST_CASE("pp greedy and seeded generation of mixed-length continuous batches eq
     const auto greedy = loom::infer::generate(const_cast<loom::gpt::Model&>(whole.model), whole.config, mixed_batch(true));
     const auto sampled = loom::infer::generate(const_cast<loom::gpt::Model&>(whole.model), whole.config, mixed_batch(false));
     CHECK(greedy[0].tokens != sampled[0].tokens);
+}
+
+TEST_CASE("pp with a prompt-token budget per step gives pp 1's completions", "[infer][pp]") {
+    const PipelineGpt whole(37);
+    auto& model = const_cast<loom::gpt::Model&>(whole.model);
+    for (const bool greedy : {true, false}) {
+        const auto batch = mixed_batch(greedy);
+        const auto expected = loom::infer::generate(model, whole.config, batch, 2);
+        // 1: every prompt alone (each is longer); 12: some steps admit two; 1000: all at once.
+        for (const std::int64_t budget : {1, 12, 1000})
+            for (const std::int64_t max_batch : {0, 3}) {
+                INFO((greedy ? "greedy" : "sampled") << ", prefill_tokens " << budget << ", max_batch " << max_batch);
+                check_every_rank(generate_on_ranks(whole, 2, batch, max_batch, 0, budget), expected);
+            }
+    }
+}
+
+TEST_CASE("a prompt-token budget spreads admissions over steps: each step admits at most its budget", "[infer][pp]") {
+    const PipelineGpt whole(38);
+    const std::vector<Request> batch{request(prompt_of(5, 42, 1), 3, true), request(prompt_of(4, 42, 2), 3, true),
+                                     request(prompt_of(6, 42, 3), 3, true)};
+    // With one group, step k reports the requests admitted so far: with a
+    // budget of 9 the first step takes the 5- and 4-token prompts, not the 6.
+    for (const auto& [budget, first] : {std::pair<std::int64_t, std::size_t>{0, 3}, {9, 2}, {1, 1}}) {
+        std::size_t reported = 0;
+        ThreadWorld(2).run([&](ThreadComm& comm) {
+            AnyComm pp = AnyComm::view(comm);
+            RankStage stage(whole, pp.rank(), 2);
+            KvCache cache = loom::infer::pipeline_cache(whole.config, stage.where, 3, 16);
+            CachedGpt engine(stage.model, whole.config, cache, stage.where);
+            if (pp.rank() != 0) return loom::infer::serve_pipeline_stage(engine, pp);
+            loom::infer::PipelinedBatcher batcher(engine, pp, {.groups = 1, .prefill_tokens = budget});
+            for (const Request& r : batch) (void)batcher.submit(r);
+            reported = batcher.step().size();
+            while (!batcher.idle()) (void)batcher.step();
+        });
+        INFO("prefill_tokens " << budget);
+        CHECK(reported == first);
+    }
 }
 
 TEST_CASE("pp 2 x tp 2 on 4 rank threads: greedy and seeded mixed batches give pp 1's completions on every rank",
@@ -275,6 +315,12 @@ TEST_CASE("pipeline-parallel serving names each bad input in one line", "[infer]
     for (const std::string& said : no_groups)
         CHECK(said == "generate_pipelined: groups = -1 is not valid; give at least 1 group in flight (0: one per "
                       "stage, 2)");
+    const auto negative_budget = messages_on_ranks(2, [&](AnyComm& pp) {
+        (void)loom_test::serve_pipelined_on(pp, whole, one, 0, PipelineOptions{.prefill_tokens = -4});
+    });
+    for (const std::string& said : negative_budget)
+        CHECK(said == "generate_pipelined: prefill_tokens = -4 is not valid; give the most prompt tokens a step "
+                      "admits, or 0 for no limit");
 }
 
 }  // namespace LOOM_TEST_FILE

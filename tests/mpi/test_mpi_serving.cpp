@@ -6,6 +6,9 @@
 // batch refilled continuously.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+#include <utility>
+
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/communicator_mpi.hpp>
 #include <loom/comm/mesh.hpp>
@@ -42,12 +45,15 @@ TEST_CASE("pipeline-parallel serving gives the whole model's tokens under MPI", 
     for (const bool greedy : {true, false}) {
         const auto batch = loom_test::mixed_batch(greedy);
         const auto expected = loom::infer::generate(whole.model, whole.config, batch, 2);
-        for (const std::int64_t max_batch : {0, 2}) {
-            const auto got = loom_test::serve_pipelined_on(pp, whole, batch, max_batch);
+        // (max_batch, the prompt tokens a step admits: 0 for no limit)
+        for (const auto& [max_batch, budget] :
+             {std::pair<std::int64_t, std::int64_t>{0, 0}, {2, 0}, {3, 12}}) {
+            const auto got = loom_test::serve_pipelined_on(pp, whole, batch, max_batch, {.prefill_tokens = budget});
             REQUIRE(got.size() == expected.size());
             for (std::size_t i = 0; i < got.size(); ++i) {
-                INFO((greedy ? "greedy" : "sampled") << " request " << i << ", max_batch " << max_batch << ", rank "
-                                                     << pp.rank() << " of " << pp.size());
+                INFO((greedy ? "greedy" : "sampled") << " request " << i << ", max_batch " << max_batch
+                                                     << ", prefill_tokens " << budget << ", rank " << pp.rank()
+                                                     << " of " << pp.size());
                 CHECK(got[i].tokens == expected[i].tokens);
                 CHECK(got[i].finish == expected[i].finish);
             }

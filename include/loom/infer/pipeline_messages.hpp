@@ -39,6 +39,15 @@ namespace loom::infer {
 struct PipelineOptions {
     int groups = 0;                 // groups of requests in flight (0: one per stage)
     exec::Trace* trace = nullptr;   // this rank's compute and waits, when given (exec/trace.hpp)
+    // Most prompt tokens one group's step admits (0: no limit); a prompt
+    // longer than this is admitted alone. Why: a group that admits all its
+    // requests at once (the whole first batch, or every slot that a wave of
+    // requests finishing together freed) runs one long prefill step on each
+    // stage in turn, and every other stage idles through it: the pipeline's
+    // fill bubble at each wave. Admitting a budget of prompt tokens per step
+    // spreads the prefill over steps that the stages overlap (Sarathi-Serve's
+    // token budget, at the granularity of whole prompts).
+    std::int64_t prefill_tokens = 0;
 };
 
 // A pipeline stage's KV cache: `slots` sequences of `capacity` positions for

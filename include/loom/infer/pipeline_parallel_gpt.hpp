@@ -88,6 +88,8 @@ inline std::vector<Completion> broadcast_completions(comm::AnyComm& pp, std::vec
     const int groups = options.groups == 0 ? pp.size() : options.groups;
     LOOM_CHECK(groups >= 1, "generate_pipelined: groups = ", options.groups,
                " is not valid; give at least 1 group in flight (0: one per stage, ", pp.size(), ")");
+    LOOM_CHECK(options.prefill_tokens >= 0, "generate_pipelined: prefill_tokens = ", options.prefill_tokens,
+               " is not valid; give the most prompt tokens a step admits, or 0 for no limit");
     if (pp.size() == 1) return generate(engine, requests);
     KvCache& cache = engine.cache();
     LOOM_CHECK(!requests.empty(), "generate_pipelined: no requests");
@@ -110,7 +112,7 @@ inline std::vector<Completion> broadcast_completions(comm::AnyComm& pp, std::vec
     if (pp.rank() == 0) {
         // Stage 0 is a PipelinedBatcher given every request at once: ids are the requests' indices.
         done.resize(requests.size());
-        PipelinedBatcher batcher(engine, pp, {.groups = groups, .trace = options.trace});
+        PipelinedBatcher batcher(engine, pp, {.groups = groups, .trace = options.trace, .prefill_tokens = options.prefill_tokens});
         for (const Request& request : requests) (void)batcher.submit(request);
         while (!batcher.idle()) {
             const std::span<const PipelinedBatcher::Event> events = batcher.step();

@@ -64,7 +64,8 @@ public:
 
     // `engine` is stage 0 (CachedGpt given pipeline_stage(config, 0, pp.size())); its cache's slots must be free.
     PipelinedBatcher(CachedGpt& engine, comm::AnyComm& pp, const PipelineOptions& options = {})
-        : engine_(engine), cache_(engine.cache()), pp_(pp), trace_(options.trace) {
+        : engine_(engine), cache_(engine.cache()), pp_(pp), trace_(options.trace),
+          prefill_tokens_(options.prefill_tokens) {
         const PipelineStage& where = engine.stage();
         LOOM_CHECK(pp.rank() == 0 && where.stage == 0 && where.stages == pp.size() && pp.size() >= 2,
                    "PipelinedBatcher: the engine is stage ", where.stage, " of ", where.stages, " on rank ", pp.rank(),
@@ -72,6 +73,8 @@ public:
                    "; build it on rank 0 with stage 0 of a pipeline of 2 or more (a whole model takes Batcher)");
         LOOM_CHECK(options.groups >= 0, "PipelinedBatcher: groups = ", options.groups,
                    " is not valid; give at least 1 group in flight (0: one per stage, ", pp.size(), ")");
+        LOOM_CHECK(options.prefill_tokens >= 0, "PipelinedBatcher: prefill_tokens = ", options.prefill_tokens,
+                   " is not valid; give the most prompt tokens a step admits, or 0 for no limit");
         for (std::int64_t s = 0; s < cache_.slots(); ++s)
             LOOM_CHECK(cache_.length(s) == 0, "PipelinedBatcher: slot ", s, " of the cache holds ", cache_.length(s),
                        " positions; release it first");
@@ -102,6 +105,7 @@ public:
         LOOM_CHECK(blocks <= cache_.blocks(), who, " needs ", blocks, " blocks of ", cache_.block_size(),
                    " positions but the cache has ", cache_.blocks(), "; build it with more blocks");
         ++next_id_;
+        waiting_tokens_ += static_cast<std::int64_t>(request.prompt.size());
         waiting_.push_back({id, std::move(request), blocks, -1, {}, true, false});
         return id;
     }
@@ -111,6 +115,7 @@ public:
     bool cancel(std::uint64_t id) {
         const auto waiting = std::find_if(waiting_.begin(), waiting_.end(), [id](const Entry& e) { return e.id == id; });
         if (waiting != waiting_.end()) {
+            waiting_tokens_ -= static_cast<std::int64_t>(waiting->request.prompt.size());
             waiting_.erase(waiting);
             return true;
         }
@@ -187,9 +192,14 @@ private:
     // sends it on.
     void launch(std::size_t g) {
         Group& group = groups_[g];
+        const std::int64_t budget = step_budget();
+        std::int64_t admitted_tokens = 0;
         while (!waiting_.empty() && !free_slots_.empty() &&
                static_cast<std::int64_t>(group.running.size()) < per_group_ &&
-               promised_ + waiting_.front().blocks <= cache_.blocks()) {  // no request runs out of blocks halfway
+               promised_ + waiting_.front().blocks <= cache_.blocks() &&  // no request runs out of blocks halfway
+               within(budget, admitted_tokens, waiting_.front())) {
+            admitted_tokens += static_cast<std::int64_t>(waiting_.front().request.prompt.size());
+            waiting_tokens_ -= static_cast<std::int64_t>(waiting_.front().request.prompt.size());
             Entry& e = group.running.emplace_back(std::move(waiting_.front()));
             waiting_.pop_front();
             promised_ += e.blocks;
@@ -224,6 +234,23 @@ private:
         outbox_.send(pp_, hidden, 1, detail::pipeline_hidden_tag);
         group.in_flight = true;
         in_flight_.push_back(g);
+    }
+
+    // This step's prompt-token budget (0: no limit): prefill_tokens, or an
+    // even share of the waiting prompts when they would not fill every
+    // group's budget, so that the groups' last prefill steps of a wave are
+    // alike: a group left with a long one would keep the other stages
+    // waiting for it while the rest decode.
+    [[nodiscard]] std::int64_t step_budget() const noexcept {
+        if (prefill_tokens_ == 0) return 0;
+        const auto groups = static_cast<std::int64_t>(groups_.size());
+        return std::clamp<std::int64_t>((waiting_tokens_ + groups - 1) / groups, 1, prefill_tokens_);
+    }
+
+    // Whether `next` fits in `budget` after `admitted` tokens (the first
+    // prompt of a step always does).
+    [[nodiscard]] static bool within(std::int64_t budget, std::int64_t admitted, const Entry& next) noexcept {
+        return budget == 0 || admitted == 0 || admitted + static_cast<std::int64_t>(next.request.prompt.size()) <= budget;
     }
 
     // Group g's tokens from the last stage: each request takes its token, and
@@ -270,6 +297,7 @@ private:
     std::deque<Entry> waiting_;
     std::deque<std::size_t> in_flight_;     // groups sent on, in the order their tokens come back
     std::vector<std::int64_t> free_slots_;  // popped from the back: slot 0 first
+    std::int64_t prefill_tokens_ = 0, waiting_tokens_ = 0;  // the budget; the waiting prompts' tokens
     std::int64_t promised_ = 0, per_group_ = 1;
     std::uint64_t next_id_ = 0;
     bool closed_ = false;
