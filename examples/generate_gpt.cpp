@@ -10,6 +10,7 @@
 //   generate_gpt --checkpoint FILE [--layers L --width C --heads H --seq T --vocab V]
 //                [--prompt TEXT]... [--max-new N] [--greedy | --temperature T --top-k K --top-p P]
 //                [--seed S] [--stop TEXT]... [--max-batch N] [--block-size N] [--tp N] [--pp N]
+//                [--prefill-tokens N]
 //   generate_gpt --random [the same flags]
 //   ... [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //       [--cape [--cape-bins K@P,...,K]] [--glide]
@@ -98,12 +99,15 @@ constexpr const char* usage =
     "  --block-size N     positions per block of the paged KV cache (default 16)\n"
     "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n"
     "  --pp N             pipeline-parallel on N rank threads, N dividing --layers (default 1: the whole model);\n"
-    "                     with --tp, N stages of --tp threads each\n";
+    "                     with --tp, N stages of --tp threads each\n"
+    "  --prefill-tokens N with --pp: the most prompt tokens a pipeline step admits, a longer prompt alone;\n"
+    "                     spreads a wave of prefills over steps the stages overlap (default 0: no limit)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
-    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --tp, --pp, --draft, --draft-random, "
-    "--draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --glide, --help";
+    "--temperature, --top-k, --top-p, --seed, --stop, --max-batch, --block-size, --tp, --pp, --prefill-tokens, "
+    "--draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --cape, --cape-bins, --glide, "
+    "--help";
 
 using gpt_flags::bad_flag;
 using gpt_flags::FlagError;
@@ -120,6 +124,7 @@ struct Flags {
     std::int64_t block_size = 16;
     std::int64_t tp = 1;  // rank threads the target is cut over
     std::int64_t pp = 1;  // pipeline stages (rank threads) the target's blocks are split over
+    std::int64_t prefill_tokens = 0;  // the most prompt tokens a pipeline step admits (0: no limit)
     gpt_flags::DraftFlags draft;  // speculative decoding, when on(); GliDe and CaPE too
 };
 
@@ -144,8 +149,8 @@ Flags parse(int argc, char** argv) {
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--prompt" || flag == "--max-new" ||
                            flag == "--temperature" || flag == "--top-k" || flag == "--top-p" || flag == "--seed" ||
-                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" || flag == "--pp" ||
-                           flag == "--draft" || flag == "--draft-layers" || flag == "--draft-width" ||
+                           flag == "--stop" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" ||
+                           flag == "--pp" || flag == "--prefill-tokens" || flag == "--draft" || flag == "--draft-layers" || flag == "--draft-width" ||
                            flag == "--draft-heads" || flag == "--gamma" || flag == "--cape-bins";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (generate_gpt --help lists the flags)");
@@ -161,6 +166,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 0, 4096, " (0: every prompt at once)");
         else if (flag == "--tp") f.tp = whole(flag, value, 1, 64);
         else if (flag == "--pp") f.pp = whole(flag, value, 1, 64);
+        else if (flag == "--prefill-tokens") f.prefill_tokens = whole(flag, value, 0, std::int64_t{1} << 30, " (0: no limit)");
         else f.block_size = whole(flag, value, 1, 1 << 20);
     }
 
@@ -176,7 +182,7 @@ Flags parse(int argc, char** argv) {
     if (f.target.config.heads % f.tp != 0)
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
                  f.target.config.heads);
-    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp);
+    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp, f.prefill_tokens);
     if (f.draft.cape && !f.sampling.greedy)
         bad_flag("--cape is greedy only (its tree acceptance takes the target's argmax); add --greedy");
     for (const std::string& stop : f.stops)
@@ -297,7 +303,8 @@ int run(const Flags& f) {
             loom::infer::load_stage_values(stage, config, where, arena.values());
             loom::infer::KvCache cache(where.count, config.width / tp.size(), slots, capacity, f.block_size);
             loom::infer::CachedGpt engine(stage, config, cache, tp, where);
-            std::vector<loom::infer::Completion> mine = loom::infer::generate_pipelined(engine, pp, requests);
+            std::vector<loom::infer::Completion> mine =
+                loom::infer::generate_pipelined(engine, pp, requests, {.prefill_tokens = f.prefill_tokens});
             if (comm.rank() == 0) done = std::move(mine);
         });
     } else if (f.tp == 1) {

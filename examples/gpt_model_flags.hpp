@@ -186,7 +186,7 @@ struct DraftFlags {
 // the draft's flags, and no draft on a pipeline (--tp with --pp is a pipeline
 // of tp groups).
 inline void check_serving(const loom::gpt::Config& target, DraftFlags& draft, std::int64_t block_size, std::int64_t tp,
-                          std::int64_t pp) {
+                          std::int64_t pp, std::int64_t prefill_tokens) {
     if (block_size > target.seq)
         bad_flag("--block-size ", block_size, " is longer than a sequence (--seq ", target.seq, "); use 1..", target.seq);
     if (target.layers % pp != 0)
@@ -195,6 +195,8 @@ inline void check_serving(const loom::gpt::Config& target, DraftFlags& draft, st
     if (pp > 1 && draft.on())
         bad_flag("--pp ", pp, " with a draft model: the pipeline serves the target alone; use --pp 1 with --draft "
                  "or --draft-random");
+    if (prefill_tokens > 0 && pp == 1)
+        bad_flag("--prefill-tokens ", prefill_tokens, " budgets a pipeline's steps; use it with --pp 2 or more");
 }
 
 // A model's weights: from a checkpoint, or random from `seed` (empty path);

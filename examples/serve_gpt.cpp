@@ -10,6 +10,7 @@
 //
 //   serve_gpt (--checkpoint FILE | --random) [--layers L --width C --heads H --seq T --vocab V]
 //             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N] [--tp N] [--pp N]
+//             [--prefill-tokens N]
 //             [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //             [--cape [--cape-bins K@P,...,K]] [--glide]
 //
@@ -105,12 +106,14 @@ constexpr const char* usage =
     "  --block-size N     positions per block of the paged KV cache (default 16)\n"
     "  --tp N             tensor-parallel on N rank threads, N dividing --heads (default 1: the whole model)\n"
     "  --pp N             pipeline-parallel in N stage threads, N dividing --layers (default 1: the whole model);\n"
-    "                     with --tp, N stages of --tp threads each\n";
+    "                     with --tp, N stages of --tp threads each\n"
+    "  --prefill-tokens N with --pp: the most prompt tokens a pipeline step admits, a longer prompt alone;\n"
+    "                     spreads a wave of prefills over steps the stages overlap (default 0: no limit)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
-    "--block-size, --tp, --pp, --draft, --draft-random, --draft-layers, --draft-width, --draft-heads, --gamma, --cape, "
-    "--cape-bins, --glide, --help";
+    "--block-size, --tp, --pp, --prefill-tokens, --draft, --draft-random, --draft-layers, --draft-width, "
+    "--draft-heads, --gamma, --cape, --cape-bins, --glide, --help";
 
 constexpr std::size_t body_limit = 1 << 20;  // bytes of a request body; more is answered 413
 constexpr const char* model_name = "loom-gpt";
@@ -128,6 +131,7 @@ struct Flags {
     std::int64_t block_size = 16;
     std::int64_t tp = 1;  // rank threads the target is cut over
     std::int64_t pp = 1;  // pipeline stages (rank threads) the target's blocks are split over
+    std::int64_t prefill_tokens = 0;  // the most prompt tokens a pipeline step admits (0: no limit)
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
 };
 
@@ -147,8 +151,8 @@ Flags parse(int argc, char** argv) {
         if (f.draft.take_switch(flag)) continue;
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--seed" || flag == "--host" ||
-                           flag == "--port" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" || flag == "--pp" ||
-                           flag == "--draft" ||
+                           flag == "--port" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" ||
+                           flag == "--pp" || flag == "--prefill-tokens" || flag == "--draft" ||
                            flag == "--draft-layers" || flag == "--draft-width" || flag == "--draft-heads" ||
                            flag == "--gamma" || flag == "--cape-bins";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
@@ -161,6 +165,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--block-size") f.block_size = whole(flag, value, 1, 1 << 20);
         else if (flag == "--tp") f.tp = whole(flag, value, 1, 64);
         else if (flag == "--pp") f.pp = whole(flag, value, 1, 64);
+        else if (flag == "--prefill-tokens") f.prefill_tokens = whole(flag, value, 0, std::int64_t{1} << 30, " (0: no limit)");
         else {
             boost::system::error_code ec;
             f.host = asio::ip::make_address(value, ec);
@@ -171,7 +176,7 @@ Flags parse(int argc, char** argv) {
     if (f.target.config.heads % f.tp != 0)
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use ",
                  gpt_flags::divisors(f.target.config.heads));
-    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp);
+    gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp, f.prefill_tokens);
     return f;
 }
 
@@ -465,7 +470,8 @@ int run(const Flags& f) {
             engine_storage.emplace(serve_gpt::Engine::Pipeline{.config = &config, .whole = arena.values(),
                                                                .stages = static_cast<int>(f.pp),
                                                                .slots = f.max_batch, .block_size = f.block_size,
-                                                               .tp = static_cast<int>(f.tp)});
+                                                               .tp = static_cast<int>(f.tp),
+                                                               .prefill_tokens = f.prefill_tokens});
         else if (f.tp > 1)
             engine_storage.emplace(serve_gpt::Engine::TensorParallel{
                 .config = &config, .whole = arena.values(), .ranks = static_cast<int>(f.tp),

@@ -292,6 +292,7 @@ public:
         int stages = 2;
         std::int64_t slots = 8, block_size = 16;
         int tp = 1;
+        std::int64_t prefill_tokens = 0;  // the most prompt tokens a step admits (0: no limit)
     };
     explicit Engine(const Pipeline& pp) {
         launch([this, pp] {
@@ -314,7 +315,7 @@ public:
                 // Stage 0: one PipelinedBatcher per tp rank (its destructor ends its pipeline's later
                 // stages); tp rank 0 leads, the others follow its orders, keep-alives included, so the tp
                 // groups' pipelines make the same calls in the same order.
-                loom::infer::PipelinedBatcher batcher(engine, group);
+                loom::infer::PipelinedBatcher batcher(engine, group, {.prefill_tokens = pp.prefill_tokens});
                 const auto idle_keep_alive = [&](const Orders& orders) {
                     if (!orders.quit && orders.jobs.empty() && orders.cancels.empty() && batcher.idle())
                         batcher.keep_alive();

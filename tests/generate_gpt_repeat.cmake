@@ -2,7 +2,8 @@
 # same text (greedy, and sampled with temperature, top-k and top-p), and the
 # prompts generated one at a time (--max-batch 1, blocks of 5) write what they
 # write batched together: a prompt's tokens do not depend on what it runs
-# beside; and --tp 2 and 4, --pp 2 and --tp 2 --pp 2 (rank threads) write tp 1's text. Random weights (from --seed too), a small model.
+# beside; and --tp 2 and 4, --pp 2 (with and without --prefill-tokens) and --tp 2 --pp 2 (rank threads)
+# write tp 1's text. Random weights (from --seed too), a small model.
 # (generate_gpt_checkpoint.cmake shows another seed samples other text.)
 # Run with -DGENERATE_GPT=<binary>.
 set(model --random --layers 2 --width 64 --heads 4 --seq 64 --max-new 40
@@ -38,6 +39,11 @@ endif()
 generate(pp2 ${sampled} --seed 7 --pp 2)
 if(NOT pp2 STREQUAL seed7_a)
   message(FATAL_ERROR "--pp 2 differs from pp 1:\n${pp2}\n---- and ----\n${seed7_a}")
+endif()
+# A prompt-token budget per step (--prefill-tokens 6): each prompt here is admitted in a step of its own.
+generate(pp2_budget ${sampled} --seed 7 --pp 2 --prefill-tokens 6)
+if(NOT pp2_budget STREQUAL seed7_a)
+  message(FATAL_ERROR "--pp 2 --prefill-tokens 6 differs from pp 1:\n${pp2_budget}\n---- and ----\n${seed7_a}")
 endif()
 generate(pp2_greedy --greedy --pp 2 --max-batch 2)
 if(NOT pp2_greedy STREQUAL greedy_a)

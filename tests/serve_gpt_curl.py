@@ -251,7 +251,8 @@ def parallel(args, greedy, stop):
     stopped = {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "stop": stop}
     plain_stopped = complete(args, stopped)["choices"][0]["text"]
     for extra, expect, asked in ((["--tp", "2"], "tensor-parallel on 2 rank threads", len(requests)),
-                                 (["--pp", "2"], "pipeline-parallel in 2 stages on rank threads", len(requests)),
+                                 (["--pp", "2", "--prefill-tokens", "20"], "pipeline-parallel in 2 stages on rank threads",
+                                  len(requests)),
                                  (["--tp", "2", "--pp", "2"], "pipeline-parallel in 2 stages on rank threads (4 in all)",
                                   len(requests)),
                                  (["--tp", "2", "--draft-random", "--draft-layers", "2", "--draft-width", "64",
