@@ -24,6 +24,7 @@
 #include <loom/infer/cached_kraken.hpp>
 #include <loom/infer/sampler.hpp>
 #include <loom/infer/tensor_parallel_gpt.hpp>
+#include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 
 namespace {
@@ -145,6 +146,10 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
+    // Each rank thread runs its own products: one GEMM thread and one BLAS
+    // thread each, so a BLAS left at its default does not wake a thread of
+    // its own beside the ranks.
+    loom::kernels::host::set_blas_threads(1);
     const loom::gpt::Config gpt{o.layers, o.width, o.heads, o.prompt + o.decode, 256};
     std::printf("GPT %lld layers, width %lld, %lld heads: %lld parameters; prompt %lld, decode %lld, median of %d\n",
                 static_cast<long long>(o.layers), static_cast<long long>(o.width), static_cast<long long>(o.heads),
