@@ -18,6 +18,7 @@
 #include "loom/infer/generate.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/sampler.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
@@ -152,6 +153,36 @@ TEST_CASE("cached greedy generation equals re-running the whole sequence, alone 
     for (std::size_t i = 0; i < ten.size(); ++i) CHECK(wide[i].tokens == greedy_by_recomputing(gpt, ten[i].prompt, 6));
     // The model's tokens are not one repeated token: the check above compares something.
     CHECK(std::count(expected.begin(), expected.end(), expected[0]) < static_cast<std::ptrdiff_t>(expected.size()));
+}
+
+TEST_CASE("a step's attention split between GEMM threads by sequence gives one thread's bits", "[infer]") {
+    // Wide and long enough that 12 decode rows over ~100 cached positions are
+    // worth 2 parts (segment_attention.hpp's grain: 2^18 MACs a part, a
+    // sequence ~2 x 256 x 100), beside a prompt of 20 rows and a 3-row chain.
+    loom_test::ScaledGpt gpt({.layers = 2, .width = 256, .heads = 4, .seq = 128, .vocab = 40}, 19, 2.0f);
+    const std::int64_t slots = 14;
+    std::vector<std::vector<float>> logits_by_threads;
+    for (const int threads : {1, 2, 3}) {
+        loom::kernels::host::set_gemm_threads(threads);
+        KvCache cache(gpt.config.layers, gpt.config.width, slots, gpt.config.seq);
+        CachedGpt engine(gpt.model, gpt.config, cache);
+        std::vector<std::vector<std::int32_t>> prompts;
+        for (std::int64_t s = 0; s < 12; ++s) prompts.push_back(prompt_of(90 + 2 * s, 40, static_cast<std::int32_t>(s)));
+        std::vector<Segment> prefill;
+        for (std::int64_t s = 0; s < 12; ++s) prefill.push_back({s, prompts[static_cast<std::size_t>(s)]});
+        (void)engine.forward(prefill);
+        // One step: 11 single tokens, a 3-token chain in slot 11, a fresh 20-token prompt in slot 12.
+        const std::vector<std::int32_t> one{5}, three = prompt_of(3, 40, 30), fresh = prompt_of(20, 40, 31);
+        std::vector<Segment> step;
+        for (std::int64_t s = 0; s < 11; ++s) step.push_back({s, one});
+        step.push_back({11, three});
+        step.push_back({12, fresh});
+        const auto logits = engine.forward(step, loom::infer::Logits::every);
+        logits_by_threads.emplace_back(logits.begin(), logits.end());
+    }
+    loom::kernels::host::set_gemm_threads(1);
+    CHECK(logits_by_threads[1] == logits_by_threads[0]);
+    CHECK(logits_by_threads[2] == logits_by_threads[0]);
 }
 
 TEST_CASE("continuous batching: a finished request's slot is refilled, and every request gets its own tokens",

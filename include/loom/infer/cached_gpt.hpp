@@ -275,12 +275,10 @@ private:
         work_.linear_rows += rows;
         layernorm(std::get<0>(b.attn.layers), x_.data(), normed_.data(), rows);
         linear(attention.qkv, normed_.data(), qkv_.data(), rows);
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i) {
-            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-            attend(l, segments[i].slot, starts_[i], count, row, segments[i].parents);
-            row += count;
-        }
+        // Keys and values to the cache, each segment's attention to attended_
+        // (this rank's heads only: q, k and v of width_ = H * D features each).
+        attention_.run_all(cache_, l, segments, starts_, qkv_.data(), 3 * width_, heads_, width_ / heads_,
+                           attended_.data(), &work_);
         linear(attention.proj, attended_.data(), branch_.data(), rows);
         add_rows(x_.data(), branch_.data(), rows * C);
         layernorm(std::get<0>(b.mlp.layers), x_.data(), normed_.data(), rows);
@@ -288,16 +286,6 @@ private:
         kernels::gelu_forward(host(hidden_.data(), rows * hidden), host(activated_.data(), rows * hidden));
         linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
         add_rows(x_.data(), branch_.data(), rows * C);
-    }
-
-    // Rows [row, row + count) of qkv_ are slot `slot`'s positions [start, start + count):
-    // their keys and values go to the cache, their attention output to attended_
-    // (this rank's heads only: q, k and v of width_ = H * D features each).
-    void attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row,
-                std::span<const std::int32_t> parents) {
-        const std::int64_t C = width_;
-        attention_.run(cache_, l, slot, start, count, parents, qkv_.data() + row * 3 * C, 3 * C, heads_, C / heads_,
-                       attended_.data() + row * C, &work_);
     }
 
     [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }

@@ -240,13 +240,8 @@ private:
         layernorm_rows(sub.attention.ln, local(k), normed_.data(), rows, mean_.data(), rstd_.data());
         linear(sub.attention.attn.qkv, normed_.data(), qkv_.data(), rows);
         const std::int64_t W = width_, cache_layer = l * subs_ + k;
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i) {
-            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-            attention_.run(cache_, cache_layer, segments[i].slot, starts_[i], count, {}, qkv_.data() + row * 3 * W,
-                           3 * W, heads_, W / heads_, attended_.data() + row * W, nullptr);
-            row += count;
-        }
+        attention_.run_all(cache_, cache_layer, segments, starts_, qkv_.data(), 3 * W, heads_, W / heads_,
+                           attended_.data(), nullptr);
         linear(sub.attention.attn.proj, attended_.data(), attention_out(k), rows);
     }
 

@@ -392,13 +392,7 @@ private:
         work_.linear_rows += x_.rows;
         const Rows qkv = linear(layer.qkv, x_, {});
         const Rows attended = take(C, {qkv.buffer, x_.buffer});
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments_.size(); ++i) {
-            const auto count = static_cast<std::int64_t>(segments_[i].tokens.size());
-            attention_.run(cache_, l, segments_[i].slot, starts_[i], count, segments_[i].parents,
-                           qkv.data + row * 3 * C, 3 * C, H, C / H, attended.data + row * C, &work_);
-            row += count;
-        }
+        attention_.run_all(cache_, l, segments_, starts_, qkv.data, 3 * C, H, C / H, attended.data, &work_);
         x_ = linear(layer.proj, attended, {qkv.buffer});
     }
 

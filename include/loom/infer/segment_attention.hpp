@@ -13,6 +13,8 @@
 // own mask (infer/tree_attention.hpp) and then the same pages.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -23,6 +25,8 @@
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/tree_attention.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
+#include "loom/kernels/host/gemm_dispatch.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 
 namespace loom::infer {
 
@@ -70,13 +74,78 @@ public:
                             lse_page_.data());
     }
 
+    // Every segment of a forward, their rows packed one after another from
+    // row 0 of qkv (row stride ld) and of out (H * D floats a row); starts[i]:
+    // segment i's first position. As run() for each, with the same bits: the
+    // long ones (prompts, trees) in turn, each splitting its heads between the
+    // GEMM threads inside the block kernels; then the decode-sized ones split
+    // between the GEMM threads by sequence, each part with scratch of its own.
+    // Why: a decode step's attention is a loop over its sequences, each too
+    // small to split by heads, and it ran on one thread while the step's
+    // Linears ran on all of them.
+    void run_all(KvCache& cache, std::int64_t layer, std::span<const Segment> segments,
+                 std::span<const std::int64_t> starts, const float* qkv, std::int64_t ld, std::int64_t H,
+                 std::int64_t D, float* out, WorkCount* work) {
+        const std::int64_t C = H * D;
+        first_rows_.clear();
+        few_.clear();
+        std::int64_t row = 0, few_keys = 0;
+        for (std::size_t i = 0; i < segments.size(); ++i) {
+            const Segment& s = segments[i];
+            const auto count = static_cast<std::int64_t>(s.tokens.size());
+            first_rows_.push_back(row);
+            if (s.parents.empty() && count <= few_queries) {
+                few_.push_back(i);
+                few_keys += count * (starts[i] + count);
+                if (work != nullptr) {
+                    const std::int64_t pairs = count * starts[i] + count * (count + 1) / 2;
+                    work->attention_pairs += pairs;
+                    work->attention_flops += 4 * D * H * pairs;
+                }
+            } else {
+                run(cache, layer, s.slot, starts[i], count, s.parents, qkv + row * ld, ld, H, D, out + row * C, work);
+            }
+            row += count;
+        }
+        if (few_.empty()) return;
+        // A part's sequences should be worth waking a thread for (the GEMM's threshold).
+        const auto sequences = static_cast<std::int64_t>(few_.size());
+        const std::int64_t macs_per_sequence = std::max<std::int64_t>(1, 2 * C * few_keys / sequences);
+        const std::int64_t grain =
+            std::max<std::int64_t>(1, kernels::host::gemm_detail::min_threaded_macs / macs_per_sequence);
+        if (parts_.size() < static_cast<std::size_t>(kernels::host::gemm_threads()))
+            parts_.resize(static_cast<std::size_t>(kernels::host::gemm_threads()));
+        kernels::host::run_in_parts(
+            sequences,
+            [&](int part, std::int64_t begin, std::int64_t end) {
+                FewScratch& scratch = parts_[static_cast<std::size_t>(part)];
+                for (std::int64_t k = begin; k < end; ++k) {
+                    const std::size_t i = few_[static_cast<std::size_t>(k)];
+                    const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
+                    const float* q = qkv + first_rows_[i] * ld;
+                    cache_keys_values(cache, layer, segments[i].slot, starts[i], count, q + C, ld);
+                    attend_few_queries(cache, layer, segments[i].slot, starts[i], q, ld, count, H, D,
+                                       out + first_rows_[i] * C, scratch.scores, scratch.pages);
+                }
+            },
+            grain);
+    }
+
 private:
+    struct FewScratch {  // attend_few_queries' scratch, one per part of run_all
+        std::vector<float> scores;
+        std::vector<const float*> pages;
+    };
+
     // Scratch kept between calls, so that a decode step allocates nothing.
     std::vector<std::int64_t> depths_, ancestors_;  // a tree's
     std::vector<float> tree_weights_;
     std::vector<float> scores_;        // attend_few_queries'
     std::vector<const float*> pages_;  // its page pointers
     std::vector<float> lse_, lse_page_, out_page_;
+    std::vector<std::int64_t> first_rows_;  // run_all's: each segment's first row
+    std::vector<std::size_t> few_;          // its decode-sized segments
+    std::vector<FewScratch> parts_;
 };
 
 }  // namespace loom::infer

@@ -160,6 +160,21 @@ inline void set_gemm_threads(int threads) {
 
 [[nodiscard]] inline int gemm_threads() { return gemm_detail::gemm_thread_setting().load(); }
 
+// body(part, begin, end): run_in_ranges with each range's part number, in
+// [0, gemm_threads()), for a body that keeps scratch of its own per part
+// (two parts never run at once with the same number).
+template <class Body>
+void run_in_parts(std::int64_t count, Body&& body, std::int64_t grain = 1) {
+    const int parts = static_cast<int>(std::min<std::int64_t>(gemm_threads(), count / std::max<std::int64_t>(grain, 1)));
+    if (parts <= 1) {
+        if (count > 0) body(0, std::int64_t{0}, count);
+        return;
+    }
+    gemm_detail::GemmPool::instance().run(parts, [&](int part) {
+        body(part, count * part / parts, count * (part + 1) / parts);
+    });
+}
+
 // body(begin, end) over [0, count) in up to gemm_threads() contiguous ranges
 // of at least `grain` items, run side by side on the GEMM threads: for a
 // kernel whose items (a head of attention, a row, a block of elements) are
@@ -169,14 +184,7 @@ inline void set_gemm_threads(int threads) {
 // holds the pool, it runs on the calling thread.
 template <class Body>
 void run_in_ranges(std::int64_t count, Body&& body, std::int64_t grain = 1) {
-    const int parts = static_cast<int>(std::min<std::int64_t>(gemm_threads(), count / std::max<std::int64_t>(grain, 1)));
-    if (parts <= 1) {
-        if (count > 0) body(std::int64_t{0}, count);
-        return;
-    }
-    gemm_detail::GemmPool::instance().run(parts, [&](int part) {
-        body(count * part / parts, count * (part + 1) / parts);
-    });
+    run_in_parts(count, [&](int, std::int64_t begin, std::int64_t end) { body(begin, end); }, grain);
 }
 
 // The GEMM threads per rank that keep rank_threads x GEMM threads within this
