@@ -142,19 +142,16 @@ private:
         auto& attention = std::get<1>(b.attn.layers);
         layernorm(std::get<0>(b.attn.layers), x_.data(), normed_.data(), rows);
         linear(attention.qkv, normed_.data(), qkv_.data(), rows);
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i) {
-            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-            self_attend(static_cast<std::int64_t>(l), segments[i].slot, starts_[i], count, row);
-            row += count;
-        }
+        // CachedGpt's chain attention (infer/segment_attention.hpp); the K/V go to the draft's cache.
+        attention_.run(cache_, static_cast<std::int64_t>(l), segments, starts_, qkv_.data(), 3 * C, config_.heads,
+                           C / config_.heads, attended_.data(), nullptr);
         linear(attention.proj, attended_.data(), branch_.data(), rows);
         add_rows(x_.data(), branch_.data(), rows * C);
         // Cross-attention over the target's cache of its layer.
         nn::CrossAttention& cross = model_.cross_attention(l);
         layernorm(std::get<0>(b.cross.layers), x_.data(), normed_.data(), rows);
         linear(cross.query, normed_.data(), query_.data(), rows);
-        row = 0;
+        std::int64_t row = 0;
         for (std::size_t i = 0; i < segments.size(); ++i) {
             const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
             cross_attend(cross, model_.target_layer(l), segments[i].slot, starts_[i], count, row);
@@ -168,14 +165,6 @@ private:
         kernels::gelu_forward(host(hidden_.data(), rows * 4 * C), host(activated_.data(), rows * 4 * C));
         linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
         add_rows(x_.data(), branch_.data(), rows * C);
-    }
-
-    // CachedGpt's chain attention (infer/segment_attention.hpp): rows [row, row + count) of qkv_ are
-    // the slot's positions [start, start + count); their K/V go to the draft's cache.
-    void self_attend(std::int64_t l, std::int64_t slot, std::int64_t start, std::int64_t count, std::int64_t row) {
-        const std::int64_t C = config_.width, H = config_.heads;
-        attention_.run(cache_, l, slot, start, count, {}, qkv_.data() + row * 3 * C, 3 * C, H, C / H,
-                       attended_.data() + row * C, nullptr);
     }
 
     // Rows [row, row + count) of query_ attend over every position the

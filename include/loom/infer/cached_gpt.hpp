@@ -277,7 +277,7 @@ private:
         linear(attention.qkv, normed_.data(), qkv_.data(), rows);
         // Keys and values to the cache, each segment's attention to attended_
         // (this rank's heads only: q, k and v of width_ = H * D features each).
-        attention_.run_all(cache_, l, segments, starts_, qkv_.data(), 3 * width_, heads_, width_ / heads_,
+        attention_.run(cache_, l, segments, starts_, qkv_.data(), 3 * width_, heads_, width_ / heads_,
                            attended_.data(), &work_);
         linear(attention.proj, attended_.data(), branch_.data(), rows);
         add_rows(x_.data(), branch_.data(), rows * C);

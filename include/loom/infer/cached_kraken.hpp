@@ -240,7 +240,7 @@ private:
         layernorm_rows(sub.attention.ln, local(k), normed_.data(), rows, mean_.data(), rstd_.data());
         linear(sub.attention.attn.qkv, normed_.data(), qkv_.data(), rows);
         const std::int64_t W = width_, cache_layer = l * subs_ + k;
-        attention_.run_all(cache_, cache_layer, segments, starts_, qkv_.data(), 3 * W, heads_, W / heads_,
+        attention_.run(cache_, cache_layer, segments, starts_, qkv_.data(), 3 * W, heads_, W / heads_,
                            attended_.data(), nullptr);
         linear(sub.attention.attn.proj, attended_.data(), attention_out(k), rows);
     }

@@ -392,7 +392,7 @@ private:
         work_.linear_rows += x_.rows;
         const Rows qkv = linear(layer.qkv, x_, {});
         const Rows attended = take(C, {qkv.buffer, x_.buffer});
-        attention_.run_all(cache_, l, segments_, starts_, qkv.data, 3 * C, H, C / H, attended.data, &work_);
+        attention_.run(cache_, l, segments_, starts_, qkv.data, 3 * C, H, C / H, attended.data, &work_);
         x_ = linear(layer.proj, attended, {qkv.buffer});
     }
 
