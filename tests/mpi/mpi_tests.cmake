@@ -2,12 +2,13 @@
 
 # Core facts and the Mpi communicator, one Catch2 binary; every rank runs the
 # same tests and the worst result decides (mpi/main.cpp).
-add_executable(loom_mpi_tests mpi/main.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp mpi/test_mpi_parallel.cpp
+add_executable(loom_mpi_tests mpi/main.cpp mpi/abort_on_throw.cpp mpi/test_mpi_core.cpp mpi/test_mpi_comm.cpp mpi/test_mpi_parallel.cpp
                mpi/test_mpi_serving.cpp mpi/test_mpi_train.cpp)
 target_link_libraries(loom_mpi_tests PRIVATE loom::mpi loom_catch_session)
 target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
 loom_unity_tests(loom_mpi_tests)
+set_source_files_properties(mpi/abort_on_throw.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]")
 loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]")
 foreach(_procs 2 3 4)
