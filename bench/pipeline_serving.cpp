@@ -239,13 +239,13 @@ int main(int argc, char** argv) {
     const double load_after = load_average();
     const long switches = involuntary_switches() - switches_before;
 
-    std::printf("\n| path | time | tokens/s | vs pp 1 (median of the rounds' ratios) | CPU time per rank | same tokens |\n"
-                "| --- | ---: | ---: | ---: | ---: | --- |\n");
+    std::printf("\n| path | time | tokens/s | vs pp 1 (median of the rounds' ratios) | CPU time per rank "
+                "| same tokens |\n| --- | ---: | ---: | ---: | ---: | --- |\n");
     std::printf("| pp 1 (one thread) | %.1f ms | %.0f | 1.00x | %.1f ms | |\n", pp1 * 1e3, new_tokens / pp1,
                 pp1_cpu * 1e3);
     const std::string nonblocking_name = "pp 2, " + std::to_string(f.groups) + " groups in flight (non-blocking)";
-    for (const auto& [name, path] : {std::pair<std::string, const PathSummary*>{nonblocking_name, &nonblocking},
-                                     std::pair<std::string, const PathSummary*>{"pp 2, 1 group (blocking)", &blocking}}) {
+    using Path = std::pair<std::string, const PathSummary*>;
+    for (const auto& [name, path] : {Path{nonblocking_name, &nonblocking}, Path{"pp 2, 1 group (blocking)", &blocking}}) {
         const double seconds = bench::median(path->seconds);
         std::printf("| %s | %.1f ms | %.0f | %.2fx | %.1f + %.1f ms | %s |\n", name.c_str(), seconds * 1e3,
                     new_tokens / seconds, bench::median(path->ratios), bench::median(path->cpu[0]) * 1e3,

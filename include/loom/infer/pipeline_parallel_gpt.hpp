@@ -112,7 +112,8 @@ inline std::vector<Completion> broadcast_completions(comm::AnyComm& pp, std::vec
     if (pp.rank() == 0) {
         // Stage 0 is a PipelinedBatcher given every request at once: ids are the requests' indices.
         done.resize(requests.size());
-        PipelinedBatcher batcher(engine, pp, {.groups = groups, .trace = options.trace, .prefill_tokens = options.prefill_tokens});
+        PipelinedBatcher batcher(engine, pp,
+                                 {.groups = groups, .trace = options.trace, .prefill_tokens = options.prefill_tokens});
         for (const Request& request : requests) (void)batcher.submit(request);
         while (!batcher.idle()) {
             const std::span<const PipelinedBatcher::Event> events = batcher.step();
