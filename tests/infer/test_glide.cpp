@@ -20,6 +20,7 @@
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/speculative.hpp"
 #include "loom/infer/speculative_batcher.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
@@ -171,6 +172,39 @@ TEST_CASE("training's stale mask is what the cached GliDe draft sees with the ta
     // A cache one position fresher than the mask allows changes the logits: the mask is not vacuous.
     CHECK(differs >= 10);
   }
+}
+
+TEST_CASE("a GliDe draft's step split between GEMM threads by sequence gives one thread's bits", "[infer][glide]") {
+    // 12 sequences over ~100 target positions of width 256: the self- and
+    // cross-attention are worth 2 parts (a part: 2^18 MACs; a sequence's
+    // cross-attention ~2 x 100 x 256).
+    loom_test::ScaledGpt target({.layers = 2, .width = 256, .heads = 4, .seq = 128, .vocab = 30}, 7, 1.0f);
+    Glide draft({.layers = 1, .width = 64, .heads = 4, .seq = 128, .vocab = 30}, target.config, 8, 3.0f);
+    draft.model.target = &target.model;
+    const std::int64_t slots = 12;
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (std::int64_t s = 0; s < slots; ++s) prompts.push_back(prompt_of(90 + 2 * s, 30, static_cast<std::int32_t>(s)));
+    std::vector<std::vector<float>> by_threads;
+    for (const int threads : {1, 2, 3}) {
+        loom::kernels::host::set_gemm_threads(threads);
+        KvCache tcache(2, 256, slots, 128, 16), dcache(1, 64, slots, 128, 16);
+        CachedGpt t_engine(target.model, target.config, tcache);
+        CachedGlide d_engine(draft.model, draft.config, dcache, tcache);
+        std::vector<loom::infer::Segment> prefill;
+        for (std::int64_t s = 0; s < slots; ++s) prefill.push_back({s, prompts[static_cast<std::size_t>(s)]});
+        (void)t_engine.forward(prefill);
+        (void)d_engine.forward(prefill);
+        // A draft step: one token per sequence, two for the last (a chain).
+        const std::vector<std::int32_t> one{5}, two{6, 7};
+        std::vector<loom::infer::Segment> step;
+        for (std::int64_t s = 0; s + 1 < slots; ++s) step.push_back({s, one});
+        step.push_back({slots - 1, two});
+        const std::span<const float> logits = d_engine.forward(step);
+        by_threads.emplace_back(logits.begin(), logits.end());
+    }
+    loom::kernels::host::set_gemm_threads(1);
+    CHECK(by_threads[1] == by_threads[0]);
+    CHECK(by_threads[2] == by_threads[0]);
 }
 
 TEST_CASE("greedy speculative decoding with a GliDe draft returns the target's greedy tokens", "[infer][glide]") {

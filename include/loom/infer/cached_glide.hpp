@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -34,6 +35,8 @@
 #include "loom/infer/draft_engine.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/segment_attention.hpp"
+#include "loom/kernels/host/gemm_dispatch.hpp"
+#include "loom/kernels/host/gemm_threads.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/cross_attention.hpp"
 
@@ -105,6 +108,10 @@ public:
     }
 
 private:
+    struct CrossScratch {  // a part's gathered target positions and score row
+        std::vector<float> memory, scores;
+    };
+
     void resize(std::int64_t rows) {
         const auto C = static_cast<std::size_t>(config_.width), r = static_cast<std::size_t>(rows);
         const auto M = static_cast<std::size_t>(target_cache_.width());
@@ -151,12 +158,7 @@ private:
         nn::CrossAttention& cross = model_.cross_attention(l);
         layernorm(std::get<0>(b.cross.layers), x_.data(), normed_.data(), rows);
         linear(cross.query, normed_.data(), query_.data(), rows);
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i) {
-            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-            cross_attend(cross, model_.target_layer(l), segments[i].slot, starts_[i], count, row);
-            row += count;
-        }
+        cross_attend(cross, model_.target_layer(l), segments);
         linear(cross.proj, attended_.data(), branch_.data(), rows);
         add_rows(x_.data(), branch_.data(), rows * C);
         // MLP.
@@ -167,23 +169,59 @@ private:
         add_rows(x_.data(), branch_.data(), rows * C);
     }
 
-    // Rows [row, row + count) of query_ attend over every position the
-    // target's cache holds for `slot` in target layer `layer`, gathered from its pages.
-    void cross_attend(const nn::CrossAttention& cross, std::int64_t layer, std::int64_t slot, std::int64_t start,
-                      std::int64_t count, std::int64_t row) {
+    // Each segment's rows of query_ attend over every position the target's
+    // cache holds for its slot in target layer `layer`, gathered from its
+    // pages; the sequences split between the GEMM threads (as
+    // SegmentAttention's decode path), each part with scratch of its own.
+    void cross_attend(const nn::CrossAttention& cross, std::int64_t layer, std::span<const Segment> segments) {
+        const std::int64_t M = target_cache_.width();
+        first_rows_.clear();
+        std::int64_t row = 0, macs = 0;
+        for (std::size_t i = 0; i < segments.size(); ++i) {
+            first_rows_.push_back(row);
+            const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
+            row += count;
+            macs += 2 * count * target_cache_.length(segments[i].slot) * M;
+        }
+        const auto sequences = static_cast<std::int64_t>(segments.size());
+        const std::int64_t grain =
+            std::max<std::int64_t>(1, kernels::host::gemm_detail::min_threaded_macs /
+                                          std::max<std::int64_t>(1, macs / std::max<std::int64_t>(sequences, 1)));
+        if (cross_parts_.size() < static_cast<std::size_t>(kernels::host::gemm_threads()))
+            cross_parts_.resize(static_cast<std::size_t>(kernels::host::gemm_threads()));
+        kernels::host::run_in_parts(
+            sequences,
+            [&](int part, std::int64_t begin, std::int64_t end) {
+                CrossScratch& scratch = cross_parts_[static_cast<std::size_t>(part)];
+                for (std::int64_t i = begin; i < end; ++i) {
+                    const Segment& s = segments[static_cast<std::size_t>(i)];
+                    cross_attend_one(cross, layer, s.slot, starts_[static_cast<std::size_t>(i)],
+                                     static_cast<std::int64_t>(s.tokens.size()),
+                                     first_rows_[static_cast<std::size_t>(i)], scratch);
+                }
+            },
+            grain);
+    }
+
+    // Rows [row, row + count) of query_ (slot `slot`'s positions from `start`)
+    // over the slot's `layer` of the target's cache.
+    void cross_attend_one(const nn::CrossAttention& cross, std::int64_t layer, std::int64_t slot, std::int64_t start,
+                          std::int64_t count, std::int64_t row, CrossScratch& scratch) {
         const std::int64_t M = target_cache_.width(), length = target_cache_.length(slot);
         const std::int64_t size = target_cache_.block_size(), stride = target_cache_.row_stride();
-        memory_.resize(static_cast<std::size_t>(std::max<std::int64_t>(length, 1) * stride));
+        std::vector<float>& memory = scratch.memory;
+        memory.resize(static_cast<std::size_t>(std::max<std::int64_t>(length, 1) * stride));
         const std::span<const std::int32_t> table = target_cache_.block_table(slot);
         for (std::int64_t b = 0; b * size < length; ++b) {
             const std::int64_t positions = std::min(size, length - b * size);
-            std::memcpy(memory_.data() + b * size * stride, target_cache_.block_rows(layer, table[static_cast<std::size_t>(b)]),
+            std::memcpy(memory.data() + b * size * stride,
+                        target_cache_.block_rows(layer, table[static_cast<std::size_t>(b)]),
                         static_cast<std::size_t>(positions * stride) * sizeof(float));
         }
         for (std::int64_t t = 0; t < count; ++t)
-            nn::cross_attend_row(query_.data() + (row + t) * M, memory_.data(), memory_.data() + M, stride, length,
-                                 cross.heads, cross.head_dim(), attended_.data() + (row + t) * M, lse_.data(), scores_,
-                                 cross.recency ? start + t : -1);
+            nn::cross_attend_row(query_.data() + (row + t) * M, memory.data(), memory.data() + M, stride, length,
+                                 cross.heads, cross.head_dim(), attended_.data() + (row + t) * M,
+                                 lse_.data() + (row + t) * cross.heads, scratch.scores, cross.recency ? start + t : -1);
     }
 
     [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }
@@ -207,7 +245,9 @@ private:
     std::vector<std::int64_t> depths_;  // check_segments' scratch
     SegmentAttention attention_;
     std::vector<float> x_, normed_, qkv_, attended_, query_, branch_, hidden_, activated_, mean_, rstd_, lse_, last_,
-        logits_, memory_, scores_;
+        logits_;
+    std::vector<std::int64_t> first_rows_;  // cross_attend's: each segment's first row
+    std::vector<CrossScratch> cross_parts_;  // one per part of cross_attend
 };
 
 }  // namespace loom::infer
