@@ -183,24 +183,13 @@ private:
             row += count;
             macs += 2 * count * target_cache_.length(segments[i].slot) * M;
         }
-        const auto sequences = static_cast<std::int64_t>(segments.size());
-        const std::int64_t grain =
-            std::max<std::int64_t>(1, kernels::host::gemm_detail::min_threaded_macs /
-                                          std::max<std::int64_t>(1, macs / std::max<std::int64_t>(sequences, 1)));
-        if (cross_parts_.size() < static_cast<std::size_t>(kernels::host::gemm_threads()))
-            cross_parts_.resize(static_cast<std::size_t>(kernels::host::gemm_threads()));
-        kernels::host::run_in_parts(
-            sequences,
-            [&](int part, std::int64_t begin, std::int64_t end) {
-                CrossScratch& scratch = cross_parts_[static_cast<std::size_t>(part)];
-                for (std::int64_t i = begin; i < end; ++i) {
-                    const Segment& s = segments[static_cast<std::size_t>(i)];
-                    cross_attend_one(cross, layer, s.slot, starts_[static_cast<std::size_t>(i)],
-                                     static_cast<std::int64_t>(s.tokens.size()),
-                                     first_rows_[static_cast<std::size_t>(i)], scratch);
-                }
-            },
-            grain);
+        for_each_sequence(cross_parts_, static_cast<std::int64_t>(segments.size()), macs,
+                          [&](CrossScratch& scratch, std::int64_t k) {
+                              const auto i = static_cast<std::size_t>(k);
+                              cross_attend_one(cross, layer, segments[i].slot, starts_[i],
+                                               static_cast<std::int64_t>(segments[i].tokens.size()), first_rows_[i],
+                                               scratch);
+                          });
     }
 
     // Rows [row, row + count) of query_ (slot `slot`'s positions from `start`)

@@ -32,6 +32,27 @@
 
 namespace loom::infer {
 
+// body(scratch, i) for each of a step's `count` sequences, split between the
+// GEMM threads in ranges worth waking a thread for (`macs` in all against the
+// GEMM's threshold a part), each range with its part's entry of `scratch`
+// (grown to gemm_threads() entries): for per-sequence work too small to split
+// inside, whose results do not depend on which thread runs it.
+template <class Scratch, class Body>
+void for_each_sequence(std::vector<Scratch>& scratch, std::int64_t count, std::int64_t macs, Body&& body) {
+    if (count <= 0) return;
+    const std::int64_t per_sequence = std::max<std::int64_t>(1, macs / count);
+    const std::int64_t grain = std::max<std::int64_t>(1, kernels::host::gemm_detail::min_threaded_macs / per_sequence);
+    const auto parts = static_cast<std::size_t>(std::max(1, kernels::host::gemm_threads()));
+    if (scratch.size() < parts) scratch.resize(parts);
+    kernels::host::run_in_parts(
+        count,
+        [&](int part, std::int64_t begin, std::int64_t end) {
+            Scratch& mine = scratch[static_cast<std::size_t>(part)];
+            for (std::int64_t i = begin; i < end; ++i) body(mine, i);
+        },
+        grain);
+}
+
 class SegmentAttention {
 public:
     // Every segment of a forward, their rows packed one after another from
@@ -63,28 +84,15 @@ public:
             }
             row += count;
         }
-        if (few_.empty()) return;
-        // A part's sequences should be worth waking a thread for (the GEMM's threshold).
-        const auto sequences = static_cast<std::int64_t>(few_.size());
-        const std::int64_t macs_per_sequence = std::max<std::int64_t>(1, 2 * C * few_keys / sequences);
-        const std::int64_t grain =
-            std::max<std::int64_t>(1, kernels::host::gemm_detail::min_threaded_macs / macs_per_sequence);
-        if (parts_.size() < static_cast<std::size_t>(kernels::host::gemm_threads()))
-            parts_.resize(static_cast<std::size_t>(kernels::host::gemm_threads()));
-        kernels::host::run_in_parts(
-            sequences,
-            [&](int part, std::int64_t begin, std::int64_t end) {
-                FewScratch& scratch = parts_[static_cast<std::size_t>(part)];
-                for (std::int64_t k = begin; k < end; ++k) {
-                    const std::size_t i = few_[static_cast<std::size_t>(k)];
-                    const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
-                    const float* q = qkv + first_rows_[i] * ld;
-                    cache_keys_values(cache, layer, segments[i].slot, starts[i], count, q + C, ld);
-                    attend_few_queries(cache, layer, segments[i].slot, starts[i], q, ld, count, H, D,
-                                       out + first_rows_[i] * C, scratch.scores, scratch.pages);
-                }
-            },
-            grain);
+        for_each_sequence(parts_, static_cast<std::int64_t>(few_.size()), 2 * C * few_keys,
+                          [&](FewScratch& scratch, std::int64_t k) {
+                              const std::size_t i = few_[static_cast<std::size_t>(k)];
+                              const auto count = static_cast<std::int64_t>(segments[i].tokens.size());
+                              const float* q = qkv + first_rows_[i] * ld;
+                              cache_keys_values(cache, layer, segments[i].slot, starts[i], count, q + C, ld);
+                              attend_few_queries(cache, layer, segments[i].slot, starts[i], q, ld, count, H, D,
+                                                 out + first_rows_[i] * C, scratch.scores, scratch.pages);
+                          });
     }
 
 private:
