@@ -48,7 +48,8 @@ namespace detail {
 inline void sleep_until_ns(std::int64_t deadline) {
     constexpr std::int64_t margin_ns = 200'000;
     if (deadline - steady_now_ns() > margin_ns)
-        std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::nanoseconds(deadline - margin_ns)));
+        std::this_thread::sleep_until(
+            std::chrono::steady_clock::time_point(std::chrono::nanoseconds(deadline - margin_ns)));
     while (steady_now_ns() < deadline) std::this_thread::yield();
 }
 

@@ -35,8 +35,6 @@
 #include "loom/infer/draft_engine.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/segment_attention.hpp"
-#include "loom/kernels/host/gemm_dispatch.hpp"
-#include "loom/kernels/host/gemm_threads.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/cross_attention.hpp"
 
