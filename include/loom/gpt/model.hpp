@@ -54,6 +54,8 @@ struct Config {
         return 6.0 * matmul_weights + attention;
     }
 
+    friend bool operator==(const Config&, const Config&) = default;
+
     friend std::ostream& operator<<(std::ostream& out, const Config& c) {
         return out << "GPT(layers=" << c.layers << ", width=" << c.width << ", heads=" << c.heads
                    << ", seq=" << c.seq << ", vocab=" << c.vocab << ")";

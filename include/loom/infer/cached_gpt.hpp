@@ -53,6 +53,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/gpt/model.hpp"
+#include "loom/infer/block_prefetcher.hpp"
 #include "loom/infer/cached_rows.hpp"
 #include "loom/infer/engine.hpp"
 #include "loom/infer/kv_cache.hpp"
@@ -108,6 +109,15 @@ public:
     // What this engine has computed (this rank's share on a tp group).
     [[nodiscard]] const WorkCount& work() const noexcept { return work_; }
     void reset_work() noexcept { work_ = {}; }
+
+    // Peer memory pooling (infer/pooled_gpt.hpp): the blocks come through
+    // `prefetcher`, which stages the pooled ones a few blocks ahead; this
+    // engine's model must be its PooledGpt's, and it must outlive the engine.
+    void prefetch_blocks(BlockPrefetcher& prefetcher) {
+        LOOM_CHECK(&prefetcher.pooled().model() == &model_, "CachedGpt: the prefetcher stages another model's "
+                   "blocks; give it the PooledGpt whose model() this engine runs");
+        prefetcher_ = &prefetcher;
+    }
 
     // Runs the segments (each slot at most once, at least one token each),
     // appends their keys and values to the cache, and returns the logits of
@@ -270,7 +280,8 @@ private:
 
     void block(std::int64_t l, std::span<const Segment> segments, std::int64_t rows) {
         const std::int64_t C = config_.width, hidden = 4 * width_;
-        gpt::Block& b = model_.blocks[static_cast<std::size_t>(l)];
+        gpt::Block& b =
+            prefetcher_ != nullptr ? prefetcher_->acquire(l) : model_.blocks[static_cast<std::size_t>(l)];
         auto& attention = std::get<1>(b.attn.layers);
         work_.linear_rows += rows;
         layernorm(std::get<0>(b.attn.layers), x_.data(), normed_.data(), rows);
@@ -286,6 +297,7 @@ private:
         kernels::gelu_forward(host(hidden_.data(), rows * hidden), host(activated_.data(), rows * hidden));
         linear(std::get<3>(b.mlp.layers), activated_.data(), branch_.data(), rows);
         add_rows(x_.data(), branch_.data(), rows * C);
+        if (prefetcher_ != nullptr) prefetcher_->release(l);
     }
 
     [[nodiscard]] static Tensor host(const float* data, std::int64_t n) { return host_rows(data, n); }
@@ -342,8 +354,9 @@ private:
     gpt::Model& model_;
     gpt::Config config_;
     KvCache& cache_;
-    comm::AnyComm* tp_ = nullptr;  // null: the whole model
-    PipelineStage stage_;          // the blocks this engine holds: all of them but on a pipeline stage
+    comm::AnyComm* tp_ = nullptr;            // null: the whole model
+    BlockPrefetcher* prefetcher_ = nullptr;  // null: every block where the model's Params point
+    PipelineStage stage_;                    // the blocks this engine holds: all of them but on a pipeline stage
     int rank_ = 0, degree_ = 1;
     std::int64_t heads_ = 0, width_ = 0;  // this rank's heads and their features (all of them at tp 1)
     std::vector<float> run_, gathered_;   // the head's vocabulary runs on a tp group

@@ -1,0 +1,186 @@
+// Peer memory pooling, where the weights live (EnergonAI): a GPT served by
+// one engine whose chosen blocks' weights are kept outside the engine's own
+// memory, in a pool (the host's memory, for a GPU engine) or in a peer's
+// memory (another replica that holds those blocks itself, over NVLink on a
+// GPU). The engine keeps only the rest: embeddings, head and the blocks not
+// pooled. infer/block_prefetcher.hpp then copies each pooled block into a
+// small staging ring a few blocks ahead of the one computing, on a copy
+// thread (a copy stream on a GPU), so the engine computes from its own memory.
+//
+// Every Param of the model is bound to where its values are: the resident
+// ones to this object's buffer, the pooled ones to the pool or to the peer's
+// buffer. So the model is always complete: an engine without a prefetcher
+// reads the pooled blocks where they lie (zero-copy), one with it reads the
+// staged copies. Both compute on the same bits, so both equal the resident
+// model's tokens.
+//
+// Peers share one address space here: rank threads of one process (two
+// replicas that each hold half the blocks serve with one model's weights
+// between them). MPI processes on one node would map the peer's buffer with
+// MPI_Win_allocate_shared; that is not built.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/reflect.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/gpt/model.hpp"
+
+namespace loom::infer {
+
+// Where a block's weights are: in the engine's memory, in the pool it owns
+// (host memory), or in a peer's memory.
+enum class BlockHome : std::uint8_t { resident, pool, peer };
+
+inline std::ostream& operator<<(std::ostream& out, BlockHome home) {
+    switch (home) {
+        case BlockHome::resident: return out << "resident";
+        case BlockHome::pool: return out << "pool";
+        case BlockHome::peer: return out << "peer";
+    }
+    return out << "unknown-home";
+}
+
+class PooledGpt {
+public:
+    // `whole`: the model's values in serial order (ParamArena::values() of a
+    // whole model, or what gpt::load_checkpoint reads). Blocks `pooled`
+    // (distinct indices in [0, layers)) are copied to a pool this object
+    // owns, the rest to its resident buffer.
+    PooledGpt(const gpt::Config& config, std::span<const float> whole, std::vector<std::int64_t> pooled)
+        : config_(config), model_(gpt::make_model(config)), pooled_(std::move(pooled)) {
+        config.validate();
+        LOOM_CHECK(static_cast<std::int64_t>(whole.size()) == config.parameters(), "PooledGpt: ", whole.size(),
+                   " values given but ", config, " has ", config.parameters(),
+                   "; give the whole model's values in serial order");
+        std::sort(pooled_.begin(), pooled_.end());
+        for (std::size_t i = 0; i < pooled_.size(); ++i) {
+            LOOM_CHECK(pooled_[i] >= 0 && pooled_[i] < config.layers, "PooledGpt: pooled block ", pooled_[i],
+                       " does not exist; the model has blocks 0..", config.layers - 1);
+            LOOM_CHECK(i == 0 || pooled_[i] != pooled_[i - 1], "PooledGpt: block ", pooled_[i],
+                       " is pooled twice; list each block once");
+        }
+        const std::int64_t L = config.layers, block = block_floats();
+        const std::int64_t embeddings = (config.vocab + config.seq) * config.width;
+        const auto count = static_cast<std::int64_t>(pooled_.size());
+        homes_.assign(static_cast<std::size_t>(L), BlockHome::resident);
+        for (const std::int64_t b : pooled_) homes_[static_cast<std::size_t>(b)] = BlockHome::pool;
+        resident_.resize(static_cast<std::size_t>(config.parameters() - count * block));
+        pool_.resize(static_cast<std::size_t>(count * block));
+        // The resident buffer holds the embeddings, the resident blocks and the tail in serial order.
+        float* next = resident_.data();
+        float* next_pooled = pool_.data();
+        const auto take = [&](std::int64_t from, std::int64_t n, float*& to) {
+            std::copy_n(whole.data() + from, n, to);
+            const float* at = to;
+            to += n;
+            return at;
+        };
+        const float* embed_values = take(0, embeddings, next);
+        sources_.resize(static_cast<std::size_t>(L));
+        for (std::int64_t b = 0; b < L; ++b) {
+            const std::int64_t from = embeddings + b * block;
+            const auto at = static_cast<std::size_t>(b);
+            sources_[at] = take(from, block, homes_[at] == BlockHome::resident ? next : next_pooled);
+            bind(model_.blocks[at], sources_[at]);
+        }
+        const float* tail_values = take(embeddings + L * block, config.parameters() - embeddings - L * block, next);
+        bind(model_.embed, embed_values);
+        bind(model_.ln_f, tail_values);
+        bind(model_.head, tail_values + 2 * config.width);
+    }
+
+    PooledGpt(const PooledGpt&) = delete;
+    PooledGpt& operator=(const PooledGpt&) = delete;
+
+    // From now on the pooled blocks are read from `peer`'s memory and this
+    // object's pool is freed: `peer` serves the same config and holds each of
+    // them resident. Call it before an engine or a prefetcher uses either.
+    // Two replicas may pool from each other (each holding what the other
+    // pools); `peer` must outlive this object and not move. Both only read
+    // the weights, so their engines may then run at once on different threads.
+    void pool_from(const PooledGpt& peer) {
+        LOOM_CHECK(peer.config_ == config_, "PooledGpt: the peer serves ", peer.config_, " but this model is ",
+                   config_, "; pool blocks with a replica of the same model");
+        for (const std::int64_t b : pooled_)
+            LOOM_CHECK(peer.homes_[static_cast<std::size_t>(b)] == BlockHome::resident, "PooledGpt: block ", b,
+                       " is pooled here but the peer does not hold it either (its home there: ",
+                       peer.homes_[static_cast<std::size_t>(b)], "); pool only blocks the peer keeps resident");
+        for (const std::int64_t b : pooled_) {
+            const auto at = static_cast<std::size_t>(b);
+            homes_[at] = BlockHome::peer;
+            sources_[at] = peer.sources_[at];
+            bind(model_.blocks[at], sources_[at]);
+        }
+        pool_ = {};
+    }
+
+    [[nodiscard]] gpt::Model& model() noexcept { return model_; }
+    [[nodiscard]] const gpt::Config& config() const noexcept { return config_; }
+    [[nodiscard]] BlockHome home(std::int64_t block) const { return homes_[checked(block)]; }
+    // The pooled blocks, ascending: the order a forward pass reads them in.
+    [[nodiscard]] const std::vector<std::int64_t>& pooled() const noexcept { return pooled_; }
+    // Block `block`'s values in serial order, wherever they are.
+    [[nodiscard]] std::span<const float> block_values(std::int64_t block) const {
+        return {sources_[checked(block)], static_cast<std::size_t>(block_floats())};
+    }
+    [[nodiscard]] std::int64_t block_floats() const noexcept { return gpt_block_floats(config_); }
+    // Bytes in the engine's memory (resident) and outside it (pool or peer).
+    [[nodiscard]] std::int64_t resident_bytes() const noexcept {
+        return static_cast<std::int64_t>(resident_.size() * sizeof(float));
+    }
+    [[nodiscard]] std::int64_t pooled_bytes() const noexcept {
+        return static_cast<std::int64_t>(pooled_.size()) * block_floats() * static_cast<std::int64_t>(sizeof(float));
+    }
+
+    // Points block `block`'s Params at `values` (its serial order: the
+    // staging copy while it computes) or, with no argument, back home.
+    void bind_block(std::int64_t block, const float* values) { bind(model_.blocks[checked(block)], values); }
+    void bind_block_home(std::int64_t block) { bind_block(block, sources_[checked(block)]); }
+
+    friend std::ostream& operator<<(std::ostream& out, const PooledGpt& p) {
+        out << "PooledGpt(" << p.config_.layers << " blocks, pooled {";
+        for (std::size_t i = 0; i < p.pooled_.size(); ++i) out << (i > 0 ? "," : "") << p.pooled_[i];
+        return out << "} in " << (p.pooled_.empty() ? BlockHome::resident : p.homes_[p.pooled_.front()]) << ", "
+                   << p.resident_bytes() << " bytes resident, " << p.pooled_bytes() << " pooled)";
+    }
+
+    // A GPT block's parameter count: its two LayerNorms, qkv, proj and the MLP's two Linears.
+    [[nodiscard]] static constexpr std::int64_t gpt_block_floats(const gpt::Config& config) {
+        return 12 * config.width * config.width + 13 * config.width;
+    }
+
+private:
+    [[nodiscard]] std::size_t checked(std::int64_t block) const {
+        LOOM_CHECK(block >= 0 && block < config_.layers, "PooledGpt: block ", block,
+                   " does not exist; the model has blocks 0..",
+                   config_.layers - 1);
+        return static_cast<std::size_t>(block);
+    }
+
+    // Each Param of `part`, in reflection (serial) order, at the next values.
+    template <class Part>
+    static void bind(Part& part, const float* values) {
+        reflect::visit_params(part, [&](Param& p, std::string_view) {
+            p.value = Tensor::of(values, p.shape);
+            values += p.numel();
+        });
+    }
+
+    gpt::Config config_;
+    gpt::Model model_;
+    std::vector<std::int64_t> pooled_;
+    std::vector<BlockHome> homes_;
+    std::vector<const float*> sources_;  // each block's values, wherever they are
+    std::vector<float> resident_;
+    std::vector<float> pool_;
+};
+
+}  // namespace loom::infer
