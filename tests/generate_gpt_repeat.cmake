@@ -3,7 +3,7 @@
 # prompts generated one at a time (--max-batch 1, blocks of 5) write what they
 # write batched together: a prompt's tokens do not depend on what it runs
 # beside; and --tp 2 and 4, --pp 2 (with and without --prefill-tokens) and --tp 2 --pp 2 (rank threads)
-# write tp 1's text. Random weights (from --seed too), a small model.
+# write tp 1's text, and so does the model with pooled blocks (--pool-blocks, staged or read in place). Random weights (from --seed too), a small model.
 # (generate_gpt_checkpoint.cmake shows another seed samples other text.)
 # Run with -DGENERATE_GPT=<binary>.
 set(model --random --layers 2 --width 64 --heads 4 --seq 64 --max-new 40
@@ -49,6 +49,19 @@ generate(pp2_greedy --greedy --pp 2 --max-batch 2)
 if(NOT pp2_greedy STREQUAL greedy_a)
   message(FATAL_ERROR "--pp 2 --max-batch 2 differs from pp 1:\n${pp2_greedy}\n---- and ----\n${greedy_a}")
 endif()
+# Peer memory pooling (--pool-blocks): both blocks in a host pool, staged one ahead by the copy
+# thread; one pooled block read in place.
+generate(pooled ${sampled} --seed 7 --pool-blocks 2 --prefetch 1)
+if(NOT pooled STREQUAL seed7_a)
+  message(FATAL_ERROR "--pool-blocks 2 --prefetch 1 differs from the resident model:\n${pooled}\n---- and ----\n${seed7_a}")
+endif()
+if(NOT pooled_output MATCHES "pooled \\{0,1\\} in pool.*BlockPrefetcher\\(Prefetch\\(lookahead=1\\)")
+  message(FATAL_ERROR "--pool-blocks 2 did not say where the blocks are:\n${pooled_output}")
+endif()
+generate(pooled_in_place --greedy --pool-blocks 1)
+if(NOT pooled_in_place STREQUAL greedy_a)
+  message(FATAL_ERROR "--pool-blocks 1 differs from the resident model:\n${pooled_in_place}\n---- and ----\n${greedy_a}")
+endif()
 # Both (--tp 2 --pp 2): two stages, each cut over 2 rank threads.
 generate(tp2_pp2 ${sampled} --seed 7 --tp 2 --pp 2 --max-batch 2)
 if(NOT tp2_pp2 STREQUAL seed7_a)
@@ -60,4 +73,4 @@ endif()
 if(NOT tp2_output MATCHES "tensor-parallel on 2 rank threads")
   message(FATAL_ERROR "--tp 2 did not say it runs on 2 rank threads:\n${tp2_output}")
 endif()
-message(STATUS "greedy twice, seed 7 twice, seed 7 one at a time, --tp 2, --tp 4, --pp 2 and --tp 2 --pp 2 agree:\n${seed7_a}")
+message(STATUS "greedy twice, seed 7 twice, seed 7 one at a time, --tp 2, --tp 4, --pp 2, --tp 2 --pp 2 and --pool-blocks agree:\n${seed7_a}")
