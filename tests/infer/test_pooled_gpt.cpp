@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -149,6 +150,23 @@ TEST_CASE("two replicas that each hold half the blocks serve at once from each o
     require_same(got_b, expected_b);
 }
 
+TEST_CASE("a replica pools from a peer known only by its resident buffer, held in storage the caller gives",
+          "[infer][pool]") {
+    SixBlocks gpt;
+    const auto requests = loom_test::mixed_batch(false);
+    const auto expected = generate_on(gpt.model, gpt.config, requests);
+    // What another process would map: the peer's resident values in memory the caller owns.
+    const std::vector<std::int64_t> peer_pools{0, 3};
+    std::vector<float> storage(static_cast<std::size_t>(PooledGpt::resident_floats(gpt.config, peer_pools)));
+    PooledGpt peer(gpt.config, gpt.arena.values(), peer_pools, std::span<float>(storage));
+    CHECK(peer.block_values(1).data() == storage.data() + (42 + 40) * 32);  // after the embeddings
+    PooledGpt mine(gpt.config, gpt.arena.values(), {1, 2, 4, 5});
+    mine.pool_from(storage, peer_pools);
+    CHECK(mine.block_values(4).data() == peer.block_values(4).data());
+    BlockPrefetcher prefetcher(mine, {.lookahead = 1});
+    require_same(generate_on(mine.model(), gpt.config, requests, &prefetcher), expected);
+}
+
 TEST_CASE("a prefetcher stages each pooled block's values and resumes a pass that stopped part way", "[infer][pool]") {
     SixBlocks gpt;
     PooledGpt pooled(gpt.config, gpt.arena.values(), {1, 2, 4, 5});
@@ -208,8 +226,7 @@ TEST_CASE("pooling refuses bad input in one line", "[infer][pool]") {
     PooledGpt peer(gpt.config, values, {2});
     PooledGpt two(gpt.config, values, {1, 2});
     CHECK(message_of([&] { two.pool_from(peer); }) ==
-          "PooledGpt: block 2 is pooled here but the peer does not hold it either (its home there: pool); pool "
-          "only blocks the peer keeps resident");
+          "PooledGpt: block 2 is pooled here but the peer pools it too; pool only blocks the peer keeps resident");
     loom::gpt::Config other = gpt.config;
     other.heads = 2;
     PooledGpt other_model(other, values, {1});
@@ -217,6 +234,16 @@ TEST_CASE("pooling refuses bad input in one line", "[infer][pool]") {
           "PooledGpt: the peer serves GPT(layers=6, width=32, heads=4, seq=40, vocab=42) but this model is "
           "GPT(layers=6, width=32, heads=2, seq=40, vocab=42); pool blocks with a replica of the same model");
     CHECK(two.home(1) == BlockHome::pool);  // a refused pool_from changes nothing
+    std::vector<float> short_buffer(10);
+    CHECK(message_of([&] { two.pool_from(short_buffer, {0}); }) ==
+          "PooledGpt: the peer's resident values are 10 floats but a replica of GPT(layers=6, width=32, heads=4, "
+          "seq=40, vocab=42) pooling 1 blocks holds " +
+              std::to_string(PooledGpt::resident_floats(gpt.config, std::vector<std::int64_t>{0})) +
+              "; give the peer's resident buffer whole");
+    CHECK(message_of([&] { PooledGpt p(gpt.config, values, {1}, std::span<float>(short_buffer)); }) ==
+          "PooledGpt: 10 floats of resident storage for " +
+              std::to_string(PooledGpt::resident_floats(gpt.config, std::vector<std::int64_t>{1})) +
+              " resident values; give resident_floats(config, pooled) of them");
     CHECK(message_of([&] { BlockPrefetcher p(peer, {}); }) ==
           "BlockPrefetcher: 1 pooled block; prefetching needs at least 2 (with fewer, read the pooled block in "
           "place: no prefetcher)");

@@ -1,4 +1,5 @@
-// Tensor- and pipeline-parallel serving under mpirun (the GPT's, both at once, Kraken's and a user model's):
+// Tensor- and pipeline-parallel serving under mpirun (the GPT's, both at once, Kraken's and a user model's),
+// and peer memory pooling between two processes:
 // tp (or pp) = the number of processes, the requests the rank-thread tests run
 // (tests/infer/tensor_parallel_serving_suite.hpp, pipeline_serving_suite.hpp,
 // kraken_serving_suite.hpp),
@@ -6,12 +7,20 @@
 // batch refilled continuously.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <vector>
 #include <utility>
 
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/communicator_mpi.hpp>
 #include <loom/comm/mesh.hpp>
+#include <loom/comm/shared_window_mpi.hpp>
+#include <loom/infer/block_prefetcher.hpp>
+#include <loom/infer/cached_gpt.hpp>
+#include <loom/infer/kv_cache.hpp>
+#include <loom/infer/pooled_gpt.hpp>
 
 #include "infer/kraken_serving_suite.hpp"
 #include "infer/pipeline_serving_suite.hpp"
@@ -110,6 +119,41 @@ TEST_CASE("Kraken served at tp = the processes gives the whole model's completio
             CHECK(got[i].finish == expected[i].finish);
         }
     }
+}
+
+TEST_CASE("two processes that each hold half the blocks and read the rest from the other's memory give the "
+          "resident model's tokens", "[pool_serving]") {
+    auto world = loom::comm::Mpi::world();
+    REQUIRE(world.size() == 2);
+    loom_test::PipelineGpt whole(34);  // 4 blocks: each process keeps the 2 of its parity
+    const int rank = world.rank(), peer = 1 - rank;
+    std::vector<std::int64_t> mine_pooled, peer_pooled;
+    for (std::int64_t b = 0; b < whole.config.layers; ++b) (b % 2 == rank ? peer_pooled : mine_pooled).push_back(b);
+    loom::comm::SharedWindow window(world.native(),
+                                    loom::infer::PooledGpt::resident_floats(whole.config, mine_pooled));
+    loom::infer::PooledGpt replica(whole.config, whole.arena.values(), mine_pooled, window.mine());
+    window.publish();
+    replica.pool_from(window.of(peer), peer_pooled);
+    CHECK(replica.home(mine_pooled.front()) == loom::infer::BlockHome::peer);
+    // Process 0 stages its pooled blocks one ahead; process 1 reads them in place.
+    std::optional<loom::infer::BlockPrefetcher> prefetcher;
+    if (rank == 0) prefetcher.emplace(replica, loom::infer::PrefetchOptions{.lookahead = 1});
+    for (const bool greedy : {true, false}) {
+        auto batch = loom_test::mixed_batch(greedy);
+        if (rank == 1) std::reverse(batch.begin(), batch.end());  // each serves its own requests
+        const auto expected = loom::infer::generate(whole.model, whole.config, batch, 2);
+        loom::infer::KvCache cache(whole.config.layers, whole.config.width, 2, whole.config.seq);
+        loom::infer::CachedGpt engine(replica.model(), whole.config, cache);
+        if (prefetcher) engine.prefetch_blocks(*prefetcher);
+        const auto got = loom::infer::generate(engine, batch);
+        REQUIRE(got.size() == expected.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO((greedy ? "greedy" : "sampled") << " request " << i << ", rank " << rank);
+            CHECK(got[i].tokens == expected[i].tokens);
+            CHECK(got[i].finish == expected[i].finish);
+        }
+    }
+    world.barrier();  // neither frees its part of the window while the other may read it
 }
 
 }  // namespace LOOM_TEST_FILE

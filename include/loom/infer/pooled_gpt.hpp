@@ -55,6 +55,13 @@ public:
     // (distinct indices in [0, layers)) are copied to a pool this object
     // owns, the rest to its resident buffer.
     PooledGpt(const gpt::Config& config, std::span<const float> whole, std::vector<std::int64_t> pooled)
+        : PooledGpt(config, whole, std::move(pooled), std::span<float>{}) {}
+
+    // The same, with the resident values in `resident_storage` (resident_floats
+    // long), which must outlive this object: memory a peer process can map,
+    // such as comm::SharedWindow's (comm/shared_window_mpi.hpp).
+    PooledGpt(const gpt::Config& config, std::span<const float> whole, std::vector<std::int64_t> pooled,
+              std::span<float> resident_storage)
         : config_(config), model_(gpt::make_model(config)), pooled_(std::move(pooled)) {
         config.validate();
         LOOM_CHECK(static_cast<std::int64_t>(whole.size()) == config.parameters(), "PooledGpt: ", whole.size(),
@@ -72,7 +79,16 @@ public:
         const auto count = static_cast<std::int64_t>(pooled_.size());
         homes_.assign(static_cast<std::size_t>(L), BlockHome::resident);
         for (const std::int64_t b : pooled_) homes_[static_cast<std::size_t>(b)] = BlockHome::pool;
-        resident_.resize(static_cast<std::size_t>(config.parameters() - count * block));
+        const std::int64_t resident_count = config.parameters() - count * block;
+        if (resident_storage.data() == nullptr) {
+            owned_.resize(static_cast<std::size_t>(resident_count));
+            resident_ = owned_;
+        } else {
+            LOOM_CHECK(static_cast<std::int64_t>(resident_storage.size()) == resident_count, "PooledGpt: ",
+                       resident_storage.size(), " floats of resident storage for ", resident_count,
+                       " resident values; give resident_floats(config, pooled) of them");
+            resident_ = resident_storage;
+        }
         pool_.resize(static_cast<std::size_t>(count * block));
         // The resident buffer holds the embeddings, the resident blocks and the tail in serial order.
         float* next = resident_.data();
@@ -109,17 +125,38 @@ public:
     void pool_from(const PooledGpt& peer) {
         LOOM_CHECK(peer.config_ == config_, "PooledGpt: the peer serves ", peer.config_, " but this model is ",
                    config_, "; pool blocks with a replica of the same model");
+        pool_from(peer.resident_, peer.pooled_);
+    }
+
+    // The same for a peer known only by its resident values (another
+    // process's, mapped into this one) and the blocks it pools: its resident
+    // values are laid out as this class lays them out for the same config.
+    void pool_from(std::span<const float> peer_resident, std::vector<std::int64_t> peer_pooled) {
+        std::sort(peer_pooled.begin(), peer_pooled.end());
+        const auto block = block_floats();
+        const std::int64_t expected =
+            config_.parameters() - static_cast<std::int64_t>(peer_pooled.size()) * block;
+        LOOM_CHECK(static_cast<std::int64_t>(peer_resident.size()) == expected, "PooledGpt: the peer's resident "
+                   "values are ", peer_resident.size(), " floats but a replica of ", config_, " pooling ",
+                   peer_pooled.size(), " blocks holds ", expected, "; give the peer's resident buffer whole");
         for (const std::int64_t b : pooled_)
-            LOOM_CHECK(peer.homes_[static_cast<std::size_t>(b)] == BlockHome::resident, "PooledGpt: block ", b,
-                       " is pooled here but the peer does not hold it either (its home there: ",
-                       peer.homes_[static_cast<std::size_t>(b)], "); pool only blocks the peer keeps resident");
+            LOOM_CHECK(!std::binary_search(peer_pooled.begin(), peer_pooled.end(), b), "PooledGpt: block ", b,
+                       " is pooled here but the peer pools it too; pool only blocks the peer keeps resident");
+        const std::int64_t embeddings = (config_.vocab + config_.seq) * config_.width;
         for (const std::int64_t b : pooled_) {
+            // The peer's resident buffer: the embeddings, then its resident blocks in order.
+            const auto before = std::lower_bound(peer_pooled.begin(), peer_pooled.end(), b) - peer_pooled.begin();
             const auto at = static_cast<std::size_t>(b);
             homes_[at] = BlockHome::peer;
-            sources_[at] = peer.sources_[at];
+            sources_[at] = peer_resident.data() + embeddings + (b - before) * block;
             bind(model_.blocks[at], sources_[at]);
         }
         pool_ = {};
+    }
+
+    // The floats a replica of `config` pooling `pooled` (distinct blocks) keeps resident.
+    [[nodiscard]] static std::int64_t resident_floats(const gpt::Config& config, std::span<const std::int64_t> pooled) {
+        return config.parameters() - static_cast<std::int64_t>(pooled.size()) * gpt_block_floats(config);
     }
 
     [[nodiscard]] gpt::Model& model() noexcept { return model_; }
@@ -179,7 +216,8 @@ private:
     std::vector<std::int64_t> pooled_;
     std::vector<BlockHome> homes_;
     std::vector<const float*> sources_;  // each block's values, wherever they are
-    std::vector<float> resident_;
+    std::vector<float> owned_;     // the resident values, unless the caller gave storage
+    std::span<float> resident_;    // the embeddings, the resident blocks and the tail, in serial order
     std::vector<float> pool_;
 };
 
