@@ -128,7 +128,8 @@ TEST_CASE("two processes that each hold half the blocks and read the rest from t
     loom_test::PipelineGpt whole(34);  // 4 blocks: each process keeps the 2 of its parity
     const int rank = world.rank(), peer = 1 - rank;
     std::vector<std::int64_t> mine_pooled, peer_pooled;
-    for (std::int64_t b = 0; b < whole.config.layers; ++b) (b % 2 == rank ? peer_pooled : mine_pooled).push_back(b);
+    for (std::int64_t b = 0; b < whole.config.layers; ++b)
+        (b % 2 == rank ? peer_pooled : mine_pooled).push_back(b);
     loom::comm::SharedWindow window(world.native(),
                                     loom::infer::PooledGpt::resident_floats(whole.config, mine_pooled));
     loom::infer::PooledGpt replica(whole.config, whole.arena.values(), mine_pooled, window.mine());

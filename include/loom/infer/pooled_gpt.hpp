@@ -14,10 +14,12 @@
 // staged copies. Both compute on the same bits, so both equal the resident
 // model's tokens.
 //
-// Peers share one address space here: rank threads of one process (two
-// replicas that each hold half the blocks serve with one model's weights
-// between them). MPI processes on one node would map the peer's buffer with
-// MPI_Win_allocate_shared; that is not built.
+// A peer is another PooledGpt of the same process (rank threads: two replicas
+// that each hold half the blocks serve with one model's weights between them),
+// or another process's resident buffer mapped into this one: build each
+// replica's resident values in a comm::SharedWindow (comm/shared_window_mpi.hpp,
+// MPI_Win_allocate_shared among the processes of one node) and pool_from the
+// peer's part of it with the list of blocks the peer pools.
 #pragma once
 
 #include <algorithm>
