@@ -130,7 +130,7 @@ TEST_CASE("two processes that each hold half the blocks and read the rest from t
     std::vector<std::int64_t> mine_pooled, peer_pooled;
     for (std::int64_t b = 0; b < whole.config.layers; ++b)
         (b % 2 == rank ? peer_pooled : mine_pooled).push_back(b);
-    loom::comm::SharedWindow window(world.native(),
+    loom::comm::SharedWindow window(world,
                                     loom::infer::PooledGpt::resident_floats(whole.config, mine_pooled));
     loom::infer::PooledGpt replica(whole.config, whole.arena.values(), mine_pooled, window.mine());
     window.publish();

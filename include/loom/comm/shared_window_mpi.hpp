@@ -7,7 +7,10 @@
 // Writes are published by publish() (MPI_Win_sync, then a barrier, then
 // MPI_Win_sync): write your part, publish, then read any part. The window
 // stays locked for shared access (MPI_Win_lock_all) while it lives, so the
-// processes read with plain loads.
+// processes read with plain loads. The barriers are the Mpi communicator's
+// own (polled, so a stalled peer fails the others rather than hanging them);
+// MPI's window calls have no nonblocking form, so each runs right after such
+// a barrier, as Mpi::split does.
 #pragma once
 
 #include <mpi.h>
@@ -16,29 +19,35 @@
 #include <span>
 #include <vector>
 
+#include "loom/comm/communicator_mpi.hpp"
 #include "loom/core/check_mpi.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
 
 namespace loom::comm {
 
 class SharedWindow {
 public:
-    // Collective over `comm`: this process's part is `floats` long (parts may
-    // differ). Every process of `comm` must be on this node.
-    SharedWindow(MPI_Comm comm, std::int64_t floats) {
+    // Collective over `comm` (which must outlive the window): this process's
+    // part is `floats` long (parts may differ). Every process of `comm` must
+    // be on this node.
+    SharedWindow(Mpi& comm, std::int64_t floats) : comm_(&comm) {
         LOOM_CHECK(floats >= 0, "SharedWindow: a part of ", floats, " floats; give 0 or more");
-        int size = 0, node_size = 0;
-        LOOM_MPI_CHECK(MPI_Comm_size(comm, &size));
-        LOOM_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_));
+        const int size = comm.size();
+        int node_size = 0;
+        comm.barrier();
+        LOOM_MPI_CHECK(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_));
         LOOM_MPI_CHECK(MPI_Comm_size(node_, &node_size));
         // The same answer on every process (each knows the world's size and its node's), so all refuse alike.
-        int smallest = node_size;
-        LOOM_MPI_CHECK(MPI_Allreduce(&node_size, &smallest, 1, MPI_INT, MPI_MIN, comm));
+        std::int32_t negated = -node_size;  // the largest negated size: the smallest node
+        comm.all_reduce(Tensor::of(&negated, {1}), Tensor::of(&negated, {1}), ReduceOp::max);
+        const std::int32_t smallest = -negated;
         if (smallest != size) {
             MPI_Comm_free(&node_);
             LOOM_FAIL("SharedWindow: the ", size, " processes are not on one node (the smallest node holds ", smallest,
                       "); a peer's memory is readable only on its own node: start them on one host");
         }
+        comm.barrier();
         void* base = nullptr;
         LOOM_MPI_CHECK(MPI_Win_allocate_shared(static_cast<MPI_Aint>(floats) * static_cast<MPI_Aint>(sizeof(float)),
                                                static_cast<int>(sizeof(float)), MPI_INFO_NULL, node_, &base, &window_));
@@ -58,8 +67,10 @@ public:
     SharedWindow(const SharedWindow&) = delete;
     SharedWindow& operator=(const SharedWindow&) = delete;
 
+    // Collective: no process frees its part while another may still read it.
+    // (A destructor cannot throw, so this one waits in MPI's own calls; call
+    // publish() first to fail a stalled peer with one sentence.)
     ~SharedWindow() {
-        // Collective: no process frees its part while another may still read it.
         MPI_Win_unlock_all(window_);
         MPI_Win_free(&window_);
         MPI_Comm_free(&node_);
@@ -78,11 +89,12 @@ public:
     // Collective: every process's writes so far are visible to every process.
     void publish() const {
         LOOM_MPI_CHECK(MPI_Win_sync(window_));
-        LOOM_MPI_CHECK(MPI_Barrier(node_));
+        comm_->barrier();
         LOOM_MPI_CHECK(MPI_Win_sync(window_));
     }
 
 private:
+    Mpi* comm_;
     MPI_Comm node_ = MPI_COMM_NULL;
     MPI_Win window_ = MPI_WIN_NULL;
     int rank_ = 0;
