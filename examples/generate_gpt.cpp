@@ -51,12 +51,10 @@
 #include <loom/gpt/glide_checkpoint.hpp>
 #include <loom/gpt/glide_draft.hpp>
 #include <loom/gpt/model.hpp>
-#include <loom/infer/block_prefetcher.hpp>
 #include <loom/infer/generate.hpp>
 #include <loom/infer/cape.hpp>
 #include <loom/infer/cached_glide.hpp>
 #include <loom/infer/pipeline_parallel_gpt.hpp>
-#include <loom/infer/pooled_gpt.hpp>
 #include <loom/infer/speculative_batcher.hpp>
 #include <loom/infer/tensor_parallel_gpt.hpp>
 #include <loom/kernels/host/gemm.hpp>
@@ -103,11 +101,7 @@ constexpr const char* usage =
     "  --pp N             pipeline-parallel on N rank threads, N dividing --layers (default 1: the whole model);\n"
     "                     with --tp, N stages of --tp threads each\n"
     "  --prefill-tokens N with --pp: the most prompt tokens a pipeline step admits, a longer prompt alone;\n"
-    "                     spreads a wave of prefills over steps the stages overlap (default 0: no limit)\n"
-    "  --pool-blocks N    peer memory pooling: the last N blocks' weights kept outside the engine's (in a host\n"
-    "                     pool), the engine holding the rest (default 0: every block in the engine's)\n"
-    "  --prefetch K       with --pool-blocks: a copy thread stages each pooled block K blocks ahead of the one\n"
-    "                     computing (default 1, 0 for one block: the engine then reads it in place)\n";
+    "                     spreads a wave of prefills over steps the stages overlap (default 0: no limit)\n";
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --prompt, --max-new, --greedy, "
@@ -131,27 +125,9 @@ struct Flags {
     std::int64_t tp = 1;  // rank threads the target is cut over
     std::int64_t pp = 1;  // pipeline stages (rank threads) the target's blocks are split over
     std::int64_t prefill_tokens = 0;  // the most prompt tokens a pipeline step admits (0: no limit)
-    std::int64_t pool_blocks = 0;     // the last blocks kept in a pool outside the engine's weights
-    std::int64_t prefetch = -1;       // how far ahead the copy thread stages pooled blocks (0: read in place)
+    gpt_flags::PoolFlags pool;        // peer memory pooling of the target's last blocks
     gpt_flags::DraftFlags draft;  // speculative decoding, when on(); GliDe and CaPE too
 };
-
-// Pooling serves the whole model on one engine (infer/pooled_gpt.hpp); fills in --prefetch's default.
-void check_pooling(Flags& f) {
-    const std::int64_t n = f.pool_blocks, layers = f.target.config.layers;
-    if (n == 0) {
-        if (f.prefetch >= 0) bad_flag("--prefetch ", f.prefetch, " needs --pool-blocks; give the blocks to pool");
-        return;
-    }
-    if (n > layers) bad_flag("--pool-blocks ", n, " is more than --layers ", layers, "; pool 1..", layers, " blocks");
-    if (f.tp > 1 || f.pp > 1)
-        bad_flag("--pool-blocks with --tp ", f.tp, " --pp ", f.pp, ": pooling serves the whole model on one engine; "
-                 "use --tp 1 --pp 1");
-    if (f.prefetch < 0) f.prefetch = n >= 2 ? 1 : 0;
-    if (f.prefetch > 0 && f.prefetch >= n)
-        bad_flag("--prefetch ", f.prefetch, " is not below --pool-blocks ", n, "; use 0..", n - 1,
-                 " (0: read the pooled blocks in place)");
-}
 
 Flags parse(int argc, char** argv) {
     Flags f;
@@ -159,6 +135,7 @@ Flags parse(int argc, char** argv) {
         const std::string_view flag = argv[i];
         if (flag == "--help" || flag == "-h") {
             std::fputs(usage, stdout);
+            std::fputs(gpt_flags::PoolFlags::usage, stdout);
             std::fputs(gpt_flags::DraftFlags::usage, stdout);
             std::exit(0);
         }
@@ -181,7 +158,7 @@ Flags parse(int argc, char** argv) {
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (generate_gpt --help lists the flags)");
         const std::string value = argv[++i];
-        if (f.target.take(flag, value) || f.draft.take(flag, value)) continue;
+        if (f.target.take(flag, value) || f.draft.take(flag, value) || f.pool.take(flag, value)) continue;
         if (flag == "--prompt") f.prompts.push_back(value);
         else if (flag == "--max-new") f.max_new = whole(flag, value, 1, 1 << 20);
         else if (flag == "--temperature") f.sampling.temperature = real(flag, value);
@@ -193,8 +170,6 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--tp") f.tp = whole(flag, value, 1, 64);
         else if (flag == "--pp") f.pp = whole(flag, value, 1, 64);
         else if (flag == "--prefill-tokens") f.prefill_tokens = whole(flag, value, 0, std::int64_t{1} << 30, " (0: no limit)");
-        else if (flag == "--pool-blocks") f.pool_blocks = whole(flag, value, 0, 1024, " (0: none pooled)");
-        else if (flag == "--prefetch") f.prefetch = whole(flag, value, 0, 1024, " (0: read in place)");
         else f.block_size = whole(flag, value, 1, 1 << 20);
     }
 
@@ -211,7 +186,7 @@ Flags parse(int argc, char** argv) {
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use a degree that divides ",
                  f.target.config.heads);
     gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp, f.prefill_tokens);
-    check_pooling(f);
+    f.pool.check(f.target.config, f.tp, f.pp);
     if (f.draft.cape && !f.sampling.greedy)
         bad_flag("--cape is greedy only (its tree acceptance takes the target's argmax); add --greedy");
     for (const std::string& stop : f.stops)
@@ -338,20 +313,9 @@ int run(const Flags& f) {
         });
     } else if (f.tp == 1) {
         loom::infer::KvCache cache(config.layers, config.width, slots, capacity, f.block_size);
-        // Peer memory pooling: the last --pool-blocks blocks in a host pool, staged --prefetch ahead.
-        std::optional<loom::infer::PooledGpt> pooled;
-        std::optional<loom::infer::BlockPrefetcher> prefetcher;
-        if (f.pool_blocks > 0) {
-            std::vector<std::int64_t> blocks;
-            for (std::int64_t b = config.layers - f.pool_blocks; b < config.layers; ++b) blocks.push_back(b);
-            pooled.emplace(config, arena.values(), blocks);
-            if (f.prefetch > 0) prefetcher.emplace(*pooled, loom::infer::PrefetchOptions{.lookahead = f.prefetch});
-            std::cout << "weights: " << *pooled;
-            if (prefetcher) std::cout << ", " << *prefetcher;
-            std::cout << "\n";
-        }
-        loom::infer::CachedGpt engine(pooled ? pooled->model() : model, config, cache);
-        if (prefetcher) engine.prefetch_blocks(*prefetcher);
+        gpt_flags::TargetWeights weights(f.pool, model, config, arena.values(), "");  // the last blocks pooled, if asked
+        loom::infer::CachedGpt engine(weights.model(), config, cache);
+        weights.install(engine);
         decode(engine, cache, done, stats);
     } else {
         // Every rank cuts its shard from the whole weights and runs the same prompts; rank 0 keeps what it wrote.

@@ -11,7 +11,10 @@
 #include <loom/gpt/glide_checkpoint.hpp>
 #include <loom/gpt/glide_draft.hpp>
 #include <loom/gpt/model.hpp>
+#include <loom/infer/block_prefetcher.hpp>
 #include <loom/infer/cape.hpp>
+#include <loom/infer/cached_gpt.hpp>
+#include <loom/infer/pooled_gpt.hpp>
 #include <loom/nn/param_arena.hpp>
 
 #include <cerrno>
@@ -20,6 +23,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -99,6 +103,77 @@ struct ModelFlags {
 
 // The draft of speculative decoding: --draft FILE or --draft-random, its
 // shape, and --gamma. Its --seq and --vocab are the target's.
+// Peer memory pooling (infer/pooled_gpt.hpp): the last --pool-blocks blocks
+// kept in a host pool outside the engine's weights, staged --prefetch blocks
+// ahead by a copy thread (0: read in place). The whole model on one engine.
+struct PoolFlags {
+    std::int64_t blocks = 0;
+    std::int64_t prefetch = -1;  // -1: not given (1, or 0 with one pooled block)
+
+    static constexpr const char* names = "--pool-blocks, --prefetch";
+    static constexpr const char* usage =
+        "  --pool-blocks N    peer memory pooling: the last N blocks' weights kept outside the engine's (in a host\n"
+        "                     pool), the engine holding the rest (default 0: every block in the engine's)\n"
+        "  --prefetch K       with --pool-blocks: a copy thread stages each pooled block K blocks ahead of the one\n"
+        "                     computing (default 1, 0 for one block: the engine then reads it in place)\n";
+
+    bool take(std::string_view flag, const std::string& value) {
+        if (flag == "--pool-blocks") blocks = whole(flag, value, 0, 1024, " (0: none pooled)");
+        else if (flag == "--prefetch") prefetch = whole(flag, value, 0, 1024, " (0: read in place)");
+        else return false;
+        return true;
+    }
+
+    // What the flags must agree on; fills in --prefetch's default.
+    void check(const loom::gpt::Config& target, std::int64_t tp, std::int64_t pp) {
+        if (blocks == 0) {
+            if (prefetch >= 0) bad_flag("--prefetch ", prefetch, " needs --pool-blocks; give the blocks to pool");
+            return;
+        }
+        if (blocks > target.layers)
+            bad_flag("--pool-blocks ", blocks, " is more than --layers ", target.layers, "; pool 1..", target.layers,
+                     " blocks");
+        if (tp > 1 || pp > 1)
+            bad_flag("--pool-blocks with --tp ", tp, " --pp ", pp, ": pooling serves the whole model on one engine; "
+                     "use --tp 1 --pp 1");
+        if (prefetch < 0) prefetch = blocks >= 2 ? 1 : 0;
+        if (prefetch > 0 && prefetch >= blocks)
+            bad_flag("--prefetch ", prefetch, " is not below --pool-blocks ", blocks, "; use 0..", blocks - 1,
+                     " (0: read the pooled blocks in place)");
+    }
+};
+
+// The target's weights as PoolFlags ask: `model` itself, or a PooledGpt of its
+// values with the last blocks pooled (and their prefetcher). One line says where.
+class TargetWeights {
+public:
+    TargetWeights(const PoolFlags& flags, loom::gpt::Model& model, const loom::gpt::Config& config,
+                  std::span<const float> values, std::string_view prefix)
+        : model_(&model) {
+        if (flags.blocks == 0) return;
+        std::vector<std::int64_t> blocks;
+        for (std::int64_t b = config.layers - flags.blocks; b < config.layers; ++b) blocks.push_back(b);
+        pooled_.emplace(config, values, blocks);
+        if (flags.prefetch > 0)
+            prefetcher_.emplace(*pooled_, loom::infer::PrefetchOptions{.lookahead = flags.prefetch});
+        model_ = &pooled_->model();
+        std::cout << prefix << "weights: " << *pooled_;
+        if (prefetcher_) std::cout << ", " << *prefetcher_;
+        std::cout << "\n";
+    }
+
+    [[nodiscard]] loom::gpt::Model& model() const { return *model_; }
+    // Gives `engine` (built on model()) the prefetcher, if there is one.
+    void install(loom::infer::CachedGpt& engine) {
+        if (prefetcher_) engine.prefetch_blocks(*prefetcher_);
+    }
+
+private:
+    loom::gpt::Model* model_;
+    std::optional<loom::infer::PooledGpt> pooled_;
+    std::optional<loom::infer::BlockPrefetcher> prefetcher_;
+};
+
 struct DraftFlags {
     loom::gpt::Config config{.layers = 1, .width = 128, .heads = 4};
     std::string checkpoint;

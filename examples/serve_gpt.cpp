@@ -10,7 +10,7 @@
 //
 //   serve_gpt (--checkpoint FILE | --random) [--layers L --width C --heads H --seq T --vocab V]
 //             [--seed S] [--host ADDR] [--port P] [--max-batch N] [--block-size N] [--tp N] [--pp N]
-//             [--prefill-tokens N]
+//             [--prefill-tokens N] [--pool-blocks N [--prefetch K]]
 //             [--draft FILE | --draft-random] [--draft-layers L --draft-width C --draft-heads H] [--gamma G]
 //             [--cape [--cape-bins K@P,...,K]] [--glide]
 //
@@ -112,7 +112,7 @@ constexpr const char* usage =
 
 constexpr const char* flag_list =
     "--checkpoint, --random, --layers, --width, --heads, --seq, --vocab, --seed, --host, --port, --max-batch, "
-    "--block-size, --tp, --pp, --prefill-tokens, --draft, --draft-random, --draft-layers, --draft-width, "
+    "--block-size, --tp, --pp, --prefill-tokens, --pool-blocks, --prefetch, --draft, --draft-random, --draft-layers, --draft-width, "
     "--draft-heads, --gamma, --cape, --cape-bins, --glide, --help";
 
 constexpr std::size_t body_limit = 1 << 20;  // bytes of a request body; more is answered 413
@@ -133,6 +133,7 @@ struct Flags {
     std::int64_t pp = 1;  // pipeline stages (rank threads) the target's blocks are split over
     std::int64_t prefill_tokens = 0;  // the most prompt tokens a pipeline step admits (0: no limit)
     gpt_flags::DraftFlags draft;  // speculative decoding, when on()
+    gpt_flags::PoolFlags pool;    // peer memory pooling of the target's last blocks
 };
 
 Flags parse(int argc, char** argv) {
@@ -141,6 +142,7 @@ Flags parse(int argc, char** argv) {
         const std::string_view flag = argv[i];
         if (flag == "--help" || flag == "-h") {
             std::fputs(usage, stdout);
+            std::fputs(gpt_flags::PoolFlags::usage, stdout);
             std::fputs(gpt_flags::DraftFlags::usage, stdout);
             std::exit(0);
         }
@@ -152,13 +154,14 @@ Flags parse(int argc, char** argv) {
         const bool known = flag == "--checkpoint" || flag == "--layers" || flag == "--width" || flag == "--heads" ||
                            flag == "--seq" || flag == "--vocab" || flag == "--seed" || flag == "--host" ||
                            flag == "--port" || flag == "--max-batch" || flag == "--block-size" || flag == "--tp" ||
-                           flag == "--pp" || flag == "--prefill-tokens" || flag == "--draft" ||
+                           flag == "--pp" || flag == "--prefill-tokens" || flag == "--pool-blocks" ||
+                           flag == "--prefetch" || flag == "--draft" ||
                            flag == "--draft-layers" || flag == "--draft-width" || flag == "--draft-heads" ||
                            flag == "--gamma" || flag == "--cape-bins";
         if (!known) bad_flag("unknown flag ", flag, "; flags are ", flag_list);
         if (i + 1 >= argc) bad_flag(flag, " needs a value (serve_gpt --help lists the flags)");
         const std::string value = argv[++i];
-        if (f.target.take(flag, value) || f.draft.take(flag, value)) continue;
+        if (f.target.take(flag, value) || f.draft.take(flag, value) || f.pool.take(flag, value)) continue;
         if (flag == "--seed") f.seed = static_cast<std::uint64_t>(whole(flag, value, 0, std::int64_t{1} << 62));
         else if (flag == "--port") f.port = static_cast<std::uint16_t>(whole(flag, value, 0, 65535, " (0: any free port)"));
         else if (flag == "--max-batch") f.max_batch = whole(flag, value, 1, 4096);
@@ -177,6 +180,7 @@ Flags parse(int argc, char** argv) {
         bad_flag("--tp ", f.tp, " does not divide --heads ", f.target.config.heads, "; use ",
                  gpt_flags::divisors(f.target.config.heads));
     gpt_flags::check_serving(f.target.config, f.draft, f.block_size, f.tp, f.pp, f.prefill_tokens);
+    f.pool.check(f.target.config, f.tp, f.pp);
     return f;
 }
 
@@ -429,9 +433,11 @@ int run(const Flags& f) {
     // The whole model's engine, unless the ranks serve it (each then holds its own shard and cache).
     std::optional<loom::infer::KvCache> cache;
     std::optional<loom::infer::CachedGpt> cached;
+    gpt_flags::TargetWeights weights(f.pool, model, config, arena.values(), "serve_gpt: ");  // --pool-blocks
     if (f.tp == 1 && f.pp == 1) {
         cache.emplace(config.layers, config.width, f.max_batch, config.seq, f.block_size);
-        cached.emplace(model, config, *cache);
+        cached.emplace(weights.model(), config, *cache);
+        weights.install(*cached);
     }
     // The draft, when there is one: its own cache of the same slots and blocks (each rank's own with --tp).
     const gpt_flags::DraftModel drafts = gpt_flags::load_draft(f.draft, config, f.seed);

@@ -15,7 +15,7 @@ in chunks of several tokens, with the same stops, concurrent requests too.
 Servers with CaPE (the same draft, --cape) and with a random GliDe draft
 (--glide --cape) answer the plain server's greedy text, concurrent requests
 too, and refuse a sampled request with 400 naming the temperature.
-Servers on rank threads (--tp 2, --tp 2 with the draft, --pp 2, --tp 2 --pp 2) answer
+Servers on rank threads (--tp 2, --tp 2 with the draft, --pp 2, --tp 2 --pp 2) and one with pooled blocks answer
 concurrent streamed requests, greedy and seeded, with the plain server's
 text, survive a client that hangs up mid-stream, and exit 0 on SIGTERM.
 
@@ -242,7 +242,8 @@ def stop_server(server, expect):
 def parallel(args, greedy, stop):
     """--tp 2 (two rank threads, each a shard; rank 0 broadcasts each step's submits and cancels), --pp 2
     (two stage threads; stage 0 admits requests into groups between steps) and both (two stages of two
-    shards each; stage 0's tp rank 0 leads the other) write the plain server's text: 12 concurrent streamed requests on 4 slots, greedy and seeded, joining and leaving
+    shards each; stage 0's tp rank 0 leads the other) and the whole model with both its blocks pooled and
+    staged ahead (--pool-blocks 2) write the plain server's text: 12 concurrent streamed requests on 4 slots, greedy and seeded, joining and leaving
     the batch while others run; a stop sequence (a cancel every rank must apply); a client hanging up. With
     the draft, the greedy requests only: speculative sampling keeps the target's distribution, not its draws."""
     requests = [{"prompt": f"Rank {i}: ", "max_tokens": 10 + 3 * i, "temperature": 0} for i in range(8)]
@@ -257,7 +258,9 @@ def parallel(args, greedy, stop):
                                   len(requests)),
                                  (["--tp", "2", "--draft-random", "--draft-layers", "2", "--draft-width", "64",
                                    "--draft-heads", "4", "--gamma", "3"],
-                                  "speculative decoding with gamma 3, tensor-parallel", 8)):
+                                  "speculative decoding with gamma 3, tensor-parallel", 8),
+                                 (["--pool-blocks", "2", "--prefetch", "1"],
+                                  "weights: PooledGpt(2 blocks, pooled {0,1} in pool", len(requests))):
         server = Server(args.serve_gpt, extra)
         try:
             check(expect.encode() in server.output, f"no '{expect}' line:\n" + server.output.decode())
