@@ -15,12 +15,20 @@
 // either each holding the whole model or each holding half the blocks and
 // reading the other half from its peer's memory in place.
 //
+// Last, two traced runs staged one ahead, half the blocks pooled (drawn as
+// rank 0) and every block (rank 1), both shifted to start at time 0: the
+// engine's blocks and waits (lane 0) and the copy thread's copies (lane 1) as
+// a Chrome trace (--trace FILE; scripts/draw_trace.py draws it).
+//
 //   bench_pooled_serving [--reps 5] [--layers 8] [--width 512] [--batch 1] [--steps 32] [--link-gbs 0]
+//                        [--trace pooled_serving_trace.json]
 #include <loom/gpt/model.hpp>
+#include <loom/exec/trace.hpp>
 #include <loom/infer/block_prefetcher.hpp>
 #include <loom/infer/cached_gpt.hpp>
 #include <loom/infer/kv_cache.hpp>
 #include <loom/infer/pooled_gpt.hpp>
+#include <loom/io/atomic_file.hpp>
 #include <loom/kernels/host/gemm.hpp>
 #include <loom/nn/param_arena.hpp>
 
@@ -48,12 +56,13 @@ struct Flags {
     int reps = 5;
     std::int64_t layers = 8, width = 512, batch = 1, steps = 32;
     double link_gbs = 0;
+    std::string trace = "pooled_serving_trace.json";
 };
 
 [[noreturn]] void usage(const std::string& why) {
     std::fprintf(stderr,
                  "bench_pooled_serving: %s\nusage: bench_pooled_serving [--reps N] [--layers N] [--width N] "
-                 "[--batch N] [--steps N] [--link-gbs G]\n",
+                 "[--batch N] [--steps N] [--link-gbs G] [--trace FILE]\n",
                  why.c_str());
     std::exit(2);
 }
@@ -70,6 +79,7 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--batch") f.batch = std::stoll(value);
         else if (flag == "--steps") f.steps = std::stoll(value);
         else if (flag == "--link-gbs") f.link_gbs = std::stod(value);
+        else if (flag == "--trace") f.trace = value;
         else usage("unknown flag " + flag);
     }
     if (f.reps < 1 || f.layers < 4 || f.width < 8 || f.width % 8 != 0 || f.batch < 1 || f.steps < 1 ||
@@ -244,5 +254,20 @@ int main(int argc, char** argv) {
                 static_cast<double>(2 * f.batch * f.steps) / bench::median(peered),
                 static_cast<double>(a.resident_bytes() + b.resident_bytes()) / 1e6,
                 bench::median(own) / bench::median(peered));
+
+    // Two traced runs, staged one ahead: half the blocks pooled, then all of them.
+    std::vector<std::vector<loom::exec::TraceEvent>> traces;
+    for (const std::size_t setup : {std::size_t{2}, std::size_t{4}}) {
+        BlockPrefetcher traced(*pooled[setup], {.lookahead = 1, .link_bytes_per_second = f.link_gbs * 1e9,
+                                                .trace = true});
+        (void)decode(pooled[setup]->model(), config, f, &traced);
+        traces.push_back(traced.trace_events());
+        double first = 1e300;
+        for (const auto& e : traces.back()) first = std::min(first, e.start_us);
+        for (auto& e : traces.back()) e.start_us -= first;  // both runs from time 0
+    }
+    loom::io::write_file_atomically(f.trace, loom::exec::chrome_trace_json(traces));
+    std::printf("traces of a run with half the blocks pooled (rank 0) and with every block (rank 1), staged 1 "
+                "ahead: %s (scripts/draw_trace.py draws it)\n", f.trace.c_str());
     return same ? 0 : 1;
 }

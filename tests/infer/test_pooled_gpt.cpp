@@ -7,6 +7,7 @@
 // bad input is named in one line.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <sstream>
@@ -98,6 +99,21 @@ TEST_CASE("a pooled GPT gives the resident model's logits bit for bit, staged or
             CHECK(counts.copies >= counts.acquires);
             CHECK(counts.copied_bytes == counts.copies * pooled.block_floats() * 4);
         }
+    }
+    SECTION("traced") {
+        BlockPrefetcher prefetcher(pooled, {.lookahead = 1, .trace = true});
+        CHECK(logits_of(pooled.model(), gpt.config, &prefetcher) == expected);
+        const auto events = prefetcher.trace_events();
+        std::int64_t computed = 0, copied = 0;
+        for (const auto& e : events) {
+            computed += e.lane == loom::exec::compute_lane && e.category == "forward";
+            copied += e.lane == loom::exec::communication_lane && e.category == "copy";
+            CHECK(e.duration_us >= 0);
+        }
+        CHECK(computed == 6 * 6);  // six passes of six blocks, resident ones too
+        CHECK(copied == prefetcher.counts().copies);
+        CHECK(std::any_of(events.begin(), events.end(), [](const auto& e) { return e.name == "block 3 (pool)"; }));
+        CHECK(std::any_of(events.begin(), events.end(), [](const auto& e) { return e.name == "copy block 4"; }));
     }
     SECTION("under a modelled link") {
         BlockPrefetcher prefetcher(pooled, {.lookahead = 1, .link_bytes_per_second = 2e9});

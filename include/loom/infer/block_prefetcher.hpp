@@ -13,7 +13,9 @@
 //
 // A link model makes a copy of B bytes take at least B / rate (PCIe from the
 // host, NVLink from a peer), so a host run shows what the overlap would hide
-// on such a link; rate 0 copies as fast as memory allows.
+// on such a link; rate 0 copies as fast as memory allows. With `trace`, it
+// records each block's compute and waits (lane 0) and each copy (lane 1) as
+// trace events (exec/trace.hpp; scripts/draw_trace.py draws them).
 #pragma once
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 
 #include "loom/comm/shaped.hpp"
 #include "loom/core/error.hpp"
+#include "loom/exec/trace.hpp"
 #include "loom/gpt/model.hpp"
 #include "loom/infer/pooled_gpt.hpp"
 
@@ -38,6 +41,7 @@ namespace loom::infer {
 struct PrefetchOptions {
     std::int64_t lookahead = 1;         // pooled blocks copied ahead of the one computing (1..pooled count - 1)
     double link_bytes_per_second = 0;  // a copy's floor: bytes / rate seconds; 0: none
+    bool trace = false;                // record trace_events()
 
     friend std::ostream& operator<<(std::ostream& out, const PrefetchOptions& o) {
         out << "Prefetch(lookahead=" << o.lookahead;
@@ -97,11 +101,18 @@ public:
         const std::lock_guard lock(mutex_);
         return counts_;
     }
+    // With PrefetchOptions::trace: every block's compute (acquire to release)
+    // and wait on lane 0, every copy on lane 1, in the order they ended.
+    [[nodiscard]] std::vector<exec::TraceEvent> trace_events() const {
+        const std::lock_guard lock(mutex_);
+        return events_;
+    }
 
     // Block `block` of the model, ready to compute with: a resident block as
     // it is, a pooled one bound to its staged copy (after waiting for it).
     gpt::Block& acquire(std::int64_t block) {
         gpt::Block& b = pooled_.model().blocks.at(static_cast<std::size_t>(block));
+        if (options_.trace) computing_since_ = std::chrono::steady_clock::now();
         if (pooled_.home(block) == BlockHome::resident) return b;
         std::unique_lock lock(mutex_);
         if (held_ >= 0) give_back(lock);  // the last pass stopped while it held a block
@@ -112,8 +123,16 @@ public:
             changed_.notify_all();
         }
         changed_.wait(lock, [&] { return fetched_ > consumed_; });
-        counts_.waited_ns += comm::detail::steady_now_ns() - start;
+        const auto waited = comm::detail::steady_now_ns() - start;
+        counts_.waited_ns += waited;
         ++counts_.acquires;
+        if (options_.trace && waited > 0) {
+            const auto now = std::chrono::steady_clock::now();
+            events_.push_back({"wait for block " + std::to_string(block), "wait", exec::compute_lane,
+                               exec::trace_clock_us(computing_since_),
+                               exec::trace_clock_us(now) - exec::trace_clock_us(computing_since_)});
+            computing_since_ = now;
+        }
         held_ = consumed_;
         pooled_.bind_block(block, slot(held_));
         return b;
@@ -121,6 +140,7 @@ public:
 
     // Gives block `block` back: its staging buffer takes the next copy.
     void release(std::int64_t block) {
+        if (options_.trace) record_compute(block);
         if (pooled_.home(block) == BlockHome::resident) return;
         std::unique_lock lock(mutex_);
         LOOM_CHECK(held_ >= 0 && order_[static_cast<std::size_t>(held_ % count())] == block,
@@ -139,6 +159,14 @@ private:
     [[nodiscard]] std::int64_t count() const noexcept { return static_cast<std::int64_t>(order_.size()); }
     [[nodiscard]] float* slot(std::int64_t sequence) noexcept {
         return ring_.data() + (sequence % slots_) * pooled_.block_floats();
+    }
+
+    void record_compute(std::int64_t block) {
+        const double from = exec::trace_clock_us(computing_since_);
+        const double to = exec::trace_clock_us(std::chrono::steady_clock::now());
+        const std::lock_guard lock(mutex_);
+        events_.push_back({"block " + std::to_string(block) + " (" + to_string(pooled_.home(block)) + ")",
+                           "forward", exec::compute_lane, from, to - from});
     }
 
     void give_back(std::unique_lock<std::mutex>&) {
@@ -163,7 +191,9 @@ private:
             const std::int64_t j = fetched_;
             lock.unlock();
             const auto start = comm::detail::steady_now_ns();
-            const std::span<const float> from = pooled_.block_values(order_[static_cast<std::size_t>(j % count())]);
+            const auto started = std::chrono::steady_clock::now();
+            const std::int64_t block = order_[static_cast<std::size_t>(j % count())];
+            const std::span<const float> from = pooled_.block_values(block);
             std::memcpy(slot(j), from.data(), static_cast<std::size_t>(bytes));
             if (floor_ns > 0) comm::detail::sleep_until_ns(start + floor_ns);
             const auto took = comm::detail::steady_now_ns() - start;
@@ -172,6 +202,9 @@ private:
             ++counts_.copies;
             counts_.copied_bytes += bytes;
             counts_.copy_ns += took;
+            if (options_.trace)
+                events_.push_back({"copy block " + std::to_string(block), "copy", exec::communication_lane,
+                                   exec::trace_clock_us(started), static_cast<double>(took) / 1e3});
             changed_.notify_all();
         }
     }
@@ -189,6 +222,8 @@ private:
     std::int64_t held_ = -1;     // the copy the engine holds, if any
     bool stopping_ = false;
     PrefetchCounts counts_;
+    std::vector<exec::TraceEvent> events_;
+    std::chrono::steady_clock::time_point computing_since_;  // the engine thread's: when its block began
     std::thread copier_;  // last: started once everything above is set
 };
 

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loom/core/error.hpp"
@@ -41,14 +42,16 @@ namespace loom::infer {
 // (host memory), or in a peer's memory.
 enum class BlockHome : std::uint8_t { resident, pool, peer };
 
-inline std::ostream& operator<<(std::ostream& out, BlockHome home) {
+[[nodiscard]] constexpr const char* to_string(BlockHome home) noexcept {
     switch (home) {
-        case BlockHome::resident: return out << "resident";
-        case BlockHome::pool: return out << "pool";
-        case BlockHome::peer: return out << "peer";
+        case BlockHome::resident: return "resident";
+        case BlockHome::pool: return "pool";
+        case BlockHome::peer: return "peer";
     }
-    return out << "unknown-home";
+    return "unknown-home";
 }
+
+inline std::ostream& operator<<(std::ostream& out, BlockHome home) { return out << to_string(home); }
 
 class PooledGpt {
 public:
