@@ -58,6 +58,7 @@
 #include "loom/infer/engine.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/pipeline_stage.hpp"
+#include "loom/infer/stage_engine.hpp"
 #include "loom/infer/segment_attention.hpp"
 #include "loom/infer/tensor_parallel_shard.hpp"
 #include "loom/infer/tree_attention.hpp"
@@ -65,7 +66,7 @@
 
 namespace loom::infer {
 
-class CachedGpt final : public Engine {
+class CachedGpt final : public StageEngine {
 public:
     // The model must have its Params bound on the host (a ParamArena) and be
     // whole (not a tensor-parallel shard); the cache must match its shape and
@@ -105,7 +106,8 @@ public:
     [[nodiscard]] int tp_degree() const noexcept { return degree_; }
     [[nodiscard]] int tp_rank() const noexcept { return rank_; }
     // The blocks this engine runs (all of them unless it is a pipeline stage).
-    [[nodiscard]] const PipelineStage& stage() const noexcept { return stage_; }
+    [[nodiscard]] const PipelineStage& stage() const noexcept override { return stage_; }
+    [[nodiscard]] std::int64_t hidden_width() const noexcept override { return config_.width; }
     // What this engine has computed (this rank's share on a tp group).
     [[nodiscard]] const WorkCount& work() const noexcept { return work_; }
     void reset_work() noexcept { work_ = {}; }
@@ -125,9 +127,7 @@ public:
     // until the next call. With Logits::every, those of every token instead:
     // [total tokens, vocab], the segments' rows one after another.
     std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) override {
-        LOOM_CHECK(stage_.whole(), "CachedGpt: forward on pipeline stage ", stage_.stage, " of ", stage_.stages,
-                   "; a stage runs forward_stage with the hidden rows of the stage before");
-        return forward_stage(segments, {}, which);
+        return forward_whole("CachedGpt", segments, which);
     }
 
     // A pipeline stage's part of forward(): on stage 0 the segments' tokens
@@ -136,8 +136,9 @@ public:
     // blocks run and keep their keys and values. The last stage returns the
     // logits as forward() does, the others the hidden rows for the next
     // stage: [tokens, width], valid until the next call.
+    using StageEngine::forward_stage;
     std::span<const float> forward_stage(std::span<const Segment> segments, std::span<const float> hidden,
-                                         Logits which = Logits::last) {
+                                         Logits which) override {
         check_segments("CachedGpt", cache_, segments, config_.vocab, seen_, depths_);
         const std::int64_t C = config_.width;
         std::int64_t rows = 0;
@@ -146,12 +147,7 @@ public:
             starts_.push_back(cache_.length(s.slot));
             rows += static_cast<std::int64_t>(s.tokens.size());
         }
-        const std::int64_t expected_hidden = stage_.embeds() ? 0 : rows * C;
-        LOOM_CHECK(static_cast<std::int64_t>(hidden.size()) == expected_hidden, "CachedGpt: pipeline stage ",
-                   stage_.stage, " of ", stage_.stages, " was given ", hidden.size(), " hidden values for ", rows,
-                   " tokens; give ",
-                   stage_.embeds() ? std::string("none (stage 0 embeds the tokens)")
-                                   : loom::detail::concat(rows, " x ", C, " = ", rows * C, " (the stage before's output)"));
+        check_hidden("CachedGpt", hidden.size(), rows);
         for (const Segment& s : segments) cache_.reserve(s.slot, static_cast<std::int64_t>(s.tokens.size()));
         resize(rows);
         if (stage_.embeds()) embed(segments);

@@ -28,11 +28,9 @@
 #include "loom/comm/any_comm.hpp"
 #include "loom/core/error.hpp"
 #include "loom/exec/trace.hpp"
-#include "loom/gpt/model.hpp"
-#include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/kv_cache.hpp"
-#include "loom/infer/pipeline_stage.hpp"
 #include "loom/infer/sampler.hpp"
+#include "loom/infer/stage_engine.hpp"
 
 namespace loom::infer {
 
@@ -49,14 +47,6 @@ struct PipelineOptions {
     // token budget, at the granularity of whole prompts).
     std::int64_t prefill_tokens = 0;
 };
-
-// A pipeline stage's KV cache: `slots` sequences of `capacity` positions for
-// its blocks only (KvCache's other arguments as there).
-[[nodiscard]] inline KvCache pipeline_cache(const gpt::Config& config, const PipelineStage& where, std::int64_t slots,
-                                            std::int64_t capacity, std::int64_t block_size = 16,
-                                            std::int64_t blocks = 0) {
-    return {where.count, config.width, slots, capacity, block_size, blocks};
-}
 
 namespace detail {
 
@@ -150,11 +140,11 @@ inline void pipeline_recv(comm::AnyComm& comm, std::vector<std::int32_t>& ints, 
 
 // Stages 1..pp-1: receive a group, run its blocks, pass it on (or, on the
 // last stage, sample and send the tokens back to stage 0), until stop.
-inline void run_later_stage(CachedGpt& engine, comm::AnyComm& pp, exec::Trace* trace) {
+inline void run_later_stage(StageEngine& engine, comm::AnyComm& pp, exec::Trace* trace) {
     const int me = pp.rank(), previous = me - 1;
     const bool last = me == pp.size() - 1;
     const std::string name = "stage " + std::to_string(me) + " group ";
-    const auto V = static_cast<std::size_t>(engine.config().vocab);
+    const auto V = static_cast<std::size_t>(engine.vocab());
     KvCache& cache = engine.cache();
     PipelineOutbox outbox;
     Sampler sampler;
@@ -177,7 +167,7 @@ inline void run_later_stage(CachedGpt& engine, comm::AnyComm& pp, exec::Trace* t
         const int group = header[3];
         pipeline_recv(pp, meta, releases + pipeline_fields_per_sequence * sequences + count, previous,
                       pipeline_meta_tag);
-        hidden.resize(count * static_cast<std::size_t>(engine.config().width));
+        hidden.resize(count * static_cast<std::size_t>(engine.hidden_width()));
         pp.recv(Tensor::of(hidden.data(), Shape{static_cast<std::int64_t>(hidden.size())}), previous,
                 pipeline_hidden_tag);
         for (std::size_t i = 0; i < releases; ++i) cache.release(meta[i]);

@@ -78,7 +78,7 @@ inline std::vector<Completion> broadcast_completions(comm::AnyComm& pp, std::vec
 // every rank calls it with the same requests and gets the same completions,
 // which equal generate()'s on the whole model token for token. The cache's
 // slots must be free; they are free again afterwards.
-[[nodiscard]] inline std::vector<Completion> generate_pipelined(CachedGpt& engine, comm::AnyComm& pp,
+[[nodiscard]] inline std::vector<Completion> generate_pipelined(StageEngine& engine, comm::AnyComm& pp,
                                                                 std::span<const Request> requests,
                                                                 const PipelineOptions& options = {}) {
     const PipelineStage& where = engine.stage();

@@ -15,19 +15,11 @@
 
 #include "loom/core/error.hpp"
 #include "loom/gpt/model.hpp"
+#include "loom/infer/kv_cache.hpp"
+#include "loom/infer/stage_engine.hpp"
 #include "loom/nn/param_arena.hpp"
 
 namespace loom::infer {
-
-// Blocks [first, first + count) of a GPT, held by stage `stage` of `stages`.
-struct PipelineStage {
-    int stage = 0, stages = 1;
-    std::int64_t first = 0, count = 0;
-
-    [[nodiscard]] bool embeds() const noexcept { return stage == 0; }
-    [[nodiscard]] bool has_head() const noexcept { return stage == stages - 1; }
-    [[nodiscard]] bool whole() const noexcept { return stages == 1; }
-};
 
 namespace detail {
 
@@ -58,6 +50,14 @@ namespace detail {
                " stages; give a stage in [0, ", stages, ")");
     const std::int64_t count = config.layers / stages;
     return {stage, stages, stage * count, count};
+}
+
+// A pipeline stage's KV cache: `slots` sequences of `capacity` positions for
+// its blocks only (KvCache's other arguments as there).
+[[nodiscard]] inline KvCache pipeline_cache(const gpt::Config& config, const PipelineStage& where, std::int64_t slots,
+                                            std::int64_t capacity, std::int64_t block_size = 16,
+                                            std::int64_t blocks = 0) {
+    return {where.count, config.width, slots, capacity, block_size, blocks};
 }
 
 // The model stage `where` holds: its blocks, and the embeddings and head only

@@ -43,14 +43,14 @@
 #include "loom/comm/any_comm.hpp"
 #include "loom/core/error.hpp"
 #include "loom/infer/batcher.hpp"
-#include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/pipeline_messages.hpp"
+#include "loom/infer/stage_engine.hpp"
 
 namespace loom::infer {
 
 // Stages 1..pp-1 of a PipelinedBatcher's pipeline: run groups until stage 0 closes.
-inline void serve_pipeline_stage(CachedGpt& engine, comm::AnyComm& pp, exec::Trace* trace = nullptr) {
+inline void serve_pipeline_stage(StageEngine& engine, comm::AnyComm& pp, exec::Trace* trace = nullptr) {
     LOOM_CHECK(engine.stage().stage == pp.rank() && engine.stage().stages == pp.size() && pp.rank() > 0,
                "serve_pipeline_stage: the engine is stage ", engine.stage().stage, " of ", engine.stage().stages,
                " on rank ", pp.rank(), " of ", pp.size(),
@@ -62,8 +62,9 @@ class PipelinedBatcher {
 public:
     using Event = Batcher::Event;
 
-    // `engine` is stage 0 (CachedGpt given pipeline_stage(config, 0, pp.size())); its cache's slots must be free.
-    PipelinedBatcher(CachedGpt& engine, comm::AnyComm& pp, const PipelineOptions& options = {})
+    // `engine` is stage 0 (CachedGpt given pipeline_stage(config, 0, pp.size()), or a CachedModel given
+    // model_stage(model, 0, pp.size())); its cache's slots must be free.
+    PipelinedBatcher(StageEngine& engine, comm::AnyComm& pp, const PipelineOptions& options = {})
         : engine_(engine), cache_(engine.cache()), pp_(pp), trace_(options.trace),
           prefill_tokens_(options.prefill_tokens) {
         const PipelineStage& where = engine.stage();
@@ -289,7 +290,7 @@ private:
         group.running.swap(still_);
     }
 
-    CachedGpt& engine_;
+    StageEngine& engine_;
     KvCache& cache_;
     comm::AnyComm& pp_;
     exec::Trace* trace_;
