@@ -17,6 +17,7 @@
 #include "loom/infer/cached_model.hpp"
 #include "loom/infer/generate.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/pipeline_parallel_gpt.hpp"
 #include "loom/nn/attention.hpp"
 #include "loom/nn/compose.hpp"
 #include "loom/nn/context.hpp"
@@ -156,6 +157,21 @@ inline std::vector<loom::infer::Completion> serve_on(loom::comm::AnyComm& tp) {
     loom::infer::KvCache cache(3, C / tp.size(), 2, T, 4);
     loom::infer::CachedModel<UserLmWithLoss> engine(shard.model, cache, tp);
     return loom::infer::generate(engine, mixed_requests());
+}
+
+// mixed_requests() on this rank's stage of the model with loss (seed 12), pp = pp.size(): the stage's
+// Params only (drop_other_stages), copied from the whole model; `max_batch` slots.
+inline std::vector<loom::infer::Completion> serve_pipelined_on(loom::comm::AnyComm& pp, std::int64_t max_batch = 2,
+                                                               const loom::infer::PipelineOptions& options = {}) {
+    ScaledUserLm<UserLmWithLoss> whole(12);
+    const loom::infer::ModelStage where = loom::infer::model_stage(whole.model, pp.rank(), pp.size());
+    auto stage = make_user_lm<UserLmWithLoss>();
+    loom::infer::drop_other_stages(stage, where);
+    nn::ParamArena arena(stage);
+    loom::infer::copy_stage_values(stage, whole.model);
+    loom::infer::KvCache cache(where.where.count, C, max_batch, T, 4);
+    loom::infer::CachedModel<UserLmWithLoss> engine(stage, cache, where);
+    return loom::infer::generate_pipelined(engine, pp, mixed_requests(), options);
 }
 
 }  // namespace loom_test::user_model

@@ -9,8 +9,8 @@ target_include_directories(loom_mpi_tests PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 loom_strict(loom_mpi_tests)
 loom_unity_tests(loom_mpi_tests)
 set_source_files_properties(mpi/abort_on_throw.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]~[user_model_pp_serving]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]~[user_model_pp_serving]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
   # The equivalence suite of tests/parallel, written once for every transport.
@@ -41,6 +41,10 @@ foreach(_procs 2 4)
 endforeach()
 loom_add_mpi_test("mpi: pp 2 x tp 2 serving gives the whole model's tokens on 4 processes" 4 loom_mpi_tests
                   "[pp_tp_serving]")
+foreach(_procs 2 3)
+  loom_add_mpi_test("mpi: a user model's pipeline-parallel serving at pp ${_procs} gives the whole model's tokens"
+                    ${_procs} loom_mpi_tests "[user_model_pp_serving]")
+endforeach()
 loom_add_mpi_test("mpi: peer memory pooling, each of 2 processes reading half the blocks from the other, gives the resident model's tokens" 2
                   loom_mpi_tests "[pool_serving]")
 loom_add_mpi_test("mpi: recomputation (Full, Selective, Budget) is bit-identical on dp 2 x pp 2 ZB-H1 ZeRO 3 and in the executor's gradient, 4 processes" 4

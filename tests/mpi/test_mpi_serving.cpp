@@ -104,6 +104,23 @@ TEST_CASE("a user's model cut by tp::shard_model serves at tp = the processes wi
     }
 }
 
+TEST_CASE("a user's model served pipeline-parallel gives the whole model's completions under MPI",
+          "[user_model_pp_serving]") {
+    auto world = loom::comm::Mpi::world();
+    loom::comm::AnyComm pp = loom::comm::AnyComm::view(world);
+    loom_test::user_model::ScaledUserLm<loom_test::user_model::UserLmWithLoss> whole(12);
+    const auto expected = loom_test::user_model::serve_whole(whole);
+    for (const std::int64_t max_batch : {std::int64_t{2}, std::int64_t{5}}) {
+        const auto got = loom_test::user_model::serve_pipelined_on(pp, max_batch);
+        REQUIRE(got.size() == expected.size());
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO("request " << i << ", " << max_batch << " slots, rank " << pp.rank() << " of " << pp.size());
+            CHECK(got[i].tokens == expected[i].tokens);
+            CHECK(got[i].finish == expected[i].finish);
+        }
+    }
+}
+
 TEST_CASE("Kraken served at tp = the processes gives the whole model's completions under MPI", "[kraken_serving]") {
     auto world = loom::comm::Mpi::world();
     loom::comm::AnyComm tp = loom::comm::AnyComm::view(world);

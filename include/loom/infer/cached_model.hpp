@@ -34,6 +34,15 @@
 // head's logits are all-gathered, so every rank holds the same bits and picks
 // the same tokens. forward() is then collective over the group.
 //
+// Pipeline-parallel serving: model_stage(model, s, pp) says which units
+// (nn::units_of's: the top-level fields, a sequence field's elements) stage s
+// runs, so that its attention layers are an even share; drop_other_stages
+// leaves the other units' Params without elements (before binding) and
+// copy_stage_values fills the stage's from the whole model. Given a
+// ModelStage, the engine is a StageEngine: forward_stage takes the stage
+// before's hidden rows and gives the next stage its own (the last the
+// logits), so generate_pipelined and PipelinedBatcher serve it as a GPT stage.
+//
 // Logits::last forms the head's rows for each segment's last position only
 // when the model is an aggregate whose fields after the last attention layer
 // act per token (as a GPT's final norm and head do): the rows are compacted
@@ -61,6 +70,7 @@
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/row_pool.hpp"
 #include "loom/infer/segment_attention.hpp"
+#include "loom/infer/stage_engine.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/attention.hpp"
 #include "loom/nn/compose.hpp"
@@ -89,10 +99,148 @@ inline constexpr bool is_residual = false;
 template <class... Ls>
 inline constexpr bool is_residual<nn::Residual<Ls...>> = true;
 
+template <class Field, class F>
+void unit_of_field(Field& field, F& f) {
+    nn::detail::reject_loose_params<Field>();
+    if constexpr (nn::detail::runs_as_layer<Field>) {
+        if constexpr (reflect::LayerSequence<Field>)
+            for (auto& element : field) f(element);
+        else
+            f(field);
+    }
+}
+
+// f(unit) for each unit of `model` in forward order, as nn::units_of cuts it:
+// its top-level fields, a sequence field's elements; a model that is itself a
+// layer is one unit.
+template <class Model, class F>
+void for_each_unit(Model& model, F&& f) {
+    if constexpr (nn::Leaf<Model> || reflect::LayerSequence<Model> || is_residual<Model>)
+        f(model);
+    else
+        std::apply([&](auto&... field) { (unit_of_field(field, f), ...); }, nn::detail::fields_of(model));
+}
+
+template <class Unit>
+[[nodiscard]] std::int64_t attention_layers_in(Unit& unit) {
+    std::int64_t n = 0;
+    reflect::visit_layers(unit, [&](auto& layer, std::string_view) {
+        if constexpr (std::same_as<std::remove_cvref_t<decltype(layer)>, nn::CausalSelfAttention>) ++n;
+    });
+    return n;
+}
+
+// The stage of a pipeline of `stages` that holds attention layer `a` of `A`:
+// stage s holds [s A / stages, (s + 1) A / stages).
+[[nodiscard]] inline int stage_of_attention(std::int64_t a, std::int64_t A, int stages) {
+    int s = 0;
+    while ((s + 1) * A / stages <= a) ++s;
+    return s;
+}
+
+// Each unit's stage: that of its (first) attention layer, or, without one,
+// that of the unit before it (stage 0 before any attention layer). Refuses a
+// unit whose attention layers two stages would split.
+template <class Model>
+[[nodiscard]] std::vector<int> unit_stages(Model& model, int stages) {
+    std::vector<std::int64_t> attention;
+    for_each_unit(model, [&](auto& unit) { attention.push_back(attention_layers_in(unit)); });
+    std::int64_t A = 0;
+    for (const std::int64_t n : attention) A += n;
+    LOOM_CHECK(stages >= 1 && stages <= A, "model_stage: a pipeline of ", stages, " stages for a model of ", A,
+               " attention layers; use 1..", A, " stages (each holds at least one)");
+    std::vector<int> out;
+    std::int64_t seen = 0;
+    for (std::size_t u = 0; u < attention.size(); ++u) {
+        if (attention[u] == 0) {
+            out.push_back(seen == 0 ? 0 : stage_of_attention(seen - 1, A, stages));
+            continue;
+        }
+        const int first = stage_of_attention(seen, A, stages);
+        const int last = stage_of_attention(seen + attention[u] - 1, A, stages);
+        LOOM_CHECK(first == last, "model_stage: unit ", u, " holds attention layers ", seen, "..",
+                   seen + attention[u] - 1, ", which stages ", first, " and ", last, " of ", stages,
+                   " would split; use a degree whose stage boundaries fall between units");
+        out.push_back(first);
+        seen += attention[u];
+    }
+    return out;
+}
+
 }  // namespace cached_model_detail
 
+// Stage `stage` of a pipeline of `stages` over a user's model: which attention
+// layers it holds (PipelineStage's first and count), and what every stage needs
+// to know of the whole model (its vocabulary, and the width of the rows that
+// pass between stages: the Embedding's).
+struct ModelStage {
+    PipelineStage where;
+    std::int64_t vocab = 0, width = 0;
+};
+
+// Computed from the whole model (before drop_other_stages: the Embedding must
+// still have its shape). The attention layers are split as evenly as they go;
+// the degree is refused if it exceeds them or would split a unit.
 template <class Model>
-class CachedModel final : public Engine {
+[[nodiscard]] ModelStage model_stage(Model& model, int stage, int stages) {
+    const std::vector<int> units = cached_model_detail::unit_stages(model, stages);
+    LOOM_CHECK(stage >= 0 && stage < stages, "model_stage: stage ", stage, " is not in a pipeline of ", stages,
+               " stages; give a stage in [0, ", stages, ")");
+    ModelStage out;
+    out.where = {stage, stages, 0, 0};
+    std::size_t u = 0;
+    std::int64_t seen = 0;
+    cached_model_detail::for_each_unit(model, [&](auto& unit) {
+        const std::int64_t n = cached_model_detail::attention_layers_in(unit);
+        if (units[u] < stage) out.where.first = seen + n;
+        if (units[u] == stage) out.where.count += n;
+        seen += n;
+        ++u;
+    });
+    reflect::visit_layers(model, [&](auto& layer, std::string_view) {
+        if constexpr (std::same_as<std::remove_cvref_t<decltype(layer)>, nn::Embedding>)
+            if (out.width == 0) {
+                out.vocab = layer.token.full_shape().dim(0);
+                out.width = layer.width();
+            }
+    });
+    LOOM_CHECK(out.width > 0, "model_stage: the model has no nn::Embedding; the cached forward starts from token ids");
+    return out;
+}
+
+// Leaves the Params of every unit stage `where` does not run without elements,
+// so that a ParamArena bound to the model afterwards holds the stage's weights
+// only. Call before binding; fill the stage's with copy_stage_values.
+template <class Model>
+void drop_other_stages(Model& model, const ModelStage& where) {
+    const std::vector<int> units = cached_model_detail::unit_stages(model, where.where.stages);
+    std::size_t u = 0;
+    cached_model_detail::for_each_unit(model, [&](auto& unit) {
+        if (units[u++] != where.where.stage)
+            reflect::visit_params(unit, [](Param& p, std::string_view) { p = Param{Shape{0}}; });
+    });
+}
+
+// Copies into a bound stage model (drop_other_stages, then a ParamArena) the
+// values of the Params it holds, from the whole model `whole` (bound, loaded).
+template <class Model>
+void copy_stage_values(Model& stage_model, Model& whole) {
+    std::vector<Param*> mine, theirs;
+    reflect::visit_params(stage_model, [&](Param& p, std::string_view) { mine.push_back(&p); });
+    reflect::visit_params(whole, [&](Param& p, std::string_view) { theirs.push_back(&p); });
+    LOOM_CHECK(mine.size() == theirs.size(), "copy_stage_values: the stage model has ", mine.size(),
+               " Params but the whole model ", theirs.size(), "; give two models of one type");
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+        if (mine[i]->numel() == 0) continue;
+        LOOM_CHECK(mine[i]->bound() && theirs[i]->bound() && mine[i]->numel() == theirs[i]->numel(),
+                   "copy_stage_values: Param ", i, " holds ", mine[i]->numel(), " values in the stage model and ",
+                   theirs[i]->numel(), " in the whole one; bind both, and drop only other stages' Params");
+        std::copy_n(theirs[i]->value.data<float>(), mine[i]->numel(), mine[i]->value.data<float>());
+    }
+}
+
+template <class Model>
+class CachedModel final : public StageEngine {
 public:
     // `model` and `cache` are referenced, not copied; the cache has one layer
     // per CausalSelfAttention of the model, of its width, and at most the
@@ -106,16 +254,38 @@ public:
         : model_(shard), cache_(cache), tp_(&tp), degree_(tp.size()) {
         survey();
     }
+    // Pipeline-parallel: `stage_model` is the model with only stage
+    // `where`'s Params (drop_other_stages, bound, copy_stage_values), `cache`
+    // holds its where.where.count attention layers. Run it with forward_stage
+    // (through generate_pipelined or a PipelinedBatcher).
+    CachedModel(Model& stage_model, KvCache& cache, const ModelStage& where)
+        : model_(stage_model), cache_(cache), stage_(where.where), stage_vocab_(where.vocab), width_(where.width) {
+        units_ = cached_model_detail::unit_stages(model_, stage_.stages);
+        survey();
+    }
 
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
     // The whole vocabulary (a vocabulary-cut Embedding holds a slice of it).
-    [[nodiscard]] std::int64_t vocab() const noexcept override { return embedding_->token.full_shape().dim(0); }
+    [[nodiscard]] std::int64_t vocab() const noexcept override {
+        return stage_.whole() ? embedding_->token.full_shape().dim(0) : stage_vocab_;
+    }
+    [[nodiscard]] const PipelineStage& stage() const noexcept override { return stage_; }
+    // The Embedding's width: the rows between stages.
+    [[nodiscard]] std::int64_t hidden_width() const noexcept override {
+        return stage_.whole() ? embedding_->width() : width_;
+    }
     // The model's attention layers (= the cache's layers).
     [[nodiscard]] std::int64_t attention_layers() const noexcept { return attention_count_; }
     [[nodiscard]] const WorkCount& work() const noexcept { return work_; }
     void reset_work() noexcept { work_ = {}; }
 
     std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) override {
+        return forward_whole("CachedModel", segments, which);
+    }
+
+    using StageEngine::forward_stage;
+    std::span<const float> forward_stage(std::span<const Segment> segments, std::span<const float> hidden,
+                                         Logits which) override {
         check_segments("CachedModel", cache_, segments, vocab(), seen_, depths_);
         segments_ = segments;
         starts_.clear();
@@ -124,15 +294,16 @@ public:
             starts_.push_back(cache_.length(s.slot));
             rows_ += static_cast<std::int64_t>(s.tokens.size());
         }
+        check_hidden("CachedModel", hidden.size(), rows_);
         for (const Segment& s : segments) cache_.reserve(s.slot, static_cast<std::int64_t>(s.tokens.size()));
         try {
-            run_model(which);
+            run_model(which, hidden);
         } catch (...) {
             // Nothing kept from a forward that failed: each slot back to the positions it held.
             for (std::size_t i = 0; i < segments.size(); ++i) cache_.truncate(segments[i].slot, starts_[i]);
             throw;
         }
-        if (which == Logits::every || compacted_)
+        if (which == Logits::every || compacted_ || !stage_.has_head())
             return {x_.data, static_cast<std::size_t>(x_.rows * x_.features)};
         const auto n = static_cast<std::int64_t>(segments.size()), V = vocab();
         last_.resize(static_cast<std::size_t>(n * V));
@@ -145,22 +316,33 @@ public:
     }
 
 private:
-    // The walk over the model's layers, from the segments' tokens to their logits in x_.
-    void run_model(Logits which) {
+    // The walk over the model's layers (a stage's units), from the segments' tokens (or the stage
+    // before's rows) to their logits (or this stage's rows) in x_.
+    void run_model(Logits which, std::span<const float> hidden) {
         context_.reset();
         pool_.release_all();  // none left held by a forward that failed
         attention_seen_ = 0;
         compacted_ = false;
         last_split_ = nn::Split::none;
         x_ = {};
-        if constexpr (nn::Leaf<Model> || reflect::LayerSequence<Model> || cached_model_detail::is_residual<Model>) {
-            run(model_);
-        } else {
-            // The top level's fields one by one, so that the rows can be compacted to each segment's last
-            // position once no attention layer is left (what the head reads for Logits::last).
-            std::apply([&](auto&... field) {
-                ((run_field(field), compact_if_done(which)), ...);
-            }, nn::detail::fields_of(model_));
+        if (!stage_.embeds()) {
+            x_ = pool_.take(rows_, width_, {});
+            std::copy(hidden.begin(), hidden.end(), x_.data);
+        }
+        // Unit by unit, so that the rows can be compacted to each segment's last position once no
+        // attention layer is left (what the head reads for Logits::last).
+        std::size_t u = 0;
+        cached_model_detail::for_each_unit(model_, [&](auto& unit) {
+            if (in_stage(u++)) {
+                run(unit);
+                if (stage_.has_head()) compact_if_done(which);
+            }
+        });
+        if (!stage_.has_head()) {
+            LOOM_CHECK(x_.features == width_, "CachedModel: pipeline stage ", stage_.stage, " ends with ",
+                       x_.features, " features per token but the rows between stages have the Embedding's ",
+                       width_, "; a stage boundary must fall where the model's stream has that width");
+            return;
         }
         if (degree_ > 1 && last_split_ == nn::Split::columns && x_.features * degree_ == vocab()) gather_features();
         LOOM_CHECK(x_.features == vocab(), "CachedModel: the model's last layer gives ", x_.features,
@@ -173,7 +355,7 @@ private:
     // layers of the cache's width, every Param bound on the host.
     void survey() {
         std::string first;  // the path of the first layer that computes itself
-        reflect::visit_layers(model_, [&](auto& layer, std::string_view path) {
+        const auto check_layer = [&](auto& layer, std::string_view path) {
             using L = std::remove_cvref_t<decltype(layer)>;
             if constexpr (std::same_as<L, nn::Embedding>) {
                 LOOM_CHECK(embedding_ == nullptr, "CachedModel: a second Embedding at field path ", path,
@@ -197,15 +379,39 @@ private:
             }
             if constexpr (nn::Leaf<L>)
                 if (first.empty()) first = path.empty() ? std::string("(the model itself)") : std::string(path);
-        });
-        LOOM_CHECK(embedding_ != nullptr, "CachedModel: the model has no nn::Embedding; the cached forward starts "
-                   "from token ids, so the model's first layer must be one");
-        LOOM_CHECK(attention_count_ == cache_.layers(), "CachedModel: the model has ", attention_count_,
-                   " CausalSelfAttention layers but the cache has ", cache_.layers(),
+        };
+        if (stage_.whole()) {
+            reflect::visit_layers(model_, check_layer);
+        } else {
+            // A stage's units only: the others' Params have no elements. Their paths are within the unit.
+            std::size_t u = 0;
+            cached_model_detail::for_each_unit(model_, [&](auto& unit) {
+                if (!in_stage(u++)) return;
+                reflect::visit_layers(unit, check_layer);
+                reflect::visit_params(unit, [&](const Param& p, std::string_view path) {
+                    LOOM_CHECK(p.bound() && p.numel() > 0, "CachedModel: pipeline stage ", stage_.stage, " of ",
+                               stage_.stages, " runs unit ", u - 1, " but its Param at path ", path,
+                               p.bound() ? " has no elements; drop only other stages' Params (drop_other_stages)"
+                                         : " is not bound; bind the stage model and copy_stage_values first");
+                });
+            });
+            if (first.empty()) first = "(a later stage)";
+        }
+        LOOM_CHECK(embedding_ != nullptr || !stage_.embeds(), "CachedModel: the model has no nn::Embedding; the "
+                   "cached forward starts from token ids, so the model's first layer must be one");
+        LOOM_CHECK(attention_count_ == cache_.layers(), "CachedModel: the model", stage_.whole() ? "" :
+                   loom::detail::concat("'s pipeline stage ", stage_.stage, " of ", stage_.stages).c_str(), " has ",
+                   attention_count_, " CausalSelfAttention layers but the cache has ", cache_.layers(),
                    "; build the cache with one layer per attention layer");
-        LOOM_CHECK(cache_.capacity() <= embedding_->max_sequence(), "CachedModel: the cache holds ",
-                   cache_.capacity(), " positions per slot but the Embedding has positions for ",
-                   embedding_->max_sequence(), "; build the cache with capacity <= ", embedding_->max_sequence());
+        if (stage_.whole()) stage_.count = attention_count_;
+        LOOM_CHECK(attention_count_ == stage_.count, "CachedModel: pipeline stage ", stage_.stage, " of ",
+                   stage_.stages, " runs ", attention_count_, " attention layers but its ModelStage says ",
+                   stage_.count, "; build both from the same model and degree (model_stage)");
+        if (embedding_ != nullptr)
+            LOOM_CHECK(cache_.capacity() <= embedding_->max_sequence(), "CachedModel: the cache holds ",
+                       cache_.capacity(), " positions per slot but the Embedding has positions for ",
+                       embedding_->max_sequence(), "; build the cache with capacity <= ", embedding_->max_sequence());
+        if (!stage_.whole()) return;
         reflect::visit_params(model_, [&](const Param& p, std::string_view path) {
             LOOM_CHECK(p.bound(), "CachedModel: the Param at field path ", path, " is not bound; give the model a "
                        "ParamArena (and load or initialise it) first");
@@ -405,6 +611,13 @@ private:
     KvCache& cache_;
     comm::AnyComm* tp_ = nullptr;  // null: the whole model
     int degree_ = 1;
+    PipelineStage stage_;               // the whole model unless a ModelStage was given
+    std::int64_t stage_vocab_ = 0, width_ = 0;  // a stage's: the whole model's vocabulary, the rows between stages
+    std::vector<int> units_;            // each unit's stage (empty: the whole model)
+
+    [[nodiscard]] bool in_stage(std::size_t unit) const {
+        return units_.empty() || units_[unit] == stage_.stage;
+    }
     const nn::Embedding* embedding_ = nullptr;
     std::int64_t attention_count_ = 0;
     WorkCount work_;
