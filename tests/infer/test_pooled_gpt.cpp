@@ -103,7 +103,10 @@ TEST_CASE("a pooled GPT gives the resident model's logits bit for bit, staged or
     SECTION("traced") {
         BlockPrefetcher prefetcher(pooled, {.lookahead = 1, .trace = true});
         CHECK(logits_of(pooled.model(), gpt.config, &prefetcher) == expected);
+        // The copy thread runs on (it stages the next pass's blocks), so its count is bracketed.
+        const auto copies_before = prefetcher.counts().copies;
         const auto events = prefetcher.trace_events();
+        const auto copies_after = prefetcher.counts().copies;
         std::int64_t computed = 0, copied = 0;
         for (const auto& e : events) {
             computed += e.lane == loom::exec::compute_lane && e.category == "forward";
@@ -111,7 +114,8 @@ TEST_CASE("a pooled GPT gives the resident model's logits bit for bit, staged or
             CHECK(e.duration_us >= 0);
         }
         CHECK(computed == 6 * 6);  // six passes of six blocks, resident ones too
-        CHECK(copied == prefetcher.counts().copies);
+        CHECK(copied >= copies_before);
+        CHECK(copied <= copies_after);
         CHECK(std::any_of(events.begin(), events.end(), [](const auto& e) { return e.name == "block 3 (pool)"; }));
         CHECK(std::any_of(events.begin(), events.end(), [](const auto& e) { return e.name == "copy block 4"; }));
     }
