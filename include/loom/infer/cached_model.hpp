@@ -395,12 +395,13 @@ private:
                                          : " is not bound; bind the stage model and copy_stage_values first");
                 });
             });
-            if (first.empty()) first = "(a later stage)";
         }
         LOOM_CHECK(embedding_ != nullptr || !stage_.embeds(), "CachedModel: the model has no nn::Embedding; the "
                    "cached forward starts from token ids, so the model's first layer must be one");
-        LOOM_CHECK(attention_count_ == cache_.layers(), "CachedModel: the model", stage_.whole() ? "" :
-                   loom::detail::concat("'s pipeline stage ", stage_.stage, " of ", stage_.stages).c_str(), " has ",
+        LOOM_CHECK(attention_count_ == cache_.layers(), "CachedModel: the model",
+                   stage_.whole() ? std::string()
+                                  : loom::detail::concat("'s pipeline stage ", stage_.stage, " of ", stage_.stages),
+                   " has ",
                    attention_count_, " CausalSelfAttention layers but the cache has ", cache_.layers(),
                    "; build the cache with one layer per attention layer");
         if (stage_.whole()) stage_.count = attention_count_;
