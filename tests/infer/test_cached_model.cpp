@@ -23,6 +23,7 @@
 #include "loom/infer/generate.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/sampler.hpp"
+#include "loom/infer/speculative.hpp"
 #include "loom/parallel/tensor_parallel_model.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
@@ -202,6 +203,32 @@ struct WrongHead {
     nn::Residual<nn::LayerNorm, nn::CausalSelfAttention> attention;
     nn::Linear head;
 };
+
+TEST_CASE("a user's model as a speculative draft gives the target's greedy tokens", "[infer][user-model]") {
+    // The target: loom's GPT with the user model's vocabulary and positions (a target is a CachedGpt).
+    namespace um = loom_test::user_model;
+    const loom::gpt::Config config{.layers = 2, .width = 32, .heads = 4, .seq = um::T, .vocab = um::V};
+    loom_test::ScaledGpt target(config, 5, 8.0f);
+    um::ScaledUserLm<um::UserLm> draft_model(9);
+    std::vector<Request> requests = um::mixed_requests();
+    for (Request& r : requests) r.sampling.greedy = true;
+    const auto expected = loom::infer::generate(target.model, config, requests);
+    loom::infer::KvCache target_cache(config.layers, config.width, 5, config.seq, 4);
+    loom::infer::CachedGpt target_engine(target.model, config, target_cache);
+    loom::infer::KvCache draft_cache(3, um::C, 5, um::T, 4);
+    loom::infer::CachedModel<um::UserLm> draft_engine(draft_model.model, draft_cache);
+    loom::infer::PlainDraft draft(draft_engine);
+    const auto got = loom::infer::speculative_generate(target_engine, draft, requests, 3);
+    REQUIRE(got.size() == expected.size());
+    loom::infer::SpeculativeStats stats;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO("request " << i);
+        CHECK(got[i].tokens == expected[i].tokens);
+        CHECK(got[i].finish == expected[i].finish);
+        stats.drafted += got[i].stats.drafted;
+    }
+    CHECK(stats.drafted > 0);  // the draft did propose
+}
 
 TEST_CASE("models and inputs CachedModel cannot run are refused in one line", "[infer][user-model]") {
     {

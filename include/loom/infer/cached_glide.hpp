@@ -70,7 +70,8 @@ public:
                    " slots but the target's only ", target_cache.slots(), "; a request has the same slot in both");
     }
 
-    [[nodiscard]] const gpt::Config& config() const override { return config_; }
+    [[nodiscard]] const gpt::Config& config() const { return config_; }
+    [[nodiscard]] std::int64_t vocab() const override { return config_.vocab; }
     [[nodiscard]] KvCache& cache() override { return cache_; }
     [[nodiscard]] const KvCache* reads() const override { return &target_cache_; }
 

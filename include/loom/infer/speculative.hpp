@@ -63,8 +63,8 @@ struct SpeculativeCompletion {
                                                                              std::int64_t gamma,
                                                                              std::optional<CapeConfig> cape = std::nullopt) {
     LOOM_CHECK(gamma >= 1, "speculative_generate: gamma = ", gamma, " draft tokens per pass; propose at least 1");
-    LOOM_CHECK(draft.config().vocab == target.config().vocab, "speculative_generate: the draft's vocabulary of ",
-               draft.config().vocab, " tokens is not the target's ", target.config().vocab,
+    LOOM_CHECK(draft.vocab() == target.config().vocab, "speculative_generate: the draft's vocabulary of ",
+               draft.vocab(), " tokens is not the target's ", target.config().vocab,
                "; the draft must share the target's tokens");
     KvCache& tcache = target.cache();
     KvCache& dcache = draft.cache();

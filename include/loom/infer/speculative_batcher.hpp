@@ -178,8 +178,8 @@ private:
     void start(std::int64_t max_batch) {
         LOOM_CHECK(gamma_ >= 1, "SpeculativeBatcher: gamma = ", gamma_, " draft tokens per pass; propose at least 1");
         if (cape_) cape_->validate();
-        LOOM_CHECK(draft_.config().vocab == target_.config().vocab, "SpeculativeBatcher: the draft's vocabulary of ",
-                   draft_.config().vocab, " tokens is not the target's ", target_.config().vocab,
+        LOOM_CHECK(draft_.vocab() == target_.config().vocab, "SpeculativeBatcher: the draft's vocabulary of ",
+                   draft_.vocab(), " tokens is not the target's ", target_.config().vocab,
                    "; the draft must share the target's tokens");
         LOOM_CHECK(&tcache_ != &dcache_,
                    "SpeculativeBatcher: the target and the draft share one KvCache; give each its own");
