@@ -101,8 +101,6 @@ struct ModelFlags {
     }
 };
 
-// The draft of speculative decoding: --draft FILE or --draft-random, its
-// shape, and --gamma. Its --seq and --vocab are the target's.
 // Peer memory pooling (infer/pooled_gpt.hpp): the last --pool-blocks blocks
 // kept in a host pool outside the engine's weights, staged --prefetch blocks
 // ahead by a copy thread (0: read in place). The whole model on one engine.
@@ -110,7 +108,6 @@ struct PoolFlags {
     std::int64_t blocks = 0;
     std::int64_t prefetch = -1;  // -1: not given (1, or 0 with one pooled block)
 
-    static constexpr const char* names = "--pool-blocks, --prefetch";
     static constexpr const char* usage =
         "  --pool-blocks N    peer memory pooling: the last N blocks' weights kept outside the engine's (in a host\n"
         "                     pool), the engine holding the rest (default 0: every block in the engine's)\n"
@@ -174,6 +171,8 @@ private:
     std::optional<loom::infer::BlockPrefetcher> prefetcher_;
 };
 
+// The draft of speculative decoding: --draft FILE or --draft-random, its
+// shape, and --gamma. Its --seq and --vocab are the target's.
 struct DraftFlags {
     loom::gpt::Config config{.layers = 1, .width = 128, .heads = 4};
     std::string checkpoint;

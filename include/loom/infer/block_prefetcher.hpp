@@ -191,7 +191,6 @@ private:
             const std::int64_t j = fetched_;
             lock.unlock();
             const auto start = comm::detail::steady_now_ns();
-            const auto started = std::chrono::steady_clock::now();
             const std::int64_t block = order_[static_cast<std::size_t>(j % count())];
             const std::span<const float> from = pooled_.block_values(block);
             std::memcpy(slot(j), from.data(), static_cast<std::size_t>(bytes));
@@ -204,7 +203,7 @@ private:
             counts_.copy_ns += took;
             if (options_.trace)
                 events_.push_back({"copy block " + std::to_string(block), "copy", exec::communication_lane,
-                                   exec::trace_clock_us(started), static_cast<double>(took) / 1e3});
+                                   static_cast<double>(start) / 1e3, static_cast<double>(took) / 1e3});
             changed_.notify_all();
         }
     }

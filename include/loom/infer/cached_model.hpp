@@ -259,21 +259,17 @@ public:
     // holds its where.where.count attention layers. Run it with forward_stage
     // (through generate_pipelined or a PipelinedBatcher).
     CachedModel(Model& stage_model, KvCache& cache, const ModelStage& where)
-        : model_(stage_model), cache_(cache), stage_(where.where), stage_vocab_(where.vocab), width_(where.width) {
+        : model_(stage_model), cache_(cache), stage_(where.where), vocab_(where.vocab), width_(where.width) {
         units_ = cached_model_detail::unit_stages(model_, stage_.stages);
         survey();
     }
 
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
     // The whole vocabulary (a vocabulary-cut Embedding holds a slice of it).
-    [[nodiscard]] std::int64_t vocab() const noexcept override {
-        return stage_.whole() ? embedding_->token.full_shape().dim(0) : stage_vocab_;
-    }
+    [[nodiscard]] std::int64_t vocab() const noexcept override { return vocab_; }
     [[nodiscard]] const PipelineStage& stage() const noexcept override { return stage_; }
     // The Embedding's width: the rows between stages.
-    [[nodiscard]] std::int64_t hidden_width() const noexcept override {
-        return stage_.whole() ? embedding_->width() : width_;
-    }
+    [[nodiscard]] std::int64_t hidden_width() const noexcept override { return width_; }
     // The model's attention layers (= the cache's layers).
     [[nodiscard]] std::int64_t attention_layers() const noexcept { return attention_count_; }
     [[nodiscard]] const WorkCount& work() const noexcept { return work_; }
@@ -404,7 +400,11 @@ private:
                    " has ",
                    attention_count_, " CausalSelfAttention layers but the cache has ", cache_.layers(),
                    "; build the cache with one layer per attention layer");
-        if (stage_.whole()) stage_.count = attention_count_;
+        if (stage_.whole()) {  // what a stage is given, the whole model knows from its Embedding
+            stage_.count = attention_count_;
+            vocab_ = embedding_->token.full_shape().dim(0);
+            width_ = embedding_->width();
+        }
         LOOM_CHECK(attention_count_ == stage_.count, "CachedModel: pipeline stage ", stage_.stage, " of ",
                    stage_.stages, " runs ", attention_count_, " attention layers but its ModelStage says ",
                    stage_.count, "; build both from the same model and degree (model_stage)");
@@ -613,7 +613,7 @@ private:
     comm::AnyComm* tp_ = nullptr;  // null: the whole model
     int degree_ = 1;
     PipelineStage stage_;               // the whole model unless a ModelStage was given
-    std::int64_t stage_vocab_ = 0, width_ = 0;  // a stage's: the whole model's vocabulary, the rows between stages
+    std::int64_t vocab_ = 0, width_ = 0;  // the whole model's vocabulary; the rows between stages (the Embedding's)
     std::vector<int> units_;            // each unit's stage (empty: the whole model)
 
     [[nodiscard]] bool in_stage(std::size_t unit) const {

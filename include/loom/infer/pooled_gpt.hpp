@@ -79,12 +79,11 @@ public:
             LOOM_CHECK(i == 0 || pooled_[i] != pooled_[i - 1], "PooledGpt: block ", pooled_[i],
                        " is pooled twice; list each block once");
         }
-        const std::int64_t L = config.layers, block = block_floats();
-        const std::int64_t embeddings = (config.vocab + config.seq) * config.width;
+        const std::int64_t L = config.layers, block = block_floats(), embeddings = embedding_floats(config);
         const auto count = static_cast<std::int64_t>(pooled_.size());
         homes_.assign(static_cast<std::size_t>(L), BlockHome::resident);
         for (const std::int64_t b : pooled_) homes_[static_cast<std::size_t>(b)] = BlockHome::pool;
-        const std::int64_t resident_count = config.parameters() - count * block;
+        const std::int64_t resident_count = resident_floats(config, pooled_);
         if (resident_storage.data() == nullptr) {
             owned_.resize(static_cast<std::size_t>(resident_count));
             resident_ = owned_;
@@ -138,16 +137,14 @@ public:
     // values are laid out as this class lays them out for the same config.
     void pool_from(std::span<const float> peer_resident, std::vector<std::int64_t> peer_pooled) {
         std::sort(peer_pooled.begin(), peer_pooled.end());
-        const auto block = block_floats();
-        const std::int64_t expected =
-            config_.parameters() - static_cast<std::int64_t>(peer_pooled.size()) * block;
+        const std::int64_t block = block_floats(), expected = resident_floats(config_, peer_pooled);
         LOOM_CHECK(static_cast<std::int64_t>(peer_resident.size()) == expected, "PooledGpt: the peer's resident "
                    "values are ", peer_resident.size(), " floats but a replica of ", config_, " pooling ",
                    peer_pooled.size(), " blocks holds ", expected, "; give the peer's resident buffer whole");
         for (const std::int64_t b : pooled_)
             LOOM_CHECK(!std::binary_search(peer_pooled.begin(), peer_pooled.end(), b), "PooledGpt: block ", b,
                        " is pooled here but the peer pools it too; pool only blocks the peer keeps resident");
-        const std::int64_t embeddings = (config_.vocab + config_.seq) * config_.width;
+        const std::int64_t embeddings = embedding_floats(config_);
         for (const std::int64_t b : pooled_) {
             // The peer's resident buffer: the embeddings, then its resident blocks in order.
             const auto before = std::lower_bound(peer_pooled.begin(), peer_pooled.end(), b) - peer_pooled.begin();
@@ -183,7 +180,7 @@ public:
     }
 
     // Points block `block`'s Params at `values` (its serial order: the
-    // staging copy while it computes) or, with no argument, back home.
+    // staging copy while it computes), or back at its home.
     void bind_block(std::int64_t block, const float* values) { bind(model_.blocks[checked(block)], values); }
     void bind_block_home(std::int64_t block) { bind_block(block, sources_[checked(block)]); }
 
@@ -200,10 +197,14 @@ public:
     }
 
 private:
+    // The token and position tables, first in the serial order.
+    [[nodiscard]] static constexpr std::int64_t embedding_floats(const gpt::Config& config) {
+        return (config.vocab + config.seq) * config.width;
+    }
+
     [[nodiscard]] std::size_t checked(std::int64_t block) const {
         LOOM_CHECK(block >= 0 && block < config_.layers, "PooledGpt: block ", block,
-                   " does not exist; the model has blocks 0..",
-                   config_.layers - 1);
+                   " does not exist; the model has blocks 0..", config_.layers - 1);
         return static_cast<std::size_t>(block);
     }
 
