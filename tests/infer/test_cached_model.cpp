@@ -5,7 +5,9 @@
 // layers, no loss) generates by the cache exactly what re-running its whole
 // sequence every step gives, alone, batched, continuously batched and sampled;
 // cut by training's Megatron walker, it serves at tp 2 and 4 with tp 1's tokens;
-// and every model or input the engine cannot run is refused in one line.
+// it drafts for a GPT target and is itself a speculative target (vanilla and
+// CaPE) with its own greedy tokens; and every model or input the engine cannot
+// run is refused in one line.
 #include <catch2/catch.hpp>
 
 #include <array>
@@ -228,6 +230,49 @@ TEST_CASE("a user's model as a speculative draft gives the target's greedy token
         stats.drafted += got[i].stats.drafted;
     }
     CHECK(stats.drafted > 0);  // the draft did propose
+}
+
+TEST_CASE("a user's model as the speculative target gives its own greedy tokens: vanilla, CaPE, batched",
+          "[infer][user-model]") {
+    namespace um = loom_test::user_model;
+    um::ScaledUserLm<um::UserLm> target_model(11);
+    std::vector<Request> requests = um::mixed_requests();
+    for (Request& r : requests) r.sampling.greedy = true;
+    KvCache plain_cache(3, C, 2, T, 4);
+    CachedModel<UserLm> plain(target_model.model, plain_cache);
+    const std::vector<Completion> expected = loom::infer::generate(plain, requests);
+
+    KvCache target_cache(3, C, 5, T, 4);
+    CachedModel<UserLm> target(target_model.model, target_cache);
+    const auto check_tokens = [&](const std::vector<loom::infer::SpeculativeCompletion>& got) {
+        REQUIRE(got.size() == expected.size());
+        loom::infer::SpeculativeStats stats;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            INFO("request " << i);
+            CHECK(got[i].tokens == expected[i].tokens);
+            CHECK(got[i].finish == expected[i].finish);
+            stats.drafted += got[i].stats.drafted;
+            stats.accepted += got[i].stats.accepted;
+        }
+        CHECK(stats.drafted > 0);  // the draft did propose
+        return stats;
+    };
+
+    SECTION("its own weights as the draft: every draft is accepted") {
+        KvCache draft_cache(3, C, 5, T, 4);
+        CachedModel<UserLm> draft(target_model.model, draft_cache);
+        const auto stats = check_tokens(loom::infer::speculative_generate(target, draft, requests, 3));
+        CHECK(stats.accepted == stats.drafted);
+    }
+    SECTION("loom's GPT of the same vocabulary as the draft, vanilla and with CaPE's tree verification") {
+        const loom::gpt::Config config{.layers = 1, .width = 16, .heads = 2, .seq = T, .vocab = V};
+        loom_test::ScaledGpt draft_model(config, 3, 8.0f);
+        KvCache draft_cache(config.layers, config.width, 5, config.seq, 4);
+        CachedGpt draft(draft_model.model, config, draft_cache);
+        (void)check_tokens(loom::infer::speculative_generate(target, draft, requests, 3));
+        const loom::infer::CapeConfig cape{.thresholds = {0.5}, .alternatives = {2, 1}};
+        (void)check_tokens(loom::infer::speculative_generate(target, draft, requests, 2, cape));
+    }
 }
 
 TEST_CASE("models and inputs CachedModel cannot run are refused in one line", "[infer][user-model]") {

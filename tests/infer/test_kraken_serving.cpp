@@ -5,7 +5,9 @@
 // sub-layers, the all-reduce overlapping the next layer's attention), also
 // without the overlap; mixed-length requests continuously batched (a finished
 // request's slot refilled at the next step, prompts prefilled beside decodes)
-// give each request's own tokens; bad shards and caches are named.
+// give each request's own tokens; as a speculative target (a GPT drafting) it
+// gives its own greedy tokens, and CaPE's trees are refused by name; bad
+// shards and caches are named.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -17,9 +19,11 @@
 #include <loom/comm/thread_world.hpp>
 
 #include "loom/gpt/kraken.hpp"
+#include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cached_kraken.hpp"
 #include "loom/infer/generate.hpp"
 #include "loom/infer/sampler.hpp"
+#include "loom/infer/speculative.hpp"
 #include "loom/nn/param_arena.hpp"
 #include "support/message_of.hpp"
 #include "support/scaled_gpt.hpp"
@@ -155,6 +159,33 @@ TEST_CASE("Kraken through the Batcher at tp 2: greedy and seeded mixed batches g
                 CHECK(got[i].finish == expected[i].finish);
             }
     }
+}
+
+TEST_CASE("Kraken as a speculative target gives its own greedy tokens; CaPE's trees are refused by name",
+          "[infer][kraken][speculative]") {
+    TinyKraken kraken(2);
+    const std::vector<loom::infer::Request> requests = greedy_requests(jobs);
+    const std::vector<std::vector<std::int32_t>> want = expected(kraken);
+    auto cache = loom::infer::kraken_cache(kraken.config, 1, 5, kraken.config.seq, 4);
+    CachedKraken target(kraken.model, kraken.config, cache);
+    const loom::gpt::Config draft_config{.layers = 1, .width = 16, .heads = 2, .seq = kraken.config.seq,
+                                         .vocab = kraken.config.vocab};
+    loom_test::ScaledGpt draft_model(draft_config, 3, 8.0f);
+    loom::infer::KvCache draft_cache(draft_config.layers, draft_config.width, 5, draft_config.seq, 4);
+    loom::infer::CachedGpt draft(draft_model.model, draft_config, draft_cache);
+    const auto got = loom::infer::speculative_generate(target, draft, requests, 3);
+    REQUIRE(got.size() == want.size());
+    std::int64_t drafted = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO("request " << i);
+        CHECK(got[i].tokens == want[i]);
+        drafted += got[i].stats.drafted;
+    }
+    CHECK(drafted > 0);
+    const loom::infer::CapeConfig cape{.thresholds = {0.5}, .alternatives = {2, 1}};
+    CHECK(loom_test::message_of([&] { (void)loom::infer::speculative_generate(target, draft, requests, 3, cape); }) ==
+          "SpeculativeBatcher: CaPE verifies a tree of candidates but the target's engine runs chains only (as "
+          "CachedKraken does); run it without CaPE");
 }
 
 TEST_CASE("Kraken serving names a shard or cache that does not fit", "[infer][kraken]") {

@@ -105,6 +105,7 @@ public:
     [[nodiscard]] const gpt::KrakenConfig& config() const noexcept { return config_; }
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
     [[nodiscard]] std::int64_t vocab() const noexcept override { return config_.vocab; }
+    [[nodiscard]] bool runs_trees() const noexcept override { return false; }  // chains only: no CaPE
     // Seconds this rank spent waiting for all-reduces (what the overlap did not hide).
     [[nodiscard]] double seconds_waiting() const noexcept { return waiting_; }
 

@@ -57,14 +57,16 @@ struct SpeculativeCompletion {
 // request's tokens depend on its seed, not on what it is batched with (to
 // rounding). For requests that arrive while others run, or more of them than
 // the caches hold at once, use SpeculativeBatcher itself.
-// `draft` is any DraftEngine (infer/draft_engine.hpp: GliDe's, infer/cached_glide.hpp) or a CachedGpt (below).
-[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(CachedGpt& target, DraftEngine& draft,
+// `target` is any Engine (CachedGpt, a user's CachedModel, CachedKraken for
+// chains); `draft` is any DraftEngine (infer/draft_engine.hpp: GliDe's,
+// infer/cached_glide.hpp) or a plain engine (below).
+[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(Engine& target, DraftEngine& draft,
                                                                              std::span<const Request> requests,
                                                                              std::int64_t gamma,
                                                                              std::optional<CapeConfig> cape = std::nullopt) {
     LOOM_CHECK(gamma >= 1, "speculative_generate: gamma = ", gamma, " draft tokens per pass; propose at least 1");
-    LOOM_CHECK(draft.vocab() == target.config().vocab, "speculative_generate: the draft's vocabulary of ",
-               draft.vocab(), " tokens is not the target's ", target.config().vocab,
+    LOOM_CHECK(draft.vocab() == target.vocab(), "speculative_generate: the draft's vocabulary of ",
+               draft.vocab(), " tokens is not the target's ", target.vocab(),
                "; the draft must share the target's tokens");
     KvCache& tcache = target.cache();
     KvCache& dcache = draft.cache();
@@ -112,8 +114,8 @@ struct SpeculativeCompletion {
     return done;
 }
 
-// A plain GPT draft.
-[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(CachedGpt& target, CachedGpt& draft,
+// A plain engine as the draft (loom's GPT, a user's model).
+[[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(Engine& target, Engine& draft,
                                                                              std::span<const Request> requests,
                                                                              std::int64_t gamma,
                                                                              std::optional<CapeConfig> cape = std::nullopt) {
@@ -122,12 +124,12 @@ struct SpeculativeCompletion {
 }
 
 // One request (slot 0 of each cache).
-[[nodiscard]] inline SpeculativeCompletion speculative_generate(CachedGpt& target, DraftEngine& draft,
+[[nodiscard]] inline SpeculativeCompletion speculative_generate(Engine& target, DraftEngine& draft,
                                                                 const Request& request, std::int64_t gamma,
                                                                 std::optional<CapeConfig> cape = std::nullopt) {
     return std::move(speculative_generate(target, draft, std::span(&request, 1), gamma, std::move(cape))[0]);
 }
-[[nodiscard]] inline SpeculativeCompletion speculative_generate(CachedGpt& target, CachedGpt& draft,
+[[nodiscard]] inline SpeculativeCompletion speculative_generate(Engine& target, Engine& draft,
                                                                 const Request& request, std::int64_t gamma,
                                                                 std::optional<CapeConfig> cape = std::nullopt) {
     return std::move(speculative_generate(target, draft, std::span(&request, 1), gamma, std::move(cape))[0]);

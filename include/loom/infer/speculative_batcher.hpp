@@ -23,8 +23,10 @@
 // only. A request's comb fits in the blocks promised to it: near its end it
 // carries fewer alternatives (never changing its tokens).
 //
-// The draft is any DraftEngine (infer/draft_engine.hpp): a CachedGpt (wrapped
-// as PlainDraft) or GliDe's CachedGlide, which reads the target's cache of
+// The target is any Engine: loom's GPT (CachedGpt), a user's model
+// (CachedModel) or Kraken (CachedKraken, chains only: no CaPE). The draft is
+// any DraftEngine (infer/draft_engine.hpp): a plain engine (wrapped as
+// PlainDraft) or GliDe's CachedGlide, which reads a GPT target's cache of
 // the same slot (at the draft steps it holds the sequence but its last
 // token: up to the last verified token).
 //
@@ -42,9 +44,9 @@
 
 #include "loom/core/error.hpp"
 #include "loom/infer/batcher.hpp"
-#include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cape.hpp"
 #include "loom/infer/draft_engine.hpp"
+#include "loom/infer/engine.hpp"
 #include "loom/infer/kv_cache.hpp"
 #include "loom/infer/request_queue.hpp"
 #include "loom/infer/speculative_acceptance.hpp"
@@ -68,12 +70,12 @@ public:
     // destroyed. Its blocks are those free in each cache now: slots past
     // max_batch may hold some, and must not grow while it runs.
     // With `cape`, CaPE's rounds (greedy requests only).
-    SpeculativeBatcher(CachedGpt& target, CachedGpt& draft, std::int64_t gamma, std::int64_t max_batch = 0,
+    SpeculativeBatcher(Engine& target, Engine& draft, std::int64_t gamma, std::int64_t max_batch = 0,
                        std::optional<CapeConfig> cape = std::nullopt)
         : SpeculativeBatcher(target, std::make_unique<PlainDraft>(draft), gamma, max_batch, std::move(cape)) {}
     // Any draft engine (infer/draft_engine.hpp): GliDe's (infer/cached_glide.hpp)
     // must read this target's cache.
-    SpeculativeBatcher(CachedGpt& target, DraftEngine& draft, std::int64_t gamma, std::int64_t max_batch = 0,
+    SpeculativeBatcher(Engine& target, DraftEngine& draft, std::int64_t gamma, std::int64_t max_batch = 0,
                        std::optional<CapeConfig> cape = std::nullopt)
         : target_(target), draft_(draft), tcache_(target.cache()), dcache_(draft.cache()), gamma_(gamma),
           cape_(std::move(cape)) {
@@ -167,8 +169,8 @@ public:
     }
 
 private:
-    // Owns the wrapper when built from a CachedGpt draft.
-    SpeculativeBatcher(CachedGpt& target, std::unique_ptr<PlainDraft> plain, std::int64_t gamma,
+    // Owns the wrapper when built from a plain engine as the draft.
+    SpeculativeBatcher(Engine& target, std::unique_ptr<PlainDraft> plain, std::int64_t gamma,
                        std::int64_t max_batch, std::optional<CapeConfig> cape)
         : plain_(std::move(plain)), target_(target), draft_(*plain_), tcache_(target.cache()),
           dcache_(plain_->cache()), gamma_(gamma), cape_(std::move(cape)) {
@@ -178,8 +180,10 @@ private:
     void start(std::int64_t max_batch) {
         LOOM_CHECK(gamma_ >= 1, "SpeculativeBatcher: gamma = ", gamma_, " draft tokens per pass; propose at least 1");
         if (cape_) cape_->validate();
-        LOOM_CHECK(draft_.vocab() == target_.config().vocab, "SpeculativeBatcher: the draft's vocabulary of ",
-                   draft_.vocab(), " tokens is not the target's ", target_.config().vocab,
+        LOOM_CHECK(!cape_ || target_.runs_trees(), "SpeculativeBatcher: CaPE verifies a tree of candidates but the ",
+                   "target's engine runs chains only (as CachedKraken does); run it without CaPE");
+        LOOM_CHECK(draft_.vocab() == target_.vocab(), "SpeculativeBatcher: the draft's vocabulary of ",
+                   draft_.vocab(), " tokens is not the target's ", target_.vocab(),
                    "; the draft must share the target's tokens");
         LOOM_CHECK(&tcache_ != &dcache_,
                    "SpeculativeBatcher: the target and the draft share one KvCache; give each its own");
@@ -223,7 +227,7 @@ private:
     // yields at most g + 1 tokens): it feeds what the draft's cache lacks,
     // then its own proposals, one packed forward per proposal.
     void draft_round() {
-        const auto V = static_cast<std::size_t>(target_.config().vocab);
+        const auto V = static_cast<std::size_t>(target_.vocab());
         std::int64_t most = 0;
         for (Entry& e : queue_.running) {
             e.g = std::min(gamma_, e.request.max_new_tokens - e.generated - 1);
@@ -266,7 +270,7 @@ private:
     // The target's one pass over every request's [last token, drafts], logits
     // at every position; then each request's acceptance, roll-back and events.
     void verify_round() {
-        const auto V = static_cast<std::size_t>(target_.config().vocab);
+        const auto V = static_cast<std::size_t>(target_.vocab());
         segments_.clear();
         for (Entry& e : queue_.running) {
             if (cape_) {
@@ -348,8 +352,8 @@ private:
         free_slots_.push_back(e.slot);
     }
 
-    std::unique_ptr<PlainDraft> plain_;  // null unless built from a CachedGpt draft
-    CachedGpt& target_;
+    std::unique_ptr<PlainDraft> plain_;  // null unless built from a plain engine as the draft
+    Engine& target_;
     DraftEngine& draft_;
     KvCache& tcache_;
     KvCache& dcache_;
