@@ -1,7 +1,8 @@
 // A user's model served pipeline-parallel (infer/cached_model.hpp's stages
 // through infer/pipeline_parallel_gpt.hpp's non-blocking pipeline) on rank
-// threads: pp 2 and 3 give the whole model's completions token for token,
-// greedy and sampled, with fewer slots than requests; a stage holds only its
+// threads: pp 2 and 3, and pp 2 x tp 2 (each stage a Megatron cut), give the
+// whole model's completions token for token, greedy and sampled, with fewer
+// slots than requests; a stage holds only its
 // units' Params; and every bad input is named in one line. Catch2's macros
 // are not thread-safe: the ranks record, the checks run after the world ends.
 #include <catch2/catch.hpp>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "loom/comm/any_comm.hpp"
+#include "loom/comm/mesh.hpp"
 #include "loom/comm/thread_world.hpp"
 #include "loom/infer/cached_model.hpp"
 #include "loom/infer/generate.hpp"
@@ -74,6 +76,29 @@ TEST_CASE("a user's model served pipeline-parallel gives the whole model's compl
                 }
             }
         }
+}
+
+TEST_CASE("a user's model at pp 2 x tp 2 on 4 rank threads gives the whole model's completions on every rank",
+          "[infer][pipeline][tp]") {
+    um::ScaledUserLm<um::UserLmWithLoss> whole(12);
+    const auto expected = um::serve_whole(whole);
+    for (const std::int64_t max_batch : {std::int64_t{2}, std::int64_t{5}}) {
+        std::vector<std::vector<Completion>> got(4);
+        ThreadWorld(4).run([&](ThreadComm& comm) {
+            loom::comm::Mesh<ThreadComm> mesh(comm, {{"pp", 2}, {"tp", 2}});
+            AnyComm pp = AnyComm::view(mesh.axis("pp")), tp = AnyComm::view(mesh.axis("tp"));
+            got[static_cast<std::size_t>(comm.rank())] = um::serve_pipelined_tp_on(pp, tp, max_batch);
+        });
+        for (std::size_t rank = 0; rank < got.size(); ++rank) {
+            INFO(max_batch << " slots, rank " << rank);
+            REQUIRE(got[rank].size() == expected.size());
+            for (std::size_t i = 0; i < expected.size(); ++i) {
+                INFO("request " << i);
+                CHECK(got[rank][i].tokens == expected[i].tokens);
+                CHECK(got[rank][i].finish == expected[i].finish);
+            }
+        }
+    }
 }
 
 TEST_CASE("a user model's pipeline stage holds its units' attention layers and Params only", "[infer][pipeline]") {

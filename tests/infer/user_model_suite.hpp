@@ -159,6 +159,21 @@ inline std::vector<loom::infer::Completion> serve_on(loom::comm::AnyComm& tp) {
     return loom::infer::generate(engine, mixed_requests());
 }
 
+// mixed_requests() on this rank's tp cut (tp::shard_model) of its pipeline stage of the model with
+// loss (seed 12), pp = pp.size() and tp = tp.size(); `max_batch` slots.
+inline std::vector<loom::infer::Completion> serve_pipelined_tp_on(loom::comm::AnyComm& pp, loom::comm::AnyComm& tp,
+                                                                  std::int64_t max_batch = 2) {
+    ScaledUserLm<UserLmWithLoss> shard(12, tp.rank(), tp.size());
+    const loom::infer::ModelStage where = loom::infer::model_stage(shard.model, pp.rank(), pp.size());
+    auto stage = ScaledUserLm<UserLmWithLoss>::cut(tp.rank(), tp.size());
+    loom::infer::drop_other_stages(stage, where);
+    nn::ParamArena arena(stage);
+    loom::infer::copy_stage_values(stage, shard.model);
+    loom::infer::KvCache cache(where.where.count, C / tp.size(), max_batch, T, 4);
+    loom::infer::CachedModel<UserLmWithLoss> engine(stage, cache, where, tp);
+    return loom::infer::generate_pipelined(engine, pp, mixed_requests());
+}
+
 // mixed_requests() on this rank's stage of the model with loss (seed 12), pp = pp.size(): the stage's
 // Params only (drop_other_stages), copied from the whole model; `max_batch` slots.
 inline std::vector<loom::infer::Completion> serve_pipelined_on(loom::comm::AnyComm& pp, std::int64_t max_batch = 2,

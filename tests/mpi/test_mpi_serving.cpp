@@ -70,7 +70,8 @@ TEST_CASE("pipeline-parallel serving gives the whole model's tokens under MPI", 
     }
 }
 
-TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens under MPI", "[pp_tp_serving]") {
+TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens under MPI (GPT and a user's model)",
+          "[pp_tp_serving]") {
     auto world = loom::comm::Mpi::world();
     loom::comm::Mesh<loom::comm::Mpi> mesh(world, {{"pp", 2}, {"tp", world.size() / 2}});
     loom::comm::AnyComm pp = loom::comm::AnyComm::view(mesh.axis("pp")), tp = loom::comm::AnyComm::view(mesh.axis("tp"));
@@ -86,6 +87,16 @@ TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens und
             CHECK(got[i].tokens == expected[i].tokens);
             CHECK(got[i].finish == expected[i].finish);
         }
+    }
+    // A user's model on the same mesh: each process its tp cut of its stage.
+    loom_test::user_model::ScaledUserLm<loom_test::user_model::UserLmWithLoss> user(12);
+    const auto expected = loom_test::user_model::serve_whole(user);
+    const auto got = loom_test::user_model::serve_pipelined_tp_on(pp, tp);
+    REQUIRE(got.size() == expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO("user model request " << i << ", stage " << pp.rank() << ", tp rank " << tp.rank());
+        CHECK(got[i].tokens == expected[i].tokens);
+        CHECK(got[i].finish == expected[i].finish);
     }
 }
 

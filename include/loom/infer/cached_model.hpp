@@ -263,6 +263,18 @@ public:
         units_ = cached_model_detail::unit_stages(model_, stage_.stages);
         survey();
     }
+    // Both (tp x pp): `stage_shard` is rank tp.rank()'s Megatron cut of the
+    // model (tp::shard_model) with only stage `where`'s Params
+    // (drop_other_stages, bound, copy_stage_values from the same rank's cut of
+    // the whole model); `cache` holds its attention layers' heads on this
+    // rank. forward_stage is collective over `tp`; the rows between stages
+    // are whole on every tp rank.
+    CachedModel(Model& stage_shard, KvCache& cache, const ModelStage& where, comm::AnyComm& tp)
+        : model_(stage_shard), cache_(cache), tp_(&tp), degree_(tp.size()), stage_(where.where), vocab_(where.vocab),
+          width_(where.width) {
+        units_ = cached_model_detail::unit_stages(model_, stage_.stages);
+        survey();
+    }
 
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
     // The whole vocabulary (a vocabulary-cut Embedding holds a slice of it).
