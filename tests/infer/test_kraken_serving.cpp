@@ -5,7 +5,8 @@
 // sub-layers, the all-reduce overlapping the next layer's attention), also
 // without the overlap; mixed-length requests continuously batched (a finished
 // request's slot refilled at the next step, prompts prefilled beside decodes)
-// give each request's own tokens; as a speculative target (a GPT drafting) it
+// give each request's own tokens; so does the non-blocking pipeline at pp 2,
+// and at pp 2 x tp 2; as a speculative target (a GPT drafting) it
 // gives its own greedy tokens, and CaPE's trees are refused by name; bad
 // shards and caches are named.
 #include <catch2/catch.hpp>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include <loom/comm/any_comm.hpp>
+#include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_world.hpp>
 
 #include "loom/gpt/kraken.hpp"
@@ -158,6 +160,34 @@ TEST_CASE("Kraken through the Batcher at tp 2: greedy and seeded mixed batches g
                 CHECK(got[i].tokens == expected[i].tokens);
                 CHECK(got[i].finish == expected[i].finish);
             }
+    }
+}
+
+TEST_CASE("Kraken served pipeline-parallel (pp 2, and pp 2 x tp 2) gives the whole model's completions",
+          "[infer][kraken][pp]") {
+    TinyKraken kraken(2, /*layers=*/4);
+    for (const bool greedy : {true, false}) {
+        const auto batch = loom_test::mixed_batch(greedy);
+        const auto expected = loom_test::serve_kraken_whole(kraken, batch, 2);
+        for (const int tp : {1, 2}) {
+            std::vector<std::vector<loom::infer::Completion>> got(static_cast<std::size_t>(2 * tp));
+            loom::comm::ThreadWorld(2 * tp).run([&](loom::comm::ThreadComm& comm) {
+                loom::comm::Mesh<loom::comm::ThreadComm> mesh(comm, {{"pp", 2}, {"tp", tp}});
+                loom::comm::AnyComm pp = loom::comm::AnyComm::view(mesh.axis("pp"));
+                loom::comm::AnyComm group = loom::comm::AnyComm::view(mesh.axis("tp"));
+                got[static_cast<std::size_t>(comm.rank())] =
+                    loom_test::serve_kraken_pipelined_on(pp, tp == 1 ? nullptr : &group, kraken, batch, 2);
+            });
+            for (std::size_t rank = 0; rank < got.size(); ++rank) {
+                INFO((greedy ? "greedy" : "sampled") << ", tp " << tp << ", rank " << rank);
+                REQUIRE(got[rank].size() == expected.size());
+                for (std::size_t i = 0; i < expected.size(); ++i) {
+                    INFO("request " << i);
+                    CHECK(got[rank][i].tokens == expected[i].tokens);
+                    CHECK(got[rank][i].finish == expected[i].finish);
+                }
+            }
+        }
     }
 }
 

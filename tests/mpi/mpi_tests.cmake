@@ -39,7 +39,7 @@ foreach(_procs 2 4)
   loom_add_mpi_test("mpi: a user model's serving at tp ${_procs} gives the whole model's tokens" ${_procs}
                     loom_mpi_tests "[user_model_serving]")
 endforeach()
-loom_add_mpi_test("mpi: pp 2 x tp 2 serving gives the whole model's tokens on 4 processes (GPT, user model)" 4 loom_mpi_tests
+loom_add_mpi_test("mpi: pp 2 x tp 2 serving gives the whole model's tokens on 4 processes (GPT, user model, Kraken)" 4 loom_mpi_tests
                   "[pp_tp_serving]")
 foreach(_procs 2 3)
   loom_add_mpi_test("mpi: a user model's pipeline-parallel serving at pp ${_procs} gives the whole model's tokens"

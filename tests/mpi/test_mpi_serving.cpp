@@ -70,7 +70,7 @@ TEST_CASE("pipeline-parallel serving gives the whole model's tokens under MPI", 
     }
 }
 
-TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens under MPI (GPT and a user's model)",
+TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens under MPI (GPT, a user's model, Kraken)",
           "[pp_tp_serving]") {
     auto world = loom::comm::Mpi::world();
     loom::comm::Mesh<loom::comm::Mpi> mesh(world, {{"pp", 2}, {"tp", world.size() / 2}});
@@ -97,6 +97,16 @@ TEST_CASE("pp 2 x tp 2 serving on 4 processes gives the whole model's tokens und
         INFO("user model request " << i << ", stage " << pp.rank() << ", tp rank " << tp.rank());
         CHECK(got[i].tokens == expected[i].tokens);
         CHECK(got[i].finish == expected[i].finish);
+    }
+    // And Kraken: each process its sub-layers of its stage's layers.
+    loom_test::TinyKraken kraken(2, /*layers=*/4);
+    const auto kraken_batch = loom_test::mixed_batch(true);
+    const auto kraken_expected = loom_test::serve_kraken_whole(kraken, kraken_batch, 2);
+    const auto kraken_got = loom_test::serve_kraken_pipelined_on(pp, &tp, kraken, kraken_batch, 2);
+    REQUIRE(kraken_got.size() == kraken_expected.size());
+    for (std::size_t i = 0; i < kraken_got.size(); ++i) {
+        INFO("Kraken request " << i << ", stage " << pp.rank() << ", tp rank " << tp.rank());
+        CHECK(kraken_got[i].tokens == kraken_expected[i].tokens);
     }
 }
 

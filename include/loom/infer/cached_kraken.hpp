@@ -4,7 +4,11 @@
 // values only. Segments, packing and attention over the cache's pages are
 // CachedGpt's (infer/cached_gpt.hpp, the same helpers of
 // infer/cached_rows.hpp and infer/segment_attention.hpp); only the layer
-// differs. It is an infer::Engine, so Batcher and generate() serve it.
+// differs. It is an infer::StageEngine, so Batcher and generate() serve it,
+// and so does the non-blocking pipeline (infer/pipelined_batcher.hpp): a
+// stage holds a run of layers (kraken_stage_model), takes the stage
+// before's state rows (the reduced stream h and this rank's local streams,
+// [h | local_0 | ...] per token) and passes its own on.
 //
 // Kraken's overlap: per layer, one all-reduce of the rank's summed sub-layer
 // outputs, issued asynchronously (AnyComm::all_reduce_async) as soon as the
@@ -34,7 +38,9 @@
 #include "loom/infer/cached_gpt.hpp"
 #include "loom/infer/cached_rows.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/pipeline_stage.hpp"
 #include "loom/infer/segment_attention.hpp"
+#include "loom/infer/stage_engine.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom::infer {
@@ -53,32 +59,68 @@ namespace loom::infer {
     return model;
 }
 
+// Stage `where`'s part of rank `rank`'s serving shard: the stage's layers
+// only, and the embeddings and the final LayerNorm and head only where the
+// stage uses them (elsewhere Params of no elements, so the stage's arena
+// holds its own weights). Bind it, then load_kraken_shard with `where`.
+[[nodiscard]] inline gpt::KrakenModel kraken_stage_model(const gpt::KrakenConfig& config, const PipelineStage& where,
+                                                         int rank = 0, int degree = 1) {
+    gpt::KrakenModel model = kraken_serving_shard(config, rank, degree);
+    LOOM_CHECK(where.count >= 1 && where.first >= 0 && where.first + where.count <= config.layers,
+               "kraken_stage_model: layers [", where.first, ", ", where.first + where.count, ") are not in the model's ",
+               config.layers, "; build the stage with pipeline_stage(config.gpt(), stage, stages)");
+    model.layers = std::vector<gpt::KrakenLayer>(model.layers.begin() + where.first,
+                                                 model.layers.begin() + where.first + where.count);
+    const auto drop = [](auto& layer) { reflect::visit_params(layer, [](Param& p, std::string_view) { p = Param{Shape{0}}; }); };
+    if (!where.embeds()) drop(model.embed);
+    if (!where.has_head()) {
+        drop(model.ln_f);
+        drop(model.head);
+    }
+    return model;
+}
+
 // Loads the whole model's values (its ParamArena's, serial order) into rank
-// `rank`'s bound shard: the shared layers whole, its own sub-layers only.
+// `rank`'s bound shard: the shared layers whole, its own sub-layers only;
+// with `where`, a stage's shard (kraken_stage_model): its layers, and the
+// embeddings and head where it holds them.
 inline void load_kraken_shard(gpt::KrakenModel& shard, const gpt::KrakenConfig& config, int rank,
-                              std::span<const float> whole) {
+                              std::span<const float> whole, const PipelineStage& where = {}) {
     LOOM_CHECK(static_cast<std::int64_t>(whole.size()) == config.parameters(), "load_kraken_shard: ", whole.size(),
                " values given but the whole model has ", config.parameters(),
                "; give the whole model's values in serial order");
+    const PipelineStage stage = where.count == 0 ? PipelineStage{0, 1, 0, config.layers} : where;
+    LOOM_CHECK(static_cast<std::int64_t>(shard.layers.size()) == stage.count, "load_kraken_shard: the shard has ",
+               shard.layers.size(), " layers but the stage holds ", stage.count,
+               "; build it with kraken_stage_model for the same stage");
+    const gpt::KrakenModel sizes = gpt::make_kraken(config);  // unbound: the whole model's shapes only
     std::int64_t offset = 0;
-    const auto take = [&](auto& layer) {
-        reflect::visit_params(layer, [&](Param& p, std::string_view path) {
-            LOOM_CHECK(p.bound(), "load_kraken_shard: parameter ", path,
-                       " is not bound; bind the shard to a ParamArena first");
-            if (p.numel() > 0) std::copy_n(whole.data() + offset, p.numel(), p.value.data<float>());
-            offset += p.numel();
-        });
+    const auto take = [&](auto& layer, const auto& whole_layer, bool held) {
+        if (held)
+            reflect::visit_params(layer, [&](Param& p, std::string_view path) {
+                LOOM_CHECK(p.bound(), "load_kraken_shard: parameter ", path,
+                           " is not bound; bind the shard to a ParamArena first");
+                if (p.numel() > 0) std::copy_n(whole.data() + offset, p.numel(), p.value.data<float>());
+                offset += p.numel();
+            });
+        else
+            offset += reflect::parameter_numel(whole_layer);
     };
     const auto per = static_cast<std::int64_t>(shard.layers.front().subs.size());
-    const std::int64_t sub_numel = reflect::parameter_numel(shard.layers.front().subs.front());
-    take(shard.embed);
-    for (gpt::KrakenLayer& layer : shard.layers) {
+    const std::int64_t sub_numel = reflect::parameter_numel(sizes.layers.front().subs.front());
+    take(shard.embed, sizes.embed, stage.embeds());
+    for (std::int64_t l = 0; l < config.layers; ++l) {
+        if (l < stage.first || l >= stage.first + stage.count) {
+            offset += config.degree * sub_numel;
+            continue;
+        }
         offset += rank * per * sub_numel;
-        for (gpt::KrakenSubLayer& sub : layer.subs) take(sub);
+        for (gpt::KrakenSubLayer& sub : shard.layers[static_cast<std::size_t>(l - stage.first)].subs)
+            take(sub, sub, true);
         offset += (config.degree - (rank + 1) * per) * sub_numel;
     }
-    take(shard.ln_f);
-    take(shard.head);
+    take(shard.ln_f, sizes.ln_f, stage.has_head());
+    take(shard.head, sizes.head, stage.has_head());
 }
 
 // A rank's KV cache: one cache layer per (layer, sub-layer it holds), each
@@ -87,18 +129,36 @@ inline void load_kraken_shard(gpt::KrakenModel& shard, const gpt::KrakenConfig& 
                                           std::int64_t capacity, std::int64_t block_size = 16) {
     return {config.layers * (config.degree / degree), config.width / config.degree, slots, capacity, block_size};
 }
+// A pipeline stage's: its layers only.
+[[nodiscard]] inline KvCache kraken_cache(const gpt::KrakenConfig& config, const PipelineStage& where, int degree,
+                                          std::int64_t slots, std::int64_t capacity, std::int64_t block_size = 16) {
+    return {where.count * (config.degree / degree), config.width / config.degree, slots, capacity, block_size};
+}
 
-class CachedKraken final : public Engine {
+class CachedKraken final : public StageEngine {
 public:
     // The whole model (every sub-layer) on this rank.
     CachedKraken(gpt::KrakenModel& model, const gpt::KrakenConfig& config, KvCache& cache)
-        : CachedKraken(model, config, cache, nullptr) {}
+        : CachedKraken(model, config, cache, nullptr, whole_stage(config)) {}
     // Rank tp.rank()'s shard (kraken_serving_shard, bound and loaded); forward()
     // is collective over `tp`. `overlap` false waits for each all-reduce at
     // once (the baseline the overlap is measured against).
     CachedKraken(gpt::KrakenModel& shard, const gpt::KrakenConfig& config, KvCache& cache, comm::AnyComm& tp,
                  bool overlap = true)
-        : CachedKraken(shard, config, cache, &tp) {
+        : CachedKraken(shard, config, cache, &tp, whole_stage(config)) {
+        overlap_ = overlap;
+    }
+    // Pipeline-parallel: stage `where`'s model (kraken_stage_model, bound and
+    // loaded with load_kraken_shard for the stage), `cache` for its layers
+    // (kraken_cache with `where`); run it with forward_stage (through
+    // generate_pipelined or a PipelinedBatcher). With `tp`, rank tp.rank()'s
+    // shard of the stage (tp x pp).
+    CachedKraken(gpt::KrakenModel& stage_model, const gpt::KrakenConfig& config, KvCache& cache,
+                 const PipelineStage& where)
+        : CachedKraken(stage_model, config, cache, nullptr, where) {}
+    CachedKraken(gpt::KrakenModel& stage_shard, const gpt::KrakenConfig& config, KvCache& cache, comm::AnyComm& tp,
+                 const PipelineStage& where, bool overlap = true)
+        : CachedKraken(stage_shard, config, cache, &tp, where) {
         overlap_ = overlap;
     }
 
@@ -106,12 +166,21 @@ public:
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
     [[nodiscard]] std::int64_t vocab() const noexcept override { return config_.vocab; }
     [[nodiscard]] bool runs_trees() const noexcept override { return false; }  // chains only: no CaPE
+    [[nodiscard]] const PipelineStage& stage() const noexcept override { return stage_; }
+    // A token's state between stages: the reduced stream and this rank's local streams.
+    [[nodiscard]] std::int64_t hidden_width() const noexcept override { return (1 + subs_) * config_.width; }
     // Seconds this rank spent waiting for all-reduces (what the overlap did not hide).
     [[nodiscard]] double seconds_waiting() const noexcept { return waiting_; }
 
     // As CachedGpt::forward: runs the segments, caches their keys and values,
     // returns the logits of each segment's last token (or of every token).
     std::span<const float> forward(std::span<const Segment> segments, Logits which = Logits::last) override {
+        return forward_whole("CachedKraken", segments, which);
+    }
+
+    using StageEngine::forward_stage;
+    std::span<const float> forward_stage(std::span<const Segment> segments, std::span<const float> hidden,
+                                         Logits which) override {
         check(segments);
         const std::int64_t C = config_.width;
         std::int64_t rows = 0;
@@ -120,13 +189,18 @@ public:
             starts_.push_back(cache_.length(s.slot));
             rows += static_cast<std::int64_t>(s.tokens.size());
         }
+        check_hidden("CachedKraken", hidden.size(), rows);
         for (const Segment& s : segments) cache_.reserve(s.slot, static_cast<std::int64_t>(s.tokens.size()));
         resize(rows);
-        embed(segments);
-        for (std::int64_t k = 0; k < subs_; ++k) std::copy_n(h_.data(), rows * C, local(k));
+        if (stage_.embeds()) {
+            embed(segments);
+            for (std::int64_t k = 0; k < subs_; ++k) std::copy_n(h_.data(), rows * C, local(k));
+        } else {
+            unpack_state(hidden, rows);
+        }
         comm::Request pending;
         bool in_flight = false;
-        for (std::int64_t l = 0; l < config_.layers; ++l) {
+        for (std::int64_t l = 0; l < stage_.count; ++l) {
             // The attention of every sub-layer first: it reads the local streams
             // only, so the previous layer's all-reduce is still running.
             for (std::int64_t k = 0; k < subs_; ++k) attention(l, k, segments, rows);
@@ -143,6 +217,7 @@ public:
             if (!overlap_) finish_sum(pending, rows);
         }
         if (in_flight) finish_sum(pending, rows);
+        if (!stage_.has_head()) return pack_state(rows);
         const std::int64_t n = which == Logits::every ? rows : static_cast<std::int64_t>(segments.size());
         last_.resize(static_cast<std::size_t>(n * C));
         if (which == Logits::every) {
@@ -169,12 +244,20 @@ public:
     }
 
 private:
-    CachedKraken(gpt::KrakenModel& model, const gpt::KrakenConfig& config, KvCache& cache, comm::AnyComm* tp)
-        : model_(model), config_(config), cache_(cache), tp_(tp) {
+    [[nodiscard]] static PipelineStage whole_stage(const gpt::KrakenConfig& config) { return {0, 1, 0, config.layers}; }
+
+    CachedKraken(gpt::KrakenModel& model, const gpt::KrakenConfig& config, KvCache& cache, comm::AnyComm* tp,
+                 const PipelineStage& where)
+        : model_(model), config_(config), cache_(cache), tp_(tp), stage_(where) {
         config.validate();
-        LOOM_CHECK(static_cast<std::int64_t>(model.layers.size()) == config.layers, "CachedKraken: the model has ",
-                   model.layers.size(), " layers but the config says ", config.layers);
-        LOOM_CHECK(model.embed.token.bound() && model.head.weight.bound(),
+        LOOM_CHECK(static_cast<std::int64_t>(model.layers.size()) == where.count && !model.layers.empty(),
+                   "CachedKraken: the model has ", model.layers.size(), " layers but ",
+                   where.whole() ? loom::detail::concat("the config says ", config.layers)
+                                 : loom::detail::concat("pipeline stage ", where.stage, " of ", where.stages,
+                                                        " holds ", where.count,
+                                                        "; build it with kraken_stage_model for that stage"));
+        LOOM_CHECK((!where.embeds() || model.embed.token.bound()) && (!where.has_head() || model.head.weight.bound()) &&
+                       model.layers.front().subs.front().attention.ln.gain.bound(),
                    "CachedKraken: the model's parameters are not bound; give the model a ParamArena (and load or "
                    "initialise it) first");
         const int degree = tp == nullptr ? 1 : tp->size();
@@ -184,9 +267,10 @@ private:
                    " of the ", config.degree, "; build it with kraken_serving_shard(config, rank, ", degree, ")");
         width_ = config.width / config.degree;
         heads_ = config.heads / config.degree;
-        LOOM_CHECK(cache.layers() == config.layers * subs_ && cache.width() == width_, "CachedKraken: the cache is for ",
-                   cache.layers(), " layers of width ", cache.width(), " but this rank needs ", config.layers * subs_,
-                   " of width ", width_, "; build it with kraken_cache(config, ", degree, ", ...)");
+        LOOM_CHECK(cache.layers() == where.count * subs_ && cache.width() == width_, "CachedKraken: the cache is for ",
+                   cache.layers(), " layers of width ", cache.width(), " but this rank needs ", where.count * subs_,
+                   " of width ", width_, "; build it with kraken_cache(config, ",
+                   where.whole() ? "" : "where, ", degree, ", ...)");
         LOOM_CHECK(cache.capacity() <= config.seq, "CachedKraken: the cache holds ", cache.capacity(),
                    " positions per slot but the model has position embeddings for ", config.seq);
     }
@@ -265,6 +349,28 @@ private:
         }
     }
 
+    // The stage before's state rows [h | local_0 | ...] per token into h_ and the local streams.
+    void unpack_state(std::span<const float> hidden, std::int64_t rows) {
+        const std::int64_t C = config_.width, width = hidden_width();
+        for (std::int64_t r = 0; r < rows; ++r) {
+            const float* row = hidden.data() + r * width;
+            std::copy_n(row, C, h_.data() + r * C);
+            for (std::int64_t k = 0; k < subs_; ++k) std::copy_n(row + (1 + k) * C, C, local(k) + r * C);
+        }
+    }
+
+    // This stage's state rows for the next stage, as unpack_state reads them.
+    std::span<const float> pack_state(std::int64_t rows) {
+        const std::int64_t C = config_.width, width = hidden_width();
+        state_.resize(static_cast<std::size_t>(rows * width));
+        for (std::int64_t r = 0; r < rows; ++r) {
+            float* row = state_.data() + r * width;
+            std::copy_n(h_.data() + r * C, C, row);
+            for (std::int64_t k = 0; k < subs_; ++k) std::copy_n(local(k) + r * C, C, row + (1 + k) * C);
+        }
+        return state_;
+    }
+
     // The previous layer's sum has arrived: h += it.
     void finish_sum(comm::Request& pending, std::int64_t rows) {
         const auto began = std::chrono::steady_clock::now();
@@ -283,6 +389,7 @@ private:
     KvCache& cache_;
     comm::AnyComm* tp_ = nullptr;  // null: every sub-layer here, no communication
     bool overlap_ = true;
+    PipelineStage stage_;  // the layers this engine holds: all of them but on a pipeline stage
     std::int64_t subs_ = 0, width_ = 0, heads_ = 0, rows_ = 0;  // per rank: sub-layers; per sub-layer: width, heads
     double waiting_ = 0;
     std::vector<std::int64_t> starts_;
@@ -290,7 +397,7 @@ private:
     std::vector<std::int64_t> depths_;  // check_segments' scratch
     SegmentAttention attention_;
     std::vector<float> h_, locals_, attended_branch_, partial_, reduced_, normed_, u_, branch_, qkv_, attended_,
-        hidden_, activated_, mean_, rstd_, last_, logits_;
+        hidden_, activated_, mean_, rstd_, last_, logits_, state_;
 };
 
 }  // namespace loom::infer
