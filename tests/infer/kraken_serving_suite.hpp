@@ -1,8 +1,9 @@
 // What Kraken serving's tests share on every transport (rank threads in
 // tests/infer, processes in tests/mpi): a small scaled Kraken, and a rank's
 // completions of a batch on its shard, through the Batcher every engine
-// shares, or on its pipeline stage, through the non-blocking pipeline. The requests are tensor-parallel serving's (mixed lengths, greedy or
-// seeded, a stop token). Test code only.
+// shares, or on its pipeline stage, through the non-blocking pipeline. The
+// requests are tensor-parallel serving's (mixed lengths, greedy or seeded, a
+// stop token). Test code only.
 #pragma once
 
 #include <cstdint>

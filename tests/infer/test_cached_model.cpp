@@ -199,6 +199,22 @@ struct HeadFirst {
     nn::Linear head;
 };
 
+// Speculative completions against the plain ones, request by request; what the drafts did.
+loom::infer::SpeculativeStats check_speculative(const std::vector<loom::infer::SpeculativeCompletion>& got,
+                                               const std::vector<Completion>& expected) {
+    REQUIRE(got.size() == expected.size());
+    loom::infer::SpeculativeStats stats;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO("request " << i);
+        CHECK(got[i].tokens == expected[i].tokens);
+        CHECK(got[i].finish == expected[i].finish);
+        stats.drafted += got[i].stats.drafted;
+        stats.accepted += got[i].stats.accepted;
+    }
+    CHECK(stats.drafted > 0);  // the draft did propose
+    return stats;
+}
+
 // A model whose head does not give the vocabulary's logits.
 struct WrongHead {
     nn::Embedding embed;
@@ -220,16 +236,7 @@ TEST_CASE("a user's model as a speculative draft gives the target's greedy token
     loom::infer::KvCache draft_cache(3, um::C, 5, um::T, 4);
     loom::infer::CachedModel<um::UserLm> draft_engine(draft_model.model, draft_cache);
     loom::infer::PlainDraft draft(draft_engine);
-    const auto got = loom::infer::speculative_generate(target_engine, draft, requests, 3);
-    REQUIRE(got.size() == expected.size());
-    loom::infer::SpeculativeStats stats;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        INFO("request " << i);
-        CHECK(got[i].tokens == expected[i].tokens);
-        CHECK(got[i].finish == expected[i].finish);
-        stats.drafted += got[i].stats.drafted;
-    }
-    CHECK(stats.drafted > 0);  // the draft did propose
+    (void)check_speculative(loom::infer::speculative_generate(target_engine, draft, requests, 3), expected);
 }
 
 TEST_CASE("a user's model as the speculative target gives its own greedy tokens: vanilla, CaPE, batched",
@@ -244,24 +251,10 @@ TEST_CASE("a user's model as the speculative target gives its own greedy tokens:
 
     KvCache target_cache(3, C, 5, T, 4);
     CachedModel<UserLm> target(target_model.model, target_cache);
-    const auto check_tokens = [&](const std::vector<loom::infer::SpeculativeCompletion>& got) {
-        REQUIRE(got.size() == expected.size());
-        loom::infer::SpeculativeStats stats;
-        for (std::size_t i = 0; i < got.size(); ++i) {
-            INFO("request " << i);
-            CHECK(got[i].tokens == expected[i].tokens);
-            CHECK(got[i].finish == expected[i].finish);
-            stats.drafted += got[i].stats.drafted;
-            stats.accepted += got[i].stats.accepted;
-        }
-        CHECK(stats.drafted > 0);  // the draft did propose
-        return stats;
-    };
-
     SECTION("its own weights as the draft: every draft is accepted") {
         KvCache draft_cache(3, C, 5, T, 4);
         CachedModel<UserLm> draft(target_model.model, draft_cache);
-        const auto stats = check_tokens(loom::infer::speculative_generate(target, draft, requests, 3));
+        const auto stats = check_speculative(loom::infer::speculative_generate(target, draft, requests, 3), expected);
         CHECK(stats.accepted == stats.drafted);
     }
     SECTION("loom's GPT of the same vocabulary as the draft, vanilla and with CaPE's tree verification") {
@@ -269,9 +262,9 @@ TEST_CASE("a user's model as the speculative target gives its own greedy tokens:
         loom_test::ScaledGpt draft_model(config, 3, 8.0f);
         KvCache draft_cache(config.layers, config.width, 5, config.seq, 4);
         CachedGpt draft(draft_model.model, config, draft_cache);
-        (void)check_tokens(loom::infer::speculative_generate(target, draft, requests, 3));
+        (void)check_speculative(loom::infer::speculative_generate(target, draft, requests, 3), expected);
         const loom::infer::CapeConfig cape{.thresholds = {0.5}, .alternatives = {2, 1}};
-        (void)check_tokens(loom::infer::speculative_generate(target, draft, requests, 2, cape));
+        (void)check_speculative(loom::infer::speculative_generate(target, draft, requests, 2, cape), expected);
     }
 }
 

@@ -67,11 +67,14 @@ namespace loom::infer {
                                                          int rank = 0, int degree = 1) {
     gpt::KrakenModel model = kraken_serving_shard(config, rank, degree);
     LOOM_CHECK(where.count >= 1 && where.first >= 0 && where.first + where.count <= config.layers,
-               "kraken_stage_model: layers [", where.first, ", ", where.first + where.count, ") are not in the model's ",
-               config.layers, "; build the stage with pipeline_stage(config.gpt(), stage, stages)");
+               "kraken_stage_model: layers [", where.first, ", ", where.first + where.count,
+               ") are not in the model's ", config.layers,
+               "; build the stage with pipeline_stage(config.gpt(), stage, stages)");
     model.layers = std::vector<gpt::KrakenLayer>(model.layers.begin() + where.first,
                                                  model.layers.begin() + where.first + where.count);
-    const auto drop = [](auto& layer) { reflect::visit_params(layer, [](Param& p, std::string_view) { p = Param{Shape{0}}; }); };
+    const auto drop = [](auto& layer) {
+        reflect::visit_params(layer, [](Param& p, std::string_view) { p = Param{Shape{0}}; });
+    };
     if (!where.embeds()) drop(model.embed);
     if (!where.has_head()) {
         drop(model.ln_f);
@@ -95,32 +98,38 @@ inline void load_kraken_shard(gpt::KrakenModel& shard, const gpt::KrakenConfig& 
                "; build it with kraken_stage_model for the same stage");
     const gpt::KrakenModel sizes = gpt::make_kraken(config);  // unbound: the whole model's shapes only
     std::int64_t offset = 0;
-    const auto take = [&](auto& layer, const auto& whole_layer, bool held) {
-        if (held)
-            reflect::visit_params(layer, [&](Param& p, std::string_view path) {
-                LOOM_CHECK(p.bound(), "load_kraken_shard: parameter ", path,
-                           " is not bound; bind the shard to a ParamArena first");
-                if (p.numel() > 0) std::copy_n(whole.data() + offset, p.numel(), p.value.data<float>());
-                offset += p.numel();
-            });
-        else
-            offset += reflect::parameter_numel(whole_layer);
+    const auto take = [&](auto& layer) {
+        reflect::visit_params(layer, [&](Param& p, std::string_view path) {
+            LOOM_CHECK(p.bound(), "load_kraken_shard: parameter ", path,
+                       " is not bound; bind the shard to a ParamArena first");
+            if (p.numel() > 0) std::copy_n(whole.data() + offset, p.numel(), p.value.data<float>());
+            offset += p.numel();
+        });
     };
+    // A part another stage holds: its values in the whole model are passed over.
+    const auto skip = [&](const auto& whole_layer) { offset += reflect::parameter_numel(whole_layer); };
     const auto per = static_cast<std::int64_t>(shard.layers.front().subs.size());
     const std::int64_t sub_numel = reflect::parameter_numel(sizes.layers.front().subs.front());
-    take(shard.embed, sizes.embed, stage.embeds());
+    if (stage.embeds())
+        take(shard.embed);
+    else
+        skip(sizes.embed);
     for (std::int64_t l = 0; l < config.layers; ++l) {
         if (l < stage.first || l >= stage.first + stage.count) {
-            offset += config.degree * sub_numel;
+            skip(sizes.layers[static_cast<std::size_t>(l)]);
             continue;
         }
         offset += rank * per * sub_numel;
-        for (gpt::KrakenSubLayer& sub : shard.layers[static_cast<std::size_t>(l - stage.first)].subs)
-            take(sub, sub, true);
+        for (gpt::KrakenSubLayer& sub : shard.layers[static_cast<std::size_t>(l - stage.first)].subs) take(sub);
         offset += (config.degree - (rank + 1) * per) * sub_numel;
     }
-    take(shard.ln_f, sizes.ln_f, stage.has_head());
-    take(shard.head, sizes.head, stage.has_head());
+    if (stage.has_head()) {
+        take(shard.ln_f);
+        take(shard.head);
+    } else {
+        skip(sizes.ln_f);
+        skip(sizes.head);
+    }
 }
 
 // A rank's KV cache: one cache layer per (layer, sub-layer it holds), each
@@ -244,7 +253,9 @@ public:
     }
 
 private:
-    [[nodiscard]] static PipelineStage whole_stage(const gpt::KrakenConfig& config) { return {0, 1, 0, config.layers}; }
+    [[nodiscard]] static PipelineStage whole_stage(const gpt::KrakenConfig& config) {
+        return {0, 1, 0, config.layers};
+    }
 
     CachedKraken(gpt::KrakenModel& model, const gpt::KrakenConfig& config, KvCache& cache, comm::AnyComm* tp,
                  const PipelineStage& where)
