@@ -8,7 +8,7 @@
 // give each request's own tokens; so does the non-blocking pipeline at pp 2,
 // and at pp 2 x tp 2; as a speculative target (a GPT drafting) it
 // gives its own greedy tokens, and CaPE's trees are refused by name; bad
-// shards and caches are named.
+// shards, stages and caches are named.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -226,6 +226,29 @@ TEST_CASE("Kraken serving names a shard or cache that does not fit", "[infer][kr
     CHECK(loom_test::message_of([&] { CachedKraken engine(kraken.model, kraken.config, wrong); }) ==
           "CachedKraken: the cache is for 6 layers of width 8 but this rank needs 12 of width 8; build it with "
           "kraken_cache(config, 1, ...)");
+    // Pipeline stages: layers outside the model, a whole model or a whole cache given for a stage.
+    CHECK(loom_test::message_of([&] {
+              (void)loom::infer::kraken_stage_model(kraken.config, loom::infer::PipelineStage{1, 2, 2, 2});
+          }) == "kraken_stage_model: layers [2, 4) are not in the model's 3; build the stage with "
+                "pipeline_stage(config.gpt(), stage, stages)");
+    const loom::infer::PipelineStage first = loom::infer::pipeline_stage(kraken.config.gpt(), 0, 3);
+    auto whole_cache = loom::infer::kraken_cache(kraken.config, 1, 1, 8);
+    CHECK(loom_test::message_of([&] { CachedKraken engine(kraken.model, kraken.config, whole_cache, first); }) ==
+          "CachedKraken: the model has 3 layers but pipeline stage 0 of 3 holds 1; build it with kraken_stage_model "
+          "for that stage");
+    auto stage = loom::infer::kraken_stage_model(kraken.config, first);
+    loom::nn::ParamArena arena(stage);
+    loom::infer::load_kraken_shard(stage, kraken.config, 0, kraken.arena.values(), first);
+    CHECK(loom_test::message_of([&] { CachedKraken engine(stage, kraken.config, whole_cache, first); }) ==
+          "CachedKraken: the cache is for 12 layers of width 8 but this rank needs 4 of width 8; build it with "
+          "kraken_cache(config, where, 1, ...)");
+    auto stage_cache = loom::infer::kraken_cache(kraken.config, first, 1, 1, 8);
+    CachedKraken engine(stage, kraken.config, stage_cache, first);
+    const std::vector<std::int32_t> tokens{1, 2, 3};
+    const loom::infer::Segment segment{0, tokens};
+    CHECK(loom_test::message_of([&] { (void)engine.forward(std::span(&segment, 1)); }) ==
+          "CachedKraken: forward on pipeline stage 0 of 3; a stage runs forward_stage with the hidden rows of the "
+          "stage before");
 }
 
 }  // namespace LOOM_TEST_FILE

@@ -160,6 +160,19 @@ TEST_CASE("a user model's pipeline refuses bad input in one line", "[infer][pipe
     CHECK(message_of([&] { (void)engine.forward_stage(std::span(&segment, 1), std::vector<float>(5)); }) ==
           "CachedModel: pipeline stage 1 of 2 was given 5 hidden values for 3 tokens; give 3 x 24 = 72 (the stage "
           "before's output)");
+    // tp x pp: a stage that was not cut for the tp group is named on every rank.
+    std::vector<std::string> messages(2);
+    ThreadWorld(2).run([&](ThreadComm& comm) {
+        AnyComm tp = AnyComm::view(comm);
+        messages[static_cast<std::size_t>(tp.rank())] =
+            message_of([&] { loom::infer::CachedModel<um::UserLmWithLoss> uncut(stage, cache, second, tp); });
+    });
+    for (std::size_t rank = 0; rank < messages.size(); ++rank) {
+        INFO("rank " << rank << ": " << messages[rank]);
+        CHECK(messages[rank].find("is not rank " + std::to_string(rank) + "'s Megatron cut for a tp group of 2; cut "
+                                  "the model with tp::shard_model(model, " + std::to_string(rank) + ", 2) before "
+                                  "binding it") != std::string::npos);
+    }
 }
 
 }  // namespace LOOM_TEST_FILE
