@@ -128,17 +128,7 @@ private:
     }
 
     void embed(std::span<const Segment> segments) {
-        const std::int64_t C = config_.width;
-        const float* token = model_.embed.token.value.data<float>();
-        const float* position = model_.embed.position.value.data<float>();
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i)
-            for (std::size_t t = 0; t < segments[i].tokens.size(); ++t, ++row) {
-                const float* a = token + static_cast<std::int64_t>(segments[i].tokens[t]) * C;
-                const float* b = position + (starts_[i] + static_cast<std::int64_t>(t)) * C;
-                float* out = x_.data() + row * C;
-                for (std::int64_t c = 0; c < C; ++c) out[c] = a[c] + b[c];
-            }
+        embed_rows(model_.embed, segments, starts_, depths_, x_.data());
     }
 
     void block(std::size_t l, std::span<const Segment> segments, std::int64_t rows) {

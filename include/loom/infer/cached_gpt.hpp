@@ -257,21 +257,7 @@ private:
 
     // x = token row + position row (Embedding's sum), positions after each slot's cached ones.
     void embed(std::span<const Segment> segments) {
-        const std::int64_t C = config_.width;
-        const float* token = model_.embed.token.value.data<float>();
-        const float* position = model_.embed.position.value.data<float>();
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i) {
-            const bool tree = !segments[i].parents.empty();
-            if (tree) tree_depths(segments[i].parents, depths_);
-            for (std::size_t t = 0; t < segments[i].tokens.size(); ++t, ++row) {
-                const float* a = token + static_cast<std::int64_t>(segments[i].tokens[t]) * C;
-                const std::int64_t offset = tree ? depths_[t] : static_cast<std::int64_t>(t);
-                const float* b = position + (starts_[i] + offset) * C;
-                float* out = x_.data() + row * C;
-                for (std::int64_t c = 0; c < C; ++c) out[c] = a[c] + b[c];
-            }
-        }
+        embed_rows(model_.embed, segments, starts_, depths_, x_.data());
     }
 
     void block(std::int64_t l, std::span<const Segment> segments, std::int64_t rows) {

@@ -174,7 +174,6 @@ public:
     [[nodiscard]] const gpt::KrakenConfig& config() const noexcept { return config_; }
     [[nodiscard]] KvCache& cache() noexcept override { return cache_; }
     [[nodiscard]] std::int64_t vocab() const noexcept override { return config_.vocab; }
-    [[nodiscard]] bool runs_trees() const noexcept override { return false; }  // chains only: no CaPE
     [[nodiscard]] const PipelineStage& stage() const noexcept override { return stage_; }
     // A token's state between stages: the reduced stream and this rank's local streams.
     [[nodiscard]] std::int64_t hidden_width() const noexcept override { return (1 + subs_) * config_.width; }
@@ -288,9 +287,6 @@ private:
 
     void check(std::span<const Segment> segments) {
         check_segments("CachedKraken", cache_, segments, config_.vocab, seen_, depths_);
-        for (const Segment& s : segments)
-            LOOM_CHECK(s.parents.empty(), "CachedKraken: slot ", s.slot,
-                       " has a token tree; this engine runs chains (CachedGpt runs trees)");
     }
 
     void resize(std::int64_t rows) {
@@ -317,17 +313,7 @@ private:
     [[nodiscard]] float* attention_out(std::int64_t k) { return attended_branch_.data() + k * rows_ * config_.width; }
 
     void embed(std::span<const Segment> segments) {
-        const std::int64_t C = config_.width;
-        const float* token = model_.embed.token.value.data<float>();
-        const float* position = model_.embed.position.value.data<float>();
-        std::int64_t row = 0;
-        for (std::size_t i = 0; i < segments.size(); ++i)
-            for (std::size_t t = 0; t < segments[i].tokens.size(); ++t, ++row) {
-                const float* a = token + static_cast<std::int64_t>(segments[i].tokens[t]) * C;
-                const float* b = position + (starts_[i] + static_cast<std::int64_t>(t)) * C;
-                float* out = h_.data() + row * C;
-                for (std::int64_t c = 0; c < C; ++c) out[c] = a[c] + b[c];
-            }
+        embed_rows(model_.embed, segments, starts_, depths_, h_.data());
     }
 
     // a_k = Attention_k(LN1_k(local_k)) into attention_out(k); keys and values to cache layer l * subs + k.

@@ -1,6 +1,7 @@
 // The pieces a cached forward runs over its packed rows (infer/cached_gpt.hpp,
-// infer/cached_glide.hpp): the layers' own f32 host kernels on raw row
-// buffers the engine keeps, so a decode step allocates nothing, and the
+// infer/cached_glide.hpp, infer/cached_kraken.hpp): the embeddings and the
+// layers' own f32 host kernels on raw row buffers the engine keeps, so a
+// decode step allocates nothing, and the
 // attention of new rows over a slot's cached pages. One copy for every engine:
 // the target and its GliDe draft must compute a shared layer the same way.
 #pragma once
@@ -8,18 +9,45 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "loom/core/tensor.hpp"
+#include "loom/infer/engine.hpp"
 #include "loom/infer/few_rows_linear.hpp"
 #include "loom/infer/kv_cache.hpp"
+#include "loom/infer/tree_attention.hpp"
 #include "loom/kernels/attention_block_ops.hpp"
 #include "loom/kernels/ops.hpp"
+#include "loom/nn/embedding.hpp"
 #include "loom/nn/layernorm.hpp"
 
 namespace loom::infer {
 
 // n floats of host memory as a 1-D tensor (a view: nothing is copied).
 [[nodiscard]] inline Tensor host_rows(const float* data, std::int64_t n) { return Tensor::of(data, Shape{n}); }
+
+// out [rows, C] = token row + position row (nn::Embedding's sum) for the
+// segments' packed tokens, each segment at its slot's next positions
+// (starts[i] on); a tree's node at starts[i] + its depth. depths: scratch.
+inline void embed_rows(const nn::Embedding& embed, std::span<const Segment> segments,
+                       std::span<const std::int64_t> starts, std::vector<std::int64_t>& depths, float* out) {
+    const std::int64_t C = embed.width();
+    const float* token = embed.token.value.data<float>();
+    const float* position = embed.position.value.data<float>();
+    std::int64_t row = 0;
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+        const Segment& s = segments[i];
+        if (!s.parents.empty()) tree_depths(s.parents, depths);
+        for (std::size_t t = 0; t < s.tokens.size(); ++t, ++row) {
+            const float* a = token + static_cast<std::int64_t>(s.tokens[t]) * C;
+            const std::int64_t offset = s.parents.empty() ? static_cast<std::int64_t>(t) : depths[t];
+            const float* b = position + (starts[i] + offset) * C;
+            float* y = out + row * C;
+            for (std::int64_t c = 0; c < C; ++c) y[c] = a[c] + b[c];
+        }
+    }
+}
 
 // nn::LayerNorm's forward over `rows` rows; mean and rstd: `rows` floats of scratch.
 inline void layernorm_rows(const nn::LayerNorm& norm, const float* in, float* out, std::int64_t rows, float* mean,

@@ -95,9 +95,6 @@ public:
     // Logits::every, row-major, valid until the next call.
     virtual std::span<const float> forward(std::span<const Segment> segments, Logits which) = 0;
     std::span<const float> forward(std::span<const Segment> segments) { return forward(segments, Logits::last); }
-    // Whether forward() runs token trees (Segment::parents), as CaPE's
-    // verification needs; an engine that runs chains only says so here.
-    [[nodiscard]] virtual bool runs_trees() const { return true; }
 };
 
 }  // namespace loom::infer

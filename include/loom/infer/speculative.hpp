@@ -57,8 +57,7 @@ struct SpeculativeCompletion {
 // request's tokens depend on its seed, not on what it is batched with (to
 // rounding). For requests that arrive while others run, or more of them than
 // the caches hold at once, use SpeculativeBatcher itself.
-// `target` is any Engine (CachedGpt, a user's CachedModel, CachedKraken for
-// chains); `draft` is any DraftEngine (infer/draft_engine.hpp: GliDe's,
+// `target` is any Engine (CachedGpt, a user's CachedModel, CachedKraken); `draft` is any DraftEngine (infer/draft_engine.hpp: GliDe's,
 // infer/cached_glide.hpp) or a plain engine (below).
 [[nodiscard]] inline std::vector<SpeculativeCompletion> speculative_generate(Engine& target, DraftEngine& draft,
                                                                              std::span<const Request> requests,

@@ -24,7 +24,7 @@
 // carries fewer alternatives (never changing its tokens).
 //
 // The target is any Engine: loom's GPT (CachedGpt), a user's model
-// (CachedModel) or Kraken (CachedKraken, chains only: no CaPE). The draft is
+// (CachedModel) or Kraken (CachedKraken). The draft is
 // any DraftEngine (infer/draft_engine.hpp): a plain engine (wrapped as
 // PlainDraft) or GliDe's CachedGlide, which reads a GPT target's cache of
 // the same slot (at the draft steps it holds the sequence but its last
@@ -180,8 +180,6 @@ private:
     void start(std::int64_t max_batch) {
         LOOM_CHECK(gamma_ >= 1, "SpeculativeBatcher: gamma = ", gamma_, " draft tokens per pass; propose at least 1");
         if (cape_) cape_->validate();
-        LOOM_CHECK(!cape_ || target_.runs_trees(), "SpeculativeBatcher: CaPE verifies a tree of candidates but the ",
-                   "target's engine runs chains only (as CachedKraken does); run it without CaPE");
         LOOM_CHECK(draft_.vocab() == target_.vocab(), "SpeculativeBatcher: the draft's vocabulary of ",
                    draft_.vocab(), " tokens is not the target's ", target_.vocab(),
                    "; the draft must share the target's tokens");
