@@ -10,8 +10,8 @@ loom_strict(loom_mpi_tests)
 loom_unity_tests(loom_mpi_tests)
 loom_quick_compile(loom_mpi_tests)
 set_source_files_properties(mpi/abort_on_throw.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
-loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]~[user_model_pp_serving]")
-loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]~[user_model_pp_serving]")
+loom_add_mpi_test("mpi: core on 2 processes" 2 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]~[user_model_pp_serving]~[kraken]")
+loom_add_mpi_test("mpi: core on 3 processes" 3 loom_mpi_tests "~[comm]~[parallel]~[pipeline]~[tensor]~[sequence]~[compress]~[optex]~[bf16]~[recompute]~[serving]~[pp_serving]~[kraken_serving]~[pp_tp_serving]~[user_model_serving]~[pool_serving]~[user_model_pp_serving]~[kraken]")
 foreach(_procs 2 3 4)
   loom_add_mpi_test("mpi: communicator on ${_procs} processes" ${_procs} loom_mpi_tests "[comm]")
   # The equivalence suite of tests/parallel, written once for every transport.
@@ -48,6 +48,8 @@ foreach(_procs 2 3)
 endforeach()
 loom_add_mpi_test("mpi: peer memory pooling, each of 2 processes reading half the blocks from the other, gives the resident model's tokens" 2
                   loom_mpi_tests "[pool_serving]")
+loom_add_mpi_test("mpi: Kraken with sub-layer i on tp rank i (tp 4, dp 2 x tp 2 ZeRO 3, pp 2 x tp 2) equals serial on 4 processes" 4
+                  loom_mpi_tests "[kraken]")
 loom_add_mpi_test("mpi: recomputation (Full, Selective, Budget) is bit-identical on dp 2 x pp 2 ZB-H1 ZeRO 3 and in the executor's gradient, 4 processes" 4
                   loom_mpi_tests "[recompute]")
 loom_add_mpi_test("mpi: recomputation (Full, Selective, Budget) is bit-identical on dp 2 x pp 2 x tp 2 ZeRO 3 and in the executor's gradient, 8 processes" 8

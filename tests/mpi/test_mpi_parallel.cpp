@@ -2,7 +2,8 @@
 // tests/parallel (the same body the rank-thread tests run), with dp = the
 // number of processes, every ZeRO stage, 1 and 4 micro-batches; and the
 // pipeline suite on 4 processes; OptEx with one worker per process; bf16
-// matrix products; recomputation, and the gradient OptEx asks for with it.
+// matrix products; recomputation, and the gradient OptEx asks for with it;
+// Kraken with its sub-layers placed on the tp ranks.
 #include <catch2/catch.hpp>
 
 #include <loom/comm/communicator_mpi.hpp>
@@ -11,6 +12,7 @@
 #include "parallel/compression_suite.hpp"
 #include "parallel/equivalence_suite.hpp"
 #include "parallel/executor_gradient_suite.hpp"
+#include "parallel/kraken_training_suite.hpp"
 #include "support/test_file.hpp"
 
 namespace LOOM_TEST_FILE {
@@ -229,6 +231,26 @@ TEST_CASE("the executor's gradient with recomputation is bit-identical under MPI
     for (const auto* run : {&full, &selective, &budget}) {
         CHECK(run->losses == plain.losses);
         CHECK(run->grads == plain.grads);
+    }
+}
+
+// Kraken on 4 processes with sub-layer i on tp rank i: tp 4, dp 2 x tp 2 at
+// ZeRO 3, pp 2 x tp 2, against the single-process run of each degree (the
+// same body as tests/parallel/test_kraken_equivalence.cpp on rank threads).
+TEST_CASE("Kraken trained with its sub-layers on the tp ranks equals serial under MPI", "[kraken]") {
+    auto world = loom::comm::Mpi::world();
+    REQUIRE(world.size() == 4);
+    auto self = world.split(world.rank(), 0);
+    const auto serial2 = loom_test::train_kraken(self, {.degree = 2});
+    const auto serial4 = loom_test::train_kraken(self, {.degree = 4});
+    for (const loom_test::KrakenCase& c :
+         {loom_test::KrakenCase{.tp = 4, .degree = 4},
+          loom_test::KrakenCase{.dp = 2, .tp = 2, .zero_stage = 3, .micro_batches = 2, .degree = 4},
+          loom_test::KrakenCase{.pp = 2, .tp = 2, .micro_batches = 2, .degree = 2}}) {
+        const auto errors = loom_test::kraken_errors(loom_test::train_kraken(world, c), c.degree == 2 ? serial2 : serial4);
+        INFO(c << ", rank " << world.rank() << ": loss error " << errors.loss << ", parameter error " << errors.param);
+        CHECK(errors.loss <= loom_test::kraken_loss_bound);
+        CHECK(errors.param <= loom_test::kraken_param_bound);
     }
 }
 

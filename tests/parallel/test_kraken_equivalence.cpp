@@ -1,88 +1,95 @@
 // The Kraken GPT (gpt/kraken.hpp) trains under loom's executor like any
 // model: data parallel over 2 rank threads (with and without ZeRO, one and
-// several micro-batches) gives the single-rank run's losses and parameters.
-// Megatron's tensor-parallel cut cannot place "sub-layer i on rank i" (it
-// cuts every weight of a layer across the group), so a KrakenLayer declares
-// no TensorCut and a tp axis runs it whole.
+// several micro-batches), on a pipeline, and tensor parallel with sub-layer i
+// on rank i (KrakenLayer places its own parts, nn::TensorCut::own) gives the
+// single-rank run's losses and parameters. The body is
+// parallel/kraken_training_suite.hpp, which the MPI tests run too.
 #include <catch2/catch.hpp>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <vector>
+#include <sstream>
+#include <string>
+#include <utility>
 
-#include <loom/comm/mesh.hpp>
 #include <loom/comm/thread_world.hpp>
-#include <loom/data/corpus.hpp>
-#include <loom/exec/executor.hpp>
-#include <loom/gpt/kraken.hpp>
+#include <loom/parallel/tensor_parallel_model.hpp>
 
+#include "parallel/kraken_training_suite.hpp"
 #include "support/test_file.hpp"
 
 namespace LOOM_TEST_FILE {
 
 namespace {
 
-using loom::Tensor;
+using loom_test::KrakenCase;
 
-const loom::gpt::KrakenConfig config{.layers = 2, .width = 16, .heads = 4, .seq = 8, .vocab = 256, .degree = 2};
-constexpr std::int64_t rows = 4;  // the global batch, split over dp
-
-struct Trained {
-    std::vector<float> losses, params;
-};
-
-// Four steps of Strategy on `dp` rank threads; rank 0's losses and whole parameters.
-template <class Strategy>
-Trained train(int dp, int micro_batches) {
-    const auto corpus = loom::data::ByteCorpus::synthetic(1 << 12, 1);
-    Trained result;
-    loom::comm::ThreadWorld(dp).run([&](loom::comm::ThreadComm& comm) {
-        loom::comm::Mesh<loom::comm::ThreadComm> mesh(comm, {{"dp", dp}, {"tp", 1}});
-        auto model = loom::gpt::make_kraken(config);
-        auto exec = loom::exec::Executor<loom::comm::ThreadComm>::make<Strategy>(
-            model, mesh, {.micro_batches = micro_batches, .field_names = loom::gpt::kraken_field_names});
-        exec.initialize(7);
-        const std::int64_t mine = rows / dp;
-        std::vector<std::int32_t> x(static_cast<std::size_t>(mine * config.seq)), y(x.size());
-        std::vector<float> losses;
-        for (int step = 0; step < 4; ++step) {
-            corpus.rows(1, step, comm.rank() * mine, mine, config.seq, x, y);
-            losses.push_back(exec.step(Tensor::of(x.data(), {mine, config.seq}),
-                                       Tensor::of(y.data(), {mine, config.seq}), 1e-2f));
-        }
-        const auto n = static_cast<std::size_t>(exec.parameter_count());
-        std::vector<float> values(n), m(n), v(n);
-        exec.gather_state(values, m, v);
-        if (comm.rank() == 0) result = {losses, values};
+// The case on dp x pp x tp rank threads; rank 0's result.
+loom_test::KrakenTrained train_on_threads(const KrakenCase& c) {
+    loom_test::KrakenTrained result;
+    loom::comm::ThreadWorld(c.dp * c.pp * c.tp).run([&](loom::comm::ThreadComm& comm) {
+        auto mine = loom_test::train_kraken(comm, c);
+        if (comm.rank() == 0) result = std::move(mine);
     });
     return result;
 }
 
-void check_equal(const Trained& parallel, const Trained& serial) {
-    REQUIRE(parallel.losses.size() == serial.losses.size());
-    for (std::size_t i = 0; i < serial.losses.size(); ++i)
-        CHECK(std::abs(parallel.losses[i] - serial.losses[i]) <= 1e-5f * std::abs(serial.losses[i]));
-    REQUIRE(parallel.params.size() == serial.params.size());
-    float scale = 0, worst = 0;
-    for (float p : serial.params) scale = std::max(scale, std::abs(p));
-    for (std::size_t k = 0; k < serial.params.size(); ++k)
-        worst = std::max(worst, std::abs(parallel.params[k] - serial.params[k]) / scale);
-    // Reassociation of the dp sums, through AdamW's division by each gradient's own scale:
-    // 1.1e-5 of the largest parameter after four steps (the losses agree to 1e-5).
-    CHECK(worst <= 3e-5f);
+void check_equal(const KrakenCase& c, const loom_test::KrakenTrained& serial) {
+    const auto errors = loom_test::kraken_errors(train_on_threads(c), serial);
+    INFO(c << ": loss error " << errors.loss << ", parameter error " << errors.param);
+    CHECK(errors.loss <= loom_test::kraken_loss_bound);
+    CHECK(errors.param <= loom_test::kraken_param_bound);
 }
 
 }  // namespace
 
 TEST_CASE("a Kraken GPT trained data parallel on 2 rank threads equals the single-rank run", "[parallel][kraken]") {
-    using Plain = loom::Strategy<loom::DataParallel<>>;
-    using Zero2 = loom::Strategy<loom::DataParallel<>, loom::ZeroShard<2>>;
-    const Trained serial = train<Plain>(1, 1);
+    const auto serial = train_on_threads({});
     REQUIRE(serial.losses.back() < serial.losses.front());  // it learns
-    SECTION("dp 2") { check_equal(train<Plain>(2, 1), serial); }
-    SECTION("dp 2, 2 micro-batches") { check_equal(train<Plain>(2, 2), serial); }
-    SECTION("dp 2, ZeRO-2") { check_equal(train<Zero2>(2, 1), serial); }
+    SECTION("dp 2") { check_equal({.dp = 2}, serial); }
+    SECTION("dp 2, 2 micro-batches") { check_equal({.dp = 2, .micro_batches = 2}, serial); }
+    SECTION("dp 2, ZeRO-2") { check_equal({.dp = 2, .zero_stage = 2}, serial); }
+}
+
+TEST_CASE("a Kraken GPT trained with sub-layer i on tp rank i, alone and with dp and pp, equals the single-rank run",
+          "[parallel][kraken]") {
+    for (std::int64_t degree : {2, 4}) {
+        const auto serial = train_on_threads({.degree = degree});
+        check_equal({.tp = 2, .degree = degree}, serial);
+        check_equal({.pp = 2, .micro_batches = 2, .degree = degree}, serial);
+    }
+    const auto serial = train_on_threads({.degree = 4});
+    check_equal({.tp = 4, .degree = 4}, serial);
+    check_equal({.dp = 2, .tp = 2, .zero_stage = 3, .micro_batches = 2, .degree = 4}, serial);
+    check_equal({.pp = 2, .tp = 2, .micro_batches = 2, .degree = 2}, train_on_threads({.degree = 2}));
+}
+
+TEST_CASE("Kraken's layer places its own sub-layers on a tp group and refuses a degree that does not divide them",
+          "[parallel][kraken]") {
+    const auto config = loom_test::kraken_training_config(4);
+    auto model = loom::gpt::make_kraken(config);
+    loom::tp::CutReport report;
+    const auto summary = loom::tp::shard_model(model, 1, 2, &report, loom::gpt::kraken_field_names);
+    CHECK(summary.owned == 2);
+    CHECK(report.warning().empty());  // every layer with weights is cut
+    const auto& layer = model.layers[0];
+    CHECK_FALSE(layer.holds(0));
+    CHECK_FALSE(layer.holds(1));
+    CHECK(layer.holds(2));
+    CHECK(layer.holds(3));
+    const loom::Param& held_elsewhere = layer.subs[0].mlp.fc.weight;
+    CHECK(held_elsewhere.numel() == 0);
+    CHECK(held_elsewhere.full_shape().numel() == layer.subs[2].mlp.fc.weight.numel());
+    std::ostringstream printed;
+    printed << held_elsewhere;
+    CHECK(printed.str().find("held by tp rank 0") != std::string::npos);
+
+    auto odd = loom::gpt::make_kraken(config);
+    CHECK_THROWS_WITH(loom::tp::shard_model(odd, 0, 8),
+                      Catch::Contains("KrakenLayer: a tp group of 8 ranks for a layer of 4 sub-layers; use a tp "
+                                      "degree that divides 4"));
+    auto twice = loom::gpt::make_kraken(config);
+    twice.layers[0].place_on_tensor_group(0, 2);
+    CHECK_THROWS_WITH(twice.layers[0].place_on_tensor_group(0, 2),
+                      Catch::Contains("KrakenLayer: placed on a tp group twice"));
 }
 
 }  // namespace LOOM_TEST_FILE

@@ -42,8 +42,12 @@ struct Init {
 };
 
 // Which coordinate of its tp rank a cut follows: the rank itself (Megatron
-// 1D), or its row or column on an Optimus q x q grid (rank = row * q + column).
-enum class CutAxis : std::uint8_t { rank, grid_row, grid_column };
+// 1D), or its row or column on an Optimus q x q grid (rank = row * q + column);
+// or `holder`: one tp rank holds the whole tensor and the others none of it
+// (a layer that places its own parts, nn::TensorCut::own: Kraken's sub-layer
+// i on rank i). A held cut is always {dim 0, start 0}: dimension 0 is whole
+// on the holder and empty (extent 0) on every other rank.
+enum class CutAxis : std::uint8_t { rank, grid_row, grid_column, holder };
 
 // One cut of a shard: dimension `dim` of the whole tensor is `groups` equal
 // blocks (1; 3 for an attention's q, k, v) and the shard holds
@@ -64,6 +68,7 @@ struct ParamCut {
 struct ParamSlice {
     Shape full{};
     std::array<ParamCut, 2> cuts{};
+    int holder = -1;  // the tp rank holding it whole, for a CutAxis::holder cut
 
     [[nodiscard]] bool sliced() const noexcept { return cuts[0].dim >= 0; }
     [[nodiscard]] int count() const noexcept { return (cuts[0].dim >= 0) + (cuts[1].dim >= 0); }
@@ -75,6 +80,8 @@ struct ParamSlice {
     }
     // The first cut's start (1D shards have only that one).
     [[nodiscard]] std::int64_t start() const noexcept { return cuts[0].start; }
+    // Whether one tp rank holds the whole tensor and the others none of it.
+    [[nodiscard]] bool held() const noexcept { return cuts[0].dim >= 0 && cuts[0].axis == CutAxis::holder; }
     friend constexpr bool operator==(const ParamSlice&, const ParamSlice&) = default;
 };
 
@@ -119,7 +126,9 @@ struct Param {
     // shard "Param(f32, [768, 768] of [768, 3072] from 768 along dim 1, ...)".
     friend std::ostream& operator<<(std::ostream& out, const Param& p) {
         out << "Param(" << p.dtype << ", " << p.shape;
-        if (p.slice.sliced()) {
+        if (p.slice.held()) {
+            out << " of " << p.slice.full << " held by tp rank " << p.slice.holder;
+        } else if (p.slice.sliced()) {
             out << " of " << p.slice.full;
             for (const ParamCut& c : p.slice.cuts) {
                 if (c.dim < 0) continue;
@@ -128,6 +137,16 @@ struct Param {
             }
         }
         return out << ", " << p.init << ')';
+    }
+
+    // Tensor-parallel rank `rank`'s view of a Param that rank `holder` holds
+    // whole: the Param itself there, an empty one (dimension 0 of extent 0)
+    // that still knows its whole shape everywhere else. The checkpoint's
+    // layout and each element's initial value stay the whole model's.
+    [[nodiscard]] Param held_by(int holder, int rank) const {
+        Param out{shape, init, dtype, {}, {}, {shape, {ParamCut{0, 0, 1, CutAxis::holder}, ParamCut{}}, holder}};
+        if (rank != holder) out.shape[0] = 0;
+        return out;
     }
 
 private:  // functions only: Param stays an aggregate

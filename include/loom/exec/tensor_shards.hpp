@@ -4,10 +4,14 @@
 // checkpoint is the whole model in the serial order. Each Param is either
 // whole on every tp rank (LayerNorm, a row-split Linear's bias), copied as
 // is, or a shard (Param::slice): the tp ranks' shards are all-gathered and
-// each element put back at its place in the whole tensor.
+// each element put back at its place in the whole tensor; or held whole by
+// one tp rank and empty on the others (Param::held_by: Kraken's sub-layers),
+// copied from its holder. So a rank's local arrays differ in size between
+// tp ranks only by what each holds.
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -54,6 +58,10 @@ public:
         std::vector<float> gathered;
         for (const Entry& e : entries_) {
             const std::int64_t n = e.param.numel();
+            if (e.param.slice.held()) {
+                copy_from_holder(tp, e, local, whole, where);
+                continue;
+            }
             if (!e.param.slice.sliced()) {
                 std::copy_n(local.begin() + e.local, n, whole.begin() + e.whole);
                 continue;
@@ -74,8 +82,10 @@ public:
     // runs over the tp axis: each element of the whole model has one owner.
     // A Param cut by rank is owned by every rank (each holds its own part);
     // one kept whole by rank 0; on a grid, one cut along rows only by the
-    // ranks of column 0 (the others hold copies of it), and so on.
+    // ranks of column 0 (the others hold copies of it), and so on. One held by
+    // a single rank is owned there (and has no elements anywhere else).
     [[nodiscard]] bool owns(const Param& p, int q) const {
+        if (p.slice.held()) return q == p.slice.holder;
         int side = 1;
         while (side * side < degree_) ++side;
         bool by_rank = false, by_row = false, by_column = false;
@@ -145,6 +155,20 @@ private:
         Param param;  // shape and slice only (a copy; the values are not used)
         std::int64_t local, whole;
     };
+
+    // A Param one rank holds whole: every rank sends a block of its whole
+    // size (the holder its values, the others zeros) and takes the holder's,
+    // so the gather is exact and the same collective on every rank.
+    template <comm::Communicator C>
+    void copy_from_holder(C& tp, const Entry& e, std::span<const float> local, std::span<float> whole,
+                          Device where) const {
+        const std::int64_t n = e.param.full_shape().numel();
+        std::vector<float> mine(static_cast<std::size_t>(n), 0.0f), gathered(static_cast<std::size_t>(n * degree_));
+        std::copy_n(local.begin() + e.local, e.param.numel(), mine.begin());
+        comm::staged_all_gather(tp, Tensor::of(mine.data(), {n}), Tensor::of(gathered.data(), {n * degree_}), where);
+        std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(e.param.slice.holder) * n, n,
+                    whole.begin() + e.whole);
+    }
 
     // Rank q's shard: the same cuts, at q's coordinates (its rank, or its
     // row and column on a square grid of degree_ ranks).

@@ -22,6 +22,13 @@
 // slice 0 is h, slice 1 + i is local_i (KrakenFanOut makes it from the
 // embeddings, KrakenMerge takes h out of it), so a Kraken model is an
 // ordinary chain of loom layers that every executor and strategy can run.
+//
+// Under a training tp axis of t ranks (t divides N) the layer places its own
+// parts (nn::TensorCut::own): rank q keeps sub-layers [q N/t, (q+1) N/t),
+// the others' Params are held elsewhere (Param::held_by), and the sum over
+// sub-layers becomes a partial sum and one all-reduce over the group, forward
+// (h) and backward (h's gradient). A rank's state still has every stream;
+// the local streams of sub-layers it does not hold are zero.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +37,8 @@
 #include "loom/core/device_buffer.hpp"
 #include "loom/core/device_runtime.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/param.hpp"
+#include "loom/core/reflect.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/nn/attention.hpp"
@@ -38,6 +47,8 @@
 #include "loom/nn/gelu.hpp"
 #include "loom/nn/layernorm.hpp"
 #include "loom/nn/linear.hpp"
+#include "loom/nn/tensor_cut.hpp"
+#include "loom/nn/tensor_group.hpp"
 
 namespace loom::gpt {
 
@@ -82,10 +93,32 @@ struct KrakenSubLayer {
 struct KrakenLayer {
     std::vector<KrakenSubLayer> subs;
 
+    // Tensor parallelism places sub-layers on ranks (see the header).
+    static constexpr nn::TensorCut tensor_cut = nn::TensorCut::own;
+
     [[nodiscard]] std::int64_t degree() const { return static_cast<std::int64_t>(subs.size()); }
+
+    // Rank `rank` of a tp group of `group` ranks keeps its N / group sub-layers;
+    // every other sub-layer's Params become empty here, held by their rank.
+    void place_on_tensor_group(int rank, int group) {
+        LOOM_CHECK(group >= 1 && degree() % group == 0, "KrakenLayer: a tp group of ", group, " ranks for a layer of ",
+                   degree(), " sub-layers; use a tp degree that divides ", degree());
+        const std::int64_t per_rank = degree() / group;
+        for (std::int64_t i = 0; i < degree(); ++i)
+            reflect::visit_params(subs[static_cast<std::size_t>(i)], [&](Param& p, std::string_view) {
+                LOOM_CHECK(!p.slice.sliced(), "KrakenLayer: placed on a tp group twice");
+                p = p.held_by(static_cast<int>(i / per_rank), rank);
+            });
+    }
+
+    // Whether this rank holds sub-layer i (always, unless placed on a group).
+    [[nodiscard]] bool holds(std::int64_t i) const {
+        return subs[static_cast<std::size_t>(i)].attention.ln.gain.numel() > 0;
+    }
 
     [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& state) {
         check_state(state, "input");
+        if (placed()) return forward_placed(ctx, state);
         const Tensor h = kraken_stream(state, 0);
         Tensor out = ctx.alloc(state.shape());
         const Tensor h_out = kraken_stream(out, 0);
@@ -109,6 +142,7 @@ struct KrakenLayer {
     // goes to h and (through u_i = h + a_i) to a_i.
     [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dstate) {
         check_state(dstate, "gradient");
+        if (placed()) return backward_placed(ctx, dstate);
         const Tensor dh_out = kraken_stream(dstate, 0);
         Tensor dstate_in = ctx.alloc(dstate.shape());
         const Tensor dh = kraken_stream(dstate_in, 0);
@@ -129,13 +163,87 @@ struct KrakenLayer {
     }
 
     void backward_weight(nn::Context& ctx) {
-        for (auto it = subs.rbegin(); it != subs.rend(); ++it) {
-            nn::backward_weight(it->mlp, ctx);
-            nn::backward_weight(it->attention, ctx);
+        for (std::int64_t i = degree() - 1; i >= 0; --i) {
+            if (!holds(i)) continue;
+            KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
+            nn::backward_weight(sub.mlp, ctx);
+            nn::backward_weight(sub.attention, ctx);
         }
     }
 
 private:  // functions only: KrakenLayer stays an aggregate
+    [[nodiscard]] bool placed() const {
+        for (std::int64_t i = 0; i < degree(); ++i)
+            if (!holds(i)) return true;
+        return false;
+    }
+
+    [[nodiscard]] static const nn::TensorGroup& group_of(nn::Context& ctx) {
+        const nn::TensorGroup* group = ctx.tensor_group();
+        LOOM_CHECK(group != nullptr, "KrakenLayer: placed on a tp group but run without one (the Context has no "
+                                     "TensorGroup)");
+        return *group;
+    }
+
+    // The forward above with this rank's sub-layers: their outputs' partial
+    // sum, one all-reduce, then h + the sum.
+    [[nodiscard]] Tensor forward_placed(nn::Context& ctx, const Tensor& state) {
+        const nn::TensorGroup& group = group_of(ctx);
+        const Tensor h = kraken_stream(state, 0);
+        Tensor out = ctx.alloc(state.shape());
+        Tensor sum = ctx.alloc(h.shape());
+        fill_zero_bytes(sum.raw(), sum.device(), sum.nbytes());
+        for (std::int64_t i = 0; i < degree(); ++i) {
+            const Tensor local_out = kraken_stream(out, 1 + i);
+            if (!holds(i)) {
+                fill_zero_bytes(local_out.raw(), local_out.device(), local_out.nbytes());
+                continue;
+            }
+            KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
+            const Tensor a = nn::forward(sub.attention, ctx, kraken_stream(state, 1 + i));
+            Tensor u = ctx.alloc(h.shape());
+            kernels::add(h, a, u);
+            const Tensor m = nn::forward(sub.mlp, ctx, u);
+            Tensor o = ctx.alloc(h.shape());
+            kernels::add(a, m, o);
+            kernels::add(h, o, local_out);
+            kernels::add(sum, o, sum);
+        }
+        group.all_reduce_activations(sum);
+        kernels::add(h, sum, kraken_stream(out, 0));
+        return out;
+    }
+
+    // The backward above with this rank's sub-layers: h's gradient gathers
+    // each held sub-layer's share, summed over the group.
+    [[nodiscard]] Tensor backward_placed(nn::Context& ctx, const Tensor& dstate) {
+        const nn::TensorGroup& group = group_of(ctx);
+        const Tensor dh_out = kraken_stream(dstate, 0);
+        Tensor dstate_in = ctx.alloc(dstate.shape());
+        Tensor sum = ctx.alloc(dh_out.shape());
+        fill_zero_bytes(sum.raw(), sum.device(), sum.nbytes());
+        for (std::int64_t i = degree() - 1; i >= 0; --i) {
+            const Tensor dlocal_in = kraken_stream(dstate_in, 1 + i);
+            if (!holds(i)) {
+                fill_zero_bytes(dlocal_in.raw(), dlocal_in.device(), dlocal_in.nbytes());
+                continue;
+            }
+            KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
+            const Tensor dlocal_out = kraken_stream(dstate, 1 + i);
+            kernels::add(sum, dlocal_out, sum);
+            Tensor d_o = ctx.alloc(dh_out.shape());
+            kernels::add(dh_out, dlocal_out, d_o);
+            const Tensor du = nn::backward_input(sub.mlp, ctx, d_o);
+            kernels::add(sum, du, sum);
+            Tensor da = ctx.alloc(dh_out.shape());
+            kernels::add(d_o, du, da);
+            copy_tensor(dlocal_in, nn::backward_input(sub.attention, ctx, da));
+        }
+        group.all_reduce_activations(sum);
+        kernels::add(dh_out, sum, kraken_stream(dstate_in, 0));
+        return dstate_in;
+    }
+
     void check_state(const Tensor& state, const char* what) const {
         LOOM_CHECK(state.rank() == 4 && state.dim(0) == degree() + 1, "KrakenLayer: ", what, " of shape ",
                    state.shape(), " is not a Kraken state [", degree() + 1, ", batch, sequence, width] of degree ",
@@ -155,10 +263,21 @@ struct KrakenFanOut {
         return state;
     }
 
+    // Under a tp group each rank has the gradients of its own sub-layers'
+    // streams (the others are zero there): their sum is reduced over the
+    // group before h's is added.
     [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dstate) {
         Tensor dx = ctx.alloc(Shape{dstate.dim(1), dstate.dim(2), dstate.dim(3)});
-        copy_tensor(dx, kraken_stream(dstate, 0));
-        for (std::int64_t k = 1; k <= degree; ++k) kernels::add(dx, kraken_stream(dstate, k), dx);
+        const nn::TensorGroup* group = ctx.tensor_group();
+        if (group == nullptr || group->size() == 1) {
+            copy_tensor(dx, kraken_stream(dstate, 0));
+            for (std::int64_t k = 1; k <= degree; ++k) kernels::add(dx, kraken_stream(dstate, k), dx);
+            return dx;
+        }
+        copy_tensor(dx, kraken_stream(dstate, 1));
+        for (std::int64_t k = 2; k <= degree; ++k) kernels::add(dx, kraken_stream(dstate, k), dx);
+        group->all_reduce_activations(dx);
+        kernels::add(kraken_stream(dstate, 0), dx, dx);
         return dx;
     }
 };

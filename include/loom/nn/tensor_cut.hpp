@@ -51,6 +51,12 @@ enum class TensorCut : std::uint8_t {
     // Computes itself, but its forward is its fields in order plus
     // elementwise work (nn::Residual adds its input): the walkers go inside.
     chain,
+    // Places its own parts on the ranks (1D only): the walker calls the
+    // layer's `place_on_tensor_group(rank, degree)`, which keeps some of its
+    // Params on this rank and marks the rest held elsewhere (Param::held_by);
+    // its forward and backward then sum over the group through the Context's
+    // TensorGroup. Kraken's layer (sub-layer i on rank i) is one.
+    own,
 };
 
 [[nodiscard]] constexpr std::string_view to_string(TensorCut cut) noexcept {
@@ -63,11 +69,15 @@ enum class TensorCut : std::uint8_t {
         case TensorCut::loss: return "loss";
         case TensorCut::features: return "features";
         case TensorCut::chain: return "chain";
+        case TensorCut::own: return "own";
     }
     return "?";
 }
 
 // Whether L declares its cut: a `static constexpr nn::TensorCut tensor_cut`.
+template <class L>
+concept PlacesItsOwnParts = requires(L& layer, int rank, int degree) { layer.place_on_tensor_group(rank, degree); };
+
 template <class L>
 concept DeclaresTensorCut = requires { requires std::is_same_v<decltype(L::tensor_cut), const TensorCut>; };
 

@@ -28,6 +28,7 @@ enum class LayerAction : std::uint8_t {
     heads,        // 1D: attention heads cut
     vocabulary,   // 1D: token table, or the loss, cut by vocabulary
     grid,         // 2D: a q x q block of its weights and activations
+    own,          // 1D: the layer placed its own parts on the ranks (nn::TensorCut::own)
     on_shard,     // elementwise, on whatever slice or block arrives
     whole,        // runs whole, replicated on every tp rank
     undeclared,   // runs whole: computes itself and declares no nn::TensorCut
@@ -40,6 +41,7 @@ enum class LayerAction : std::uint8_t {
         case LayerAction::heads: return "heads cut";
         case LayerAction::vocabulary: return "vocabulary cut";
         case LayerAction::grid: return "q x q block";
+        case LayerAction::own: return "its own parts placed per rank";
         case LayerAction::on_shard: return "elementwise on the shard";
         case LayerAction::whole: return "replicated";
         case LayerAction::undeclared: return "replicated (declares no tensor_cut)";
@@ -49,7 +51,7 @@ enum class LayerAction : std::uint8_t {
 
 [[nodiscard]] constexpr bool is_cut(LayerAction action) noexcept {
     return action == LayerAction::column || action == LayerAction::row || action == LayerAction::heads ||
-           action == LayerAction::vocabulary || action == LayerAction::grid;
+           action == LayerAction::vocabulary || action == LayerAction::grid || action == LayerAction::own;
 }
 
 struct LayerCut {

@@ -140,6 +140,8 @@ private:
             (void)recorder_.record(field, where, LayerAction::on_shard);  // any block of the activations will do
         } else if constexpr (kind == nn::TensorCut::replicated) {
             refuse<T>("it declares TensorCut::replicated (it needs whole rows or features)");
+        } else if constexpr (kind == nn::TensorCut::own) {
+            refuse<T>("it declares TensorCut::own (it places its own parts on a 1D group)");
         } else {
             shard_grid(field, at_);
             (void)recorder_.record(field, where, LayerAction::grid);

@@ -194,6 +194,7 @@ public:
     [[nodiscard]] int attentions() const noexcept { return attentions_; }
     [[nodiscard]] int embeddings() const noexcept { return embeddings_; }
     [[nodiscard]] int vocab_heads() const noexcept { return vocab_heads_; }
+    [[nodiscard]] int owned() const noexcept { return owned_; }
 
 private:
     // The first Linear of a pair, until its partner comes (or not).
@@ -254,6 +255,13 @@ private:
             ++attentions_;
         } else if constexpr (kind == nn::TensorCut::chain) {
             chain(field, where);
+        } else if constexpr (kind == nn::TensorCut::own) {
+            static_assert(nn::PlacesItsOwnParts<T>, "a layer that declares TensorCut::own needs a member "
+                                                    "`void place_on_tensor_group(int rank, int degree)`");
+            end_pair();
+            field.place_on_tensor_group(rank_, degree_);
+            (void)recorder_.record(field, where, LayerAction::own);
+            ++owned_;
         } else {
             // replicated, features: whole on every rank, ending a pending pair
             end_pair();
@@ -268,7 +276,7 @@ private:
     int rank_, degree_;
     CutRecorder recorder_;
     Pending pending_;
-    int pairs_ = 0, attentions_ = 0, embeddings_ = 0, vocab_heads_ = 0;
+    int pairs_ = 0, attentions_ = 0, embeddings_ = 0, vocab_heads_ = 0, owned_ = 0;
 };
 
 }  // namespace detail
@@ -279,6 +287,7 @@ struct ShardSummary {
     int attentions = 0;    // attention layers with their heads split
     int embeddings = 0;    // token tables cut by vocabulary
     int vocab_heads = 0;   // Linear -> CrossEntropy ends cut by vocabulary
+    int owned = 0;         // layers that placed their own parts (nn::TensorCut::own)
 };
 
 // Makes `model` tp rank `rank`'s shard of itself over `degree` ranks: every
@@ -297,7 +306,7 @@ ShardSummary shard_model(Model& model, int rank, int degree, CutReport* report =
     if (report != nullptr) *report = CutReport("TensorParallel", degree);
     detail::ShardWalker walker(rank, degree, detail::CutRecorder(report, field_names));
     walker.visit(model);
-    return {walker.pairs(), walker.attentions(), walker.embeddings(), walker.vocab_heads()};
+    return {walker.pairs(), walker.attentions(), walker.embeddings(), walker.vocab_heads(), walker.owned()};
 }
 
 }  // namespace loom::tp
