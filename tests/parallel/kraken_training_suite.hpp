@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <ostream>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include <loom/comm/mesh.hpp>
 #include <loom/data/corpus.hpp>
 #include <loom/exec/executor.hpp>
+#include <loom/exec/sharded_checkpoint.hpp>
 #include <loom/gpt/kraken.hpp>
 
 namespace loom_test {
@@ -25,6 +27,7 @@ struct KrakenCase {
     int zero_stage = 0;
     int micro_batches = 1;
     std::int64_t degree = 2;  // Kraken's sub-layers per layer (tp divides it)
+    int steps = 4;
 
     friend std::ostream& operator<<(std::ostream& out, const KrakenCase& c) {
         return out << "Kraken of degree " << c.degree << " at dp " << c.dp << " x pp " << c.pp << " x tp " << c.tp
@@ -41,12 +44,13 @@ struct KrakenTrained {
 }
 
 inline constexpr std::int64_t kraken_training_rows = 4;  // the global batch, split over dp
-inline constexpr int kraken_training_steps = 4;
 
 // Runs on every rank of `world` (its size dp x pp x tp); every rank gets the
-// losses and the whole model's parameters.
+// losses and the whole model's parameters. With `load_from` the run starts
+// from that sharded checkpoint; with `save_to` it saves one at the end.
 template <loom::comm::Communicator C>
-KrakenTrained train_kraken(C& world, const KrakenCase& c) {
+KrakenTrained train_kraken(C& world, const KrakenCase& c, const std::filesystem::path& load_from = {},
+                           const std::filesystem::path& save_to = {}) {
     const auto config = kraken_training_config(c.degree);
     const auto corpus = loom::data::ByteCorpus::synthetic(1 << 12, 1);
     loom::comm::Mesh<C> mesh(world, {{"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
@@ -59,14 +63,16 @@ KrakenTrained train_kraken(C& world, const KrakenCase& c) {
                                  c.tp > 1 ? &mesh.axis("tp") : nullptr, nullptr, plan,
                                  {.micro_batches = c.micro_batches, .field_names = loom::gpt::kraken_field_names});
     exec.initialize(7);
+    if (!load_from.empty()) (void)loom::exec::load_sharded(exec, load_from);
     const std::int64_t mine = kraken_training_rows / c.dp;
     std::vector<std::int32_t> x(static_cast<std::size_t>(mine * config.seq)), y(x.size());
     KrakenTrained result;
-    for (int step = 0; step < kraken_training_steps; ++step) {
+    for (int step = 0; step < c.steps; ++step) {
         corpus.rows(1, step, mesh.coordinate("dp") * mine, mine, config.seq, x, y);
         result.losses.push_back(exec.step(loom::Tensor::of(x.data(), {mine, config.seq}),
                                           loom::Tensor::of(y.data(), {mine, config.seq}), 1e-2f));
     }
+    if (!save_to.empty()) loom::exec::save_sharded(exec, world, save_to);
     const auto n = static_cast<std::size_t>(exec.parameter_count());
     std::vector<float> m(n), v(n);
     result.params.resize(n);

@@ -6,6 +6,7 @@
 // parallel/kraken_training_suite.hpp, which the MPI tests run too.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -23,10 +24,11 @@ namespace {
 using loom_test::KrakenCase;
 
 // The case on dp x pp x tp rank threads; rank 0's result.
-loom_test::KrakenTrained train_on_threads(const KrakenCase& c) {
+loom_test::KrakenTrained train_on_threads(const KrakenCase& c, const std::filesystem::path& load_from = {},
+                                          const std::filesystem::path& save_to = {}) {
     loom_test::KrakenTrained result;
     loom::comm::ThreadWorld(c.dp * c.pp * c.tp).run([&](loom::comm::ThreadComm& comm) {
-        auto mine = loom_test::train_kraken(comm, c);
+        auto mine = loom_test::train_kraken(comm, c, load_from, save_to);
         if (comm.rank() == 0) result = std::move(mine);
     });
     return result;
@@ -60,6 +62,19 @@ TEST_CASE("a Kraken GPT trained with sub-layer i on tp rank i, alone and with dp
     check_equal({.tp = 4, .degree = 4}, serial);
     check_equal({.dp = 2, .tp = 2, .zero_stage = 3, .micro_batches = 2, .degree = 4}, serial);
     check_equal({.pp = 2, .tp = 2, .micro_batches = 2, .degree = 2}, train_on_threads({.degree = 2}));
+}
+
+TEST_CASE("a Kraken checkpoint saved with its sub-layers on 2 tp ranks loads on 1, 4 and dp 2 x pp 2 ranks",
+          "[parallel][kraken]") {
+    const auto dir = std::filesystem::temp_directory_path() / "loom_kraken_tp_checkpoint";
+    std::filesystem::remove_all(dir);
+    const auto saved = train_on_threads({.tp = 2, .degree = 4, .steps = 2}, {}, dir);
+    for (const KrakenCase& c : {KrakenCase{.degree = 4, .steps = 0}, KrakenCase{.tp = 4, .degree = 4, .steps = 0},
+                                KrakenCase{.dp = 2, .pp = 2, .degree = 4, .steps = 0}}) {
+        INFO(c);
+        CHECK(train_on_threads(c, dir).params == saved.params);  // bit for bit
+    }
+    std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("Kraken's layer places its own sub-layers on a tp group and refuses a degree that does not divide them",
