@@ -1,10 +1,12 @@
 // Pipeline-parallel serving (infer/pipeline_parallel_gpt.hpp) on GPT config A
 // (4 layers, width 256, 4 heads, sequence 128, vocabulary 256), random
 // weights, greedy: a stream of --requests requests (prompts of 4, 8, ..., 64
-// tokens in turn, --tokens new tokens each, up to --slots running at once) at
+// tokens in turn, --tokens new tokens each, or with --tokens-spread S from
+// --tokens - S to --tokens + S in a fixed shuffle, so that requests do not
+// finish in waves; up to --slots running at once) at
 // pp 1 (the whole model on one thread, infer::generate) and at pp 2 on two
 // rank threads whose link is Shaped to --gbit Gbit/s with 5 us latency
-// (comm/shaped.hpp), non-blocking (--groups in flight, 2 by default) and
+// (comm/shaped.hpp), non-blocking (--groups in flight; 0, the default, is the library's: pp + 1) and
 // blocking (1 group: a stage idles while the other runs); each pp 2 step
 // admits at most --prefill-tokens prompt tokens (PipelineOptions; 0: no
 // limit). One GEMM thread and one BLAS thread per rank. Every pp 2 run is
@@ -15,8 +17,8 @@
 // machine was shared. Then one traced pp 2 run: its Chrome trace (--trace
 // FILE) and the share of its time when both stages computed at once.
 //
-//   bench_pipeline_serving [--reps 5] [--requests 32] [--tokens 32] [--slots 16] [--gbit 10]
-//                          [--groups 2] [--prefill-tokens 128] [--trace pipeline_serving_trace.json]
+//   bench_pipeline_serving [--reps 5] [--requests 32] [--tokens 32] [--tokens-spread 0] [--slots 16] [--gbit 10]
+//                          [--groups 0] [--prefill-tokens 128] [--trace pipeline_serving_trace.json]
 #include <loom/comm/any_comm.hpp>
 #include <loom/comm/links.hpp>
 #include <loom/comm/shaped.hpp>
@@ -55,8 +57,8 @@ const loom::gpt::Config config_a{.layers = 4, .width = 256, .heads = 4, .seq = 1
 constexpr std::uint64_t seed = 5;
 
 struct Flags {
-    int reps = 5, groups = 2;
-    std::int64_t requests = 32, tokens = 32, slots = 16, prefill_tokens = 128;
+    int reps = 5, groups = 0;
+    std::int64_t requests = 32, tokens = 32, tokens_spread = 0, slots = 16, prefill_tokens = 128;
     double gbit = 10;
     std::string trace = "pipeline_serving_trace.json";
 };
@@ -64,7 +66,7 @@ struct Flags {
 [[noreturn]] void usage(const std::string& why) {
     std::fprintf(stderr,
                  "bench_pipeline_serving: %s\nusage: bench_pipeline_serving [--reps N] [--requests N] [--tokens N] "
-                 "[--slots N] [--gbit G] [--groups N] [--prefill-tokens N] [--trace FILE]\n",
+                 "[--tokens-spread N] [--slots N] [--gbit G] [--groups N] [--prefill-tokens N] [--trace FILE]\n",
                  why.c_str());
     std::exit(2);
 }
@@ -78,6 +80,7 @@ Flags parse(int argc, char** argv) {
         if (flag == "--reps") f.reps = std::stoi(value);
         else if (flag == "--requests") f.requests = std::stoll(value);
         else if (flag == "--tokens") f.tokens = std::stoll(value);
+        else if (flag == "--tokens-spread") f.tokens_spread = std::stoll(value);
         else if (flag == "--slots") f.slots = std::stoll(value);
         else if (flag == "--gbit") f.gbit = std::stod(value);
         else if (flag == "--groups") f.groups = std::stoi(value);
@@ -85,11 +88,15 @@ Flags parse(int argc, char** argv) {
         else if (flag == "--trace") f.trace = value;
         else usage("unknown flag " + flag);
     }
-    if (f.reps < 1 || f.requests < 1 || f.tokens < 1 || f.slots < 1 || f.groups < 1 || f.gbit <= 0 ||
+    if (f.reps < 1 || f.requests < 1 || f.tokens < 1 || f.slots < 1 || f.groups < 0 || f.gbit <= 0 ||
         f.prefill_tokens < 0)
-        usage("--reps, --requests, --tokens, --slots and --groups must be >= 1, --gbit > 0 and --prefill-tokens >= 0");
-    if (64 + f.tokens - 1 > config_a.seq)
-        usage("--tokens " + std::to_string(f.tokens) + " after a 64-token prompt needs more than the 128 positions");
+        usage("--reps, --requests, --tokens and --slots must be >= 1, --groups >= 0, --gbit > 0 and --prefill-tokens >= 0");
+    if (f.tokens_spread < 0 || f.tokens_spread >= f.tokens)
+        usage("--tokens-spread " + std::to_string(f.tokens_spread) + " must be >= 0 and below --tokens " +
+              std::to_string(f.tokens));
+    if (64 + f.tokens + f.tokens_spread - 1 > config_a.seq)
+        usage("--tokens " + std::to_string(f.tokens) + " + --tokens-spread " + std::to_string(f.tokens_spread) +
+              " after a 64-token prompt needs more than the 128 positions");
     return f;
 }
 
@@ -99,7 +106,9 @@ std::vector<loom::infer::Request> stream_of(const Flags& f) {
         loom::infer::Request r;
         const std::int64_t length = 4 * (1 + i % 16);
         for (std::int64_t t = 0; t < length; ++t) r.prompt.push_back(static_cast<std::int32_t>((t * 7 + i * 13) % 256));
-        r.max_new_tokens = f.tokens;
+        // Neighbours differ by 7 (mod the spread's width), so requests admitted together end apart.
+        const std::int64_t width = 2 * f.tokens_spread + 1;
+        r.max_new_tokens = f.tokens - f.tokens_spread + (i * 7) % width;
         r.sampling.greedy = true;
         requests.push_back(std::move(r));
     }
@@ -211,14 +220,16 @@ int main(int argc, char** argv) {
     loom::nn::ParamArena arena(model);
     arena.initialize(model, seed);
     const auto requests = stream_of(f);
-    const double new_tokens = static_cast<double>(f.requests * f.tokens);
+    double new_tokens = 0;
+    for (const auto& r : requests) new_tokens += static_cast<double>(r.max_new_tokens);
     std::ostringstream shape;
     shape << config_a;
-    std::printf("%s, random weights (seed %llu), greedy; %lld requests (prompts of 4..64 tokens), %lld new tokens "
+    std::printf("%s, random weights (seed %llu), greedy; %lld requests (prompts of 4..64 tokens), %lld +- %lld new tokens "
                 "each, up to %lld at once; pp 2 over Shaped links of %g Gbit/s, 5 us, admitting up to %lld prompt "
                 "tokens a step (0: no limit); %d rounds\n",
                 shape.str().c_str(), static_cast<unsigned long long>(seed), static_cast<long long>(f.requests),
-                static_cast<long long>(f.tokens), static_cast<long long>(f.slots), f.gbit,
+                static_cast<long long>(f.tokens), static_cast<long long>(f.tokens_spread),
+                static_cast<long long>(f.slots), f.gbit,
                 static_cast<long long>(f.prefill_tokens), f.reps);
     const double load_before = load_average();
     const long switches_before = involuntary_switches();
@@ -243,7 +254,7 @@ int main(int argc, char** argv) {
                 "| same tokens |\n| --- | ---: | ---: | ---: | ---: | --- |\n");
     std::printf("| pp 1 (one thread) | %.1f ms | %.0f | 1.00x | %.1f ms | |\n", pp1 * 1e3, new_tokens / pp1,
                 pp1_cpu * 1e3);
-    const std::string nonblocking_name = "pp 2, " + std::to_string(f.groups) + " groups in flight (non-blocking)";
+    const std::string nonblocking_name = "pp 2, " + std::to_string(loom::infer::groups_in_flight({.groups = f.groups}, 2)) + " groups in flight (non-blocking)";
     using Path = std::pair<std::string, const PathSummary*>;
     for (const auto& [name, path] : {Path{nonblocking_name, &nonblocking}, Path{"pp 2, 1 group (blocking)", &blocking}}) {
         const double seconds = bench::median(path->seconds);

@@ -37,7 +37,7 @@
 // --pp N serves the target pipeline-parallel on N rank threads
 // (infer/pipeline_parallel_gpt.hpp: EnergonAI's non-blocking pipeline): stage
 // s holds blocks [s L/N, (s+1) L/N) of the checkpoint and a KV cache of those
-// blocks, the running prompts move through the stages in N groups, and the text
+// blocks, the running prompts move through the stages in N + 1 groups, and the text
 // is --pp 1's. It takes no draft. With --tp too, each stage is cut over --tp
 // rank threads (tp x pp on --tp x --pp threads).
 //

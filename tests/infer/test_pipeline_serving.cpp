@@ -141,7 +141,7 @@ TEST_CASE("pp greedy and seeded generation of mixed-length continuous batches eq
         CHECK(expected[2].tokens.size() < 14);
         for (const int degree : {2, 4})
             for (const std::int64_t max_batch : {0, 2, 3})
-                for (const int groups : {0, 1, 3}) {
+                for (const int groups : {0, 1, 2, 3}) {
                     INFO((greedy ? "greedy" : "sampled") << ", pp " << degree << ", max_batch " << max_batch
                                                          << ", groups " << groups);
                     check_every_rank(generate_on_ranks(whole, degree, batch, max_batch, groups), expected);
@@ -220,7 +220,7 @@ TEST_CASE("pp 2 keeps both groups in flight: each stage records a step of every 
     ThreadWorld(2).run([&](ThreadComm& comm) {
         AnyComm pp = AnyComm::view(comm);
         loom::exec::Trace trace(true);
-        (void)loom_test::serve_pipelined_on(pp, whole, batch, 4, PipelineOptions{.trace = &trace});
+        (void)loom_test::serve_pipelined_on(pp, whole, batch, 4, PipelineOptions{.groups = 2, .trace = &trace});
         events[static_cast<std::size_t>(pp.rank())] = trace.events();
     });
     for (std::size_t rank = 0; rank < 2; ++rank) {
@@ -313,8 +313,8 @@ TEST_CASE("pipeline-parallel serving names each bad input in one line", "[infer]
         (void)loom_test::serve_pipelined_on(pp, whole, one, 0, PipelineOptions{.groups = -1});
     });
     for (const std::string& said : no_groups)
-        CHECK(said == "generate_pipelined: groups = -1 is not valid; give at least 1 group in flight (0: one per "
-                      "stage, 2)");
+        CHECK(said == "generate_pipelined: groups = -1 is not valid; give at least 1 group in flight (0: one more "
+                      "than the stages, 3)");
     const auto negative_budget = messages_on_ranks(2, [&](AnyComm& pp) {
         (void)loom_test::serve_pipelined_on(pp, whole, one, 0, PipelineOptions{.prefill_tokens = -4});
     });

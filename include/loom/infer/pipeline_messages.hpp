@@ -35,7 +35,14 @@
 namespace loom::infer {
 
 struct PipelineOptions {
-    int groups = 0;                 // groups of requests in flight (0: one per stage)
+    // Groups of requests in flight (0: one more than the stages). Why one
+    // more: with exactly one per stage a round lasts twice the longer of two
+    // groups' steps, so any difference between them (a group admitting a
+    // prompt while the other decodes) idles every stage; a spare group gives
+    // each stage work while a longer step finishes downstream. Measured on
+    // bench_pipeline_serving at pp 2: 1.70x -> 1.78x pp 1 on 64 requests
+    // finishing together, 1.50x -> 1.68x when their lengths differ.
+    int groups = 0;
     exec::Trace* trace = nullptr;   // this rank's compute and waits, when given (exec/trace.hpp)
     // Most prompt tokens one group's step admits (0: no limit); a prompt
     // longer than this is admitted alone. Why: a group that admits all its
@@ -47,6 +54,11 @@ struct PipelineOptions {
     // token budget, at the granularity of whole prompts).
     std::int64_t prefill_tokens = 0;
 };
+
+// The groups in flight `options` asks for on a pipeline of `stages`.
+[[nodiscard]] constexpr int groups_in_flight(const PipelineOptions& options, int stages) noexcept {
+    return options.groups == 0 ? stages + 1 : options.groups;
+}
 
 namespace detail {
 

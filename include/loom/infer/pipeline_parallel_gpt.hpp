@@ -1,7 +1,7 @@
 // Pipeline-parallel serving of loom's GPT with EnergonAI's non-blocking
 // pipeline: `pp` ranks each hold a contiguous run of blocks
 // (infer/pipeline_stage.hpp) and a KV cache of those blocks only, and the
-// running requests are split into groups (pp of them by default) that move
+// running requests are split into groups (pp + 1 of them by default) that move
 // through the stages one after another, so while stage 1 runs group A's
 // step, stage 0 runs group B's. No stage waits for a whole batch to drain:
 // stage 0 waits only for the group whose tokens it needs next.
@@ -85,9 +85,9 @@ inline std::vector<Completion> broadcast_completions(comm::AnyComm& pp, std::vec
     LOOM_CHECK(where.stage == pp.rank() && where.stages == pp.size(), "generate_pipelined: the engine is stage ",
                where.stage, " of ", where.stages, " but this is rank ", pp.rank(), " of a pipeline of ", pp.size(),
                "; build rank r's engine for pipeline_stage(config, r, ", pp.size(), ")");
-    const int groups = options.groups == 0 ? pp.size() : options.groups;
+    const int groups = groups_in_flight(options, pp.size());
     LOOM_CHECK(groups >= 1, "generate_pipelined: groups = ", options.groups,
-               " is not valid; give at least 1 group in flight (0: one per stage, ", pp.size(), ")");
+               " is not valid; give at least 1 group in flight (0: one more than the stages, ", pp.size() + 1, ")");
     LOOM_CHECK(options.prefill_tokens >= 0, "generate_pipelined: prefill_tokens = ", options.prefill_tokens,
                " is not valid; give the most prompt tokens a step admits, or 0 for no limit");
     if (pp.size() == 1) return generate(engine, requests);

@@ -5,7 +5,7 @@
 // call serve_pipeline_stage and return when stage 0's PipelinedBatcher is
 // closed (or destroyed).
 //
-// The running requests are split into groups (pp by default) that follow one
+// The running requests are split into groups (pp + 1 by default) that follow one
 // another through the stages. step() sends on every
 // group that has work and is not in flight (admitting waiting requests into
 // it first), then waits for the oldest group in flight, reports its tokens,
@@ -73,14 +73,15 @@ public:
                    " of a group of ", pp.size(),
                    "; build it on rank 0 with stage 0 of a pipeline of 2 or more (a whole model takes Batcher)");
         LOOM_CHECK(options.groups >= 0, "PipelinedBatcher: groups = ", options.groups,
-                   " is not valid; give at least 1 group in flight (0: one per stage, ", pp.size(), ")");
+                   " is not valid; give at least 1 group in flight (0: one more than the stages, ", pp.size() + 1,
+                   ")");
         LOOM_CHECK(options.prefill_tokens >= 0, "PipelinedBatcher: prefill_tokens = ", options.prefill_tokens,
                    " is not valid; give the most prompt tokens a step admits, or 0 for no limit");
         for (std::int64_t s = 0; s < cache_.slots(); ++s)
             LOOM_CHECK(cache_.length(s) == 0, "PipelinedBatcher: slot ", s, " of the cache holds ", cache_.length(s),
                        " positions; release it first");
         for (std::int64_t s = cache_.slots() - 1; s >= 0; --s) free_slots_.push_back(s);
-        const int groups = options.groups == 0 ? pp.size() : options.groups;
+        const int groups = groups_in_flight(options, pp.size());
         groups_.resize(static_cast<std::size_t>(groups));
         // Each group takes at most its share of the slots, so the groups stay near one size.
         per_group_ = (cache_.slots() + groups - 1) / groups;
