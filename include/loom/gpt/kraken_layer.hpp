@@ -116,14 +116,23 @@ struct KrakenLayer {
         return subs[static_cast<std::size_t>(i)].attention.ln.gain.numel() > 0;
     }
 
+    // Placed on a group, the sum over sub-layers is this rank's partial sum
+    // (of the sub-layers it holds; the others' local streams are zero here)
+    // and one all-reduce; whole, it is summed into h in sub-layer order.
     [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& state) {
         check_state(state, "input");
-        if (placed()) return forward_placed(ctx, state);
+        const nn::TensorGroup* group = placed() ? &group_of(ctx) : nullptr;
         const Tensor h = kraken_stream(state, 0);
         Tensor out = ctx.alloc(state.shape());
         const Tensor h_out = kraken_stream(out, 0);
-        copy_tensor(h_out, h);
+        const Tensor sum = group != nullptr ? zeroed(ctx, h.shape()) : h_out;
+        if (group == nullptr) copy_tensor(h_out, h);
         for (std::int64_t i = 0; i < degree(); ++i) {
+            const Tensor local_out = kraken_stream(out, 1 + i);
+            if (!holds(i)) {
+                fill_zero_bytes(local_out.raw(), local_out.device(), local_out.nbytes());
+                continue;
+            }
             KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
             const Tensor a = nn::forward(sub.attention, ctx, kraken_stream(state, 1 + i));
             Tensor u = ctx.alloc(h.shape());
@@ -131,33 +140,48 @@ struct KrakenLayer {
             const Tensor m = nn::forward(sub.mlp, ctx, u);
             Tensor o = ctx.alloc(h.shape());
             kernels::add(a, m, o);
-            kernels::add(h, o, kraken_stream(out, 1 + i));
-            kernels::add(h_out, o, h_out);  // the all-reduce, summed in sub-layer order
+            kernels::add(h, o, local_out);
+            kernels::add(sum, o, sum);  // the all-reduce, summed in sub-layer order
+        }
+        if (group != nullptr) {
+            group->all_reduce_activations(sum);
+            kernels::add(h, sum, h_out);
         }
         return out;
     }
 
     // dh_out reaches h directly and through every local stream (local_i = h + o_i);
     // d o_i = dh_out + dlocal_i feeds both a_i and m_i, and m_i's input gradient
-    // goes to h and (through u_i = h + a_i) to a_i.
+    // goes to h and (through u_i = h + a_i) to a_i. Placed on a group, h's
+    // gradient is dh_out + the all-reduce of each rank's sub-layers' shares.
     [[nodiscard]] Tensor backward_input(nn::Context& ctx, const Tensor& dstate) {
         check_state(dstate, "gradient");
-        if (placed()) return backward_placed(ctx, dstate);
+        const nn::TensorGroup* group = placed() ? &group_of(ctx) : nullptr;
         const Tensor dh_out = kraken_stream(dstate, 0);
         Tensor dstate_in = ctx.alloc(dstate.shape());
         const Tensor dh = kraken_stream(dstate_in, 0);
-        copy_tensor(dh, dh_out);
+        const Tensor shares = group != nullptr ? zeroed(ctx, dh_out.shape()) : dh;
+        if (group == nullptr) copy_tensor(dh, dh_out);
         for (std::int64_t i = degree() - 1; i >= 0; --i) {
+            const Tensor dlocal_in = kraken_stream(dstate_in, 1 + i);
+            if (!holds(i)) {
+                fill_zero_bytes(dlocal_in.raw(), dlocal_in.device(), dlocal_in.nbytes());
+                continue;
+            }
             KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
             const Tensor dlocal_out = kraken_stream(dstate, 1 + i);
-            kernels::add(dh, dlocal_out, dh);
-            Tensor d_o = ctx.alloc(dh.shape());
+            kernels::add(shares, dlocal_out, shares);
+            Tensor d_o = ctx.alloc(dh_out.shape());
             kernels::add(dh_out, dlocal_out, d_o);
             const Tensor du = nn::backward_input(sub.mlp, ctx, d_o);
-            kernels::add(dh, du, dh);
-            Tensor da = ctx.alloc(dh.shape());
+            kernels::add(shares, du, shares);
+            Tensor da = ctx.alloc(dh_out.shape());
             kernels::add(d_o, du, da);
-            copy_tensor(kraken_stream(dstate_in, 1 + i), nn::backward_input(sub.attention, ctx, da));
+            copy_tensor(dlocal_in, nn::backward_input(sub.attention, ctx, da));
+        }
+        if (group != nullptr) {
+            group->all_reduce_activations(shares);
+            kernels::add(dh_out, shares, dh);
         }
         return dstate_in;
     }
@@ -185,63 +209,10 @@ private:  // functions only: KrakenLayer stays an aggregate
         return *group;
     }
 
-    // The forward above with this rank's sub-layers: their outputs' partial
-    // sum, one all-reduce, then h + the sum.
-    [[nodiscard]] Tensor forward_placed(nn::Context& ctx, const Tensor& state) {
-        const nn::TensorGroup& group = group_of(ctx);
-        const Tensor h = kraken_stream(state, 0);
-        Tensor out = ctx.alloc(state.shape());
-        Tensor sum = ctx.alloc(h.shape());
-        fill_zero_bytes(sum.raw(), sum.device(), sum.nbytes());
-        for (std::int64_t i = 0; i < degree(); ++i) {
-            const Tensor local_out = kraken_stream(out, 1 + i);
-            if (!holds(i)) {
-                fill_zero_bytes(local_out.raw(), local_out.device(), local_out.nbytes());
-                continue;
-            }
-            KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
-            const Tensor a = nn::forward(sub.attention, ctx, kraken_stream(state, 1 + i));
-            Tensor u = ctx.alloc(h.shape());
-            kernels::add(h, a, u);
-            const Tensor m = nn::forward(sub.mlp, ctx, u);
-            Tensor o = ctx.alloc(h.shape());
-            kernels::add(a, m, o);
-            kernels::add(h, o, local_out);
-            kernels::add(sum, o, sum);
-        }
-        group.all_reduce_activations(sum);
-        kernels::add(h, sum, kraken_stream(out, 0));
-        return out;
-    }
-
-    // The backward above with this rank's sub-layers: h's gradient gathers
-    // each held sub-layer's share, summed over the group.
-    [[nodiscard]] Tensor backward_placed(nn::Context& ctx, const Tensor& dstate) {
-        const nn::TensorGroup& group = group_of(ctx);
-        const Tensor dh_out = kraken_stream(dstate, 0);
-        Tensor dstate_in = ctx.alloc(dstate.shape());
-        Tensor sum = ctx.alloc(dh_out.shape());
-        fill_zero_bytes(sum.raw(), sum.device(), sum.nbytes());
-        for (std::int64_t i = degree() - 1; i >= 0; --i) {
-            const Tensor dlocal_in = kraken_stream(dstate_in, 1 + i);
-            if (!holds(i)) {
-                fill_zero_bytes(dlocal_in.raw(), dlocal_in.device(), dlocal_in.nbytes());
-                continue;
-            }
-            KrakenSubLayer& sub = subs[static_cast<std::size_t>(i)];
-            const Tensor dlocal_out = kraken_stream(dstate, 1 + i);
-            kernels::add(sum, dlocal_out, sum);
-            Tensor d_o = ctx.alloc(dh_out.shape());
-            kernels::add(dh_out, dlocal_out, d_o);
-            const Tensor du = nn::backward_input(sub.mlp, ctx, d_o);
-            kernels::add(sum, du, sum);
-            Tensor da = ctx.alloc(dh_out.shape());
-            kernels::add(d_o, du, da);
-            copy_tensor(dlocal_in, nn::backward_input(sub.attention, ctx, da));
-        }
-        group.all_reduce_activations(sum);
-        kernels::add(dh_out, sum, kraken_stream(dstate_in, 0));
-        return dstate_in;
+    [[nodiscard]] static Tensor zeroed(nn::Context& ctx, const Shape& shape) {
+        Tensor t = ctx.alloc(shape);
+        fill_zero_bytes(t.raw(), t.device(), t.nbytes());
+        return t;
     }
 
     void check_state(const Tensor& state, const char* what) const {
