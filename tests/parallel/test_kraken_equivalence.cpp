@@ -85,6 +85,10 @@ TEST_CASE("Kraken's layer places its own sub-layers on a tp group and refuses a 
     const auto summary = loom::tp::shard_model(model, 1, 2, &report, loom::gpt::kraken_field_names);
     CHECK(summary.owned == 2);
     CHECK(report.warning().empty());  // every layer with weights is cut
+    std::ostringstream described;
+    described << report;
+    INFO(described.str());
+    CHECK(described.str().find("its own parts placed per rank") != std::string::npos);
     const auto& layer = model.layers[0];
     CHECK_FALSE(layer.holds(0));
     CHECK_FALSE(layer.holds(1));

@@ -227,6 +227,9 @@ private:  // functions only: KrakenLayer stays an aggregate
 struct KrakenFanOut {
     std::int64_t degree = 1;
 
+    // Whole on every tp rank (its input is the embeddings, the same on each).
+    static constexpr nn::TensorCut tensor_cut = nn::TensorCut::replicated;
+
     [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& x) {
         LOOM_CHECK(x.rank() == 3, "KrakenFanOut: input of shape ", x.shape(), " is not [batch, sequence, width]");
         Tensor state = ctx.alloc(Shape{degree + 1, x.dim(0), x.dim(1), x.dim(2)});
@@ -256,6 +259,9 @@ struct KrakenFanOut {
 // The last layer's reduced stream h, for the final LayerNorm; the local
 // streams end here (their gradient is zero).
 struct KrakenMerge {
+    // Whole on every tp rank: h is the same on each after a layer's all-reduce.
+    static constexpr nn::TensorCut tensor_cut = nn::TensorCut::replicated;
+
     [[nodiscard]] Tensor forward(nn::Context& ctx, const Tensor& state) {
         LOOM_CHECK(state.rank() == 4, "KrakenMerge: input of shape ", state.shape(),
                    " is not a Kraken state [degree + 1, batch, sequence, width]");
