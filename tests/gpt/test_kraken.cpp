@@ -59,7 +59,7 @@ TEST_CASE("a Kraken layer's gradients match finite differences", "[kraken]") {
             nn::ParamArena arena(layer);
             arena.initialize(layer, 5);
             perturb(arena, 0.3f);
-            const Shape shape{degree + 1, B, T, C};
+            const Shape shape{degree + 2, B, T, C};
             auto x = random_values(shape.numel(), 1);
             const auto w = random_values(shape.numel(), 7);
             nn::Context ctx;
@@ -165,7 +165,7 @@ TEST_CASE("KrakenConfig counts the parameters and refuses a degree that does not
     std::vector<float> x(2 * 3 * 8);
     nn::Context ctx;
     CHECK(loom_test::message_of([&] { (void)nn::forward(layer, ctx, Tensor::of(x.data(), {2, 3, 8})); }) ==
-          "KrakenLayer: input of shape [2, 3, 8] is not a Kraken state [3, batch, sequence, width] of degree 2");
+          "KrakenLayer: input of shape [2, 3, 8] is not a Kraken state [4, batch, sequence, width] of degree 2");
 }
 
 }  // namespace LOOM_TEST_FILE

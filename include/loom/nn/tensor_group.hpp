@@ -36,6 +36,9 @@ public:
     [[nodiscard]] virtual int rank() const = 0;
     [[nodiscard]] virtual int size() const = 0;
     virtual void all_reduce_sum(const Tensor& t) const = 0;                       // in place
+    // The sum of every rank's `send` into `recv`, in the background: for a
+    // layer that computes while its sum travels (Kraken's). Exact, never cast.
+    [[nodiscard]] virtual comm::Request all_reduce_sum_async(const Tensor& send, const Tensor& recv) const = 0;
     // The sums of Megatron's f and g operators and the vocabulary-parallel
     // embedding: activations and their gradients, which GradCompress<Cast,
     // TpAxis> may send as 16-bit values. Statistics (a softmax's sums, a
@@ -64,6 +67,9 @@ public:
     [[nodiscard]] int rank() const override { return comm_->rank(); }
     [[nodiscard]] int size() const override { return comm_->size(); }
     void all_reduce_sum(const Tensor& t) const override { comm_->all_reduce(t, t, comm::ReduceOp::sum); }
+    [[nodiscard]] comm::Request all_reduce_sum_async(const Tensor& send, const Tensor& recv) const override {
+        return comm_->all_reduce_async(send, recv, comm::ReduceOp::sum);
+    }
     void all_reduce_activations(const Tensor& t) const override {
         if (cast_ && t.dtype() == DType::f32) cast_all_reduce_sum(*comm_, t, *cast_, scratch_);
         else all_reduce_sum(t);
