@@ -19,6 +19,8 @@
 #include <loom/exec/executor.hpp>
 #include <loom/exec/sharded_checkpoint.hpp>
 #include <loom/gpt/kraken.hpp>
+#include <loom/parallel/recompute.hpp>
+#include <loom/schedule/program.hpp>
 
 namespace loom_test {
 
@@ -28,15 +30,19 @@ struct KrakenCase {
     int micro_batches = 1;
     std::int64_t degree = 2;  // Kraken's sub-layers per layer (tp divides it)
     int steps = 4;
+    loom::RecomputeSpec recompute{};  // Recompute<...>: bit-identical to the case without it
 
     friend std::ostream& operator<<(std::ostream& out, const KrakenCase& c) {
-        return out << "Kraken of degree " << c.degree << " at dp " << c.dp << " x pp " << c.pp << " x tp " << c.tp
-                   << ", ZeRO " << c.zero_stage << ", " << c.micro_batches << " micro-batches";
+        out << "Kraken of degree " << c.degree << " at dp " << c.dp << " x pp " << c.pp << " x tp " << c.tp
+            << ", ZeRO " << c.zero_stage << ", " << c.micro_batches << " micro-batches";
+        if (c.recompute.on()) out << ", recompute " << c.recompute.describe();
+        return out;
     }
 };
 
 struct KrakenTrained {
     std::vector<float> losses, params;
+    std::int64_t recomputes = 0;  // Op::recompute instructions in this rank's last step
 };
 
 [[nodiscard]] inline loom::gpt::KrakenConfig kraken_training_config(std::int64_t degree) {
@@ -59,6 +65,7 @@ KrakenTrained train_kraken(C& world, const KrakenCase& c, const std::filesystem:
     plan.zero_stage = c.zero_stage;
     plan.pipelined = c.pp > 1;
     plan.tensor_parallel = c.tp > 1;
+    plan.recompute = c.recompute;
     loom::exec::Executor<C> exec(model, mesh.axis("dp"), c.pp > 1 ? &mesh.axis("pp") : nullptr,
                                  c.tp > 1 ? &mesh.axis("tp") : nullptr, nullptr, plan,
                                  {.micro_batches = c.micro_batches, .field_names = loom::gpt::kraken_field_names});
@@ -73,6 +80,7 @@ KrakenTrained train_kraken(C& world, const KrakenCase& c, const std::filesystem:
                                           loom::Tensor::of(y.data(), {mine, config.seq}), 1e-2f));
     }
     if (!save_to.empty()) loom::exec::save_sharded(exec, world, save_to);
+    result.recomputes = exec.program().count(loom::schedule::Op::recompute);
     const auto n = static_cast<std::size_t>(exec.parameter_count());
     std::vector<float> m(n), v(n);
     result.params.resize(n);

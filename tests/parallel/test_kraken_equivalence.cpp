@@ -64,6 +64,23 @@ TEST_CASE("a Kraken GPT trained with sub-layer i on tp rank i, alone and with dp
     check_equal({.pp = 2, .tp = 2, .micro_batches = 2, .degree = 2}, train_on_threads({.degree = 2}));
 }
 
+// The sum a layer leaves to the next travels in the state, so a unit
+// recomputed in backward re-issues its own all-reduces and nothing else.
+TEST_CASE("Kraken at pp 2 x tp 2 with Full and Selective recomputation is bit-identical to the run without it",
+          "[parallel][kraken]") {
+    const KrakenCase plain{.pp = 2, .tp = 2, .micro_batches = 2, .degree = 2};
+    const auto reference = train_on_threads(plain);
+    for (const loom::RecomputeSpec& recompute : {loom::Recompute<loom::Full>::spec, loom::Recompute<loom::Selective>::spec}) {
+        KrakenCase c = plain;
+        c.recompute = recompute;
+        INFO(c);
+        const auto run = train_on_threads(c);
+        CHECK(run.recomputes > 0);
+        CHECK(run.losses == reference.losses);
+        CHECK(run.params == reference.params);
+    }
+}
+
 TEST_CASE("a Kraken checkpoint saved with its sub-layers on 2 tp ranks loads on 1, 4 and dp 2 x pp 2 ranks",
           "[parallel][kraken]") {
     const auto dir = std::filesystem::temp_directory_path() / "loom_kraken_tp_checkpoint";
