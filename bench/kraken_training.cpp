@@ -82,8 +82,8 @@ Run train(const Options& o, bool kraken, int t, Wrap wrap) {
                 const auto t0 = std::chrono::steady_clock::now();
                 const float loss = exec.step(loom::Tensor::of(x.data(), {o.batch, o.seq}),
                                              loom::Tensor::of(y.data(), {o.batch, o.seq}), 1e-3f);
-                if (s > 0)
-                    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                const auto t1 = std::chrono::steady_clock::now();
+                if (s > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
                 if (world.rank() == 0) result.loss = loss;
             }
             if (world.rank() != 0) return;

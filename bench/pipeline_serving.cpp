@@ -254,7 +254,8 @@ int main(int argc, char** argv) {
                 "| same tokens |\n| --- | ---: | ---: | ---: | ---: | --- |\n");
     std::printf("| pp 1 (one thread) | %.1f ms | %.0f | 1.00x | %.1f ms | |\n", pp1 * 1e3, new_tokens / pp1,
                 pp1_cpu * 1e3);
-    const std::string nonblocking_name = "pp 2, " + std::to_string(loom::infer::groups_in_flight({.groups = f.groups}, 2)) + " groups in flight (non-blocking)";
+    const int in_flight = loom::infer::groups_in_flight({.groups = f.groups}, 2);
+    const std::string nonblocking_name = "pp 2, " + std::to_string(in_flight) + " groups in flight (non-blocking)";
     using Path = std::pair<std::string, const PathSummary*>;
     for (const auto& [name, path] : {Path{nonblocking_name, &nonblocking}, Path{"pp 2, 1 group (blocking)", &blocking}}) {
         const double seconds = bench::median(path->seconds);

@@ -70,7 +70,8 @@ TEST_CASE("Kraken at pp 2 x tp 2 with Full and Selective recomputation is bit-id
           "[parallel][kraken]") {
     const KrakenCase plain{.pp = 2, .tp = 2, .micro_batches = 2, .degree = 2};
     const auto reference = train_on_threads(plain);
-    for (const loom::RecomputeSpec& recompute : {loom::Recompute<loom::Full>::spec, loom::Recompute<loom::Selective>::spec}) {
+    for (const loom::RecomputeSpec& recompute :
+         {loom::Recompute<loom::Full>::spec, loom::Recompute<loom::Selective>::spec}) {
         KrakenCase c = plain;
         c.recompute = recompute;
         INFO(c);

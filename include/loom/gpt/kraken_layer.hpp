@@ -230,7 +230,8 @@ private:  // functions only: KrakenLayer stays an aggregate
         copy_tensor(dH, dh_out);
         for (std::int64_t i = degree() - 1; i >= 0; --i) {
             const Tensor da = mlp_backward(ctx, i, dh_out, kraken_stream(dstate, 2 + i), dH);
-            copy_tensor(kraken_stream(dstate_in, 2 + i), nn::backward_input(subs[static_cast<std::size_t>(i)].attention, ctx, da));
+            const Tensor dlocal_in = nn::backward_input(subs[static_cast<std::size_t>(i)].attention, ctx, da);
+            copy_tensor(kraken_stream(dstate_in, 2 + i), dlocal_in);
         }
         copy_tensor(kraken_stream(dstate_in, 1), dH);
         return dstate_in;
