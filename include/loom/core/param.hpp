@@ -82,6 +82,10 @@ struct ParamSlice {
     [[nodiscard]] std::int64_t start() const noexcept { return cuts[0].start; }
     // Whether one tp rank holds the whole tensor and the others none of it.
     [[nodiscard]] bool held() const noexcept { return cuts[0].dim >= 0 && cuts[0].axis == CutAxis::holder; }
+    // Whether this rank has a part of the tensor that the tp ranks split (a
+    // Megatron or Optimus cut), so the layer computes on a part and sums or
+    // gathers over the group; a held Param is whole wherever it is held.
+    [[nodiscard]] bool shard() const noexcept { return sliced() && !held(); }
     friend constexpr bool operator==(const ParamSlice&, const ParamSlice&) = default;
 };
 

@@ -39,9 +39,8 @@ struct PipelineOptions {
     // more: with exactly one per stage a round lasts twice the longer of two
     // groups' steps, so any difference between them (a group admitting a
     // prompt while the other decodes) idles every stage; a spare group gives
-    // each stage work while a longer step finishes downstream. Measured on
-    // bench_pipeline_serving at pp 2: 1.70x -> 1.78x pp 1 on 64 requests
-    // finishing together, 1.50x -> 1.68x when their lengths differ.
+    // each stage work while a longer step finishes downstream (measured:
+    // docs/inference.md, "A spare group in flight").
     int groups = 0;
     exec::Trace* trace = nullptr;   // this rank's compute and waits, when given (exec/trace.hpp)
     // Most prompt tokens one group's step admits (0: no limit); a prompt

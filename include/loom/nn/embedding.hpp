@@ -57,7 +57,7 @@ struct Embedding {
     [[nodiscard]] std::int64_t max_sequence() const { return position.shape.dim(0); }
     [[nodiscard]] std::int64_t width() const { return token.shape.dim(1); }
     // The token table is this rank's rows of a vocabulary split over the tp group.
-    [[nodiscard]] bool vocab_parallel() const { return token.slice.sliced(); }
+    [[nodiscard]] bool vocab_parallel() const { return token.slice.shard(); }
     // The token table is cut by rows and features over an Optimus 2D grid.
     [[nodiscard]] bool grid() const { return token.slice.along(1) != nullptr; }
 

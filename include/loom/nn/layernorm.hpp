@@ -36,7 +36,7 @@ struct LayerNorm {
 
     // The features this rank holds (all, or its grid column's).
     [[nodiscard]] std::int64_t features() const { return gain.shape.dim(0); }
-    [[nodiscard]] bool grid() const { return gain.slice.sliced() && !gain.slice.held(); }
+    [[nodiscard]] bool grid() const { return gain.slice.shard(); }
 
     struct Saved {
         Tensor x, mean, rstd, dy;

@@ -74,10 +74,11 @@ enum class TensorCut : std::uint8_t {
     return "?";
 }
 
-// Whether L declares its cut: a `static constexpr nn::TensorCut tensor_cut`.
+// Whether L can do what TensorCut::own promises.
 template <class L>
 concept PlacesItsOwnParts = requires(L& layer, int rank, int degree) { layer.place_on_tensor_group(rank, degree); };
 
+// Whether L declares its cut: a `static constexpr nn::TensorCut tensor_cut`.
 template <class L>
 concept DeclaresTensorCut = requires { requires std::is_same_v<decltype(L::tensor_cut), const TensorCut>; };
 
