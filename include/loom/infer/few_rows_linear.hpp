@@ -16,8 +16,10 @@
 // On AVX-512 a block of 4 weight rows meets up to 4 input rows at once: 16
 // dot products in 16 zmm accumulators, 8 loads per 16 FMAs (a lone dot
 // product needs 2 per FMA), and the 16 sums reduced together by a transposing
-// tree of shuffles (kernels/host/sixteen_sums.hpp). Elsewhere, each dot
-// product on its own (the compiler vectorises it at the CPU's level). The
+// tree of shuffles (kernels/host/sixteen_sums.hpp). On AVX2, blocks of 2
+// weight rows x 2 input rows, each dot product's 16 lanes in two ymm
+// accumulators, the same arithmetic. Elsewhere (portable), each dot product
+// on its own. The
 // output blocks are split between the GEMM threads when the product is large
 // enough to pay for waking them.
 //
@@ -48,6 +50,17 @@
 namespace loom::infer {
 
 namespace few_rows_detail {
+
+// Whether this process's kernels run at AVX2 (not AVX-512): the AVX2 blocks
+// below, else (portable) each dot product alone. A rule of the setting, as
+// sixteen_sums_on.
+[[nodiscard]] inline bool avx2_blocks_on() {
+#if defined(LOOM_GEMM_X86)
+    return kernels::host::host_gemm().isa == kernels::host::CpuIsa::avx2;
+#else
+    return false;
+#endif
+}
 
 // Each dot product alone: kernels/host/elementwise.hpp's sum_over (16 partial
 // sums, the same halving tree), compiled at the CPU's level.
@@ -132,23 +145,101 @@ LOOM_TARGET_FEW_ROWS inline void multiply_blocks(const float* x, const float* w,
         }
     }
 }
+
+// The AVX2 form of the same arithmetic: each dot product's 16 lanes are two
+// ymm accumulators (lanes 0-7 and 8-15), so a block is 2 weight rows x up to 2
+// input rows (8 accumulators, 1 load per FMA: Zen 3 and Haswell-class cores
+// issue 2 of each per cycle); the masked tail loads zeros, and the lanes are
+// summed by the same halving tree (lane l += lane l + 8, + 4, + 2, + 1). So a
+// row's outputs are the bits the AVX-512 blocks give, alone or in a block.
+#define LOOM_TARGET_FEW_ROWS_AVX2 __attribute__((target("avx2,fma")))
+
+LOOM_TARGET_FEW_ROWS_AVX2 inline float halving_sum(__m256 low, __m256 high) noexcept {
+    const __m256 eight = _mm256_add_ps(low, high);                                                       // l += l + 8
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));  // l += l + 4
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));                                     // l += l + 2
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));                                        // l += l + 1
+}
+
+// Columns [o, o + C) (C <= 2) for R (<= 2) input rows.
+template <int R, int C>
+LOOM_TARGET_FEW_ROWS_AVX2 inline void block2(const float* x, const float* w, const float* bias, float* y,
+                                             std::int64_t in, std::int64_t out, std::int64_t o) noexcept {
+    const float* wr[C];
+    for (int j = 0; j < C; ++j) wr[j] = w + (o + j) * in;
+    __m256 low[C][R], high[C][R];
+    for (int j = 0; j < C; ++j)
+        for (int r = 0; r < R; ++r) low[j][r] = high[j][r] = _mm256_setzero_ps();
+    std::int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+        __m256 xl[R], xh[R];
+        for (int r = 0; r < R; ++r) {
+            xl[r] = _mm256_loadu_ps(x + r * in + i);
+            xh[r] = _mm256_loadu_ps(x + r * in + i + 8);
+        }
+        for (int j = 0; j < C; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 2 * in + i), _MM_HINT_T1);  // as block4's
+            const __m256 wl = _mm256_loadu_ps(wr[j] + i), wh = _mm256_loadu_ps(wr[j] + i + 8);
+            for (int r = 0; r < R; ++r) {
+                low[j][r] = _mm256_fmadd_ps(xl[r], wl, low[j][r]);
+                high[j][r] = _mm256_fmadd_ps(xh[r], wh, high[j][r]);
+            }
+        }
+    }
+    if (i < in) {
+        alignas(32) std::int32_t lanes[16];
+        for (int l = 0; l < 16; ++l) lanes[l] = i + l < in ? -1 : 0;
+        const __m256i ml = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes)),
+                      mh = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes + 8));
+        for (int j = 0; j < C; ++j) {
+            const __m256 wl = _mm256_maskload_ps(wr[j] + i, ml), wh = _mm256_maskload_ps(wr[j] + i + 8, mh);
+            for (int r = 0; r < R; ++r) {
+                low[j][r] = _mm256_fmadd_ps(_mm256_maskload_ps(x + r * in + i, ml), wl, low[j][r]);
+                high[j][r] = _mm256_fmadd_ps(_mm256_maskload_ps(x + r * in + i + 8, mh), wh, high[j][r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < C; ++j)
+            y[r * out + o + j] = (bias != nullptr ? bias[o + j] : 0.0f) + halving_sum(low[j][r], high[j][r]);
+}
+
+LOOM_TARGET_FEW_ROWS_AVX2 inline void multiply_blocks_avx2(const float* x, const float* w, const float* bias, float* y,
+                                                           std::int64_t rows, std::int64_t in, std::int64_t out,
+                                                           std::int64_t o_begin, std::int64_t o_end) noexcept {
+    std::int64_t o = o_begin;
+    for (; o + 2 <= o_end; o += 2) {
+        std::int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) block2<2, 2>(x + r * in, w, bias, y + r * out, in, out, o);
+        if (r < rows) block2<1, 2>(x + r * in, w, bias, y + r * out, in, out, o);
+    }
+    if (o < o_end) {
+        std::int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) block2<2, 1>(x + r * in, w, bias, y + r * out, in, out, o);
+        if (r < rows) block2<1, 1>(x + r * in, w, bias, y + r * out, in, out, o);
+    }
+}
 #endif
 
 }  // namespace few_rows_detail
 
 // Rows at or below which a forward's Linears take this path; above, the
 // packed GEMM's reuse of each panel across 14-row tiles wins. Measured with
-// bench_few_rows on an AMD EPYC (Zen 4), one thread: the AVX-512 blocks beat
+// bench_few_rows, one thread: on an AMD EPYC (Zen 4) the AVX-512 blocks beat
 // pack-and-multiply up to 48-64 rows at width 256's shapes and past 96 at
-// width 384's; each dot product alone (the AVX2 build of it) only up to 4-5
-// rows.
-[[nodiscard]] inline std::int64_t few_rows() { return kernels::host::sixteen_sums_on() ? 64 : 4; }
+// width 384's; on an AMD EPYC at AVX2 (Zen 3) the AVX2 blocks up to 12-24
+// rows (20-45 GFLOP/s; each dot product alone, before them, 21-25 and only
+// up to 4-5 rows).
+[[nodiscard]] inline std::int64_t few_rows() {
+    if (kernels::host::sixteen_sums_on()) return 64;
+    return few_rows_detail::avx2_blocks_on() ? 12 : 4;
+}
 
 // x [rows, in], w [out, in], bias [out] or null, y [rows, out] (not overlapping x).
 inline void few_rows_linear(const float* x, const float* w, const float* bias, float* y, std::int64_t rows,
                             std::int64_t in, std::int64_t out) {
     if (rows <= 0 || out <= 0) return;
-    const bool blocks = kernels::host::sixteen_sums_on();
+    const bool blocks = kernels::host::sixteen_sums_on(), avx2_blocks = few_rows_detail::avx2_blocks_on();
     // Ranges of 4-column blocks, each worth a thread's wake-up (as the GEMM's
     // threshold: kernels/host/gemm_dispatch.hpp's min_threaded_macs).
     const std::int64_t column_blocks = (out + 3) / 4;
@@ -163,11 +254,16 @@ inline void few_rows_linear(const float* x, const float* w, const float* bias, f
                 few_rows_detail::multiply_blocks(x, w, bias, y, rows, in, out, o_begin, o_end);
                 return;
             }
+            if (avx2_blocks) {
+                few_rows_detail::multiply_blocks_avx2(x, w, bias, y, rows, in, out, o_begin, o_end);
+                return;
+            }
 #endif
             few_rows_detail::multiply_each(x, w, bias, y, rows, in, out, o_begin, o_end);
         },
         grain);
     (void)blocks;
+    (void)avx2_blocks;
 }
 
 }  // namespace loom::infer
