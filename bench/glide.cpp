@@ -24,7 +24,7 @@
 //               [--target FILE] [--plain FILE] [--glide FILE] (each loaded if it exists, else trained and saved there)
 //               [--save-glide FILE] [--threads 1] [--decode-threads 1,2] [--batch 8]
 //               [--cape-bins K@P,...,K (two more paths: CaPE with these bins, plain and GliDe)]
-//               [--glide-zero-output 1] [--glide-stale 5] [--glide-recency 1] [--log-every N] [--copyrights 1]
+//               [--glide-zero-output 1] [--glide-stale 5] [--glide-recency 1] [--draft-batches N] [--log-every N] [--copyrights 1]
 #include <loom/exec/serial_trainer.hpp>
 #include <loom/gpt/checkpoint.hpp>
 #include <loom/gpt/glide_checkpoint.hpp>
@@ -122,8 +122,9 @@ int main(int argc, char** argv) {
     bool copyrights = false;         // --copyrights 1: /usr/share/doc/*/copyright instead of common-licenses
     std::int64_t log_every = 0;      // --log-every N: each model's training loss every N steps
     std::int64_t glide_stale = 5;    // the training mask's block (--glide-stale 1000: the draft never sees the target)
-    bool glide_zero_output = false;
-    bool glide_recency = false;  // --glide-recency 1: ALiBi's recency bias on the cross-attention's scores  // --glide-zero-output 1: the cross-attention's output projection starts at 0
+    bool glide_zero_output = false;  // --glide-zero-output 1: the cross-attention's output projection starts at 0
+    bool glide_recency = false;      // --glide-recency 1: ALiBi's recency bias on the cross-attention's scores
+    std::int64_t draft_batches = 0;  // --draft-batches N: the drafts train on batches N, N + 1, ... (the target on 0, 1, ...)
     std::string target_file, glide_file;  // --target FILE: load it if it exists, else save it there; --save-glide FILE
     int reps = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
         else if (flag == "--glide-zero-output") glide_zero_output = value != 0;
         else if (flag == "--glide-stale") glide_stale = value;
         else if (flag == "--glide-recency") glide_recency = value != 0;
+        else if (flag == "--draft-batches") draft_batches = value;
         else if (flag == "--log-every") log_every = value;
         else if (flag == "--copyrights") copyrights = value != 0;
         else {
@@ -196,7 +198,7 @@ int main(int argc, char** argv) {
         std::copy(values.begin(), values.end(), arena->values().begin());
         return arena;
     };
-    auto train_and_keep = [&](const char* name, auto& model, float peak, std::uint64_t seed) {
+    auto train_and_keep = [&](const char* name, auto& model, float peak, std::uint64_t seed, std::int64_t first_batch) {
         return keep(model, [&](std::vector<float>& values) {
             loom::exec::SerialTrainer trainer(model, loom::host_device, {.adamw = {.lr = peak}});
             trainer.initialize(seed);
@@ -204,7 +206,7 @@ int main(int argc, char** argv) {
             const auto t0 = std::chrono::steady_clock::now();
             float loss = 0;
             for (std::int64_t s = 0; s < steps; ++s) {
-                fill_batch(text, 0, split, s, inputs, targets);
+                fill_batch(text, 0, split, first_batch + s, inputs, targets);
                 loss = trainer.step(loom::Tensor::of(inputs.data(), {batch, seq}),
                                     loom::Tensor::of(targets.data(), {batch, seq}),
                                     loom::optim::cosine_lr(s + 1, steps, peak, std::max<std::int64_t>(1, steps / 20)));
@@ -235,7 +237,7 @@ int main(int argc, char** argv) {
         shape << tc;
         std::printf("target: %s loaded from %s\n", shape.str().c_str(), target_file.c_str());
     } else {
-        target_arena = train_and_keep("target", target, static_cast<float>(lr), 1);
+        target_arena = train_and_keep("target", target, static_cast<float>(lr), 1, 0);
         if (!target_file.empty()) {
             std::vector<float> zeros(target_arena->values().size());
             gpt::save_checkpoint(target_file, tc, target_arena->values(), zeros, zeros, 0, steps,
@@ -250,7 +252,7 @@ int main(int argc, char** argv) {
         (void)gpt::load_checkpoint(plain_file, dc, plain_arena->values(), m, v);
         std::printf("plain 1-layer draft: loaded from %s\n", plain_file.c_str());
     } else {
-        plain_arena = train_and_keep("plain 1-layer draft", plain, static_cast<float>(lr), 2);
+        plain_arena = train_and_keep("plain 1-layer draft", plain, static_cast<float>(lr), 2, draft_batches);
         if (!plain_file.empty()) {
             std::vector<float> zeros(plain_arena->values().size());
             gpt::save_checkpoint(plain_file, dc, plain_arena->values(), zeros, zeros, 0, steps, "bench_glide corpus");
@@ -262,7 +264,7 @@ int main(int argc, char** argv) {
         gpt::load_glide_draft(glide_load_file, dc, tc, *glide_arena, scores);
         std::printf("GliDe 1-layer draft: loaded from %s\n", glide_load_file.c_str());
     } else {
-        glide_arena = train_and_keep("GliDe 1-layer draft", glide, static_cast<float>(glide_lr), 3);
+        glide_arena = train_and_keep("GliDe 1-layer draft", glide, static_cast<float>(glide_lr), 3, draft_batches);
         if (!glide_load_file.empty()) gpt::save_glide_draft(glide_load_file, dc, tc, *glide_arena, scores);
     }
     if (!glide_file.empty()) gpt::save_glide_draft(glide_file, dc, tc, *glide_arena, scores);
