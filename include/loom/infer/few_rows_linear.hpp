@@ -19,9 +19,8 @@
 // tree of shuffles (kernels/host/sixteen_sums.hpp). On AVX2, blocks of 2
 // weight rows x 2 input rows, each dot product's 16 lanes in two ymm
 // accumulators, the same arithmetic. Elsewhere (portable), each dot product
-// on its own. The
-// output blocks are split between the GEMM threads when the product is large
-// enough to pay for waking them.
+// on its own. The output blocks are split between the GEMM threads when the
+// product is large enough to pay for waking them.
 //
 // Numerics: every dot product, wherever it falls in a block or a thread, is
 // the same arithmetic: 16 lanes accumulate x[i] w[i] by FMA in k order (the
@@ -207,17 +206,15 @@ LOOM_TARGET_FEW_ROWS_AVX2 inline void block2(const float* x, const float* w, con
 LOOM_TARGET_FEW_ROWS_AVX2 inline void multiply_blocks_avx2(const float* x, const float* w, const float* bias, float* y,
                                                            std::int64_t rows, std::int64_t in, std::int64_t out,
                                                            std::int64_t o_begin, std::int64_t o_end) noexcept {
+    // Every row for C columns from o, two rows at a time.
+    auto columns = [&]<int C>(std::int64_t o) {
+        std::int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) block2<2, C>(x + r * in, w, bias, y + r * out, in, out, o);
+        if (r < rows) block2<1, C>(x + r * in, w, bias, y + r * out, in, out, o);
+    };
     std::int64_t o = o_begin;
-    for (; o + 2 <= o_end; o += 2) {
-        std::int64_t r = 0;
-        for (; r + 2 <= rows; r += 2) block2<2, 2>(x + r * in, w, bias, y + r * out, in, out, o);
-        if (r < rows) block2<1, 2>(x + r * in, w, bias, y + r * out, in, out, o);
-    }
-    if (o < o_end) {
-        std::int64_t r = 0;
-        for (; r + 2 <= rows; r += 2) block2<2, 1>(x + r * in, w, bias, y + r * out, in, out, o);
-        if (r < rows) block2<1, 1>(x + r * in, w, bias, y + r * out, in, out, o);
-    }
+    for (; o + 2 <= o_end; o += 2) columns.template operator()<2>(o);
+    if (o < o_end) columns.template operator()<1>(o);
 }
 #endif
 
